@@ -1,0 +1,93 @@
+"""What a router may see of the fleet, and what it returns.
+
+`WorkerView` is a read-only projection of one engine (`Engine.snapshot()` in the simulator, a
+scraped metrics endpoint in the gateway). `reported_at_s` makes staleness visible: a policy
+compares it with `FleetView.now_s`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Role = Literal["mixed", "prefill", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One replica as the router sees it."""
+
+    name: str
+    role: Role = "mixed"
+    pool: str = "default"
+    accelerator: str = ""
+    model_version: str = "v1"
+    region: str = "default"
+    healthy: bool = True
+    queued_requests: int = 0
+    running_requests: int = 0
+    queued_prefill_tokens: int = 0
+    """Prompt tokens admitted or waiting but not yet prefilled."""
+    running_decode_tokens: int = 0
+    """Expected decode tokens still to generate for running requests."""
+    kv_usage: float = 0.0
+    """Fraction of KV blocks in use (0..1)."""
+    kv_capacity_tokens: int = 0
+    block_size: int = 16
+    reported_at_s: float = 0.0
+    """When this view was taken (virtual or wall seconds, same clock as FleetView.now_s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvLinkView:
+    """A prefill->decode KV path as the router sees it."""
+
+    src: str
+    dst: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    active_transfers: int = 0
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """The fleet at `now_s`; each worker's own `reported_at_s` may lag."""
+
+    now_s: float
+    workers: tuple[WorkerView, ...]
+    links: tuple[KvLinkView, ...] = ()
+
+    def by_name(self) -> dict[str, WorkerView]:
+        return {w.name: w for w in self.workers}
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What the router knows of one request when it arrives."""
+
+    request_id: str
+    prompt_tokens: int
+    max_output_tokens: int
+    block_hashes: tuple[int, ...] = ()
+    """Chained prefix-block hashes of the prompt (equal hash = equal prefix up to that block)."""
+    tenant: str = "default"
+    model_version: str | None = None
+    """Version the request is pinned to; None accepts any."""
+    region: str | None = None
+    arrival_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    """Where to send a request. `worker` is None when the request is rejected (see `reason`)."""
+
+    worker: str | None
+    prefill_worker: str | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+    safe_mode: bool = False
+
+    @property
+    def rejected(self) -> bool:
+        return self.worker is None

@@ -1,0 +1,1 @@
+"""L3: the engine as a clockless state machine (KV block pool, continuous batching, roles)."""

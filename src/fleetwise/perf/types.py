@@ -1,0 +1,123 @@
+"""Value types of the performance model: the phase-free batch, the deployment, the step cost.
+
+A batch is what the engine runs in one forward pass, as vLLM sees it: per sequence, the new
+tokens computed this step and the context tokens already in the KV cache. There is no
+prefill/decode flag: a decode is new=1, a prefill chunk is new=chunk, and mixed batches are
+natural. `BatchShape` keeps only the aggregates the cost formulas need, so the engine can
+maintain it incrementally on hot paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from fleetwise.spec.hardware import AcceleratorSpec
+from fleetwise.spec.model import ModelSpec
+from fleetwise.spec.parallel import ParallelismSpec
+
+
+@dataclass(frozen=True, slots=True)
+class SeqWork:
+    """One sequence's share of a step: `new_tokens` computed now on top of `context_tokens` cached."""
+
+    new_tokens: int
+    context_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """Aggregates of a batch that the step cost depends on.
+
+    num_seqs: sequences in the step.
+    new_tokens: sum of new tokens (rows of every GEMM).
+    kv_read_tokens: sum over sequences of (context + new): KV positions read by attention.
+    attn_pairs: sum over sequences of new*(context + (new+1)/2): causal query-key pairs.
+    prefill_tokens: new tokens of sequences with new > 1 (prompt chunks).
+    max_new_tokens: largest single chunk.
+    """
+
+    num_seqs: int
+    new_tokens: int
+    kv_read_tokens: int
+    attn_pairs: float
+    prefill_tokens: int = 0
+    max_new_tokens: int = 0
+
+    @staticmethod
+    def of(batch: Iterable[SeqWork]) -> BatchShape:
+        n = t = kv = pre = mx = 0
+        pairs = 0.0
+        for s in batch:
+            n += 1
+            t += s.new_tokens
+            kv += s.context_tokens + s.new_tokens
+            pairs += s.new_tokens * (s.context_tokens + (s.new_tokens + 1) / 2)
+            if s.new_tokens > 1:
+                pre += s.new_tokens
+            mx = max(mx, s.new_tokens)
+        return BatchShape(n, t, kv, pairs, pre, mx)
+
+    @staticmethod
+    def decode(batch: int, ctx: int) -> BatchShape:
+        """`batch` decodes, each attending to `ctx` positions (the new one included)."""
+        return BatchShape(batch, batch, batch * ctx, batch * (ctx - 1 + 1.0), 0, 1 if batch else 0)
+
+    @staticmethod
+    def prefill(batch: int, seq: int) -> BatchShape:
+        """`batch` fresh prompts of `seq` tokens each, no cached context."""
+        return BatchShape(batch, batch * seq, batch * seq, batch * seq * (seq + 1) / 2, batch * seq, seq)
+
+    def __add__(self, other: BatchShape) -> BatchShape:
+        return BatchShape(
+            self.num_seqs + other.num_seqs,
+            self.new_tokens + other.new_tokens,
+            self.kv_read_tokens + other.kv_read_tokens,
+            self.attn_pairs + other.attn_pairs,
+            self.prefill_tokens + other.prefill_tokens,
+            max(self.max_new_tokens, other.max_new_tokens),
+        )
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One replica: a model on `parallelism.gpus` cards of one accelerator, at given dtypes.
+
+    `cuda_graphs` says whether steps replay captured graphs (low launch overhead, as serving
+    engines do for decode) or launch kernels eagerly.
+    """
+
+    model: ModelSpec
+    accelerator: AcceleratorSpec
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    cuda_graphs: bool = True
+
+    @property
+    def gpus(self) -> int:
+        return self.parallelism.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Seconds of one engine step, with the breakdown that explains it.
+
+    `total_s` is not the plain sum: compute and memory traffic of a GEMM overlap (roofline max),
+    so the parts say where time goes and `total_s` is what the step takes.
+    """
+
+    total_s: float
+    gemm_compute_s: float = 0.0
+    weight_memory_s: float = 0.0
+    kv_memory_s: float = 0.0
+    attention_s: float = 0.0
+    tp_comm_s: float = 0.0
+    pp_comm_s: float = 0.0
+    ep_comm_s: float = 0.0
+    overhead_s: float = 0.0
+    bound: str = ""
+    """What dominates: `compute`, `memory`, `communication` or `overhead`."""
+
+    def as_dict(self) -> dict[str, float | str]:
+        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]

@@ -1,0 +1,1 @@
+"""L5: the planner: fit -> latency -> replicas -> disaggregation -> ranked, simulated plans."""

@@ -1,0 +1,1 @@
+"""L3: routing policies (filters -> scorers -> picker), pure and synchronous."""

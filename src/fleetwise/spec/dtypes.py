@@ -1,0 +1,19 @@
+"""Numeric formats and their storage sizes."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+WeightDtype = Literal["bf16", "fp8", "int4"]
+KvDtype = Literal["bf16", "fp8"]
+ComputeDtype = Literal["bf16", "fp8", "int8", "fp4"]
+
+BYTES_PER_ELEMENT: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
+
+# Weight-only int4 (AWQ/GPTQ style) keeps activations in bf16: GEMMs run at the bf16 rate.
+COMPUTE_DTYPE_FOR_WEIGHTS: dict[str, str] = {"bf16": "bf16", "fp8": "fp8", "int4": "bf16"}
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of a storage format."""
+    return BYTES_PER_ELEMENT[dtype]

@@ -1,0 +1,84 @@
+"""Layer rules of docs/architecture.md: a package imports only from layers below it.
+
+Parses every module's imports (static, including function-local ones) and checks them against
+the layer table, plus the purity rules: no clocks, no global random, no asyncio or HTTP in the
+core layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "fleetwise"
+
+LAYER = {
+    "errors": 0,
+    "spec": 0,
+    "core": 1,
+    "perf": 2,
+    "engine": 3,
+    "routing": 3,
+    "sim": 4,
+    "planner": 5,
+    "gateway": 5,
+    "emulator": 5,
+    "cli": 6,
+}
+SIBLINGS_APART = {("engine", "routing"), ("routing", "engine"), ("planner", "gateway"), ("planner", "emulator"),
+                  ("gateway", "planner"), ("emulator", "planner"), ("gateway", "sim"), ("emulator", "sim")}
+PURE = {"spec", "core", "perf", "engine", "routing", "sim"}
+FORBIDDEN_IN_PURE = {"asyncio", "threading", "httpx", "starlette", "uvicorn", "random", "socket"}
+CLOCK_CALLS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"), ("datetime", "now")}
+# The simulator reports its own wall-clock duration (`sim_wall_s`); only its runner may read it.
+CLOCK_ALLOWED = {"sim/runner.py"}
+
+
+def modules():
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC)
+        yield rel, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def package_of(rel: Path) -> str:
+    return rel.parts[0].removesuffix(".py") if rel.parts[0] != "__init__.py" else ""
+
+
+def imported(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+
+
+CASES = [(rel, tree) for rel, tree in modules() if package_of(rel)]
+
+
+@pytest.mark.parametrize("rel,tree", CASES, ids=[str(r) for r, _ in CASES])
+def test_imports_respect_layers(rel, tree):
+    pkg = package_of(rel)
+    for name in imported(tree):
+        parts = name.split(".")
+        if parts[0] == "fleetwise" and len(parts) > 1:
+            target = parts[1]
+            if target not in LAYER or target == pkg:
+                continue
+            assert target == "errors" or LAYER[target] < LAYER[pkg], (
+                f"{rel} (layer {pkg}) imports fleetwise.{target}: a layer may only import layers below it"
+            )
+            assert (pkg, target) not in SIBLINGS_APART, f"{rel} imports {target}"
+        if pkg in PURE:
+            assert parts[0] not in FORBIDDEN_IN_PURE, f"{rel} ({pkg}) must not import {name}"
+
+
+@pytest.mark.parametrize("rel,tree", CASES, ids=[str(r) for r, _ in CASES])
+def test_no_wall_clock_in_pure_layers(rel, tree):
+    if package_of(rel) not in PURE or str(rel) in CLOCK_ALLOWED:
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            assert (node.value.id, node.attr) not in CLOCK_CALLS, f"{rel} reads the wall clock"

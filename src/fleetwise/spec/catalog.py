@@ -1,0 +1,91 @@
+"""The built-in catalog of models and accelerators, and resolution of `--model`/`--gpu` values.
+
+Owns lookups (`get_model`, `get_gpu`, `list_models`, `list_gpus`) with close-name suggestions
+for unknown names, and `resolve_model`/`resolve_gpu`, which accept a catalog name or a file:
+a Hugging Face config.json, or a YAML/JSON `ModelSpec`/`AcceleratorSpec` document. The figures
+themselves live in `catalog_models` and `catalog_gpus`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleetwise.errors import SpecError, UnknownNameError
+from fleetwise.spec.base import read_document, validate
+from fleetwise.spec.catalog_gpus import GPUS
+from fleetwise.spec.catalog_models import MODELS
+from fleetwise.spec.hardware import AcceleratorSpec
+from fleetwise.spec.hf import default_name, looks_like_hf_config, model_from_hf_config, model_from_hf_path
+from fleetwise.spec.model import ModelSpec
+
+_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def get_model(name: str) -> ModelSpec:
+    """A catalog model by name (case-insensitive); UnknownNameError lists the closest names."""
+    spec = MODELS.get(name.strip().lower())
+    if spec is None:
+        raise UnknownNameError("model", name, MODELS)
+    return spec
+
+
+def get_gpu(name: str) -> AcceleratorSpec:
+    """A catalog accelerator by name (case-insensitive); UnknownNameError lists the closest names."""
+    spec = GPUS.get(name.strip().lower())
+    if spec is None:
+        raise UnknownNameError("gpu", name, GPUS)
+    return spec
+
+
+def list_models() -> list[ModelSpec]:
+    """Every catalog model, in catalog order."""
+    return list(MODELS.values())
+
+
+def list_gpus() -> list[AcceleratorSpec]:
+    """Every catalog accelerator, in catalog order."""
+    return list(GPUS.values())
+
+
+def _is_path_like(value: str) -> bool:
+    return "/" in value or "\\" in value or value.lower().endswith(_FILE_SUFFIXES) or Path(value).exists()
+
+
+def resolve_model(name_or_path: str) -> ModelSpec:
+    """A catalog name, a HF config.json (file or model directory), or a YAML/JSON ModelSpec file."""
+    if name_or_path.strip().lower() in MODELS:
+        return MODELS[name_or_path.strip().lower()]
+    if not _is_path_like(name_or_path):
+        raise UnknownNameError("model", name_or_path, MODELS)
+    p = Path(name_or_path)
+    if p.is_dir():
+        return model_from_hf_path(p)
+    if p.suffix == ".json" and p.is_file():
+        return _model_from_json(p)
+    data = read_document(p)
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: expected a mapping (a ModelSpec) at the top level, got {type(data).__name__}")
+    if looks_like_hf_config(data):
+        return model_from_hf_config(data, default_name(p), source=f"config at {p}")
+    return validate(ModelSpec, data, str(p))
+
+
+def _model_from_json(p: Path) -> ModelSpec:
+    from fleetwise.spec.hf import read_hf_config
+
+    data = read_hf_config(p)
+    if looks_like_hf_config(data):
+        return model_from_hf_config(data, default_name(p), source=f"config.json at {p}")
+    return validate(ModelSpec, data, str(p))
+
+
+def resolve_gpu(name_or_path: str) -> AcceleratorSpec:
+    """A catalog accelerator name, or a YAML/JSON AcceleratorSpec file."""
+    if name_or_path.strip().lower() in GPUS:
+        return GPUS[name_or_path.strip().lower()]
+    if not _is_path_like(name_or_path):
+        raise UnknownNameError("gpu", name_or_path, GPUS)
+    data = read_document(name_or_path)
+    if not isinstance(data, dict):
+        raise SpecError(f"{name_or_path}: expected a mapping (an AcceleratorSpec), got {type(data).__name__}")
+    return validate(AcceleratorSpec, data, str(name_or_path))

@@ -1,0 +1,161 @@
+"""Import a `ModelSpec` from a Hugging Face `config.json` (a dict or a file on disk).
+
+Owns the mapping from HF field names to `ModelSpec` for the families fleetwise knows: Llama,
+Qwen2/Qwen2.5, Qwen3 (dense), Qwen2-MoE/Qwen3-MoE, Mixtral, DeepSeek-V2/V3 and Kimi-K2 (MLA).
+The family is read from the fields present, not from `model_type`, so close relatives import too.
+Unknown fields are ignored; missing required fields raise `SpecError` naming all of them.
+Does not download anything.
+
+Defaults as in `transformers`: `head_dim` = hidden_size / num_attention_heads,
+`num_key_value_heads` = num_attention_heads, `tie_word_embeddings` = false.
+Qwen-MoE layer placement (`decoder_sparse_step`, `mlp_only_layers`) is reduced to a count of
+dense layers, stored as `moe.first_dense_layers`: parameter and memory totals stay exact, only
+the position of the dense layers is approximated (they sit first).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fleetwise.errors import SpecError
+from fleetwise.spec.base import validate
+from fleetwise.spec.model import ModelSpec
+
+_BASE_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+_MLA_REQUIRED = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Multimodal configs nest the language model under `text_config`."""
+    inner = cfg.get("text_config")
+    if isinstance(inner, dict) and "num_hidden_layers" in inner and "num_hidden_layers" not in cfg:
+        return inner
+    return cfg
+
+
+def _require(cfg: dict[str, Any], keys: tuple[str, ...], name: str) -> None:
+    missing = [k for k in keys if cfg.get(k) is None]
+    if missing:
+        raise SpecError(
+            f"{name}: config.json lacks required field(s) {', '.join(missing)}; "
+            "add them or pass a full ModelSpec YAML instead"
+        )
+
+
+def _moe_kind(cfg: dict[str, Any]) -> str | None:
+    if cfg.get("n_routed_experts"):
+        return "deepseek"
+    if cfg.get("num_local_experts"):
+        return "mixtral"
+    if cfg.get("num_experts") and cfg.get("moe_intermediate_size"):
+        return "qwen"
+    return None
+
+
+def _qwen_dense_layers(cfg: dict[str, Any], layers: int) -> int:
+    """Layers that keep a dense MLP under Qwen-MoE's `decoder_sparse_step` and `mlp_only_layers`."""
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    only = set(cfg.get("mlp_only_layers") or [])
+    return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
+
+
+def _moe_block(cfg: dict[str, Any], kind: str, name: str) -> tuple[dict[str, Any], int]:
+    """(moe block, dense FFN size) for one of the MoE families."""
+    layers = int(cfg["num_hidden_layers"])
+    if kind == "mixtral":
+        _require(cfg, ("num_experts_per_tok", "intermediate_size"), name)
+        moe = {"num_experts": cfg["num_local_experts"], "experts_per_token": cfg["num_experts_per_tok"],
+               "expert_ffn_size": cfg["intermediate_size"]}
+        return moe, 0
+    _require(cfg, ("num_experts_per_tok", "moe_intermediate_size"), name)
+    if kind == "deepseek":
+        dense = int(cfg.get("first_k_dense_replace") or 0)
+        moe = {"num_experts": cfg["n_routed_experts"], "experts_per_token": cfg["num_experts_per_tok"],
+               "expert_ffn_size": cfg["moe_intermediate_size"],
+               "num_shared_experts": int(cfg.get("n_shared_experts") or 0), "first_dense_layers": dense}
+    else:
+        dense = _qwen_dense_layers(cfg, layers)
+        moe = {"num_experts": cfg["num_experts"], "experts_per_token": cfg["num_experts_per_tok"],
+               "expert_ffn_size": cfg["moe_intermediate_size"], "first_dense_layers": dense}
+        if cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one wide shared expert
+            moe["num_shared_experts"] = 1
+            moe["shared_expert_ffn_size"] = cfg["shared_expert_intermediate_size"]
+    if dense:
+        _require(cfg, ("intermediate_size",), name)
+    return moe, int(cfg["intermediate_size"]) if dense else 0
+
+
+def model_from_hf_config(cfg: dict[str, Any], name: str, source: str = "") -> ModelSpec:
+    """Build a `ModelSpec` from a parsed HF `config.json`; raises SpecError naming missing fields."""
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{name}: config.json must be a JSON object, got {type(cfg).__name__}")
+    cfg = _text_config(cfg)
+    _require(cfg, _BASE_REQUIRED, name)
+    heads = cfg["num_attention_heads"]
+    doc: dict[str, Any] = {
+        "name": name,
+        "num_layers": cfg["num_hidden_layers"],
+        "hidden_size": cfg["hidden_size"],
+        "num_attention_heads": heads,
+        "num_kv_heads": cfg.get("num_key_value_heads") or heads,
+        "head_dim": cfg.get("head_dim") or _int_div(cfg["hidden_size"], heads),
+        "vocab_size": cfg["vocab_size"],
+        "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "source": source or f"Hugging Face config.json ({cfg.get('model_type', 'unknown model_type')})",
+    }
+    if cfg.get("max_position_embeddings"):
+        doc["max_context_tokens"] = cfg["max_position_embeddings"]
+    kind = _moe_kind(cfg)
+    if kind is None:
+        _require(cfg, ("intermediate_size",), name)
+        doc["ffn_size"] = cfg["intermediate_size"]
+    else:
+        doc["moe"], doc["ffn_size"] = _moe_block(cfg, kind, name)
+    if cfg.get("kv_lora_rank"):
+        _require(cfg, _MLA_REQUIRED, name)
+        doc["attention"] = "mla"
+        doc["num_kv_heads"] = heads
+        doc["mla"] = {k: cfg[k] for k in _MLA_REQUIRED} | {"q_lora_rank": cfg.get("q_lora_rank")}
+    return validate(ModelSpec, doc, f"{name} (from config.json)")
+
+
+def _int_div(a: Any, b: Any) -> Any:
+    return a // b if isinstance(a, int) and isinstance(b, int) and b else a
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """Parse a config.json (or a directory holding one), with one-line errors for bad files."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise SpecError(f"{p}: file not found; pass a catalog model name or a path to config.json")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{p}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{p}: not a UTF-8 text file; expected a Hugging Face config.json") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: expected a JSON object at the top level, got {type(data).__name__}")
+    return data
+
+
+def default_name(path: str | Path) -> str:
+    """A model name for a config file: its directory's name for `config.json`, else the file stem."""
+    p = Path(path)
+    if p.is_dir():
+        return p.resolve().name
+    return p.resolve().parent.name if p.name == "config.json" else p.stem
+
+
+def looks_like_hf_config(data: dict[str, Any]) -> bool:
+    """True for HF-style configs (as opposed to a fleetwise ModelSpec document)."""
+    return "num_hidden_layers" in data or "model_type" in data or "architectures" in data
+
+
+def model_from_hf_path(path: str | Path, name: str | None = None) -> ModelSpec:
+    """Read a config.json on disk (or a model directory) into a `ModelSpec`."""
+    return model_from_hf_config(read_hf_config(path), name or default_name(path), source=f"config.json at {path}")

@@ -1,0 +1,224 @@
+"""`RoutingSpec`: which routing policy a plan uses, its parameters and its safe mode.
+
+Owns the declared side of routing only: the parameter models of every routing plugin, the named
+presets (pure data: a few lines of composition each) and the document a plan file embeds under
+`routing:`. The policies themselves live in `fleetwise.routing` (L3); this module is L0 and
+imports nothing above `spec`.
+
+```yaml
+routing:
+  policy: fleetwise-default          # a preset name (see `fleetwise.routing.policy_names()`)
+  params:                            # optional overrides, deep-merged onto the preset
+    load_bound: {c: 1.5}
+  safe_mode: {stale_after_s: 2.0, action: reject}
+```
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from fleetwise.errors import SpecError, UnknownNameError
+from fleetwise.spec.base import Spec, validate
+
+FilterName = Literal["healthy", "model_version", "region", "role"]
+ScorerName = Literal["load", "requests", "prefix", "kv", "feedback"]
+PickerName = Literal["max", "round_robin", "random", "power_of_two"]
+SafeModeAction = Literal["round_robin", "last_known", "reject"]
+
+DEFAULT_POLICY = "fleetwise-default"
+
+
+class CostParams(Spec):
+    """Predicted cost of sending a request to a worker, in prefill-token equivalents.
+
+    `cost = (queued_prefill + decode_token_weight * running_decode + pending_since_view
+    + uncached_prompt(req) + decode_token_weight * max_output(req)) * slowness`, where
+    `pending_since_view` is the router's own estimate for requests it dispatched after the
+    worker's view was taken, and `slowness` is the feedback factor (1 without feedback).
+    """
+
+    decode_token_weight: float = Field(default=0.5, ge=0.0)
+    """Weight of one expected decode token relative to one prefill token."""
+    per_request_tokens: float = Field(default=32.0, ge=0.0)
+    """Fixed cost of each queued/running/pending request, in tokens (scheduling overhead)."""
+
+
+class LoadBoundParams(Spec):
+    """Bounded loads (consistent hashing with bounded loads, Mirrokni et al.), two checks.
+
+    A worker is eligible only if (1) its predicted cost after taking the request is at most
+    `c * mean` over the candidates (plus the request's own cost, so an idle worker always
+    qualifies) and (2) it took at most `ceil(c * (k + 1) / n)` of the last `k <= share_window`
+    decisions, so sequential traffic cannot pile onto one worker either.
+    """
+
+    enabled: bool = True
+    """Apply the bound at all."""
+    c: float = Field(default=1.25, gt=1.0)
+    """Load factor: how far above the fleet mean a worker may go."""
+    share_window: int = Field(default=64, ge=0)
+    """Recent decisions counted for the share bound; 0 disables the share check."""
+
+
+class FeedbackParams(Spec):
+    """Per-worker EWMAs of observed TTFT, TPOT and failures, turned into a slowness factor.
+
+    TTFT is normalised by the cost the router predicted at dispatch (seconds per token of work
+    ahead), TPOT is taken as is; each is divided by the fleet mean over workers with data. The
+    factor is `sqrt(ttft_ratio * tpot_ratio) * (1 + failure_penalty * failure_rate)`, clamped,
+    and decays back to 1 with `half_life_s` since the worker's last observation.
+    """
+
+    enabled: bool = True
+    """Correct predicted costs by observed latency."""
+    alpha: float = Field(default=0.3, gt=0.0, le=1.0)
+    """EWMA weight of a new observation."""
+    half_life_s: float = Field(default=30.0, gt=0.0)
+    """Without new observations a worker's factor halves its distance to 1 every this many seconds."""
+    min_factor: float = Field(default=0.25, gt=0.0)
+    """Lower clamp of the slowness factor."""
+    max_factor: float = Field(default=8.0, gt=1.0)
+    """Upper clamp of the slowness factor."""
+    failure_penalty: float = Field(default=4.0, ge=0.0)
+    """Extra slowness per unit of EWMA failure rate."""
+    min_samples: int = Field(default=2, ge=1)
+    """Observations a worker needs before its factor departs from 1."""
+
+
+class PrefixIndexParams(Spec):
+    """Per-worker index of cached prefix blocks (chained block hashes), LRU-bounded."""
+
+    max_blocks_per_worker: int = Field(default=65536, gt=0)
+    """Blocks remembered per worker; the least recently used are forgotten first."""
+    record_dispatch: bool = True
+    """Assume a dispatched prompt's blocks are cached on its worker (before KvStored confirms)."""
+
+
+class PdParams(Spec):
+    """Prefill/decode pair selection weights (pair score = sum of weighted parts in [0, 1])."""
+
+    prefill_weight: float = Field(default=1.0, ge=0.0)
+    """Weight of the prefill side (its load score, prefix overlap blended in)."""
+    decode_weight: float = Field(default=1.0, ge=0.0)
+    """Weight of the decode side (KV headroom and load)."""
+    link_weight: float = Field(default=0.25, ge=0.0)
+    """Weight of the link score `1 / (1 + active_transfers)`; unhealthy links are excluded."""
+    kv_reserve: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Decode workers whose KV headroom after the request would drop below this are skipped."""
+
+
+class SafeModeSpec(Spec):
+    """What to do when the fleet view is too old to trust."""
+
+    enabled: bool = True
+    """Watch view ages at all."""
+    stale_after_s: float = Field(default=5.0, gt=0.0)
+    """A worker's state is stale when `now_s - reported_at_s` exceeds this."""
+    stale_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Safe mode starts when at least this fraction of the eligible workers is stale."""
+    action: SafeModeAction = "last_known"
+    """`round_robin` over eligible workers, `last_known` (keep routing on the last views plus the
+    router's own in-flight estimates) or `reject` (shed load with a clear reason)."""
+
+
+class PolicyParams(Spec):
+    """A composed policy: filters -> weighted scorers (each clamped to [0, 1]) -> picker."""
+
+    filters: tuple[FilterName, ...] = ("healthy", "model_version", "region", "role")
+    """Filters applied in order; a request no worker passes is rejected with the filter's reason."""
+    scorers: dict[ScorerName, float] = Field(default_factory=dict)
+    """Scorer name -> weight. `load`: min cost / cost; `requests`: fewest queued+running+pending;
+    `prefix`: cached fraction of the prompt; `kv`: 1 - KV usage; `feedback`: fastest / slowness."""
+    picker: PickerName = "max"
+    """`max` (highest weighted score), `round_robin`, `random`, or `power_of_two` (two seeded
+    samples, the higher score wins)."""
+    tie_break: Literal["random", "lru"] = "random"
+    """How `max` breaks exact ties: seeded random, or least recently chosen first (then seeded)."""
+    cost: CostParams = CostParams()
+    """Predicted-cost model shared by the `load` scorer and the load bound."""
+    load_bound: LoadBoundParams = LoadBoundParams(enabled=False)
+    """Bounded-load filter applied after the filters (off unless a preset turns it on)."""
+    feedback: FeedbackParams = FeedbackParams(enabled=False)
+    """Latency feedback correcting predicted costs (off unless a preset turns it on)."""
+    prefix_index: PrefixIndexParams = PrefixIndexParams()
+    """The per-worker prefix index."""
+    pd: PdParams = PdParams()
+    """Pair selection for prefill/decode-disaggregated fleets."""
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "round-robin": {"picker": "round_robin"},
+    "random": {"picker": "random"},
+    "least-outstanding": {"scorers": {"requests": 1.0}, "tie_break": "lru"},
+    "power-of-two": {"scorers": {"requests": 1.0}, "picker": "power_of_two"},
+    "prefix-affinity": {
+        "scorers": {"load": 1.0, "prefix": 0.5},
+        "tie_break": "lru",
+        "load_bound": {"enabled": True},
+    },
+    "feedback": {"scorers": {"load": 1.0}, "tie_break": "lru", "feedback": {"enabled": True}},
+    DEFAULT_POLICY: {
+        "scorers": {"load": 1.0, "prefix": 0.3, "kv": 0.05},
+        "tie_break": "lru",
+        "load_bound": {"enabled": True},
+        "feedback": {"enabled": True},
+    },
+}
+"""Named compositions; `RoutingSpec.params` is deep-merged onto one of these."""
+
+PRESET_SUMMARIES: dict[str, str] = {
+    "round-robin": "Cycle over eligible workers in name order; ignores load and speed (the baseline).",
+    "random": "Seeded uniform choice among eligible workers.",
+    "least-outstanding": "Fewest queued + running requests (plus the router's own in-flight ones).",
+    "power-of-two": "Two seeded random candidates; the one with fewer outstanding requests wins.",
+    "prefix-affinity": "Longest cached prefix, priced against queued tokens, within a load bound (c=1.25).",
+    "feedback": "Least predicted token cost corrected by observed TTFT/TPOT/failure EWMAs.",
+    DEFAULT_POLICY: "Outstanding-token cost + bounded prefix affinity + latency feedback + safe mode.",
+}
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` onto `base`, recursing into nested mappings (lists and scalars replace)."""
+    out = dict(base)
+    for k, v in override.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def preset_params(name: str, overrides: dict[str, Any] | None = None) -> PolicyParams:
+    """The validated parameters of preset `name` with `overrides` deep-merged on top."""
+    if name not in PRESETS:
+        raise UnknownNameError("routing policy", name, PRESETS)
+    data = deep_merge(PRESETS[name], overrides or {})
+    return validate(PolicyParams, data, f"routing.params (policy {name!r})")
+
+
+class RoutingSpec(Spec):
+    """The `routing:` section of a plan: a preset, overrides of its parameters, and safe mode."""
+
+    policy: str = DEFAULT_POLICY
+    """Preset name, e.g. `round-robin`, `prefix-affinity`, `fleetwise-default`."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Overrides deep-merged onto the preset's parameters (see `PolicyParams`)."""
+    safe_mode: SafeModeSpec = SafeModeSpec()
+    """Behaviour when the fleet view is stale."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RoutingSpec:
+        try:
+            preset_params(self.policy, self.params)
+        except UnknownNameError as err:
+            raise ValueError(str(err)) from None
+        except SpecError as err:
+            raise ValueError(str(err)) from None
+        return self
+
+    def resolved(self) -> PolicyParams:
+        """The preset's parameters with this spec's overrides applied."""
+        return preset_params(self.policy, self.params)

@@ -1,0 +1,114 @@
+"""Declarative fault scenarios: what goes wrong in a simulated fleet, and when.
+
+Owns the shape of each fault (a tagged union on `kind`, times in virtual seconds from the start
+of the run) and loading a scenario file. The simulator (`fleetwise.sim.faults`) applies them.
+Replicas are named `<pool>-<index>` (index from 0), as in the plan's per-replica results.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from fleetwise.spec.base import Spec, load_document
+
+
+class ReplicaCrash(Spec):
+    """A replica dies at `at_s`; its in-flight requests fail (or are retried once, per the plan)."""
+
+    kind: Literal["crash"] = "crash"
+    replica: str
+    """Replica name, `<pool>-<index>`."""
+    at_s: float = Field(ge=0)
+    """Virtual time of the crash."""
+    restart_after_s: float | None = Field(default=60.0, ge=0)
+    """Cold-start delay until the replica serves again; null = never comes back."""
+
+
+class Slowdown(Spec):
+    """A replica runs every step `factor` times slower during [start_s, end_s) (thermal throttling, noisy neighbour)."""
+
+    kind: Literal["slowdown"] = "slowdown"
+    replica: str
+    """Replica name, `<pool>-<index>`."""
+    start_s: float = Field(ge=0)
+    end_s: float = Field(gt=0)
+    factor: float = Field(gt=0)
+    """Step-time multiplier (2.0 = half speed)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Slowdown:
+        _check_interval(self.start_s, self.end_s)
+        return self
+
+
+class KvLinkFault(Spec):
+    """KV links degrade (`bandwidth_factor` in (0, 1)) or fail (`bandwidth_factor` = 0) during [start_s, end_s).
+
+    While a link is down its transfers fail; the plan's `kv_link.on_failure` says whether the
+    request fails or is prefilled again.
+    """
+
+    kind: Literal["kv_link"] = "kv_link"
+    replica: str | None = None
+    """Replica whose port is affected (`<pool>-<index>`); null = every KV port."""
+    start_s: float = Field(ge=0)
+    end_s: float = Field(gt=0)
+    bandwidth_factor: float = Field(ge=0, le=1)
+    """Fraction of bandwidth left (0 = link down)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> KvLinkFault:
+        _check_interval(self.start_s, self.end_s)
+        return self
+
+
+class StaleView(Spec):
+    """The router's view of the fleet stops refreshing during [start_s, end_s) (control plane stall)."""
+
+    kind: Literal["stale_view"] = "stale_view"
+    start_s: float = Field(ge=0)
+    end_s: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> StaleView:
+        _check_interval(self.start_s, self.end_s)
+        return self
+
+
+class RollingUpgrade(Spec):
+    """Replicas of `pool` leave one at a time from `start_s`: drain (no new requests, finish
+    in-flight), stay down `restart_after_s`, come back serving `new_model_version`."""
+
+    kind: Literal["rolling_upgrade"] = "rolling_upgrade"
+    pool: str
+    """Pool name in the plan."""
+    start_s: float = Field(ge=0)
+    new_model_version: str
+    """Model version the replicas report after the upgrade."""
+    restart_after_s: float = Field(default=30.0, ge=0)
+    """Cold-start delay of each replica once drained."""
+
+
+FaultSpec = Annotated[
+    ReplicaCrash | Slowdown | KvLinkFault | StaleView | RollingUpgrade, Field(discriminator="kind")
+]
+
+
+class FaultScenario(Spec):
+    """A named list of faults applied to one simulation run."""
+
+    name: str = "faults"
+    faults: list[FaultSpec] = Field(default_factory=list)
+    """Faults, each with its own times; they may overlap."""
+
+    @staticmethod
+    def load(path: str | Path) -> FaultScenario:
+        return load_document(FaultScenario, path)
+
+
+def _check_interval(start_s: float, end_s: float) -> None:
+    if end_s <= start_s:
+        raise ValueError(f"end_s={end_s} must be after start_s={start_s}")

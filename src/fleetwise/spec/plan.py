@@ -1,0 +1,150 @@
+"""`PlanSpec`: a deployment plan the simulator can run — pools of replicas, the KV link, routing.
+
+Owns the plan document and its static checks (role families, catalog names, parallelism for the
+model and card). The memory fit (KV capacity > 0) needs the perf layer and is checked when the
+simulator builds the fleet (`fleetwise.sim.fleet`), with the same kind of message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from fleetwise.errors import SpecError, UnknownNameError
+from fleetwise.spec.base import Spec, load_document
+from fleetwise.spec.dtypes import KvDtype, WeightDtype
+from fleetwise.spec.parallel import ParallelismSpec
+from fleetwise.spec.routing import PRESETS, RoutingSpec
+
+
+class EngineKnobs(Spec):
+    """Scheduler settings of one replica (vLLM names; see `fleetwise.engine.EngineConfig`)."""
+
+    max_num_batched_tokens: int = Field(default=8192, gt=0)
+    """Token budget of one step (prefill chunks plus decodes)."""
+    max_num_seqs: int = Field(default=256, gt=0)
+    """Most sequences running at once."""
+    block_size: int = Field(default=16, gt=0)
+    """Tokens per KV block."""
+    enable_prefix_caching: bool = True
+    """Share KV blocks of equal prompt prefixes."""
+    enable_chunked_prefill: bool = True
+    """Split long prompts over steps, mixed with running decodes."""
+    max_bundle_steps: int = Field(default=64, gt=0)
+    """Most decode-only passes the simulator may fuse into one event (no effect on results)."""
+
+
+class PoolSpec(Spec):
+    """`replicas` identical replicas of one model on one accelerator type."""
+
+    name: str
+    """Pool name; replicas are named `<name>-<index>`."""
+    role: Literal["mixed", "prefill", "decode"] = "mixed"
+    """`mixed` = colocated prefill and decode; `prefill`/`decode` = disaggregated halves."""
+    replicas: int = Field(default=1, gt=0)
+    accelerator: str
+    """Catalog accelerator name (see `fleetwise catalog gpus`)."""
+    model: str
+    """Catalog model name or a path to a model spec file."""
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    weight_dtype: WeightDtype = "bf16"
+    kv_dtype: KvDtype = "bf16"
+    engine: EngineKnobs = Field(default_factory=EngineKnobs)
+    model_version: str = "v1"
+    """Version label the replicas report (rolling upgrades change it)."""
+    region: str = "default"
+    price_per_gpu_hour_usd: float | None = Field(default=None, ge=0)
+    """Overrides the catalog price of the accelerator."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of HBM the engine may use for weights, activations and KV cache."""
+
+
+class KvLinkSpec(Spec):
+    """Prefill-to-decode KV path: each prefill replica's egress and each decode replica's ingress."""
+
+    bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+    """Per-port bandwidth in bytes/s (give this or `gbps`)."""
+    gbps: float | None = Field(default=None, gt=0)
+    """Per-port bandwidth in gigabits/s."""
+    latency_s: float = Field(default=20e-6, ge=0)
+    """One-way latency added to every transfer."""
+    on_failure: Literal["fail", "reprefill"] = "fail"
+    """What a failed transfer does to its request: fail it, or prefill it again on another pair."""
+
+    @model_validator(mode="after")
+    def _check(self) -> KvLinkSpec:
+        if self.bandwidth_bytes_per_s is not None and self.gbps is not None:
+            raise ValueError("give either bandwidth_bytes_per_s or gbps, not both")
+        return self
+
+    @property
+    def bytes_per_s(self) -> float:
+        if self.bandwidth_bytes_per_s is not None:
+            return self.bandwidth_bytes_per_s
+        return (self.gbps if self.gbps is not None else 400.0) * 1e9 / 8
+
+
+class PlanSpec(Spec):
+    """A fleet: one role family of pools (all `mixed`, or `prefill` + `decode`), a KV link, a routing policy."""
+
+    name: str = "plan"
+    pools: list[PoolSpec] = Field(min_length=1)
+    kv_link: KvLinkSpec = Field(default_factory=KvLinkSpec)
+    """Used by prefill/decode plans only."""
+    routing: RoutingSpec | str = "round-robin"
+    """Routing policy: a preset name (`round-robin`, ...) or a routing spec (see `fleetwise.spec.routing`)."""
+    perf_profile: str | None = None
+    """Path to a calibrated perf profile (JSON); null = the uncalibrated roofline."""
+    retry_on_crash: bool = False
+    """Retry a request whose replica crashed once, on another replica (else it fails)."""
+
+    @model_validator(mode="after")
+    def _check_roles(self) -> PlanSpec:
+        if isinstance(self.routing, str) and self.routing not in PRESETS:
+            raise ValueError(str(UnknownNameError("routing policy", self.routing, PRESETS)))
+        names = [p.name for p in self.pools]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"pool names must be unique; repeated: {', '.join(dup)}")
+        roles = {p.role for p in self.pools}
+        if "mixed" in roles and len(roles) > 1:
+            raise ValueError(
+                f"pools mix roles {sorted(roles)}; use all `mixed` (colocated) or `prefill` + `decode` (disaggregated)"
+            )
+        if roles and roles <= {"prefill", "decode"} and roles != {"prefill", "decode"}:
+            missing = ({"prefill", "decode"} - roles).pop()
+            raise ValueError(f"a disaggregated plan needs both prefill and decode pools; add a `{missing}` pool")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.pools[0].role != "mixed"
+
+    @staticmethod
+    def load(path: str | Path) -> PlanSpec:
+        plan = load_document(PlanSpec, path)
+        plan.check(where=str(path))
+        return plan
+
+    def check(self, where: str = "plan") -> None:
+        """Resolve every pool's model and accelerator and check its parallelism; raise SpecError."""
+        for i, pool in enumerate(self.pools):
+            model, gpu = resolve_pool(pool, f"{where}: pools.{i}")
+            try:
+                pool.parallelism.check(model, gpu)
+            except SpecError as err:
+                raise SpecError(f"{where}: pools.{i} ({pool.name}): {err}") from None
+
+
+def resolve_pool(pool: PoolSpec, where: str) -> tuple[Any, Any]:
+    """(ModelSpec, AcceleratorSpec) of a pool from the catalog, with the pool named in errors."""
+    from fleetwise.spec import catalog
+
+    try:
+        model = catalog.resolve_model(pool.model)
+        gpu = catalog.resolve_gpu(pool.accelerator)
+    except SpecError as err:
+        raise SpecError(f"{where} ({pool.name}): {err}") from None
+    return model, gpu

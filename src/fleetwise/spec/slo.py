@@ -1,0 +1,30 @@
+"""`SLOSpec`: per-request latency targets a request must meet to count toward goodput.
+
+Owns the thresholds only; the simulator's results (and the gateway's metrics) decide whether a
+request met them. A target left unset is not checked.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fleetwise.spec.base import Spec
+
+
+class SLOSpec(Spec):
+    """Latency targets per request; a request meets the SLO when it completes and meets every set target."""
+
+    ttft_max_s: float | None = Field(default=None, gt=0)
+    """Longest acceptable time to first token (arrival to first output token)."""
+    tpot_max_s: float | None = Field(default=None, gt=0)
+    """Longest acceptable mean time per output token after the first."""
+    e2e_max_s: float | None = Field(default=None, gt=0)
+    """Longest acceptable end-to-end latency (arrival to last token)."""
+
+    def met(self, ttft_s: float, tpot_s: float, e2e_s: float) -> bool:
+        """Whether one completed request meets every set target."""
+        return (
+            (self.ttft_max_s is None or ttft_s <= self.ttft_max_s)
+            and (self.tpot_max_s is None or tpot_s <= self.tpot_max_s)
+            and (self.e2e_max_s is None or e2e_s <= self.e2e_max_s)
+        )

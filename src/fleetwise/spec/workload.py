@@ -1,0 +1,330 @@
+"""`WorkloadSpec`: what clients send and when (arrival process x lengths x prefix sharing x tenants).
+
+Owns the declared shape of a workload and its validation. Does not draw any numbers: the
+generator in `fleetwise.sim.workload` turns a spec and a seed into `Request`s, and the trace
+loaders in `fleetwise.sim.traces` read the files a `trace` arrival or an `empirical` length
+distribution points at.
+
+Semantics worth knowing (docs/workloads.md has the long form):
+- Arrival rates are in requests per second. With multi-turn sessions the arrival process
+  starts *sessions*; each session then issues its turns, so the request rate is about
+  `rate_rps * mean turns`.
+- Input lengths are the *user* part of a prompt. A shared system prompt (global or a tenant's
+  own) is prepended to it, and in a session every turn's prompt is the previous turn's prompt
+  and output plus the new user tokens.
+- Block hashes follow Mooncake's chained `hash_ids`: one id per `hash_block_tokens` tokens
+  (the last, partial block included), equal id at position i means equal first i+1 blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from fleetwise.spec.base import Spec
+
+TraceFormat = Literal["azure", "mooncake", "burstgpt", "length_stats"]
+"""Trace file formats `fleetwise.sim.traces` can read (auto-detected from the header when unset)."""
+
+_Z99 = NormalDist().inv_cdf(0.99)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrivals
+# ---------------------------------------------------------------------------------------------
+
+
+class PoissonArrival(Spec):
+    """Memoryless arrivals: exponential inter-arrival times (CV 1)."""
+
+    kind: Literal["poisson"] = "poisson"
+    rate_rps: float = Field(gt=0)
+    """Mean arrivals per second (sessions per second when sessions are enabled)."""
+
+
+class GammaArrival(Spec):
+    """Bursty (cv > 1) or smooth (cv < 1) arrivals: Gamma inter-arrival times."""
+
+    kind: Literal["gamma"] = "gamma"
+    rate_rps: float = Field(gt=0)
+    """Mean arrivals per second (sessions per second when sessions are enabled)."""
+    cv: float = Field(gt=0)
+    """Coefficient of variation of inter-arrival times (burstiness); 1 is Poisson."""
+
+
+class TraceArrival(Spec):
+    """Replay the arrival times (and by default the lengths) of a trace file."""
+
+    kind: Literal["trace"] = "trace"
+    path: str
+    """Trace file: Azure CSV, Mooncake JSONL, BurstGPT CSV or a length-statistics CSV."""
+    format: TraceFormat | None = None
+    """File format; detected from the header (column or field names) when unset."""
+    time_scale: float = Field(default=1.0, gt=0)
+    """Multiply the trace's inter-arrival times by this (0.5 replays twice as fast)."""
+    rate_rps: float | None = Field(default=None, gt=0)
+    """Rescale timestamps so the mean rate is this; excludes `time_scale`. Required for
+    length-statistics files, which have no timestamps (arrivals are then Poisson)."""
+    start_s: float = Field(default=0.0, ge=0)
+    """Skip the trace's first seconds (in trace time, from its first request)."""
+    max_requests: int | None = Field(default=None, gt=0)
+    """Keep at most this many requests (after `start_s`)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TraceArrival:
+        if self.rate_rps is not None and self.time_scale != 1.0:
+            raise ValueError(
+                f"give either time_scale ({self.time_scale}) or rate_rps ({self.rate_rps}), not both: "
+                "rate_rps already fixes the time scale"
+            )
+        return self
+
+
+ArrivalSpec = Annotated[PoissonArrival | GammaArrival | TraceArrival, Field(discriminator="kind")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Lengths
+# ---------------------------------------------------------------------------------------------
+
+
+class _Clipped(Spec):
+    min_tokens: int = Field(default=1, ge=1)
+    """Clip drawn lengths to at least this many tokens."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Clip drawn lengths to at most this many tokens (None: no upper clip)."""
+
+    @model_validator(mode="after")
+    def _check_clip(self) -> _Clipped:
+        if self.max_tokens is not None and self.max_tokens < self.min_tokens:
+            raise ValueError(f"max_tokens ({self.max_tokens}) is below min_tokens ({self.min_tokens})")
+        return self
+
+
+class FixedLength(Spec):
+    """Every request has the same length."""
+
+    kind: Literal["fixed"] = "fixed"
+    tokens: int = Field(ge=1)
+    """The length, in tokens."""
+
+
+class UniformLength(Spec):
+    """Integer lengths drawn uniformly from [low_tokens, high_tokens] (both inclusive)."""
+
+    kind: Literal["uniform"] = "uniform"
+    low_tokens: int = Field(ge=1)
+    """Smallest length."""
+    high_tokens: int = Field(ge=1)
+    """Largest length."""
+
+    @model_validator(mode="after")
+    def _check(self) -> UniformLength:
+        if self.high_tokens < self.low_tokens:
+            raise ValueError(f"high_tokens ({self.high_tokens}) is below low_tokens ({self.low_tokens})")
+        return self
+
+
+class LognormalLength(_Clipped):
+    """Log-normal lengths, given by their median or mean and by sigma or the p99, rounded to ints."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    median_tokens: float | None = Field(default=None, gt=0)
+    """Median length (exp(mu)); give this or mean_tokens."""
+    mean_tokens: float | None = Field(default=None, gt=0)
+    """Mean length (exp(mu + sigma^2/2)); give this or median_tokens."""
+    sigma: float | None = Field(default=None, gt=0)
+    """Standard deviation of log(length); give this or p99_tokens."""
+    p99_tokens: float | None = Field(default=None, gt=0)
+    """99th percentile of the length (before clipping); give this or sigma."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LognormalLength:
+        if (self.median_tokens is None) == (self.mean_tokens is None):
+            raise ValueError("give exactly one of median_tokens and mean_tokens")
+        if (self.sigma is None) == (self.p99_tokens is None):
+            raise ValueError("give exactly one of sigma and p99_tokens")
+        self.mu_sigma()
+        return self
+
+    def mu_sigma(self) -> tuple[float, float]:
+        """(mu, sigma) of log(length), solved from whichever pair of figures was given.
+
+        median+p99: sigma = ln(p99/median)/z99. mean+p99: ln(p99/mean) = z99*s - s^2/2, the
+        smaller root s = z99 - sqrt(z99^2 - 2 ln(p99/mean)).
+        """
+        if self.sigma is not None:
+            s = self.sigma
+            mu = math.log(self.median_tokens) if self.median_tokens else math.log(self.mean_tokens or 1) - s * s / 2
+            return mu, s
+        p99 = float(self.p99_tokens or 0)
+        if self.median_tokens is not None:
+            if p99 <= self.median_tokens:
+                raise ValueError(f"p99_tokens ({p99}) must exceed median_tokens ({self.median_tokens})")
+            s = math.log(p99 / self.median_tokens) / _Z99
+            return math.log(self.median_tokens), s
+        mean = float(self.mean_tokens or 0)
+        d = math.log(p99 / mean) if p99 > 0 else 0.0
+        if d <= 0 or _Z99 * _Z99 < 2 * d:
+            raise ValueError(
+                f"no log-normal has mean {mean} and p99 {p99}: p99/mean must lie in (1, "
+                f"{math.exp(_Z99 * _Z99 / 2):.1f}); give sigma instead"
+            )
+        s = _Z99 - math.sqrt(_Z99 * _Z99 - 2 * d)
+        return math.log(mean) - s * s / 2, s
+
+
+LengthDist = Annotated[FixedLength | UniformLength | LognormalLength, Field(discriminator="kind")]
+
+
+class IndependentLengths(Spec):
+    """Input and output lengths drawn independently, each from its own distribution."""
+
+    kind: Literal["independent"] = "independent"
+    input: LengthDist
+    """User prompt tokens per request (a shared system prompt is added on top)."""
+    output: LengthDist
+    """Generated tokens per request."""
+
+
+class EmpiricalLengths(Spec):
+    """(input, output) pairs resampled jointly from a length-statistics CSV, keeping their correlation."""
+
+    kind: Literal["empirical"] = "empirical"
+    path: str
+    """CSV with columns num_prefill_tokens,num_decode_tokens (sarathi-serve/Vidur stats files)."""
+    max_input_tokens: int | None = Field(default=None, ge=1)
+    """Clip inputs to at most this many tokens."""
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    """Clip outputs to at most this many tokens."""
+
+
+class TraceLengths(Spec):
+    """Take input, output and (Mooncake) hash_ids from the `trace` arrival's file."""
+
+    kind: Literal["trace"] = "trace"
+
+
+LengthsSpec = Annotated[IndependentLengths | EmpiricalLengths | TraceLengths, Field(discriminator="kind")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefix sharing, tenants, versions
+# ---------------------------------------------------------------------------------------------
+
+
+class SystemPromptSpec(Spec):
+    """A pool of shared system prompts; a request that uses one gets its tokens prepended."""
+
+    count: int = Field(default=1, ge=1)
+    """Distinct system prompts."""
+    tokens: int = Field(ge=1)
+    """Tokens per system prompt."""
+    fraction: float = Field(default=1.0, ge=0, le=1)
+    """Fraction of requests (sessions) that carry a system prompt."""
+    zipf_s: float = Field(default=0.0, ge=0)
+    """Popularity exponent: prompt i (0-based) is picked with weight 1/(i+1)^zipf_s; 0 is uniform."""
+
+
+class SessionSpec(Spec):
+    """Multi-turn sessions: each arrival starts a session whose turns extend the same context."""
+
+    mean_turns: float = Field(ge=1)
+    """Mean turns per session."""
+    turns_distribution: Literal["geometric", "fixed"] = "geometric"
+    """`geometric` on 1, 2, ... with the given mean, or `fixed` (mean_turns must be an integer)."""
+    max_turns: int | None = Field(default=None, ge=1)
+    """Cap on turns per session."""
+    think_time_s: float = Field(default=10.0, ge=0)
+    """Mean gap between a turn's arrival and the next turn's (exponential); it includes the
+    time the previous answer took, which the generator cannot know."""
+    max_context_tokens: int | None = Field(default=None, ge=1)
+    """End a session before a turn whose prompt would exceed this (a model's context window)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SessionSpec:
+        if self.turns_distribution == "fixed" and self.mean_turns != int(self.mean_turns):
+            raise ValueError(f"turns_distribution=fixed needs an integer mean_turns, got {self.mean_turns}")
+        return self
+
+
+class PrefixSpec(Spec):
+    """Prefix sharing: shared system prompts and multi-turn sessions."""
+
+    system_prompts: SystemPromptSpec | None = None
+    """Shared system prompts (None: no global shared prefix)."""
+    sessions: SessionSpec | None = None
+    """Multi-turn sessions (None: every request is a single turn)."""
+
+
+class TenantSpec(Spec):
+    """One tenant: a share of the traffic and optionally its own shared prefix."""
+
+    name: str = Field(min_length=1)
+    """Tag put on the tenant's requests."""
+    weight: float = Field(gt=0)
+    """Relative share of requests (sessions); weights are normalised."""
+    prefix_tokens: int = Field(default=0, ge=0)
+    """Tokens of this tenant's own shared prefix (0: none). When set, it replaces the global
+    system prompts for this tenant's requests."""
+    prefix_fraction: float = Field(default=1.0, ge=0, le=1)
+    """Fraction of this tenant's requests that carry its prefix."""
+
+
+class ModelVersionPin(Spec):
+    """Pin a fraction of sessions to a model version (rolling-upgrade scenarios)."""
+
+    version: str = Field(min_length=1)
+    """Version tag put on pinned requests; the rest carry None (any version)."""
+    fraction: float = Field(ge=0, le=1)
+    """Fraction of sessions pinned."""
+
+
+class WorkloadSpec(Spec):
+    """A workload: arrival process x lengths x prefix sharing x tenants, bounded in count or time."""
+
+    arrival: ArrivalSpec
+    """How requests (or sessions) arrive."""
+    lengths: LengthsSpec | None = None
+    """Input/output lengths; None means `trace` (only with a trace arrival)."""
+    num_requests: int | None = Field(default=None, gt=0)
+    """Stop after this many requests."""
+    duration_s: float | None = Field(default=None, gt=0)
+    """Stop at this arrival time (requests arriving at or after it are dropped)."""
+    prefix: PrefixSpec = Field(default_factory=PrefixSpec)
+    """Shared system prompts and multi-turn sessions."""
+    tenants: list[TenantSpec] = Field(default_factory=list)
+    """Tenants and their traffic shares (empty: everything is tenant `default`)."""
+    model_version_pin: ModelVersionPin | None = None
+    """Optional pin of some sessions to a model version."""
+    hash_block_tokens: int = Field(default=512, ge=1)
+    """Tokens per hashed prefix block (Mooncake uses 512)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        is_trace = isinstance(self.arrival, TraceArrival)
+        if not is_trace and self.num_requests is None and self.duration_s is None:
+            raise ValueError("give num_requests or duration_s (or both) to bound a synthetic workload")
+        if not is_trace and (self.lengths is None or isinstance(self.lengths, TraceLengths)):
+            raise ValueError("lengths: a synthetic arrival needs `independent` or `empirical` lengths; "
+                             "`trace` lengths come only with arrival.kind=trace")
+        if is_trace and self.prefix.sessions is not None:
+            raise ValueError("prefix.sessions: a trace arrival replays requests, not sessions; remove "
+                             "prefix.sessions or use a poisson/gamma arrival")
+        if is_trace and self.trace_lengths and (
+            self.prefix.system_prompts is not None or any(t.prefix_tokens for t in self.tenants)
+        ):
+            raise ValueError("prefix.system_prompts/tenants[].prefix_tokens: trace lengths take prompts and "
+                             "hash_ids from the file; remove the shared prefix or give synthetic lengths")
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tenants: names must be unique, got {names}")
+        return self
+
+    @property
+    def trace_lengths(self) -> bool:
+        """True when lengths come from the trace file."""
+        return self.lengths is None or isinstance(self.lengths, TraceLengths)

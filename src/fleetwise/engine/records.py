@@ -1,0 +1,86 @@
+"""Value types of the engine's contract: `EngineConfig` (knobs), `Step` (one scheduled forward
+pass, or k fused decode passes) and `StepOutput` (what changed when it completed).
+
+Owns only these records; the state machine that produces them is `fleetwise.engine.scheduler`.
+Import them from `fleetwise.engine.api`, the public surface of the engine layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetwise.errors import SpecError
+from fleetwise.perf.types import BatchShape
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Scheduler knobs, named as vLLM names them.
+
+    max_num_batched_tokens: per-step token budget (decodes take 1, prompt chunks take their size).
+    max_num_seqs: most sequences running at once (decoding or prefilling).
+    block_size: tokens per KV block.
+    max_bundle_steps: most decode-only passes `Engine.schedule` may fuse into one `Step`.
+    """
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_bundle_steps: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size", "max_bundle_steps"):
+            value = getattr(self, name)
+            if value < 1:
+                raise SpecError(f"engine config: {name}={value} must be >= 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise SpecError(
+                f"engine config: max_num_batched_tokens={self.max_num_batched_tokens} is below "
+                f"max_num_seqs={self.max_num_seqs}; raise it so every running sequence can decode "
+                "in each step (vLLM requires the same)"
+            )
+
+
+@dataclass(slots=True)
+class Step:
+    """One scheduled forward pass, or `num_passes` fused decode passes of identical structure.
+
+    duration_s: total wall time of all passes (seconds).
+    shape: batch shape of the first pass (later fused passes differ only in context, +1 per seq).
+    num_seqs: sequences in each pass.
+    prefill_tokens: prompt tokens computed (only ever in single-pass steps).
+    decode_tokens: decode tokens computed over all passes (num_seqs * num_passes when fused).
+    """
+
+    duration_s: float
+    num_passes: int
+    shape: BatchShape
+    num_seqs: int
+    prefill_tokens: int
+    decode_tokens: int
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What changed when a `Step` completed.
+
+    first_tokens: (request_id, seconds after step start when its first output token came out).
+    finished: requests that produced their last token (blocks freed, or kept as prefix cache).
+    handoffs: prefill role: prompt fully computed; its KV stays held until `Engine.release`.
+    preempted: requests preempted by recompute while this step was formed (requeued at the front).
+    tokens_generated: output tokens produced by all sequences in all passes.
+    itl_samples: (inter-token gap seconds, count). A single pass gives each of its decoders one
+        gap equal to its duration; a fused step reports its mean pass duration once with count
+        num_seqs * num_passes (fused passes differ only by one context token per sequence).
+    prefix_hit_tokens: prompt tokens served from the prefix cache at admissions in this step.
+    """
+
+    first_tokens: list[tuple[int, float]] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    handoffs: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    tokens_generated: int = 0
+    itl_samples: list[tuple[float, int]] = field(default_factory=list)
+    prefix_hit_tokens: int = 0

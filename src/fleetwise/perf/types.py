@@ -93,6 +93,9 @@ class Deployment:
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     cuda_graphs: bool = True
+    expert_load_imbalance: float = 1.0
+    """MoE only: max/mean routed tokens per EP rank. 1.0 is even routing (the synthetic calibration
+    data, random routers); real traffic at ep >= 8 is typically 1.2-1.5. No effect at ep=1."""
 
     @property
     def gpus(self) -> int:

@@ -1,0 +1,145 @@
+"""Fit a `Profile` to measured step times, predict measured points, and cross-validate.
+
+Owns the fit (bounded least squares on log(predicted/measured), every factor shared by every
+model), the per-point comparison and its summary (median and max absolute % error, overall and
+per kind) and leave-one-model-out cross-validation. Does not read files (see `groundtruth`) or
+print (see `fleetwise.cli.perf_cmd`).
+
+Fit: the factors of `FIT_FACTORS` are optimised in log space within `FACTOR_BOUNDS`, minimising
+    sum_points log(pred/meas)^2 + PRIOR_WEIGHT^2 * sum_factors log(x/x_default)^2,
+a weak pull toward the defaults so factors the data cannot identify (MoE factors when only dense
+points are given) stay at physical values instead of drifting to a bound.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fleetwise.errors import SpecError
+from fleetwise.perf.groundtruth import GroundTruthFile, GroundTruthPoint
+from fleetwise.perf.profile import FACTOR_BOUNDS, Profile
+from fleetwise.perf.roofline import PerfModel
+from fleetwise.perf.types import Deployment
+from fleetwise.spec.hardware import AcceleratorSpec
+from fleetwise.spec.model import ModelSpec
+
+FIT_FACTORS: tuple[str, ...] = tuple(FACTOR_BOUNDS)
+PRIOR_WEIGHT = 0.03
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One measured point next to the model's prediction."""
+
+    point: GroundTruthPoint
+    predicted_s: float
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.predicted_s / self.point.measured_s - 1.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = self.point.as_dict()
+        d.update(measured_ms=round(self.point.measured_s * 1e3, 4), predicted_ms=round(self.predicted_s * 1e3, 4),
+                 error_pct=round(self.error_pct, 2))
+        return d
+
+
+def _cases(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec,
+           models: set[str] | None = None) -> list[tuple[GroundTruthPoint, Deployment]]:
+    deps: dict[tuple[str, bool], Deployment] = {}
+    out = []
+    for f in files:
+        for pt in f.points:
+            if models is not None and pt.model not in models:
+                continue
+            key = (f"{f.path}:{pt.model}", pt.cuda_graphs)
+            if key not in deps:
+                deps[key] = Deployment(f.models[pt.model], gpu, cuda_graphs=pt.cuda_graphs)
+            out.append((pt, deps[key]))
+    return out
+
+
+def predict(profile: Profile, files: Sequence[GroundTruthFile], gpu: AcceleratorSpec,
+            models: set[str] | None = None) -> list[Prediction]:
+    """Predict every point of `files` (optionally only the named models)."""
+    pm = PerfModel(profile)
+    return [Prediction(pt, pm.bind(dep).step_time_s(pt.shape())) for pt, dep in _cases(files, gpu, models)]
+
+
+def summarize(preds: Sequence[Prediction]) -> dict[str, Any]:
+    """Median and max absolute % error over all points and per kind."""
+    def stats(ps: Sequence[Prediction]) -> dict[str, float]:
+        errs = [abs(p.error_pct) for p in ps]
+        return {"points": len(errs), "median_abs_pct": round(statistics.median(errs), 2),
+                "max_abs_pct": round(max(errs), 2)}
+    if not preds:
+        return {"points": 0}
+    out: dict[str, Any] = stats(preds)
+    out["by_kind"] = {k: stats([p for p in preds if p.point.kind == k])
+                      for k in ("prefill", "decode", "mixed") if any(p.point.kind == k for p in preds)}
+    return out
+
+
+def _to_x(profile: Profile, names: Sequence[str]) -> list[float]:
+    return [math.log(float(getattr(profile, n))) for n in names]
+
+
+def calibrate(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, *, base: Profile | None = None,
+              factors: Sequence[str] = FIT_FACTORS, models: set[str] | None = None) -> Profile:
+    """Fit the shared factors to every point of `files` (or of the named models only)."""
+    try:
+        from scipy.optimize import least_squares
+    except ImportError:  # pragma: no cover - scipy ships with the test extras
+        raise SpecError("calibrate needs scipy: pip install scipy") from None
+    base = base if base is not None else Profile()
+    cases = _cases(files, gpu, models)
+    if not cases:
+        raise SpecError("calibrate: no measured points to fit (check the files and model names)")
+    names = list(factors)
+    x0 = _to_x(base, names)
+    lo = [math.log(FACTOR_BOUNDS[n][0]) for n in names]
+    hi = [math.log(FACTOR_BOUNDS[n][1]) for n in names]
+    x0 = [min(max(v, a + 1e-9), b - 1e-9) for v, a, b in zip(x0, lo, hi, strict=True)]
+    meas = [math.log(pt.measured_s) for pt, _ in cases]
+
+    def residuals(x: Sequence[float]) -> list[float]:
+        prof = base.model_copy(update={n: math.exp(v) for n, v in zip(names, x, strict=True)})
+        pm = PerfModel(prof)
+        r = [math.log(pm.bind(dep).step_time_s(pt.shape())) - y for (pt, dep), y in zip(cases, meas, strict=True)]
+        r.extend(PRIOR_WEIGHT * (v - v0) for v, v0 in zip(x, _to_x(base, names), strict=True))
+        return r
+
+    sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, diff_step=1e-4, max_nfev=4000)
+    fitted = {n: math.exp(v) for n, v in zip(names, sol.x, strict=True)}
+    prof = base.with_factors(**fitted)
+    stats = summarize(predict(prof, files, gpu, models))
+    fit = {"points": float(stats["points"]), "median_abs_pct": stats["median_abs_pct"],
+           "max_abs_pct": stats["max_abs_pct"]}
+    return prof.with_factors(fit=fit)  # type: ignore[arg-type]
+
+
+def model_names(files: Sequence[GroundTruthFile]) -> dict[str, ModelSpec]:
+    """Every model measured in `files` (by name)."""
+    out: dict[str, ModelSpec] = {}
+    for f in files:
+        out.update(f.models)
+    return out
+
+
+def cross_validate(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec,
+                   base: Profile | None = None) -> dict[str, dict[str, Any]]:
+    """Leave-one-model-out: fit on every other model, predict the one left out."""
+    out: dict[str, dict[str, Any]] = {}
+    names = set(model_names(files))
+    for held in sorted(names):
+        rest = names - {held}
+        if not rest:
+            continue
+        prof = calibrate(files, gpu, base=base, models=rest)
+        out[held] = summarize(predict(prof, files, gpu, {held}))
+    return out

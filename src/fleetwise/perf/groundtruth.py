@@ -1,0 +1,154 @@
+"""Loader of measured step timings in the `fleetwise-groundtruth/1` format.
+
+Owns turning one ground-truth JSON file into `GroundTruthPoint`s (prefill, decode and mixed
+steps, each with its `BatchShape` and whether it ran as a CUDA-graph replay) and a `ModelSpec`
+built from each model's `config`. Does not fit or predict anything (see `calibrate`).
+
+Format (see ../shared/ground_truth/README.md): `models.NAME.config` holds
+`layers, hidden, heads, kv_heads, head_dim, ffn, vocab` and, for MoE, `experts, topk, moe_ffn`;
+`prefill` points are `{batch, seq, ms}` run eagerly; `decode` points `{batch, ctx, ms}` and
+`mixed` points `{batch, ctx, chunk, ms}` (decodes plus one prompt chunk) replay a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from fleetwise.errors import SpecError
+from fleetwise.perf.types import BatchShape
+from fleetwise.spec.base import read_document
+from fleetwise.spec.model import ModelSpec, MoESpec
+
+GROUNDTRUTH_SCHEMA = "fleetwise-groundtruth/1"
+Kind = Literal["prefill", "decode", "mixed"]
+_CONFIG_KEYS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
+_POINT_KEYS: dict[str, tuple[str, ...]] = {
+    "prefill": ("batch", "seq", "ms"),
+    "decode": ("batch", "ctx", "ms"),
+    "mixed": ("batch", "ctx", "chunk", "ms"),
+}
+
+
+@dataclass(frozen=True)
+class GroundTruthPoint:
+    """One measured step: its shape, how it ran and how long it took (seconds)."""
+
+    model: str
+    kind: Kind
+    batch: int
+    measured_s: float
+    seq: int = 0
+    ctx: int = 0
+    chunk: int = 0
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Prefill ran eagerly; decode and mixed steps replayed a captured graph."""
+        return self.kind != "prefill"
+
+    def shape(self) -> BatchShape:
+        """The phase-free batch of this step."""
+        if self.kind == "prefill":
+            return BatchShape.prefill(self.batch, self.seq)
+        shape = BatchShape.decode(self.batch, self.ctx)
+        if self.kind == "mixed" and self.chunk > 0:
+            shape = shape + BatchShape.prefill(1, self.chunk)
+        return shape
+
+    def as_dict(self) -> dict[str, Any]:
+        """`{model, kind, batch, seq|ctx, chunk (mixed only)}`."""
+        d: dict[str, Any] = {"model": self.model, "kind": self.kind, "batch": self.batch}
+        if self.kind == "prefill":
+            d["seq"] = self.seq
+        else:
+            d["ctx"] = self.ctx
+        if self.kind == "mixed":
+            d["chunk"] = self.chunk
+        return d
+
+
+@dataclass(frozen=True)
+class GroundTruthFile:
+    """One measured file: its setup, the models it measured and every point."""
+
+    path: str
+    device: str
+    engine: str
+    models: dict[str, ModelSpec]
+    points: list[GroundTruthPoint] = field(default_factory=list)
+
+
+def model_from_config(name: str, cfg: dict[str, Any], where: str = "config") -> ModelSpec:
+    """Build a `ModelSpec` from a ground-truth `config` block (untied embeddings, SwiGLU)."""
+    missing = [k for k in _CONFIG_KEYS if k not in cfg]
+    if missing:
+        raise SpecError(f"{where}: missing {', '.join(missing)}; a config needs {', '.join(_CONFIG_KEYS)}")
+    moe = None
+    if cfg.get("experts"):
+        if "topk" not in cfg or "moe_ffn" not in cfg:
+            raise SpecError(f"{where}: experts={cfg['experts']} needs `topk` and `moe_ffn`")
+        moe = MoESpec(num_experts=int(cfg["experts"]), experts_per_token=int(cfg["topk"]),
+                      expert_ffn_size=int(cfg["moe_ffn"]))
+    try:
+        return ModelSpec(
+            name=name, num_layers=int(cfg["layers"]), hidden_size=int(cfg["hidden"]),
+            num_attention_heads=int(cfg["heads"]), num_kv_heads=int(cfg["kv_heads"]),
+            head_dim=int(cfg["head_dim"]), ffn_size=int(cfg["ffn"]), vocab_size=int(cfg["vocab"]),
+            moe=moe, source=where,
+        )
+    except (ValueError, TypeError) as err:
+        raise SpecError(f"{where}: {str(err).splitlines()[0]}") from None
+
+
+def engine_name(doc: dict[str, Any]) -> str:
+    """Engine label of a file: PyTorch version plus how steps ran (from `method`)."""
+    method = str(doc.get("method", ""))
+    parts = [f"pytorch-{doc.get('torch', 'unknown')}"]
+    if "grouped_mm" in method:
+        parts.append("grouped_mm")
+    if "CUDA-graph" in method or "graph" in method:
+        parts.append("eager-prefill+graph-decode")
+    return " ".join(parts)
+
+
+def _points(name: str, entry: dict[str, Any], where: str) -> list[GroundTruthPoint]:
+    out: list[GroundTruthPoint] = []
+    for kind, keys in _POINT_KEYS.items():
+        rows = entry.get(kind, [])
+        if not isinstance(rows, list):
+            raise SpecError(f"{where}.{kind}: expected a list of points, got {type(rows).__name__}")
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or any(k not in row for k in keys):
+                raise SpecError(f"{where}.{kind}[{i}]: a {kind} point needs {', '.join(keys)}")
+            ms = float(row["ms"])
+            if ms <= 0:
+                raise SpecError(f"{where}.{kind}[{i}].ms: must be positive, got {ms}")
+            out.append(GroundTruthPoint(
+                model=name, kind=kind, batch=int(row["batch"]), measured_s=ms / 1e3,  # type: ignore[arg-type]
+                seq=int(row.get("seq", 0)), ctx=int(row.get("ctx", 0)), chunk=int(row.get("chunk", 0)),
+            ))
+    return out
+
+
+def load_groundtruth(path: str | Path) -> GroundTruthFile:
+    """Read one `fleetwise-groundtruth/1` file; SpecError naming the problem when it is not one."""
+    doc = read_document(path)
+    where = str(path)
+    if not isinstance(doc, dict) or doc.get("schema") != GROUNDTRUTH_SCHEMA:
+        raise SpecError(f"{where}: not a ground-truth file (expected \"schema\": \"{GROUNDTRUTH_SCHEMA}\")")
+    models_doc = doc.get("models")
+    if not isinstance(models_doc, dict) or not models_doc:
+        raise SpecError(f"{where}: `models` must be a non-empty mapping of model name -> measurements")
+    models: dict[str, ModelSpec] = {}
+    points: list[GroundTruthPoint] = []
+    for name, entry in models_doc.items():
+        w = f"{where}: models.{name}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
+            raise SpecError(f"{w}: needs a `config` mapping")
+        models[name] = model_from_config(name, entry["config"], f"{w}.config")
+        points.extend(_points(name, entry, w))
+    if not points:
+        raise SpecError(f"{where}: no prefill, decode or mixed points to use")
+    return GroundTruthFile(where, str(doc.get("device", "")), engine_name(doc), models, points)

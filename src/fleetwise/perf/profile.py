@@ -1,0 +1,121 @@
+"""`Profile`: the efficiency and overhead factors the roofline applies on top of datasheet peaks.
+
+Owns the factor names, their defaults (sane on any accelerator, no calibration), their physical
+bounds (what `calibrate` may fit them to) and JSON load/save. Does not know how the factors are
+used (see `fleetwise.perf.roofline`) or fitted (see `fleetwise.perf.calibrate`).
+
+A profile names the accelerator and the engine it was measured on: the same card under a
+different engine (fused kernels, other attention backend) needs its own profile. Every factor is
+shared by every model: there are no per-model constants.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field
+
+from fleetwise.errors import SpecError
+from fleetwise.spec.base import Spec, read_document, validate
+
+PROFILE_SCHEMA = "fleetwise-profile/1"
+
+# Factor name -> (lower, upper) bound a fit may use. Bounds are physical: an efficiency is a
+# fraction of a datasheet peak, a kernel time is between a GPU launch (~1 us) and a slow eager
+# PyTorch op (~100 us), a half-efficiency size lies between one row and a full tile wave.
+FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
+    "gemm_mem_eff": (0.3, 1.0),
+    "gemm_compute_eff": (0.3, 1.0),
+    "gemm_m_half_tokens": (1.0, 2048.0),
+    "grouped_mem_eff": (0.15, 1.0),
+    "grouped_compute_eff": (0.1, 1.0),
+    "grouped_m_half_tokens": (1.0, 4096.0),
+    "attn_compute_eff": (0.1, 1.0),
+    "kv_mem_eff": (0.2, 1.0),
+    "attn_saturation_units": (1.0, 4096.0),
+    "elementwise_passes": (0.5, 64.0),
+    "kernel_graph_s": (0.2e-6, 20e-6),
+    "kernel_eager_s": (1e-6, 100e-6),
+    "moe_kernel_weight": (1.0, 4.0),
+    "eager_overlap_p": (1.0, 16.0),
+}
+
+
+class Profile(Spec):
+    """Fitted (or default) efficiency factors for one accelerator under one engine."""
+
+    schema_: str = Field(default=PROFILE_SCHEMA, alias="schema")
+    """Format tag of the JSON document."""
+    accelerator: str = "any"
+    """Catalog name of the card the factors were measured on (`any` for the defaults)."""
+    engine: str = "default"
+    """Engine that ran the measured steps (implementation and version)."""
+    source: str = ""
+    """Where the factors come from (files fitted, or `defaults`)."""
+
+    gemm_mem_eff: float = Field(default=0.7, gt=0, le=1)
+    """Fraction of peak HBM bandwidth a dense GEMM reaches while streaming its weights."""
+    gemm_compute_eff: float = Field(default=0.7, gt=0, le=1)
+    """Fraction of dense peak FLOP/s a large GEMM reaches (cuBLAS on big shapes: 0.7-0.8)."""
+    gemm_m_half_tokens: float = Field(default=128.0, gt=0)
+    """Rows (tokens) at which a dense GEMM runs at half its large-M efficiency: eff(M) = eff*M/(M+m_half)."""
+    grouped_mem_eff: float = Field(default=0.55, gt=0, le=1)
+    """Fraction of peak HBM bandwidth a grouped expert GEMM reaches while reading expert weights."""
+    grouped_compute_eff: float = Field(default=0.6, gt=0, le=1)
+    """Large-group efficiency of a grouped expert GEMM, as a fraction of dense peak FLOP/s."""
+    grouped_m_half_tokens: float = Field(default=64.0, gt=0)
+    """Tokens per expert at which grouped GEMMs run at half their large-group efficiency."""
+    attn_compute_eff: float = Field(default=0.4, gt=0, le=1)
+    """Fraction of dense peak FLOP/s fused (flash) attention reaches on prompt chunks."""
+    kv_mem_eff: float = Field(default=0.85, gt=0, le=1)
+    """Fraction of peak HBM bandwidth decode attention reaches reading the KV cache, when saturated."""
+    attn_saturation_units: float = Field(default=96.0, gt=0)
+    """(decode sequence x KV head) work units per GPU needed to saturate bandwidth (about one per SM)."""
+    elementwise_passes: float = Field(default=12.0, ge=0)
+    """Full read+write passes per layer over a token's activations (norms, RoPE, residuals, copies)."""
+    kernel_graph_s: float = Field(default=3e-6, gt=0)
+    """GPU time per kernel when steps replay CUDA graphs (launch gaps, tails, tiny kernels)."""
+    kernel_eager_s: float = Field(default=12e-6, gt=0)
+    """Host time to launch one kernel eagerly (framework dispatch): the floor of short eager steps."""
+    moe_kernel_weight: float = Field(default=1.5, ge=1)
+    """Cost of an MoE-block kernel (routing, sort, scatter, grouped GEMM) relative to a plain one."""
+    eager_overlap_p: float = Field(default=4.0, ge=1)
+    """Exponent of the smooth max (host^p + gpu^p)^(1/p) of eager steps: host launches overlap GPU work."""
+
+    attn_kernels_per_layer: int = Field(default=39, ge=0)
+    """Kernels of one attention block (norm, QKV GEMM, RoPE ops, cache write, attention, O GEMM, residual)."""
+    ffn_kernels_per_layer: int = Field(default=6, ge=0)
+    """Kernels of one dense SwiGLU block (norm, gate/up GEMM, SiLU, mul, down GEMM, residual)."""
+    moe_kernels_per_layer: int = Field(default=20, ge=0)
+    """Kernels of one MoE block (norm, router, softmax, top-k, sort, counts, gather, 2 grouped GEMMs, scatter)."""
+    step_kernels: int = Field(default=6, ge=0)
+    """Kernels once per step (embedding gather, final norm, LM head, sampling prep)."""
+
+    fit: dict[str, float] = Field(default_factory=dict)
+    """Fit statistics (median/max absolute % error, points) when the profile was calibrated."""
+
+    def save(self, path: str | Path) -> None:
+        """Write the profile as JSON."""
+        Path(path).write_text(json.dumps(self.model_dump(by_alias=True), indent=1) + "\n", encoding="utf-8")
+
+    @staticmethod
+    def load(path: str | Path) -> Profile:
+        """Read and validate a profile JSON file."""
+        data = read_document(path)
+        if not isinstance(data, dict) or data.get("schema") != PROFILE_SCHEMA:
+            raise SpecError(
+                f"{path}: not a fleetwise profile (expected \"schema\": \"{PROFILE_SCHEMA}\"); "
+                "create one with `fleetwise calibrate GROUND_TRUTH.json -o PROFILE.json`"
+            )
+        return validate(Profile, data, str(path))
+
+    def factors(self) -> dict[str, float]:
+        """The fittable factors by name."""
+        return {k: float(getattr(self, k)) for k in FACTOR_BOUNDS}
+
+    def with_factors(self, **values: float) -> Profile:
+        """A copy with some factors replaced (validated)."""
+        data = self.model_dump(by_alias=True)
+        data.update(values)
+        return validate(Profile, data, "profile")

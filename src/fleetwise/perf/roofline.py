@@ -1,0 +1,320 @@
+"""`PerfModel`: the roofline step-time model shared by planner, simulator and emulator.
+
+Owns the cost of one engine step (a phase-free batch on one deployment) and its breakdown.
+Does not own the factors' values (`Profile`), their fitting (`calibrate`) or KV hand-off
+between replicas (`kv`). Everything is per GPU of one pipeline stage; stages run in series for
+one step, so a step crosses every layer once.
+
+Notation: T new tokens (GEMM rows), S sequences, P peak FLOP/s at the weight compute dtype,
+B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp/pp/ep degrees.
+
+- Dense GEMMs (QKV, O, gate/up, down, router, shared experts, MLA projections), aggregated over
+  the model's W weights per GPU and A = sum of (N+K) activation widths:
+      t = max(2*W*T / (P*eff_c(T)), (W*wb + T*A*ab) / (B*gemm_mem_eff)),
+      eff_c(M) = gemm_compute_eff * M / (M + gemm_m_half_tokens).
+  LM head: the same roofline with M = S rows (logits of each sequence's last position only).
+- Routed experts, per MoE layer and GPU: expected experts touched by T tokens
+  X = E*(1-(1-k/E)^T), X/ep per rank; routed rows per rank R = min(T*k, T*k*imbalance/ep);
+  m = R/(X/ep) tokens per touched expert;
+      t = max(2*R*3*h*f/etp / (P*grouped_compute_eff*m/(m+grouped_m_half_tokens)),
+              ((X/ep)*3*h*f/etp*wb + R*(2h+3f/etp)*ab) / (B*grouped_mem_eff)),
+  etp = max(1, tp//ep) shards each expert when tp exceeds ep. Only touched experts are read.
+- Attention per layer and GPU: prompt rows (chunks) are compute-bound flash attention,
+      t_pre = 2*(H/tp)*(d_qk+d_v)*pairs_pre / (P_bf16*attn_compute_eff)
+  (4*H*d*pairs for GQA); decode rows are bandwidth-bound on the KV they read,
+      t_dec = max(kv_dec*kvb_layer / (B*kv_mem_eff*min(1, U/attn_saturation_units)), flops/(P*eff)),
+  U = decode sequences x KV heads per GPU (work units; too few leave SMs idle). Decode rows are
+  T - prefill_tokens, their KV reads kv_read_tokens - prefill_tokens (prompt chunks are assumed
+  to start without cached context), their pairs are the rest of attn_pairs. MLA reads the latent.
+- Elementwise traffic per layer: elementwise_passes * T * (h + (H+2K)*d/tp) * ab / (B*kv_mem_eff)
+  plus the KV write of the T new tokens.
+- TP: 2 all-reduces per layer of T*h*ab bytes: 2*(tp-1)/tp*bytes/link_bw + latency (intra-node).
+  PP: (pp-1) activation sends of T*h*ab. EP: dispatch+combine per MoE layer of
+  T*k*h*ab*(ep-1)/ep over the intra-node link (network when ep exceeds a node).
+- Overhead: n = layers*attn_kernels + dense_layers*ffn_kernels + moe_layers*moe_kernels*moe_kernel_weight
+  + step_kernels (+2 per layer under TP, +2 per MoE layer under EP). CUDA-graph steps add
+  n*kernel_graph_s of GPU time; eager steps are the smooth max of host launch time and GPU time:
+      total = (gpu^p + (n*kernel_eager_s)^p)^(1/p),  p = eager_overlap_p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fleetwise.perf.profile import Profile
+from fleetwise.perf.types import BatchShape, Deployment, SeqWork, StepCost
+from fleetwise.spec.dtypes import COMPUTE_DTYPE_FOR_WEIGHTS, dtype_bytes
+from fleetwise.spec.hardware import LinkSpec
+from fleetwise.spec.model import ModelSpec
+
+ACT_BYTES = 2.0  # activations stay in bf16
+MLA_HEADS_PER_UNIT = 16  # MLA decode kernels split the heads of one latent into blocks of 16
+
+
+@dataclass(frozen=True, slots=True)
+class _Dense:
+    """Aggregated dense GEMMs of one GPU: weight elements W and activation width A per row."""
+
+    weights: float
+    act_width: float
+
+
+def _attn_gemms(m: ModelSpec, tp: int) -> _Dense:
+    """QKV/O (GQA) or the MLA projections of one layer; the rank-compressing ones are replicated."""
+    h, nh = m.hidden_size, m.num_attention_heads
+    if m.attention == "mla" and m.mla is not None:
+        a = m.mla
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        kv_a = h * (a.kv_lora_rank + a.qk_rope_head_dim)
+        kv_b = a.kv_lora_rank * nh * (a.qk_nope_head_dim + a.v_head_dim) / tp
+        o = nh * a.v_head_dim * h / tp
+        if a.q_lora_rank:
+            q = h * a.q_lora_rank + a.q_lora_rank * nh * qk / tp
+            q_w = h + a.q_lora_rank * 2 + nh * qk / tp
+        else:
+            q, q_w = h * nh * qk / tp, h + nh * qk / tp
+        width = q_w + h + a.kv_lora_rank + a.qk_rope_head_dim + a.kv_lora_rank
+        width += nh * (a.qk_nope_head_dim + a.v_head_dim) / tp + nh * a.v_head_dim / tp + h
+        return _Dense(q + kv_a + kv_b + o, width)
+    qkv_n = (nh + 2 * m.num_kv_heads) * m.head_dim / tp
+    o_k = nh * m.head_dim / tp
+    return _Dense(h * qkv_n + o_k * h, h + qkv_n + o_k + h)
+
+
+def _dense_weights(m: ModelSpec, tp: int) -> _Dense:
+    """All dense GEMMs of the model on one GPU (attention, dense FFNs, routers, shared experts)."""
+    h = m.hidden_size
+    att = _attn_gemms(m, tp)
+    w = m.num_layers * att.weights
+    a = m.num_layers * att.act_width
+    if m.num_dense_layers:
+        f = m.ffn_size / tp
+        w += m.num_dense_layers * 3 * h * f
+        a += m.num_dense_layers * (h + 2 * f + f + h)
+    if m.moe is not None:
+        mo = m.moe
+        fs = mo.num_shared_experts * mo.shared_ffn / tp
+        w += m.num_moe_layers * (h * mo.num_experts + 3 * h * fs)
+        a += m.num_moe_layers * (h + mo.num_experts + (h + 3 * fs + h if fs else 0.0))
+    return _Dense(w, a)
+
+
+def _link_time(bytes_: float, link: LinkSpec) -> float:
+    return bytes_ / link.bandwidth_bytes_per_s + link.latency_s
+
+
+class BoundPerf:
+    """The model bound to one deployment: every per-deployment constant precomputed.
+
+    `step_time_s(shape)` is the simulator's hot path (plain float math); `step_cost(shape)`
+    returns the same total with its breakdown. Both run `_evaluate`, so they agree exactly.
+    """
+
+    def __init__(self, deployment: Deployment, profile: Profile) -> None:
+        self.deployment, self.profile = deployment, profile
+        d, p, m = deployment, profile, deployment.model
+        par, acc = d.parallelism, d.accelerator
+        tp, pp, ep = par.tp, par.pp, par.ep
+        peak = acc.peak_flops(COMPUTE_DTYPE_FOR_WEIGHTS.get(d.weight_dtype, "bf16"))
+        bw = acc.hbm_bytes_per_s
+        wb, kvb = dtype_bytes(d.weight_dtype), dtype_bytes(d.kv_dtype)
+        h = m.hidden_size
+        self.layers, self.moe_layers = m.num_layers, m.num_moe_layers
+
+        dense = _dense_weights(m, tp)
+        # Dense GEMM roofline: compute = c_dense*(T + m_half), memory = w_dense + a_dense*T.
+        self.c_dense = 2 * dense.weights / (peak * p.gemm_compute_eff)
+        self.m_half = p.gemm_m_half_tokens
+        self.w_dense = dense.weights * wb / (bw * p.gemm_mem_eff)
+        self.a_dense = dense.act_width * ACT_BYTES / (bw * p.gemm_mem_eff)
+        lm = m.vocab_size * h / tp
+        self.c_lm = 2 * lm / (peak * p.gemm_compute_eff)
+        self.w_lm = lm * wb / (bw * p.gemm_mem_eff)
+        self.a_lm = (h + m.vocab_size / tp) * ACT_BYTES / (bw * p.gemm_mem_eff)
+
+        self._bind_experts(d, p, peak, bw, wb)
+        self._bind_attention(d, p, bw, kvb)
+        # Elementwise passes over activations plus the KV write, per token over all layers.
+        heads_w = (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim / tp
+        self.e_tok = m.num_layers * (
+            p.elementwise_passes * (h + heads_w) * ACT_BYTES + self.kv_layer_bytes
+        ) / (bw * p.kv_mem_eff)
+        self._bind_comm(d, h)
+        self._bind_overhead(d, p)
+
+    # ---- binding phases -------------------------------------------------------------------
+    def _bind_experts(self, d: Deployment, p: Profile, peak: float, bw: float, wb: float) -> None:
+        m, par = d.model, d.parallelism
+        self.has_moe = m.moe is not None and m.num_moe_layers > 0
+        if not self.has_moe:
+            return
+        mo = m.moe
+        assert mo is not None
+        h, f = m.hidden_size, mo.expert_ffn_size
+        ep = par.ep
+        etp = max(1, par.tp // ep)
+        self.n_exp, self.topk, self.ep = float(mo.num_experts), float(mo.experts_per_token), float(ep)
+        self.miss = 1.0 - mo.experts_per_token / mo.num_experts
+        self.imbalance = max(1.0, float(getattr(d, "expert_load_imbalance", 1.0)))
+        L = m.num_moe_layers
+        self.c_exp = L * 2 * 3 * h * f / etp / (peak * p.grouped_compute_eff)
+        self.g_half = p.grouped_m_half_tokens
+        self.w_exp = L * 3 * h * f / etp * wb / (bw * p.grouped_mem_eff)
+        self.a_exp = L * (2 * h + 3 * f / etp) * ACT_BYTES / (bw * p.grouped_mem_eff)
+
+    def _bind_attention(self, d: Deployment, p: Profile, bw: float, kvb: float) -> None:
+        m, tp = d.model, d.parallelism.tp
+        peak16 = d.accelerator.peak_flops("bf16")
+        heads = m.num_attention_heads / tp
+        if m.attention == "mla" and m.mla is not None:
+            a = m.mla
+            self.kv_layer_bytes = (a.kv_lora_rank + a.qk_rope_head_dim) * kvb
+            pre_flops = 2 * heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim)
+            dec_flops = 2 * heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim)
+            self.units_per_seq = max(1.0, heads / MLA_HEADS_PER_UNIT)
+        else:
+            kvh = max(1.0, m.num_kv_heads / tp)
+            self.kv_layer_bytes = 2 * kvh * m.head_dim * kvb
+            pre_flops = dec_flops = 4 * heads * m.head_dim
+            self.units_per_seq = kvh
+        L = m.num_layers
+        self.c_attn_pre = L * pre_flops / (peak16 * p.attn_compute_eff)
+        self.c_attn_dec = L * dec_flops / (peak16 * p.attn_compute_eff)
+        self.kv_read = L * self.kv_layer_bytes / (bw * p.kv_mem_eff)
+        self.inv_units = 1.0 / p.attn_saturation_units
+
+    def _bind_comm(self, d: Deployment, h: int) -> None:
+        par, acc = d.parallelism, d.accelerator
+        tp, pp, ep = par.tp, par.pp, par.ep
+        intra, net = acc.intra_node_link, acc.network
+        tok = h * ACT_BYTES
+        # TP: 2 ring all-reduces per layer; per token bytes and a fixed latency per step.
+        self.tp_tok = 2 * self.layers * 2 * (tp - 1) / tp * tok / intra.bandwidth_bytes_per_s if tp > 1 else 0.0
+        self.tp_fix = 2 * self.layers * intra.latency_s if tp > 1 else 0.0
+        pp_link = net if par.gpus > acc.gpus_per_node else intra
+        self.pp_tok = (pp - 1) * tok / pp_link.bandwidth_bytes_per_s
+        self.pp_fix = (pp - 1) * pp_link.latency_s
+        ep_link = net if ep > acc.gpus_per_node else intra
+        k = d.model.moe.experts_per_token if d.model.moe is not None else 0
+        moe_l = self.moe_layers
+        self.ep_tok = 2 * moe_l * k * tok * (ep - 1) / ep / ep_link.bandwidth_bytes_per_s if ep > 1 else 0.0
+        self.ep_fix = 2 * moe_l * ep_link.latency_s if ep > 1 else 0.0
+
+    def _bind_overhead(self, d: Deployment, p: Profile) -> None:
+        par = d.parallelism
+        dense_l = self.layers - self.moe_layers
+        n = (self.layers * p.attn_kernels_per_layer + dense_l * p.ffn_kernels_per_layer
+             + self.moe_layers * p.moe_kernels_per_layer * p.moe_kernel_weight + p.step_kernels)
+        n += 2 * self.layers * (par.tp > 1) + 2 * self.moe_layers * (par.ep > 1) + 2 * (par.pp - 1)
+        self.kernels = n
+        self.graph_s = n * p.kernel_graph_s
+        self.eager = not d.cuda_graphs
+        self.host_s = n * p.kernel_eager_s
+        self.p_exp = p.eager_overlap_p
+
+    # ---- evaluation -----------------------------------------------------------------------
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Seconds of one step of `shape` (hot path: a few microseconds of float math)."""
+        return self._evaluate(shape, None)
+
+    def step_cost(self, shape: BatchShape) -> StepCost:
+        """The step's seconds with the breakdown that explains them."""
+        parts: dict[str, float] = {}
+        total = self._evaluate(shape, parts)
+        return _cost(total, parts)
+
+    def _evaluate(self, s: BatchShape, parts: dict[str, float] | None) -> float:
+        T = s.new_tokens
+        if T <= 0:
+            return 0.0
+        S = s.num_seqs if s.num_seqs > 0 else 1
+        # Dense GEMMs and LM head (rows = sequences).
+        d_c, d_m = self.c_dense * (T + self.m_half), self.w_dense + self.a_dense * T
+        l_c, l_m = self.c_lm * (S + self.m_half), self.w_lm + self.a_lm * S
+        # Routed experts.
+        x_c = x_m = 0.0
+        if self.has_moe:
+            touched = self.n_exp * (1.0 - self.miss ** T) / self.ep
+            rows = T * self.topk
+            rows = min(rows, rows * self.imbalance / self.ep)
+            per = rows / touched
+            x_c = self.c_exp * rows * (per + self.g_half) / per
+            x_m = self.w_exp * touched + self.a_exp * rows
+        # Attention: prompt rows compute-bound, decode rows bandwidth-bound on their KV.
+        dec = T - s.prefill_tokens
+        dec_kv = s.kv_read_tokens - s.prefill_tokens if dec > 0 else 0
+        if dec_kv < 0:
+            dec_kv = 0
+        pre_pairs = s.attn_pairs - dec_kv
+        a_pre = self.c_attn_pre * pre_pairs if pre_pairs > 0 else 0.0
+        sat = dec * self.units_per_seq * self.inv_units
+        kv_m = self.kv_read * dec_kv / (sat if sat < 1.0 else 1.0) if dec > 0 else 0.0
+        a_dec = self.c_attn_dec * dec_kv
+        elem = self.e_tok * T
+        comm_tp = self.tp_tok * T + self.tp_fix
+        comm_pp = self.pp_tok * T + self.pp_fix
+        comm_ep = self.ep_tok * T + self.ep_fix
+        work = (max(d_c, d_m) + max(l_c, l_m) + max(x_c, x_m) + a_pre + max(kv_m, a_dec) + elem
+                + comm_tp + comm_pp + comm_ep)
+        gpu = work + self.graph_s
+        if self.eager:
+            p = self.p_exp
+            total = (gpu ** p + self.host_s ** p) ** (1.0 / p)
+        else:
+            total = gpu
+        if parts is not None:
+            parts.update(gemm_c=d_c + l_c + x_c, gemm_m=d_m + l_m + x_m, dense=max(d_c, d_m) + max(l_c, l_m),
+                         experts=max(x_c, x_m), x_c=x_c, d_c=d_c, l_c=l_c, d_m=d_m, l_m=l_m, x_m=x_m,
+                         kv_m=kv_m, a_pre=a_pre, a_dec=a_dec, elem=elem, tp=comm_tp, pp=comm_pp,
+                         ep=comm_ep, overhead=total - work)
+        return total
+
+
+def _cost(total: float, q: dict[str, float]) -> StepCost:
+    """Breakdown: each roofline's time goes to the side that bounds it."""
+    if total <= 0.0:
+        return StepCost(0.0)
+    compute = (q["d_c"] if q["d_c"] >= q["d_m"] else 0.0) + (q["l_c"] if q["l_c"] >= q["l_m"] else 0.0)
+    compute += q["x_c"] if q["x_c"] >= q["x_m"] else 0.0
+    compute += q["a_pre"] + (q["a_dec"] if q["a_dec"] > q["kv_m"] else 0.0)
+    memory = (q["d_m"] if q["d_m"] > q["d_c"] else 0.0) + (q["l_m"] if q["l_m"] > q["l_c"] else 0.0)
+    memory += (q["x_m"] if q["x_m"] > q["x_c"] else 0.0) + (q["kv_m"] if q["kv_m"] >= q["a_dec"] else 0.0)
+    memory += q["elem"]
+    comm = q["tp"] + q["pp"] + q["ep"]
+    shares = {"compute": compute, "memory": memory, "communication": comm, "overhead": q["overhead"]}
+    bound = max(shares, key=lambda k: shares[k])
+    return StepCost(
+        total_s=total, gemm_compute_s=q["gemm_c"], weight_memory_s=q["gemm_m"], kv_memory_s=q["kv_m"],
+        attention_s=q["a_pre"] + q["a_dec"], tp_comm_s=q["tp"], pp_comm_s=q["pp"], ep_comm_s=q["ep"],
+        overhead_s=q["overhead"], bound=bound,
+    )
+
+
+class PerfModel:
+    """Roofline with efficiency factors from a `Profile` (defaults when none is given)."""
+
+    def __init__(self, profile: Profile | None = None) -> None:
+        self.profile = profile if profile is not None else Profile()
+        self._bound: dict[int, tuple[Deployment, BoundPerf]] = {}
+
+    def bind(self, deployment: Deployment) -> BoundPerf:
+        """Precompute everything per deployment (cached while the deployment object lives)."""
+        hit = self._bound.get(id(deployment))
+        if hit is not None and hit[0] is deployment:
+            return hit[1]
+        bound = BoundPerf(deployment, self.profile)
+        if len(self._bound) >= 256:
+            self._bound.clear()
+        self._bound[id(deployment)] = (deployment, bound)
+        return bound
+
+    def step_cost(self, batch: Iterable[SeqWork] | BatchShape, deployment: Deployment) -> StepCost:
+        """Seconds of one step of `batch` on `deployment`, with its breakdown."""
+        shape = batch if isinstance(batch, BatchShape) else BatchShape.of(batch)
+        return self.bind(deployment).step_cost(shape)
+
+    def step_time_s(self, batch: Iterable[SeqWork] | BatchShape, deployment: Deployment) -> float:
+        """Total seconds only (same number as `step_cost(...).total_s`)."""
+        shape = batch if isinstance(batch, BatchShape) else BatchShape.of(batch)
+        return self.bind(deployment).step_time_s(shape)

@@ -20,8 +20,9 @@ def _gpu(name: str, vendor: str, hbm_gb: float, tb_s: float, flops: dict[str, fl
          per_node: int, net_gbit: float, price: float, sources: dict[str, str]) -> AcceleratorSpec:
     link_name, link_bytes_per_s = link
     return AcceleratorSpec(
-        name=name, vendor=vendor, hbm_bytes=hbm_gb * GB, hbm_bytes_per_s=tb_s * T, flops_per_s=flops,
-        intra_node_link=LinkSpec(name=link_name, bandwidth_bytes_per_s=link_bytes_per_s, latency_s=3e-6,
+        name=name, vendor=vendor, hbm_bytes=float(round(hbm_gb * GB)), hbm_bytes_per_s=float(round(tb_s * T)),
+        flops_per_s={k: float(round(v)) for k, v in flops.items()},
+        intra_node_link=LinkSpec(name=link_name, bandwidth_bytes_per_s=float(round(link_bytes_per_s)), latency_s=3e-6,
                                  source=sources.get("intra_node_link", "")),
         gpus_per_node=per_node,
         network=LinkSpec(name=f"{net_gbit:g} Gb/s NIC", bandwidth_bytes_per_s=net_gbit * 1e9 / 8, latency_s=10e-6,

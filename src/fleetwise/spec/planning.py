@@ -117,8 +117,8 @@ class TraceSource(Spec):
 
     path: str
     """Azure LLM inference CSV, Mooncake JSONL or a length-statistics CSV."""
-    format: Literal["auto", "azure", "mooncake", "length_stats"] = "auto"
-    """File format; `auto` decides by extension and header."""
+    format: Literal["auto", "azure", "mooncake", "burstgpt", "length_stats"] = "auto"
+    """File format; `auto` decides from the header."""
 
 
 class PlanWorkloadSpec(Spec):
@@ -158,8 +158,8 @@ class PlanSLOSpec(Spec):
     """Time-to-first-token target, seconds, at `percentile`."""
     tpot_s: float = Field(gt=0)
     """Time-per-output-token target (after the first token), seconds, at `percentile`."""
-    percentile: float = Field(default=90.0, gt=0, lt=100)
-    """Percentile at which the targets apply (e.g. 90 means p90 TTFT <= ttft_s)."""
+    percentile: Literal[50, 90, 99] = 90
+    """Percentile at which the targets apply (90 means p90 TTFT <= ttft_s and p90 TPOT <= tpot_s)."""
     attainment: float = Field(default=0.9, gt=0, le=1)
     """Fraction of requests that must meet both targets."""
 

@@ -1,0 +1,181 @@
+"""Step 1 of planning: resolve the hardware and enumerate replica layouts that fit.
+
+Owns the `Layout` value (accelerator x weight precision x TP/PP/EP), the accelerator overrides
+of the spec (price, node shape, links), and the fit check of each layout with the reason a
+layout is dropped. TP stays inside a node (`tp_candidates`); PP is only tried once TP fills the
+node (splitting a model across nodes before using the node's fast link only adds hops); for MoE
+models EP spans the replica's GPUs when the expert count allows it. Does not time anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetwise.errors import InfeasibleError
+from fleetwise.perf.memory import FitOptions, LayoutFit, layout_fit, tp_candidates
+from fleetwise.perf.types import Deployment
+from fleetwise.spec.catalog import resolve_gpu, resolve_model
+from fleetwise.spec.hardware import AcceleratorSpec, LinkSpec
+from fleetwise.spec.model import ModelSpec
+from fleetwise.spec.parallel import ParallelismSpec
+from fleetwise.spec.planning import AcceleratorChoice, PlanningSpec
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One replica shape: `tp*pp` cards of `accelerator`, weights at `weight_dtype`."""
+
+    accelerator: str
+    weight_dtype: str
+    tp: int
+    pp: int = 1
+    ep: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def parallelism(self) -> ParallelismSpec:
+        return ParallelismSpec(tp=self.tp, pp=self.pp, ep=self.ep)
+
+    @property
+    def label(self) -> str:
+        ep = f" EP={self.ep}" if self.ep > 1 else ""
+        return f"{self.accelerator} {self.weight_dtype} TP={self.tp} PP={self.pp}{ep}"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A candidate dropped, and why (plain words with numbers)."""
+
+    candidate: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"candidate": self.candidate, "reason": self.reason}
+
+
+@dataclass
+class Hardware:
+    """The model and the allowed accelerators with the spec's overrides applied."""
+
+    model: ModelSpec
+    gpus: dict[str, AcceleratorSpec]
+    max_gpus: dict[str, int]
+    context_tokens: int
+    """KV the fit must hold for one request: the longest prompt+output of the workload sample."""
+    fit_options: FitOptions
+    imbalance: float = 1.0
+    notes: list[str] = field(default_factory=list)
+
+    def price(self, accelerator: str) -> float:
+        return self.gpus[accelerator].price_per_hour_usd
+
+    def deployment(self, layout: Layout, kv_dtype: str) -> Deployment:
+        return Deployment(self.model, self.gpus[layout.accelerator], layout.parallelism, layout.weight_dtype,
+                          kv_dtype, expert_load_imbalance=self.imbalance if layout.ep > 1 else 1.0)
+
+
+def _apply_overrides(gpu: AcceleratorSpec, choice: AcceleratorChoice) -> AcceleratorSpec:
+    update: dict[str, object] = {}
+    if choice.price_per_hour_usd is not None:
+        update["price_per_hour_usd"] = choice.price_per_hour_usd
+    if choice.gpus_per_node is not None:
+        update["gpus_per_node"] = choice.gpus_per_node
+    if choice.intra_node_bytes_per_s is not None:
+        update["intra_node_link"] = gpu.intra_node_link.model_copy(
+            update={"bandwidth_bytes_per_s": choice.intra_node_bytes_per_s})
+    if choice.network_bytes_per_s is not None:
+        update["network"] = gpu.network.model_copy(update={"bandwidth_bytes_per_s": choice.network_bytes_per_s})
+    return gpu.model_copy(update=update) if update else gpu
+
+
+def resolve_hardware(spec: PlanningSpec, context_tokens: int) -> Hardware:
+    """Resolve model and accelerators (SpecError names the field on an unknown name)."""
+    model = resolve_model(spec.model)
+    gpus: dict[str, AcceleratorSpec] = {}
+    caps: dict[str, int] = {}
+    for choice in spec.accelerators:
+        gpu = _apply_overrides(resolve_gpu(choice.name), choice)
+        gpus[gpu.name] = gpu
+        caps[gpu.name] = min(spec.search.max_gpus, choice.max_gpus or spec.search.max_gpus)
+    ctx = max(1, min(context_tokens, model.max_context_tokens))
+    return Hardware(model, gpus, caps, ctx, FitOptions(context_tokens=ctx), spec.moe.expert_imbalance)
+
+
+def kv_link(spec: PlanningSpec, gpu: AcceleratorSpec, layout: Layout) -> LinkSpec:
+    """KV hand-off link of one prefill replica: the spec's, or the card's NIC times its GPUs (TP shards)."""
+    if spec.kv_link is not None:
+        return LinkSpec(name="kv_link", bandwidth_bytes_per_s=spec.kv_link.bandwidth_bytes_per_s,
+                        latency_s=spec.kv_link.latency_s)
+    bw = gpu.network.bandwidth_bytes_per_s * layout.gpus
+    return LinkSpec(name=f"{layout.gpus}x {gpu.network.name}", bandwidth_bytes_per_s=bw,
+                    latency_s=gpu.network.latency_s)
+
+
+def _layouts_for(hw: Hardware, name: str, dtype: str, max_pp: int) -> list[Layout]:
+    gpu, model = hw.gpus[name], hw.model
+    tps = tp_candidates(model, gpu)
+    out: list[Layout] = []
+    for tp in tps:
+        for pp in (1, 2, 4, 8, 16):
+            if pp > max_pp or pp > model.num_layers or tp * pp > hw.max_gpus[name]:
+                continue
+            if pp > 1 and tp != max(tps):
+                continue
+            ep = 1
+            if model.moe is not None and tp * pp > 1 and model.moe.num_experts % (tp * pp) == 0:
+                ep = tp * pp
+            out.append(Layout(name, dtype, tp, pp, ep))
+    return out
+
+
+def _reject_reason(f: LayoutFit, ctx: int) -> str:
+    return (f"does not fit: per card {f.weight_bytes / GB:.1f} GB weights + {f.activation_bytes / GB:.1f} GB "
+            f"activations + {f.reserve_bytes / GB:.1f} GB reserve of {f.usable_bytes / GB:.1f} GB usable leaves "
+            f"KV for {max(0, f.kv_capacity_tokens):,} tokens; one request needs {ctx:,}")
+
+
+@dataclass
+class Enumeration:
+    """Layouts that fit (with their KV capacity) and the ones dropped."""
+
+    fitting: list[tuple[Layout, LayoutFit]]
+    rejected: list[Rejection]
+
+
+def enumerate_layouts(hw: Hardware, spec: PlanningSpec) -> Enumeration:
+    """Every accelerator x precision x TP/PP/EP layout, split into fitting and rejected.
+
+    Only the smallest fitting layout per (accelerator, precision) and the layouts up to a full
+    node of TP above it are kept: a larger PP than needed to fit only adds pipeline bubbles.
+    """
+    fitting: list[tuple[Layout, LayoutFit]] = []
+    rejected: list[Rejection] = []
+    for name in hw.gpus:
+        for dtype in spec.weight_dtypes:
+            found_pp: int | None = None
+            for lay in _layouts_for(hw, name, dtype, spec.search.max_pp):
+                f = layout_fit(hw.model, hw.gpus[name], lay.parallelism, dtype, spec.kv_dtype, hw.fit_options)
+                if not f.fits:
+                    rejected.append(Rejection(lay.label, _reject_reason(f, hw.context_tokens)))
+                elif found_pp is None or lay.pp <= found_pp:
+                    found_pp = lay.pp if found_pp is None else found_pp
+                    fitting.append((lay, f))
+    if not fitting:
+        raise InfeasibleError(_nothing_fits(hw, spec))
+    return Enumeration(fitting, rejected)
+
+
+def _nothing_fits(hw: Hardware, spec: PlanningSpec) -> str:
+    m = hw.model
+    smallest = min(spec.weight_dtypes, key=lambda d: m.weight_bytes(d))
+    w = m.weight_bytes(smallest)
+    have = ", ".join(f"{n}: {hw.max_gpus[n]} x {g.hbm_bytes / GB:.0f} GB" for n, g in hw.gpus.items())
+    return (f"no allowed hardware holds {m.name}: its weights alone are {w / GB:.0f} GB at {smallest} "
+            f"(plus KV for a {hw.context_tokens:,}-token request) and the largest replica allowed is "
+            f"({have}) with TP inside a node and PP <= {spec.search.max_pp}; "
+            "raise search.max_gpus or search.max_pp, allow fp8/int4 weights, or add a larger card")

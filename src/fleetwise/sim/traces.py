@@ -22,7 +22,10 @@ Formats (detected from the header line; `format=` overrides):
 from __future__ import annotations
 
 import csv
+import gc
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -355,15 +358,31 @@ def _poisson_replay(table: TraceTable, rate_rps: float | None, max_requests: int
     return replace(table, arrival_s=np.concatenate([[0.0], np.cumsum(gaps)])[:n])
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building millions of acyclic records.
+
+    Allocating a million `Request`s and tuples triggers a collection every few hundred
+    allocations, each scanning everything built so far: pausing it halves generation time.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def to_requests(table: TraceTable, tenants: list[str] | None = None) -> list[Request]:
     """One `Request` per row (ids 0..n-1); the table must be in arrival order with arrivals set."""
     assert table.arrival_s is not None
-    t = table.arrival_s.tolist()
-    p = table.prompt_tokens.tolist()
-    o = table.output_tokens.tolist()
-    h = table.hash_ids or [()] * len(p)
-    ten = tenants or ["default"] * len(p)
-    return [Request(i, t[i], p[i], o[i], h[i], MOONCAKE_BLOCK_TOKENS, ten[i]) for i in range(len(p))]
+    n = len(table)
+    h = table.hash_ids or [()] * n
+    with gc_paused():
+        return list(map(Request, range(n), table.arrival_s.tolist(), table.prompt_tokens.tolist(),
+                        table.output_tokens.tolist(), h, [MOONCAKE_BLOCK_TOKENS] * n,
+                        tenants or ["default"] * n))
 
 
 def load_trace(

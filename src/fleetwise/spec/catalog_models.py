@@ -70,7 +70,7 @@ def _build() -> list[ModelSpec]:
             attention="mla", mla=_DEEPSEEK_MLA,
             moe=MoESpec(num_experts=384, experts_per_token=8, expert_ffn_size=2048, num_shared_experts=1,
                         first_dense_layers=1),
-            source=_HF.format("moonshotai/Kimi-K2-Instruct") + " (1.04T total, 32B active)",
+            source=_HF.format("moonshotai/Kimi-K2-Instruct") + " ; arXiv:2507.20534 (1.04T total, 32.6B active)",
         ),
         # A 2.8T-parameter MoE with 896 experts and ~104B active parameters has been described in
         # public, but no config is released. This is our DeepSeek-style reading of it: 64 layers,

@@ -1,35 +1,347 @@
-"""Temporary: round-robin only (the composed policy replaces this module shortly)."""
+"""`ComposedPolicy`: filters -> bounded load -> weighted scorers -> picker, plus P/D pairs.
+
+One class serves every preset; a preset is a `PolicyParams` (see `fleetwise.spec.routing`).
+Per request:
+
+1. filters (healthy, pinned model version, region, role) keep the eligible workers, or the
+   request is rejected with the filter's reason;
+2. safe mode: when the view is stale the configured action applies (`round_robin`,
+   `last_known`, `reject`);
+3. each candidate's signals: outstanding work from the view plus the router's own in-flight
+   estimate since the view was taken, this request's own cost after its cached prefix, the
+   feedback slowness factor;
+4. the load bound drops workers too far above the fleet mean (if enabled);
+5. scorers in [0, 1], summed by weight; the picker chooses.
+
+In a P/D fleet the same steps run per side and pairs are scored together with their KV link.
+"""
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from typing import Any
 
-from fleetwise.core.feedback import Feedback
-from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
+from fleetwise.core.feedback import (
+    Completed,
+    Dispatched,
+    Failed,
+    Feedback,
+    FirstToken,
+    KvEvicted,
+    KvStored,
+    WorkerDown,
+    WorkerUp,
+)
+from fleetwise.core.rng import RngStreams
+from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision, WorkerView
+from fleetwise.routing.base import reason_kind
+from fleetwise.routing.plugins import (
+    FILTERS,
+    SCORERS,
+    Candidate,
+    PickerState,
+    load_bound,
+    own_cost,
+    view_load,
+)
+from fleetwise.routing.prefix_index import PrefixIndex
+from fleetwise.routing.safe_mode import SafeModeTracker
+from fleetwise.routing.state import InFlight, LatencyFeedback, Pending
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
+
+__all__ = ["ComposedPolicy", "fmt_tokens"]
+
+
+def fmt_tokens(x: float) -> str:
+    """Compact token count: 950, 12.3k, 4.1M."""
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:.1f}M"
+    return f"{x / 1e3:.1f}k" if abs(x) >= 1e4 else f"{x:.0f}"
 
 
 class ComposedPolicy:
-    """Round-robin over healthy workers serving the pinned version, stable name order."""
+    """A routing policy assembled from `PolicyParams`; see the module docstring for the steps."""
 
     def __init__(self, name: str, params: PolicyParams, safe_mode: SafeModeSpec, seed: int = 0) -> None:
-        self.name, self.params, self.safe_mode, self.seed = name, params, safe_mode, seed
-        self._i = 0
+        self.name = name
+        self.params = params
+        self.seed = seed
+        self.safe = SafeModeTracker(safe_mode)
+        self.picker = PickerState(RngStreams(seed).get(f"routing:{name}"))
+        self.index = PrefixIndex(params.prefix_index.max_blocks_per_worker)
+        self.inflight = InFlight()
+        self.feedback = LatencyFeedback(params.feedback)
+        self.down: dict[str, float] = {}
+        self.recent: dict[str, deque[str]] = {}
+        self.by_reason: Counter[str] = Counter()
+        self.by_worker: Counter[str] = Counter()
+        self.last_now_s = 0.0
+        self.rejected = 0
+
+    # ---- route -------------------------------------------------------------------------------
 
     def route(self, req: RouteRequest, fleet: FleetView) -> RoutingDecision:
-        ws = sorted(
-            (w for w in fleet.workers if w.healthy and w.role == "mixed"
-             and (req.model_version is None or w.model_version == req.model_version)),
-            key=lambda w: w.name,
-        )
+        now = fleet.now_s
+        self.last_now_s = max(self.last_now_s, now)
+        ws, why = self._eligible(req, fleet)
         if not ws:
-            return RoutingDecision(worker=None, reason="rejected: no eligible worker")
-        w = ws[self._i % len(ws)]
-        self._i += 1
-        return RoutingDecision(worker=w.name, reason=f"round-robin {w.name}")
+            return self._done(RoutingDecision(worker=None, reason=f"rejected: {why}"))
+        safe = self.safe.update(now, ws)
+        if safe and self.safe.spec.action == "reject":
+            msg = f"safe-mode reject: fleet view stale ({self.safe.describe()}); shedding load"
+            return self._done(RoutingDecision(worker=None, reason=msg, safe_mode=True))
+        if ws[0].role == "mixed":
+            d = self._route_mixed(req, fleet, ws, safe)
+        else:
+            d = self._route_pd(req, fleet, ws, safe)
+        return self._done(d)
+
+    def _done(self, d: RoutingDecision) -> RoutingDecision:
+        self.by_reason[reason_kind(d.reason)] += 1
+        self.rejected += d.worker is None
+        if d.worker is not None:
+            self.by_worker[d.worker] += 1
+        if d.prefill_worker is not None:
+            self.by_worker[d.prefill_worker] += 1
+        return d
+
+    def _eligible(self, req: RouteRequest, fleet: FleetView) -> tuple[list[WorkerView], str]:
+        down = frozenset(w.name for w in fleet.workers if self.down.get(w.name, -1.0) >= w.reported_at_s)
+        ws = sorted(fleet.workers, key=lambda w: w.name)
+        for f in (*(f for f in self.params.filters if f != "role"), "role"):
+            ws, why = FILTERS[f](req, ws, down)
+            if not ws:
+                return [], why
+        return ws, ""
+
+    def _candidates(self, req: RouteRequest, ws: list[WorkerView], side: str, now: float) -> list[Candidate]:
+        cost = self.params.cost
+        out = []
+        for w in ws:
+            n_pend, tok_pend = self.inflight.since(w.name, w.reported_at_s, cost.decode_token_weight)
+            prefix = self.index.match(w.name, req.block_hashes) if side != "decode" else 0
+            if side == "prefill":
+                load = w.queued_prefill_tokens + cost.per_request_tokens * w.queued_requests
+                own = own_cost(req, prefix, w.block_size, cost) - cost.decode_token_weight * req.max_output_tokens
+            elif side == "decode":
+                load = cost.decode_token_weight * w.running_decode_tokens + cost.per_request_tokens * (
+                    w.queued_requests + w.running_requests)
+                own = cost.decode_token_weight * req.max_output_tokens + cost.per_request_tokens
+            else:
+                load, own = view_load(w, cost), own_cost(req, prefix, w.block_size, cost)
+            load += tok_pend + cost.per_request_tokens * n_pend
+            requests = w.queued_requests + w.running_requests + n_pend
+            out.append(Candidate(w, requests, load, own, self.feedback.factor(w.name, now), prefix))
+        return out
+
+    def _bounded(self, cs: list[Candidate], pool: str) -> tuple[list[Candidate], float | None, list[str]]:
+        if not self.params.load_bound.enabled or len(cs) < 2:
+            return cs, None, []
+        return load_bound(cs, self.recent.get(pool, ()), self.params.load_bound)
+
+    def _scores(self, req: RouteRequest, cs: list[Candidate], skip: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
+        return {s: SCORERS[s](req, cs) for s, wt in self.params.scorers.items() if wt > 0 and s not in skip}
+
+    def _totals(self, cs: list[Candidate], per: dict[str, dict[str, float]], normalise: bool = False) -> dict[str, float]:
+        wsum = sum(self.params.scorers[s] for s in per) or 1.0
+        tot = {c.name: sum(self.params.scorers[s] * per[s][c.name] for s in per) for c in cs}
+        return {k: v / wsum for k, v in tot.items()} if normalise else tot
+
+    def _record(self, pool: str, name: str) -> None:
+        self.picker.chosen(name)
+        dq = self.recent.setdefault(pool, deque(maxlen=max(1, self.params.load_bound.share_window)))
+        dq.append(name)
+
+    def _dispatch(self, req: RouteRequest, c: Candidate, worker: str, prefill: str | None, now: float) -> None:
+        uncached = max(req.prompt_tokens - c.prefix_blocks * c.view.block_size, 0)
+        self.inflight.add(Pending(req.request_id, worker, prefill, now, uncached, req.max_output_tokens, c.load + c.own))
+        if self.params.prefix_index.record_dispatch and req.block_hashes:
+            self.index.insert(prefill or worker, req.block_hashes)
+
+    # ---- colocated ---------------------------------------------------------------------------
+
+    def _route_mixed(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool) -> RoutingDecision:
+        cs = self._candidates(req, ws, "mixed", fleet.now_s)
+        by_name = {c.name: c for c in cs}
+        if safe and self.safe.spec.action == "round_robin":
+            name = self.picker.round_robin([c.name for c in cs], "mixed")
+            reason = f"safe-mode round-robin {name} ({self.safe.describe()})"
+            scores: dict[str, float] = {}
+        else:
+            name, scores, reason = self._pick_mixed(req, cs)
+            if safe:
+                reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
+        self._record("mixed", name)
+        self._dispatch(req, by_name[name], name, None, fleet.now_s)
+        return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe)
+
+    def _pick_mixed(self, req: RouteRequest, cs: list[Candidate]) -> tuple[str, dict[str, float], str]:
+        kept, bound, excluded = self._bounded(cs, "mixed")
+        per = self._scores(req, kept)
+        totals = self._totals(kept, per)
+        scores = {k: round(v, 6) for k, v in totals.items()}
+        for s, vals in per.items():
+            scores.update({f"{k}.{s}": round(v, 6) for k, v in vals.items()})
+        kind = self.params.picker
+        names = [c.name for c in kept]
+        if kind == "round_robin":
+            name = self.picker.round_robin(names, "mixed")
+            return name, scores, f"round-robin {name} ({len(names)} eligible)"
+        if kind == "random":
+            name = self.picker.random(names)
+            return name, scores, f"random {name} of {len(names)}"
+        if kind == "power_of_two":
+            if not per:
+                totals = self._totals(kept, {"requests": SCORERS["requests"](req, kept)})
+            name, other = self.picker.power_of_two(totals)
+            vs = f" over {other} (score {totals[name]:.2f} vs {totals[other]:.2f})" if other else " (only one)"
+            return name, scores, f"power-of-two {name}{vs}"
+        name, tied = self.picker.max(totals, self.params.tie_break)
+        c = next(x for x in kept if x.name == name)
+        return name, scores, self._explain(req, c, per, bound, excluded, tied)
+
+    def _explain(self, req: RouteRequest, c: Candidate, per: dict[str, dict[str, float]],
+                 bound: float | None, excluded: list[str], tied: int) -> str:
+        n = len(req.block_hashes)
+        if "prefix" in per and c.prefix_blocks > 0:
+            head = f"prefix {c.prefix_blocks}/{n} blocks on {c.name}"
+        elif "requests" in per and "load" not in per:
+            head = f"least-outstanding {c.name} ({c.requests} outstanding)"
+        elif "load" in per:
+            head = f"least-cost {c.name} (cost {fmt_tokens(c.cost)} tok)"
+        else:
+            head = f"tie {c.name}"
+        parts = [head]
+        if bound is not None:
+            parts.append(f"{c.name} load {fmt_tokens(c.current)} within bound {fmt_tokens(bound)}")
+        if excluded:
+            parts.append(f"over bound: {', '.join(excluded)}")
+        if abs(c.slowness - 1.0) > 0.05:
+            parts.append(f"slowness x{c.slowness:.2f}")
+        if tied > 1:
+            parts.append(f"tie of {tied} broken {self.params.tie_break}")
+        return "; ".join(parts)
+
+    # ---- prefill/decode pairs ----------------------------------------------------------------
+
+    def _route_pd(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool) -> RoutingDecision:
+        now, pdp = fleet.now_s, self.params.pd
+        links = {(lk.src, lk.dst): lk for lk in fleet.links}
+        cp = self._candidates(req, [w for w in ws if w.role == "prefill"], "prefill", now)
+        cd_all = self._candidates(req, [w for w in ws if w.role == "decode"], "decode", now)
+        need = req.prompt_tokens + req.max_output_tokens
+        room = {c.name: _headroom(c.view, need) for c in cd_all}
+        cd = [c for c in cd_all if room[c.name] >= pdp.kv_reserve] or cd_all
+        pairs = [(p, d) for p in cp for d in cd if links.get((p.name, d.name)) is None or links[(p.name, d.name)].healthy]
+        if not pairs:
+            return RoutingDecision(worker=None, reason="rejected: no prefill/decode pair with a healthy KV link")
+        simple = "round_robin" if safe and self.safe.spec.action == "round_robin" else self.params.picker
+        if simple != "max":
+            p, d, reason = self._pick_pd_simple(req, pairs, simple)
+            scores: dict[str, float] = {}
+        else:
+            p, d, scores, reason = self._pick_pd_max(req, pairs, cp, cd, room, links)
+        if safe:
+            reason = f"safe-mode {self.safe.spec.action.replace('_', '-')} ({self.safe.describe()}); {reason}"
+        self._record("prefill", p.name)
+        self._record("decode", d.name)
+        self._dispatch(req, p, d.name, p.name, now)
+        return RoutingDecision(worker=d.name, prefill_worker=p.name, scores=scores, reason=reason, safe_mode=safe)
+
+    def _pick_pd_simple(self, req: RouteRequest, pairs: list[tuple[Candidate, Candidate]],
+                        kind: str) -> tuple[Candidate, Candidate, str]:
+        ps = {p.name: p for p, _ in pairs}
+        if kind == "round_robin":
+            pn = self.picker.round_robin(list(ps), "prefill")
+        elif kind == "random":
+            pn = self.picker.random(list(ps))
+        else:
+            pn, _ = self.picker.power_of_two(self._totals(list(ps.values()), {"requests": SCORERS["requests"](req, list(ps.values()))}))
+        ds = {d.name: d for p, d in pairs if p.name == pn}
+        if kind == "round_robin":
+            dn = self.picker.round_robin(list(ds), "decode")
+        elif kind == "random":
+            dn = self.picker.random(list(ds))
+        else:
+            dn, _ = self.picker.power_of_two(self._totals(list(ds.values()), {"requests": SCORERS["requests"](req, list(ds.values()))}))
+        return ps[pn], ds[dn], f"{kind.replace('_', '-')} pair {pn}->{dn}"
+
+    def _pick_pd_max(self, req, pairs, cp, cd, room, links):  # type: ignore[no-untyped-def]
+        pdp = self.params.pd
+        kp, _, _ = self._bounded(cp, "prefill")
+        kd, _, _ = self._bounded(cd, "decode")
+        kpn, kdn = {c.name for c in kp}, {c.name for c in kd}
+        pairs = [(p, d) for p, d in pairs if p.name in kpn and d.name in kdn] or pairs
+        sp = self._totals(cp, self._scores(req, cp), normalise=True)
+        sd = self._totals(cd, self._scores(req, cd, skip=("prefix",)), normalise=True)
+        sd = {k: (v + pdp.decode_kv_weight * max(room[k], 0.0)) / (1 + pdp.decode_kv_weight) for k, v in sd.items()}
+        totals: dict[str, float] = {}
+        for p, d in pairs:
+            lk = links.get((p.name, d.name))
+            link = 1.0 / (1 + lk.active_transfers) if lk is not None else 1.0
+            totals[f"{p.name}->{d.name}"] = pdp.prefill_weight * sp[p.name] + pdp.decode_weight * sd[d.name] + pdp.link_weight * link
+        key, _ = self.picker.max(totals, self.params.tie_break)
+        p, d = next((p, d) for p, d in pairs if f"{p.name}->{d.name}" == key)
+        lk = links.get((p.name, d.name))
+        pre = f"prefix {p.prefix_blocks}/{len(req.block_hashes)} blocks" if p.prefix_blocks else "no prefix"
+        reason = (f"pair {p.name}->{d.name}: prefill {pre}, cost {fmt_tokens(p.cost)} tok; "
+                  f"decode kv headroom {room[d.name]:.2f}; link {lk.active_transfers if lk else 0} active")
+        return p, d, {k: round(v, 6) for k, v in totals.items()}, reason
+
+    # ---- feedback ----------------------------------------------------------------------------
 
     def observe(self, fb: Feedback) -> None:
-        return None
+        self.last_now_s = max(self.last_now_s, fb.now_s)
+        self.safe.tick(fb.now_s)
+        if isinstance(fb, Dispatched):
+            self._observe_dispatch(fb)
+        elif isinstance(fb, FirstToken):
+            p = self.inflight.get(fb.request_id)
+            if p is not None:
+                self.feedback.first_token(p.prefill_worker or fb.worker, fb.ttft_s, p.predicted_cost, fb.now_s)
+                self.inflight.prefill_done(fb.request_id)
+        elif isinstance(fb, Completed):
+            self.inflight.pop(fb.request_id)
+            self.feedback.completed(fb.worker, fb.tpot_s, fb.output_tokens, fb.now_s)
+        elif isinstance(fb, Failed):
+            self.inflight.pop(fb.request_id)
+            self.feedback.failed(fb.worker, fb.now_s)
+        elif isinstance(fb, WorkerDown):
+            self.down[fb.worker] = fb.now_s
+            self.index.drop_worker(fb.worker)
+        elif isinstance(fb, WorkerUp):
+            self.down.pop(fb.worker, None)
+            self.index.drop_worker(fb.worker)
+            self.feedback.forget(fb.worker)
+        elif isinstance(fb, KvStored):
+            self.index.insert(fb.worker, fb.block_hashes)
+        elif isinstance(fb, KvEvicted):
+            self.index.evict(fb.worker, fb.block_hashes)
+
+    def _observe_dispatch(self, fb: Dispatched) -> None:
+        """Confirm a routed request, or adopt one the driver placed itself."""
+        p = self.inflight.get(fb.request_id)
+        if p is not None and p.worker == fb.worker and p.prefill_worker == fb.prefill_worker:
+            return
+        self.inflight.add(Pending(fb.request_id, fb.worker, fb.prefill_worker, fb.now_s, fb.prompt_tokens, 0,
+                                  float(fb.prompt_tokens)))
+        if self.params.prefix_index.record_dispatch and fb.block_hashes:
+            self.index.insert(fb.prefill_worker or fb.worker, fb.block_hashes)
 
     def report(self) -> dict[str, Any]:
-        return {"policy": self.name}
+        return {
+            "policy": self.name,
+            "decisions": sum(self.by_reason.values()),
+            "rejected": self.rejected,
+            "by_reason": dict(sorted(self.by_reason.items())),
+            "by_worker": dict(sorted(self.by_worker.items())),
+            "safe_mode": self.safe.report(),
+            "slowness": self.feedback.snapshot(self.last_now_s),
+            "in_flight": len(self.inflight),
+        }
+
+
+def _headroom(w: WorkerView, need_tokens: int) -> float:
+    """KV fraction left after admitting `need_tokens` (`1 - kv_usage` without a capacity)."""
+    free = 1.0 - w.kv_usage
+    return free - need_tokens / w.kv_capacity_tokens if w.kv_capacity_tokens > 0 else free

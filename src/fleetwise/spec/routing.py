@@ -16,11 +16,12 @@ routing:
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from fleetwise.errors import SpecError, UnknownNameError
+from fleetwise.errors import SpecError
 from fleetwise.spec.base import Spec, validate
 
 FilterName = Literal["healthy", "model_version", "region", "role"]
@@ -106,6 +107,8 @@ class PdParams(Spec):
     """Weight of the decode side (KV headroom and load)."""
     link_weight: float = Field(default=0.25, ge=0.0)
     """Weight of the link score `1 / (1 + active_transfers)`; unhealthy links are excluded."""
+    decode_kv_weight: float = Field(default=0.5, ge=0.0)
+    """Weight of KV headroom after the request, blended into the decode side's score."""
     kv_reserve: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Decode workers whose KV headroom after the request would drop below this are skipped."""
 
@@ -194,7 +197,9 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 def preset_params(name: str, overrides: dict[str, Any] | None = None) -> PolicyParams:
     """The validated parameters of preset `name` with `overrides` deep-merged on top."""
     if name not in PRESETS:
-        raise UnknownNameError("routing policy", name, PRESETS)
+        close = difflib.get_close_matches(name, sorted(PRESETS), n=3, cutoff=0.3)
+        hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(sorted(PRESETS))}"
+        raise SpecError(f"routing.policy: unknown preset {name!r}; {hint}")
     data = deep_merge(PRESETS[name], overrides or {})
     return validate(PolicyParams, data, f"routing.params (policy {name!r})")
 
@@ -213,8 +218,6 @@ class RoutingSpec(Spec):
     def _check(self) -> RoutingSpec:
         try:
             preset_params(self.policy, self.params)
-        except UnknownNameError as err:
-            raise ValueError(str(err)) from None
         except SpecError as err:
             raise ValueError(str(err)) from None
         return self

@@ -1,0 +1,250 @@
+"""Routing plugins: filters, scorers and pickers, composed by `ComposedPolicy`.
+
+- A filter keeps the workers a request may go to, or says why none may.
+- A scorer maps each candidate to [0, 1] (higher is better); the policy sums them by weight.
+- A picker chooses one candidate from the totals (max with a seeded tie-break, round-robin,
+  random, power-of-two).
+
+Signals come precomputed in `Candidate` (load, this request's own cost, slowness, prefix match)
+so every scorer is a pure function of its inputs and easy to test with exact numbers. Parameter
+models live in `fleetwise.spec.routing` (each plugin's `Params`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetwise.core.views import RouteRequest, WorkerView
+from fleetwise.spec.routing import CostParams, LoadBoundParams
+
+__all__ = [
+    "FILTERS",
+    "SCORERS",
+    "Candidate",
+    "PickerState",
+    "clamp01",
+    "load_bound",
+    "own_cost",
+]
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One eligible worker with the signals the scorers read."""
+
+    view: WorkerView
+    requests: int
+    """Queued + running (from the view) + dispatched since the view was taken."""
+    load: float
+    """Token-equivalent work already ahead on the worker (view + own in-flight estimate)."""
+    own: float
+    """This request's token-equivalent cost on this worker (uncached prompt, decode, overhead)."""
+    slowness: float = 1.0
+    """Feedback factor relative to the fleet (1 = average)."""
+    prefix_blocks: int = 0
+    """Leading prompt blocks the prefix index says this worker holds."""
+
+    @property
+    def name(self) -> str:
+        return self.view.name
+
+    @property
+    def cost(self) -> float:
+        """Predicted cost of sending the request here: `(load + own) * slowness`."""
+        return (self.load + self.own) * self.slowness
+
+    @property
+    def current(self) -> float:
+        """Work already ahead, corrected by slowness: `load * slowness`."""
+        return self.load * self.slowness
+
+
+def clamp01(x: float) -> float:
+    """Clamp to [0, 1]; NaN counts as 0."""
+    return 0.0 if not x > 0 else min(1.0, float(x))
+
+
+def own_cost(req: RouteRequest, cached_blocks: int, block_size: int, cost: CostParams) -> float:
+    """`max(prompt - cached_blocks * block_size, 0) + decode_token_weight * max_output + per_request`."""
+    uncached = max(req.prompt_tokens - cached_blocks * block_size, 0)
+    return uncached + cost.decode_token_weight * req.max_output_tokens + cost.per_request_tokens
+
+
+def view_load(w: WorkerView, cost: CostParams) -> float:
+    """Work a view reports: `queued_prefill + dw * running_decode + per_request * (queued + running)`."""
+    return (
+        w.queued_prefill_tokens
+        + cost.decode_token_weight * w.running_decode_tokens
+        + cost.per_request_tokens * (w.queued_requests + w.running_requests)
+    )
+
+
+# ---- filters: (request, workers) -> (kept, reason when nothing is kept) ----------------------
+
+FilterFn = Callable[[RouteRequest, list[WorkerView], frozenset[str]], tuple[list[WorkerView], str]]
+
+
+def _healthy(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tuple[list[WorkerView], str]:
+    kept = [w for w in ws if w.healthy and w.name not in down]
+    return kept, "no healthy worker"
+
+
+def _model_version(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tuple[list[WorkerView], str]:
+    if req.model_version is None:
+        return ws, ""
+    have = sorted({w.model_version for w in ws})
+    kept = [w for w in ws if w.model_version == req.model_version]
+    return kept, f"no worker serves model_version {req.model_version!r} (have {', '.join(have) or 'none'})"
+
+
+def _region(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tuple[list[WorkerView], str]:
+    """Soft: prefer the request's region, fall back to every region rather than reject."""
+    if req.region is None:
+        return ws, ""
+    kept = [w for w in ws if w.region == req.region]
+    return (kept or ws), ""
+
+
+def _role(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tuple[list[WorkerView], str]:
+    """Keep mixed workers, or prefill and decode workers when the fleet is disaggregated."""
+    pd = [w for w in ws if w.role != "mixed"]
+    has_pd = any(w.role == "prefill" for w in pd) and any(w.role == "decode" for w in pd)
+    mixed = [w for w in ws if w.role == "mixed"]
+    return (mixed or (pd if has_pd else [])), "no mixed worker and no complete prefill/decode pool"
+
+
+FILTERS: dict[str, FilterFn] = {
+    "healthy": _healthy,
+    "model_version": _model_version,
+    "region": _region,
+    "role": _role,
+}
+
+
+# ---- scorers: candidates -> {name: score in [0, 1]} ---------------------------------------------
+
+ScorerFn = Callable[[RouteRequest, Sequence[Candidate]], dict[str, float]]
+
+
+def score_load(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
+    """`min cost / cost`: 1 for the cheapest worker, 0.5 for one twice as expensive."""
+    best = min(c.cost for c in cs)
+    return {c.name: clamp01(best / c.cost) if c.cost > 0 else 1.0 for c in cs}
+
+
+def score_requests(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
+    """`(min requests + 1) / (requests + 1)`: fewest outstanding requests scores 1."""
+    best = min(c.requests for c in cs)
+    return {c.name: clamp01((best + 1) / (c.requests + 1)) for c in cs}
+
+
+def score_prefix(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
+    """Cached fraction of the prompt's blocks: `prefix_blocks / len(block_hashes)` (0 without)."""
+    n = len(req.block_hashes)
+    return {c.name: clamp01(c.prefix_blocks / n) if n else 0.0 for c in cs}
+
+
+def score_kv(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
+    """KV headroom: `1 - kv_usage`."""
+    return {c.name: clamp01(1.0 - c.view.kv_usage) for c in cs}
+
+
+def score_feedback(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
+    """`min slowness / slowness`: the fastest-looking worker scores 1."""
+    best = min(c.slowness for c in cs)
+    return {c.name: clamp01(best / c.slowness) for c in cs}
+
+
+SCORERS: dict[str, ScorerFn] = {
+    "load": score_load,
+    "requests": score_requests,
+    "prefix": score_prefix,
+    "kv": score_kv,
+    "feedback": score_feedback,
+}
+
+
+# ---- bounded load ------------------------------------------------------------------------------
+
+
+def load_bound(
+    cs: Sequence[Candidate], recent: Sequence[str], p: LoadBoundParams
+) -> tuple[list[Candidate], float, list[str]]:
+    """Candidates within the load bound, the token bound itself, and the names excluded.
+
+    Token check: `current_w <= c * mean(current) + own_w * slowness_w` (the request's own cost
+    is the granularity, like the `+1` of consistent hashing with bounded loads, so an idle worker
+    always qualifies). Share check: worker w may have taken at most
+    `ceil(c * (k + 1) * speed_w / sum(speed))` of the last k decisions (speed = 1 / slowness).
+    If the two checks together leave nobody, the token check alone applies.
+    """
+    mean = sum(c.current for c in cs) / len(cs)
+    bound = p.c * mean
+    by_tokens = [c for c in cs if c.current <= bound + c.own * c.slowness + 1e-9]
+    kept = by_tokens
+    if p.share_window > 0 and recent:
+        window = list(recent)[-p.share_window :]
+        counts = {c.name: 0 for c in cs}
+        for name in window:
+            if name in counts:
+                counts[name] += 1
+        k = sum(counts.values())
+        speed = {c.name: 1.0 / c.slowness for c in cs}
+        total = sum(speed.values())
+        both = [c for c in by_tokens if counts[c.name] + 1 <= math.ceil(p.c * (k + 1) * speed[c.name] / total)]
+        kept = both or by_tokens
+    excluded = [c.name for c in cs if c not in kept]
+    return kept, bound, excluded
+
+
+# ---- pickers -----------------------------------------------------------------------------------
+
+
+class PickerState:
+    """The mutable part of picking: the seeded generator, round-robin cursor, LRU sequence."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.rr_last: dict[str, str] = {}
+        self.seq = 0
+        self.last_chosen: dict[str, int] = {}
+
+    def chosen(self, name: str) -> None:
+        self.seq += 1
+        self.last_chosen[name] = self.seq
+
+    def round_robin(self, names: Sequence[str], pool: str = "") -> str:
+        """Next name after the previous pick in sorted order (stable when membership changes)."""
+        order = sorted(names)
+        last = self.rr_last.get(pool)
+        nxt = next((n for n in order if last is None or n > last), order[0])
+        self.rr_last[pool] = nxt
+        return nxt
+
+    def random(self, names: Sequence[str]) -> str:
+        order = sorted(names)
+        return order[int(self.rng.integers(len(order)))]
+
+    def power_of_two(self, totals: dict[str, float]) -> tuple[str, str | None]:
+        """Two distinct seeded samples; the higher total wins (the first sampled on a tie)."""
+        order = sorted(totals)
+        if len(order) == 1:
+            return order[0], None
+        i, j = (int(x) for x in self.rng.choice(len(order), size=2, replace=False))
+        a, b = order[i], order[j]
+        return (a, b) if totals[a] >= totals[b] else (b, a)
+
+    def max(self, totals: dict[str, float], tie_break: str) -> tuple[str, int]:
+        """Highest total; exact ties (within 1e-9) broken seeded-randomly, or LRU then seeded."""
+        best = max(totals.values())
+        tied = sorted(n for n, t in totals.items() if t >= best - 1e-9)
+        if len(tied) > 1 and tie_break == "lru":
+            oldest = min(self.last_chosen.get(n, 0) for n in tied)
+            tied = [n for n in tied if self.last_chosen.get(n, 0) == oldest]
+        if len(tied) == 1:
+            return tied[0], 1
+        return tied[int(self.rng.integers(len(tied)))], len(tied)

@@ -1,0 +1,71 @@
+"""Safe-mode state machine: enter when the fleet view is too old, leave when it is fresh again.
+
+A worker's state is stale when `now_s - reported_at_s > stale_after_s`; safe mode starts when at
+least `stale_fraction` of the eligible workers are stale. This module only tracks the state and
+the time spent in it; what a policy does while in safe mode (`round_robin`, `last_known`,
+`reject`) is the policy's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fleetwise.core.views import WorkerView
+from fleetwise.spec.routing import SafeModeSpec
+
+__all__ = ["SafeModeTracker"]
+
+
+class SafeModeTracker:
+    """Tracks whether the policy is in safe mode and for how long (virtual seconds)."""
+
+    def __init__(self, spec: SafeModeSpec) -> None:
+        self.spec = spec
+        self.active = False
+        self.entered_at_s = 0.0
+        self.total_s = 0.0
+        self.entries = 0
+        self.last_now_s = 0.0
+        self.last_age_s = 0.0
+
+    def update(self, now_s: float, workers: Sequence[WorkerView]) -> bool:
+        """Re-evaluate from the eligible workers' ages; return whether safe mode is on."""
+        self.tick(now_s)
+        if not self.spec.enabled or not workers:
+            return self._set(False, now_s)
+        ages = [now_s - w.reported_at_s for w in workers]
+        stale = sum(a > self.spec.stale_after_s for a in ages)
+        self.last_age_s = max(ages)
+        return self._set(stale >= self.spec.stale_fraction * len(workers), now_s)
+
+    def tick(self, now_s: float) -> None:
+        """Advance the clock (from a route call or any feedback event)."""
+        self.last_now_s = max(self.last_now_s, now_s)
+
+    def _set(self, on: bool, now_s: float) -> bool:
+        if on and not self.active:
+            self.active, self.entered_at_s, self.entries = True, now_s, self.entries + 1
+        elif not on and self.active:
+            self.active = False
+            self.total_s += max(0.0, now_s - self.entered_at_s)
+        return self.active
+
+    def time_in_safe_mode_s(self) -> float:
+        """Closed periods plus the open one up to the latest time seen."""
+        open_s = max(0.0, self.last_now_s - self.entered_at_s) if self.active else 0.0
+        return self.total_s + open_s
+
+    def describe(self) -> str:
+        """The reason fragment for decisions made in safe mode."""
+        return f"view age {self.last_age_s:.1f}s > stale_after {self.spec.stale_after_s:g}s"
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "enabled": self.spec.enabled,
+            "action": self.spec.action,
+            "stale_after_s": self.spec.stale_after_s,
+            "active": self.active,
+            "entries": self.entries,
+            "time_s": self.time_in_safe_mode_s(),
+        }

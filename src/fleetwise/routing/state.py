@@ -1,0 +1,187 @@
+"""What a policy learns between fleet views: its own in-flight requests and latency feedback.
+
+`InFlight` remembers every request the policy dispatched until it completes or fails, so work
+sent after a worker's view was taken (`dispatch_s >= reported_at_s`) is added to that view's
+load: a stale or lagged view does not herd every request onto the worker that looked idle.
+
+`LatencyFeedback` keeps per-worker EWMAs of TTFT per predicted token of work ahead, of TPOT and
+of failures, and turns them into a slowness factor relative to the fleet (1 = average). A worker
+that slows down gets a factor > 1 (its predicted cost rises, it receives less); the factor
+decays back towards 1 without new observations, so a recovered worker gets traffic back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from fleetwise.spec.routing import FeedbackParams
+
+__all__ = ["InFlight", "LatencyFeedback", "Pending"]
+
+MAX_TRACKED = 1 << 17
+"""In-flight entries kept at most (the oldest are dropped: a driver that never reports back)."""
+
+
+@dataclass(slots=True)
+class Pending:
+    """One dispatched request as the router estimated it."""
+
+    request_id: str
+    worker: str
+    prefill_worker: str | None
+    dispatch_s: float
+    prefill_tokens: int
+    """Uncached prompt tokens still to prefill (0 once the first token arrived)."""
+    decode_tokens: int
+    """Expected decode tokens (max_output)."""
+    predicted_cost: float
+    """Token-equivalent work ahead of and including this request at dispatch (no slowness)."""
+
+
+class InFlight:
+    """Requests dispatched and not yet completed, by request id and per worker, in dispatch order.
+
+    Route calls arrive in time order, so each per-worker map is ordered by `dispatch_s` and
+    `since()` walks back from the newest entry only as far as the view's age.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: OrderedDict[str, Pending] = OrderedDict()
+        self._serving: dict[str, OrderedDict[str, Pending]] = {}
+        self._prefilling: dict[str, OrderedDict[str, Pending]] = {}
+
+    def add(self, p: Pending) -> None:
+        self.pop(p.request_id)
+        self._by_id[p.request_id] = p
+        self._serving.setdefault(p.worker, OrderedDict())[p.request_id] = p
+        if p.prefill_worker is not None:
+            self._prefilling.setdefault(p.prefill_worker, OrderedDict())[p.request_id] = p
+        while len(self._by_id) > MAX_TRACKED:
+            self.pop(next(iter(self._by_id)))
+
+    def get(self, request_id: str) -> Pending | None:
+        return self._by_id.get(request_id)
+
+    def prefill_done(self, request_id: str) -> None:
+        """The first token arrived: the prompt no longer weighs on any worker."""
+        p = self._by_id.get(request_id)
+        if p is not None:
+            p.prefill_tokens = 0
+            if p.prefill_worker is not None:
+                self._prefilling.get(p.prefill_worker, OrderedDict()).pop(request_id, None)
+
+    def pop(self, request_id: str) -> Pending | None:
+        p = self._by_id.pop(request_id, None)
+        if p is not None:
+            self._serving.get(p.worker, OrderedDict()).pop(request_id, None)
+            if p.prefill_worker is not None:
+                self._prefilling.get(p.prefill_worker, OrderedDict()).pop(request_id, None)
+        return p
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def since(self, worker: str, since_s: float, decode_weight: float) -> tuple[int, float]:
+        """(requests, token-equivalent work) dispatched to `worker` at or after `since_s`.
+
+        A prefill worker carries its requests' prompt tokens until the first token; the decode
+        (or mixed) worker carries the expected decode tokens until completion, and a mixed
+        worker also the prompt until the first token.
+        """
+        n, tokens = 0, 0.0
+        for p in reversed(self._serving.get(worker, OrderedDict()).values()):
+            if p.dispatch_s < since_s:
+                break
+            n += 1
+            tokens += decode_weight * p.decode_tokens
+            if p.prefill_worker is None:
+                tokens += p.prefill_tokens
+        for p in reversed(self._prefilling.get(worker, OrderedDict()).values()):
+            if p.dispatch_s < since_s:
+                break
+            n += 1
+            tokens += p.prefill_tokens
+        return n, tokens
+
+
+@dataclass(slots=True)
+class _Ewma:
+    value: float = 0.0
+    n: int = 0
+
+    def add(self, x: float, alpha: float) -> None:
+        self.value = x if self.n == 0 else (1 - alpha) * self.value + alpha * x
+        self.n += 1
+
+
+@dataclass(slots=True)
+class _WorkerStats:
+    ttft_per_token: _Ewma
+    tpot: _Ewma
+    failures: _Ewma
+    last_obs_s: float = 0.0
+
+
+class LatencyFeedback:
+    """Per-worker latency EWMAs -> slowness factor relative to the fleet."""
+
+    def __init__(self, params: FeedbackParams) -> None:
+        self.p = params
+        self._w: dict[str, _WorkerStats] = {}
+
+    def _stats(self, worker: str) -> _WorkerStats:
+        s = self._w.get(worker)
+        if s is None:
+            s = self._w[worker] = _WorkerStats(_Ewma(), _Ewma(), _Ewma())
+        return s
+
+    def first_token(self, worker: str, ttft_s: float, predicted_cost: float, now_s: float) -> None:
+        s = self._stats(worker)
+        s.ttft_per_token.add(max(ttft_s, 0.0) / max(predicted_cost, 1.0), self.p.alpha)
+        s.last_obs_s = max(s.last_obs_s, now_s)
+
+    def completed(self, worker: str, tpot_s: float, output_tokens: int, now_s: float) -> None:
+        s = self._stats(worker)
+        if output_tokens > 1 and tpot_s > 0:
+            s.tpot.add(tpot_s, self.p.alpha)
+        s.failures.add(0.0, self.p.alpha)
+        s.last_obs_s = max(s.last_obs_s, now_s)
+
+    def failed(self, worker: str, now_s: float) -> None:
+        s = self._stats(worker)
+        s.failures.add(1.0, self.p.alpha)
+        s.last_obs_s = max(s.last_obs_s, now_s)
+
+    def forget(self, worker: str) -> None:
+        self._w.pop(worker, None)
+
+    def _ratio(self, worker: str, attr: str) -> float | None:
+        vals = {w: getattr(s, attr) for w, s in self._w.items() if getattr(s, attr).n >= self.p.min_samples}
+        mine = vals.get(worker)
+        if mine is None or len(vals) < 2:
+            return None
+        mean = sum(e.value for e in vals.values()) / len(vals)
+        return mine.value / mean if mean > 0 else None
+
+    def raw_factor(self, worker: str) -> float:
+        """Slowness before time decay: geometric mean of the TTFT and TPOT ratios, times failures."""
+        ratios = [r for r in (self._ratio(worker, "ttft_per_token"), self._ratio(worker, "tpot")) if r]
+        f = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else 1.0
+        s = self._w.get(worker)
+        if s is not None and s.failures.n:
+            f *= 1.0 + self.p.failure_penalty * s.failures.value
+        return min(max(f, self.p.min_factor), self.p.max_factor)
+
+    def factor(self, worker: str, now_s: float) -> float:
+        """Slowness at `now_s`: the raw factor decayed towards 1 (in log space) by half-life."""
+        if not self.p.enabled or worker not in self._w:
+            return 1.0
+        f = self.raw_factor(worker)
+        age = max(0.0, now_s - self._w[worker].last_obs_s)
+        return math.exp(math.log(f) * 0.5 ** (age / self.p.half_life_s))
+
+    def snapshot(self, now_s: float) -> dict[str, float]:
+        """Every known worker's current factor (for reports)."""
+        return {w: round(self.factor(w, now_s), 4) for w in sorted(self._w)}

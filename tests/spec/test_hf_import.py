@@ -1,0 +1,124 @@
+"""Import of Hugging Face config.json files: each family, defaults, and errors for bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetwise.errors import SpecError
+from fleetwise.spec.catalog import get_model, resolve_model
+from fleetwise.spec.hf import model_from_hf_config, model_from_hf_path
+
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": False,
+    "rope_scaling": {"factor": 8.0, "rope_type": "llama3"}, "torch_dtype": "bfloat16",
+}
+QWEN3_32B = {
+    "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600, "num_attention_heads": 64,
+    "num_hidden_layers": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+    "max_position_embeddings": 40960, "tie_word_embeddings": False,
+}
+QWEN3_MOE = {
+    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 32,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+    "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "norm_topk_prob": True, "tie_word_embeddings": False,
+}
+MIXTRAL = {
+    "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "max_position_embeddings": 32768,
+}
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61, "vocab_size": 129280,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+    "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+    "v_head_dim": 128, "max_position_embeddings": 163840, "num_nextn_predict_layers": 1,
+}
+
+SAME_AS_CATALOG = [
+    ("llama-3.1-8b", LLAMA_8B),
+    ("qwen3-32b", QWEN3_32B),
+    ("qwen3-30b-a3b", QWEN3_MOE),
+    ("mixtral-8x7b", MIXTRAL),
+    ("deepseek-v3", DEEPSEEK_V3),
+]
+
+
+@pytest.mark.parametrize(("name", "cfg"), SAME_AS_CATALOG, ids=[s[0] for s in SAME_AS_CATALOG])
+def test_hf_config_matches_catalog_counts(name: str, cfg: dict) -> None:
+    m, ref = model_from_hf_config(cfg, name), get_model(name)
+    assert (m.params_total, m.params_active) == (ref.params_total, ref.params_active)
+    assert m.kv_bytes_per_token() == ref.kv_bytes_per_token()
+    assert m.attention == ref.attention and m.moe == ref.moe and m.mla == ref.mla
+
+
+def test_defaults_head_dim_and_kv_heads() -> None:
+    cfg = {k: v for k, v in LLAMA_8B.items() if k != "num_key_value_heads"}
+    m = model_from_hf_config(cfg, "mha")
+    assert (m.num_kv_heads, m.head_dim) == (32, 128)
+    assert m.max_context_tokens == 131072 and not m.tie_embeddings
+
+
+def test_qwen_moe_dense_layers_are_counted() -> None:
+    cfg = QWEN3_MOE | {"mlp_only_layers": [0, 1], "decoder_sparse_step": 1}
+    m = model_from_hf_config(cfg, "q")
+    assert m.moe is not None and m.moe.first_dense_layers == 2 and m.ffn_size == 6144
+    assert m.num_moe_layers == 46
+    step2 = model_from_hf_config(QWEN3_MOE | {"decoder_sparse_step": 2}, "q2")  # odd-numbered layers sparse
+    assert step2.num_moe_layers == 24 and step2.num_dense_layers == 24
+
+
+def test_qwen2_moe_shared_expert() -> None:
+    cfg = QWEN3_MOE | {"model_type": "qwen2_moe", "shared_expert_intermediate_size": 5632}
+    m = model_from_hf_config(cfg, "q2moe")
+    assert m.moe is not None and (m.moe.num_shared_experts, m.moe.shared_expert_ffn_size) == (1, 5632)
+
+
+def test_missing_required_fields_are_all_named() -> None:
+    cfg = {k: v for k, v in LLAMA_8B.items() if k not in ("hidden_size", "vocab_size")}
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(cfg, "broken")
+    assert str(err.value) == ("broken: config.json lacks required field(s) hidden_size, vocab_size; "
+                              "add them or pass a full ModelSpec YAML instead")
+
+
+def test_missing_mla_field() -> None:
+    cfg = {k: v for k, v in DEEPSEEK_V3.items() if k != "qk_nope_head_dim"}
+    with pytest.raises(SpecError, match="lacks required field.*qk_nope_head_dim"):
+        model_from_hf_config(cfg, "ds")
+
+
+def test_invalid_value_is_one_line() -> None:
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(LLAMA_8B | {"num_hidden_layers": 0}, "zero")
+    assert "num_layers: Input should be greater than 0 (got 0)" in str(err.value)
+
+
+def test_from_path_and_directory(tmp_path: Path) -> None:
+    d = tmp_path / "Llama-3.1-8B"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(LLAMA_8B))
+    assert model_from_hf_path(d / "config.json").name == "Llama-3.1-8B"
+    assert resolve_model(str(d)).params_total == get_model("llama-3.1-8b").params_total
+    assert resolve_model(str(d / "config.json")).num_kv_heads == 8
+
+
+def test_malformed_json(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text('{"hidden_size": 4096,,}')
+    with pytest.raises(SpecError) as err:
+        resolve_model(str(p))
+    assert str(err.value) == f"{p}: not valid JSON: Expecting property name enclosed in double quotes at line 1 column 22"
+
+
+def test_json_not_an_object(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text("[1, 2]")
+    with pytest.raises(SpecError, match="expected a JSON object"):
+        model_from_hf_path(p)

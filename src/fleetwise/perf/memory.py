@@ -357,7 +357,8 @@ def _first_fit(cands: list[ParallelismSpec], model: ModelSpec, gpu: AcceleratorS
     return None
 
 
-def _search(model: ModelSpec, gpu: AcceleratorSpec, dtypes: tuple[str, str], o: FitOptions):
+def _search(model: ModelSpec, gpu: AcceleratorSpec, dtypes: tuple[str, str],
+            o: FitOptions) -> tuple[LayoutFit | None, ...]:
     tps = tp_candidates(model, gpu)
     pps = [pp for pp in range(2, model.num_layers + 1) if max(tps) * pp <= o.max_gpus or pp * min(tps) <= o.max_gpus]
     tp_only = [ParallelismSpec(tp=t) for t in tps if t <= o.max_gpus]
@@ -373,12 +374,20 @@ def _search(model: ModelSpec, gpu: AcceleratorSpec, dtypes: tuple[str, str], o: 
 
 def fit(model: ModelSpec, gpu: AcceleratorSpec, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
         options: FitOptions | None = None) -> FitReport:
-    """Does `model` fit one `gpu` with its minimal runtime state? If not, the smallest layouts that do."""
+    """Does `model` fit one `gpu` with its minimal runtime state? If not, the smallest layouts that do.
+
+    `min_tp`: smallest TP inside a node (pp=1); `min_tp_pp`: fewest GPUs with pp >= 2 (ties: fewer
+    stages); `min_tp_ep` (MoE only): fewest GPUs with experts spread over all of them (ep = tp*pp).
+    All three are None when one card fits.
+    """
     o = options or FitOptions()
     _weight_bytes(weight_dtype), _kv_bytes(kv_dtype)
     dtypes = (weight_dtype, kv_dtype)
     single = layout_fit(model, gpu, ParallelismSpec(), weight_dtype, kv_dtype, o)
-    min_tp, min_tp_pp, min_tp_ep = _search(model, gpu, dtypes, o)
+    found: tuple[LayoutFit | None, ...] = (None, None, None)
+    if not single.fits:  # the search answers "on what, then?"; a model that fits one card needs none
+        found = _search(model, gpu, dtypes, o)
+    min_tp, min_tp_pp, min_tp_ep = found
     lines = _summary(model, gpu, dtypes, single, (min_tp, min_tp_pp, min_tp_ep), o)
     return FitReport(model.name, gpu.name, weight_dtype, kv_dtype, model.params_total, model.params_active,
                      single, min_tp, min_tp_pp, min_tp_ep, lines)

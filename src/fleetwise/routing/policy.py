@@ -143,8 +143,9 @@ class ComposedPolicy:
         return {s: SCORERS[s](req, cs) for s, wt in self.params.scorers.items() if wt > 0 and s not in skip}
 
     def _totals(self, cs: list[Candidate], per: dict[str, dict[str, float]], normalise: bool = False) -> dict[str, float]:
-        wsum = sum(self.params.scorers[s] for s in per) or 1.0
-        tot = {c.name: sum(self.params.scorers[s] * per[s][c.name] for s in per) for c in cs}
+        weights: dict[str, float] = {str(k): v for k, v in self.params.scorers.items()}
+        wsum = sum(weights[s] for s in per) or 1.0
+        tot = {c.name: sum(weights[s] * per[s][c.name] for s in per) for c in cs}
         return {k: v / wsum for k, v in tot.items()} if normalise else tot
 
     def _record(self, pool: str, name: str) -> None:

@@ -157,17 +157,32 @@ class LatencyFeedback:
     def forget(self, worker: str) -> None:
         self._w.pop(worker, None)
 
-    def _ratio(self, worker: str, attr: str) -> float | None:
-        vals = {w: getattr(s, attr) for w, s in self._w.items() if getattr(s, attr).n >= self.p.min_samples}
-        mine = vals.get(worker)
-        if mine is None or len(vals) < 2:
+    def _ratio(self, worker: str, attr: str, now_s: float) -> float | None:
+        """This worker's EWMA over the mean of workers observed within the last half-life.
+
+        Stale workers do not define "normal": once a slowed worker stops receiving traffic,
+        the others' factors return to 1 while its own decays towards 1, so it is tried again.
+        """
+        mine = getattr(self._w[worker], attr)
+        if mine.n < self.p.min_samples:
             return None
-        mean = sum(e.value for e in vals.values()) / len(vals)
+        fresh = [
+            getattr(s, attr).value
+            for s in self._w.values()
+            if getattr(s, attr).n >= self.p.min_samples and now_s - s.last_obs_s <= self.p.half_life_s
+        ]
+        if now_s - self._w[worker].last_obs_s > self.p.half_life_s:
+            fresh.append(mine.value)
+        if len(fresh) < 2:
+            return None
+        mean = sum(fresh) / len(fresh)
         return mine.value / mean if mean > 0 else None
 
-    def raw_factor(self, worker: str) -> float:
+    def raw_factor(self, worker: str, now_s: float) -> float:
         """Slowness before time decay: geometric mean of the TTFT and TPOT ratios, times failures."""
-        ratios = [r for r in (self._ratio(worker, "ttft_per_token"), self._ratio(worker, "tpot")) if r]
+        if worker not in self._w:
+            return 1.0
+        ratios = [r for r in (self._ratio(worker, "ttft_per_token", now_s), self._ratio(worker, "tpot", now_s)) if r]
         f = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else 1.0
         s = self._w.get(worker)
         if s is not None and s.failures.n:
@@ -178,7 +193,7 @@ class LatencyFeedback:
         """Slowness at `now_s`: the raw factor decayed towards 1 (in log space) by half-life."""
         if not self.p.enabled or worker not in self._w:
             return 1.0
-        f = self.raw_factor(worker)
+        f = self.raw_factor(worker, now_s)
         age = max(0.0, now_s - self._w[worker].last_obs_s)
         return math.exp(math.log(f) * 0.5 ** (age / self.p.half_life_s))
 

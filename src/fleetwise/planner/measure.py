@@ -1,0 +1,173 @@
+"""Simulator-backed measurements: a fleet shape as a `PlanSpec`, one run judged against the SLO,
+and the bisection that finds a replica's *effective* goodput under the target length mix.
+
+Owns `FleetShape` (pools of layouts with replica counts), `run_fleet` (one seeded simulation,
+summarised into a `SimVerdict`) and `bisect_rate` (the largest arrival rate at which the SLO still
+holds, found by doubling then halving). A pass needs the SLO percentile of TTFT and of TPOT under
+their targets and the attainment (requests meeting both, failed ones counting as missed) at
+least the required fraction; a stage check (`ttft` or `tpot`) looks at one target only. Does not
+choose what to measure (pipeline) or how many replicas to buy (sizing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fleetwise.planner.candidates import Layout
+from fleetwise.planner.workload import LengthMix, requests_at
+from fleetwise.spec.faults import FaultScenario, ReplicaCrash
+from fleetwise.spec.plan import KvLinkSpec, PlanSpec, PoolSpec
+from fleetwise.spec.planning import PlanningSpec
+from fleetwise.spec.slo import SLOSpec
+
+Check = Literal["both", "ttft", "tpot"]
+MIN_REQUESTS_PER_RUN = 200
+MAX_REQUESTS_PER_RUN = 2400
+SECONDS_PER_RUN = 60.0  # aim for about a minute of simulated traffic, within the bounds above
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """`replicas` replicas of one layout in one role."""
+
+    role: Literal["mixed", "prefill", "decode"]
+    layout: Layout
+    replicas: int
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.layout.gpus
+
+
+@dataclass(frozen=True)
+class FleetShape:
+    """A candidate fleet: one mixed pool, or a prefill and a decode pool."""
+
+    pools: tuple[PoolShape, ...]
+    kv_link_bytes_per_s: float | None = None
+    kv_link_latency_s: float = 20e-6
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.gpus for p in self.pools)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.pools[0].role != "mixed"
+
+    def pool(self, role: str) -> PoolShape:
+        return next(p for p in self.pools if p.role == role)
+
+    def with_replicas(self, **counts: int) -> FleetShape:
+        pools = tuple(PoolShape(p.role, p.layout, counts.get(p.role, p.replicas)) for p in self.pools)
+        return FleetShape(pools, self.kv_link_bytes_per_s, self.kv_link_latency_s)
+
+    @property
+    def label(self) -> str:
+        return " + ".join(f"{p.replicas}x {p.role} [{p.layout.label}]" for p in self.pools)
+
+
+@dataclass(frozen=True)
+class SimVerdict:
+    """One simulation judged against the SLO, with the figures a report quotes."""
+
+    passed: bool
+    rate_rps: float
+    seed: int
+    ttft: dict[str, float]
+    tpot: dict[str, float]
+    attainment: float
+    goodput_rps: float
+    failed: int
+    kv_transfer: dict[str, float] = field(default_factory=dict)
+    utilization: dict[str, float] = field(default_factory=dict)
+    """Mean utilisation per role."""
+
+
+def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]) -> PlanSpec:
+    """The simulator's plan document for a fleet shape."""
+    pools = [
+        PoolSpec(name=p.role, role=p.role, replicas=p.replicas, accelerator=p.layout.accelerator, model=spec.model,
+                 parallelism=p.layout.parallelism, weight_dtype=p.layout.weight_dtype,  # type: ignore[arg-type]
+                 kv_dtype=spec.kv_dtype, price_per_gpu_hour_usd=prices[p.layout.accelerator])
+        for p in fleet.pools
+    ]
+    kv = KvLinkSpec(bandwidth_bytes_per_s=fleet.kv_link_bytes_per_s, latency_s=fleet.kv_link_latency_s) \
+        if fleet.kv_link_bytes_per_s else KvLinkSpec()
+    return PlanSpec(name=spec.name, pools=pools, kv_link=kv, routing=spec.routing_policy or "round-robin")
+
+
+def requests_for(rate_rps: float, sample: int) -> int:
+    return int(min(MAX_REQUESTS_PER_RUN, max(MIN_REQUESTS_PER_RUN, sample, rate_rps * SECONDS_PER_RUN)))
+
+
+def _sim_slo(spec: PlanningSpec, check: Check) -> SLOSpec:
+    return SLOSpec(ttft_max_s=spec.slo.ttft_s if check != "tpot" else None,
+                   tpot_max_s=spec.slo.tpot_s if check != "ttft" else None)
+
+
+def _judge(summary: dict[str, Any], spec: PlanningSpec, check: Check, rate: float, seed: int) -> SimVerdict:
+    key = f"p{spec.slo.percentile}"
+    ttft, tpot = summary["ttft_s"], summary["tpot_s"]
+    ok = summary["slo_attainment"] >= spec.slo.attainment
+    if check != "tpot":
+        ok = ok and ttft[key] <= spec.slo.ttft_s
+    if check != "ttft":
+        ok = ok and tpot[key] <= spec.slo.tpot_s
+    util: dict[str, list[float]] = {}
+    for r in summary.get("per_replica", []):
+        util.setdefault(r.get("role", "mixed"), []).append(float(r.get("utilization", 0.0)))
+    kv = summary.get("kv_transfer") or {}
+    return SimVerdict(
+        bool(ok), rate, seed, {k: float(ttft[k]) for k in ("p50", "p90", "p99")},
+        {k: float(tpot[k]) for k in ("p50", "p90", "p99")}, float(summary["slo_attainment"]),
+        float(summary["goodput_rps"]), int(summary["requests_failed"]),
+        {k: float(kv[k]) for k in ("p50_s", "p99_s") if k in kv},
+        {role: sum(v) / len(v) for role, v in util.items() if v})
+
+
+def run_fleet(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,
+              seed: int, check: Check = "both", faults: FaultScenario | None = None) -> SimVerdict:
+    """Simulate `fleet` under the mix at `rate_rps` with one seed and judge the run."""
+    from fleetwise.sim.runner import SimOptions, simulate
+
+    reqs = requests_at(mix, rate_rps, requests_for(rate_rps, spec.search.sample_requests))
+    if seed:
+        reqs = _shift_seed(mix, rate_rps, len(reqs), seed)
+    plan = to_plan_spec(spec, fleet, prices)
+    result = simulate(plan, reqs, faults=faults, options=SimOptions(seed=seed, slo=_sim_slo(spec, check)))
+    return _judge(result.summary, spec, check, rate_rps, seed)
+
+
+def _shift_seed(mix: LengthMix, rate_rps: float, n: int, seed: int) -> list[Any]:
+    """Another window of the same mix for another seed (rotated start), so seeds see different requests."""
+    import numpy as np
+
+    k = (seed * 7919) % len(mix.prompt)
+    rolled = LengthMix(np.roll(mix.prompt, -k), np.roll(mix.output, -k), np.roll(mix.unit_gaps, -k), mix.source)
+    return requests_at(rolled, rate_rps, n)
+
+
+def crash_scenario(fleet: FleetShape, role: str, count: int) -> FaultScenario:
+    """`count` replicas of the `role` pool down from t=0 for the whole run (no restart)."""
+    crashes = [ReplicaCrash(replica=f"{role}-{i}", at_s=0.0, restart_after_s=None) for i in range(count)]
+    return FaultScenario(name=f"{count} {role} replicas down", faults=list(crashes))
+
+
+def bisect_rate(evaluate: Callable[[float], bool], guess_rps: float, steps: int) -> float:
+    """Largest rate (requests/s) where `evaluate` passes: double from `guess` until a failure, then bisect.
+
+    Returns 0.0 when even guess/2^steps fails (the SLO cannot be met at any load).
+    """
+    lo, hi = 0.0, None
+    rate = max(guess_rps, 1e-3)
+    for _ in range(steps):
+        if evaluate(rate):
+            lo = rate
+            rate = rate * 2 if hi is None else (lo + hi) / 2
+        else:
+            hi = rate
+            rate = (lo + hi) / 2 if lo > 0 else rate / 4
+    return lo

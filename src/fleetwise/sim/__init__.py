@@ -1,1 +1,22 @@
-"""L4: discrete-event fleet simulator driving engines, KV links, routing and faults in virtual time."""
+"""L4: discrete-event fleet simulator driving engines, KV links, routing and faults in virtual time.
+
+Entry point: `simulate(plan, requests, faults=None, options=SimOptions()) -> SimResult`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetwise.sim.runner import SimOptions, SimResult, simulate
+
+__all__ = ["SimOptions", "SimResult", "simulate"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing fleetwise.sim.workload (a colleague's module) must not pull the whole runner.
+    if name in __all__:
+        from fleetwise.sim import runner
+
+        return getattr(runner, name)
+    raise AttributeError(name)

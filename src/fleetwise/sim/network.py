@@ -17,6 +17,7 @@ A port with factor 0 is down: its transfers fail at once and new ones fail on st
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,6 +53,8 @@ class Transfer:
 @dataclass(slots=True)
 class TransferRecord:
     tag: int
+    src: int
+    dst: int
     start_s: float
     end_s: float
     bytes: float
@@ -76,6 +79,7 @@ class KvNetwork:
         self.transfers: dict[int, Transfer] = {}
         self.records: list[TransferRecord] = []
         self._landing: dict[int, Transfer] = {}
+        self._landing_s: dict[int, float] = {}
         self._next = 0
         loop.on(TransferEnd, self._on_end)
 
@@ -126,6 +130,7 @@ class KvNetwork:
 
     def _on_end(self, now_s: float, ev: TransferEnd) -> None:
         if ev.version == _LANDED:
+            del self._landing_s[ev.transfer]
             self._finish(now_s, self._landing.pop(ev.transfer), ok=True)
             return
         tr = self.transfers.get(ev.transfer)
@@ -134,11 +139,12 @@ class KvNetwork:
         self._reschedule(now_s, self._detach(tr))
         # The last byte left at now_s; it lands latency_s later.
         self._landing[tr.tid] = tr
+        self._landing_s[tr.tid] = now_s + self.latency_s
         self.loop.push(now_s + self.latency_s, Priority.TRANSFER_END, TransferEnd(tr.tid, _LANDED))
 
     def _finish(self, end_s: float, tr: Transfer, ok: bool) -> None:
         alone = self.alone_s(tr.src, tr.dst, tr.bytes_total)
-        rec = TransferRecord(tr.tag, tr.start_s, end_s, tr.bytes_total, max(0.0, end_s - tr.start_s - alone), ok)
+        rec = TransferRecord(tr.tag, tr.src, tr.dst, tr.start_s, end_s, tr.bytes_total, max(0.0, end_s - tr.start_s - alone), ok)
         self.records.append(rec)
         self.on_done(end_s, tr.tag, rec)
 
@@ -146,6 +152,15 @@ class KvNetwork:
         """Seconds a transfer takes on idle, healthy ports."""
         bw = min(self.ports[src].bandwidth_bytes_per_s, self.ports[dst].bandwidth_bytes_per_s)
         return nbytes / bw + self.latency_s
+
+    def next_end_s(self) -> float:
+        """Earliest time any transfer in flight could land (a safe bound: rates only rise after an end)."""
+        t = math.inf
+        for tr in self.transfers.values():
+            t = min(t, tr.last_s + tr.remaining / tr.rate)
+        if self._landing or t < math.inf:
+            t += self.latency_s
+        return min([t, *self._landing_s.values()])
 
     # ---- faults ----------------------------------------------------------------------------
     def set_factor(self, now_s: float, ports: list[int], factor: float) -> None:

@@ -1,0 +1,196 @@
+"""The fleet: replicas built from a plan's pools, each an `Engine` driven in virtual time.
+
+Owns building replicas (memory fit, bound perf model, KV ports), stepping engines (schedule ->
+StepEnd -> complete), and the worker views a router reads. Does not own request lifecycles,
+routing or faults (see `fleetwise.sim.runner` and `fleetwise.sim.faults`); it reports step
+outputs through the `on_output(replica, now_s, step_start_s, output)` callback.
+
+Step time of a replica = the bound perf model's `step_time_s(shape)` times its `slowdown`
+(1.0, or a fault's factor). A crash bumps the replica's `epoch` so the StepEnd of the step it
+was running is ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleetwise.core.views import WorkerView
+from fleetwise.engine.api import Engine, EngineConfig, StepOutput
+from fleetwise.errors import SpecError
+from fleetwise.perf.memory import FitOptions, kv_capacity_tokens
+from fleetwise.perf.roofline import PerfModel
+from fleetwise.perf.types import BatchShape, Deployment
+from fleetwise.sim.events import EventLoop, Kick, Priority, StepEnd
+from fleetwise.sim.results import ReplicaStats
+from fleetwise.spec.plan import PlanSpec, PoolSpec, resolve_pool
+
+UP, DRAINING, DOWN = 0, 1, 2
+
+
+@dataclass(slots=True)
+class Replica:
+    """One serving replica and what the simulator tracks about it."""
+
+    idx: int
+    name: str
+    pool: PoolSpec
+    role: str
+    engine: Engine
+    deployment: Deployment
+    kv_capacity_tokens: int
+    kv_bytes_per_token: float
+    stats: ReplicaStats
+    model_version: str
+    slowdown: float = 1.0
+    state: int = UP
+    epoch: int = 0
+    busy: bool = False
+    kick_pending: bool = False
+    step_start_s: float = 0.0
+    step_dur_s: float = 0.0
+    port: int = -1
+    inflight: set[int] = field(default_factory=set)
+    """Request indices this replica currently holds (queued, running, or awaiting KV)."""
+    pending: deque[float] = field(default_factory=deque)
+    """Arrival times of requests already routed here that have not arrived yet (delayed mode)."""
+    view: WorkerView | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.state == UP
+
+
+OutputFn = Callable[[Replica, float, float, StepOutput], None]
+HorizonFn = Callable[[Replica, float], float]
+
+
+def engine_config(pool: PoolSpec) -> EngineConfig:
+    k = pool.engine
+    return EngineConfig(
+        max_num_batched_tokens=k.max_num_batched_tokens, max_num_seqs=k.max_num_seqs, block_size=k.block_size,
+        enable_prefix_caching=k.enable_prefix_caching, enable_chunked_prefill=k.enable_chunked_prefill,
+        max_bundle_steps=k.max_bundle_steps,
+    )
+
+
+class Fleet:
+    """Replicas of every pool, in plan order (`<pool>-<i>`); drives their engine steps."""
+
+    def __init__(self, plan: PlanSpec, loop: EventLoop, perf: PerfModel, on_output: OutputFn,
+                 horizon: HorizonFn) -> None:
+        self.plan, self.loop, self.on_output, self.horizon = plan, loop, on_output, horizon
+        self.replicas: list[Replica] = []
+        for i, pool in enumerate(plan.pools):
+            self._build_pool(pool, perf, f"plan: pools.{i}")
+        self.by_name = {r.name: r.idx for r in self.replicas}
+        self.names = [r.name for r in self.replicas]
+        loop.on(StepEnd, self._on_step_end)
+        loop.on(Kick, self._on_kick)
+
+    # ---- building --------------------------------------------------------------------------
+    def _build_pool(self, pool: PoolSpec, perf: PerfModel, where: str) -> None:
+        model, gpu = resolve_pool(pool, where)
+        try:
+            pool.parallelism.check(model, gpu)
+        except SpecError as err:
+            raise SpecError(f"{where} ({pool.name}): {err}") from None
+        dep = Deployment(model, gpu, pool.parallelism, pool.weight_dtype, pool.kv_dtype)
+        k = pool.engine
+        opts = FitOptions(max_num_batched_tokens=k.max_num_batched_tokens, max_num_seqs=k.max_num_seqs,
+                          gpu_memory_utilization=pool.gpu_memory_utilization)
+        cap = kv_capacity_tokens(dep, opts)
+        if cap < k.block_size:
+            raise SpecError(
+                f"{where} ({pool.name}): fit failed: {model.name} on {pool.parallelism.gpus} x {gpu.name} "
+                f"(tp={pool.parallelism.tp}, pp={pool.parallelism.pp}, {pool.weight_dtype} weights) leaves no "
+                f"room for KV cache; raise tp/pp or use smaller dtypes (see `fleetwise fit {model.name} {gpu.name}`)"
+            )
+        bound = perf.bind(dep)
+        cfg = engine_config(pool)
+        price = pool.price_per_gpu_hour_usd if pool.price_per_gpu_hour_usd is not None else gpu.price_per_hour_usd
+        for j in range(pool.replicas):
+            idx = len(self.replicas)
+            name = f"{pool.name}-{j}"
+            holder: list[Replica] = []
+            step_time = _step_time_fn(bound.step_time_s, holder)
+            engine = Engine(name, pool.role, cfg, cap // cfg.block_size, step_time)
+            stats = ReplicaStats(name, pool.name, pool.role, dep.gpus, price)
+            rep = Replica(idx, name, pool, pool.role, engine, dep, cap, model.kv_bytes_per_token(pool.kv_dtype),
+                          stats, pool.model_version)
+            holder.append(rep)
+            self.replicas.append(rep)
+
+    # ---- stepping --------------------------------------------------------------------------
+    def kick(self, rep: Replica, now_s: float) -> None:
+        """Let an idle replica schedule at `now_s`, after everything else due at `now_s`."""
+        rep.view = None
+        if not rep.busy and not rep.kick_pending and rep.state != DOWN:
+            rep.kick_pending = True
+            self.loop.push(now_s, Priority.KICK, Kick(rep.idx))
+
+    def _on_kick(self, now_s: float, ev: Kick) -> None:
+        rep = self.replicas[ev.engine]
+        rep.kick_pending = False
+        self._schedule(rep, now_s)
+
+    def _schedule(self, rep: Replica, now_s: float) -> None:
+        if rep.busy or rep.state == DOWN:
+            return
+        step = rep.engine.schedule(max(0.0, self.horizon(rep, now_s)))
+        if step is None:
+            return
+        rep.busy = True
+        rep.step_start_s = now_s
+        rep.step_dur_s = step.duration_s
+        self.loop.push(now_s + step.duration_s, Priority.STEP_END, StepEnd(rep.idx, rep.epoch))
+
+    def _on_step_end(self, now_s: float, ev: StepEnd) -> None:
+        rep = self.replicas[ev.engine]
+        if ev.epoch != rep.epoch:
+            return
+        out = rep.engine.complete()
+        rep.busy = False
+        rep.view = None
+        rep.stats.busy_s += rep.step_dur_s
+        rep.stats.preemptions += len(out.preempted)
+        self.on_output(rep, now_s, rep.step_start_s, out)
+        self._schedule(rep, now_s)
+
+    def stop(self, rep: Replica, now_s: float) -> None:
+        """Stop a replica's current step (crash): its StepEnd is ignored; busy time counts to now."""
+        if rep.busy:
+            rep.stats.busy_s += now_s - rep.step_start_s
+        rep.busy = False
+        rep.epoch += 1
+        rep.view = None
+
+    # ---- views -----------------------------------------------------------------------------
+    def worker_view(self, rep: Replica, now_s: float) -> WorkerView:
+        """The replica as a router sees it now (cached until the replica changes)."""
+        v = rep.view
+        if v is None:
+            snap = rep.engine.snapshot(now_s)
+            v = dataclasses.replace(
+                snap, name=rep.name, role=rep.role, pool=rep.pool.name, accelerator=rep.deployment.accelerator.name,  # type: ignore[arg-type]
+                model_version=rep.model_version, region=rep.pool.region, healthy=rep.state == UP,
+                kv_capacity_tokens=rep.kv_capacity_tokens, block_size=rep.pool.engine.block_size,
+                reported_at_s=now_s,
+            )
+            rep.view = v
+        return v
+
+    def workers(self, now_s: float) -> tuple[WorkerView, ...]:
+        return tuple(self.worker_view(r, now_s) for r in self.replicas)
+
+
+def _step_time_fn(base: Callable[[BatchShape], float], holder: list[Replica]) -> Callable[[BatchShape], float]:
+    """Step time of one replica: the perf model's, times the replica's current slowdown."""
+
+    def step_time(shape: BatchShape) -> float:
+        f = holder[0].slowdown
+        return base(shape) if f == 1.0 else base(shape) * f
+
+    return step_time

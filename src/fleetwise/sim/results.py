@@ -1,0 +1,261 @@
+"""Simulation results: per-request records (columnar), the summary document, CSV/Parquet output.
+
+Owns what is recorded and how it is summarised; the runner fills the columns as events happen.
+Columns are `array('d')`/`array('q')` indexed by request position, so a million requests cost
+tens of megabytes and no per-request objects. Times are virtual seconds; NaN = never happened.
+
+Metric definitions (per completed request):
+- TTFT = first_token_s - arrival_s; E2E = finish_s - arrival_s;
+- TPOT = (finish_s - first_token_s) / (output_tokens - 1) (0 for one-token outputs);
+- ITL: gaps between consecutive tokens of a request, as weighted samples from the engine;
+- queue = first scheduled (prefill start) - arrival (NaN when the engine does not report it);
+- goodput_rps = completed requests meeting every SLO target / span, where span = last finish -
+  first arrival; slo_attainment = those requests / all requests (failed ones count as missed).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fleetwise.core.request import Request
+from fleetwise.spec.slo import SLOSpec
+
+SCHEMA_VERSION = "fleetwise-sim-summary/1"
+NAN = math.nan
+TIME_COLUMNS = (
+    "dispatch_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "kv_end_s", "first_token_s", "finish_s",
+)
+CSV_COLUMNS = (
+    "request_id", "arrival_s", "tenant", "prompt_tokens", "output_tokens", "prefill_worker", "worker",
+    "queue_s", *TIME_COLUMNS, "ttft_s", "tpot_s", "e2e_s", "tokens_generated", "retries", "failure",
+)
+
+
+class Records:
+    """Per-request columns; index `i` is the request's position in the input list."""
+
+    def __init__(self, requests: list[Request]) -> None:
+        n = len(requests)
+        self.requests = requests
+        for name in TIME_COLUMNS:
+            setattr(self, name, array("d", [NAN]) * n)
+        self.worker = array("q", [-1]) * n
+        self.prefill_worker = array("q", [-1]) * n
+        self.tokens = array("q", [0]) * n
+        self.retries = array("q", [0]) * n
+        self.failure: dict[int, str] = {}
+
+    # typed attribute declarations for mypy (set dynamically above)
+    dispatch_s: array[float]
+    prefill_start_s: array[float]
+    prefill_end_s: array[float]
+    kv_start_s: array[float]
+    kv_end_s: array[float]
+    first_token_s: array[float]
+    finish_s: array[float]
+
+    def column(self, name: str) -> np.ndarray:
+        return np.frombuffer(getattr(self, name), dtype=np.float64 if name.endswith("_s") else np.int64)
+
+    def arrival(self) -> np.ndarray:
+        return np.fromiter((r.arrival_s for r in self.requests), dtype=np.float64, count=len(self.requests))
+
+    def completed_mask(self) -> np.ndarray:
+        return ~np.isnan(self.column("finish_s"))
+
+
+@dataclass(slots=True)
+class ReplicaStats:
+    """What the fleet measured for one replica over the run."""
+
+    name: str
+    pool: str
+    role: str
+    gpus: int
+    price_per_gpu_hour_usd: float
+    requests: int = 0
+    busy_s: float = 0.0
+    prefix_hit_rate: float = 0.0
+    preemptions: int = 0
+    kv_usage_samples: list[float] = field(default_factory=list)
+    queue_series: list[tuple[float, int]] = field(default_factory=list)
+
+
+def pct(values: np.ndarray) -> dict[str, float]:
+    """{p50, p90, p99, mean} of `values` (all 0.0 when empty), rounded to ns."""
+    if values.size == 0:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
+    p = np.percentile(values, [50, 90, 99])
+    return {"p50": _r(p[0]), "p90": _r(p[1]), "p99": _r(p[2]), "mean": _r(values.mean())}
+
+
+def weighted_pct(gaps: np.ndarray, counts: np.ndarray) -> dict[str, float]:
+    """Percentiles of samples `gaps[i]` each repeated `counts[i]` times."""
+    if gaps.size == 0 or counts.sum() == 0:
+        return pct(np.empty(0))
+    order = np.argsort(gaps, kind="stable")
+    g, c = gaps[order], np.cumsum(counts[order])
+    total = c[-1]
+    out = {f"p{q}": _r(g[min(np.searchsorted(c, q / 100 * total), g.size - 1)]) for q in (50, 90, 99)}
+    out["mean"] = _r(float((gaps * counts).sum() / total))
+    return out
+
+
+def _r(x: float) -> float:
+    return round(float(x), 9)
+
+
+def request_metrics(rec: Records) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(ttft, tpot, e2e, completed mask) arrays over all requests (NaN where not completed)."""
+    arr = rec.arrival()
+    first, fin = rec.column("first_token_s"), rec.column("finish_s")
+    toks = rec.column("tokens").astype(np.float64)
+    ttft, e2e = first - arr, fin - arr
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(toks > 1, (fin - first) / np.maximum(toks - 1, 1), 0.0)
+    done = ~np.isnan(fin)
+    return ttft, np.where(done, tpot, NAN), e2e, done
+
+
+def summarize(
+    rec: Records,
+    replicas: list[ReplicaStats],
+    transfers: list[Any],
+    itl: tuple[np.ndarray, np.ndarray],
+    slo: SLOSpec,
+    router_report: dict[str, Any],
+    seed: int,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """The summary document (format in docs/simulator.md); deterministic for fixed inputs."""
+    ttft, tpot, e2e, done = request_metrics(rec)
+    n = len(rec.requests)
+    arr = rec.arrival()
+    fin = rec.column("finish_s")
+    start = float(arr.min()) if n else 0.0
+    end = float(np.nanmax(fin)) if done.any() else start
+    span = max(end - start, 1e-9)
+    out_tokens = int(rec.column("tokens")[done].sum())
+    good = done & np.array([slo.met(a, b, c) for a, b, c in zip(ttft, tpot, e2e, strict=True)]) if n else done
+    reasons: dict[str, int] = {}
+    for r in rec.failure.values():
+        key = r.split(":", 1)[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    return {
+        "schema": SCHEMA_VERSION,
+        "seed": seed,
+        "requests_total": n,
+        "requests_completed": int(done.sum()),
+        "requests_failed": len(rec.failure),
+        "failure_reasons": dict(sorted(reasons.items())),
+        "requests_retried": int(np.count_nonzero(rec.column("retries"))),
+        "duration_s": _r(span),
+        "ttft_s": pct(ttft[done]),
+        "tpot_s": pct(tpot[done & (rec.column("tokens") > 1)]),
+        "itl_s": weighted_pct(*itl),
+        "e2e_s": pct(e2e[done]),
+        "queue_s": pct(_finite(rec.column("prefill_start_s") - arr)),
+        "throughput": {"requests_per_s": _r(done.sum() / span), "output_tokens_per_s": _r(out_tokens / span)},
+        "goodput_rps": _r(good.sum() / span),
+        "slo": slo.model_dump(),
+        "slo_attainment": _r(good.sum() / n) if n else 0.0,
+        "per_replica": [_replica(r, span) for r in replicas],
+        "kv_transfer": _transfers(transfers),
+        "cost": _cost(replicas, out_tokens, span),
+        "router": router_report,
+        **extra,
+    }
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    return x[np.isfinite(x)]
+
+
+def _replica(r: ReplicaStats, span: float) -> dict[str, Any]:
+    kv = np.asarray(r.kv_usage_samples, dtype=np.float64)
+    return {
+        "name": r.name,
+        "pool": r.pool,
+        "role": r.role,
+        "requests": r.requests,
+        "prefix_hit_rate": _r(r.prefix_hit_rate),
+        "utilization": _r(min(1.0, r.busy_s / span)),
+        "preemptions": r.preemptions,
+        "kv_usage": {"mean": _r(kv.mean()) if kv.size else 0.0, "max": _r(kv.max()) if kv.size else 0.0},
+        "queue_length": {"t_s": [_r(t) for t, _ in r.queue_series], "value": [q for _, q in r.queue_series]},
+    }
+
+
+def _transfers(transfers: list[Any]) -> dict[str, Any]:
+    ok = [t for t in transfers if t.ok]
+    dur = np.array([t.end_s - t.start_s for t in ok], dtype=np.float64)
+    q = np.array([t.queue_s for t in ok], dtype=np.float64)
+    d = pct(dur)
+    return {
+        "count": len(ok),
+        "failed": len(transfers) - len(ok),
+        "p50_s": d["p50"],
+        "p99_s": d["p99"],
+        "mean_s": d["mean"],
+        "mean_queue_s": _r(q.mean()) if q.size else 0.0,
+        "p99_queue_s": pct(q)["p99"],
+        "bytes_total": float(sum(t.bytes for t in ok)),
+    }
+
+
+def _cost(replicas: list[ReplicaStats], out_tokens: int, span: float) -> dict[str, Any]:
+    gpus = sum(r.gpus for r in replicas)
+    usd_h = sum(r.gpus * r.price_per_gpu_hour_usd for r in replicas)
+    usd_total = usd_h * span / 3600
+    per_m = usd_total / out_tokens * 1e6 if out_tokens else 0.0
+    return {"gpus": gpus, "usd_per_hour": _r(usd_h), "usd_per_1m_output_tokens": _r(per_m)}
+
+
+# ---- files ----------------------------------------------------------------------------------
+def record_rows(rec: Records, names: list[str]) -> list[list[Any]]:
+    """Rows of the per-request table in CSV_COLUMNS order (names: replica index -> name)."""
+    ttft, tpot, e2e, _ = request_metrics(rec)
+    cols = {c: rec.column(c) for c in TIME_COLUMNS}
+    rows = []
+    for i, r in enumerate(rec.requests):
+        pw, w = rec.prefill_worker[i], rec.worker[i]
+        ps = cols["prefill_start_s"][i]
+        row = [r.request_id, r.arrival_s, r.tenant, r.prompt_tokens, r.output_tokens,
+               names[pw] if pw >= 0 else "", names[w] if w >= 0 else "", ps - r.arrival_s,
+               *(cols[c][i] for c in TIME_COLUMNS), ttft[i], tpot[i], e2e[i],
+               rec.tokens[i], rec.retries[i], rec.failure.get(i, "")]
+        rows.append([_cell(v) for v in row])
+    return rows
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, float | np.floating):
+        return "" if math.isnan(v) else round(float(v), 9)
+    return v
+
+
+def write_records(rec: Records, names: list[str], path: Path) -> Path:
+    """Write the records as CSV (or Parquet when `path` ends in .parquet and pyarrow imports)."""
+    rows = record_rows(rec, names)
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            path = path.with_suffix(".csv")
+        else:
+            table = pa.table({c: [row[k] for row in rows] for k, c in enumerate(CSV_COLUMNS)})
+            pq.write_table(table, path)
+            return path
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        w.writerows(rows)
+    return path

@@ -1,0 +1,383 @@
+"""`simulate()`: the one entry point that replays requests against a plan's fleet in virtual time.
+
+Owns the request lifecycle: arrival -> routing -> (prefill -> KV transfer ->) decode -> finish
+or failure, the feedback a routing policy hears, and assembling `SimResult`. The fleet steps
+engines (`fleet.py`), the network moves KV (`network.py`), faults act through `faults.py`.
+
+Routing modes:
+- `feedback_delay_s == 0`: every arrival is routed at its time on a fresh view, with feedback
+  delivered as it happens (exact; engines fuse decode passes only up to the next arrival).
+- `feedback_delay_s > 0`: every `feedback_delay_s` the view is refreshed, the buffered feedback
+  is delivered, and all arrivals of the coming interval are routed on that view (the view's
+  `reported_at_s` is the refresh time). Engines then know their own next arrival, so they fuse
+  decode passes across other replicas' arrivals: this is the fast mode for large runs.
+A KV transfer landing on a decode replica in the middle of a fused step joins at its end.
+
+This module alone in the simulator reads the wall clock, to report `sim_wall_s`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fleetwise.core.feedback import Completed, Dispatched, Failed, Feedback, FirstToken
+from fleetwise.core.request import Request
+from fleetwise.core.views import FleetView, RouteRequest
+from fleetwise.engine.api import StepOutput
+from fleetwise.perf.profile import Profile
+from fleetwise.perf.roofline import PerfModel
+from fleetwise.routing.registry import make_policy
+from fleetwise.sim.events import Arrival, EventLoop, Priority, RoutedArrival, RouteTick, Sample
+from fleetwise.sim.faults import FaultInjector
+from fleetwise.sim.fleet import DOWN, UP, Fleet, Replica
+from fleetwise.sim.network import KvNetwork, TransferRecord
+from fleetwise.sim.results import Records, summarize, write_records
+from fleetwise.spec.faults import FaultScenario
+from fleetwise.spec.plan import PlanSpec
+from fleetwise.spec.slo import SLOSpec
+
+MAX_SERIES = 256
+"""Queue-length series longer than this are halved (every other point), keeping them bounded."""
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How to run: seed, SLO for goodput, router feedback delay, progress bar, recording."""
+
+    seed: int = 0
+    slo: SLOSpec = field(default_factory=SLOSpec)
+    feedback_delay_s: float = 0.0
+    """0 = exact (route each arrival on a fresh view); > 0 = periodic view refresh (fast)."""
+    progress: bool = False
+    """Show a rich progress bar (virtual time over the last arrival)."""
+    sample_interval_s: float | None = None
+    """Queue-length/KV sampling period; None = span of arrivals / 128."""
+    on_progress: Callable[[float, float], None] | None = None
+    """Called with (virtual now, last arrival) every few thousand events."""
+
+
+@dataclass
+class SimResult:
+    summary: dict[str, Any]
+    records: Records
+    replica_names: list[str]
+
+    def write(self, out_dir: Any, records_format: str = "csv") -> dict[str, str]:
+        """Write summary.json and requests.csv (or .parquet) into `out_dir`."""
+        import json
+        from pathlib import Path
+
+        d = Path(out_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=False) + "\n")
+        rec_path = write_records(self.records, self.replica_names, d / f"requests.{records_format}")
+        return {"summary": str(d / "summary.json"), "records": str(rec_path)}
+
+
+class Simulation:
+    """One run's state: loop, fleet, network, policy, records."""
+
+    def __init__(self, plan: PlanSpec, requests: list[Request], faults: FaultScenario | None,
+                 opts: SimOptions) -> None:
+        self.plan, self.opts = plan, opts
+        self.reqs = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        self.rec = Records(self.reqs)
+        self.index = {r.request_id: i for i, r in enumerate(self.reqs)}
+        self.loop = EventLoop()
+        profile = Profile.load(plan.perf_profile) if plan.perf_profile else None
+        self.fleet = Fleet(plan, self.loop, PerfModel(profile), self._on_output, self._horizon)
+        self.reps = self.fleet.replicas
+        self.policy = make_policy(plan.routing, seed=opts.seed)
+        self.delay = opts.feedback_delay_s
+        self.net = KvNetwork(self.loop, plan.kv_link.latency_s, self._on_transfer)
+        if plan.disaggregated:
+            for r in self.reps:
+                r.port = self.net.add_port(r.name, plan.kv_link.bytes_per_s)
+        self.prefill_reps = [r for r in self.reps if r.role == "prefill"]
+        self.cursor = 0  # next request to arrive (exact mode) or to route (delayed mode)
+        self.next_tick_s = math.inf
+        self.view: tuple[Any, ...] = ()
+        self.view_frozen = False
+        self.fb_buffer: list[Feedback] = []
+        self.itl_gaps: list[float] = []
+        self.itl_counts: list[int] = []
+        self.faults = FaultInjector(self, faults)
+        last = self.reqs[-1].arrival_s if self.reqs else 0.0
+        self.last_arrival_s = last
+        self.sample_s = opts.sample_interval_s or max(last / 128, 1e-3)
+        self.loop.on(Arrival, self._on_arrival)
+        self.loop.on(RoutedArrival, self._on_routed_arrival)
+        self.loop.on(RouteTick, self._on_tick)
+        self.loop.on(Sample, self._on_sample)
+
+    # ---- feedback ----------------------------------------------------------------------------
+    def feedback(self, fb: Feedback) -> None:
+        if self.delay > 0:
+            self.fb_buffer.append(fb)
+        else:
+            self.policy.observe(fb)
+
+    # ---- arrivals and routing --------------------------------------------------------------------
+    def start(self) -> None:
+        if self.reqs:
+            first = self.reqs[0].arrival_s
+            if self.delay > 0:
+                self.loop.push(first, Priority.ROUTE, RouteTick())
+            else:
+                self.loop.push(first, Priority.ARRIVAL, Arrival(0))
+            self.loop.push(first, Priority.SAMPLE, Sample())
+        self.faults.schedule()
+
+    def _on_arrival(self, now_s: float, ev: Arrival) -> None:
+        i = ev.index
+        if i + 1 < len(self.reqs):
+            self.loop.push(self.reqs[i + 1].arrival_s, Priority.ARRIVAL, Arrival(i + 1))
+        self.cursor = i + 1
+        self.route_and_dispatch(i, now_s)
+
+    def _on_tick(self, now_s: float, ev: RouteTick) -> None:
+        for fb in self.fb_buffer:
+            self.policy.observe(fb)
+        self.fb_buffer.clear()
+        if not self.view_frozen:
+            self.view = self.fleet.workers(now_s)
+        end = now_s + self.delay
+        reqs, n = self.reqs, len(self.reqs)
+        while self.cursor < n and reqs[self.cursor].arrival_s < end:
+            i = self.cursor
+            self.cursor += 1
+            route = self._decide(i, reqs[i].arrival_s)
+            if route is not None:
+                w, p = route
+                self.reps[p if p >= 0 else w].pending.append(reqs[i].arrival_s)
+                self.loop.push(reqs[i].arrival_s, Priority.ARRIVAL, RoutedArrival(i, w, p))
+        if self.cursor < n:
+            self.next_tick_s = max(end, reqs[self.cursor].arrival_s) if not self.view_frozen else end
+            self.loop.push(self.next_tick_s, Priority.ROUTE, RouteTick())
+        else:
+            self.next_tick_s = math.inf
+
+    def _decide(self, i: int, now_s: float) -> tuple[int, int] | None:
+        """Ask the policy; returns (worker, prefill worker or -1), or None after failing the request."""
+        r = self.reqs[i]
+        if self.delay == 0 and not self.view_frozen:
+            self.view = self.fleet.workers(now_s)
+        rr = RouteRequest(str(r.request_id), r.prompt_tokens, r.output_tokens, r.block_hashes, r.tenant,
+                          r.model_version, r.region, r.arrival_s)
+        d = self.policy.route(rr, FleetView(now_s, self.view))
+        w = self.fleet.by_name.get(d.worker) if d.worker is not None else None
+        p = self.fleet.by_name.get(d.prefill_worker, -1) if d.prefill_worker is not None else -1
+        if w is None or (self.plan.disaggregated and p < 0):
+            self.fail(i, now_s, f"rejected: {d.reason or 'no worker'}", None)
+            return None
+        self.rec.dispatch_s[i] = now_s
+        self.rec.worker[i], self.rec.prefill_worker[i] = w, p
+        self.feedback(Dispatched(now_s, rr.request_id, self.reps[w].name, r.prompt_tokens, r.block_hashes,
+                                 self.reps[p].name if p >= 0 else None))
+        return w, p
+
+    def route_and_dispatch(self, i: int, now_s: float) -> None:
+        route = self._decide(i, now_s)
+        if route is not None:
+            self.dispatch(i, now_s, *route)
+
+    def _on_routed_arrival(self, now_s: float, ev: RoutedArrival) -> None:
+        rep = self.reps[ev.prefill_engine if ev.prefill_engine >= 0 else ev.engine]
+        if rep.pending:
+            rep.pending.popleft()
+        self.dispatch(ev.index, now_s, ev.engine, ev.prefill_engine)
+
+    def dispatch(self, i: int, now_s: float, w: int, p: int) -> None:
+        """Hand request i to its (prefill) replica; fail or retry it when that replica is gone."""
+        first = self.reps[p if p >= 0 else w]
+        dec = self.reps[w]
+        if first.state == DOWN or dec.state == DOWN:
+            self.fail_or_retry(i, now_s, "replica_unavailable")
+            return
+        first.inflight.add(i)
+        dec.inflight.add(i)
+        first.stats.requests += 1
+        if p >= 0:
+            dec.stats.requests += 1
+        first.engine.add_request(self.reqs[i])
+        self.fleet.kick(first, now_s)
+
+    # ---- engine outputs --------------------------------------------------------------------------
+    def _on_output(self, rep: Replica, now_s: float, start_s: float, out: StepOutput) -> None:
+        rec, index = self.rec, self.index
+        for rid, off in out.first_tokens:
+            i = index[rid]
+            if rec.worker[i] != rep.idx:
+                continue
+            t = start_s + off
+            rec.first_token_s[i] = t
+            if rep.role == "mixed":
+                rec.prefill_end_s[i] = t
+            self.feedback(FirstToken(t, str(rid), rep.name, t - self.reqs[i].arrival_s))
+        for rid in out.finished:
+            self._finish(index[rid], rep, now_s)
+        for rid in out.handoffs:
+            self._handoff(index[rid], rep, now_s)
+        if out.itl_samples:
+            for gap, cnt in out.itl_samples:
+                self.itl_gaps.append(gap)
+                self.itl_counts.append(cnt)
+        if out.finished or out.handoffs:
+            self.faults.on_replica_progress(rep, now_s)
+
+    def _finish(self, i: int, rep: Replica, now_s: float) -> None:
+        rec = self.rec
+        if rec.worker[i] != rep.idx or i in rec.failure:
+            return
+        rep.inflight.discard(i)
+        r = self.reqs[i]
+        rec.finish_s[i] = now_s
+        rec.tokens[i] = r.output_tokens
+        n = r.output_tokens
+        tpot = (now_s - rec.first_token_s[i]) / (n - 1) if n > 1 else 0.0
+        self.feedback(Completed(now_s, str(r.request_id), rep.name, n, tpot, now_s - r.arrival_s))
+
+    def _handoff(self, i: int, rep: Replica, now_s: float) -> None:
+        rec = self.rec
+        if rec.prefill_worker[i] != rep.idx or i in rec.failure:
+            rep.engine.release(self.reqs[i].request_id)
+            rep.inflight.discard(i)
+            self.fleet.kick(rep, now_s)
+            return
+        rec.prefill_end_s[i] = now_s
+        rec.kv_start_s[i] = now_s
+        dec = self.reps[rec.worker[i]]
+        nbytes = dec.kv_bytes_per_token * self.reqs[i].prompt_tokens
+        self.net.start(now_s, i * 4 + int(rec.retries[i]), rep.port, dec.port, nbytes)
+
+    def _on_transfer(self, now_s: float, tag: int, tr: TransferRecord) -> None:
+        i, attempt = divmod(tag, 4)
+        rec = self.rec
+        current = attempt == rec.retries[i]
+        src = self.reps[tr.src]  # ports are numbered like replicas
+        if src.state != DOWN:
+            src.engine.release(self.reqs[i].request_id)
+            src.inflight.discard(i)
+            self.fleet.kick(src, now_s)
+        if not current or i in rec.failure:
+            return
+        dec = self.reps[rec.worker[i]]
+        if not tr.ok or dec.state == DOWN:
+            crashed = dec.state == DOWN or src.state == DOWN
+            if crashed:
+                self.fail_or_retry(i, now_s, "replica_crashed")
+            elif self.plan.kv_link.on_failure == "reprefill":
+                self.retry(i, now_s, "kv_transfer_failed")
+            else:
+                self.fail(i, now_s, "kv_transfer_failed", dec)
+            return
+        rec.kv_end_s[i] = now_s
+        dec.engine.add_transferred(self.reqs[i])
+        self.fleet.kick(dec, now_s)
+
+    # ---- failures ------------------------------------------------------------------------------
+    def fail(self, i: int, now_s: float, reason: str, rep: Replica | None) -> None:
+        if i in self.rec.failure:
+            return
+        self.rec.failure[i] = reason
+        touched = [rep] if rep is not None else []
+        touched += [self.reps[k] for k in (self.rec.worker[i], self.rec.prefill_worker[i]) if k >= 0]
+        for r in touched:
+            r.inflight.discard(i)
+            self.faults.on_replica_progress(r, now_s)
+        w = self.rec.worker[i]
+        name = self.reps[w].name if w >= 0 else ""
+        self.feedback(Failed(now_s, str(self.reqs[i].request_id), name, reason))
+
+    def retry(self, i: int, now_s: float, reason: str) -> None:
+        """Route request i again (once); a second failure is final."""
+        rec = self.rec
+        if rec.retries[i] >= 1:
+            self.fail(i, now_s, reason, None)
+            return
+        for idx in (rec.worker[i], rec.prefill_worker[i]):
+            if idx >= 0:
+                self.reps[idx].inflight.discard(i)
+                self.faults.on_replica_progress(self.reps[idx], now_s)
+        rec.retries[i] += 1
+        rec.first_token_s[i] = math.nan
+        self.route_and_dispatch(i, now_s)
+
+    def fail_or_retry(self, i: int, now_s: float, reason: str) -> None:
+        if self.plan.retry_on_crash:
+            self.retry(i, now_s, reason)
+        else:
+            self.fail(i, now_s, reason, None)
+
+    # ---- scheduling horizon ------------------------------------------------------------------------
+    def _horizon(self, rep: Replica, now_s: float) -> float:
+        """How long `rep` may fuse decode passes: until anything could add work to it."""
+        if self.delay > 0:
+            nxt = rep.pending[0] if rep.pending else self.next_tick_s
+        else:
+            nxt = self.reqs[self.cursor].arrival_s if self.cursor < len(self.reqs) else math.inf
+        nxt = min(nxt, self.faults.next_time_s)
+        if rep.role == "decode":
+            for p in self.prefill_reps:
+                if p.busy:
+                    nxt = min(nxt, p.step_start_s + p.step_dur_s)
+            nxt = min(nxt, self.net.next_end_s())
+        return nxt - now_s
+
+    # ---- sampling ----------------------------------------------------------------------------------
+    def _on_sample(self, now_s: float, ev: Sample) -> None:
+        for r in self.reps:
+            e = r.engine
+            r.stats.queue_series.append((now_s, e.num_waiting))
+            r.stats.kv_usage_samples.append(e.kv_usage)
+            if len(r.stats.queue_series) > MAX_SERIES:
+                del r.stats.queue_series[1::2]
+        if len(self.reps) and len(self.reps[0].stats.queue_series) >= MAX_SERIES:
+            self.sample_s *= 2
+        if self.cursor < len(self.reqs) or any(r.inflight for r in self.reps):
+            self.loop.push(now_s + self.sample_s, Priority.SAMPLE, Sample())
+
+
+def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | None = None,
+             options: SimOptions | None = None) -> SimResult:
+    """Replay `requests` against `plan`'s fleet (with `faults`); deterministic for fixed inputs."""
+    opts = options or SimOptions()
+    wall0 = time.perf_counter()
+    sim = Simulation(plan, requests, faults, opts)
+    sim.start()
+    _run(sim, opts)
+    for r in sim.reps:
+        r.stats.prefix_hit_rate = float(r.engine.prefix_hit_rate)
+    itl = (np.asarray(sim.itl_gaps, dtype=np.float64), np.asarray(sim.itl_counts, dtype=np.int64))
+    extra = {
+        "plan": plan.name,
+        "disaggregated": plan.disaggregated,
+        "feedback_delay_s": opts.feedback_delay_s,
+        "faults": sim.faults.report(),
+        "events_processed": sim.loop.processed,
+    }
+    summary = summarize(sim.rec, [r.stats for r in sim.reps], sim.net.records, itl, opts.slo,
+                        sim.policy.report(), opts.seed, extra)
+    summary["sim_wall_s"] = round(time.perf_counter() - wall0, 3)
+    return SimResult(summary, sim.rec, sim.fleet.names)
+
+
+def _run(sim: Simulation, opts: SimOptions) -> None:
+    last = max(sim.last_arrival_s, 1e-9)
+    if opts.on_progress is not None:
+        cb = opts.on_progress
+        sim.loop.run(on_progress=lambda t: cb(t, last))
+    elif opts.progress:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task("simulating", total=last)
+            sim.loop.run(on_progress=lambda t: bar.update(task, completed=min(t, last)))
+    else:
+        sim.loop.run()

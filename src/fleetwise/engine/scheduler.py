@@ -1,44 +1,401 @@
-"""`Engine`: continuous batching as vLLM v1 does it (stub: signatures of the contract)."""
+"""`Engine`: one replica's scheduler as a clockless state machine (continuous batching, vLLM v1).
+
+Owns the request lifecycle inside a replica: FCFS waiting queue, running set, chunked prefill,
+preemption by recompute, prefill/decode/mixed roles and fused decode steps. Block accounting is
+`blocks.BlockPool`, per-request KV bookkeeping `sequence.SeqState`, decode aggregates
+`decoders.DecodeSet`, the cost of fused passes `bundle.fuse`. No clock: the driver advances
+time by `Step.duration_s` between `schedule()` and `complete()`.
+
+One step, in named phases (`schedule`):
+1. reserve_running: every decoder takes 1 token of the budget (max_num_batched_tokens >=
+   max_num_seqs, so all always fit: decodes first, Sarathi-style), then partially prefilled
+   requests take their next chunk in admission order. Blocks are reserved for all of them; while
+   they do not fit, the most recently admitted running request is preempted (blocks freed,
+   progress reset, requeued at the front of waiting).
+2. admit_waiting: unless something was preempted, admit waiting requests FCFS while budget,
+   max_num_seqs and KV blocks allow (prefix-cache hits first; a long prompt gets a chunk).
+3. fuse: if the step is decode-only and admitted nothing, extend it to k identical passes
+   (bounded by max_bundle_steps, the first finish, the horizon and the free blocks).
+"""
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal
 
 from fleetwise.core.request import Request
 from fleetwise.core.views import WorkerView
+from fleetwise.engine.blocks import BlockPool
+from fleetwise.engine.bundle import fuse
+from fleetwise.engine.decoders import DecodeSet
 from fleetwise.engine.records import EngineConfig, Step, StepOutput
+from fleetwise.engine.sequence import DECODE, HANDOFF, PREFILL, WAITING, SeqState, cdiv, hit_blocks, lookup
+from fleetwise.errors import InfeasibleError, SpecError
 from fleetwise.perf.types import BatchShape
 
 StepTimeFn = Callable[[BatchShape], float]
+Role = Literal["mixed", "prefill", "decode"]
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """The scheduled step awaiting `complete()`."""
+
+    passes: int
+    duration_s: float
+    num_decoders: int
+    chunks: list[tuple[SeqState, int]]
+    new_decoders: list[SeqState]
+    preempted: list[int]
+    prefix_hit_tokens: int
+
+
+@dataclass(slots=True)
+class _Counters:
+    prompt_tokens_admitted: int = 0
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    passes: int = 0
+    carried_preempted: list[int] = field(default_factory=list)
 
 
 class Engine:
-    def __init__(self, name: str, role: Literal["mixed", "prefill", "decode"], config: EngineConfig,
-                 num_blocks: int, step_time: StepTimeFn) -> None:
-        raise NotImplementedError
+    """One replica. See the module docstring for the step phases and `api.py` for the contract."""
+
+    def __init__(self, name: str, role: Role, config: EngineConfig, num_blocks: int,
+                 step_time: StepTimeFn) -> None:
+        if role not in ("mixed", "prefill", "decode"):
+            raise SpecError(f"engine {name!r}: role={role!r} must be mixed, prefill or decode")
+        self.name, self.role, self.config = name, role, config
+        self.step_time = step_time
+        self.pool = BlockPool(num_blocks)
+        self._bs = config.block_size
+        self._decoders = DecodeSet(config.block_size)
+        self._waiting: deque[SeqState] = deque()
+        self._waiting_prefill_tokens = 0
+        self._running: dict[int, SeqState] = {}
+        self._prefilling: list[SeqState] = []
+        self._awaiting_release: dict[int, SeqState] = {}
+        self._passes = 0  # the decode pass counter G
+        self._seq = 0
+        self._inflight: _InFlight | None = None
+        self.stats = _Counters()
+
+    # -- read-only properties -------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self._inflight is not None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._running) or bool(self._waiting)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        admitted = self.stats.prompt_tokens_admitted
+        return self.stats.prefix_hit_tokens / admitted if admitted else 0.0
+
+    # -- intake ---------------------------------------------------------------------------------
+    def fits(self, req: Request) -> bool:
+        """Whether `req` could ever run here: its largest KV footprint fits the whole pool."""
+        extra = {"mixed": req.output_tokens - 1, "prefill": 0, "decode": req.output_tokens}[self.role]
+        return req.output_tokens >= 1 and cdiv(req.prompt_tokens + extra, self._bs) <= self.pool.capacity
 
     def add_request(self, req: Request) -> None:
-        raise NotImplementedError
+        """Enqueue a request (mixed and prefill roles) at the back of the FCFS waiting queue."""
+        if self.role == "decode":
+            raise SpecError(f"engine {self.name!r} has role decode: use add_transferred")
+        self._enqueue(SeqState(req, req.prompt_tokens))
 
     def add_transferred(self, req: Request) -> None:
-        raise NotImplementedError
+        """Decode role: `req`'s prompt KV arrived; it waits for blocks, then decodes all its tokens."""
+        if self.role != "decode":
+            raise SpecError(f"engine {self.name!r} has role {self.role}: use add_request")
+        self._enqueue(SeqState(req, req.prompt_tokens, transferred=True))
 
+    def _enqueue(self, st: SeqState) -> None:
+        if not self.fits(st.req):
+            raise InfeasibleError(
+                f"request {st.req.request_id}: {st.req.prompt_tokens} prompt + {st.req.output_tokens} "
+                f"output tokens never fit engine {self.name!r} ({self.pool.capacity} blocks of "
+                f"{self._bs} tokens); check Engine.fits() first, or give the pool more memory")
+        self._waiting.append(st)
+        self._waiting_prefill_tokens += 0 if st.transferred else st.target
+
+    # -- schedule: the named phases -------------------------------------------------------------
     def schedule(self, horizon_s: float = math.inf) -> Step | None:
-        raise NotImplementedError
+        """Form the next step (None if nothing can run); it stays in flight until `complete()`."""
+        if self._inflight is not None:
+            raise RuntimeError(f"engine {self.name!r}: schedule() while a step is in flight")
+        if not self._running and not self._waiting:
+            return None
+        preempted: list[int] = []
+        budget = self.config.max_num_batched_tokens - self._decoders.n
+        chunks = self._reserve_running(budget, preempted)
+        budget = self.config.max_num_batched_tokens - self._decoders.n - sum(c for _, c in chunks)
+        new_decoders: list[SeqState] = []
+        hits = 0 if preempted else self._admit_waiting(budget, chunks, new_decoders)
+        n_dec = self._decoders.n
+        if not n_dec and not chunks:
+            self.stats.carried_preempted.extend(preempted)
+            return None
+        shape = self._shape(chunks)
+        d0 = self.step_time(shape)
+        passes, duration = 1, d0
+        if not chunks and not new_decoders and not preempted and n_dec:
+            passes, duration = self._fuse(shape, d0, horizon_s)
+        self._inflight = _InFlight(passes, duration, n_dec, chunks, new_decoders, preempted, hits)
+        prefill = sum(c for _, c in chunks)
+        return Step(duration, passes, shape, shape.num_seqs, prefill, n_dec * passes)
 
+    def _reserve_running(self, budget: int, preempted: list[int]) -> list[tuple[SeqState, int]]:
+        """Phase 1: decodes and next chunks of running requests; preempt newest until blocks fit."""
+        bs, g = self._bs, self._passes
+        plan: dict[SeqState, tuple[int, int]] = {}
+        for st in self._prefilling:
+            if budget <= 0:
+                break
+            chunk = min(st.target - st.computed, budget)
+            plan[st] = (chunk, cdiv(st.computed + chunk, bs) - st.shared - st.private)
+            budget -= chunk
+        needed = self._decoders.new_blocks(g, 1) + sum(need for _, need in plan.values())
+        while needed > self.pool.num_free and self._running:
+            victim = self._running[next(reversed(self._running))]
+            if victim.phase == DECODE:
+                needed -= self._decoders.needs_block(victim, g)
+            elif victim in plan:
+                needed -= plan.pop(victim)[1]
+            self._preempt(victim)
+            preempted.append(victim.req.request_id)
+        ok = self.pool.allocate(needed)
+        assert ok, "reservation must fit after preemption"
+        for st, (_, need) in plan.items():
+            st.private += need
+        return [(st, chunk) for st, (chunk, _) in plan.items()]
+
+    def _admit_waiting(self, budget: int, chunks: list[tuple[SeqState, int]],
+                       new_decoders: list[SeqState]) -> int:
+        """Phase 2: admit FCFS while budget, seats and blocks allow; returns prefix-hit tokens."""
+        hits = 0
+        max_seqs = self.config.max_num_seqs
+        while self._waiting and budget > 0 and len(self._running) < max_seqs:
+            st = self._waiting[0]
+            admitted = self._admit_one(st, budget)
+            if admitted is None:
+                break
+            took, hit_tokens = admitted
+            self._waiting.popleft()
+            hits += hit_tokens
+            budget -= max(took, 1)
+            if st.phase == DECODE:
+                new_decoders.append(st)
+            else:
+                chunks.append((st, took))
+        return hits
+
+    def _admit_one(self, st: SeqState, budget: int) -> tuple[int, int] | None:
+        """Admit `st` if blocks allow: (its chunk, 0 for a transferred decode; prefix-hit
+        tokens), or None."""
+        bs = self._bs
+        keys, ends = st.spans(bs)
+        full_hit = st.transferred  # transferred KV: every full block may come from the cache
+        max_hit = st.target // bs if full_hit else (st.target - 1) // bs
+        entries, uses, hit = (lookup(self.pool, keys, ends, max_hit)
+                              if self.config.enable_prefix_caching else ([], [], 0))
+        computed = hit * bs if not full_hit else st.target
+        if full_hit:
+            chunk, need = 0, cdiv(st.target + 1, bs) - hit
+        else:
+            remaining = st.target - computed
+            if remaining > budget and not self.config.enable_chunked_prefill \
+                    and remaining <= self.config.max_num_batched_tokens:
+                return None
+            chunk = min(remaining, budget)
+            need = cdiv(computed + chunk, bs) - hit
+        pinned = sum(e.num_blocks for e in set(entries) if e.ref_count == 0)
+        if need + pinned > self.pool.num_free:
+            return None
+        st.attach(self.pool, entries, uses)
+        self.pool.allocate(need)
+        st.private, st.computed = need, computed
+        self._start_running(st)
+        return chunk, hit * bs
+
+    def _start_running(self, st: SeqState) -> None:
+        self._seq += 1
+        st.seq = self._seq
+        self._running[st.req.request_id] = st
+        self.stats.prompt_tokens_admitted += st.target
+        self.stats.prefix_hit_tokens += st.shared * self._bs
+        if st.transferred:
+            if self.config.enable_prefix_caching:
+                st.cache_computed(self.pool, self._bs)
+            self._decoders.join(st, st.target, st.req.output_tokens, self._passes)
+        else:
+            self._waiting_prefill_tokens -= st.target
+            st.phase = PREFILL
+            self._prefilling.append(st)
+
+    def _shape(self, chunks: list[tuple[SeqState, int]]) -> BatchShape:
+        dec = self._decoders
+        n, new = dec.n, dec.n
+        kv = dec.kv_read_tokens(self._passes)
+        pairs, pre, mx = float(kv), 0, 1 if n else 0
+        for st, c in chunks:
+            n += 1
+            new += c
+            kv += st.computed + c
+            pairs += c * (st.computed + (c + 1) / 2)
+            pre += c if c > 1 else 0
+            mx = max(mx, c)
+        return BatchShape(n, new, kv, pairs, pre, mx)
+
+    def _fuse(self, shape: BatchShape, d0: float, horizon_s: float) -> tuple[int, float]:
+        """Phase 3: extend a decode-only step to k passes; reserves the blocks they need."""
+        dec, g = self._decoders, self._passes
+        first_finish = dec.next_finish()
+        cap = self.config.max_bundle_steps
+        if first_finish is not None:
+            cap = min(cap, first_finish - g)
+        cap = 1 + dec.max_passes(g + 1, max(cap - 1, 0), self.pool.num_free)
+        passes, duration = fuse(self.step_time, dec.n, shape.kv_read_tokens, d0, cap, horizon_s)
+        ok = self.pool.allocate(dec.new_blocks(g + 1, passes - 1))
+        assert ok
+        return passes, duration
+
+    # -- complete ---------------------------------------------------------------------------------
     def complete(self) -> StepOutput:
-        raise NotImplementedError
+        """Apply the in-flight step: advance decoders, finish chunks, emit tokens."""
+        fl = self._inflight
+        if fl is None:
+            raise RuntimeError(f"engine {self.name!r}: complete() without a step in flight")
+        self._inflight = None
+        self._passes += fl.passes
+        self.stats.steps += 1
+        self.stats.passes += fl.passes
+        out = StepOutput(preempted=self.stats.carried_preempted + fl.preempted,
+                         prefix_hit_tokens=fl.prefix_hit_tokens)
+        self.stats.carried_preempted = []
+        out.tokens_generated = fl.num_decoders * fl.passes
+        if fl.num_decoders:
+            out.itl_samples.append((fl.duration_s / fl.passes, fl.num_decoders * fl.passes))
+        for st in fl.new_decoders:
+            if not st.first_done:
+                st.first_done = True
+                out.first_tokens.append((st.req.request_id, fl.duration_s))
+        for st in self._decoders.pop_finished(self._passes):
+            self._finish_decoder(st)
+            out.finished.append(st.req.request_id)
+        for st, chunk in fl.chunks:
+            self._advance_prefill(st, chunk, fl.duration_s, out)
+        return out
 
+    def _advance_prefill(self, st: SeqState, chunk: int, duration_s: float, out: StepOutput) -> None:
+        st.computed += chunk
+        if self.config.enable_prefix_caching:
+            st.cache_computed(self.pool, self._bs)
+        if st.computed < st.target:
+            return
+        self._prefilling.remove(st)
+        if self.role == "prefill":
+            st.phase = HANDOFF
+            del self._running[st.req.request_id]
+            self._awaiting_release[st.req.request_id] = st
+            out.handoffs.append(st.req.request_id)
+            return
+        st.outputs += 1
+        out.tokens_generated += 1
+        if not st.first_done:
+            st.first_done = True
+            out.first_tokens.append((st.req.request_id, duration_s))
+        remaining = st.req.output_tokens - st.outputs
+        if remaining > 0:
+            self._decoders.join(st, st.target, remaining, self._passes)
+            return
+        del self._running[st.req.request_id]
+        st.free_blocks(self.pool, st.private)
+        out.finished.append(st.req.request_id)
+
+    def _finish_decoder(self, st: SeqState) -> None:
+        context = st.a + self._passes
+        self._decoders.leave(st)
+        del self._running[st.req.request_id]
+        st.free_blocks(self.pool, cdiv(context, self._bs) - st.shared)
+
+    def _preempt(self, st: SeqState) -> None:
+        """Recompute preemption: free blocks, keep outputs, requeue at the front of waiting."""
+        if st.phase == DECODE:
+            g = self._passes
+            context = st.a + g
+            st.outputs = st.req.output_tokens - (st.f - g)
+            self._decoders.leave(st)
+            private = cdiv(context, self._bs) - st.shared
+        else:
+            self._prefilling.remove(st)
+            private = st.private
+        del self._running[st.req.request_id]
+        st.free_blocks(self.pool, private)
+        st.computed, st.transferred, st.phase = 0, False, WAITING
+        st.target = st.req.prompt_tokens + st.outputs
+        self._waiting.appendleft(st)
+        self._waiting_prefill_tokens += st.target
+        self.stats.preemptions += 1
+
+    # -- prefill role, crashes, views ---------------------------------------------------------------
     def release(self, request_id: int) -> None:
-        raise NotImplementedError
+        """Prefill role: the request's KV was transferred; free (or keep as cache) its blocks."""
+        st = self._awaiting_release.pop(request_id)
+        st.free_blocks(self.pool, st.private)
 
     def abort_all(self) -> list[Request]:
-        raise NotImplementedError
-
-    def snapshot(self, now_s: float) -> WorkerView:
-        raise NotImplementedError
+        """Crash: drop every request and cached block; returns the dropped requests."""
+        dropped = [st.req for st in self._running.values()]
+        dropped += [st.req for st in self._waiting]
+        dropped += [st.req for st in self._awaiting_release.values()]
+        self._running.clear()
+        self._waiting.clear()
+        self._prefilling.clear()
+        self._awaiting_release.clear()
+        self._waiting_prefill_tokens = 0
+        self._decoders.reset()
+        self.pool.reset()
+        self._inflight = None
+        self.stats.carried_preempted = []
+        return dropped
 
     def cached_prefix_tokens(self, req: Request) -> int:
-        raise NotImplementedError
+        """Prompt tokens of `req` this engine's prefix cache would serve now."""
+        if not self.config.enable_prefix_caching or not req.block_hashes:
+            return 0
+        return hit_blocks(self.pool, req, self._bs, (req.prompt_tokens - 1) // self._bs) * self._bs
+
+    def snapshot(self, now_s: float) -> WorkerView:
+        dec = self._decoders
+        decode_left = dec.sum_f - dec.n * self._passes
+        queued = self._waiting_prefill_tokens
+        for st in self._prefilling:
+            queued += st.target - st.computed
+            if self.role != "prefill":
+                decode_left += st.req.output_tokens - st.outputs
+        return WorkerView(
+            name=self.name, role=self.role, queued_requests=len(self._waiting),
+            running_requests=len(self._running), queued_prefill_tokens=queued,
+            running_decode_tokens=decode_left, kv_usage=self.pool.usage,
+            kv_capacity_tokens=self.pool.capacity * self._bs, block_size=self._bs,
+            reported_at_s=now_s)

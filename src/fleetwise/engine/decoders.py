@@ -1,0 +1,101 @@
+"""`DecodeSet`: the running sequences that are decoding, kept as aggregates.
+
+Owns the per-pass arithmetic of decoding so that a pass costs O(1) Python work, not O(seqs):
+a global pass counter G advances by one per forward pass; a decoder stores `a` (its context is
+`a + G`) and `f` (it produces its last token in the pass that brings G to `f`). The set keeps
+sum(a), sum(f), a count of decoders per `a mod block_size` (a decoder needs a new KV block in
+the pass where its context is a multiple of the block size), and a heap of finish passes with
+lazy deletion (an entry is stale once its record left decoding or was re-admitted).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from fleetwise.engine.sequence import DECODE, SeqState
+
+
+class DecodeSet:
+    """Aggregates over decoding `SeqState`s; see the module docstring."""
+
+    __slots__ = ("block_size", "n", "sum_a", "sum_f", "res", "_heap")
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.n = 0
+        self.sum_a = 0
+        self.sum_f = 0
+        self.res = [0] * self.block_size
+        self._heap: list[tuple[int, int, SeqState]] = []
+
+    def join(self, st: SeqState, context: int, remaining: int, g: int) -> None:
+        """`st` decodes from pass `g` with `context` tokens cached and `remaining` tokens to go."""
+        st.phase = DECODE
+        st.a = context - g
+        st.f = g + remaining
+        self.n += 1
+        self.sum_a += st.a
+        self.sum_f += st.f
+        self.res[st.a % self.block_size] += 1
+        heapq.heappush(self._heap, (st.f, st.seq, st))
+
+    def leave(self, st: SeqState) -> None:
+        """`st` stops decoding (finished or preempted); its heap entry goes stale."""
+        self.n -= 1
+        self.sum_a -= st.a
+        self.sum_f -= st.f
+        self.res[st.a % self.block_size] -= 1
+        st.phase = -1
+
+    def kv_read_tokens(self, g: int) -> int:
+        """Sum of (context + 1) over decoders in the pass that starts at counter `g`."""
+        return self.sum_a + self.n * (g + 1)
+
+    def needs_block(self, st: SeqState, g: int) -> bool:
+        return (st.a + g) % self.block_size == 0
+
+    def new_blocks(self, g: int, passes: int) -> int:
+        """Blocks the decoders need for `passes` passes starting at counter `g`."""
+        bs = self.block_size
+        full, part = divmod(passes, bs)
+        total = full * self.n
+        res = self.res
+        for i in range(part):
+            total += res[(-(g + i)) % bs]
+        return total
+
+    def max_passes(self, g: int, cap: int, free: int) -> int:
+        """Most passes (<= cap) from counter `g` whose new blocks fit in `free`."""
+        if self.new_blocks(g, cap) <= free:
+            return cap
+        bs, res, used = self.block_size, self.res, 0
+        for i in range(cap):
+            used += res[(-(g + i)) % bs]
+            if used > free:
+                return i
+        return cap
+
+    def next_finish(self) -> int | None:
+        """Smallest finish pass among decoders (drops stale heap entries)."""
+        heap = self._heap
+        while heap and not _live(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def pop_finished(self, g: int) -> list[SeqState]:
+        """Decoders whose last token came out by pass `g`, in (finish, admission) order."""
+        heap = self._heap
+        done: list[SeqState] = []
+        while heap and heap[0][0] <= g:
+            item = heapq.heappop(heap)
+            if _live(item):
+                done.append(item[2])
+        return done
+
+
+def _live(item: tuple[int, int, SeqState]) -> bool:
+    st = item[2]
+    return st.phase == DECODE and st.seq == item[1] and st.f == item[0]

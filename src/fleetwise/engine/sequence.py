@@ -1,0 +1,159 @@
+"""`SeqState`: one request's runtime record inside an engine, and its KV bookkeeping.
+
+Owns the mapping from a request's prompt to cached spans (prefix-cache keys), the prefix
+lookup at admission, caching of computed spans, and returning a request's blocks to the pool.
+It does not decide when any of this happens: that is the scheduler's job.
+
+Span keys. A request carries Mooncake-style `block_hashes` (one chained id per
+`hash_block_tokens` prompt tokens). Engine block i is keyed by the hash id of the hash block
+that holds its last token, so a key names the whole prefix up to that block. Consecutive engine
+blocks with the same hash id form one span, cached as one `CacheEntry` (key `(hash_id, index)`).
+Only full engine blocks are cached, and only inside the hashed part of the prompt; prompts
+without hashes share nothing. One `hash_block_tokens` per engine is assumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetwise.core.request import Request
+from fleetwise.engine.blocks import BlockPool, CacheEntry, SpanKey
+
+WAITING, PREFILL, DECODE, HANDOFF = 0, 1, 2, 3
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def prompt_spans(req: Request, block_size: int) -> tuple[list[SpanKey], list[int]]:
+    """Keys of the prompt's cacheable spans and the cumulative block count at each span's end."""
+    keys: list[SpanKey] = []
+    ends: list[int] = []
+    full = req.prompt_tokens // block_size
+    hbt = req.hash_block_tokens
+    prev = 0
+    for j, h in enumerate(req.block_hashes):
+        end = min((j + 1) * hbt // block_size, full)
+        if end > prev:
+            keys.append((h, j))
+            ends.append(end)
+            prev = end
+        if end >= full:
+            break
+    return keys, ends
+
+
+def lookup(pool: BlockPool, keys: list[SpanKey], ends: list[int], max_blocks: int
+           ) -> tuple[list[CacheEntry], list[int], int]:
+    """Longest cached prefix of at most `max_blocks` blocks: (entries, blocks used of each, total)."""
+    entries: list[CacheEntry] = []
+    uses: list[int] = []
+    start = 0
+    for key, end in zip(keys, ends, strict=True):
+        need = min(end, max_blocks) - start
+        if need <= 0:
+            break
+        entry = pool.get(key)
+        if entry is None:
+            break
+        use = min(need, entry.num_blocks)
+        entries.append(entry)
+        uses.append(use)
+        if start + use < end:
+            start += use
+            break
+        start = end
+    return entries, uses, start
+
+
+def hit_blocks(pool: BlockPool, req: Request, block_size: int, max_blocks: int) -> int:
+    """How many blocks of `req`'s prompt are cached now (read-only)."""
+    keys, ends = prompt_spans(req, block_size)
+    return lookup(pool, keys, ends, max_blocks)[2]
+
+
+@dataclass(slots=True, eq=False)
+class SeqState:
+    """A request inside one engine.
+
+    target: tokens that must be in the KV cache before the next output token is sampled (the
+        prompt, plus the outputs already produced when recomputing after a preemption).
+    computed: tokens in the KV cache (prefill phase; decoders derive it as `a + pass counter`).
+    outputs: output tokens produced so far (decoders derive it from `f`).
+    shared/private: blocks held in cached spans / privately (decoders derive private).
+    entries/uses: the cached spans it uses (aligned with its span index; None = kept private).
+    a, f: decoder bookkeeping: context = a + passes; finishes when passes reach f.
+    """
+
+    req: Request
+    target: int
+    transferred: bool = False
+    computed: int = 0
+    outputs: int = 0
+    first_done: bool = False
+    phase: int = WAITING
+    seq: int = -1
+    shared: int = 0
+    private: int = 0
+    entries: list[CacheEntry | None] = field(default_factory=list)
+    uses: list[int] = field(default_factory=list)
+    next_span: int = 0
+    keys: list[SpanKey] | None = None
+    ends: list[int] | None = None
+    a: int = 0
+    f: int = 0
+
+    def spans(self, block_size: int) -> tuple[list[SpanKey], list[int]]:
+        if self.keys is None or self.ends is None:
+            self.keys, self.ends = prompt_spans(self.req, block_size)
+        return self.keys, self.ends
+
+    def attach(self, pool: BlockPool, entries: list[CacheEntry], uses: list[int]) -> None:
+        """Take references on the prefix-cache hits found by `lookup`."""
+        for entry in entries:
+            pool.acquire(entry)
+        self.entries = list(entries)
+        self.uses = list(uses)
+        self.shared = sum(uses)
+        ends = self.ends or []
+        n = len(uses)
+        tail_full = n > 0 and self.shared == ends[n - 1]
+        self.next_span = n if tail_full else max(n - 1, 0)
+
+    def cache_computed(self, pool: BlockPool, block_size: int) -> None:
+        """Offer every span completed by `computed` tokens to the prefix cache."""
+        keys, ends = self.spans(block_size)
+        full = self.computed // block_size
+        j = self.next_span
+        while j < len(ends) and ends[j] <= full:
+            size = ends[j] - (ends[j - 1] if j else 0)
+            if j < len(self.entries):
+                self._grow_tail(pool, j, size)
+            else:
+                entry = pool.promote(keys[j], size)
+                self.entries.append(entry)
+                self.uses.append(size if entry is not None else 0)
+                if entry is not None:
+                    self.private -= size
+                    self.shared += size
+            j += 1
+        self.next_span = j
+
+    def _grow_tail(self, pool: BlockPool, j: int, size: int) -> None:
+        entry, use = self.entries[j], self.uses[j]
+        if entry is not None and use < size and entry.num_blocks == use:
+            pool.grow(entry, size - use)
+            self.private -= size - use
+            self.shared += size - use
+            self.uses[j] = size
+
+    def free_blocks(self, pool: BlockPool, private: int) -> None:
+        """Return every block: cached spans tail first (evicted first), then `private` blocks."""
+        for entry in reversed(self.entries):
+            if entry is not None:
+                pool.release(entry)
+        pool.free(private)
+        self.entries = []
+        self.uses = []
+        self.shared = self.private = self.next_span = 0

@@ -89,6 +89,18 @@ def _to_x(profile: Profile, names: Sequence[str]) -> list[float]:
     return [math.log(float(getattr(profile, n))) for n in names]
 
 
+def fit_bounds(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec) -> dict[str, tuple[float, float]]:
+    """`FACTOR_BOUNDS`, with GEMM efficiency capped at the best GEMM the card ran in the same runs
+    (the files' `bf16_gemm_8192_TFLOPs` ceiling): no model GEMM beats a large square one."""
+    bounds = dict(FACTOR_BOUNDS)
+    best = [f.ceilings["bf16_gemm_8192_TFLOPs"] * 1e12 / gpu.peak_flops("bf16")
+            for f in files if f.ceilings.get("bf16_gemm_8192_TFLOPs", 0) > 0]
+    if best:
+        lo, hi = bounds["gemm_compute_eff"]
+        bounds["gemm_compute_eff"] = (lo, max(lo * 1.01, min(hi, max(best))))
+    return bounds
+
+
 def calibrate(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, *, base: Profile | None = None,
               factors: Sequence[str] = FIT_FACTORS, models: set[str] | None = None) -> Profile:
     """Fit the shared factors to every point of `files` (or of the named models only)."""
@@ -102,8 +114,9 @@ def calibrate(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, *, base: P
         raise SpecError("calibrate: no measured points to fit (check the files and model names)")
     names = list(factors)
     x0 = _to_x(base, names)
-    lo = [math.log(FACTOR_BOUNDS[n][0]) for n in names]
-    hi = [math.log(FACTOR_BOUNDS[n][1]) for n in names]
+    bounds = fit_bounds(files, gpu)
+    lo = [math.log(bounds[n][0]) for n in names]
+    hi = [math.log(bounds[n][1]) for n in names]
     x0 = [min(max(v, a + 1e-9), b - 1e-9) for v, a, b in zip(x0, lo, hi, strict=True)]
     meas = [math.log(pt.measured_s) for pt, _ in cases]
 

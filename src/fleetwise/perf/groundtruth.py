@@ -78,6 +78,8 @@ class GroundTruthFile:
     engine: str
     models: dict[str, ModelSpec]
     points: list[GroundTruthPoint] = field(default_factory=list)
+    ceilings: dict[str, float] = field(default_factory=dict)
+    """What the card reached in the same run (e.g. `bf16_gemm_8192_TFLOPs`)."""
 
 
 def model_from_config(name: str, cfg: dict[str, Any], where: str = "config") -> ModelSpec:
@@ -151,4 +153,6 @@ def load_groundtruth(path: str | Path) -> GroundTruthFile:
         points.extend(_points(name, entry, w))
     if not points:
         raise SpecError(f"{where}: no prefill, decode or mixed points to use")
-    return GroundTruthFile(where, str(doc.get("device", "")), engine_name(doc), models, points)
+    raw = doc.get("ceilings")
+    ceilings = {k: float(v) for k, v in raw.items() if isinstance(v, int | float)} if isinstance(raw, dict) else {}
+    return GroundTruthFile(where, str(doc.get("device", "")), engine_name(doc), models, points, ceilings)

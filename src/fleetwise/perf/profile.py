@@ -27,10 +27,11 @@ PROFILE_SCHEMA = "fleetwise-profile/1"
 FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_mem_eff": (0.3, 1.0),
     "gemm_compute_eff": (0.3, 1.0),
-    "gemm_m_half_tokens": (1.0, 2048.0),
-    "grouped_mem_eff": (0.15, 1.0),
-    "grouped_compute_eff": (0.1, 1.0),
-    "grouped_m_half_tokens": (1.0, 4096.0),
+    "gemm_m_half_tokens": (1.0, 128.0),
+    "grouped_compute_eff": (0.5, 1.0),
+    "expert_group_s": (0.05e-6, 20e-6),
+    "moe_row_passes": (1.0, 64.0),
+    "grouped_m_half_tokens": (1.0, 128.0),
     "attn_compute_eff": (0.1, 1.0),
     "kv_mem_eff": (0.2, 1.0),
     "attn_saturation_units": (1.0, 4096.0),
@@ -60,10 +61,13 @@ class Profile(Spec):
     """Fraction of dense peak FLOP/s a large GEMM reaches (cuBLAS on big shapes: 0.7-0.8)."""
     gemm_m_half_tokens: float = Field(default=128.0, gt=0)
     """Rows (tokens) at which a dense GEMM runs at half its large-M efficiency: eff(M) = eff*M/(M+m_half)."""
-    grouped_mem_eff: float = Field(default=0.55, gt=0, le=1)
-    """Fraction of peak HBM bandwidth a grouped expert GEMM reaches while reading expert weights."""
-    grouped_compute_eff: float = Field(default=0.6, gt=0, le=1)
-    """Large-group efficiency of a grouped expert GEMM, as a fraction of dense peak FLOP/s."""
+    grouped_compute_eff: float = Field(default=0.8, gt=0, le=1)
+    """Large-group efficiency of a grouped expert GEMM relative to a dense GEMM's (`gemm_compute_eff`)."""
+    expert_group_s: float = Field(default=1e-6, gt=0)
+    """Fixed GPU time per touched expert and MoE layer in a grouped GEMM (group setup, pipeline fill)."""
+    moe_row_passes: float = Field(default=8.0, gt=0)
+    """Read+write passes over each routed row's activations (hidden + expert FFN widths): gather,
+    SiLU*mul, routing weights, scatter-add."""
     grouped_m_half_tokens: float = Field(default=64.0, gt=0)
     """Tokens per expert at which grouped GEMMs run at half their large-group efficiency."""
     attn_compute_eff: float = Field(default=0.4, gt=0, le=1)

@@ -137,9 +137,9 @@ class BoundPerf:
         self._bind_attention(d, p, bw, kvb)
         # Elementwise passes over activations plus the KV write, per token over all layers.
         heads_w = (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim / tp
-        self.e_tok = m.num_layers * (
-            p.elementwise_passes * (h + heads_w) * ACT_BYTES + self.kv_layer_bytes
-        ) / (bw * p.kv_mem_eff)
+        width = m.num_layers * (h + heads_w) + m.num_dense_layers * m.ffn_size / tp
+        self.e_tok = (p.elementwise_passes * width * ACT_BYTES + m.num_layers * self.kv_layer_bytes) / (
+            bw * p.kv_mem_eff)
         self._bind_comm(d, h)
         self._bind_overhead(d, p)
 
@@ -158,10 +158,11 @@ class BoundPerf:
         self.miss = 1.0 - mo.experts_per_token / mo.num_experts
         self.imbalance = max(1.0, float(getattr(d, "expert_load_imbalance", 1.0)))
         L = m.num_moe_layers
-        self.c_exp = L * 2 * 3 * h * f / etp / (peak * p.grouped_compute_eff)
+        self.c_exp = L * 2 * 3 * h * f / etp / (peak * p.gemm_compute_eff * p.grouped_compute_eff)
         self.g_half = p.grouped_m_half_tokens
-        self.w_exp = L * 3 * h * f / etp * wb / (bw * p.grouped_mem_eff)
-        self.a_exp = L * (2 * h + 3 * f / etp) * ACT_BYTES / (bw * p.grouped_mem_eff)
+        self.w_exp = L * (3 * h * f / etp * wb / (bw * p.gemm_mem_eff) + p.expert_group_s)
+        self.a_exp = L * (2 * h + 3 * f / etp) * ACT_BYTES / (bw * p.gemm_mem_eff)
+        self.r_exp = L * p.moe_row_passes * (h + f / etp) * ACT_BYTES / (bw * p.kv_mem_eff)
 
     def _bind_attention(self, d: Deployment, p: Profile, bw: float, kvb: float) -> None:
         m, tp = d.model, d.parallelism.tp
@@ -233,7 +234,7 @@ class BoundPerf:
         d_c, d_m = self.c_dense * (T + self.m_half), self.w_dense + self.a_dense * T
         l_c, l_m = self.c_lm * (S + self.m_half), self.w_lm + self.a_lm * S
         # Routed experts.
-        x_c = x_m = 0.0
+        x_c = x_m = x_r = 0.0
         if self.has_moe:
             touched = self.n_exp * (1.0 - self.miss ** T) / self.ep
             rows = T * self.topk
@@ -241,6 +242,7 @@ class BoundPerf:
             per = rows / touched
             x_c = self.c_exp * rows * (per + self.g_half) / per
             x_m = self.w_exp * touched + self.a_exp * rows
+            x_r = self.r_exp * rows
         # Attention: prompt rows compute-bound, decode rows bandwidth-bound on their KV.
         dec = T - s.prefill_tokens
         dec_kv = s.kv_read_tokens - s.prefill_tokens if dec > 0 else 0
@@ -255,7 +257,7 @@ class BoundPerf:
         comm_tp = self.tp_tok * T + self.tp_fix
         comm_pp = self.pp_tok * T + self.pp_fix
         comm_ep = self.ep_tok * T + self.ep_fix
-        work = (max(d_c, d_m) + max(l_c, l_m) + max(x_c, x_m) + a_pre + max(kv_m, a_dec) + elem
+        work = (max(d_c, d_m) + max(l_c, l_m) + max(x_c, x_m) + x_r + a_pre + max(kv_m, a_dec) + elem
                 + comm_tp + comm_pp + comm_ep)
         gpu = work + self.graph_s
         if self.eager:
@@ -266,7 +268,7 @@ class BoundPerf:
         if parts is not None:
             parts.update(gemm_c=d_c + l_c + x_c, gemm_m=d_m + l_m + x_m, dense=max(d_c, d_m) + max(l_c, l_m),
                          experts=max(x_c, x_m), x_c=x_c, d_c=d_c, l_c=l_c, d_m=d_m, l_m=l_m, x_m=x_m,
-                         kv_m=kv_m, a_pre=a_pre, a_dec=a_dec, elem=elem, tp=comm_tp, pp=comm_pp,
+                         kv_m=kv_m, a_pre=a_pre, a_dec=a_dec, elem=elem + x_r, tp=comm_tp, pp=comm_pp,
                          ep=comm_ep, overhead=total - work)
         return total
 

@@ -1,0 +1,122 @@
+"""`fleetwise simulate`: replay a workload or trace against a plan's fleet; write summary.json + records.
+
+Two forms:
+    fleetwise simulate PLAN.yaml (--workload W.yaml | --trace FILE) [--faults F.yaml] --out DIR
+    fleetwise simulate --model M --gpu G --replicas N [--tp T] --trace FILE --out DIR
+The second builds a one-pool colocated plan with round-robin routing. Owns argument handling
+and printing only; the simulation is `fleetwise.sim.simulate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from fleetwise.core.request import Request
+from fleetwise.errors import SpecError
+from fleetwise.sim.runner import SimOptions, simulate
+from fleetwise.spec.base import load_document
+from fleetwise.spec.faults import FaultScenario
+from fleetwise.spec.plan import PlanSpec
+from fleetwise.spec.slo import SLOSpec
+
+PROGRESS_MIN_REQUESTS = 20_000
+"""Show a progress bar from this many requests on (runs of more than a few seconds)."""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="simulate a fleet plan on a workload or trace; write summary.json and requests.csv",
+        description="Discrete-event simulation of a plan (pools, KV link, routing) on a workload or trace, "
+                    "optionally under faults. Writes DIR/summary.json and DIR/requests.csv.",
+    )
+    p.add_argument("plan", nargs="?", help="plan file (YAML/JSON); omit for the --model/--gpu quick start")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", metavar="W.yaml", help="workload spec file")
+    src.add_argument("--trace", metavar="FILE", help="trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, ...)")
+    p.add_argument("--faults", metavar="F.yaml", help="fault scenario file")
+    p.add_argument("--seed", type=int, default=0, help="seed for workload, routing and replay (default 0)")
+    p.add_argument("--requests", type=int, default=None, metavar="N", help="keep only the first N requests")
+    p.add_argument("--rate", type=float, default=None, metavar="RPS", help="replay the trace at this mean rate")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace inter-arrival times")
+    p.add_argument("--feedback-delay", type=float, default=0.0, metavar="S",
+                   help="router view refresh period in seconds (0 = exact per-request views)")
+    p.add_argument("--ttft-slo", type=float, default=None, metavar="S", help="TTFT target for goodput")
+    p.add_argument("--tpot-slo", type=float, default=None, metavar="S", help="TPOT target for goodput")
+    p.add_argument("--e2e-slo", type=float, default=None, metavar="S", help="end-to-end target for goodput")
+    p.add_argument("--records", choices=("csv", "parquet"), default="csv", help="per-request records format")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    q = p.add_argument_group("quick start (no plan file)")
+    q.add_argument("--model", help="catalog model name or model file")
+    q.add_argument("--gpu", help="catalog accelerator name")
+    q.add_argument("--replicas", type=int, default=1, help="colocated replicas (default 1)")
+    q.add_argument("--tp", type=int, default=1, help="tensor parallel degree per replica (default 1)")
+    p.set_defaults(func=run)
+
+
+def quick_plan(model: str, gpu: str, replicas: int, tp: int) -> PlanSpec:
+    """One colocated pool of `replicas` x (tp GPUs), round-robin routing."""
+    if replicas < 1 or tp < 1:
+        raise SpecError(f"--replicas={replicas} and --tp={tp} must be at least 1")
+    plan = PlanSpec(name=f"{model}-{gpu}-x{replicas}", routing="round-robin", pools=[
+        {"name": "mixed", "role": "mixed", "replicas": replicas, "accelerator": gpu, "model": model,
+         "parallelism": {"tp": tp}},
+    ])
+    plan.check(where="quick start")
+    return plan
+
+
+def load_plan(args: argparse.Namespace) -> PlanSpec:
+    if args.plan:
+        if args.model or args.gpu:
+            raise SpecError("give either a plan file or --model/--gpu (quick start), not both")
+        return PlanSpec.load(args.plan)
+    if not (args.model and args.gpu):
+        raise SpecError("no plan: give PLAN.yaml, or --model M --gpu G [--replicas N] [--tp T] for a quick start")
+    return quick_plan(args.model, args.gpu, args.replicas, args.tp)
+
+
+def load_requests(args: argparse.Namespace) -> list[Request]:
+    if args.workload:
+        from fleetwise.sim.workload import generate
+        from fleetwise.spec.workload import WorkloadSpec
+
+        reqs = generate(load_document(WorkloadSpec, args.workload), seed=args.seed)
+        return reqs[: args.requests] if args.requests else reqs
+    from fleetwise.sim.traces import load_trace
+
+    return load_trace(args.trace, time_scale=args.time_scale, rate_rps=args.rate, max_requests=args.requests,
+                      seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = load_plan(args)
+    faults = FaultScenario.load(args.faults) if args.faults else None
+    reqs = load_requests(args)
+    if not reqs:
+        raise SpecError("the workload produced no requests; check num_requests/duration_s or the trace file")
+    slo = SLOSpec(ttft_max_s=args.ttft_slo, tpot_max_s=args.tpot_slo, e2e_max_s=args.e2e_slo)
+    opts = SimOptions(seed=args.seed, slo=slo, feedback_delay_s=args.feedback_delay,
+                      progress=not args.no_progress and len(reqs) >= PROGRESS_MIN_REQUESTS)
+    res = simulate(plan, reqs, faults, opts)
+    paths = res.write(Path(args.out), args.records)
+    _print(res.summary, paths)
+    return 0
+
+
+def _print(s: dict[str, Any], paths: dict[str, str]) -> None:
+    c = Console(highlight=False)
+    c.print(f"[bold]{s['plan']}[/]: {s['requests_completed']}/{s['requests_total']} completed, "
+            f"{s['requests_failed']} failed in {s['duration_s']:.1f} s simulated ({s['sim_wall_s']:.2f} s wall)")
+    for k in ("ttft_s", "tpot_s", "e2e_s"):
+        m = s[k]
+        c.print(f"  {k[:-2]:5s} p50 {m['p50'] * 1e3:9.1f} ms   p90 {m['p90'] * 1e3:9.1f} ms   p99 {m['p99'] * 1e3:9.1f} ms")
+    t = s["throughput"]
+    c.print(f"  throughput {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.0f} tok/s; "
+            f"goodput {s['goodput_rps']:.2f} req/s (SLO attainment {s['slo_attainment']:.1%}); "
+            f"${s['cost']['usd_per_1m_output_tokens']:.3f} per 1M output tokens")
+    c.print(f"  wrote {paths['summary']} and {paths['records']}")

@@ -195,7 +195,8 @@ class LatencyFeedback:
             return 1.0
         f = self.raw_factor(worker, now_s)
         age = max(0.0, now_s - self._w[worker].last_obs_s)
-        return math.exp(math.log(f) * 0.5 ** (age / self.p.half_life_s))
+        f = math.exp(math.log(f) * 0.5 ** (age / self.p.half_life_s))
+        return 1.0 if abs(f - 1.0) < self.p.deadband else f
 
     def snapshot(self, now_s: float) -> dict[str, float]:
         """Every known worker's current factor (for reports)."""

@@ -77,7 +77,7 @@ class FeedbackParams(Spec):
     """Correct predicted costs by observed latency."""
     alpha: float = Field(default=0.3, gt=0.0, le=1.0)
     """EWMA weight of a new observation."""
-    half_life_s: float = Field(default=30.0, gt=0.0)
+    half_life_s: float = Field(default=5.0, gt=0.0)
     """Without new observations a worker's factor halves its distance to 1 every this many seconds."""
     min_factor: float = Field(default=0.25, gt=0.0)
     """Lower clamp of the slowness factor."""
@@ -85,6 +85,8 @@ class FeedbackParams(Spec):
     """Upper clamp of the slowness factor."""
     failure_penalty: float = Field(default=4.0, ge=0.0)
     """Extra slowness per unit of EWMA failure rate."""
+    deadband: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Factors within this of 1 count as exactly 1 (equal workers tie; a recovered one is retried)."""
     min_samples: int = Field(default=2, ge=1)
     """Observations a worker needs before its factor departs from 1."""
 

@@ -1,0 +1,49 @@
+"""KV-cache hand-off between a prefill replica and a decode replica (PD disaggregation).
+
+Owns the bytes a hand-off moves and how long it takes over a link. Does not model contention
+between concurrent transfers (the simulator's links do that) or KV capacity (see `memory`).
+
+    bytes = tokens * kv_bytes_per_token(kv_dtype of the sender)
+          = tokens * 2*layers*kv_heads*head_dim*dtype_bytes   (GQA)
+          = tokens * layers*(kv_lora_rank + rope_dim)*dtype_bytes   (MLA latent)
+    t = link.latency_s + bytes / (lanes * link.bandwidth_bytes_per_s)
+
+`link` is one GPU's NIC (or scale-up port). The cache is sharded on both ends: each TP rank
+holds kv_heads/tp of the heads (GQA; a head replicated over ranks when tp > kv_heads is sent
+once) and each PP stage its own layers, and every GPU has its own NIC, so shards move in
+parallel: lanes = min(shards(src), shards(dst)), shards = min(tp, kv_heads) * pp (MLA: the
+latent is replicated over TP ranks, so shards = pp). Bytes grow linearly with layers and context.
+"""
+
+from __future__ import annotations
+
+from fleetwise.errors import SpecError
+from fleetwise.perf.types import Deployment
+from fleetwise.spec.hardware import LinkSpec
+
+
+def kv_transfer_bytes(tokens: int, deployment: Deployment) -> float:
+    """Bytes of KV cache for `tokens` positions of one sequence, all layers, at the KV dtype."""
+    if tokens < 0:
+        raise SpecError(f"tokens={tokens} is negative; pass the number of cached positions to move")
+    return tokens * deployment.model.kv_bytes_per_token(deployment.kv_dtype)
+
+
+def kv_shards(deployment: Deployment) -> int:
+    """Distinct KV shards of one replica (GPUs holding different parts of the cache)."""
+    m, p = deployment.model, deployment.parallelism
+    per_stage = 1 if m.attention == "mla" else min(p.tp, m.num_kv_heads)
+    return per_stage * p.pp
+
+
+def kv_transfer_s(tokens: int, src: Deployment, dst: Deployment, link: LinkSpec) -> float:
+    """Seconds to move `tokens` positions of KV from `src` to `dst` over per-GPU `link`s."""
+    if src.model.kv_elements_per_token() != dst.model.kv_elements_per_token():
+        raise SpecError(
+            f"KV layouts differ: src model {src.model.name!r} and dst model {dst.model.name!r} "
+            "cache different shapes; a hand-off needs the same model on both pools"
+        )
+    if tokens <= 0:
+        return 0.0
+    lanes = min(kv_shards(src), kv_shards(dst))
+    return link.latency_s + kv_transfer_bytes(tokens, src) / (lanes * link.bandwidth_bytes_per_s)

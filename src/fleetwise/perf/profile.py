@@ -78,7 +78,7 @@ class Profile(Spec):
     """(decode sequence x KV head) work units per GPU needed to saturate bandwidth (about one per SM)."""
     elementwise_passes: float = Field(default=12.0, ge=0)
     """Full read+write passes per layer over a token's activations (norms, RoPE, residuals, copies)."""
-    kernel_graph_s: float = Field(default=3e-6, gt=0)
+    kernel_graph_s: float = Field(default=1.5e-6, gt=0)
     """GPU time per kernel when steps replay CUDA graphs (launch gaps, tails, tiny kernels)."""
     kernel_eager_s: float = Field(default=12e-6, gt=0)
     """Host time to launch one kernel eagerly (framework dispatch): the floor of short eager steps."""

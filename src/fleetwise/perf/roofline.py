@@ -22,8 +22,9 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
 - Attention per layer and GPU: prompt rows (chunks) are compute-bound flash attention,
       t_pre = 2*(H/tp)*(d_qk+d_v)*pairs_pre / (P_bf16*attn_compute_eff)
   (4*H*d*pairs for GQA); decode rows are bandwidth-bound on the KV they read,
-      t_dec = max(kv_dec*kvb_layer / (B*kv_mem_eff*min(1, U/attn_saturation_units)), flops/(P*eff)),
-  U = decode sequences x KV heads per GPU (work units; too few leave SMs idle). Decode rows are
+      t_dec = max(kvb_layer*max(kv_dec, longest*attn_saturation_units/U_seq) / (B*kv_mem_eff), flops/(P*eff)),
+  U = decode sequences x KV heads per GPU (work units; too few leave SMs idle: the longest row then
+  streams at 1/attn_saturation_units of the bandwidth per KV head). Decode rows are
   T - prefill_tokens, their KV reads kv_read_tokens - prefill_tokens (prompt chunks are assumed
   to start without cached context), their pairs are the rest of attn_pairs. MLA reads the latent.
 - Elementwise traffic per layer: elementwise_passes * T * (h + (H+2K)*d/tp) * ab / (B*kv_mem_eff)
@@ -115,7 +116,7 @@ class BoundPerf:
         self.deployment, self.profile = deployment, profile
         d, p, m = deployment, profile, deployment.model
         par, acc = d.parallelism, d.accelerator
-        tp, pp, ep = par.tp, par.pp, par.ep
+        tp = par.tp
         peak = acc.peak_flops(COMPUTE_DTYPE_FOR_WEIGHTS.get(d.weight_dtype, "bf16"))
         bw = acc.hbm_bytes_per_s
         wb, kvb = dtype_bytes(d.weight_dtype), dtype_bytes(d.kv_dtype)
@@ -183,7 +184,7 @@ class BoundPerf:
         self.c_attn_pre = L * pre_flops / (peak16 * p.attn_compute_eff)
         self.c_attn_dec = L * dec_flops / (peak16 * p.attn_compute_eff)
         self.kv_read = L * self.kv_layer_bytes / (bw * p.kv_mem_eff)
-        self.inv_units = 1.0 / p.attn_saturation_units
+        self.seq_per_sat = p.attn_saturation_units / self.units_per_seq
 
     def _bind_comm(self, d: Deployment, h: int) -> None:
         par, acc = d.parallelism, d.accelerator
@@ -250,8 +251,12 @@ class BoundPerf:
             dec_kv = 0
         pre_pairs = s.attn_pairs - dec_kv
         a_pre = self.c_attn_pre * pre_pairs if pre_pairs > 0 else 0.0
-        sat = dec * self.units_per_seq * self.inv_units
-        kv_m = self.kv_read * dec_kv / (sat if sat < 1.0 else 1.0) if dec > 0 else 0.0
+        kv_m = 0.0
+        if dec > 0:
+            # Saturated: all KV bytes at full bandwidth. Too few (row x KV head) units: the longest
+            # row streams at the bandwidth of one unit, 1/attn_saturation_units of the card's.
+            longest = s.max_decode_kv_tokens if s.max_decode_kv_tokens > 0 else dec_kv / dec
+            kv_m = self.kv_read * max(dec_kv, longest * self.seq_per_sat)
         a_dec = self.c_attn_dec * dec_kv
         elem = self.e_tok * T
         comm_tp = self.tp_tok * T + self.tp_fix

@@ -35,6 +35,8 @@ class BatchShape:
     attn_pairs: sum over sequences of new*(context + (new+1)/2): causal query-key pairs.
     prefill_tokens: new tokens of sequences with new > 1 (prompt chunks).
     max_new_tokens: largest single chunk.
+    max_decode_kv_tokens: largest KV read (context + 1) of a decode row (new == 1); 0 when unknown.
+      Decode attention with few rows is bound by its longest row, not by the mean.
     """
 
     num_seqs: int
@@ -43,10 +45,11 @@ class BatchShape:
     attn_pairs: float
     prefill_tokens: int = 0
     max_new_tokens: int = 0
+    max_decode_kv_tokens: int = 0
 
     @staticmethod
     def of(batch: Iterable[SeqWork]) -> BatchShape:
-        n = t = kv = pre = mx = 0
+        n = t = kv = pre = mx = mdk = 0
         pairs = 0.0
         for s in batch:
             n += 1
@@ -55,13 +58,16 @@ class BatchShape:
             pairs += s.new_tokens * (s.context_tokens + (s.new_tokens + 1) / 2)
             if s.new_tokens > 1:
                 pre += s.new_tokens
+            elif s.new_tokens == 1:
+                mdk = max(mdk, s.context_tokens + 1)
             mx = max(mx, s.new_tokens)
-        return BatchShape(n, t, kv, pairs, pre, mx)
+        return BatchShape(n, t, kv, pairs, pre, mx, mdk)
 
     @staticmethod
     def decode(batch: int, ctx: int) -> BatchShape:
         """`batch` decodes, each attending to `ctx` positions (the new one included)."""
-        return BatchShape(batch, batch, batch * ctx, batch * (ctx - 1 + 1.0), 0, 1 if batch else 0)
+        return BatchShape(batch, batch, batch * ctx, batch * (ctx - 1 + 1.0), 0, 1 if batch else 0,
+                          ctx if batch else 0)
 
     @staticmethod
     def prefill(batch: int, seq: int) -> BatchShape:
@@ -76,6 +82,7 @@ class BatchShape:
             self.attn_pairs + other.attn_pairs,
             self.prefill_tokens + other.prefill_tokens,
             max(self.max_new_tokens, other.max_new_tokens),
+            max(self.max_decode_kv_tokens, other.max_decode_kv_tokens),
         )
 
 

@@ -1,0 +1,130 @@
+"""PerfModel contract: sane defaults on every catalog card, monotone, non-negative, fast path agrees."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetwise.perf.profile import Profile
+from fleetwise.perf.roofline import PerfModel
+from fleetwise.perf.types import BatchShape, Deployment, SeqWork
+from fleetwise.spec.catalog import get_model, list_gpus
+from fleetwise.spec.hardware import AcceleratorSpec, LinkSpec
+from fleetwise.spec.parallel import ParallelismSpec
+
+H200 = AcceleratorSpec(
+    name="h200-sxm", vendor="nvidia", hbm_bytes=141e9, hbm_bytes_per_s=4.8e12,
+    flops_per_s={"bf16": 989e12, "fp8": 1979e12}, intra_node_link=LinkSpec(bandwidth_bytes_per_s=450e9),
+    network=LinkSpec(bandwidth_bytes_per_s=50e9),
+)
+MODELS = ["llama-3.1-8b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"]
+
+
+def make_dep(model: str = "llama-3.1-8b", gpu: AcceleratorSpec = H200, **kw) -> Deployment:
+    m = get_model(model)
+    if "parallelism" not in kw and m.weight_bytes("bf16") > 0.8 * gpu.hbm_bytes:
+        kw["parallelism"] = ParallelismSpec(tp=8, ep=8 if m.moe else 1)
+    return Deployment(m, gpu, **kw)
+
+
+@pytest.mark.parametrize("gpu", list_gpus(), ids=lambda g: g.name)
+def test_defaults_sane_on_every_catalog_card(gpu):
+    pm = PerfModel()
+    dep = make_dep("llama-3.1-8b", gpu)
+    pre = pm.step_cost(BatchShape.prefill(1, 8192), dep)
+    dec = pm.step_cost(BatchShape.decode(1, 1024), dep)
+    assert pre.bound == "compute"
+    assert dec.bound == "memory"
+    assert 0 < dec.total_s < pre.total_s
+    # small-batch decode takes at least the time to stream the weights once at peak bandwidth
+    assert dec.total_s > dep.model.weight_bytes("bf16") * 0.9 / gpu.hbm_bytes_per_s
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_step_cost_and_fast_path_agree_exactly(model):
+    pm = PerfModel()
+    dep = make_dep(model)
+    bound = pm.bind(dep)
+    for shape in (BatchShape.decode(7, 3000), BatchShape.prefill(2, 1500),
+                  BatchShape.decode(32, 2048) + BatchShape.prefill(1, 512)):
+        assert bound.step_time_s(shape) == pm.step_cost(shape, dep).total_s
+
+
+def test_seqwork_batch_equals_shape():
+    pm, dep = PerfModel(), make_dep()
+    batch = [SeqWork(1, 999), SeqWork(1, 499), SeqWork(256, 0)]
+    assert pm.step_cost(batch, dep).total_s == pm.step_cost(BatchShape.of(batch), dep).total_s
+
+
+def test_empty_batch_costs_nothing():
+    assert PerfModel().step_cost(BatchShape(0, 0, 0, 0.0), make_dep()).total_s == 0.0
+
+
+def test_eager_steps_have_a_launch_floor():
+    pm = PerfModel()
+    eager = make_dep(cuda_graphs=False)
+    graph = make_dep()
+    short = BatchShape.prefill(1, 64)
+    assert pm.step_cost(short, eager).total_s > pm.step_cost(short, graph).total_s
+    assert pm.step_cost(short, eager).bound == "overhead"
+
+
+def test_moe_decode_reads_only_touched_experts():
+    pm, dep = PerfModel(), make_dep("qwen3-30b-a3b")
+    one = pm.step_cost(BatchShape.decode(1, 512), dep)
+    many = pm.step_cost(BatchShape.decode(256, 512), dep)
+    # 8 of 128 experts at batch 1 against all of them at 256: far more weight traffic
+    assert many.weight_memory_s > 5 * one.weight_memory_s
+
+
+def test_tp_adds_communication_and_splits_work():
+    pm = PerfModel()
+    one = pm.step_cost(BatchShape.prefill(1, 4096), make_dep("llama-3.1-8b"))
+    four = pm.step_cost(BatchShape.prefill(1, 4096), make_dep("llama-3.1-8b", parallelism=ParallelismSpec(tp=4)))
+    assert four.tp_comm_s > 0 and one.tp_comm_s == 0
+    assert four.gemm_compute_s < one.gemm_compute_s / 3
+
+
+def test_ep_adds_all_to_all_and_imbalance_slows_experts():
+    pm = PerfModel()
+    par = ParallelismSpec(tp=8, ep=8)
+    even = make_dep("mixtral-8x7b", parallelism=par)
+    skew = make_dep("mixtral-8x7b", parallelism=par, expert_load_imbalance=1.5)
+    shape = BatchShape.prefill(4, 2048)
+    assert pm.step_cost(shape, even).ep_comm_s > 0
+    assert pm.step_cost(shape, skew).total_s > pm.step_cost(shape, even).total_s
+
+
+def test_profile_round_trips(tmp_path):
+    prof = Profile(accelerator="h200-sxm", engine="test").with_factors(gemm_mem_eff=0.61)
+    prof.save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json") == prof
+
+
+seqs = st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 32768)), min_size=1, max_size=16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seqs=seqs, model=st.sampled_from(MODELS), graphs=st.booleans())
+def test_nonnegative_and_monotone_in_tokens_and_context(seqs, model, graphs):
+    pm = PerfModel()
+    dep = make_dep(model, cuda_graphs=graphs)
+    base = [SeqWork(n, c) for n, c in seqs]
+    cost = pm.step_cost(base, dep)
+    parts = cost.as_dict()
+    assert all(v >= 0 for k, v in parts.items() if k != "bound")
+    assert cost.total_s > 0
+    more_ctx = [SeqWork(s.new_tokens, s.context_tokens + 1024) for s in base]
+    more_seq = base + [SeqWork(1, 512)]
+    assert pm.step_cost(more_ctx, dep).total_s >= cost.total_s
+    assert pm.step_cost(more_seq, dep).total_s >= cost.total_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 512), ctx=st.integers(1, 65536), seq=st.integers(1, 32768), model=st.sampled_from(MODELS))
+def test_monotone_in_batch_and_length(b, ctx, seq, model):
+    bound = PerfModel().bind(make_dep(model))
+    assert bound.step_time_s(BatchShape.decode(b + 1, ctx)) >= bound.step_time_s(BatchShape.decode(b, ctx))
+    assert bound.step_time_s(BatchShape.decode(b, ctx + 64)) >= bound.step_time_s(BatchShape.decode(b, ctx))
+    assert bound.step_time_s(BatchShape.prefill(1, seq + 64)) >= bound.step_time_s(BatchShape.prefill(1, seq))

@@ -1,0 +1,59 @@
+"""Where simulation tasks run: in this process, in a local process pool, or on a Ray cluster.
+
+Owns one method, `map(fn, ctx, items)`, that keeps the input order so results are deterministic
+whatever the worker count. Tasks are top-level functions of (context, item); the context is sent
+once per task. Ray is optional (`pip install fleetwise[ray]`) and only imported when asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+from fleetwise.errors import SpecError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Executor:
+    """Runs `fn(ctx, item)` for each item; `workers` 1 runs inline."""
+
+    def __init__(self, workers: int = 1, ray_address: str | None = None) -> None:
+        if workers < 1:
+            raise SpecError(f"--workers={workers}: must be at least 1")
+        self.workers = workers
+        self.ray_address = ray_address
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def map(self, fn: Callable[[Any, T], R], ctx: Any, items: Sequence[T]) -> list[R]:
+        if not items:
+            return []
+        if self.ray_address:
+            return _ray_map(self.ray_address, fn, ctx, items)
+        if self.workers == 1 or len(items) == 1:
+            return [fn(ctx, it) for it in items]
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+        return list(self._pool.map(partial(fn, ctx), items))
+
+
+def _ray_map(address: str, fn: Callable[[Any, T], R], ctx: Any, items: Sequence[T]) -> list[R]:
+    try:
+        import ray  # type: ignore[import-not-found]
+    except ImportError:
+        raise SpecError("--ray needs Ray: pip install 'fleetwise[ray]' (or drop --ray to use local processes)") from None
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    remote = ray.remote(fn)
+    ctx_ref = ray.put(ctx)
+    return list(ray.get([remote.remote(ctx_ref, it) for it in items]))

@@ -1,0 +1,115 @@
+"""Each fault kind changes the run the way docs/simulator.md says, and no request is lost."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetwise.core.request import Request
+from fleetwise.errors import SpecError
+from fleetwise.sim.runner import SimOptions, simulate
+from fleetwise.spec.faults import FaultScenario
+from fleetwise.spec.plan import PlanSpec
+
+
+def make_requests(n: int = 200, gap_s: float = 0.1, prompt: int = 1024, out: int = 64) -> list[Request]:
+    return [Request(i, i * gap_s, prompt, out) for i in range(n)]
+
+
+def mixed_plan(replicas: int = 2, **kw) -> PlanSpec:
+    return PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": replicas}],
+                    **kw)
+
+
+def pd_plan(**kw) -> PlanSpec:
+    pools = [{"name": "p", "role": "prefill", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": 2},
+             {"name": "d", "role": "decode", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": 2}]
+    return PlanSpec(pools=pools, **kw)
+
+
+def run(plan, faults, reqs=None):
+    reqs = reqs or make_requests()
+    res = simulate(plan, reqs, FaultScenario(faults=faults) if faults is not None else None, SimOptions(seed=3))
+    s = res.summary
+    assert s["requests_completed"] + s["requests_failed"] == len(reqs), "a request was lost"
+    return res, s
+
+
+def test_crash_fails_in_flight_requests_and_the_replica_restarts():
+    res, s = run(mixed_plan(), [{"kind": "crash", "replica": "m-0", "at_s": 5.0, "restart_after_s": 3.0}])
+    assert s["failure_reasons"] == {"replica_crashed": s["requests_failed"]} and s["requests_failed"] >= 1
+    phases = [(f["phase"], f["t_s"]) for f in s["faults"]]
+    assert phases == [("crash", 5.0), ("restart", 8.0)]
+    rec = res.records
+    after = [i for i, r in enumerate(rec.requests) if 8.5 < r.arrival_s < 15]
+    assert any(rec.worker[i] == 0 for i in after), "restarted replica takes traffic again"
+    down = [i for i, r in enumerate(rec.requests) if 5.0 < r.arrival_s < 8.0]
+    assert all(rec.worker[i] == 1 for i in down)
+
+
+def test_crash_with_retry_reroutes_in_flight_requests_once():
+    _, s = run(mixed_plan(retry_on_crash=True), [{"kind": "crash", "replica": "m-0", "at_s": 5.0}])
+    assert s["requests_failed"] == 0 and s["requests_retried"] >= 1
+
+
+def test_slowdown_multiplies_step_time_of_one_replica_during_the_interval():
+    reqs = make_requests(20, gap_s=1.0, out=16)  # one request at a time
+    base, _ = run(mixed_plan(replicas=1), None, reqs)
+    slow, _ = run(mixed_plan(replicas=1), [{"kind": "slowdown", "replica": "m-0", "start_s": 5, "end_s": 10,
+                                           "factor": 3.0}], reqs)
+    def tpot(r, i):
+        rec = r.records
+        return (rec.finish_s[i] - rec.first_token_s[i]) / (rec.requests[i].output_tokens - 1)
+
+    def ttft(r, i):
+        return r.records.first_token_s[i] - r.records.requests[i].arrival_s
+
+    for i in (6, 7):  # inside the interval
+        assert tpot(slow, i) == pytest.approx(3 * tpot(base, i), rel=1e-6)
+        assert ttft(slow, i) == pytest.approx(3 * ttft(base, i), rel=1e-6)
+    assert tpot(slow, 15) == pytest.approx(tpot(base, 15), rel=1e-9)
+
+
+def test_kv_link_degradation_slows_transfers_and_failure_fails_or_reprefills():
+    reqs = make_requests(100)
+    _, base = run(pd_plan(kv_link={"gbps": 50}), None, reqs)
+    _, slow = run(pd_plan(kv_link={"gbps": 50}), [{"kind": "kv_link", "start_s": 0, "end_s": 100,
+                                                   "bandwidth_factor": 0.25}], reqs)
+    assert slow["kv_transfer"]["p50_s"] == pytest.approx(4 * base["kv_transfer"]["p50_s"], rel=0.05)
+    down = [{"kind": "kv_link", "start_s": 2.0, "end_s": 3.0, "bandwidth_factor": 0.0}]
+    _, failed = run(pd_plan(kv_link={"gbps": 50}), down, reqs)
+    assert failed["failure_reasons"] == {"kv_transfer_failed": failed["requests_failed"]}
+    assert 8 <= failed["requests_failed"] <= 11
+    _, re = run(pd_plan(kv_link={"gbps": 50, "on_failure": "reprefill"}),
+                [{"kind": "kv_link", "start_s": 2.0, "end_s": 2.05, "bandwidth_factor": 0.0}], reqs)
+    assert re["requests_failed"] == 0 and re["requests_retried"] >= 1
+
+
+def test_stale_view_freezes_the_router_view():
+    # Least-loaded routing on a frozen view: the view never changes, so every decision in the
+    # interval sees the same (idle) fleet; the fault log records the interval.
+    _, s = run(mixed_plan(), [{"kind": "stale_view", "start_s": 1.0, "end_s": 2.0}])
+    assert [(f["phase"], f["t_s"]) for f in s["faults"]] == [("start", 1.0), ("end", 2.0)]
+    assert s["requests_failed"] == 0
+
+
+def test_rolling_upgrade_drains_one_replica_at_a_time_and_changes_the_version():
+    res, s = run(mixed_plan(), [{"kind": "rolling_upgrade", "pool": "m", "start_s": 3.0,
+                                 "new_model_version": "v2", "restart_after_s": 1.0}])
+    phases = [(f["phase"], f["target"]) for f in s["faults"]]
+    assert phases == [("drain", "m-0"), ("down", "m-0"), ("restart", "m-0"), ("drain", "m-1"), ("down", "m-1"),
+                      ("restart", "m-1"), ("done", "")]
+    assert s["requests_failed"] == 0
+    t = {(f["phase"], f["target"]): f["t_s"] for f in s["faults"]}
+    rec = res.records
+    during = [i for i, r in enumerate(rec.requests) if t[("drain", "m-0")] < r.arrival_s < t[("restart", "m-0")]]
+    assert during and all(rec.worker[i] == 1 for i in during), "a draining replica receives nothing new"
+
+
+def test_fault_naming_an_unknown_replica_is_a_spec_error():
+    with pytest.raises(SpecError, match="m-7"):
+        run(mixed_plan(), [{"kind": "crash", "replica": "m-7", "at_s": 1.0}])
+
+
+def test_fault_file_validation():
+    with pytest.raises(Exception, match="end_s"):
+        FaultScenario(faults=[{"kind": "slowdown", "replica": "m-0", "start_s": 5, "end_s": 4, "factor": 2}])

@@ -1,0 +1,82 @@
+"""Plan validation and fleet building: role families, catalog names, parallelism, memory fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetwise.errors import SpecError
+from fleetwise.sim.events import EventLoop
+from fleetwise.sim.fleet import Fleet
+from fleetwise.perf.roofline import PerfModel
+from fleetwise.spec.base import validate
+from fleetwise.spec.plan import PlanSpec
+
+
+def pool(**kw):
+    base = {"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b"}
+    return {**base, **kw}
+
+
+def make_fleet(plan: PlanSpec) -> Fleet:
+    return Fleet(plan, EventLoop(), PerfModel(), lambda *a: None, lambda rep, now: 0.0)
+
+
+BAD_PLANS = [
+    ({"pools": [pool(bogus=1)]}, "bogus"),
+    ({"pools": [pool(role="mixed"), pool(name="p", role="prefill")]}, "mix roles"),
+    ({"pools": [pool(role="prefill")]}, "add a `decode` pool"),
+    ({"pools": [pool(), pool()]}, "unique"),
+    ({"pools": [pool()], "routing": "round-robbin"}, "round-robin"),
+    ({"pools": [pool()], "kv_link": {"gbps": 10, "bandwidth_bytes_per_s": 1e9}}, "either"),
+    ({"pools": []}, "pools"),
+]
+
+
+@pytest.mark.parametrize("data,needle", BAD_PLANS, ids=[n for _, n in BAD_PLANS])
+def test_bad_plan_documents_raise_spec_errors_naming_the_problem(data, needle):
+    with pytest.raises(SpecError, match=needle):
+        validate(PlanSpec, data, "plan.yaml")
+
+
+CATALOG_ERRORS = [
+    (pool(accelerator="h100"), "unknown gpu 'h100'.*h100-sxm"),
+    (pool(model="llama-9"), "unknown model"),
+    (pool(parallelism={"tp": 3}), "tp=3 does not divide"),
+    (pool(parallelism={"tp": 16}), "exceeds"),
+    (pool(parallelism={"ep": 2}), "MoE"),
+]
+
+
+@pytest.mark.parametrize("p,needle", CATALOG_ERRORS, ids=[n for _, n in CATALOG_ERRORS])
+def test_plan_check_resolves_catalog_and_parallelism(p, needle):
+    plan = PlanSpec(pools=[p])
+    with pytest.raises(SpecError, match=needle):
+        plan.check()
+    with pytest.raises(SpecError, match=needle):
+        make_fleet(plan)
+
+
+def test_a_model_that_does_not_fit_says_fit_failed_and_suggests_fleetwise_fit():
+    plan = PlanSpec(pools=[pool(model="llama-3.1-405b", accelerator="h100-sxm")])
+    with pytest.raises(SpecError, match=r"fit failed.*fleetwise fit"):
+        make_fleet(plan)
+
+
+def test_fleet_builds_named_replicas_with_kv_capacity_and_ports_only_for_pd():
+    plan = PlanSpec(pools=[pool(name="pre", role="prefill", replicas=2), pool(name="dec", role="decode", replicas=3)],
+                    kv_link={"gbps": 100})
+    fleet = make_fleet(plan)
+    assert fleet.names == ["pre-0", "pre-1", "dec-0", "dec-1", "dec-2"]
+    assert all(r.kv_capacity_tokens > 100_000 for r in fleet.replicas)
+    assert [r.role for r in fleet.replicas] == ["prefill"] * 2 + ["decode"] * 3
+    assert plan.kv_link.bytes_per_s == 100e9 / 8
+    views = fleet.workers(1.5)
+    assert [v.name for v in views] == fleet.names
+    assert all(v.healthy and v.reported_at_s == 1.5 and v.pool in ("pre", "dec") for v in views)
+
+
+def test_load_plan_file_checks_catalog(tmp_path):
+    f = tmp_path / "plan.yaml"
+    f.write_text("pools:\n  - {name: m, accelerator: h100-sxm, model: llama-3.1-8b, parallelism: {tp: 5}}\n")
+    with pytest.raises(SpecError, match=r"plan.yaml: pools.0 \(m\).*tp=5"):
+        PlanSpec.load(f)

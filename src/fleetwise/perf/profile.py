@@ -59,7 +59,7 @@ class Profile(Spec):
     """Fraction of peak HBM bandwidth a dense GEMM reaches while streaming its weights."""
     gemm_compute_eff: float = Field(default=0.7, gt=0, le=1)
     """Fraction of dense peak FLOP/s a large GEMM reaches (cuBLAS on big shapes: 0.7-0.8)."""
-    gemm_m_half_tokens: float = Field(default=128.0, gt=0)
+    gemm_m_half_tokens: float = Field(default=96.0, gt=0)
     """Rows (tokens) at which a dense GEMM runs at half its large-M efficiency: eff(M) = eff*M/(M+m_half)."""
     grouped_compute_eff: float = Field(default=0.8, gt=0, le=1)
     """Large-group efficiency of a grouped expert GEMM relative to a dense GEMM's (`gemm_compute_eff`)."""

@@ -16,8 +16,9 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
 - Routed experts, per MoE layer and GPU: expected experts touched by T tokens
   X = E*(1-(1-k/E)^T), X/ep per rank; routed rows per rank R = min(T*k, T*k*imbalance/ep);
   m = R/(X/ep) tokens per touched expert;
-      t = max(2*R*3*h*f/etp / (P*grouped_compute_eff*m/(m+grouped_m_half_tokens)),
-              ((X/ep)*3*h*f/etp*wb + R*(2h+3f/etp)*ab) / (B*grouped_mem_eff)),
+      t = max(2*R*3*h*f/etp / (P*gemm_compute_eff*grouped_compute_eff*m/(m+grouped_m_half_tokens)),
+              (X/ep)*(3*h*f/etp*wb/(B*gemm_mem_eff) + expert_group_s) + R*(2h+3f/etp)*ab/(B*gemm_mem_eff))
+          + moe_row_passes*R*(h+f/etp)*ab/(B*kv_mem_eff)      (gather, SiLU*mul, weights, scatter-add),
   etp = max(1, tp//ep) shards each expert when tp exceeds ep. Only touched experts are read.
 - Attention per layer and GPU: prompt rows (chunks) are compute-bound flash attention,
       t_pre = 2*(H/tp)*(d_qk+d_v)*pairs_pre / (P_bf16*attn_compute_eff)
@@ -27,7 +28,7 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
   streams at 1/attn_saturation_units of the bandwidth per KV head). Decode rows are
   T - prefill_tokens, their KV reads kv_read_tokens - prefill_tokens (prompt chunks are assumed
   to start without cached context), their pairs are the rest of attn_pairs. MLA reads the latent.
-- Elementwise traffic per layer: elementwise_passes * T * (h + (H+2K)*d/tp) * ab / (B*kv_mem_eff)
+- Elementwise traffic: elementwise_passes * T * (h + (H+2K)*d/tp [+ ffn/tp, dense layers]) * ab / (B*kv_mem_eff)
   plus the KV write of the T new tokens.
 - TP: 2 all-reduces per layer of T*h*ab bytes: 2*(tp-1)/tp*bytes/link_bw + latency (intra-node).
   PP: (pp-1) activation sends of T*h*ab. EP: dispatch+combine per MoE layer of

@@ -1,0 +1,121 @@
+"""Calibration against the shared H200 ground truth: in-sample and leave-one-model-out accuracy,
+ground-truth loading, and the calibrate/predict CLI (bad files: one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetwise.cli.main import main
+from fleetwise.errors import SpecError
+from fleetwise.perf.calibrate import calibrate, cross_validate, fit_bounds, predict, summarize
+from fleetwise.perf.groundtruth import load_groundtruth
+from fleetwise.perf.profile import FACTOR_BOUNDS, Profile
+from fleetwise.spec.catalog import get_gpu
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "ground_truth"
+FILES = ["h200_dense.json", "h200_moe.json", "h200_mixed.json"]
+needs_shared = pytest.mark.skipif(not all((SHARED / f).is_file() for f in FILES), reason="shared ground truth absent")
+H200 = get_gpu("h200-sxm")
+
+
+@pytest.fixture(scope="module")
+def files():
+    return [load_groundtruth(SHARED / f) for f in FILES]
+
+
+@pytest.fixture(scope="module")
+def profile(files):
+    return calibrate(files, H200, base=Profile(accelerator="h200-sxm", engine="test"))
+
+
+@needs_shared
+def test_loader_reads_every_point_and_config(files):
+    dense, moe, mixed = files
+    assert len(dense.points) == 30 and len(moe.points) == 30 and len(mixed.points) == 28
+    q = moe.models["qwen3-30b-a3b"]
+    assert q.moe is not None and q.moe.num_experts == 128 and q.moe.experts_per_token == 8
+    assert q.kv_bytes_per_token("bf16") == 98304  # the file's kv_bytes_per_token
+    assert dense.models["llama-3.1-8b"].kv_bytes_per_token("bf16") == 131072
+    assert {p.kind for p in mixed.points} == {"mixed"}
+    assert dense.ceilings["bf16_gemm_8192_TFLOPs"] > 700
+
+
+@needs_shared
+def test_in_sample_accuracy(files, profile):
+    s = summarize(predict(profile, files, H200))
+    assert s["points"] == 88
+    assert s["median_abs_pct"] <= 3.0  # measured: 1.6
+    assert s["max_abs_pct"] <= 15.0  # measured: 11.5
+    for kind in ("prefill", "decode", "mixed"):
+        assert s["by_kind"][kind]["median_abs_pct"] <= 5.0
+
+
+@needs_shared
+def test_factors_are_physical_and_within_bounds(files, profile):
+    bounds = fit_bounds(files, H200)
+    for name, value in profile.factors().items():
+        lo, hi = bounds[name]
+        assert lo * 0.999 <= value <= hi * 1.001, name
+    # no GEMM beats the 8192^3 GEMM the card ran in the same session
+    assert profile.gemm_compute_eff <= max(f.ceilings["bf16_gemm_8192_TFLOPs"] for f in files) * 1e12 / 989e12 + 1e-9
+    assert profile.accelerator == "h200-sxm" and profile.fit["points"] == 88
+
+
+@needs_shared
+def test_leave_one_model_out(files):
+    cv = cross_validate(files, H200)
+    assert set(cv) == {"llama-3.1-8b", "qwen3-30b-a3b"}
+    # measured: dense from MoE median 8.5% (max 16.5%); MoE from dense median 5.6% (max 34.5%)
+    for held, s in cv.items():
+        assert s["median_abs_pct"] <= 10.0, held
+        assert s["max_abs_pct"] <= 40.0, held
+
+
+def test_bounds_cover_every_factor():
+    assert set(Profile().factors()) == set(FACTOR_BOUNDS)
+    for name, (lo, hi) in FACTOR_BOUNDS.items():
+        assert lo < getattr(Profile(), name) < hi, name
+
+
+@pytest.mark.parametrize("doc,match", [
+    ({"schema": "other"}, "not a ground-truth file"),
+    ({"schema": "fleetwise-groundtruth/1", "models": {}}, "non-empty mapping"),
+    ({"schema": "fleetwise-groundtruth/1", "models": {"m": {"config": {"layers": 2}}}}, "missing hidden"),
+    ({"schema": "fleetwise-groundtruth/1", "models": {"m": {
+        "config": {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128, "vocab": 100},
+        "decode": [{"batch": 1, "ms": 1.0}]}}}, r"decode\[0\]: a decode point needs batch, ctx, ms"),
+], ids=["schema", "no-models", "config", "point"])
+def test_bad_ground_truth_names_the_problem(tmp_path, doc, match):
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match=match):
+        load_groundtruth(path)
+
+
+def test_cli_bad_file_is_one_line_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["calibrate", str(bad), "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not valid JSON" in err[0]
+    assert main(["predict", "--profile", str(bad), "--against", str(bad)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@needs_shared
+def test_cli_calibrate_then_predict_json(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    assert main(["calibrate", *[str(SHARED / f) for f in FILES], "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert Profile.load(out).accelerator == "h200-sxm"
+    assert main(["predict", "--profile", str(out), "--against", str(SHARED / "h200_mixed.json"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["points"]) == 28
+    first = doc["points"][0]
+    assert set(first) >= {"model", "kind", "batch", "ctx", "chunk", "measured_ms", "predicted_ms"}
+    assert doc["summary"]["by_kind"]["mixed"]["points"] == 28
+    assert main(["predict", "--profile", str(out), "--against", str(SHARED / "h200_dense.json")]) == 0
+    assert "median |err|" in capsys.readouterr().out

@@ -98,8 +98,8 @@ def _disaggregated(search: Search, p: Layout, d: Layout) -> Candidate | None:
     sp, sd = size_pool("prefill", gp, w.rate_rps, search.burst, h), size_pool("decode", gd, w.rate_rps, search.burst, h)
     fleet = FleetShape((PoolShape("prefill", p, sp.serving), PoolShape("decode", d, sd.serving)), *_link(search, p))
     kind = "heterogeneous" if p.accelerator != d.accelerator else "disaggregated"
-    steps = (_base_steps(search, "prefill", p) + _base_steps(search, "decode", d)[1:]
-             + _pd_steps(search, p, d, sp, sd) + [sp.explain(h), sd.explain(h)])
+    both = _base_steps(search, "prefill", p) + _base_steps(search, "decode", d)
+    steps = list(dict.fromkeys(both)) + _pd_steps(search, p, d, sp, sd) + [sp.explain(h), sd.explain(h)]
     return Candidate(f"{kind} P[{p.label}] D[{d.label}]", kind, fleet, {"prefill": sp, "decode": sd}, steps)
 
 

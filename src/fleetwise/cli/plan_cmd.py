@@ -1,0 +1,62 @@
+"""`fleetwise plan [SPEC.yaml] [--json OUT] [--top K] [--workers N] [--ray ADDRESS]`.
+
+Owns argument parsing and output of the planner (`fleetwise.planner.api.plan`): the readable
+report on stdout, the JSON document to a file (`--json -` prints it instead of the report), and
+`--write-schema` to refresh docs/schema/planning-spec.schema.json. With no SPEC it answers the
+built-in question (Llama-3.1-70B chat on H100 vs H200). An infeasible question prints its
+explanation (and writes the JSON) and exits 1; a bad spec is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan", help="plan a deployment: ranked, explained, simulated fleets for a model, hardware, traffic and SLOs",
+        description="Enumerate layouts that fit, estimate latency floors, measure effective goodput in the "
+                    "simulator, size replicas with headroom, compare colocated and PD plans, rank by cost.",
+    )
+    p.add_argument("spec", nargs="?", default=None, help="SPEC.yaml (default: the built-in 70B chat question)")
+    p.add_argument("--json", dest="json_out", metavar="OUT", default=None,
+                   help="write the plan document (JSON) to OUT; `-` prints it instead of the report")
+    p.add_argument("--top", type=int, default=None, metavar="K", help="plans to report (default: spec.search.top_k)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="worker processes for simulations (default: CPU count)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS", help="run simulations on a Ray cluster (fleetwise[ray])")
+    p.add_argument("--write-schema", nargs="?", const="docs/schema/planning-spec.schema.json", default=None,
+                   metavar="PATH", help="write the SPEC.yaml JSON Schema and exit")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetwise.errors import SpecError
+    from fleetwise.planner.api import plan
+    from fleetwise.planner.defaults import default_spec
+    from fleetwise.planner.pipeline import PlanOptions
+    from fleetwise.planner.report import render, to_json
+    from fleetwise.spec.planning import load_planning_spec, write_planning_schema
+
+    if args.write_schema:
+        print(write_planning_schema(args.write_schema))
+        return 0
+    if args.top is not None and args.top < 1:
+        raise SpecError(f"--top={args.top}: must be at least 1")
+    spec = load_planning_spec(args.spec) if args.spec else default_spec()
+    workers = args.workers if args.workers is not None else max(1, os.cpu_count() or 1)
+    search = plan(spec, PlanOptions(workers=workers, top_k=args.top, ray_address=args.ray))
+    doc = to_json(search)
+    if args.json_out == "-":
+        print(json.dumps(doc, indent=2))
+    else:
+        render(search, Console(highlight=False))
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return 1 if search.infeasible else 0

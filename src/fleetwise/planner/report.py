@@ -1,0 +1,176 @@
+"""The planner's output: the stable JSON document (docs/planner.md) and a readable rich report.
+
+Owns `to_json(search)` (schema `fleetwise-plan/1`) and `render(search, console)`. Numbers are
+rounded for stability; the document holds no wall-clock figure except `search.wall_s`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fleetwise.planner.measure import SimVerdict
+from fleetwise.planner.pipeline import Candidate, Search
+
+SCHEMA = "fleetwise-plan/1"
+
+
+def _r(x: float, nd: int = 6) -> float:
+    return round(float(x), nd)
+
+
+def _mean(vs: list[SimVerdict], get: Any) -> float:
+    return sum(get(v) for v in vs) / len(vs)
+
+
+def _ci95(values: list[float]) -> list[float]:
+    n = len(values)
+    m = sum(values) / n
+    if n < 2:
+        return [_r(m), _r(m)]
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+    h = 1.96 * sd / math.sqrt(n)
+    return [_r(max(0.0, m - h)), _r(min(1.0, m + h))]
+
+
+def _predicted(c: Candidate) -> dict[str, Any]:
+    assert c.refined is not None
+    s = c.refined.seeds
+    return {
+        "ttft_p50_s": _r(_mean(s, lambda v: v.ttft["p50"])), "ttft_p99_s": _r(_mean(s, lambda v: v.ttft["p99"])),
+        "tpot_p50_s": _r(_mean(s, lambda v: v.tpot["p50"])), "tpot_p99_s": _r(_mean(s, lambda v: v.tpot["p99"])),
+        "goodput_rps": _r(_mean(s, lambda v: v.goodput_rps)),
+        "slo_attainment": _r(_mean(s, lambda v: v.attainment)),
+        "slo_attainment_ci95": _ci95([v.attainment for v in s]),
+        "seeds": len(s),
+        "kv_transfer_p99_s": _r(_mean(s, lambda v: v.kv_transfer.get("p99_s", 0.0))),
+    }
+
+
+def _evidence(search: Search, c: Candidate) -> list[str]:
+    r = c.refined
+    assert r is not None
+    k = f"p{search.spec.slo.percentile}"
+    out = []
+    if r.confirm is not None:
+        fixed = f"; corrected: {'; '.join(r.corrections)}" if r.corrections else ""
+        out.append(f"confirmed in simulation: {r.serving.label} at peak {r.confirm.rate_rps:.2f} req/s -> TTFT {k} "
+                   f"{r.confirm.ttft[k] * 1e3:.0f} ms, TPOT {k} {r.confirm.tpot[k] * 1e3:.1f} ms, attainment "
+                   f"{r.confirm.attainment:.1%}{fixed}")
+    p = _predicted(c)
+    lo, hi = p["slo_attainment_ci95"]
+    out.append(f"simulated over {p['seeds']} seeds at {search.spec.workload.rate_rps:g} req/s with all "
+               f"{c.refined.full.gpus} GPUs: attainment {p['slo_attainment']:.1%} (95% CI {lo:.1%}-{hi:.1%}), "
+               f"TTFT p99 {p['ttft_p99_s'] * 1e3:.0f} ms, TPOT p99 {p['tpot_p99_s'] * 1e3:.1f} ms")
+    if r.failure_run is not None:
+        v, n = r.failure_run, search.spec.headroom.failures_to_survive
+        out.append(f"with {n} replica(s) of the largest pool down: attainment {v.attainment:.1%}, TTFT {k} "
+                   f"{v.ttft[k] * 1e3:.0f} ms, TPOT {k} {v.tpot[k] * 1e3:.1f} ms "
+                   f"({'holds' if v.passed else 'MISSES the SLO: consider more failure headroom'})")
+    return out
+
+
+def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
+    assert c.refined is not None
+    full = c.refined.full
+    rate_out = search.spec.workload.rate_rps * search.stats.output_mean * 3600 / 1e6
+    d = {
+        "rank": rank,
+        "kind": c.kind,
+        "pools": [{"role": p.role, "accelerator": p.layout.accelerator, "replicas": p.replicas, "tp": p.layout.tp,
+                   "pp": p.layout.pp, "ep": p.layout.ep, "weight_dtype": p.layout.weight_dtype,
+                   "kv_dtype": search.spec.kv_dtype, "gpus": p.gpus,
+                   "serving_replicas": c.refined.serving.pool(p.role).replicas}
+                  for p in full.pools],
+        "gpus": full.gpus,
+        "cost_per_hour": _r(c.cost_per_hour, 4),
+        "cost_per_1m_tokens": _r(c.cost_per_hour / rate_out, 4),
+        "predicted": _predicted(c),
+        "routing_policy": search.spec.routing_policy or "round-robin",
+        "engine": {"max_num_batched_tokens": 8192, "max_num_seqs": 256},
+        "headroom": {role: {"load_replicas": _r(s.load_replicas, 4), "ramp_replicas": _r(s.ramp_replicas, 4),
+                            "serving": c.refined.serving.pool(role).replicas, "failures": s.failures,
+                            "upgrade": s.upgrade, "burst_factor": _r(s.burst_factor, 4),
+                            "goodput_per_replica_rps": _r(s.goodput_per_replica_rps, 4)}
+                     for role, s in c.sizings.items()},
+        "explanation": [*c.steps, *_evidence(search, c),
+                        f"cost: {full.gpus} GPUs -> ${c.cost_per_hour:.2f}/h, ${c.cost_per_hour / rate_out:.2f} per 1M "
+                        f"output tokens at {search.spec.workload.rate_rps:g} req/s"],
+    }
+    if full.disaggregated:
+        d["pd_ratio"] = f"{full.pool('prefill').replicas}:{full.pool('decode').replicas}"
+    if c.claims is not None:
+        d["claims"] = c.claims.results
+    return d
+
+
+def to_json(search: Search) -> dict[str, Any]:
+    """The stable document (see docs/planner.md)."""
+    st, spec = search.stats, search.spec
+    return {
+        "schema": SCHEMA,
+        "name": spec.name,
+        "model": search.hw.model.name,
+        "workload": {"rate_rps": spec.workload.rate_rps, "burst_factor": _r(search.burst, 4),
+                     "burst_source": search.burst_source, "prompt_mean": _r(st.prompt_mean, 2),
+                     "prompt_p50": _r(st.prompt_p50, 2), "prompt_p99": _r(st.prompt_p99, 2),
+                     "output_mean": _r(st.output_mean, 2), "output_p99": _r(st.output_p99, 2)},
+        "slo": spec.slo.model_dump(),
+        "plans": [_plan_json(search, c, i + 1) for i, c in enumerate(search.ranked[: search.top_k])],
+        "disaggregation": search.disaggregation or None,
+        "rejected": [r.as_dict() for r in search.rejected],
+        "infeasible": search.infeasible,
+        "search": {"layouts_estimated": len(search.estimates), "candidates_sized": len(search.candidates),
+                   "simulations": search.simulations, "wall_s": _r(search.wall_s, 2)},
+    }
+
+
+def render(search: Search, console: Console) -> None:
+    """A readable report: the ranked table, each plan's reasoning, the PD verdict, the rejections."""
+    doc = to_json(search)
+    w = doc["workload"]
+    console.print(f"[bold]fleetwise plan[/bold] {doc['name']}: {doc['model']} at {w['rate_rps']:g} req/s "
+                  f"(burst x{w['burst_factor']:.2f}), prompts mean {w['prompt_mean']:.0f} / p99 {w['prompt_p99']:.0f} "
+                  f"tokens, outputs mean {w['output_mean']:.0f}")
+    if doc["infeasible"]:
+        console.print(f"[bold red]infeasible:[/bold red] {doc['infeasible']}")
+    if doc["plans"]:
+        console.print(_table(doc["plans"]))
+    for p in doc["plans"]:
+        console.print(f"\n[bold]#{p['rank']} {p['kind']}[/bold] ({p['gpus']} GPUs, ${p['cost_per_hour']:.2f}/h)")
+        for i, line in enumerate(p["explanation"], 1):
+            console.print(f"  {i}. {line}", highlight=False)
+        for cl in p.get("claims", []):
+            mark = "[green]holds[/green]" if cl["holds"] else "[red]fails[/red]"
+            console.print(f"  claim: {cl['claim']}: {mark} ({cl['evidence']})", highlight=False)
+    if doc["disaggregation"]:
+        dg = doc["disaggregation"]
+        console.print(f"\n[bold]disaggregate or not:[/bold] {dg['verdict']}: {dg['reason']}", highlight=False)
+        for k, v in (dg.get("terms") or {}).items():
+            console.print(f"  {k}: {v}", highlight=False)
+    if doc["rejected"]:
+        console.print(f"\n[bold]rejected[/bold] ({len(doc['rejected'])}):")
+        for r in doc["rejected"]:
+            console.print(f"  - {r['candidate']}: {r['reason']}", highlight=False)
+    s = doc["search"]
+    console.print(f"\n{s['layouts_estimated']} layouts estimated, {s['candidates_sized']} candidates sized, "
+                  f"{s['simulations']} simulations in {s['wall_s']:.1f} s")
+
+
+def _table(plans: list[dict[str, Any]]) -> Table:
+    t = Table(title="ranked plans (cheapest meeting the SLO first)")
+    for col in ("#", "pools", "GPUs", "$/h", "$/1M tok", "TTFT p99", "TPOT p99", "goodput", "attainment (95% CI)"):
+        t.add_column(col)
+    for p in plans:
+        pools = "\n".join(f"{q['replicas']}x {q['role']} {q['accelerator']} {q['weight_dtype']} TP{q['tp']}"
+                          f"{' PP' + str(q['pp']) if q['pp'] > 1 else ''}{' EP' + str(q['ep']) if q['ep'] > 1 else ''}"
+                          for q in p["pools"])
+        pr = p["predicted"]
+        lo, hi = pr["slo_attainment_ci95"]
+        t.add_row(str(p["rank"]), pools, str(p["gpus"]), f"{p['cost_per_hour']:.2f}", f"{p['cost_per_1m_tokens']:.2f}",
+                  f"{pr['ttft_p99_s'] * 1e3:.0f} ms", f"{pr['tpot_p99_s'] * 1e3:.1f} ms", f"{pr['goodput_rps']:.2f}",
+                  f"{pr['slo_attainment']:.1%} ({lo:.1%}-{hi:.1%})")
+    return t

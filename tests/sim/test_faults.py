@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fleetwise.core.request import Request
+from fleetwise.core.views import RoutingDecision
+from fleetwise.sim import runner
 from fleetwise.errors import SpecError
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.faults import FaultScenario
@@ -84,12 +86,39 @@ def test_kv_link_degradation_slows_transfers_and_failure_fails_or_reprefills():
     assert re["requests_failed"] == 0 and re["requests_retried"] >= 1
 
 
-def test_stale_view_freezes_the_router_view():
-    # Least-loaded routing on a frozen view: the view never changes, so every decision in the
-    # interval sees the same (idle) fleet; the fault log records the interval.
-    _, s = run(mixed_plan(), [{"kind": "stale_view", "start_s": 1.0, "end_s": 2.0}])
-    assert [(f["phase"], f["t_s"]) for f in s["faults"]] == [("start", 1.0), ("end", 2.0)]
-    assert s["requests_failed"] == 0
+class SpyPolicy:
+    """Round-robin that records when each view it was shown had been taken."""
+
+    name = "spy"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, float]] = []
+        self.k = 0
+
+    def route(self, req, fleet):
+        self.seen.append((fleet.now_s, max(w.reported_at_s for w in fleet.workers)))
+        self.k += 1
+        return RoutingDecision(worker=fleet.workers[self.k % len(fleet.workers)].name, reason="spy")
+
+    def observe(self, fb):
+        pass
+
+    def report(self):
+        return {}
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.25], ids=["exact", "delayed"])
+def test_stale_view_freezes_the_router_view(monkeypatch, delay_s):
+    spy = SpyPolicy()
+    monkeypatch.setattr(runner, "make_policy", lambda spec, seed=0: spy)
+    reqs = make_requests(40)
+    res = simulate(mixed_plan(), reqs, FaultScenario(faults=[{"kind": "stale_view", "start_s": 1.0, "end_s": 2.0}]),
+                   SimOptions(seed=3, feedback_delay_s=delay_s))
+    assert [(f["phase"], f["t_s"]) for f in res.summary["faults"]] == [("start", 1.0), ("end", 2.0)]
+    frozen = [seen for now, seen in spy.seen if 1.0 <= now < 2.0]
+    assert frozen and all(seen < 1.0 for seen in frozen), "views taken before the stall, none during it"
+    fresh = [now - seen for now, seen in spy.seen if now >= 2.0 + delay_s]
+    assert max(fresh) <= delay_s + 1e-9
 
 
 def test_rolling_upgrade_drains_one_replica_at_a_time_and_changes_the_version():

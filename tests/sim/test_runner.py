@@ -1,0 +1,59 @@
+"""Request lifecycle through simulate(): colocated and PD, exact and delayed routing, rejection."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fleetwise.core.request import Request
+from fleetwise.sim.runner import SimOptions, simulate
+from fleetwise.spec.plan import PlanSpec
+
+
+def pd_plan(gbps=100.0, prefill=1, decode=1):
+    return PlanSpec(kv_link={"gbps": gbps, "latency_s": 1e-3}, pools=[
+        {"name": "p", "role": "prefill", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": prefill},
+        {"name": "d", "role": "decode", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": decode}])
+
+
+def test_pd_request_goes_prefill_then_transfer_then_decode():
+    reqs = [Request(0, 0.0, 4096, 32)]
+    res = simulate(pd_plan(), reqs)
+    rec, s = res.records, res.summary
+    assert res.replica_names[rec.prefill_worker[0]] == "p-0" and res.replica_names[rec.worker[0]] == "d-0"
+    assert 0 < rec.prefill_end_s[0] == rec.kv_start_s[0] < rec.kv_end_s[0] <= rec.first_token_s[0] < rec.finish_s[0]
+    kv_bytes = 4096 * 2 * 32 * 8 * 128 * 2  # llama-3.1-8b: 128 KiB per token in bf16
+    assert rec.kv_end_s[0] - rec.kv_start_s[0] == pytest.approx(kv_bytes / (100e9 / 8) + 1e-3)
+    assert s["kv_transfer"]["count"] == 1 and s["kv_transfer"]["bytes_total"] == kv_bytes
+    assert s["disaggregated"] is True
+
+
+def test_one_prefill_feeding_two_decodes_shares_its_egress():
+    reqs = [Request(0, 0.0, 4096, 8), Request(1, 0.0, 4096, 8)]
+    alone = simulate(pd_plan(gbps=10, decode=2), reqs[:1]).summary["kv_transfer"]["p50_s"]
+    both = simulate(pd_plan(gbps=10, decode=2), reqs).summary["kv_transfer"]
+    # Both prompts finish in one prefill step, so the two transfers start together and share the port.
+    assert both["p50_s"] == pytest.approx(2 * alone - 1e-3, rel=1e-6)
+    assert both["mean_queue_s"] == pytest.approx(alone - 1e-3, rel=1e-6)
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.05, 1.0], ids=["exact", "50ms", "1s"])
+def test_round_robin_results_do_not_depend_on_feedback_delay(delay_s):
+    reqs = [Request(i, i * 0.037, 700, 50) for i in range(200)]
+    plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": 3}])
+    exact = simulate(plan, reqs)
+    other = simulate(plan, reqs, options=SimOptions(feedback_delay_s=delay_s))
+    assert list(other.records.worker) == list(exact.records.worker)
+    for a, b in zip(exact.records.finish_s, other.records.finish_s, strict=True):
+        assert b == pytest.approx(a, rel=1e-9)
+
+
+def test_rejected_requests_are_recorded_as_failed():
+    # Requests pinned to a model version no replica serves are rejected by the router.
+    reqs = [Request(0, 0.0, 100, 10), Request(1, 0.1, 100, 10, model_version="v9")]
+    plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b"}])
+    res = simulate(plan, reqs)
+    assert res.summary["requests_completed"] == 1 and res.summary["requests_failed"] == 1
+    assert res.records.failure[1].startswith("rejected")
+    assert math.isnan(res.records.first_token_s[1])

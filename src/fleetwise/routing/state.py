@@ -158,28 +158,25 @@ class LatencyFeedback:
         self._w.pop(worker, None)
 
     def _ratio(self, worker: str, attr: str, now_s: float) -> float | None:
-        """This worker's EWMA over the mean of workers observed within the last half-life.
+        """This worker's EWMA, decayed towards the fleet median by age, over that median.
 
-        Stale workers do not define "normal": once a slowed worker stops receiving traffic,
-        the others' factors return to 1 while its own decays towards 1, so it is tried again.
+        The median (not the mean) is the reference so one slow worker does not make every
+        other worker look fast; decaying the value itself means a worker that stopped getting
+        traffic drifts back to "normal" and is tried again, while the others stay at 1.
         """
+        vals = sorted(getattr(s, attr).value for s in self._w.values() if getattr(s, attr).n >= self.p.min_samples)
         mine = getattr(self._w[worker], attr)
-        if mine.n < self.p.min_samples:
+        if mine.n < self.p.min_samples or len(vals) < 2:
             return None
-        fresh = [
-            getattr(s, attr).value
-            for s in self._w.values()
-            if getattr(s, attr).n >= self.p.min_samples and now_s - s.last_obs_s <= self.p.half_life_s
-        ]
-        if now_s - self._w[worker].last_obs_s > self.p.half_life_s:
-            fresh.append(mine.value)
-        if len(fresh) < 2:
+        mid = len(vals) // 2
+        ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+        if ref <= 0:
             return None
-        mean = sum(fresh) / len(fresh)
-        return mine.value / mean if mean > 0 else None
+        age = max(0.0, now_s - self._w[worker].last_obs_s)
+        return (ref + (mine.value - ref) * 0.5 ** (age / self.p.half_life_s)) / ref
 
     def raw_factor(self, worker: str, now_s: float) -> float:
-        """Slowness before time decay: geometric mean of the TTFT and TPOT ratios, times failures."""
+        """Geometric mean of the (age-decayed) TTFT and TPOT ratios, times failures, clamped."""
         if worker not in self._w:
             return 1.0
         ratios = [r for r in (self._ratio(worker, "ttft_per_token", now_s), self._ratio(worker, "tpot", now_s)) if r]
@@ -190,12 +187,10 @@ class LatencyFeedback:
         return min(max(f, self.p.min_factor), self.p.max_factor)
 
     def factor(self, worker: str, now_s: float) -> float:
-        """Slowness at `now_s`: the raw factor decayed towards 1 (in log space) by half-life."""
+        """Slowness at `now_s`; within `deadband` of 1 it is exactly 1."""
         if not self.p.enabled or worker not in self._w:
             return 1.0
         f = self.raw_factor(worker, now_s)
-        age = max(0.0, now_s - self._w[worker].last_obs_s)
-        f = math.exp(math.log(f) * 0.5 ** (age / self.p.half_life_s))
         return 1.0 if abs(f - 1.0) < self.p.deadband else f
 
     def snapshot(self, now_s: float) -> dict[str, float]:

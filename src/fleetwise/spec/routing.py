@@ -68,9 +68,9 @@ class FeedbackParams(Spec):
     """Per-worker EWMAs of observed TTFT, TPOT and failures, turned into a slowness factor.
 
     TTFT is normalised by the cost the router predicted at dispatch (seconds per token of work
-    ahead), TPOT is taken as is; each is divided by the fleet mean over workers with data. The
-    factor is `sqrt(ttft_ratio * tpot_ratio) * (1 + failure_penalty * failure_rate)`, clamped,
-    and decays back to 1 with `half_life_s` since the worker's last observation.
+    ahead), TPOT is taken as is; each EWMA decays towards the fleet median with `half_life_s`
+    since the worker's last observation and is divided by that median. The factor is
+    `sqrt(ttft_ratio * tpot_ratio) * (1 + failure_penalty * failure_rate)`, clamped.
     """
 
     enabled: bool = True
@@ -78,7 +78,7 @@ class FeedbackParams(Spec):
     alpha: float = Field(default=0.3, gt=0.0, le=1.0)
     """EWMA weight of a new observation."""
     half_life_s: float = Field(default=5.0, gt=0.0)
-    """Without new observations a worker's factor halves its distance to 1 every this many seconds."""
+    """Without new observations a worker's EWMAs halve their distance to the fleet median every this many seconds."""
     min_factor: float = Field(default=0.25, gt=0.0)
     """Lower clamp of the slowness factor."""
     max_factor: float = Field(default=8.0, gt=1.0)

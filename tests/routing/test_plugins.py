@@ -1,0 +1,91 @@
+"""Prefix index, scorers, load bound and pickers, with exact numbers and seeded tie-breaks."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleetwise.core.views import RouteRequest, WorkerView
+from fleetwise.routing.plugins import SCORERS, Candidate, PickerState, load_bound, own_cost
+from fleetwise.routing.prefix_index import PrefixIndex
+from fleetwise.spec.routing import CostParams, LoadBoundParams
+
+
+def cand(name, load=0.0, own=100.0, slowness=1.0, prefix=0, requests=0, kv=0.0):
+    return Candidate(WorkerView(name, kv_usage=kv), requests, load, own, slowness, prefix)
+
+
+REQ = RouteRequest("r", 160, 10, block_hashes=(1, 2, 3, 4))
+
+
+def test_prefix_index_longest_leading_run_and_lru():
+    ix = PrefixIndex(max_blocks_per_worker=4)
+    ix.insert("a", [1, 2, 3])
+    assert ix.match("a", [1, 2, 3, 4]) == 3
+    assert ix.match("a", [2, 3]) == 2 and ix.match("a", [9, 1]) == 0 and ix.match("b", [1]) == 0
+    ix.evict("a", [2])
+    assert ix.match("a", [1, 2, 3]) == 1  # a hole ends the reusable prefix
+    ix.insert("a", [5, 6, 7])  # 1,3,5,6,7 -> over cap 4: the LRU (1) goes
+    assert ix.size("a") == 4 and ix.match("a", [1]) == 0 and ix.match("a", [3]) == 1
+    ix.drop_worker("a")
+    assert ix.workers() == []
+
+
+@given(st.lists(st.lists(st.integers(0, 20), max_size=10), max_size=20), st.lists(st.integers(0, 20), max_size=10))
+def test_prefix_index_matches_a_reference_model(inserts, query):
+    ix, ref = PrefixIndex(8), []
+    for batch in inserts:
+        ix.insert("w", batch)
+        for h in batch:
+            if h in ref:
+                ref.remove(h)
+            ref.append(h)
+        ref = ref[-8:]
+    expect = 0
+    for h in query:
+        if h not in ref:
+            break
+        expect += 1
+    assert ix.match("w", query) == expect and ix.size("w") == len(ref)
+
+
+def test_scorers_exact():
+    cs = [cand("a", load=100, prefix=4, requests=1, kv=0.25), cand("b", load=300, slowness=2.0, requests=3, kv=1.5)]
+    assert SCORERS["load"](REQ, cs) == {"a": 200 / 200, "b": 200 / 800}
+    assert SCORERS["requests"](REQ, cs) == {"a": 1.0, "b": 0.5}
+    assert SCORERS["prefix"](REQ, cs) == {"a": 1.0, "b": 0.0}
+    assert SCORERS["kv"](REQ, cs) == {"a": 0.75, "b": 0.0}  # clamped to [0, 1]
+    assert SCORERS["feedback"](REQ, cs) == {"a": 1.0, "b": 0.5}
+    assert SCORERS["prefix"](RouteRequest("x", 10, 1), cs) == {"a": 0.0, "b": 0.0}
+
+
+def test_own_cost_subtracts_cached_blocks():
+    cost = CostParams(decode_token_weight=0.5, per_request_tokens=32)
+    assert own_cost(REQ, 0, 16, cost) == 160 + 5 + 32
+    assert own_cost(REQ, 4, 16, cost) == 96 + 5 + 32
+    assert own_cost(REQ, 20, 16, cost) == 0 + 5 + 32
+
+
+def test_load_bound_tokens_and_share():
+    cs = [cand("a", load=1000), cand("b", load=0), cand("c", load=200)]
+    kept, bound, excluded = load_bound(cs, [], LoadBoundParams(c=1.25))
+    assert bound == 1.25 * 400 and excluded == ["a"]  # 1000 > 500 + own 100
+    kept, _, excluded = load_bound(cs, ["c", "c", "b"], LoadBoundParams(c=1.25))
+    # share: ceil(1.25 * 4 / 3) = 2 -> c (2 + 1 > 2) is out as well
+    assert [k.name for k in kept] == ["b"] and excluded == ["a", "c"]
+
+
+def test_pickers_seeded_and_stable():
+    ps = PickerState(np.random.default_rng(0))
+    assert [ps.round_robin(["b", "a", "c"]) for _ in range(4)] == ["a", "b", "c", "a"]
+    assert ps.round_robin(["a", "c"]) == "c"  # stable when b leaves: next name after "a"
+    tot = {"a": 0.5, "b": 0.9, "c": 0.9}
+    assert ps.max(tot, "random") == ("c", 2)  # seed 0 breaks the b/c tie towards c
+    assert PickerState(np.random.default_rng(1)).max(tot, "random") == ("b", 2)
+    ps.chosen("b")
+    assert ps.max(tot, "lru") == ("c", 1)  # c never chosen, b just was
+    ps.chosen("c")
+    assert ps.max(tot, "lru") == ("b", 1)
+    assert PickerState(np.random.default_rng(0)).power_of_two({"a": 0.1, "b": 0.9, "c": 0.5}) == ("b", "c")
+    assert PickerState(np.random.default_rng(0)).random(["x", "y", "z"]) == "z"

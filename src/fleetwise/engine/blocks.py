@@ -37,7 +37,7 @@ class CacheEntry:
 class BlockPool:
     """`capacity` KV blocks; see the module docstring for the accounting."""
 
-    __slots__ = ("capacity", "num_free_uncached", "num_private", "_cached", "_lru",
+    __slots__ = ("capacity", "num_free_uncached", "num_private", "version", "_cached", "_lru",
                  "_evictable_blocks", "_referenced_blocks")
 
     def __init__(self, capacity: int) -> None:
@@ -46,6 +46,8 @@ class BlockPool:
         self.capacity = capacity
         self.num_free_uncached = capacity
         self.num_private = 0
+        self.version = 0
+        """Bumped whenever cached contents change (lets callers memoise lookups)."""
         self._cached: dict[SpanKey, CacheEntry] = {}
         self._lru: OrderedDict[SpanKey, CacheEntry] = OrderedDict()
         self._evictable_blocks = 0
@@ -98,6 +100,7 @@ class BlockPool:
         self.num_free_uncached += n
 
     def _evict(self, n: int) -> None:
+        self.version += 1
         lru = self._lru
         while n > 0:
             key, entry = next(iter(lru.items()))
@@ -135,6 +138,7 @@ class BlockPool:
         if key in self._cached or n <= 0:
             return None
         assert n <= self.num_private
+        self.version += 1
         entry = CacheEntry(key, n, 1)
         self._cached[key] = entry
         self.num_private -= n
@@ -144,6 +148,7 @@ class BlockPool:
     def grow(self, entry: CacheEntry, n: int) -> None:
         """Move `n` private blocks into a referenced span (a request completed its tail)."""
         assert entry.ref_count > 0 and 0 <= n <= self.num_private
+        self.version += 1
         entry.num_blocks += n
         self.num_private -= n
         self._referenced_blocks += n
@@ -152,6 +157,7 @@ class BlockPool:
         """Drop every block and cached span (a crash)."""
         self.num_free_uncached = self.capacity
         self.num_private = 0
+        self.version += 1
         self._cached.clear()
         self._lru.clear()
         self._evictable_blocks = self._referenced_blocks = 0

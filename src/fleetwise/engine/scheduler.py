@@ -83,6 +83,7 @@ class Engine:
         self._passes = 0  # the decode pass counter G
         self._seq = 0
         self._inflight: _InFlight | None = None
+        self._blocked_key: tuple[int, ...] | None = None
         self.stats = _Counters()
 
     # -- read-only properties -------------------------------------------------------------------
@@ -147,10 +148,16 @@ class Engine:
             return None
         preempted: list[int] = []
         budget = self.config.max_num_batched_tokens - self._decoders.n
-        chunks = self._reserve_running(budget, preempted)
-        budget = self.config.max_num_batched_tokens - self._decoders.n - sum(c for _, c in chunks)
+        chunks: list[tuple[SeqState, int]] = []
+        if self._prefilling or not self._reserve_decodes():
+            chunks = self._reserve_running(budget, preempted)
+        budget = self.config.max_num_batched_tokens - self._decoders.n
+        for _, c in chunks:
+            budget -= c
         new_decoders: list[SeqState] = []
-        hits = 0 if preempted else self._admit_waiting(budget, chunks, new_decoders)
+        hits = 0
+        if self._waiting and not preempted and self._admission_may_change(budget):
+            hits = self._admit_waiting(budget, chunks, new_decoders)
         n_dec = self._decoders.n
         if not n_dec and not chunks:
             self.stats.carried_preempted.extend(preempted)
@@ -163,6 +170,22 @@ class Engine:
         self._inflight = _InFlight(passes, duration, n_dec, chunks, new_decoders, preempted, hits)
         prefill = sum(c for _, c in chunks)
         return Step(duration, passes, shape, shape.num_seqs, prefill, n_dec * passes)
+
+    def _reserve_decodes(self) -> bool:
+        """Phase 1 fast path (nothing prefilling): reserve this pass's decode blocks if they fit
+        without preemption; False leaves the general path to preempt."""
+        dec = self._decoders
+        need = dec.res[(-self._passes) % self._bs]
+        return self.pool.allocate(need)
+
+    def _admission_may_change(self, budget: int) -> bool:
+        """Skip re-trying a blocked queue head when nothing it waits on has changed."""
+        return self._blocked_key != self._admission_key(budget)
+
+    def _admission_key(self, budget: int) -> tuple[int, ...]:
+        head = self._waiting[0]
+        pool = self.pool
+        return (head.req.request_id, head.target, pool.num_free, pool.version, len(self._running), budget)
 
     def _reserve_running(self, budget: int, preempted: list[int]) -> list[tuple[SeqState, int]]:
         """Phase 1: decodes and next chunks of running requests; preempt newest until blocks fit."""
@@ -198,6 +221,7 @@ class Engine:
             st = self._waiting[0]
             admitted = self._admit_one(st, budget)
             if admitted is None:
+                self._blocked_key = self._admission_key(budget)
                 break
             took, hit_tokens = admitted
             self._waiting.popleft()

@@ -148,7 +148,7 @@ class Enumeration:
 
 
 def enumerate_layouts(hw: Hardware, spec: PlanningSpec) -> Enumeration:
-    """Every accelerator x precision x TP/PP/EP layout, split into fitting and rejected.
+    """Every accelerator x precision x TP/PP/EP layout, split into fitting and rejected (maybe none fit).
 
     Only the smallest fitting layout per (accelerator, precision) and the layouts up to a full
     node of TP above it are kept: a larger PP than needed to fit only adds pipeline bubbles.
@@ -165,12 +165,15 @@ def enumerate_layouts(hw: Hardware, spec: PlanningSpec) -> Enumeration:
                 elif found_pp is None or lay.pp <= found_pp:
                     found_pp = lay.pp if found_pp is None else found_pp
                     fitting.append((lay, f))
-    if not fitting:
-        raise InfeasibleError(_nothing_fits(hw, spec))
     return Enumeration(fitting, rejected)
 
 
-def _nothing_fits(hw: Hardware, spec: PlanningSpec) -> str:
+def nothing_fits(hw: Hardware, spec: PlanningSpec) -> InfeasibleError:
+    """The explanation when no layout of any allowed card holds the model."""
+    return InfeasibleError(_nothing_fits_text(hw, spec))
+
+
+def _nothing_fits_text(hw: Hardware, spec: PlanningSpec) -> str:
     m = hw.model
     smallest = min(spec.weight_dtypes, key=lambda d: m.weight_bytes(d))
     w = m.weight_bytes(smallest)

@@ -109,6 +109,8 @@ def _fit_line(hw: Hardware, lay: Layout, f: object, kv_dtype: str) -> str:
 # ---- phase 2: estimate -------------------------------------------------------------------------
 def _estimate(search: Search, enum: Enumeration) -> None:
     spec, hw = search.spec, search.hw
+    if not enum.fitting:
+        raise cand.nothing_fits(hw, spec)
     for lay, f in enum.fitting:
         dep = hw.deployment(lay, spec.kv_dtype)
         link = cand.kv_link(spec, hw.gpus[lay.accelerator], lay)
@@ -145,6 +147,10 @@ def _shortlists(search: Search) -> dict[str, list[Layout]]:
     if mode != "only":
         by = sorted((e for e in ok if e.mu_mixed_rps > 0), key=lambda e: _cost_rate(search, e.layout, e.mu_mixed_rps))
         lists["mixed"] = [e.layout for e in by[: search.spec.search.refine_top]]
+        for e in by[search.spec.search.refine_top:]:
+            search.rejected.append(Rejection(f"colocated {e.layout.label}", (
+                f"not simulated: analytical cost ${_cost_rate(search, e.layout, e.mu_mixed_rps):.2f}/h per req/s "
+                f"is above the {search.spec.search.refine_top} best colocated layouts")))
         if not lists["mixed"] and ok:
             lists["mixed"] = [min(ok, key=lambda e: _cost_rate(search, e.layout, e.mu_decode_rps)).layout]
     if mode != "off":

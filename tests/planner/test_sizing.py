@@ -1,0 +1,45 @@
+"""Replica arithmetic and the goodput bisection, by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetwise.planner.measure import bisect_rate
+from fleetwise.planner.sizing import size_pool
+from fleetwise.spec.planning import HeadroomSpec
+
+CASES = [
+    # goodput, rate, burst, headroom kwargs, (serving, failures, upgrade)
+    (2.0, 0.2, 1.0, {}, (1, 1, 0)),
+    (2.0, 5.0, 1.0, {}, (3, 1, 0)),
+    (2.0, 5.0, 1.2, {}, (3, 1, 0)),
+    (2.0, 6.0, 1.2, {}, (4, 1, 0)),
+    (2.0, 4.0, 1.0, {"failures_to_survive": 0, "upgrade_batch_replicas": 2}, (2, 0, 2)),
+    (2.0, 4.0, 1.0, {"failures_to_survive": 1, "upgrade_batch_replicas": 1, "failures_during_upgrade": True},
+     (2, 1, 1)),
+    (2.0, 4.0, 1.0, {"rate_growth_per_min": 0.5, "cold_start_s": 60.0}, (3, 1, 0)),
+]
+
+
+@pytest.mark.parametrize("g,rate,burst,kw,want", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_size_pool_terms(g, rate, burst, kw, want):
+    s = size_pool("mixed", g, rate, burst, HeadroomSpec(**kw))
+    assert (s.serving, s.failures, s.upgrade) == want
+    assert s.total == sum(want)
+
+
+def test_size_pool_explains_every_term():
+    s = size_pool("decode", 4.0, 10.0, 1.1, HeadroomSpec())
+    text = s.explain(HeadroomSpec())
+    assert text.startswith("decode replicas: 10 req/s x burst 1.10 / effective goodput 4.00 req/s per replica = 2.75")
+    assert text.endswith("-> 3 serving + 1 for 1 failure(s) + 0 for upgrade batch beyond the failure spares "
+                         "(1 at a time) = 4")
+
+
+def test_bisect_finds_the_threshold():
+    found = bisect_rate(lambda r: r <= 3.3, guess_rps=1.0, steps=12)
+    assert 3.2 < found <= 3.3
+
+
+def test_bisect_returns_zero_when_nothing_passes():
+    assert bisect_rate(lambda r: False, guess_rps=1.0, steps=5) == 0.0

@@ -25,7 +25,14 @@ from fleetwise.core.feedback import WorkerDown, WorkerUp
 from fleetwise.errors import SpecError
 from fleetwise.sim.events import FaultEvent, Priority
 from fleetwise.sim.fleet import DOWN, DRAINING, UP, Replica
-from fleetwise.spec.faults import FaultScenario, KvLinkFault, ReplicaCrash, RollingUpgrade, Slowdown, StaleView
+from fleetwise.spec.faults import (
+    FaultScenario,
+    KvLinkFault,
+    ReplicaCrash,
+    RollingUpgrade,
+    Slowdown,
+    StaleView,
+)
 
 if TYPE_CHECKING:
     from fleetwise.sim.runner import Simulation
@@ -118,7 +125,12 @@ class FaultInjector:
         if rep.port >= 0:
             sim.net.fail_port(now_s, rep.port)
         rep.engine.abort_all()
+        kv_end = sim.rec.kv_end_s
         for i in sorted(rep.inflight):
+            if i not in rep.inflight:
+                continue  # already failed or retried through a failed transfer
+            if rep.role == "decode" and kv_end[i] != kv_end[i]:
+                continue  # still prefilling elsewhere: its hand-off sees this replica down
             sim.fail_or_retry(i, now_s, "replica_crashed")
         rep.inflight.clear()
         sim.feedback(WorkerDown(now_s, rep.name, "crash"))

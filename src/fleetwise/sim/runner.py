@@ -35,7 +35,7 @@ from fleetwise.perf.roofline import PerfModel
 from fleetwise.routing.registry import make_policy
 from fleetwise.sim.events import Arrival, EventLoop, Priority, RoutedArrival, RouteTick, Sample
 from fleetwise.sim.faults import FaultInjector
-from fleetwise.sim.fleet import DOWN, UP, Fleet, Replica
+from fleetwise.sim.fleet import DOWN, Fleet, Replica
 from fleetwise.sim.network import KvNetwork, TransferRecord
 from fleetwise.sim.results import Records, summarize, write_records
 from fleetwise.spec.faults import FaultScenario
@@ -251,8 +251,14 @@ class Simulation:
             self.fleet.kick(rep, now_s)
             return
         rec.prefill_end_s[i] = now_s
-        rec.kv_start_s[i] = now_s
         dec = self.reps[rec.worker[i]]
+        if dec.state == DOWN:
+            rep.engine.release(self.reqs[i].request_id)
+            rep.inflight.discard(i)
+            self.fleet.kick(rep, now_s)
+            self.fail_or_retry(i, now_s, "replica_crashed")
+            return
+        rec.kv_start_s[i] = now_s
         nbytes = dec.kv_bytes_per_token * self.reqs[i].prompt_tokens
         self.net.start(now_s, i * 4 + int(rec.retries[i]), rep.port, dec.port, nbytes)
 

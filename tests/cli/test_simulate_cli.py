@@ -1,0 +1,62 @@
+"""`fleetwise simulate`: plan + workload/trace + faults, the quick start, and user errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetwise.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANS = ROOT / "examples" / "plans"
+WORKLOAD = ROOT / "examples" / "workloads" / "poisson-chat.yaml"
+
+
+def write_azure_slice(path: Path, n: int = 40) -> Path:
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"2023-11-16 18:15:{i:02d}.0000000,{200 + 10 * i},{20 + i}" for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_plan_with_workload_and_faults_writes_summary_and_records(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["simulate", str(PLANS / "pd-70b.yaml"), "--workload", str(WORKLOAD), "--faults",
+               str(PLANS / "pd-70b.faults.yaml"), "--requests", "200", "--seed", "3", "--out", str(out)])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests_total"] == 200 and s["seed"] == 3 and s["disaggregated"] is True
+    assert s["requests_completed"] + s["requests_failed"] == 200
+    rows = list(csv.DictReader((out / "requests.csv").open()))
+    assert len(rows) == 200 and rows[0]["prefill_worker"].startswith("prefill-")
+    assert "completed" in capsys.readouterr().out
+
+
+def test_quick_start_with_a_trace(tmp_path):
+    trace = write_azure_slice(tmp_path / "azure.csv")
+    out = tmp_path / "q"
+    rc = main(["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--replicas", "2", "--tp", "1",
+               "--trace", str(trace), "--out", str(out)])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests_completed"] == 40
+    assert [r["name"] for r in s["per_replica"]] == ["mixed-0", "mixed-1"]
+    assert [r["requests"] for r in s["per_replica"]] == [20, 20]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "llama-3.1-8b", "--gpu", "h100"], "unknown gpu 'h100'"),
+    (["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "3"], "tp=3 does not divide"),
+    ([], "no plan"),
+    (["plan.yaml"], "unknown field"),
+], ids=["gpu", "tp", "no-plan", "bad-plan"])
+def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.yaml").write_text("pools:\n  - {name: m, accelerator: h100-sxm, model: llama-3.1-8b, tpp: 2}\n")
+    trace = write_azure_slice(tmp_path / "t.csv", 3)
+    rc = main(["simulate", *args, "--trace", str(trace), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

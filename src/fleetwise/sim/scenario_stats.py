@@ -1,0 +1,85 @@
+"""Across-seed statistics of the acceptance scenarios: means, t-intervals, paired differences.
+
+Owns the arithmetic only (no simulation): a 95% confidence interval of a mean over seeds uses
+Student's t with n-1 degrees of freedom, `mean +- t_{0.975, n-1} * sd / sqrt(n)` (sample sd,
+ddof=1); a paired difference is the same interval over the per-seed differences `x_i - y_i` of
+two policies run on the same seeds (same requests, same faults). With fewer than two seeds the
+interval is undefined (`None`).
+
+The t quantiles come from a table (df 1..30, six decimals) and, above 30 degrees of freedom,
+from the Cornish-Fisher expansion around the normal quantile (error below 1e-5), so the module
+needs no scipy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Interval", "mean_ci", "paired_ci", "t_quantile_975"]
+
+_T975 = (
+    12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139,
+    2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922, 2.093024, 2.085963,
+    2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272,
+)
+"""t_{0.975, df} for df = 1..30."""
+
+_Z975 = 1.959963984540054
+
+
+def t_quantile_975(df: int) -> float:
+    """The 0.975 quantile of Student's t with `df` degrees of freedom (df >= 1)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be at least 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    return z + g1 / df + g2 / df**2 + g3 / df**3
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A mean over seeds and its 95% confidence interval (`lo`/`hi` None with fewer than 2 seeds)."""
+
+    mean: float
+    lo: float | None
+    hi: float | None
+    n: int
+
+    @property
+    def excludes_zero(self) -> bool:
+        """True when the whole interval lies on one side of 0 (False when undefined)."""
+        return self.lo is not None and self.hi is not None and (self.lo > 0 or self.hi < 0)
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        r = _round
+        return {"mean": r(self.mean), "ci95_lo": r(self.lo), "ci95_hi": r(self.hi), "n": self.n}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 9)
+
+
+def mean_ci(values: Sequence[float]) -> Interval:
+    """Mean of `values` with its two-sided 95% t-interval (sample standard deviation)."""
+    n = len(values)
+    if n == 0:
+        return Interval(math.nan, None, None, 0)
+    m = math.fsum(values) / n
+    if n < 2:
+        return Interval(m, None, None, n)
+    var = math.fsum((v - m) ** 2 for v in values) / (n - 1)
+    half = t_quantile_975(n - 1) * math.sqrt(var / n)
+    return Interval(m, m - half, m + half, n)
+
+
+def paired_ci(xs: Sequence[float], ys: Sequence[float]) -> Interval:
+    """Interval of the mean per-seed difference `x_i - y_i` (paired: both on the same seeds)."""
+    if len(xs) != len(ys):
+        raise ValueError(f"paired samples need equal lengths, got {len(xs)} and {len(ys)}")
+    return mean_ci([x - y for x, y in zip(xs, ys, strict=True)])

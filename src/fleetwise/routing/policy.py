@@ -214,7 +214,8 @@ class ComposedPolicy:
             head = f"tie {c.name}"
         parts = [head]
         if bound is not None:
-            parts.append(f"{c.name} load {fmt_tokens(c.current)} within bound {fmt_tokens(bound)}")
+            limit = bound + c.own * c.slowness  # the bound plus this request's own cost (granularity)
+            parts.append(f"{c.name} load {fmt_tokens(c.current)} within bound {fmt_tokens(limit)}")
         if excluded:
             parts.append(f"over bound: {', '.join(excluded)}")
         if abs(c.slowness - 1.0) > 0.05:

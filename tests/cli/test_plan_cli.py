@@ -1,0 +1,58 @@
+"""`fleetwise plan`: bad specs are one line and exit 2; infeasible questions explain and exit 1."""
+
+from __future__ import annotations
+
+import json
+
+from fleetwise.cli.main import main
+from fleetwise.spec.planning import planning_schema_text
+
+SMALL = """\
+model: llama-3.1-8b
+accelerators: [{name: h100-sxm}]
+workload: {rate_rps: 0.2, prompt_tokens: {kind: fixed, tokens: 256}, output_tokens: {kind: fixed, tokens: 64}}
+slo: {ttft_s: 1.0, tpot_s: 0.05}
+weight_dtypes: [bf16]
+headroom: {burst_factor: 1.0}
+search: {max_gpus: 8, top_k: 1, refine_top: 1, seeds: 2, sample_requests: 200, disaggregation: "off", bisect_steps: 3}
+"""
+
+
+def test_bad_field_is_one_line_and_exit_2(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SMALL.replace("tpot_s: 0.05", "tpot_s: 0.05, tpot_percentile: 99"), encoding="utf-8")
+    assert main(["plan", str(spec)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "slo.tpot_percentile: unknown field" in err[0]
+
+
+def test_unknown_accelerator_is_one_line(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SMALL.replace("h100-sxm", "h300"), encoding="utf-8")
+    assert main(["plan", str(spec)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown gpu 'h300'" in err[0]
+
+
+def test_json_out_and_exit_0(tmp_path, capsys):
+    spec, out = tmp_path / "spec.yaml", tmp_path / "plan.json"
+    spec.write_text(SMALL, encoding="utf-8")
+    assert main(["plan", str(spec), "--json", str(out), "--workers", "1"]) == 0
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert [(p["role"], p["replicas"], p["tp"]) for p in doc["plans"][0]["pools"]] == [("mixed", 2, 1)]
+    assert "ranked plans" in capsys.readouterr().out
+
+
+def test_infeasible_explains_and_exits_1(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SMALL.replace("ttft_s: 1.0", "ttft_s: 0.0001"), encoding="utf-8")
+    assert main(["plan", str(spec), "--json", "-"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plans"] == [] and "below the physical minimum" in doc["infeasible"]
+
+
+def test_write_schema(tmp_path):
+    path = tmp_path / "schema.json"
+    assert main(["plan", "--write-schema", str(path)]) == 0
+    assert path.read_text(encoding="utf-8") == planning_schema_text()

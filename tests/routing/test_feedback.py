@@ -137,7 +137,7 @@ def test_policy_stops_then_resumes_a_slow_worker():
     assert "w3" not in picks[4:]  # on an idle fleet one slow observation (factor 1.6) is enough
     back = [step(1.0 + 0.5 * k, False) for k in range(1, 121)]
     assert "w3" not in back[:25]
-    assert back.index("w3") == FIRST_RETRY  
+    assert back.index("w3") == FIRST_RETRY
     got = [i for i, w in enumerate(back) if w == "w3"]
     assert got[:6] == RETRIES  # each fast probe shortens the wait for the next
     assert back[-12:].count("w3") == 3  # recovered: an equal share again

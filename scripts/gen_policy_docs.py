@@ -13,7 +13,14 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from fleetwise.spec.routing import DEFAULT_POLICY, PRESET_SUMMARIES, PRESETS, RoutingSpec, SafeModeSpec, preset_params
+from fleetwise.spec.routing import (
+    DEFAULT_POLICY,
+    PRESET_SUMMARIES,
+    PRESETS,
+    RoutingSpec,
+    SafeModeSpec,
+    preset_params,
+)
 
 
 def rows(model: BaseModel, prefix: str = "") -> list[str]:

@@ -8,7 +8,12 @@ import pytest
 
 from fleetwise.errors import SpecError
 from fleetwise.planner.defaults import default_spec
-from fleetwise.spec.planning import SCHEMA_PATH, load_planning_spec, planning_schema_text, planning_spec_from_dict
+from fleetwise.spec.planning import (
+    SCHEMA_PATH,
+    load_planning_spec,
+    planning_schema_text,
+    planning_spec_from_dict,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"model": "llama-3.1-8b", "accelerators": [{"name": "h100-sxm"}],

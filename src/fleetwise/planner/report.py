@@ -63,7 +63,7 @@ def _evidence(search: Search, c: Candidate) -> list[str]:
     p = _predicted(c)
     lo, hi = p["slo_attainment_ci95"]
     out.append(f"simulated over {p['seeds']} seeds at {search.spec.workload.rate_rps:g} req/s with all "
-               f"{c.refined.full.gpus} GPUs: attainment {p['slo_attainment']:.1%} (95% CI {lo:.1%}-{hi:.1%}), "
+               f"{r.full.gpus} GPUs: attainment {p['slo_attainment']:.1%} (95% CI {lo:.1%}-{hi:.1%}), "
                f"TTFT p99 {p['ttft_p99_s'] * 1e3:.0f} ms, TPOT p99 {p['tpot_p99_s'] * 1e3:.1f} ms")
     if r.failure_run is not None:
         v, n = r.failure_run, search.spec.headroom.failures_to_survive

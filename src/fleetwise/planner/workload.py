@@ -92,6 +92,8 @@ def build_mix(spec: PlanWorkloadSpec, n: int, seed: int = 0) -> LengthMix:
     streams = RngStreams(seed)
     if spec.trace is not None:
         return _mix_from_trace(spec, n, seed)
+    prompt_d: LengthDist
+    output_d: LengthDist
     if spec.preset is not None:
         prompt_d, output_d = LENGTH_PRESETS[spec.preset]
         source = f"preset {spec.preset}"

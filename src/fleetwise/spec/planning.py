@@ -235,7 +235,7 @@ class PlanningSpec(Spec):
     """Traffic to serve."""
     slo: PlanSLOSpec
     """Targets to meet."""
-    weight_dtypes: list[WeightDtype] = Field(default_factory=lambda: ["bf16", "fp8"], min_length=1)
+    weight_dtypes: list[WeightDtype] = Field(default_factory=lambda: ["bf16", "fp8"], min_length=1)  # type: ignore[arg-type]
     """Weight precisions to consider (bf16, fp8, int4)."""
     kv_dtype: KvDtype = "bf16"
     """KV-cache precision."""

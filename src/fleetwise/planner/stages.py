@@ -13,7 +13,7 @@ Does not decide which tasks to run (pipeline).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from fleetwise.planner.measure import FleetShape, SimVerdict, bisect_rate, crash_scenario, run_fleet
 from fleetwise.planner.workload import LengthMix
@@ -133,7 +133,7 @@ def _failure_run(ctx: Context, full: FleetShape) -> SimVerdict | None:
     if pool.replicas <= n:
         return None
     scen = crash_scenario(full, pool.role, n)
-    return replace(run_fleet(ctx.spec, ctx.mix, full, ctx.prices, ctx.spec.workload.rate_rps, seed=0, faults=scen))
+    return run_fleet(ctx.spec, ctx.mix, full, ctx.prices, ctx.spec.workload.rate_rps, seed=0, faults=scen)
 
 
 @dataclass

@@ -1,0 +1,177 @@
+"""Acceptance scenarios: statistics with exact numbers, the pass rule on hand-made results,
+scenario files, and one small seeded run per scenario kind."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from fleetwise.errors import SpecError
+from fleetwise.sim import scenarios as sc
+from fleetwise.sim.scenario_stats import mean_ci, paired_ci, t_quantile_975
+
+REPO = Path(__file__).resolve().parents[2]
+SCEN_DIR = REPO / "examples" / "scenarios"
+
+
+def test_t_quantiles_match_student_t():
+    assert t_quantile_975(1) == 12.706205
+    assert t_quantile_975(4) == 2.776445
+    assert t_quantile_975(30) == 2.042272
+    assert t_quantile_975(60) == pytest.approx(2.000298, abs=1e-5)
+    assert t_quantile_975(1000) == pytest.approx(1.962339, abs=1e-5)
+    with pytest.raises(ValueError):
+        t_quantile_975(0)
+
+
+def test_mean_ci_exact():
+    iv = mean_ci([1.0, 2.0, 3.0, 4.0, 5.0])
+    half = 2.776445 * math.sqrt(2.5 / 5)
+    assert iv.mean == 3.0 and iv.n == 5
+    assert iv.lo == pytest.approx(3.0 - half, abs=1e-12)
+    assert iv.hi == pytest.approx(3.0 + half, abs=1e-12)
+    assert iv.excludes_zero
+    one = mean_ci([7.0])
+    assert (one.mean, one.lo, one.hi, one.excludes_zero) == (7.0, None, None, False)
+
+
+def test_paired_ci_uses_per_seed_differences():
+    # the two samples overlap widely, but every seed's difference is -1 +- 0.1
+    xs, ys = [1.0, 5.0, 9.0, 13.0], [2.1, 5.9, 10.1, 13.9]
+    d = paired_ci(xs, ys)
+    assert d.mean == pytest.approx(-1.0)
+    assert d.hi is not None and d.hi < 0
+    assert not mean_ci(xs).excludes_zero or mean_ci(ys).lo is not None
+    with pytest.raises(ValueError):
+        paired_ci([1.0], [1.0, 2.0])
+
+
+def _runs(ttft, good):
+    return [{"seed": k, "ttft_p99_s": t, "ttft_p50_s": t / 4, "tpot_p99_s": 0.05, "tpot_p50_s": 0.02,
+             "goodput_rps": g, "slo_attainment": 0.9} for k, (t, g) in enumerate(zip(ttft, good, strict=True))]
+
+
+def test_pass_rule_lines():
+    doc = {
+        "default_policy": "fleetwise-default",
+        "baseline_policy": "round-robin",
+        "scenarios": {
+            "heterogeneous": {"fleetwise-default": _runs([1.0, 1.1, 0.9], [10, 10, 10]),
+                              "round-robin": _runs([2.0, 2.1, 1.9], [10, 10, 10])},
+            "long-short": {"fleetwise-default": _runs([1.0, 3.0, 0.5], [10, 10, 10]),
+                           "round-robin": _runs([2.0, 2.0, 2.0], [10, 10, 10])},
+            "rolling-upgrade": {"fleetwise-default": _runs([9.0, 9.0, 9.0], [9.4, 9.4, 9.4]),
+                                "round-robin": _runs([1.0, 1.0, 1.0], [10, 10, 10])},
+            "stale-control-plane": {"fleetwise-default": _runs([1.0], [9.6])},
+        },
+    }
+    assert sc.pass_rule(doc) == [
+        "PASS heterogeneous: P99 TTFT fleetwise-default - round-robin = -1.000 s [95% CI -1.000, -1.000] over 3 seeds",
+        "PASS heterogeneous: goodput fleetwise-default 10.000 vs round-robin 10.000 req/s (+0.0%, floor -5%)",
+        "FAIL long-short: P99 TTFT fleetwise-default - round-robin = -0.500 s [95% CI -3.786, 2.786] over 3 seeds"
+        " (CI does not exclude zero)",
+        "PASS long-short: goodput fleetwise-default 10.000 vs round-robin 10.000 req/s (+0.0%, floor -5%)",
+        "FAIL rolling-upgrade: goodput fleetwise-default 9.400 vs round-robin 10.000 req/s (-6.0%, floor -5%)",
+        "SKIP stale-control-plane: needs both fleetwise-default and round-robin runs",
+    ]
+
+
+def test_every_scenario_file_loads_and_names_itself():
+    for name in sc.SCENARIO_NAMES:
+        for small in (False, True):
+            s = sc.load_scenario(SCEN_DIR / f"{name}.yaml", small=small)
+            assert s.name == name
+    with pytest.raises(SpecError, match="known scenarios"):
+        sc.load_scenarios(["no-such-scenario"], SCEN_DIR)
+    with pytest.raises(SpecError, match="unknown policy"):
+        sc.with_baseline(["round-robbin"])
+    assert sc.with_baseline(None) == ["fleetwise-default", "round-robin"]
+
+
+def test_small_overrides_apply():
+    full = sc.load_scenario(SCEN_DIR / "slowdown.yaml")
+    small = sc.load_scenario(SCEN_DIR / "slowdown.yaml", small=True)
+    assert full.spec.workload.num_requests == 4000
+    assert small.spec.workload.num_requests == 1600
+    assert [(f.start_s, f.end_s) for f in small.spec.faults.faults] == [(8.0, 22.0)]
+
+
+def test_cache_mix_falls_back_without_the_trace(tmp_path):
+    text = (SCEN_DIR / "cache-mix.yaml").read_text().replace(
+        "../shared/traces/conversation_trace.jsonl", "../shared/traces/absent_trace.jsonl")
+    (tmp_path / "cache-mix.yaml").write_text(text)
+    s = sc.load_scenario(tmp_path / "cache-mix.yaml", small=True)
+    assert s.workload_source == "generated"
+    assert s.notes == ("cache-mix: trace ../shared/traces/absent_trace.jsonl not found; using the generated "
+                       "fallback_workload instead",)
+    reqs = s.requests(0)
+    assert len(reqs) == 1200
+    assert any(len(r.block_hashes) > 0 for r in reqs)
+
+
+def test_trace_windows_differ_per_seed():
+    s = sc.load_scenario(SCEN_DIR / "cache-mix.yaml", small=True)
+    if not s.workload_source.startswith("trace:"):
+        pytest.skip("shared conversation trace not present")
+    a, b = s.requests(0), s.requests(1)
+    assert len(a) == len(b) == 700
+    assert [r.prompt_tokens for r in a[:20]] != [r.prompt_tokens for r in b[:20]]
+
+
+def test_trace_override_replaces_the_workload(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n" + "\n".join(
+        f"{100 + i},{10 + i % 7}" for i in range(40)) + "\n")
+    s = sc.load_scenario(SCEN_DIR / "heterogeneous.yaml", trace=str(trace), trace_rate_rps=5.0, seeds=4)
+    assert s.workload_source == f"override:{trace}"
+    reqs = s.requests(2)
+    # length statistics have no timestamps: each seed replays the first 40 / 4 rows, Poisson arrivals
+    assert [r.prompt_tokens for r in reqs] == list(range(100, 110))
+    assert [r.arrival_s for r in reqs] != [r.arrival_s for r in s.requests(3)]
+
+
+def test_trace_override_windows_of_a_timed_trace(tmp_path):
+    trace = tmp_path / "m.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {i * 100}, "input_length": {200 + i}, "output_length": 5, '
+                             f'"hash_ids": [{i}]}}\n' for i in range(30)))
+    s = sc.load_scenario(SCEN_DIR / "long-short.yaml", trace=str(trace), seeds=3)
+    assert [r.prompt_tokens for r in s.requests(0)] == list(range(200, 210))
+    assert [r.prompt_tokens for r in s.requests(2)] == list(range(220, 230))
+    assert s.requests(1)[0].arrival_s == 0.0
+
+
+def test_run_one_is_deterministic_and_reports_replicas():
+    s = sc.load_scenario(SCEN_DIR / "heterogeneous.yaml", small=True)
+    spec = s.spec.model_copy(update={"workload": s.spec.workload.model_copy(update={"num_requests": 200})})
+    s = sc.Scenario(spec, s.path)
+    a = sc.run_one(sc.Job(s, "fleetwise-default", 1))
+    b = sc.run_one(sc.Job(s, "fleetwise-default", 1))
+    assert a == b
+    assert set(sc.METRICS) <= set(a)
+    assert [r["name"] for r in a["per_replica"]] == ["h200-0", "h200-1", "a100-0", "a100-1"]
+    assert [r["accelerator"] for r in a["per_replica"]] == ["h200-sxm", "h200-sxm", "a100-80g", "a100-80g"]
+    assert sum(r["requests"] for r in a["per_replica"]) == 200
+    assert a["router"]["decisions"] == 200
+    assert all(len(r["queue_length"]["t_s"]) <= sc.QUEUE_POINTS for r in a["per_replica"])
+
+
+@pytest.fixture(scope="module")
+def small_results():
+    scen = sc.load_scenarios(None, SCEN_DIR, small=True)
+    return sc.run_scenarios(scen, None, seeds=5, small=True)
+
+
+def test_small_scenarios_pass_the_rule(small_results):
+    doc = small_results
+    assert set(doc["scenarios"]) == set(sc.SCENARIO_NAMES)
+    assert doc["default_policy"] == "fleetwise-default"
+    for name in sc.SCENARIO_NAMES:
+        assert [r["seed"] for r in doc["scenarios"][name]["round-robin"]] == [0, 1, 2, 3, 4]
+    verdicts = doc["verdicts"]
+    assert len(verdicts) == len(sc.SCENARIO_NAMES) + len(sc.TTFT_RULE_SCENARIOS)
+    assert [v for v in verdicts if not v.startswith("PASS")] == []
+    assert doc["passed"] is True
+    md = sc.render_markdown(doc)
+    assert "| heterogeneous | fleetwise-default |" in md and "## Verdicts" in md

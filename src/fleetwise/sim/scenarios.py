@@ -30,7 +30,7 @@ from fleetwise.errors import SpecError
 from fleetwise.routing.registry import DEFAULT_POLICY, policy_names
 from fleetwise.sim.results import request_metrics
 from fleetwise.sim.runner import SimOptions, simulate
-from fleetwise.sim.scenario_stats import Interval, mean_ci, paired_ci
+from fleetwise.sim.scenario_stats import mean_ci, paired_ci
 from fleetwise.sim.workload import generate
 from fleetwise.spec.base import Spec, read_document, validate
 from fleetwise.spec.faults import FaultScenario
@@ -167,18 +167,18 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
     source = "generated"
     if trace is not None:
         spec, source = _with_trace(spec, trace, trace_rate_rps, trace_requests, seeds)
-    elif isinstance(spec.workload.arrival, TraceArrival):
-        found = _resolve_trace(spec.workload.arrival.path, p.parent)
+    elif isinstance(ta := spec.workload.arrival, TraceArrival):
+        found = _resolve_trace(ta.path, p.parent)
         if found is not None:
-            arrival = spec.workload.arrival.model_copy(update={"path": str(found)})
+            arrival = ta.model_copy(update={"path": str(found)})
             spec = spec.model_copy(update={"workload": spec.workload.model_copy(update={"arrival": arrival})})
-            source = f"trace:{spec.workload.arrival.path}"
+            source = f"trace:{found}"
         elif spec.fallback_workload is not None:
-            notes.append(f"{spec.name}: trace {spec.workload.arrival.path} not found; using the generated "
+            notes.append(f"{spec.name}: trace {ta.path} not found; using the generated "
                          "fallback_workload instead")
             spec = spec.model_copy(update={"workload": spec.fallback_workload, "seed_stride_s": 0.0})
         else:
-            raise SpecError(f"{p}: workload.arrival.path={spec.workload.arrival.path!r}: trace file not found "
+            raise SpecError(f"{p}: workload.arrival.path={ta.path!r}: trace file not found "
                             "(relative paths are resolved against the repo root and the scenario's folder)")
     spec.plan.check(where=str(p))
     return Scenario(spec, str(p), tuple(notes), source)

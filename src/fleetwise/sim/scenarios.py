@@ -172,7 +172,7 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
         if found is not None:
             arrival = ta.model_copy(update={"path": str(found)})
             spec = spec.model_copy(update={"workload": spec.workload.model_copy(update={"arrival": arrival})})
-            source = f"trace:{found}"
+            source = f"trace:{ta.path}"
         elif spec.fallback_workload is not None:
             notes.append(f"{spec.name}: trace {ta.path} not found; using the generated "
                          "fallback_workload instead")

@@ -32,7 +32,14 @@ import numpy as np
 from fleetwise.core.request import Request
 from fleetwise.core.rng import RngStreams
 from fleetwise.errors import SpecError
-from fleetwise.sim.traces import TraceTable, gc_paused, read_length_stats, read_trace, replay_arrivals, to_requests
+from fleetwise.sim.traces import (
+    TraceTable,
+    gc_paused,
+    read_length_stats,
+    read_trace,
+    replay_arrivals,
+    to_requests,
+)
 from fleetwise.spec.workload import (
     EmpiricalLengths,
     FixedLength,
@@ -45,7 +52,7 @@ from fleetwise.spec.workload import (
     WorkloadSpec,
 )
 
-_MAX_GROWTH_ROUNDS = 24
+_MAX_GROWTH_ROUNDS = 10  # at most 1024x the first guess of sessions
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +287,10 @@ def _synthetic_columns(spec: WorkloadSpec, seed: int) -> tuple[_Turns, _Sessions
     for _ in range(_MAX_GROWTH_ROUNDS):
         streams = RngStreams(seed)
         s = _draw_sessions(spec, streams, _draw_starts(spec, streams.get("workload.arrivals"), n))
-        bounded = _bound(spec, _expand(spec, streams, s), float(s.start_s[-1]), complete=False)
+        turns = _expand(spec, streams, s)
+        if len(turns.arrival_s) == 0:
+            break
+        bounded = _bound(spec, turns, float(s.start_s[-1]), complete=False)
         if bounded is not None:
             return bounded, s
         n *= 2

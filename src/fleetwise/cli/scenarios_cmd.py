@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -93,13 +94,22 @@ def run(args: argparse.Namespace) -> int:
         print(file=sys.stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scenarios.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    (out / "scenarios.json").write_text(dumps(doc), encoding="utf-8")
     (out / "scenarios.md").write_text(sc.render_markdown(doc), encoding="utf-8")
     print_table(doc)
     for v in doc["verdicts"]:
         con.print(v)
     con.print(f"wrote {out / 'scenarios.json'} and {out / 'scenarios.md'}")
     return 0 if doc["passed"] or args.no_fail else 1
+
+
+_NUMBER_LIST = re.compile(r"\[\s*(-?[0-9][0-9.e+-]*(?:,\s*-?[0-9][0-9.e+-]*)*)\s*\]")
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    """Indented JSON with lists of numbers (queue series) kept on one line."""
+    text = json.dumps(doc, indent=1)
+    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text) + "\n"
 
 
 def print_table(doc: dict[str, Any]) -> None:

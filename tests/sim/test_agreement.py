@@ -21,20 +21,20 @@ from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.catalog import get_gpu, get_model
 from fleetwise.spec.plan import PlanSpec
 
-P, O, RATE, N = 512, 64, 0.25, 600
+PROMPT, OUT, RATE, N = 512, 64, 0.25, 600
 
 
 def poisson_requests(seed: int) -> list[Request]:
     t = np.cumsum(np.random.default_rng(seed).exponential(1 / RATE, N))
-    return [Request(i, float(t[i]), P, O) for i in range(N)]
+    return [Request(i, float(t[i]), PROMPT, OUT) for i in range(N)]
 
 
 @pytest.mark.parametrize("model,gpu", [("llama-3.1-8b", "h100-sxm"), ("qwen2.5-32b", "h200-sxm")])
 def test_simulated_ttft_and_tpot_match_step_times_and_md1_estimate(model, gpu):
     plan = PlanSpec(pools=[{"name": "m", "accelerator": gpu, "model": model}])
     bound = PerfModel().bind(Deployment(get_model(model), get_gpu(gpu)))
-    t_p = bound.step_time_s(BatchShape.prefill(1, P))
-    t_d = [bound.step_time_s(BatchShape.decode(1, c)) for c in range(P + 1, P + O)]
+    t_p = bound.step_time_s(BatchShape.prefill(1, PROMPT))
+    t_d = [bound.step_time_s(BatchShape.decode(1, c)) for c in range(PROMPT + 1, PROMPT + OUT)]
     tpot_hand = float(np.mean(t_d))
     rho = RATE * (t_p + sum(t_d))
     ttft_hand = t_p + rho * tpot_hand / 2

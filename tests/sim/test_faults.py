@@ -6,8 +6,8 @@ import pytest
 
 from fleetwise.core.request import Request
 from fleetwise.core.views import RoutingDecision
-from fleetwise.sim import runner
 from fleetwise.errors import SpecError
+from fleetwise.sim import runner
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.plan import PlanSpec

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fleetwise.errors import SpecError
+from fleetwise.perf.roofline import PerfModel
 from fleetwise.sim.events import EventLoop
 from fleetwise.sim.fleet import Fleet
-from fleetwise.perf.roofline import PerfModel
 from fleetwise.spec.base import validate
 from fleetwise.spec.plan import PlanSpec
 

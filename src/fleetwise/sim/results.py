@@ -251,7 +251,8 @@ def write_records(rec: Records, names: list[str], path: Path) -> Path:
         except ImportError:
             path = path.with_suffix(".csv")
         else:
-            table = pa.table({c: [row[k] for row in rows] for k, c in enumerate(CSV_COLUMNS)})
+            cols = {c: [None if row[k] == "" else row[k] for row in rows] for k, c in enumerate(CSV_COLUMNS)}
+            table = pa.table(cols)
             pq.write_table(table, path)
             return path
     with path.open("w", newline="", encoding="utf-8") as f:

@@ -43,3 +43,14 @@ def test_bisect_finds_the_threshold():
 
 def test_bisect_returns_zero_when_nothing_passes():
     assert bisect_rate(lambda r: False, guess_rps=1.0, steps=5) == 0.0
+
+
+def test_bisect_stops_at_the_floor():
+    calls = []
+
+    def never(rate):
+        calls.append(rate)
+        return False
+
+    assert bisect_rate(never, guess_rps=8.0, steps=20, floor_rps=0.5) == 0.0
+    assert calls == [8.0, 2.0, 0.5]

@@ -156,18 +156,21 @@ def crash_scenario(fleet: FleetShape, role: str, count: int) -> FaultScenario:
     return FaultScenario(name=f"{count} {role} replicas down", faults=list(crashes))
 
 
-def bisect_rate(evaluate: Callable[[float], bool], guess_rps: float, steps: int) -> float:
+def bisect_rate(evaluate: Callable[[float], bool], guess_rps: float, steps: int, floor_rps: float = 0.0) -> float:
     """Largest rate (requests/s) where `evaluate` passes: double from `guess` until a failure, then bisect.
 
-    Returns 0.0 when even guess/2^steps fails (the SLO cannot be met at any load).
+    Below `floor_rps` a replica is useless to the plan (more replicas than the GPU limit allows
+    would be needed), so the search stops there. Returns 0.0 when no rate tried passes.
     """
     lo, hi = 0.0, None
-    rate = max(guess_rps, 1e-3)
+    rate = max(guess_rps, floor_rps, 1e-3)
     for _ in range(steps):
         if evaluate(rate):
             lo = rate
             rate = rate * 2 if hi is None else (lo + hi) / 2
-        else:
-            hi = rate
-            rate = (lo + hi) / 2 if lo > 0 else rate / 4
+            continue
+        if lo == 0 and rate <= floor_rps:
+            return 0.0
+        hi = rate
+        rate = (lo + hi) / 2 if lo > 0 else max(rate / 4, floor_rps)
     return lo

@@ -201,9 +201,16 @@ def _measure_tasks(search: Search, lists: dict[str, list[Layout]]) -> list[Measu
     return tasks
 
 
+def _floor(search: Search, task: MeasureTask) -> MeasureTask:
+    lay = task.fleet.pools[0 if task.role != "decode" else 1].layout
+    most = max(1, min(search.spec.search.max_gpus, search.hw.max_gpus[lay.accelerator]) // lay.gpus)
+    floor = search.spec.workload.rate_rps * search.burst / most
+    return MeasureTask(task.key, task.role, task.fleet, task.guess_rps, floor)
+
+
 def _measure(search: Search, ctx: Context, ex: Executor) -> dict[str, list[Layout]]:
     lists = _shortlists(search)
-    tasks = _measure_tasks(search, lists)
+    tasks = [_floor(search, t) for t in _measure_tasks(search, lists)]
     by_key = {t.key: t for t in tasks}
     for res in ex.map(measure_goodput, ctx, tasks):
         search.simulations += res.runs
@@ -212,6 +219,7 @@ def _measure(search: Search, ctx: Context, ex: Executor) -> dict[str, list[Layou
         if res.goodput_rps <= 0:
             search.rejected.append(Rejection(
                 f"{res.role} {lay.label}",
-                f"in simulation one {res.role} replica missed the SLO even at the lowest rate tried "
-                f"({res.runs} runs): queueing and batching make the analytical floor optimistic here"))
+                f"in simulation one {res.role} replica missed the SLO even at the lowest useful rate "
+                f"(target x burst / the most replicas the GPU limit allows; {res.runs} runs): "
+                "queueing and batching make the analytical floor optimistic here"))
     return lists

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fleetwise.planner.measure import SimVerdict
@@ -136,25 +137,25 @@ def render(search: Search, console: Console) -> None:
                   f"(burst x{w['burst_factor']:.2f}), prompts mean {w['prompt_mean']:.0f} / p99 {w['prompt_p99']:.0f} "
                   f"tokens, outputs mean {w['output_mean']:.0f}")
     if doc["infeasible"]:
-        console.print(f"[bold red]infeasible:[/bold red] {doc['infeasible']}")
+        console.print(f"[bold red]infeasible:[/bold red] {escape(doc['infeasible'])}")
     if doc["plans"]:
         console.print(_table(doc["plans"]))
     for p in doc["plans"]:
         console.print(f"\n[bold]#{p['rank']} {p['kind']}[/bold] ({p['gpus']} GPUs, ${p['cost_per_hour']:.2f}/h)")
         for i, line in enumerate(p["explanation"], 1):
-            console.print(f"  {i}. {line}", highlight=False)
+            console.print(f"  {i}. {escape(line)}", highlight=False)
         for cl in p.get("claims", []):
             mark = "[green]holds[/green]" if cl["holds"] else "[red]fails[/red]"
-            console.print(f"  claim: {cl['claim']}: {mark} ({cl['evidence']})", highlight=False)
+            console.print(f"  claim: {escape(str(cl['claim']))}: {mark} ({escape(str(cl['evidence']))})", highlight=False)
     if doc["disaggregation"]:
         dg = doc["disaggregation"]
-        console.print(f"\n[bold]disaggregate or not:[/bold] {dg['verdict']}: {dg['reason']}", highlight=False)
+        console.print(f"\n[bold]disaggregate or not:[/bold] {dg['verdict']}: {escape(dg['reason'])}", highlight=False)
         for k, v in (dg.get("terms") or {}).items():
-            console.print(f"  {k}: {v}", highlight=False)
+            console.print(f"  {k}: {escape(str(v))}", highlight=False)
     if doc["rejected"]:
         console.print(f"\n[bold]rejected[/bold] ({len(doc['rejected'])}):")
         for r in doc["rejected"]:
-            console.print(f"  - {r['candidate']}: {r['reason']}", highlight=False)
+            console.print(f"  - {escape(r['candidate'])}: {escape(r['reason'])}", highlight=False)
     s = doc["search"]
     console.print(f"\n{s['layouts_estimated']} layouts estimated, {s['candidates_sized']} candidates sized, "
                   f"{s['simulations']} simulations in {s['wall_s']:.1f} s")

@@ -45,6 +45,8 @@ class MeasureTask:
     role: str
     fleet: FleetShape
     guess_rps: float
+    floor_rps: float = 0.0
+    """Slowest useful replica: rate x burst / (most replicas the GPU limit allows)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def measure_goodput(ctx: Context, task: MeasureTask) -> MeasureResult:
         runs += 1
         return run_fleet(ctx.spec, ctx.mix, task.fleet, ctx.prices, rate, seed=0, check=check).passed  # type: ignore[arg-type]
 
-    g = bisect_rate(ok, task.guess_rps, ctx.spec.search.bisect_steps)
+    g = bisect_rate(ok, task.guess_rps, ctx.spec.search.bisect_steps, task.floor_rps)
     return MeasureResult(task.key, task.role, g, runs)
 
 

@@ -62,9 +62,13 @@ def test_scorers_exact():
 
 def test_own_cost_subtracts_cached_blocks():
     cost = CostParams(decode_token_weight=0.5, per_request_tokens=32)
-    assert own_cost(REQ, 0, 16, cost) == 160 + 5 + 32
-    assert own_cost(REQ, 4, 16, cost) == 96 + 5 + 32
-    assert own_cost(REQ, 20, 16, cost) == 0 + 5 + 32
+    req = RouteRequest("r", 160, 10, block_hashes=(1, 2, 3, 4), hash_block_tokens=16)
+    assert own_cost(req, 0, cost) == 160 + 5 + 32
+    assert own_cost(req, 4, cost) == 96 + 5 + 32
+    assert own_cost(req, 20, cost) == 0 + 5 + 32
+    # a Mooncake-style entry covers 512 prompt tokens, not one 16-token KV block
+    long = RouteRequest("m", 2000, 10, block_hashes=(1, 2, 3), hash_block_tokens=512)
+    assert own_cost(long, 3, cost) == (2000 - 1536) + 5 + 32
 
 
 def test_load_bound_tokens_and_share():

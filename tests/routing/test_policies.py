@@ -100,15 +100,15 @@ def test_sequential_single_requests_spread(same_prefix):
 def test_prefix_affinity_prefers_the_cache_within_the_bound():
     p = make_policy(DEFAULT_POLICY)
     p.observe(KvStored(0.0, "w2", tuple(range(6))))
-    big = {f"w{i}": {"block_size": 1000} for i in range(4)}
-    big["w2"] = {"block_size": 1000, "queued_prefill_tokens": 400, "queued_requests": 1}
-    d = p.route(req(1, prompt=8000, hashes=range(8)), fleet(**big))
+    big: dict[str, dict[str, int]] = {f"w{i}": {} for i in range(4)}
+    big["w2"] = {"queued_prefill_tokens": 400, "queued_requests": 1}
+    d = p.route(req(1, prompt=8000, hashes=range(8), hash_block_tokens=1000), fleet(**big))
     # cost w2 = 432 queued + 2000 uncached + 50 decode + 32 = 2514 vs 8082 elsewhere
     assert d.worker == "w2"
     assert d.reason == "prefix 6/8 blocks on w2; w2 load 432 within bound 2217"  # 1.25 * 108 + 2082
     assert d.scores["w2.prefix"] == 0.75
-    big["w2"] = {"block_size": 1000, "queued_prefill_tokens": 40000, "queued_requests": 30}
-    d = p.route(req(2, prompt=8000, hashes=range(8)), fleet(**big))
+    big["w2"] = {"queued_prefill_tokens": 40000, "queued_requests": 30}
+    d = p.route(req(2, prompt=8000, hashes=range(8), hash_block_tokens=1000), fleet(**big))
     assert d.worker != "w2" and "over bound: w2" in d.reason
 
 

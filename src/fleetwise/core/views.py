@@ -76,6 +76,8 @@ class RouteRequest:
     """Version the request is pinned to; None accepts any."""
     region: str | None = None
     arrival_s: float = 0.0
+    hash_block_tokens: int = 512
+    """Prompt tokens covered by one entry of `block_hashes` (512 in Mooncake traces)."""
 
 
 @dataclass(frozen=True, slots=True)

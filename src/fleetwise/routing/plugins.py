@@ -68,9 +68,13 @@ def clamp01(x: float) -> float:
     return 0.0 if not x > 0 else min(1.0, float(x))
 
 
-def own_cost(req: RouteRequest, cached_blocks: int, block_size: int, cost: CostParams) -> float:
-    """`max(prompt - cached_blocks * block_size, 0) + decode_token_weight * max_output + per_request`."""
-    uncached = max(req.prompt_tokens - cached_blocks * block_size, 0)
+def own_cost(req: RouteRequest, cached_blocks: int, cost: CostParams) -> float:
+    """`max(prompt - cached_blocks * hash_block_tokens, 0) + decode_token_weight * max_output + per_request`.
+
+    `cached_blocks` counts matched entries of `req.block_hashes`, each covering
+    `req.hash_block_tokens` prompt tokens (not the engine's KV block size).
+    """
+    uncached = max(req.prompt_tokens - cached_blocks * req.hash_block_tokens, 0)
     return uncached + cost.decode_token_weight * req.max_output_tokens + cost.per_request_tokens
 
 

@@ -122,13 +122,13 @@ class ComposedPolicy:
             prefix = self.index.match(w.name, req.block_hashes) if side != "decode" else 0
             if side == "prefill":
                 load = w.queued_prefill_tokens + cost.per_request_tokens * w.queued_requests
-                own = own_cost(req, prefix, w.block_size, cost) - cost.decode_token_weight * req.max_output_tokens
+                own = own_cost(req, prefix, cost) - cost.decode_token_weight * req.max_output_tokens
             elif side == "decode":
                 load = cost.decode_token_weight * w.running_decode_tokens + cost.per_request_tokens * (
                     w.queued_requests + w.running_requests)
                 own = cost.decode_token_weight * req.max_output_tokens + cost.per_request_tokens
             else:
-                load, own = view_load(w, cost), own_cost(req, prefix, w.block_size, cost)
+                load, own = view_load(w, cost), own_cost(req, prefix, cost)
             load += tok_pend + cost.per_request_tokens * n_pend
             requests = w.queued_requests + w.running_requests + n_pend
             out.append(Candidate(w, requests, load, own, self.feedback.factor(w.name, now), prefix))
@@ -154,7 +154,7 @@ class ComposedPolicy:
         dq.append(name)
 
     def _dispatch(self, req: RouteRequest, c: Candidate, worker: str, prefill: str | None, now: float) -> None:
-        uncached = max(req.prompt_tokens - c.prefix_blocks * c.view.block_size, 0)
+        uncached = max(req.prompt_tokens - c.prefix_blocks * req.hash_block_tokens, 0)
         self.inflight.add(Pending(req.request_id, worker, prefill, now, uncached, req.max_output_tokens, c.load + c.own))
         if self.params.prefix_index.record_dispatch and req.block_hashes:
             self.index.insert(prefill or worker, req.block_hashes)

@@ -169,7 +169,7 @@ class Simulation:
         if self.delay == 0 and not self.view_frozen:
             self.view = self.fleet.workers(now_s)
         rr = RouteRequest(str(r.request_id), r.prompt_tokens, r.output_tokens, r.block_hashes, r.tenant,
-                          r.model_version, r.region, r.arrival_s)
+                          r.model_version, r.region, r.arrival_s, r.hash_block_tokens)
         d = self.policy.route(rr, FleetView(now_s, self.view))
         w = self.fleet.by_name.get(d.worker) if d.worker is not None else None
         p = self.fleet.by_name.get(d.prefill_worker, -1) if d.prefill_worker is not None else -1

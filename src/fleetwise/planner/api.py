@@ -27,6 +27,7 @@ def plan(spec: PlanningSpec, options: PlanOptions | None = None) -> Search:
         _estimate(search, enum)
     except InfeasibleError as err:
         search.infeasible = str(err)
+        search.wall_s = time.perf_counter() - t0
         return search
     with Executor(o.workers, o.ray_address) as ex:
         lists = _measure(search, ctx, ex)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetwise.planner.measure import FleetShape, SimVerdict, bisect_rate, crash_scenario, run_fleet
+from fleetwise.planner.measure import FleetShape, SimVerdict, bisect_rate, crash_scenario, requests_for, run_fleet
 from fleetwise.planner.workload import LengthMix
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash, RollingUpgrade
 from fleetwise.spec.planning import PlanningSpec
@@ -178,7 +178,8 @@ def check_claims(ctx: Context, full: FleetShape, colocated_tpot_p99_s: float | N
 
 
 def _fault_scenarios(ctx: Context, full: FleetShape) -> list[tuple[FaultScenario, str]]:
-    span = ctx.mix.unit_gaps.sum() / ctx.spec.workload.rate_rps
+    rate = ctx.spec.workload.rate_rps
+    span = requests_for(rate, ctx.spec.search.sample_requests) / rate  # the run's traffic, not the whole mix
     at = round(span / 4, 3)
     crash = FaultScenario(name="prefill crash", faults=[ReplicaCrash(
         replica="prefill-0", at_s=at, restart_after_s=ctx.spec.headroom.cold_start_s)])

@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetwise.planner.measure import FleetShape, SimVerdict, bisect_rate, crash_scenario, requests_for, run_fleet
+from fleetwise.planner.measure import (
+    FleetShape,
+    SimVerdict,
+    bisect_rate,
+    crash_scenario,
+    requests_for,
+    run_fleet,
+)
 from fleetwise.planner.workload import LengthMix
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash, RollingUpgrade
 from fleetwise.spec.planning import PlanningSpec

@@ -219,7 +219,7 @@ def _measure(search: Search, ctx: Context, ex: Executor) -> dict[str, list[Layou
         if res.goodput_rps <= 0:
             search.rejected.append(Rejection(
                 f"{res.role} {lay.label}",
-                f"in simulation one {res.role} replica missed the SLO even at the lowest useful rate "
-                f"(target x burst / the most replicas the GPU limit allows; {res.runs} runs): "
-                "queueing and batching make the analytical floor optimistic here"))
+                f"in simulation one {res.role} replica missed the SLO even at {by_key[res.key].floor_rps:.3g} req/s, "
+                f"the least each replica must carry for the target x burst within the GPU limit "
+                f"({res.runs} runs): raise search.max_gpus, relax the SLO, or pick a faster layout"))
     return lists

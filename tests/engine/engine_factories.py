@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class Trace:
     first_token_s: dict[int, float] = field(default_factory=dict)
     finish_s: dict[int, float] = field(default_factory=dict)
     handoff_s: dict[int, float] = field(default_factory=dict)
+    scheduled_s: dict[int, float] = field(default_factory=dict)
     steps: list[Step] = field(default_factory=list)
     outputs: list[StepOutput] = field(default_factory=list)
     tokens: int = 0
@@ -48,8 +50,13 @@ class Trace:
 
 def drive(engine: Engine, arrivals: list[Request], use_horizon: bool = True,
           check: Callable[[Engine], None] | None = None, max_steps: int = 200_000,
-          release_after_s: float | None = None) -> Trace:
-    """Run `engine` in virtual time until idle; requests enter at their `arrival_s`."""
+          release_after_s: float | None = None, horizon: str = "hard") -> Trace:
+    """Run `engine` in virtual time until idle; requests enter at their `arrival_s`.
+
+    `horizon` says how the next arrival bounds a fused step: `hard` (the step ends before it),
+    `soft` (the pass it falls in is the step's last) or `cut` (the step is formed without it,
+    then `Engine.cut` shortens it, as when work arrives unannounced).
+    """
     todo = sorted(arrivals, key=lambda r: (r.arrival_s, r.request_id))
     tr, t, i, seen = Trace(), 0.0, 0, set()
     pending_release: list[tuple[float, int]] = []
@@ -62,8 +69,13 @@ def drive(engine: Engine, arrivals: list[Request], use_horizon: bool = True,
             pending_release.remove((when, rid))
         events = [todo[i].arrival_s] if i < len(todo) else []
         events += [w for w, _ in pending_release]
-        horizon = min(events) - t if (events and use_horizon) else math.inf
-        step = engine.schedule(horizon)
+        nxt = min(events) - t if (events and use_horizon) else math.inf
+        if horizon == "hard":
+            step = engine.schedule(nxt)
+        elif horizon == "soft":
+            step = engine.schedule(soft_horizon_s=nxt)
+        else:
+            step = engine.schedule()
         if step is None:
             if not events:
                 return tr
@@ -73,11 +85,20 @@ def drive(engine: Engine, arrivals: list[Request], use_horizon: bool = True,
             if rid not in seen:
                 seen.add(rid)
                 tr.admission_order.append(rid)
+        duration = step.duration_s
+        if horizon == "cut" and nxt < math.inf:
+            cut = engine.cut(nxt)
+            if cut is not None:
+                assert cut < duration
+                duration = cut
+                step = dataclasses.replace(step, duration_s=cut, num_passes=engine._inflight.passes)  # noqa: SLF001
         tr.steps.append(step)
         out = engine.complete()
         for rid, dt in out.first_tokens:
             tr.first_token_s[rid] = t + dt
-        t += step.duration_s
+        for rid, dt in out.scheduled:
+            tr.scheduled_s[rid] = t + dt
+        t += duration
         for rid in out.finished:
             assert rid not in tr.finish_s, f"request {rid} finished twice"
             tr.finish_s[rid] = t

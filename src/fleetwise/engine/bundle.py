@@ -9,10 +9,22 @@ When step time is affine in the KV read (as roofline decode costs are), the tota
 closed form: T(k) = k*d0 + s*k*(k-1)/2 with s the per-pass slope, checked on the last pass and a
 middle one (for a convex cost, agreement at an interior point implies affinity on the segment).
 Otherwise the passes are summed one by one.
+
+Two horizons bound the passes (both relative to the step's start):
+- `horizon_s` (hard): the passes must end by then (at least one pass runs). The simulator uses
+  it for boundaries no pass may straddle (a slowdown starting).
+- `soft_s`: new work arrives then. Between single passes it would join at the end of the pass
+  that is running when it arrives, so the fused step may include that pass and stops there: the
+  smallest k with T(k) > soft_s. This matches unfused timing and saves a step per arrival.
+
+`Fused` keeps the per-pass times so a driver can ask how many passes had ended at a given
+time into the step (`passes_by`) and the engine can shorten the step when work arrives that was
+not known when it was formed (`Engine.cut`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from fleetwise.perf.types import BatchShape
@@ -24,12 +36,60 @@ def decode_shape(n: int, kv: int) -> BatchShape:
     return BatchShape(n, n, kv, float(kv), 0, 1)
 
 
-def fuse(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, cap: int,
-         horizon_s: float) -> tuple[int, float]:
-    """(passes, total seconds): the most passes <= cap whose total stays within `horizon_s`
-    (at least one), given `d0` = step_time of the first pass."""
+class Fused:
+    """The pass times of one fused decode step: cumulative T(k) for k = 0..cap.
+
+    Affine costs keep (d0, slope, dl) and evaluate T(k) in closed form; others keep the
+    cumulative sums computed so far in `cum` (cum[k] = T(k)).
+    """
+
+    __slots__ = ("cap", "d0", "dl", "slope", "cum", "passes", "duration_s")
+
+    def __init__(self, cap: int, d0: float, dl: float, slope: float | None, cum: list[float] | None) -> None:
+        self.cap, self.d0, self.dl, self.slope, self.cum = cap, d0, dl, slope, cum
+        self.passes = 1
+        self.duration_s = d0
+
+    def total(self, k: int) -> float:
+        """Seconds of the first k passes (k <= the passes computed)."""
+        if self.cum is not None:
+            return self.cum[k]
+        if k == self.cap:
+            return k * (self.d0 + self.dl) / 2
+        assert self.slope is not None
+        return k * self.d0 + self.slope * k * (k - 1) / 2
+
+    def count_le(self, x: float, upto: int) -> int:
+        """Largest k in [0, upto] with T(k) <= x (T is increasing)."""
+        if x < self.d0:
+            return 0
+        if self.total(upto) <= x:
+            return upto
+        lo, hi = 1, upto  # T(lo) <= x < T(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.total(mid) <= x:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def passes_by(self, elapsed_s: float) -> int:
+        """Passes of this step that have ended `elapsed_s` after its start."""
+        return self.count_le(elapsed_s, self.passes)
+
+    def set_passes(self, k: int) -> None:
+        self.passes = k
+        self.duration_s = self.total(k)
+
+
+def plan_fused(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, cap: int,
+               horizon_s: float, soft_s: float = math.inf) -> Fused:
+    """The fused step: the most passes <= cap ending by `horizon_s` (at least one) and not past
+    the pass that straddles `soft_s`; `d0` = step_time of the first pass."""
     if cap <= 1:
-        return 1, d0
+        f = Fused(1, d0, d0, 0.0, None)
+        return f
     last = cap - 1
     dl = step_time(decode_shape(n, kv0 + n * last))
     affine = True
@@ -38,26 +98,39 @@ def fuse(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, 
         dm = step_time(decode_shape(n, kv0 + n * i))
         affine = abs(dm - (d0 + (dl - d0) * i / last)) <= AFFINE_RTOL * max(abs(d0), abs(dl))
     if not affine:
-        return _summed(step_time, n, kv0, d0, cap, horizon_s)
-    slope = (dl - d0) / last
-    if cap * (d0 + dl) / 2 <= horizon_s:
-        return cap, cap * (d0 + dl) / 2
-    lo, hi = 1, cap  # total(lo) fits or lo == 1; total(hi) does not fit
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if mid * d0 + slope * mid * (mid - 1) / 2 <= horizon_s:
-            lo = mid
-        else:
-            hi = mid
-    return lo, lo * d0 + slope * lo * (lo - 1) / 2
+        return _summed(step_time, n, kv0, d0, cap, horizon_s, soft_s)
+    f = Fused(cap, d0, dl, (dl - d0) / last, None)
+    k = cap
+    if soft_s < math.inf:
+        k = min(k, f.count_le(soft_s, cap) + 1)
+    if horizon_s < math.inf:
+        k = min(k, max(1, f.count_le(horizon_s, k)))
+    f.set_passes(k)
+    return f
+
+
+def fuse(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, cap: int,
+         horizon_s: float, soft_s: float = math.inf) -> tuple[int, float]:
+    """(passes, total seconds) of `plan_fused`."""
+    f = plan_fused(step_time, n, kv0, d0, cap, horizon_s, soft_s)
+    return f.passes, f.duration_s
 
 
 def _summed(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, cap: int,
-            horizon_s: float) -> tuple[int, float]:
+            horizon_s: float, soft_s: float) -> Fused:
+    cum = [0.0, d0]
     total = d0
+    k = cap
     for i in range(1, cap):
+        if total > soft_s:
+            k = i
+            break
         d = step_time(decode_shape(n, kv0 + n * i))
         if total + d > horizon_s:
-            return i, total
+            k = i
+            break
         total += d
-    return cap, total
+        cum.append(total)
+    f = Fused(len(cum) - 1, d0, d0, None, cum)
+    f.set_passes(k)
+    return f

@@ -75,6 +75,9 @@ class StepOutput:
         gap equal to its duration; a fused step reports its mean pass duration once with count
         num_seqs * num_passes (fused passes differ only by one context token per sequence).
     prefix_hit_tokens: prompt tokens served from the prefix cache at admissions in this step.
+    scheduled: (request_id, 0.0) for each request whose prompt was first scheduled in this step
+        (admitted from the waiting queue for the first time; the offset is the step's start).
+        Re-admissions after a preemption and transferred KV (decode role) are not reported.
     """
 
     first_tokens: list[tuple[int, float]] = field(default_factory=list)
@@ -84,3 +87,4 @@ class StepOutput:
     tokens_generated: int = 0
     itl_samples: list[tuple[float, int]] = field(default_factory=list)
     prefix_hit_tokens: int = 0
+    scheduled: list[tuple[int, float]] = field(default_factory=list)

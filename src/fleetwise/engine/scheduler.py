@@ -15,7 +15,11 @@ One step, in named phases (`schedule`):
 2. admit_waiting: unless something was preempted, admit waiting requests FCFS while budget,
    max_num_seqs and KV blocks allow (prefix-cache hits first; a long prompt gets a chunk).
 3. fuse: if the step is decode-only and admitted nothing, extend it to k identical passes
-   (bounded by max_bundle_steps, the first finish, the horizon and the free blocks).
+   (bounded by max_bundle_steps, the first finish, the horizons and the free blocks). The hard
+   `horizon_s` must not be crossed; at the soft horizon (`soft_horizon_s`, when new work will
+   arrive) the step may run the pass that straddles it, as single passes would. The blocks of
+   passes 2..k are checked at `schedule()` and taken at `complete()`, so a step shortened by
+   `cut()` (work that arrived unannounced) holds exactly what single passes would have.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Literal
 from fleetwise.core.request import Request
 from fleetwise.core.views import WorkerView
 from fleetwise.engine.blocks import BlockPool
-from fleetwise.engine.bundle import fuse
+from fleetwise.engine.bundle import Fused, plan_fused
 from fleetwise.engine.decoders import DecodeSet
 from fleetwise.engine.records import EngineConfig, Step, StepOutput
 from fleetwise.engine.sequence import DECODE, HANDOFF, PREFILL, WAITING, SeqState, cdiv, hit_blocks, lookup
@@ -51,6 +55,12 @@ class _InFlight:
     new_decoders: list[SeqState]
     preempted: list[int]
     prefix_hit_tokens: int
+    scheduled: list[tuple[int, float]] = field(default_factory=list)
+    """Requests whose prompt was first scheduled in this step (offset 0.0: the step's start)."""
+    fused: Fused | None = None
+    """Pass times of a fused decode step (None for a single pass)."""
+    deferred_blocks: int = 0
+    """Blocks of passes 2..k, taken from the pool at `complete()`."""
 
 
 @dataclass(slots=True)
@@ -105,7 +115,20 @@ class Engine:
 
     @property
     def kv_usage(self) -> float:
-        return self.pool.usage
+        """Fraction of blocks in use, counting every pass of the in-flight step."""
+        fl = self._inflight
+        if fl is None or not fl.deferred_blocks:
+            return self.pool.usage
+        return (self.pool.num_used + fl.deferred_blocks) / self.pool.capacity
+
+    def kv_usage_at(self, elapsed_s: float) -> float:
+        """`kv_usage` as single passes would show it `elapsed_s` into the in-flight step."""
+        fl = self._inflight
+        if fl is None or fl.fused is None:
+            return self.kv_usage
+        j = fl.fused.passes_by(elapsed_s)
+        extra = self._decoders.new_blocks(self._passes + 1, j) if j < fl.passes else fl.deferred_blocks
+        return (self.pool.num_used + extra) / self.pool.capacity
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -140,8 +163,12 @@ class Engine:
         self._waiting_prefill_tokens += 0 if st.transferred else st.target
 
     # -- schedule: the named phases -------------------------------------------------------------
-    def schedule(self, horizon_s: float = math.inf) -> Step | None:
-        """Form the next step (None if nothing can run); it stays in flight until `complete()`."""
+    def schedule(self, horizon_s: float = math.inf, soft_horizon_s: float = math.inf) -> Step | None:
+        """Form the next step (None if nothing can run); it stays in flight until `complete()`.
+
+        A fused decode step ends by `horizon_s` (hard; one pass always runs) and at the latest
+        with the pass that is running `soft_horizon_s` from now (new work joins after it).
+        """
         if self._inflight is not None:
             raise RuntimeError(f"engine {self.name!r}: schedule() while a step is in flight")
         if not self._running and not self._waiting:
@@ -155,21 +182,29 @@ class Engine:
         for _, c in chunks:
             budget -= c
         new_decoders: list[SeqState] = []
+        scheduled: list[tuple[int, float]] = []
         hits = 0
         if self._waiting and not preempted and self._admission_may_change(budget):
-            hits = self._admit_waiting(budget, chunks, new_decoders)
+            hits = self._admit_waiting(budget, chunks, new_decoders, scheduled)
         n_dec = self._decoders.n
         if not n_dec and not chunks:
             self.stats.carried_preempted.extend(preempted)
             return None
         shape = self._shape(chunks)
         d0 = self.step_time(shape)
-        passes, duration = 1, d0
         if not chunks and not new_decoders and not preempted and n_dec:
-            passes, duration = self._fuse(shape, d0, horizon_s)
-        self._inflight = _InFlight(passes, duration, n_dec, chunks, new_decoders, preempted, hits)
-        prefill = sum(c for _, c in chunks)
-        return Step(duration, passes, shape, shape.num_seqs, prefill, n_dec * passes)
+            fused = self._fuse(shape, d0, horizon_s, soft_horizon_s)
+            if fused is not None:
+                passes = fused.passes
+                deferred = self._decoders.new_blocks(self._passes + 1, passes - 1)
+                self._inflight = _InFlight(passes, fused.duration_s, n_dec, chunks, new_decoders, preempted,
+                                           hits, scheduled, fused, deferred)
+                return Step(fused.duration_s, passes, shape, shape.num_seqs, 0, n_dec * passes)
+        self._inflight = _InFlight(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
+        prefill = 0
+        for _, c in chunks:
+            prefill += c
+        return Step(d0, 1, shape, shape.num_seqs, prefill, n_dec)
 
     def _reserve_decodes(self) -> bool:
         """Phase 1 fast path (nothing prefilling): reserve this pass's decode blocks if they fit
@@ -213,7 +248,7 @@ class Engine:
         return [(st, chunk) for st, (chunk, _) in plan.items()]
 
     def _admit_waiting(self, budget: int, chunks: list[tuple[SeqState, int]],
-                       new_decoders: list[SeqState]) -> int:
+                       new_decoders: list[SeqState], scheduled: list[tuple[int, float]]) -> int:
         """Phase 2: admit FCFS while budget, seats and blocks allow; returns prefix-hit tokens."""
         hits = 0
         max_seqs = self.config.max_num_seqs
@@ -227,10 +262,14 @@ class Engine:
             self._waiting.popleft()
             hits += hit_tokens
             budget -= max(took, 1)
+            first = not st.scheduled
+            st.scheduled = True
             if st.phase == DECODE:
                 new_decoders.append(st)
             else:
                 chunks.append((st, took))
+                if first:
+                    scheduled.append((st.req.request_id, 0.0))
         return hits
 
     def _admit_one(self, st: SeqState, budget: int) -> tuple[int, int] | None:
@@ -290,18 +329,47 @@ class Engine:
             mx = max(mx, c)
         return BatchShape(n, new, kv, pairs, pre, mx)
 
-    def _fuse(self, shape: BatchShape, d0: float, horizon_s: float) -> tuple[int, float]:
-        """Phase 3: extend a decode-only step to k passes; reserves the blocks they need."""
+    def _fuse(self, shape: BatchShape, d0: float, horizon_s: float, soft_s: float) -> Fused | None:
+        """Phase 3: extend a decode-only step to k passes (None: one pass). The blocks of passes
+        2..k must fit now; they are taken at `complete()`."""
         dec, g = self._decoders, self._passes
         first_finish = dec.next_finish()
         cap = self.config.max_bundle_steps
-        if first_finish is not None:
-            cap = min(cap, first_finish - g)
-        cap = 1 + dec.max_passes(g + 1, max(cap - 1, 0), self.pool.num_free)
-        passes, duration = fuse(self.step_time, dec.n, shape.kv_read_tokens, d0, cap, horizon_s)
-        ok = self.pool.allocate(dec.new_blocks(g + 1, passes - 1))
-        assert ok
-        return passes, duration
+        if first_finish is not None and first_finish - g < cap:
+            cap = first_finish - g
+        if cap <= 1 or d0 > soft_s or d0 > horizon_s:
+            return None
+        cap = 1 + dec.max_passes(g + 1, cap - 1, self.pool.num_free)
+        if cap <= 1:
+            return None
+        fused = plan_fused(self.step_time, dec.n, shape.kv_read_tokens, d0, cap, horizon_s, soft_s)
+        return fused if fused.passes > 1 else None
+
+    def cut(self, soft_horizon_s: float) -> float | None:
+        """New work arrived `soft_horizon_s` after the in-flight step started: end a fused step
+        with the pass running then, as single passes would. Returns the step's new duration, or
+        None when it is unchanged (a single pass, or it already ends there)."""
+        fl = self._inflight
+        if fl is None or fl.fused is None:
+            return None
+        fused = fl.fused
+        k = fused.count_le(soft_horizon_s, fl.passes) + 1
+        if k >= fl.passes:
+            return None
+        fused.set_passes(k)
+        fl.passes, fl.duration_s = k, fused.duration_s
+        fl.deferred_blocks = self._decoders.new_blocks(self._passes + 1, k - 1)
+        return fl.duration_s
+
+    def passes_done(self, elapsed_s: float) -> int:
+        """Passes of the in-flight step that have ended `elapsed_s` after its start (0 when
+        nothing is in flight or its only pass is still running)."""
+        fl = self._inflight
+        if fl is None:
+            return 0
+        if fl.fused is None:
+            return 1 if elapsed_s >= fl.duration_s else 0
+        return fl.fused.passes_by(elapsed_s)
 
     # -- complete ---------------------------------------------------------------------------------
     def complete(self) -> StepOutput:
@@ -310,12 +378,20 @@ class Engine:
         if fl is None:
             raise RuntimeError(f"engine {self.name!r}: complete() without a step in flight")
         self._inflight = None
+        if fl.deferred_blocks:
+            ok = self.pool.allocate(fl.deferred_blocks)
+            assert ok, "fused passes were checked to fit"
         self._passes += fl.passes
         self.stats.steps += 1
         self.stats.passes += fl.passes
-        out = StepOutput(preempted=self.stats.carried_preempted + fl.preempted,
-                         prefix_hit_tokens=fl.prefix_hit_tokens)
-        self.stats.carried_preempted = []
+        carried = self.stats.carried_preempted
+        if carried:
+            out = StepOutput(preempted=carried + fl.preempted, prefix_hit_tokens=fl.prefix_hit_tokens,
+                             scheduled=fl.scheduled)
+            self.stats.carried_preempted = []
+        else:
+            out = StepOutput(preempted=fl.preempted, prefix_hit_tokens=fl.prefix_hit_tokens,
+                             scheduled=fl.scheduled)
         out.tokens_generated = fl.num_decoders * fl.passes
         if fl.num_decoders:
             out.itl_samples.append((fl.duration_s / fl.passes, fl.num_decoders * fl.passes))
@@ -409,9 +485,20 @@ class Engine:
             return 0
         return hit_blocks(self.pool, req, self._bs, (req.prompt_tokens - 1) // self._bs) * self._bs
 
-    def snapshot(self, now_s: float) -> WorkerView:
+    def snapshot(self, now_s: float, elapsed_s: float | None = None) -> WorkerView:
+        """The engine as a router sees it. With `elapsed_s` (time since the in-flight step
+        started), a fused step shows the state single passes would have then: the passes
+        ended so far and the blocks of the pass running now."""
         dec = self._decoders
-        decode_left = dec.sum_f - dec.n * self._passes
+        g = self._passes
+        usage = self.kv_usage
+        fl = self._inflight
+        if elapsed_s is not None and fl is not None and fl.fused is not None:
+            j = fl.fused.passes_by(elapsed_s)
+            if j < fl.passes:
+                g += j
+                usage = (self.pool.num_used + dec.new_blocks(self._passes + 1, j)) / self.pool.capacity
+        decode_left = dec.sum_f - dec.n * g
         queued = self._waiting_prefill_tokens
         for st in self._prefilling:
             queued += st.target - st.computed
@@ -420,6 +507,6 @@ class Engine:
         return WorkerView(
             name=self.name, role=self.role, queued_requests=len(self._waiting),
             running_requests=len(self._running), queued_prefill_tokens=queued,
-            running_decode_tokens=decode_left, kv_usage=self.pool.usage,
+            running_decode_tokens=decode_left, kv_usage=usage,
             kv_capacity_tokens=self.pool.capacity * self._bs, block_size=self._bs,
             reported_at_s=now_s)

@@ -81,6 +81,7 @@ class SeqState:
         prompt, plus the outputs already produced when recomputing after a preemption).
     computed: tokens in the KV cache (prefill phase; decoders derive it as `a + pass counter`).
     outputs: output tokens produced so far (decoders derive it from `f`).
+    scheduled: admitted once already (a re-admission after preemption is not a first schedule).
     shared/private: blocks held in cached spans / privately (decoders derive private).
     entries/uses: the cached spans it uses (aligned with its span index; None = kept private).
     a, f: decoder bookkeeping: context = a + passes; finishes when passes reach f.
@@ -92,6 +93,7 @@ class SeqState:
     computed: int = 0
     outputs: int = 0
     first_done: bool = False
+    scheduled: bool = False
     phase: int = WAITING
     seq: int = -1
     shared: int = 0

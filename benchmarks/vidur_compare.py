@@ -1,0 +1,431 @@
+"""Speed against Vidur: requests simulated per wall-clock and CPU second, same fleet and requests.
+
+Run:  python3 benchmarks/vidur_compare.py [--requests 16000] [--replicas 4] [--rate 40]
+                                          [--large-requests 200000 --large-replicas 16]
+                                          [--vidur-venv DIR] [--out benchmarks/results/vidur_compare.json]
+
+Vidur (PyPI `vidur`, pinned by --vidur-version) lives in a throwaway virtual environment OUTSIDE
+the repository: --vidur-venv, or the environment variable FLEETWISE_VIDUR_VENV, default
+/tmp/vidur-venv. The script creates it on first use with a CPython 3.11/3.10 (--vidur-python,
+else the first of ~/.pyenv/versions/3.11*, 3.10*, python3.11, python3.10 found) and
+`pip install vidur==VERSION`, and reuses it afterwards. It is never a fleetwise dependency.
+
+One run does, in order:
+1. The request set: the first --requests rows of the Azure conversation trace
+   (fleetwise.sim.traces.load_trace), arrivals rescaled to --rate requests/s, prompts clipped so
+   prompt + output <= --max-tokens (Vidur's trace replay does the same clip).
+2. Offline Vidur inputs in a temporary work dir (never the repo): the same requests as Vidur's
+   trace-replay CSV (Date, Time, PromptTokenCount, CompletionTokenCount), and synthetic
+   profiling tables from fleetwise's roofline laid out as the model-hub cache Vidur's
+   `snapshot_download` reads under HF_HUB_OFFLINE=1 (see benchmarks/vidur_tables.py).
+3. Vidur in a subprocess of the venv's python (this file with --vidur-child): the simulator is
+   built (predictor training from the tables, trace loading: reported as setup), then only its
+   event loop `Simulator.run` is timed (wall and process CPU), output writing excluded.
+4. fleetwise in this process on the same requests and fleet: `simulate()` timed the same way,
+   in the fast mode (router view refreshed every --feedback-delay s; with round-robin routing
+   the results equal the exact mode's, which is also run and reported as fleetwise_exact_mode).
+5. fleetwise alone on a larger request set (--large-requests requests, lengths resampled from
+   the trace, Poisson arrivals at the same per-replica rate, --large-replicas replicas).
+Writes the JSON (--out) and prints it. The machine's load average is recorded around each
+timed part: on a loaded 2-core machine, CPU seconds are the steadier figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+DEFAULT_VENV = os.environ.get("FLEETWISE_VIDUR_VENV", "/tmp/vidur-venv")
+VIDUR_VERSION = "0.0.26"
+
+# fleetwise catalog name -> Vidur's name for the same architecture / card.
+VIDUR_MODELS = {"llama-3.1-8b": "meta-llama/Llama-3-8B", "llama-3.1-70b": "meta-llama/Llama-3-70B"}
+VIDUR_DEVICES = {"h100-sxm": ("h100", "h100_dgx"), "a100-sxm-80gb": ("a100", "a100_dgx")}
+COMPUTE_REPO = "fleetwise-offline/roofline-{model}-{device}"
+NETWORK_REPO = "fleetwise-offline/roofline-{network}"
+TRACE_DATE = "2024-01-01"  # Vidur's trace replay keeps the rows of one Date
+
+
+# ---------------------------------------------------------------------------------------------
+# The Vidur side (runs inside the venv's python: stdlib + vidur only)
+# ---------------------------------------------------------------------------------------------
+
+
+def _vidur_child(spec_path: str, out_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    t_start = time.perf_counter()
+    from vidur.config import (
+        CacheConfig,
+        ClusterConfig,
+        LinearRegressionExecutionTimePredictorConfig,
+        MetricsConfig,
+        RandomForrestExecutionTimePredictorConfig,
+        ReplicaConfig,
+        RoundRobinGlobalSchedulerConfig,
+        SarathiSchedulerConfig,
+        SimulationConfig,
+        TraceRequestGeneratorConfig,
+        VllmSchedulerConfig,
+    )
+    from vidur.simulator import Simulator
+    from vidur.utils.random import set_seeds
+
+    s = spec
+    pred_common = dict(
+        model_profiling_dataset=s["compute_repo"], network_profiling_dataset=s["network_repo"],
+        cache_dir=s["cache_dir"], prediction_max_tokens_per_request=s["max_tokens"],
+        prediction_max_prefill_chunk_size=s["max_tokens"], prediction_max_batch_size=s["batch_cap"],
+        use_native_execution_time_predictor=s["native_predictor"], k_fold_cv_splits=2, num_training_job_threads=1,
+    )
+    if s["predictor"] == "linear_regression":
+        pred = LinearRegressionExecutionTimePredictorConfig(**pred_common)
+    else:  # Vidur's default predictor, with a trimmed hyper-parameter grid so training takes seconds
+        pred = RandomForrestExecutionTimePredictorConfig(num_estimators=[100], max_depth=[16], min_samples_split=[2],
+                                                         **pred_common)
+    if s["scheduler"] == "sarathi":
+        sched = SarathiSchedulerConfig(batch_size_cap=s["batch_cap"], chunk_size=s["chunk_size"])
+    else:
+        sched = VllmSchedulerConfig(batch_size_cap=s["batch_cap"], max_tokens_in_batch=s["max_tokens"])
+    cfg = SimulationConfig(
+        seed=s["seed"],
+        cluster_config=ClusterConfig(
+            num_replicas=s["replicas"],
+            replica_config=ReplicaConfig(model_name=s["model"], device=s["device"], network_device=s["network_device"],
+                                         num_pipeline_stages=1, tensor_parallel_size=1),
+            cache_config=CacheConfig(block_size=s["block_size"], num_blocks=s["num_blocks"]),
+            global_scheduler_config=RoundRobinGlobalSchedulerConfig(),
+            replica_scheduler_config=sched,
+        ),
+        request_generator_config=TraceRequestGeneratorConfig(
+            trace_file=s["trace_csv"], date=TRACE_DATE, prefill_scale_factor=1.0, decode_scale_factor=1.0,
+            time_scale_factor=1.0, max_tokens=s["max_tokens"]),
+        execution_time_predictor_config=pred,
+        metrics_config=MetricsConfig(output_dir=s["output_dir"], write_metrics=True,
+                                     enable_chrome_trace=s["chrome_trace"], store_plots=False, write_json_trace=False),
+    )
+    set_seeds(s["seed"])
+    t_cfg = time.perf_counter()
+    sim = Simulator(cfg)
+    t_built = time.perf_counter()
+
+    marks: dict[str, float] = {}
+    write_output = sim._write_output
+
+    def _mark_then_write() -> None:  # the event loop ends where output writing begins
+        marks["wall"], marks["cpu"] = time.perf_counter(), time.process_time()
+        write_output()
+
+    sim._write_output = _mark_then_write
+    tdf = sim._request_generator.trace_df  # what Vidur will simulate, after its own clipping
+    tokens = [int(tdf["PromptTokenCount"].sum()), int(tdf["CompletionTokenCount"].sum())]
+    w0, c0 = time.perf_counter(), time.process_time()
+    sim.run()
+    wall, cpu = marks["wall"] - w0, marks["cpu"] - c0
+    n = int(sum(1 for _ in open(s["trace_csv"])) - 1)
+    out = {"requests": n, "tokens_in_out": tokens, "wall_s": wall, "cpu_s": cpu, "simulated_s": float(sim._time),
+           "import_s": t_cfg - t_start, "setup_s": t_built - t_cfg, "write_output_s": time.perf_counter() - marks["wall"]}
+    try:  # headline numbers from Vidur's own request metrics, for a sanity look at the load
+        import pandas as pd
+
+        f = glob.glob(f"{cfg.metrics_config.output_dir}/**/request_metrics.csv", recursive=True)
+        if f:
+            df = pd.read_csv(f[0])
+            for col, key in [("request_e2e_time", "e2e_p50_s"), ("prefill_e2e_time", "ttft_p50_s"),
+                             ("decode_time_execution_plus_preemption_normalized", "tpot_p50_s")]:
+                if col in df:
+                    out[key] = round(float(df[col].median()), 4)
+            out["requests_completed"] = int(len(df))
+    except Exception as err:  # noqa: BLE001 - metrics are a side note; the timing stands without them
+        out["metrics_error"] = repr(err)
+    import vidur
+
+    out["version"] = getattr(vidur, "__version__", None)
+    Path(out_path).write_text(json.dumps(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# The venv
+# ---------------------------------------------------------------------------------------------
+
+
+def _find_python(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    pyenv = Path.home() / ".pyenv" / "versions"
+    for pat in ("3.11*", "3.10*"):
+        for p in sorted(pyenv.glob(pat), reverse=True):
+            if (p / "bin" / "python").exists():
+                return str(p / "bin" / "python")
+    for name in ("python3.11", "python3.10"):
+        if shutil.which(name):
+            return str(shutil.which(name))
+    sys.exit("no CPython 3.11/3.10 found for the Vidur venv; pass --vidur-python")
+
+
+def ensure_venv(venv: Path, python: str | None, version: str) -> Path:
+    """Create (once) and return the python of a venv with vidur==version installed."""
+    py = venv / "bin" / "python"
+    check = [str(py), "-c", "import importlib.metadata as m; print(m.version('vidur'))"]
+    if py.exists():
+        r = subprocess.run(check, capture_output=True, text=True)
+        if r.returncode == 0 and r.stdout.strip() == version:
+            return py
+    if not py.exists():
+        print(f"creating Vidur venv at {venv}", file=sys.stderr)
+        subprocess.run([_find_python(python), "-m", "venv", str(venv)], check=True)
+    print(f"installing vidur=={version} into {venv} (a few minutes)", file=sys.stderr)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", f"vidur=={version}"], check=True)
+    subprocess.run(check, check=True, capture_output=True)
+    return py
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests and the fleetwise side
+# ---------------------------------------------------------------------------------------------
+
+
+def load_requests(trace: Path, n: int, rate: float | None, max_tokens: int):
+    from dataclasses import replace
+
+    from fleetwise.sim.traces import load_trace
+
+    reqs = load_trace(trace, rate_rps=rate, max_requests=n)
+    return [r if r.prompt_tokens + r.output_tokens <= max_tokens
+            else replace(r, prompt_tokens=max(1, max_tokens - r.output_tokens)) for r in reqs]
+
+
+def large_requests(base, n: int, rate: float, seed: int):
+    """n requests with (prompt, output) resampled from `base`, Poisson arrivals at `rate`."""
+    import numpy as np
+
+    from fleetwise.core.request import Request
+
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(base), n)
+    t = np.cumsum(rng.exponential(1.0 / rate, n))
+    p = np.array([r.prompt_tokens for r in base])[idx]
+    o = np.array([r.output_tokens for r in base])[idx]
+    return [Request(i, float(t[i]), int(p[i]), int(o[i])) for i in range(n)]
+
+
+def fleetwise_plan(a: argparse.Namespace, replicas: int):
+    from fleetwise.spec.plan import PlanSpec
+
+    return PlanSpec(name="vidur-compare", routing="round-robin", pools=[{
+        "name": "m", "accelerator": a.gpu, "model": a.model, "replicas": replicas,
+        "engine": {"max_num_batched_tokens": a.max_tokens, "max_num_seqs": a.batch_cap, "block_size": a.block_size,
+                   "enable_prefix_caching": False, "enable_chunked_prefill": a.vidur_scheduler == "sarathi"}}])
+
+
+def kv_blocks(a: argparse.Namespace) -> int:
+    """KV blocks of one replica as fleetwise sizes them (given to Vidur so both have the same memory)."""
+    from fleetwise.perf.memory import FitOptions, kv_capacity_tokens
+    from fleetwise.perf.types import Deployment
+    from fleetwise.spec import catalog
+
+    dep = Deployment(catalog.resolve_model(a.model), catalog.resolve_gpu(a.gpu))
+    cap = kv_capacity_tokens(dep, FitOptions(max_num_batched_tokens=a.max_tokens, max_num_seqs=a.batch_cap))
+    return cap // a.block_size
+
+
+def run_fleetwise(a: argparse.Namespace, reqs, replicas: int, feedback_delay: float | None = None) -> dict:
+    import gc
+
+    from fleetwise.sim.runner import SimOptions, simulate
+
+    plan = fleetwise_plan(a, replicas)
+    delay = a.feedback_delay if feedback_delay is None else feedback_delay
+    gc.collect()
+    load0 = os.getloadavg()
+    w0, c0 = time.perf_counter(), time.process_time()
+    res = simulate(plan, reqs, options=SimOptions(seed=a.seed, feedback_delay_s=delay))
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    s = res.summary
+    return {"requests": len(reqs), "replicas": replicas, "feedback_delay_s": delay,
+            "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+            "rps": round(len(reqs) / wall, 1), "rps_cpu": round(len(reqs) / cpu, 1),
+            "loadavg_before": [round(x, 2) for x in load0], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "requests_completed": s["requests_completed"], "simulated_s": round(s["duration_s"], 1),
+            "events_processed": s["events_processed"], "e2e_p50_s": round(s["e2e_s"]["p50"], 4),
+            "ttft_p50_s": round(s["ttft_s"]["p50"], 4), "tpot_p50_s": round(s["tpot_s"]["p50"], 4),
+            "preemptions": int(sum(r["preemptions"] for r in s["per_replica"]))}
+
+
+def prepare_vidur(a: argparse.Namespace, reqs, work: Path) -> dict:
+    """Write the offline profiling tables and the trace CSV; return the child's base spec."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vidur_tables import write_offline_profiles
+
+    vmodel = VIDUR_MODELS[a.model]
+    device, network = VIDUR_DEVICES[a.gpu]
+    compute_repo = COMPUTE_REPO.format(model=vmodel.split("/")[-1].lower(), device=device)
+    network_repo = NETWORK_REPO.format(network=network.replace("_", "-"))
+    cache = work / "vidur_cache"
+    tables = write_offline_profiles(
+        cache, model=a.model, gpu=a.gpu, vidur_model=vmodel, vidur_device=device, vidur_network_device=network,
+        compute_repo=compute_repo, network_repo=network_repo, max_tokens=a.max_tokens, max_chunk=a.max_tokens,
+        max_batch=a.batch_cap, block_size=a.block_size, batch_cap=a.batch_cap)
+    trace_csv = work / "vidur_trace.csv"
+    with trace_csv.open("w") as f:
+        f.write("Date,Time,PromptTokenCount,CompletionTokenCount\n")
+        for r in reqs:
+            f.write(f"{TRACE_DATE},{r.arrival_s!r},{r.prompt_tokens},{r.output_tokens}\n")
+    return {"seed": a.seed, "replicas": a.replicas, "model": vmodel, "device": device, "network_device": network,
+            "block_size": a.block_size, "num_blocks": kv_blocks(a), "batch_cap": a.batch_cap,
+            "max_tokens": a.max_tokens, "chunk_size": a.max_tokens, "scheduler": a.vidur_scheduler,
+            "predictor": a.vidur_predictor, "native_predictor": a.vidur_native, "chrome_trace": False,
+            "trace_csv": str(trace_csv), "cache_dir": str(cache), "output_dir": str(work / "vidur_out"),
+            "compute_repo": compute_repo, "network_repo": network_repo,
+            "tables": {"compute_rows": tables["compute_rows"], "attention_rows": tables["attention_rows"]}}
+
+
+def run_vidur(a: argparse.Namespace, reqs, work: Path, py: Path, spec: dict, tag: str) -> dict:
+    """One Vidur run in the venv's python; its event loop's wall and CPU seconds."""
+    spec_path, result = work / f"spec_{tag}.json", work / f"vidur_result_{tag}.json"
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", WANDB_MODE="disabled",
+               HF_HOME=str(work / "hf_home"), PYTHONHASHSEED="0")
+    env.pop("PYTHONPATH", None)
+    log = work / f"vidur_{tag}.log"
+    load0 = os.getloadavg()
+    with log.open("w") as lf:
+        r = subprocess.run([str(py), str(Path(__file__).resolve()), "--vidur-child", str(spec_path), str(result)],
+                           cwd=work, env=env, stdout=lf, stderr=subprocess.STDOUT, timeout=a.vidur_timeout)
+    if r.returncode != 0:
+        tail = log.read_text()[-4000:]
+        sys.exit(f"Vidur failed (exit {r.returncode}); log {log}:\n{tail}")
+    out = json.loads(result.read_text())
+    ours = [sum(r.prompt_tokens for r in reqs), sum(r.output_tokens for r in reqs)]
+    if out["tokens_in_out"] != ours:
+        sys.exit(f"Vidur's request set differs from fleetwise's: tokens {out['tokens_in_out']} vs {ours}")
+    out.update({"replicas": a.replicas, "native_predictor": spec["native_predictor"],
+                "chrome_trace": spec["chrome_trace"], "rps": round(out["requests"] / out["wall_s"], 1),
+                "rps_cpu": round(out["requests"] / out["cpu_s"], 1),
+                "loadavg_before": [round(x, 2) for x in load0],
+                "loadavg_after": [round(x, 2) for x in os.getloadavg()], "tables": spec["tables"]})
+    for k in ("wall_s", "cpu_s", "simulated_s", "import_s", "setup_s", "write_output_s"):
+        out[k] = round(out[k], 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    ap.add_argument("--requests", type=int, default=16000, help="first N trace rows (both simulators)")
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--rate", type=float, default=40.0, help="arrival rate after rescaling the trace, req/s")
+    ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(VIDUR_MODELS))
+    ap.add_argument("--gpu", default="h100-sxm", choices=sorted(VIDUR_DEVICES))
+    ap.add_argument("--max-tokens", type=int, default=8192,
+                    help="prompt+output cap per request = step token budget (Vidur's max_tokens_in_batch)")
+    ap.add_argument("--batch-cap", type=int, default=128, help="max sequences per replica (max_num_seqs)")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--feedback-delay", type=float, default=0.25,
+                    help="fleetwise router view refresh (round-robin gives the same results at any value)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--large-requests", type=int, default=200_000, help="fleetwise-only run; 0 skips it")
+    ap.add_argument("--large-replicas", type=int, default=16)
+    ap.add_argument("--vidur-venv", type=Path, default=Path(DEFAULT_VENV),
+                    help="throwaway venv for Vidur, outside the repo (env FLEETWISE_VIDUR_VENV)")
+    ap.add_argument("--vidur-python", default=None, help="interpreter that creates the venv (3.10/3.11)")
+    ap.add_argument("--vidur-version", default=VIDUR_VERSION)
+    ap.add_argument("--vidur-scheduler", default="vllm", choices=["vllm", "sarathi"])
+    ap.add_argument("--vidur-predictor", default="random_forrest", choices=["random_forrest", "linear_regression"])
+    ap.add_argument("--vidur-native", action=argparse.BooleanOptionalAction, default=True,
+                    help="Vidur's C++ execution-time lookups (its fastest setting)")
+    ap.add_argument("--vidur-defaults-run", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time Vidur with its default Chrome trace on and Python predictor lookups")
+    ap.add_argument("--vidur-timeout", type=float, default=3600)
+    ap.add_argument("--work-dir", type=Path, default=None, help="temp files (default: a fresh dir, removed after)")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vidur_compare.json")
+    a = ap.parse_args()
+    if a.vidur_venv.resolve().is_relative_to(REPO):
+        sys.exit(f"--vidur-venv {a.vidur_venv} is inside the repository; put it outside (e.g. /tmp/vidur-venv)")
+
+    py = ensure_venv(a.vidur_venv, a.vidur_python, a.vidur_version)
+    reqs = load_requests(a.trace, a.requests, a.rate, a.max_tokens)
+    work = a.work_dir or Path(tempfile.mkdtemp(prefix="vidur-compare-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        spec = prepare_vidur(a, reqs, work)
+        vidur = run_vidur(a, reqs, work, py, spec, "lean")
+        vidur_defaults = None
+        if a.vidur_defaults_run:
+            vidur_defaults = run_vidur(a, reqs, work, py, dict(spec, native_predictor=False, chrome_trace=True),
+                                       "defaults")
+    finally:
+        if a.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    fw = run_fleetwise(a, reqs, a.replicas)
+    fw_exact = run_fleetwise(a, reqs, a.replicas, feedback_delay=0.0)
+    large = None
+    if a.large_requests:
+        per_replica = a.rate / a.replicas
+        big = large_requests(reqs, a.large_requests, per_replica * a.large_replicas, a.seed)
+        large = run_fleetwise(a, big, a.large_replicas)
+        large["workload"] = (f"{a.large_requests} requests, (prompt, output) resampled from the {len(reqs)} above, "
+                             f"Poisson arrivals at {per_replica * a.large_replicas:g} req/s")
+    out = {
+        "benchmark": "vidur_compare",
+        "machine": {"cores": os.cpu_count(), "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+                    "python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+        "vidur": vidur,
+        "vidur_default_tracing": vidur_defaults,
+        "fleetwise": fw,
+        "fleetwise_exact_mode": fw_exact,
+        "fleetwise_large": large,
+        "ratio_wall": round(fw["rps"] / vidur["rps"], 1),
+        "ratio_cpu": round(fw["rps_cpu"] / vidur["rps_cpu"], 1),
+        "ratio_wall_exact_mode": round(fw_exact["rps"] / vidur["rps"], 1),
+        "target": "fleetwise >= 20x Vidur's requests per wall-clock second",
+        "setup": {
+            "model": f"{a.model} (Vidur: {VIDUR_MODELS[a.model]})",
+            "gpu": f"{a.gpu} (Vidur: {'/'.join(VIDUR_DEVICES[a.gpu])})",
+            "replicas": a.replicas, "tp": 1, "pp": 1, "routing": "round-robin (both)",
+            "requests": f"first {a.requests} rows of {a.trace.name}, arrivals rescaled to {a.rate:g} req/s, "
+                        f"prompt clipped to prompt+output <= {a.max_tokens}",
+            "batch_cap": a.batch_cap, "max_tokens_per_step": a.max_tokens, "block_size": a.block_size,
+            "kv_blocks_per_replica": kv_blocks(a),
+            "vidur_scheduler": a.vidur_scheduler, "vidur_predictor": a.vidur_predictor,
+            "vidur_native_predictor": a.vidur_native,
+            "fleetwise_engine": {"enable_chunked_prefill": a.vidur_scheduler == "sarathi",
+                                 "enable_prefix_caching": False, "feedback_delay_s": a.feedback_delay},
+        },
+        "notes": [
+            "Vidur ran offline: HF_HUB_OFFLINE=1 and synthetic profiling tables (mlp.csv.xz, attention.csv.xz; "
+            "network tables unused at TP=1/PP=1) generated from fleetwise's roofline PerfModel for the same model "
+            "and card, laid out as the model-hub cache its snapshot_download reads (benchmarks/vidur_tables.py). "
+            "Its prediction download fails offline and it trains its predictor from those tables (setup_s).",
+            "Timed: Vidur's Simulator.run event loop only (not import, predictor training, trace loading or output "
+            "writing); fleetwise's simulate() call (fleet build, event loop, summary). Both single-process.",
+            "Vidur metrics: request/batch/utilization metrics on, plots and Chrome trace off (its default "
+            "Chrome trace costs extra per event).",
+            "Scheduling differences: Vidur's vllm scheduler runs prefill-only or decode-only batches (vLLM v0); "
+            "fleetwise's engine mixes whole-prompt prefills with running decodes in one step (vLLM v1 with "
+            "chunked prefill off), and fuses decode-only steps between events. Same batch cap, token budget, "
+            "KV blocks, block size, FCFS, preemption by recompute.",
+            "Same requests: the arrival times and lengths fleetwise simulates were written to Vidur's trace-replay "
+            "CSV (Vidur's trace generator clips the same way, so no request changes).",
+        ],
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--vidur-child":
+        _vidur_child(sys.argv[2], sys.argv[3])
+    else:
+        main()

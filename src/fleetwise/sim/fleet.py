@@ -7,7 +7,13 @@ outputs through the `on_output(replica, now_s, step_start_s, output)` callback.
 
 Step time of a replica = the bound perf model's `step_time_s(shape)` times its `slowdown`
 (1.0, or a fault's factor). A crash bumps the replica's `epoch` so the StepEnd of the step it
-was running is ignored.
+was running is ignored; so does `cut` (work reached a replica in the middle of a fused step:
+the step now ends with the pass running, and a new StepEnd is pushed).
+
+Horizons (`HorizonFn` -> `(hard_s, soft_s)`, seconds from now): a fused step never crosses the
+hard one and may run the pass that straddles the soft one (see `Engine.schedule`). Views of a
+replica in a fused step show the state single passes would have at that time
+(`Engine.snapshot(now, elapsed)`), cached until the next pass boundary, as between single passes.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ class Replica:
     kick_pending: bool = False
     step_start_s: float = 0.0
     step_dur_s: float = 0.0
+    step_passes: int = 1
+    """Passes of the step in flight (> 1: fused)."""
+    view_pass: int = 0
+    """Passes of the fused step in flight that had ended when `view` was taken."""
     port: int = -1
     inflight: set[int] = field(default_factory=set)
     """Request indices this replica currently holds (queued, running, or awaiting KV)."""
@@ -64,7 +74,7 @@ class Replica:
 
 
 OutputFn = Callable[[Replica, float, float, StepOutput], None]
-HorizonFn = Callable[[Replica, float], float]
+HorizonFn = Callable[[Replica, float], tuple[float, float]]
 
 
 def engine_config(pool: PoolSpec) -> EngineConfig:
@@ -139,13 +149,26 @@ class Fleet:
     def _schedule(self, rep: Replica, now_s: float) -> None:
         if rep.busy or rep.state == DOWN:
             return
-        step = rep.engine.schedule(max(0.0, self.horizon(rep, now_s)))
+        hard, soft = self.horizon(rep, now_s)
+        step = rep.engine.schedule(hard if hard > 0.0 else 0.0, soft if soft > 0.0 else 0.0)
         if step is None:
             return
         rep.busy = True
         rep.step_start_s = now_s
         rep.step_dur_s = step.duration_s
+        rep.step_passes = step.num_passes
         self.loop.push(now_s + step.duration_s, Priority.STEP_END, StepEnd(rep.idx, rep.epoch))
+
+    def cut(self, rep: Replica, now_s: float) -> None:
+        """Work reached `rep` at `now_s`: a fused step in flight ends with the pass running now."""
+        if not rep.busy or rep.step_passes <= 1:
+            return
+        dur = rep.engine.cut(now_s - rep.step_start_s)
+        if dur is None:
+            return
+        rep.epoch += 1
+        rep.step_dur_s = dur
+        self.loop.push(rep.step_start_s + dur, Priority.STEP_END, StepEnd(rep.idx, rep.epoch))
 
     def _on_step_end(self, now_s: float, ev: StepEnd) -> None:
         rep = self.replicas[ev.engine]
@@ -171,8 +194,18 @@ class Fleet:
     def worker_view(self, rep: Replica, now_s: float) -> WorkerView:
         """The replica as a router sees it now (cached until the replica changes)."""
         v = rep.view
+        elapsed = None
+        if rep.busy and rep.step_passes > 1:
+            elapsed = now_s - rep.step_start_s
+            j = rep.engine.passes_done(elapsed)
+            if v is not None and rep.view_pass == j:
+                return v
+            rep.view_pass = j
+            v = None
+        elif v is None:
+            rep.view_pass = 0
         if v is None:
-            snap = rep.engine.snapshot(now_s)
+            snap = rep.engine.snapshot(now_s, elapsed)
             v = dataclasses.replace(
                 snap, name=rep.name, role=rep.role, pool=rep.pool.name, accelerator=rep.deployment.accelerator.name,  # type: ignore[arg-type]
                 model_version=rep.model_version, region=rep.pool.region, healthy=rep.state == UP,

@@ -206,11 +206,18 @@ class Simulation:
         if p >= 0:
             dec.stats.requests += 1
         first.engine.add_request(self.reqs[i])
+        if first.busy:
+            self.fleet.cut(first, now_s)
         self.fleet.kick(first, now_s)
 
     # ---- engine outputs --------------------------------------------------------------------------
     def _on_output(self, rep: Replica, now_s: float, start_s: float, out: StepOutput) -> None:
         rec, index = self.rec, self.index
+        for rid, off in out.scheduled:
+            i = index[rid]
+            p = rec.prefill_worker[i]
+            if (p if p >= 0 else rec.worker[i]) == rep.idx:
+                rec.prefill_start_s[i] = start_s + off
         for rid, off in out.first_tokens:
             i = index[rid]
             if rec.worker[i] != rep.idx:
@@ -322,10 +329,21 @@ class Simulation:
             self.fail(i, now_s, reason, None)
 
     # ---- scheduling horizon ------------------------------------------------------------------------
-    def _horizon(self, rep: Replica, now_s: float) -> float:
-        """How long `rep` may fuse decode passes: until anything could add work to it."""
+    def _horizon(self, rep: Replica, now_s: float) -> tuple[float, float]:
+        """How long `rep` may fuse decode passes: (hard, soft) seconds from now.
+
+        Delayed mode, mixed and prefill replicas: work reaches them only at their own routed
+        arrivals (soft: the pass it falls in ends the step; an arrival routed later, or a retry,
+        cuts the step short through `Fleet.cut`); faults are hard. Otherwise (exact mode, where
+        every arrival is a routing decision, and decode replicas, whose KV landings are not
+        known in advance) the old bound applies as a hard horizon: the next thing that could
+        add work.
+        """
+        if self.delay > 0 and rep.role != "decode":
+            soft = rep.pending[0] - now_s if rep.pending else math.inf
+            return self.faults.next_time_s - now_s, soft
         if self.delay > 0:
-            nxt = rep.pending[0] if rep.pending else self.next_tick_s
+            nxt = self.next_tick_s
         else:
             nxt = self.reqs[self.cursor].arrival_s if self.cursor < len(self.reqs) else math.inf
         nxt = min(nxt, self.faults.next_time_s)
@@ -334,14 +352,14 @@ class Simulation:
                 if p.busy:
                     nxt = min(nxt, p.step_start_s + p.step_dur_s)
             nxt = min(nxt, self.net.next_end_s())
-        return nxt - now_s
+        return nxt - now_s, math.inf
 
     # ---- sampling ----------------------------------------------------------------------------------
     def _on_sample(self, now_s: float, ev: Sample) -> None:
         for r in self.reps:
             e = r.engine
             r.stats.queue_series.append((now_s, e.num_waiting))
-            r.stats.kv_usage_samples.append(e.kv_usage)
+            r.stats.kv_usage_samples.append(e.kv_usage_at(now_s - r.step_start_s) if r.busy else e.kv_usage)
             if len(r.stats.queue_series) > MAX_SERIES:
                 del r.stats.queue_series[1::2]
         if len(self.reps) and len(self.reps[0].stats.queue_series) >= MAX_SERIES:

@@ -12,6 +12,7 @@ models live in `fleetwise.spec.routing` (each plugin's `Params`).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -228,6 +229,18 @@ class PickerState:
         nxt = next((n for n in order if last is None or n > last), order[0])
         self.rr_last[pool] = nxt
         return nxt
+
+    def round_robin_sorted(self, order: Sequence[str], pool: str = "") -> str:
+        """`round_robin` over names already sorted (bisection instead of a scan)."""
+        last = self.rr_last.get(pool)
+        i = 0 if last is None else bisect.bisect_right(order, last)
+        nxt = order[i] if i < len(order) else order[0]
+        self.rr_last[pool] = nxt
+        return nxt
+
+    def random_sorted(self, order: Sequence[str]) -> str:
+        """`random` over names already sorted."""
+        return order[int(self.rng.integers(len(order)))]
 
     def random(self, names: Sequence[str]) -> str:
         order = sorted(names)

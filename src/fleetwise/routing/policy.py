@@ -18,6 +18,7 @@ In a P/D fleet the same steps run per side and pairs are scored together with th
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, deque
 from typing import Any
 
@@ -52,6 +53,19 @@ from fleetwise.spec.routing import PolicyParams, SafeModeSpec
 __all__ = ["ComposedPolicy", "fmt_tokens"]
 
 
+class _Eligible:
+    """The eligible workers of one view for one (model_version, region), and what every request
+    routed on that view reads of them: names, report times (sorted) and view loads."""
+
+    __slots__ = ("ws", "why", "names", "reported", "base")
+
+    def __init__(self, ws: list[WorkerView], why: str) -> None:
+        self.ws, self.why = ws, why
+        self.names = [w.name for w in ws]
+        self.reported = sorted(w.reported_at_s for w in ws)
+        self.base: list[tuple[float, int]] | None = None
+
+
 def fmt_tokens(x: float) -> str:
     """Compact token count: 950, 12.3k, 4.1M."""
     if abs(x) >= 1e6:
@@ -77,21 +91,31 @@ class ComposedPolicy:
         self.by_worker: Counter[str] = Counter()
         self.last_now_s = 0.0
         self.rejected = 0
+        self._down_version = 0
+        self._elig_key: tuple[Any, ...] | None = None
+        self._elig: dict[tuple[str | None, str | None], _Eligible] = {}
+        self._simple = params.picker in ("round_robin", "random") and not params.load_bound.enabled and not any(
+            wt > 0 for wt in params.scorers.values())
+        """The pick reads no candidate signal: only the chosen worker's is computed (O(1) per request)."""
 
     # ---- route -------------------------------------------------------------------------------
 
     def route(self, req: RouteRequest, fleet: FleetView) -> RoutingDecision:
         now = fleet.now_s
         self.last_now_s = max(self.last_now_s, now)
-        ws, why = self._eligible(req, fleet)
+        e = self._eligible_cached(req, fleet)
+        ws = e.ws
         if not ws:
-            return self._done(RoutingDecision(worker=None, reason=f"rejected: {why}"))
-        safe = self.safe.update(now, ws)
+            return self._done(RoutingDecision(worker=None, reason=f"rejected: {e.why}"))
+        safe = self.safe.update_sorted(now, e.reported)
         if safe and self.safe.spec.action == "reject":
             msg = f"safe-mode reject: fleet view stale ({self.safe.describe()}); shedding load"
             return self._done(RoutingDecision(worker=None, reason=msg, safe_mode=True))
         if ws[0].role == "mixed":
-            d = self._route_mixed(req, fleet, ws, safe)
+            if self._simple or (safe and self.safe.spec.action == "round_robin"):
+                d = self._route_mixed_simple(req, fleet, e, safe)
+            else:
+                d = self._route_mixed(req, fleet, ws, safe, e)
         else:
             d = self._route_pd(req, fleet, ws, safe)
         return self._done(d)
@@ -105,6 +129,18 @@ class ComposedPolicy:
             self.by_worker[d.prefill_worker] += 1
         return d
 
+    def _eligible_cached(self, req: RouteRequest, fleet: FleetView) -> _Eligible:
+        """`_eligible`, memoised while the view (the same workers tuple) and the down set last."""
+        key = (fleet.workers, self._down_version)
+        if self._elig_key is None or self._elig_key[0] is not key[0] or self._elig_key[1] != key[1]:
+            self._elig_key = key
+            self._elig = {}
+        sub = (req.model_version, req.region)
+        e = self._elig.get(sub)
+        if e is None:
+            e = self._elig[sub] = _Eligible(*self._eligible(req, fleet))
+        return e
+
     def _eligible(self, req: RouteRequest, fleet: FleetView) -> tuple[list[WorkerView], str]:
         down = frozenset(w.name for w in fleet.workers if self.down.get(w.name, -1.0) >= w.reported_at_s)
         ws = sorted(fleet.workers, key=lambda w: w.name)
@@ -114,24 +150,44 @@ class ComposedPolicy:
                 return [], why
         return ws, ""
 
-    def _candidates(self, req: RouteRequest, ws: list[WorkerView], side: str, now: float) -> list[Candidate]:
+    def _candidate(self, req: RouteRequest, w: WorkerView, side: str, now: float) -> Candidate:
         cost = self.params.cost
+        n_pend, tok_pend = self.inflight.since(w.name, w.reported_at_s, cost.decode_token_weight)
+        prefix = self.index.match(w.name, req.block_hashes) if side != "decode" else 0
+        if side == "prefill":
+            load = w.queued_prefill_tokens + cost.per_request_tokens * w.queued_requests
+            own = own_cost(req, prefix, cost) - cost.decode_token_weight * req.max_output_tokens
+        elif side == "decode":
+            load = cost.decode_token_weight * w.running_decode_tokens + cost.per_request_tokens * (
+                w.queued_requests + w.running_requests)
+            own = cost.decode_token_weight * req.max_output_tokens + cost.per_request_tokens
+        else:
+            load, own = view_load(w, cost), own_cost(req, prefix, cost)
+        load += tok_pend + cost.per_request_tokens * n_pend
+        requests = w.queued_requests + w.running_requests + n_pend
+        return Candidate(w, requests, load, own, self.feedback.factor(w.name, now), prefix)
+
+    def _candidates(self, req: RouteRequest, ws: list[WorkerView], side: str, now: float,
+                    e: _Eligible | None = None) -> list[Candidate]:
+        """Every worker's signals; the same numbers as `_candidate`, with what depends only on the
+        view (mixed side: `e.base`) or only on the request (own cost without a prefix) hoisted."""
+        if side != "mixed" or e is None:
+            return [self._candidate(req, w, side, now) for w in ws]
+        cost = self.params.cost
+        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
+        if e.base is None:
+            e.base = [(view_load(w, cost), w.queued_requests + w.running_requests) for w in ws]
+        since, match, factor = self.inflight.since, self.index.match, self.feedback.factor
+        hashes = req.block_hashes
+        own0 = own_cost(req, 0, cost)
         out = []
-        for w in ws:
-            n_pend, tok_pend = self.inflight.since(w.name, w.reported_at_s, cost.decode_token_weight)
-            prefix = self.index.match(w.name, req.block_hashes) if side != "decode" else 0
-            if side == "prefill":
-                load = w.queued_prefill_tokens + cost.per_request_tokens * w.queued_requests
-                own = own_cost(req, prefix, cost) - cost.decode_token_weight * req.max_output_tokens
-            elif side == "decode":
-                load = cost.decode_token_weight * w.running_decode_tokens + cost.per_request_tokens * (
-                    w.queued_requests + w.running_requests)
-                own = cost.decode_token_weight * req.max_output_tokens + cost.per_request_tokens
-            else:
-                load, own = view_load(w, cost), own_cost(req, prefix, cost)
-            load += tok_pend + cost.per_request_tokens * n_pend
-            requests = w.queued_requests + w.running_requests + n_pend
-            out.append(Candidate(w, requests, load, own, self.feedback.factor(w.name, now), prefix))
+        for w, (base, reqs) in zip(ws, e.base, strict=True):
+            name = w.name
+            n_pend, tok_pend = since(name, w.reported_at_s, dw)
+            prefix = match(name, hashes) if hashes else 0
+            own = own_cost(req, prefix, cost) if prefix else own0
+            load = base + tok_pend + per_req * n_pend
+            out.append(Candidate(w, reqs + n_pend, load, own, factor(name, now), prefix))
         return out
 
     def _bounded(self, cs: list[Candidate], pool: str) -> tuple[list[Candidate], float | None, list[str]]:
@@ -161,8 +217,33 @@ class ComposedPolicy:
 
     # ---- colocated ---------------------------------------------------------------------------
 
-    def _route_mixed(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool) -> RoutingDecision:
-        cs = self._candidates(req, ws, "mixed", fleet.now_s)
+    def _route_mixed_simple(self, req: RouteRequest, fleet: FleetView, e: _Eligible, safe: bool) -> RoutingDecision:
+        """Round-robin or random picks (or safe-mode round-robin): the same decision as
+        `_route_mixed`, computing only the chosen worker's signals."""
+        names = e.names
+        scores: dict[str, float]
+        if safe and self.safe.spec.action == "round_robin":
+            name = self.picker.round_robin_sorted(names, "mixed")
+            reason = f"safe-mode round-robin {name} ({self.safe.describe()})"
+            scores = {}
+        else:
+            scores = dict.fromkeys(names, 0)  # every total is an empty sum: no scorer has weight
+            if self.params.picker == "round_robin":
+                name = self.picker.round_robin_sorted(names, "mixed")
+                reason = f"round-robin {name} ({len(names)} eligible)"
+            else:
+                name = self.picker.random_sorted(names)
+                reason = f"random {name} of {len(names)}"
+            if safe:
+                reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
+        w = e.ws[bisect.bisect_left(names, name)]
+        self._record("mixed", name)
+        self._dispatch(req, self._candidate(req, w, "mixed", fleet.now_s), name, None, fleet.now_s)
+        return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe)
+
+    def _route_mixed(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool,
+                     e: _Eligible | None = None) -> RoutingDecision:
+        cs = self._candidates(req, ws, "mixed", fleet.now_s, e)
         by_name = {c.name: c for c in cs}
         if safe and self.safe.spec.action == "round_robin":
             name = self.picker.round_robin([c.name for c in cs], "mixed")
@@ -309,9 +390,11 @@ class ComposedPolicy:
             self.inflight.pop(fb.request_id)
             self.feedback.failed(fb.worker, fb.now_s)
         elif isinstance(fb, WorkerDown):
+            self._down_version += 1
             self.down[fb.worker] = fb.now_s
             self.index.drop_worker(fb.worker)
         elif isinstance(fb, WorkerUp):
+            self._down_version += 1
             self.down.pop(fb.worker, None)
             self.index.drop_worker(fb.worker)
             self.feedback.forget(fb.worker)

@@ -39,6 +39,24 @@ class SafeModeTracker:
         self.last_age_s = max(ages)
         return self._set(stale >= self.spec.stale_fraction * len(workers), now_s)
 
+    def update_sorted(self, now_s: float, reported_at: Sequence[float]) -> bool:
+        """`update` given the eligible workers' `reported_at_s`, ascending (same result: ages
+        fall as report times rise, so the stale ones are a prefix and the oldest comes first)."""
+        self.tick(now_s)
+        n = len(reported_at)
+        if not self.spec.enabled or not n:
+            return self._set(False, now_s)
+        limit = self.spec.stale_after_s
+        lo, hi = 0, n  # ages[:lo] are stale, ages[hi:] are not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if now_s - reported_at[mid] > limit:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.last_age_s = now_s - reported_at[0]
+        return self._set(lo >= self.spec.stale_fraction * n, now_s)
+
     def tick(self, now_s: float) -> None:
         """Advance the clock (from a route call or any feedback event)."""
         self.last_now_s = max(self.last_now_s, now_s)

@@ -51,6 +51,15 @@ class InFlight:
         self._by_id: OrderedDict[str, Pending] = OrderedDict()
         self._serving: dict[str, OrderedDict[str, Pending]] = {}
         self._prefilling: dict[str, OrderedDict[str, Pending]] = {}
+        self._version: dict[str, int] = {}
+        """Bumped per worker whenever its entries change (keys the `since` memo)."""
+        self._since: dict[str, tuple[float, int, float, tuple[int, float]]] = {}
+
+    def _touch(self, p: Pending) -> None:
+        v = self._version
+        v[p.worker] = v.get(p.worker, 0) + 1
+        if p.prefill_worker is not None:
+            v[p.prefill_worker] = v.get(p.prefill_worker, 0) + 1
 
     def add(self, p: Pending) -> None:
         self.pop(p.request_id)
@@ -58,6 +67,7 @@ class InFlight:
         self._serving.setdefault(p.worker, OrderedDict())[p.request_id] = p
         if p.prefill_worker is not None:
             self._prefilling.setdefault(p.prefill_worker, OrderedDict())[p.request_id] = p
+        self._touch(p)
         while len(self._by_id) > MAX_TRACKED:
             self.pop(next(iter(self._by_id)))
 
@@ -69,12 +79,14 @@ class InFlight:
         p = self._by_id.get(request_id)
         if p is not None:
             p.prefill_tokens = 0
+            self._touch(p)
             if p.prefill_worker is not None:
                 self._prefilling.get(p.prefill_worker, OrderedDict()).pop(request_id, None)
 
     def pop(self, request_id: str) -> Pending | None:
         p = self._by_id.pop(request_id, None)
         if p is not None:
+            self._touch(p)
             self._serving.get(p.worker, OrderedDict()).pop(request_id, None)
             if p.prefill_worker is not None:
                 self._prefilling.get(p.prefill_worker, OrderedDict()).pop(request_id, None)
@@ -88,8 +100,18 @@ class InFlight:
 
         A prefill worker carries its requests' prompt tokens until the first token; the decode
         (or mixed) worker carries the expected decode tokens until completion, and a mixed
-        worker also the prompt until the first token.
+        worker also the prompt until the first token. Memoised per worker until its entries
+        change (a router asks for every worker on every request, against the same view).
         """
+        ver = self._version.get(worker, 0)
+        hit = self._since.get(worker)
+        if hit is not None and hit[0] == since_s and hit[1] == ver and hit[2] == decode_weight:
+            return hit[3]
+        out = self._since_walk(worker, since_s, decode_weight)
+        self._since[worker] = (since_s, ver, decode_weight, out)
+        return out
+
+    def _since_walk(self, worker: str, since_s: float, decode_weight: float) -> tuple[int, float]:
         n, tokens = 0, 0.0
         for p in reversed(self._serving.get(worker, OrderedDict()).values()):
             if p.dispatch_s < since_s:
@@ -130,8 +152,12 @@ class LatencyFeedback:
     def __init__(self, params: FeedbackParams) -> None:
         self.p = params
         self._w: dict[str, _WorkerStats] = {}
+        self._version = 0
+        """Bumped on every observation (keys the memo of fleet medians)."""
+        self._refs: dict[str, tuple[int, int, float]] = {}
 
     def _stats(self, worker: str) -> _WorkerStats:
+        self._version += 1
         s = self._w.get(worker)
         if s is None:
             s = self._w[worker] = _WorkerStats(_Ewma(), _Ewma(), _Ewma())
@@ -155,7 +181,21 @@ class LatencyFeedback:
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def forget(self, worker: str) -> None:
+        self._version += 1
         self._w.pop(worker, None)
+
+    def _reference(self, attr: str) -> tuple[int, float]:
+        """(workers with enough samples, their median EWMA) for `attr`, memoised per version."""
+        hit = self._refs.get(attr)
+        if hit is not None and hit[0] == self._version:
+            return hit[1], hit[2]
+        vals = sorted(getattr(s, attr).value for s in self._w.values() if getattr(s, attr).n >= self.p.min_samples)
+        ref = 0.0
+        if vals:
+            mid = len(vals) // 2
+            ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+        self._refs[attr] = (self._version, len(vals), ref)
+        return len(vals), ref
 
     def _ratio(self, worker: str, attr: str, now_s: float) -> float | None:
         """This worker's EWMA, decayed towards the fleet median by age, over that median.
@@ -164,12 +204,12 @@ class LatencyFeedback:
         other worker look fast; decaying the value itself means a worker that stopped getting
         traffic drifts back to "normal" and is tried again, while the others stay at 1.
         """
-        vals = sorted(getattr(s, attr).value for s in self._w.values() if getattr(s, attr).n >= self.p.min_samples)
         mine = getattr(self._w[worker], attr)
-        if mine.n < self.p.min_samples or len(vals) < 2:
+        if mine.n < self.p.min_samples:
             return None
-        mid = len(vals) // 2
-        ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+        count, ref = self._reference(attr)
+        if count < 2:
+            return None
         if ref <= 0:
             return None
         age = max(0.0, now_s - self._w[worker].last_obs_s)

@@ -57,3 +57,30 @@ def test_rejected_requests_are_recorded_as_failed():
     assert res.summary["requests_completed"] == 1 and res.summary["requests_failed"] == 1
     assert res.records.failure[1].startswith("rejected")
     assert math.isnan(res.records.first_token_s[1])
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.25], ids=["exact", "fast"])
+def test_prefill_start_and_queue_time_are_recorded(delay_s):
+    # One replica, requests arriving while it decodes: each waits for the pass in flight.
+    reqs = [Request(i, i * 0.05, 600, 40) for i in range(40)]
+    plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b"}])
+    res = simulate(plan, reqs, options=SimOptions(feedback_delay_s=delay_s))
+    rec = res.records
+    waits = []
+    for i, r in enumerate(reqs):
+        assert r.arrival_s <= rec.prefill_start_s[i] < rec.first_token_s[i] == rec.prefill_end_s[i]
+        waits.append(rec.prefill_start_s[i] - r.arrival_s)
+    assert waits[0] == 0.0 and max(waits) > 0  # the first finds the replica idle
+    q = res.summary["queue_s"]
+    assert q["mean"] == pytest.approx(sum(waits) / len(waits), abs=1e-9) and q["p99"] <= max(waits)
+    assert res.write  # the CSV column queue_s is prefill_start_s - arrival_s
+    from fleetwise.sim.results import record_rows
+    rows = record_rows(rec, res.replica_names)
+    assert [row[7] for row in rows] == [round(w, 9) for w in waits]
+
+
+def test_pd_prefill_start_is_on_the_prefill_replica():
+    reqs = [Request(0, 0.0, 4096, 32), Request(1, 0.001, 2048, 8)]
+    rec = simulate(pd_plan(), reqs).records
+    for i in range(2):
+        assert reqs[i].arrival_s <= rec.prefill_start_s[i] < rec.prefill_end_s[i] <= rec.kv_start_s[i]

@@ -61,14 +61,17 @@ class Fused:
 
     def count_le(self, x: float, upto: int) -> int:
         """Largest k in [0, upto] with T(k) <= x (T is increasing)."""
-        if x < self.d0:
+        d0 = self.d0
+        if x < d0:
             return 0
         if self.total(upto) <= x:
             return upto
         lo, hi = 1, upto  # T(lo) <= x < T(hi)
+        slope, cum = self.slope, self.cum
         while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.total(mid) <= x:
+            mid = (lo + hi) // 2  # < cap: the closed form below is `total(mid)`
+            t = cum[mid] if cum is not None else mid * d0 + slope * mid * (mid - 1) / 2  # type: ignore[operator]
+            if t <= x:
                 lo = mid
             else:
                 hi = mid

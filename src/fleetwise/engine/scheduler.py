@@ -485,28 +485,38 @@ class Engine:
             return 0
         return hit_blocks(self.pool, req, self._bs, (req.prompt_tokens - 1) // self._bs) * self._bs
 
-    def snapshot(self, now_s: float, elapsed_s: float | None = None) -> WorkerView:
-        """The engine as a router sees it. With `elapsed_s` (time since the in-flight step
-        started), a fused step shows the state single passes would have then: the passes
-        ended so far and the blocks of the pass running now."""
+    def load(self, elapsed_s: float | None = None) -> tuple[int, int, int, int, float]:
+        """(queued requests, running requests, queued prefill tokens, decode tokens left, KV usage):
+        the numbers of `snapshot`, without building a view."""
         dec = self._decoders
         g = self._passes
-        usage = self.kv_usage
         fl = self._inflight
-        if elapsed_s is not None and fl is not None and fl.fused is not None:
-            j = fl.fused.passes_by(elapsed_s)
-            if j < fl.passes:
-                g += j
-                usage = (self.pool.num_used + dec.new_blocks(self._passes + 1, j)) / self.pool.capacity
+        if fl is None or fl.fused is None:
+            usage = self.pool.usage
+        else:
+            extra = fl.deferred_blocks
+            if elapsed_s is not None:
+                j = fl.fused.passes_by(elapsed_s)
+                if j < fl.passes:
+                    g += j
+                    extra = dec.new_blocks(self._passes + 1, j) if extra else 0
+            usage = (self.pool.num_used + extra) / self.pool.capacity if extra else self.pool.usage
         decode_left = dec.sum_f - dec.n * g
         queued = self._waiting_prefill_tokens
         for st in self._prefilling:
             queued += st.target - st.computed
             if self.role != "prefill":
                 decode_left += st.req.output_tokens - st.outputs
+        return len(self._waiting), len(self._running), queued, decode_left, usage
+
+    def snapshot(self, now_s: float, elapsed_s: float | None = None) -> WorkerView:
+        """The engine as a router sees it. With `elapsed_s` (time since the in-flight step
+        started), a fused step shows the state single passes would have then: the passes
+        ended so far and the blocks of the pass running now."""
+        waiting, running, queued, decode_left, usage = self.load(elapsed_s)
         return WorkerView(
-            name=self.name, role=self.role, queued_requests=len(self._waiting),
-            running_requests=len(self._running), queued_prefill_tokens=queued,
+            name=self.name, role=self.role, queued_requests=waiting,
+            running_requests=running, queued_prefill_tokens=queued,
             running_decode_tokens=decode_left, kv_usage=usage,
             kv_capacity_tokens=self.pool.capacity * self._bs, block_size=self._bs,
             reported_at_s=now_s)

@@ -18,7 +18,6 @@ replica in a fused step show the state single passes would have at that time
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,12 +204,11 @@ class Fleet:
         elif v is None:
             rep.view_pass = 0
         if v is None:
-            snap = rep.engine.snapshot(now_s, elapsed)
-            v = dataclasses.replace(
-                snap, name=rep.name, role=rep.role, pool=rep.pool.name, accelerator=rep.deployment.accelerator.name,  # type: ignore[arg-type]
-                model_version=rep.model_version, region=rep.pool.region, healthy=rep.state == UP,
-                kv_capacity_tokens=rep.kv_capacity_tokens, block_size=rep.pool.engine.block_size,
-                reported_at_s=now_s,
+            waiting, running, queued, decode_left, usage = rep.engine.load(elapsed)
+            v = WorkerView(
+                rep.name, rep.role, rep.pool.name, rep.deployment.accelerator.name,  # type: ignore[arg-type]
+                rep.model_version, rep.pool.region, rep.state == UP, waiting, running, queued, decode_left, usage,
+                rep.kv_capacity_tokens, rep.pool.engine.block_size, now_s,
             )
             rep.view = v
         return v

@@ -111,7 +111,7 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
             trace_file=s["trace_csv"], date=TRACE_DATE, prefill_scale_factor=1.0, decode_scale_factor=1.0,
             time_scale_factor=1.0, max_tokens=s["max_tokens"]),
         execution_time_predictor_config=pred,
-        metrics_config=MetricsConfig(output_dir=s["output_dir"], write_metrics=True,
+        metrics_config=MetricsConfig(output_dir=s["output_dir"], write_metrics=s["write_metrics"],
                                      enable_chrome_trace=s["chrome_trace"], store_plots=False, write_json_trace=False),
     )
     set_seeds(s["seed"])
@@ -285,6 +285,7 @@ def prepare_vidur(a: argparse.Namespace, reqs, work: Path) -> dict:
             "block_size": a.block_size, "num_blocks": kv_blocks(a), "batch_cap": a.batch_cap,
             "max_tokens": a.max_tokens, "chunk_size": a.max_tokens, "scheduler": a.vidur_scheduler,
             "predictor": a.vidur_predictor, "native_predictor": a.vidur_native, "chrome_trace": False,
+            "write_metrics": True,
             "trace_csv": str(trace_csv), "cache_dir": str(cache), "output_dir": str(work / "vidur_out"),
             "compute_repo": compute_repo, "network_repo": network_repo,
             "tables": {"compute_rows": tables["compute_rows"], "attention_rows": tables["attention_rows"]}}
@@ -310,13 +311,42 @@ def run_vidur(a: argparse.Namespace, reqs, work: Path, py: Path, spec: dict, tag
     if out["tokens_in_out"] != ours:
         sys.exit(f"Vidur's request set differs from fleetwise's: tokens {out['tokens_in_out']} vs {ours}")
     out.update({"replicas": a.replicas, "native_predictor": spec["native_predictor"],
-                "chrome_trace": spec["chrome_trace"], "rps": round(out["requests"] / out["wall_s"], 1),
+                "chrome_trace": spec["chrome_trace"], "write_metrics": spec["write_metrics"],
+                "rps": round(out["requests"] / out["wall_s"], 1),
                 "rps_cpu": round(out["requests"] / out["cpu_s"], 1),
                 "loadavg_before": [round(x, 2) for x in load0],
                 "loadavg_after": [round(x, 2) for x in os.getloadavg()], "tables": spec["tables"]})
     for k in ("wall_s", "cpu_s", "simulated_s", "import_s", "setup_s", "write_output_s"):
         out[k] = round(out[k], 3)
     return out
+
+
+def markdown_table(out: dict) -> str:
+    """The headline rows as a Markdown table (for docs/benchmarks.md)."""
+    rows = ["| run | requests | replicas | wall s | CPU s | req/wall s | req/CPU s | load avg (1 min) |",
+            "|---|---|---|---|---|---|---|---|"]
+    names = [("vidur", "Vidur (metrics on)"), ("vidur_no_metrics", "Vidur, no metrics"),
+             ("vidur_default_tracing", "Vidur, Chrome trace + Python lookups"),
+             ("fleetwise", "fleetwise (fast mode)"), ("fleetwise_exact_mode", "fleetwise (exact mode)"),
+             ("fleetwise_large", "fleetwise, larger set")]
+    for key, label in names:
+        r = out.get(key)
+        if r:
+            rows.append(f"| {label} | {r['requests']:,} | {r['replicas']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | "
+                        f"{r['rps']:,.0f} | {r['rps_cpu']:,.0f} | {r['loadavg_before'][0]:.2f} |")
+    tail = (f"\nfleetwise / Vidur: **{out['ratio_wall']}x** per wall second, **{out['ratio_cpu']}x** per CPU second "
+            f"(exact mode: {out['ratio_wall_exact_mode']}x wall")
+    if out.get("ratio_cpu_vs_vidur_no_metrics"):
+        tail += f"; against Vidur with no metrics: {out['ratio_cpu_vs_vidur_no_metrics']}x CPU"
+    return "\n".join(rows) + "\n" + tail + ")."
+
+
+def _git_state() -> dict:
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "--short", "HEAD"), "src_modified": bool(git("status", "--porcelain", "src"))}
 
 
 def main() -> None:
@@ -344,8 +374,9 @@ def main() -> None:
     ap.add_argument("--vidur-predictor", default="random_forrest", choices=["random_forrest", "linear_regression"])
     ap.add_argument("--vidur-native", action=argparse.BooleanOptionalAction, default=True,
                     help="Vidur's C++ execution-time lookups (its fastest setting)")
-    ap.add_argument("--vidur-defaults-run", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time Vidur with its default Chrome trace on and Python predictor lookups")
+    ap.add_argument("--vidur-extra-runs", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time Vidur with no metrics at all, and with its default Chrome trace on and "
+                         "Python predictor lookups")
     ap.add_argument("--vidur-timeout", type=float, default=3600)
     ap.add_argument("--work-dir", type=Path, default=None, help="temp files (default: a fresh dir, removed after)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vidur_compare.json")
@@ -360,8 +391,9 @@ def main() -> None:
     try:
         spec = prepare_vidur(a, reqs, work)
         vidur = run_vidur(a, reqs, work, py, spec, "lean")
-        vidur_defaults = None
-        if a.vidur_defaults_run:
+        vidur_defaults = vidur_bare = None
+        if a.vidur_extra_runs:
+            vidur_bare = run_vidur(a, reqs, work, py, dict(spec, write_metrics=False), "no_metrics")
             vidur_defaults = run_vidur(a, reqs, work, py, dict(spec, native_predictor=False, chrome_trace=True),
                                        "defaults")
     finally:
@@ -380,7 +412,9 @@ def main() -> None:
         "benchmark": "vidur_compare",
         "machine": {"cores": os.cpu_count(), "loadavg_end": [round(x, 2) for x in os.getloadavg()],
                     "python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+        "fleetwise_source": _git_state(),
         "vidur": vidur,
+        "vidur_no_metrics": vidur_bare,
         "vidur_default_tracing": vidur_defaults,
         "fleetwise": fw,
         "fleetwise_exact_mode": fw_exact,
@@ -388,6 +422,7 @@ def main() -> None:
         "ratio_wall": round(fw["rps"] / vidur["rps"], 1),
         "ratio_cpu": round(fw["rps_cpu"] / vidur["rps_cpu"], 1),
         "ratio_wall_exact_mode": round(fw_exact["rps"] / vidur["rps"], 1),
+        "ratio_cpu_vs_vidur_no_metrics": round(fw["rps_cpu"] / vidur_bare["rps_cpu"], 1) if vidur_bare else None,
         "target": "fleetwise >= 20x Vidur's requests per wall-clock second",
         "setup": {
             "model": f"{a.model} (Vidur: {VIDUR_MODELS[a.model]})",
@@ -409,8 +444,10 @@ def main() -> None:
             "Its prediction download fails offline and it trains its predictor from those tables (setup_s).",
             "Timed: Vidur's Simulator.run event loop only (not import, predictor training, trace loading or output "
             "writing); fleetwise's simulate() call (fleet build, event loop, summary). Both single-process.",
-            "Vidur metrics: request/batch/utilization metrics on, plots and Chrome trace off (its default "
-            "Chrome trace costs extra per event).",
+            "Vidur metrics (the 'vidur' entry, used for ratio_wall/ratio_cpu): request/batch/utilization metrics on "
+            "(fleetwise also records per-request results), plots and Chrome trace off, C++ execution-time lookups. "
+            "vidur_no_metrics: write_metrics off (Vidur records nothing; a lower bound on its cost). "
+            "vidur_default_tracing: its default Chrome trace on and Python lookups.",
             "Scheduling differences: Vidur's vllm scheduler runs prefill-only or decode-only batches (vLLM v0); "
             "fleetwise's engine mixes whole-prompt prefills with running decodes in one step (vLLM v1 with "
             "chunked prefill off), and fuses decode-only steps between events. Same batch cap, token budget, "
@@ -422,6 +459,7 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
+    print(markdown_table(out))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ rest over the elementwise ops). Prefill attention is the fleetwise step time of 
 tokens on k cached tokens minus f(c); decode attention is the step time of b decodes each
 reading k tokens minus the same batch with no KV read.
 
-Runs under the system python (needs fleetwise and numpy only; writes xz CSV with the stdlib).
+Runs under the system python (needs fleetwise only; writes the xz CSVs with the stdlib).
 """
 
 from __future__ import annotations

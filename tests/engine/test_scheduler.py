@@ -180,3 +180,28 @@ def test_schedule_twice_without_complete_is_an_error():
     assert eng.schedule() is not None and eng.busy
     with pytest.raises(RuntimeError):
         eng.schedule()
+
+
+def test_step_shape_carries_the_longest_decode_row():
+    """The engine's incremental aggregates equal BatchShape.of on the same rows, longest decode
+    row included (decode attention at small batch is bound by it, not by the mean)."""
+    shapes: list[BatchShape] = []
+
+    def record(shape: BatchShape) -> float:
+        shapes.append(shape)
+        return affine_time(shape)
+
+    eng = make_engine(max_num_batched_tokens=4096, step_time=record, max_bundle_steps=1)
+    eng.add_request(make_request(0, prompt=3000, output=20))
+    eng.add_request(make_request(1, prompt=40, output=20))
+    assert eng.schedule() is not None
+    eng.complete()
+    shapes.clear()
+    eng.add_request(make_request(2, prompt=700, output=5))
+    assert eng.schedule() is not None
+    assert shapes[0] == BatchShape.of([SeqWork(1, 3000), SeqWork(1, 40), SeqWork(700, 0)])
+    assert shapes[0].max_decode_kv_tokens == 3001
+    eng.complete()
+    shapes.clear()
+    assert eng.schedule() is not None
+    assert shapes[0] == BatchShape.of([SeqWork(1, 3001), SeqWork(1, 41), SeqWork(1, 700)])

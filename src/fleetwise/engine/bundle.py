@@ -32,8 +32,8 @@ from fleetwise.perf.types import BatchShape
 AFFINE_RTOL = 1e-12
 
 
-def decode_shape(n: int, kv: int) -> BatchShape:
-    return BatchShape(n, n, kv, float(kv), 0, 1)
+def decode_shape(n: int, kv: int, longest: int = 0) -> BatchShape:
+    return BatchShape(n, n, kv, float(kv), 0, 1, longest)
 
 
 class Fused:
@@ -87,21 +87,23 @@ class Fused:
 
 
 def plan_fused(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, cap: int,
-               horizon_s: float, soft_s: float = math.inf) -> Fused:
+               horizon_s: float, soft_s: float = math.inf, longest0: int = 0) -> Fused:
     """The fused step: the most passes <= cap ending by `horizon_s` (at least one) and not past
-    the pass that straddles `soft_s`; `d0` = step_time of the first pass."""
+    the pass that straddles `soft_s`; `d0` = step_time of the first pass; `longest0` = the
+    longest decode row's KV read in the first pass (0: unknown), growing by one per pass."""
+    grow = 1 if longest0 > 0 else 0
     if cap <= 1:
         f = Fused(1, d0, d0, 0.0, None)
         return f
     last = cap - 1
-    dl = step_time(decode_shape(n, kv0 + n * last))
+    dl = step_time(decode_shape(n, kv0 + n * last, longest0 + grow * last))
     affine = True
     if cap > 2:
         i = last // 2
-        dm = step_time(decode_shape(n, kv0 + n * i))
+        dm = step_time(decode_shape(n, kv0 + n * i, longest0 + grow * i))
         affine = abs(dm - (d0 + (dl - d0) * i / last)) <= AFFINE_RTOL * max(abs(d0), abs(dl))
     if not affine:
-        return _summed(step_time, n, kv0, d0, cap, horizon_s, soft_s)
+        return _summed(step_time, n, kv0, d0, cap, horizon_s, soft_s, longest0)
     f = Fused(cap, d0, dl, (dl - d0) / last, None)
     k = cap
     if soft_s < math.inf:
@@ -113,14 +115,15 @@ def plan_fused(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: f
 
 
 def fuse(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, cap: int,
-         horizon_s: float, soft_s: float = math.inf) -> tuple[int, float]:
+         horizon_s: float, soft_s: float = math.inf, longest0: int = 0) -> tuple[int, float]:
     """(passes, total seconds) of `plan_fused`."""
-    f = plan_fused(step_time, n, kv0, d0, cap, horizon_s, soft_s)
+    f = plan_fused(step_time, n, kv0, d0, cap, horizon_s, soft_s, longest0)
     return f.passes, f.duration_s
 
 
 def _summed(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, cap: int,
-            horizon_s: float, soft_s: float) -> Fused:
+            horizon_s: float, soft_s: float, longest0: int = 0) -> Fused:
+    grow = 1 if longest0 > 0 else 0
     cum = [0.0, d0]
     total = d0
     k = cap
@@ -128,7 +131,7 @@ def _summed(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: floa
         if total > soft_s:
             k = i
             break
-        d = step_time(decode_shape(n, kv0 + n * i))
+        d = step_time(decode_shape(n, kv0 + n * i, longest0 + grow * i))
         if total + d > horizon_s:
             k = i
             break

@@ -4,7 +4,8 @@ Owns the per-pass arithmetic of decoding so that a pass costs O(1) Python work, 
 a global pass counter G advances by one per forward pass; a decoder stores `a` (its context is
 `a + G`) and `f` (it produces its last token in the pass that brings G to `f`). The set keeps
 sum(a), sum(f), a count of decoders per `a mod block_size` (a decoder needs a new KV block in
-the pass where its context is a multiple of the block size), and a heap of finish passes with
+the pass where its context is a multiple of the block size), a heap of finish passes and a heap
+of the largest `a` (the longest decode row, which bounds attention at small batch), both with
 lazy deletion (an entry is stale once its record left decoding or was re-admitted).
 """
 
@@ -18,7 +19,7 @@ from fleetwise.engine.sequence import DECODE, SeqState
 class DecodeSet:
     """Aggregates over decoding `SeqState`s; see the module docstring."""
 
-    __slots__ = ("block_size", "n", "sum_a", "sum_f", "res", "_heap")
+    __slots__ = ("block_size", "n", "sum_a", "sum_f", "res", "_heap", "_amax")
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -30,6 +31,7 @@ class DecodeSet:
         self.sum_f = 0
         self.res = [0] * self.block_size
         self._heap: list[tuple[int, int, SeqState]] = []
+        self._amax: list[tuple[int, int, SeqState]] = []
 
     def join(self, st: SeqState, context: int, remaining: int, g: int) -> None:
         """`st` decodes from pass `g` with `context` tokens cached and `remaining` tokens to go."""
@@ -41,6 +43,7 @@ class DecodeSet:
         self.sum_f += st.f
         self.res[st.a % self.block_size] += 1
         heapq.heappush(self._heap, (st.f, st.seq, st))
+        heapq.heappush(self._amax, (-st.a, st.seq, st))
 
     def leave(self, st: SeqState) -> None:
         """`st` stops decoding (finished or preempted); its heap entry goes stale."""
@@ -53,6 +56,13 @@ class DecodeSet:
     def kv_read_tokens(self, g: int) -> int:
         """Sum of (context + 1) over decoders in the pass that starts at counter `g`."""
         return self.sum_a + self.n * (g + 1)
+
+    def max_kv_read(self, g: int) -> int:
+        """Longest decode row's (context + 1) in the pass that starts at counter `g`; 0 when none."""
+        heap = self._amax
+        while heap and not _live_a(heap[0]):
+            heapq.heappop(heap)
+        return -heap[0][0] + g + 1 if heap else 0
 
     def needs_block(self, st: SeqState, g: int) -> bool:
         return (st.a + g) % self.block_size == 0
@@ -99,3 +109,8 @@ class DecodeSet:
 def _live(item: tuple[int, int, SeqState]) -> bool:
     st = item[2]
     return st.phase == DECODE and st.seq == item[1] and st.f == item[0]
+
+
+def _live_a(item: tuple[int, int, SeqState]) -> bool:
+    st = item[2]
+    return st.phase == DECODE and st.seq == item[1] and st.a == -item[0]

@@ -319,15 +319,19 @@ class Engine:
         dec = self._decoders
         n, new = dec.n, dec.n
         kv = dec.kv_read_tokens(self._passes)
+        longest = dec.max_kv_read(self._passes) if n else 0
         pairs, pre, mx = float(kv), 0, 1 if n else 0
         for st, c in chunks:
             n += 1
             new += c
             kv += st.computed + c
             pairs += c * (st.computed + (c + 1) / 2)
-            pre += c if c > 1 else 0
+            if c > 1:
+                pre += c
+            elif st.computed + 1 > longest:  # a one-token chunk reads its KV like a decode row
+                longest = st.computed + 1
             mx = max(mx, c)
-        return BatchShape(n, new, kv, pairs, pre, mx)
+        return BatchShape(n, new, kv, pairs, pre, mx, longest)
 
     def _fuse(self, shape: BatchShape, d0: float, horizon_s: float, soft_s: float) -> Fused | None:
         """Phase 3: extend a decode-only step to k passes (None: one pass). The blocks of passes
@@ -342,7 +346,8 @@ class Engine:
         cap = 1 + dec.max_passes(g + 1, cap - 1, self.pool.num_free)
         if cap <= 1:
             return None
-        fused = plan_fused(self.step_time, dec.n, shape.kv_read_tokens, d0, cap, horizon_s, soft_s)
+        fused = plan_fused(self.step_time, dec.n, shape.kv_read_tokens, d0, cap, horizon_s, soft_s,
+                           shape.max_decode_kv_tokens)
         return fused if fused.passes > 1 else None
 
     def cut(self, soft_horizon_s: float) -> float | None:

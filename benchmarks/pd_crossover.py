@@ -14,14 +14,15 @@ Setup (all numbers below are module constants, written into the JSON):
 - SLO: TPOT <= 40 ms and TTFT <= 2.5 x the unloaded prefill time of an L-token prompt on one
   replica (the perf model's step time; 1.53 s at L = 8192, 113 ms at L = 512), i.e. the TTFT
   target scales with the prompt, the TPOT target does not.
-- KV link: the plan's `kv_link.gbps`, one port per replica (see docs/pd-crossover.md about
-  ports vs per-GPU NICs).
+- KV link: the plan's `kv_link.gbps`, per GPU NIC; a TP4 replica of this model has 4 KV shards,
+  so its port carries 4 NICs (4x the figure). The figures are chosen so that per replica they
+  are 400 Gb/s (long case), 10 Gb/s (short case) and 100 Gb/s (prompt sweep).
 - goodput = the simulator's `goodput_rps` (requests meeting every SLO / span of the run).
 
 Sections of the JSON: `step_breakdown` (perf-model step costs of a decode batch with and without
-a prompt chunk), `case_long_prompts` (L = 8192, 400 Gb/s), `case_short_prompts` (L = 512,
-10 Gb/s), `sweep_prompt` (L from 256 to 12288 at 100 Gb/s), `sweep_link_long` (L = 8192) and
-`sweep_link_short` (L = 512) over 2..800 Gb/s, each with the crossover(s) found. Every figure
+a prompt chunk), `case_long_prompts` (L = 8192, 100 Gb/s per GPU), `case_short_prompts` (L = 512,
+2.5 Gb/s per GPU), `sweep_prompt` (L from 256 to 12288 at 25 Gb/s per GPU), `sweep_link_long` (L = 8192) and
+`sweep_link_short` (L = 512) over 0.5..200 Gb/s per GPU, each with the crossover(s) found. Every figure
 is a mean over seeds with its spread (min, max, std). `--quick` runs one seed, fewer requests
 and fewer sweep points (well under a minute); the default takes a few minutes on 2 cores.
 """
@@ -62,13 +63,13 @@ COLOCATED_CHUNKS = (512, 2048, 8192)
 TIE_TOLERANCE = 0.02  # verdict "tie" when the goodputs differ by at most 2%
 SPLITS = tuple((p, REPLICAS - p) for p in range(1, REPLICAS))
 
-CASE_LONG = {"prompt_tokens": 8192, "gbps": 400.0}
-CASE_SHORT = {"prompt_tokens": 512, "gbps": 10.0}
-SWEEP_PROMPT_GBPS = 100.0
+CASE_LONG = {"prompt_tokens": 8192, "gbps": 100.0}
+CASE_SHORT = {"prompt_tokens": 512, "gbps": 2.5}
+SWEEP_PROMPT_GBPS = 25.0
 SWEEP_PROMPTS = (256, 512, 1024, 2048, 4096, 6144, 8192, 12288)
 SWEEP_PROMPTS_QUICK = (512, 2048, 6144, 8192)
-SWEEP_LINKS = (2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0, 800.0)
-SWEEP_LINKS_QUICK = (5.0, 25.0, 100.0, 400.0)
+SWEEP_LINKS = (0.5, 1.25, 2.5, 6.25, 12.5, 25.0, 50.0, 100.0, 200.0)
+SWEEP_LINKS_QUICK = (1.25, 6.25, 25.0, 100.0)
 SWEEP_LINK_PROMPT_LONG = 8192
 SWEEP_LINK_PROMPT_SHORT = 512
 
@@ -264,7 +265,7 @@ def plot(results: dict[str, Any], img_dir: Path) -> list[str]:
     sp = results["sweep_prompt"]
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=90)
     panel(ax, sp, "prompt_tokens", "prompt tokens (mean)",
-          f"Llama-3.1-70B, 16x H200 (TP4), {RATE_RPS:g} req/s, out {OUTPUT_TOKENS}, KV link {sp['gbps']:g} Gb/s\n"
+          f"Llama-3.1-70B, 16x H200 (TP4), {RATE_RPS:g} req/s, out {OUTPUT_TOKENS}, KV link {sp['gbps']:g} Gb/s per GPU\n"
           f"SLO: TPOT<={TPOT_SLO_S * 1e3:g} ms, TTFT<={TTFT_SLO_FACTOR:g}x unloaded prefill")
     fig.tight_layout()
     p = img_dir / "pd_crossover_prompt.png"
@@ -275,7 +276,7 @@ def plot(results: dict[str, Any], img_dir: Path) -> list[str]:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=90)
     for ax, key in zip(axes, ("sweep_link_long", "sweep_link_short"), strict=True):
         sw = results[key]
-        panel(ax, sw, "gbps", "KV link per replica port (Gb/s)",
+        panel(ax, sw, "gbps", "KV link per GPU NIC (Gb/s)",
               f"prompt {sw['prompt_tokens']} tokens, TTFT SLO {sw['ttft_slo_s'] * 1e3:.0f} ms, TPOT SLO "
               f"{TPOT_SLO_S * 1e3:g} ms")
     fig.tight_layout()

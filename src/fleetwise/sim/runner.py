@@ -30,6 +30,7 @@ from fleetwise.core.feedback import Completed, Dispatched, Failed, Feedback, Fir
 from fleetwise.core.request import Request
 from fleetwise.core.views import FleetView, RouteRequest
 from fleetwise.engine.api import StepOutput
+from fleetwise.perf.kv import kv_shards
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.routing.registry import make_policy
@@ -98,7 +99,8 @@ class Simulation:
         self.net = KvNetwork(self.loop, plan.kv_link.latency_s, self._on_transfer)
         if plan.disaggregated:
             for r in self.reps:
-                r.port = self.net.add_port(r.name, plan.kv_link.bytes_per_s)
+                # One NIC per KV shard: TP ranks and PP stages send their slices in parallel.
+                r.port = self.net.add_port(r.name, plan.kv_link.bytes_per_s * kv_shards(r.deployment))
         self.prefill_reps = [r for r in self.reps if r.role == "prefill"]
         self.cursor = 0  # next request to arrive (exact mode) or to route (delayed mode)
         self.next_tick_s = math.inf

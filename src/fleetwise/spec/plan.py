@@ -62,12 +62,18 @@ class PoolSpec(Spec):
 
 
 class KvLinkSpec(Spec):
-    """Prefill-to-decode KV path: each prefill replica's egress and each decode replica's ingress."""
+    """Prefill-to-decode KV path: each prefill replica's egress and each decode replica's ingress.
+
+    Bandwidth is per GPU NIC, as datasheets and `AcceleratorSpec.network` give it. A replica's
+    KV is sharded over its TP ranks and PP stages and each shard moves over its own NIC, so a
+    replica's port carries `kv_shards(deployment)` NICs (see `fleetwise.perf.kv`); concurrent
+    transfers share a port.
+    """
 
     bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
-    """Per-port bandwidth in bytes/s (give this or `gbps`)."""
+    """Per-GPU NIC bandwidth in bytes/s (give this or `gbps`)."""
     gbps: float | None = Field(default=None, gt=0)
-    """Per-port bandwidth in gigabits/s."""
+    """Per-GPU NIC bandwidth in gigabits/s (default 400, one NDR InfiniBand NIC)."""
     latency_s: float = Field(default=20e-6, ge=0)
     """One-way latency added to every transfer."""
     on_failure: Literal["fail", "reprefill"] = "fail"

@@ -107,12 +107,12 @@ def resolve_hardware(spec: PlanningSpec, context_tokens: int) -> Hardware:
 
 
 def kv_link(spec: PlanningSpec, gpu: AcceleratorSpec, layout: Layout) -> LinkSpec:
-    """KV hand-off link of one prefill replica: the spec's, or the card's NIC times its GPUs (TP shards)."""
+    """KV hand-off link per GPU NIC: the spec's, or the card's scale-out NIC. A replica moves its
+    KV shards over one NIC each (`perf.kv.kv_shards`), in the estimate and in the simulator."""
     if spec.kv_link is not None:
         return LinkSpec(name="kv_link", bandwidth_bytes_per_s=spec.kv_link.bandwidth_bytes_per_s,
                         latency_s=spec.kv_link.latency_s)
-    bw = gpu.network.bandwidth_bytes_per_s * layout.gpus
-    return LinkSpec(name=f"{layout.gpus}x {gpu.network.name}", bandwidth_bytes_per_s=bw,
+    return LinkSpec(name=gpu.network.name, bandwidth_bytes_per_s=gpu.network.bandwidth_bytes_per_s,
                     latency_s=gpu.network.latency_s)
 
 

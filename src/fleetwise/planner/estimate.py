@@ -171,7 +171,3 @@ def kv_bytes(dep: Deployment, prompt_tokens: float) -> float:
     """KV bytes one request hands from prefill to decode: KV bytes per token x prompt tokens."""
     return dep.model.kv_bytes_per_token(dep.kv_dtype) * prompt_tokens
 
-
-def kv_transfer_s(dep: Deployment, prompt_tokens: float, bandwidth_bytes_per_s: float, latency_s: float) -> float:
-    """Seconds to move one prompt's KV over an idle link: bytes / bandwidth + latency."""
-    return kv_bytes(dep, prompt_tokens) / bandwidth_bytes_per_s + latency_s

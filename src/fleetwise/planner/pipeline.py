@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from fleetwise.perf.kv import kv_transfer_s
 from fleetwise.planner import candidates as cand
 from fleetwise.planner.candidates import Enumeration, Hardware, Layout, Rejection
-from fleetwise.planner.estimate import LayoutEstimate, estimate, kv_transfer_s
+from fleetwise.planner.estimate import LayoutEstimate, estimate
 from fleetwise.planner.executor import Executor
 from fleetwise.planner.explain import latency_reason, no_layout_meets_latency, suggestions
 from fleetwise.planner.measure import MAX_REQUESTS_PER_RUN, FleetShape, PoolShape
@@ -114,7 +115,7 @@ def _estimate(search: Search, enum: Enumeration) -> None:
     for lay, f in enum.fitting:
         dep = hw.deployment(lay, spec.kv_dtype)
         link = cand.kv_link(spec, hw.gpus[lay.accelerator], lay)
-        kv99 = kv_transfer_s(dep, search.stats.prompt_p99, link.bandwidth_bytes_per_s, link.latency_s)
+        kv99 = kv_transfer_s(math.ceil(search.stats.prompt_p99), dep, dep, link)
         search.estimates[lay] = estimate(dep, lay, f.kv_capacity_tokens, search.stats, spec.slo, kv99)
         search.fits[lay] = _fit_line(hw, lay, f, spec.kv_dtype)
     all_est = list(search.estimates.values())

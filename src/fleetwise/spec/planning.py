@@ -217,7 +217,7 @@ class KVLinkSpec(Spec):
     """Link prefill replicas use to hand KV caches to decode replicas."""
 
     bandwidth_bytes_per_s: float = Field(gt=0)
-    """Usable one-direction bandwidth per prefill replica."""
+    """Usable one-direction bandwidth per GPU NIC; a replica moves its KV shards over one NIC each."""
     latency_s: float = Field(default=20e-6, ge=0)
     """Per-transfer latency."""
 

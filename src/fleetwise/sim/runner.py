@@ -33,6 +33,7 @@ from fleetwise.engine.api import StepOutput
 from fleetwise.perf.kv import kv_shards
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
+from fleetwise.routing.base import RoutingPolicy
 from fleetwise.routing.registry import make_policy
 from fleetwise.sim.events import Arrival, EventLoop, Priority, RoutedArrival, RouteTick, Sample
 from fleetwise.sim.faults import FaultInjector
@@ -61,6 +62,9 @@ class SimOptions:
     """Queue-length/KV sampling period; None = span of arrivals / 128."""
     on_progress: Callable[[float, float], None] | None = None
     """Called with (virtual now, last arrival) every few thousand events."""
+    policy: RoutingPolicy | None = None
+    """A policy object to drive instead of building one from `plan.routing` (e.g. to record its
+    decisions, or to run the very object a gateway uses)."""
 
 
 @dataclass
@@ -94,7 +98,7 @@ class Simulation:
         profile = Profile.load(plan.perf_profile) if plan.perf_profile else None
         self.fleet = Fleet(plan, self.loop, PerfModel(profile), self._on_output, self._horizon)
         self.reps = self.fleet.replicas
-        self.policy = make_policy(plan.routing, seed=opts.seed)
+        self.policy = opts.policy if opts.policy is not None else make_policy(plan.routing, seed=opts.seed)
         self.delay = opts.feedback_delay_s
         self.net = KvNetwork(self.loop, plan.kv_link.latency_s, self._on_transfer)
         if plan.disaggregated:

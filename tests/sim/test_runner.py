@@ -84,3 +84,24 @@ def test_pd_prefill_start_is_on_the_prefill_replica():
     rec = simulate(pd_plan(), reqs).records
     for i in range(2):
         assert reqs[i].arrival_s <= rec.prefill_start_s[i] < rec.prefill_end_s[i] <= rec.kv_start_s[i]
+
+
+@pytest.mark.parametrize("first_token", ["decode", "prefill"])
+def test_pd_first_token_source(first_token):
+    """`decode`: the first token comes from the decode replica's first pass after the KV lands;
+    `prefill`: the prefill replica streams it at prefill end, the decode replica makes the rest,
+    and a one-token request never moves its KV."""
+    plan = PlanSpec(name="pd", pd_first_token=first_token, pools=[
+        {"name": "p", "role": "prefill", "replicas": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b"},
+        {"name": "d", "role": "decode", "replicas": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b"}])
+    res = simulate(plan, [Request(0, 0.0, 2000, 5), Request(1, 5.0, 2000, 1)])
+    rec = res.records
+    assert res.summary["requests_completed"] == 2
+    assert rec.prefill_end_s[0] < rec.kv_end_s[0] < rec.finish_s[0]
+    if first_token == "decode":
+        assert rec.kv_end_s[0] < rec.first_token_s[0]
+        assert rec.kv_end_s[1] < rec.first_token_s[1] == rec.finish_s[1]
+    else:
+        assert rec.first_token_s[0] == rec.prefill_end_s[0]
+        assert rec.first_token_s[1] == rec.prefill_end_s[1] == rec.finish_s[1]
+        assert math.isnan(rec.kv_start_s[1]) and math.isnan(rec.kv_end_s[1])

@@ -18,6 +18,7 @@ This module alone in the simulator reads the wall clock, to report `sim_wall_s`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -226,8 +227,8 @@ class Simulation:
                 rec.prefill_start_s[i] = start_s + off
         for rid, off in out.first_tokens:
             i = index[rid]
-            if rec.worker[i] != rep.idx:
-                continue
+            if rec.worker[i] != rep.idx or not math.isnan(rec.first_token_s[i]):
+                continue  # another replica's token, or the prefill replica already streamed it
             t = start_s + off
             rec.first_token_s[i] = t
             if rep.role == "mixed":
@@ -271,9 +272,25 @@ class Simulation:
             self.fleet.kick(rep, now_s)
             self.fail_or_retry(i, now_s, "replica_crashed")
             return
+        if self.plan.pd_first_token == "prefill" and self._first_token_at_prefill(i, rep, now_s):
+            return
         rec.kv_start_s[i] = now_s
         nbytes = dec.kv_bytes_per_token * self.reqs[i].prompt_tokens
         self.net.start(now_s, i * 4 + int(rec.retries[i]), rep.port, dec.port, nbytes)
+
+    def _first_token_at_prefill(self, i: int, rep: Replica, now_s: float) -> bool:
+        """The prefill replica streams the first token now; True when that was the only token
+        (the request is done and its KV need not move)."""
+        r, rec = self.reqs[i], self.rec
+        rec.first_token_s[i] = now_s
+        self.feedback(FirstToken(now_s, str(r.request_id), rep.name, now_s - r.arrival_s))
+        if r.output_tokens > 1:
+            return False
+        rep.engine.release(r.request_id)
+        rep.inflight.discard(i)
+        self.fleet.kick(rep, now_s)
+        self._finish(i, self.reps[rec.worker[i]], now_s)
+        return True
 
     def _on_transfer(self, now_s: float, tag: int, tr: TransferRecord) -> None:
         i, attempt = divmod(tag, 4)
@@ -297,7 +314,10 @@ class Simulation:
                 self.fail(i, now_s, "kv_transfer_failed", dec)
             return
         rec.kv_end_s[i] = now_s
-        dec.engine.add_transferred(self.reqs[i])
+        r = self.reqs[i]
+        if self.plan.pd_first_token == "prefill":  # the first token was streamed by the prefill
+            r = dataclasses.replace(r, output_tokens=r.output_tokens - 1)
+        dec.engine.add_transferred(r)
         self.fleet.kick(dec, now_s)
 
     # ---- failures ------------------------------------------------------------------------------

@@ -105,6 +105,11 @@ class PlanSpec(Spec):
     """Path to a calibrated perf profile (JSON); null = the uncalibrated roofline."""
     retry_on_crash: bool = False
     """Retry a request whose replica crashed once, on another replica (else it fails)."""
+    pd_first_token: Literal["decode", "prefill"] = "decode"
+    """Disaggregated plans: who emits the first output token. `decode` (vLLM's disaggregated
+    proxy, llm-d): the decode replica's first pass after the KV lands, so TTFT = prefill + KV
+    transfer + one decode pass. `prefill` (DistServe, Splitwise): the prefill replica streams it
+    when the prompt is done, and the decode replica generates the remaining tokens."""
 
     @model_validator(mode="after")
     def _check_roles(self) -> PlanSpec:

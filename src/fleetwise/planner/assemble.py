@@ -248,9 +248,25 @@ def rank(search: Search, chosen: list[Candidate]) -> None:
         search.rejected.append(Rejection(c.key, f"missed the SLO in simulation at the target rate: {detail}"))
     good.sort(key=lambda c: (c.cost_per_hour, -_mean(c.refined.seeds, "goodput_rps") if c.refined else 0.0, c.key))
     search.ranked = good
+    _reconcile(search)
     if not good and search.infeasible is None:
         search.infeasible = ("no candidate met the SLO in simulation within the limits; see `rejected` for each "
                              "candidate's reason (raise search.max_gpus, relax the SLO, or allow more hardware)")
+
+
+def _reconcile(search: Search) -> None:
+    """The equal-cost verdict splits one layout; the ranking may still prefer a plan with other
+    layouts per phase. Say which plan kind won overall, so the two answers never contradict."""
+    dg = search.disaggregation
+    if not dg or not search.ranked:
+        return
+    top = search.ranked[0]
+    dg["best_plan"] = {"kind": top.kind, "plan": top.key, "cost_per_hour": top.cost_per_hour}
+    split_wins = top.kind != "colocated"
+    if split_wins != (dg.get("verdict") == "disaggregate"):
+        dg["reason"] = (f"{dg['reason']}; but the cheapest plan meeting the SLO is {top.kind} ({top.key}, "
+                        f"${top.cost_per_hour:.2f}/h), which uses a different layout per phase")
+        dg["verdict"] = "disaggregate" if split_wins else "colocate"
 
 
 def _miss(search: Search, v: SimVerdict) -> str:

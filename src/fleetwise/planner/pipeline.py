@@ -119,10 +119,15 @@ def _estimate(search: Search, enum: Enumeration) -> None:
         search.estimates[lay] = estimate(dep, lay, f.kv_capacity_tokens, search.stats, spec.slo, kv99)
         search.fits[lay] = _fit_line(hw, lay, f, spec.kv_dtype)
     all_est = list(search.estimates.values())
+    split = spec.search.disaggregation != "off"
     for e in all_est:
         if not e.latency_ok:
             why = latency_reason(e, search.stats, spec.slo)
-            search.rejected.append(Rejection(e.layout.label, f"{why}; {suggestions(e, all_est, search.stats, spec.slo)}"))
+            # A layout that meets one target can still serve the pool of that phase alone.
+            kept = ("; kept as a prefill-pool candidate only" if split and e.ttft_ok else
+                    "; kept as a decode-pool candidate only" if split and e.tpot_ok else "")
+            search.rejected.append(Rejection(
+                e.layout.label, f"{why}; {suggestions(e, all_est, search.stats, spec.slo)}{kept}"))
     if not any(e.ttft_ok for e in all_est) or not any(e.tpot_ok for e in all_est):
         raise no_layout_meets_latency(all_est, search.stats, spec.slo)
 
@@ -142,7 +147,10 @@ def _cost_rate(search: Search, lay: Layout, mu: float) -> float:
 
 
 def _shortlists(search: Search) -> dict[str, list[Layout]]:
-    ok = [e for e in search.estimates.values() if e.latency_ok]
+    """Layouts to simulate per role: colocated ones must meet both targets; a prefill pool only
+    the TTFT target and a decode pool only the TPOT target (each phase runs apart)."""
+    est = list(search.estimates.values())
+    ok = [e for e in est if e.latency_ok]
     mode = search.spec.search.disaggregation
     lists: dict[str, list[Layout]] = {"mixed": [], "prefill": [], "decode": []}
     if mode != "only":
@@ -155,8 +163,10 @@ def _shortlists(search: Search) -> dict[str, list[Layout]]:
         if not lists["mixed"] and ok:
             lists["mixed"] = [min(ok, key=lambda e: _cost_rate(search, e.layout, e.mu_decode_rps)).layout]
     if mode != "off":
-        pre = sorted((e for e in ok if e.mu_prefill_rps > 0), key=lambda e: _cost_rate(search, e.layout, e.mu_prefill_rps))
-        dec = sorted((e for e in ok if e.mu_decode_rps > 0), key=lambda e: _cost_rate(search, e.layout, e.mu_decode_rps))
+        pre = sorted((e for e in est if e.ttft_ok and e.mu_prefill_rps > 0),
+                     key=lambda e: _cost_rate(search, e.layout, e.mu_prefill_rps))
+        dec = sorted((e for e in est if e.tpot_ok and e.mu_decode_rps > 0),
+                     key=lambda e: _cost_rate(search, e.layout, e.mu_decode_rps))
         lists["prefill"] = _diverse(pre, STAGE_SHORTLIST)
         lists["decode"] = _diverse(dec, STAGE_SHORTLIST)
     return lists

@@ -412,6 +412,7 @@ def main() -> None:
     finally:
         if a.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
+    source = _git_state()  # the fleetwise code about to be timed
     fw = best_of([run_fleetwise(a, reqs, a.replicas) for _ in range(a.repeats)])
     fw_exact = best_of([run_fleetwise(a, reqs, a.replicas, feedback_delay=0.0) for _ in range(a.repeats)])
     large = None
@@ -425,7 +426,7 @@ def main() -> None:
         "benchmark": "vidur_compare",
         "machine": {"cores": os.cpu_count(), "loadavg_end": [round(x, 2) for x in os.getloadavg()],
                     "python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
-        "fleetwise_source": _git_state(),
+        "fleetwise_source": source,
         "vidur": vidur,
         "vidur_no_metrics": vidur_bare,
         "vidur_default_tracing": vidur_defaults,

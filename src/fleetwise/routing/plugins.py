@@ -69,6 +69,11 @@ def clamp01(x: float) -> float:
     return 0.0 if not x > 0 else min(1.0, float(x))
 
 
+def _clamp01(x: float) -> float:
+    """`clamp01` of a float (the scorers' hot path: no conversion, no `min` call)."""
+    return 0.0 if not x > 0 else (x if x < 1.0 else 1.0)
+
+
 def own_cost(req: RouteRequest, cached_blocks: int, cost: CostParams) -> float:
     """`max(prompt - cached_blocks * hash_block_tokens, 0) + decode_token_weight * max_output + per_request`.
 
@@ -137,31 +142,34 @@ ScorerFn = Callable[[RouteRequest, Sequence[Candidate]], dict[str, float]]
 
 def score_load(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     """`min cost / cost`: 1 for the cheapest worker, 0.5 for one twice as expensive."""
-    best = min(c.cost for c in cs)
-    return {c.name: clamp01(best / c.cost) if c.cost > 0 else 1.0 for c in cs}
+    costs = [(c.load + c.own) * c.slowness for c in cs]  # `Candidate.cost`, once each
+    best = min(costs)
+    return {c.view.name: _clamp01(best / k) if k > 0 else 1.0 for c, k in zip(cs, costs, strict=True)}
 
 
 def score_requests(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     """`(min requests + 1) / (requests + 1)`: fewest outstanding requests scores 1."""
     best = min(c.requests for c in cs)
-    return {c.name: clamp01((best + 1) / (c.requests + 1)) for c in cs}
+    return {c.view.name: _clamp01((best + 1) / (c.requests + 1)) for c in cs}
 
 
 def score_prefix(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     """Cached fraction of the prompt's blocks: `prefix_blocks / len(block_hashes)` (0 without)."""
     n = len(req.block_hashes)
-    return {c.name: clamp01(c.prefix_blocks / n) if n else 0.0 for c in cs}
+    if not n:
+        return {c.view.name: 0.0 for c in cs}
+    return {c.view.name: _clamp01(c.prefix_blocks / n) for c in cs}
 
 
 def score_kv(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     """KV headroom: `1 - kv_usage`."""
-    return {c.name: clamp01(1.0 - c.view.kv_usage) for c in cs}
+    return {c.view.name: _clamp01(1.0 - c.view.kv_usage) for c in cs}
 
 
 def score_feedback(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     """`min slowness / slowness`: the fastest-looking worker scores 1."""
     best = min(c.slowness for c in cs)
-    return {c.name: clamp01(best / c.slowness) for c in cs}
+    return {c.view.name: _clamp01(best / c.slowness) for c in cs}
 
 
 SCORERS: dict[str, ScorerFn] = {
@@ -187,22 +195,25 @@ def load_bound(
     `ceil(c * (k + 1) * speed_w / sum(speed))` of the last k decisions (speed = 1 / slowness).
     If the two checks together leave nobody, the token check alone applies.
     """
-    mean = sum(c.current for c in cs) / len(cs)
+    current = [c.load * c.slowness for c in cs]  # `Candidate.current`, once each
+    mean = sum(current) / len(cs)
     bound = p.c * mean
-    by_tokens = [c for c in cs if c.current <= bound + c.own * c.slowness + 1e-9]
+    by_tokens = [c for c, cur in zip(cs, current, strict=True) if cur <= bound + c.own * c.slowness + 1e-9]
     kept = by_tokens
     if p.share_window > 0 and recent:
         window = list(recent)[-p.share_window :]
-        counts = {c.name: 0 for c in cs}
+        counts = {c.view.name: 0 for c in cs}
         for name in window:
             if name in counts:
                 counts[name] += 1
         k = sum(counts.values())
-        speed = {c.name: 1.0 / c.slowness for c in cs}
+        speed = {c.view.name: 1.0 / c.slowness for c in cs}
         total = sum(speed.values())
-        both = [c for c in by_tokens if counts[c.name] + 1 <= math.ceil(p.c * (k + 1) * speed[c.name] / total)]
+        share = p.c * (k + 1)
+        both = [c for c in by_tokens if counts[c.view.name] + 1 <= math.ceil(share * speed[c.view.name] / total)]
         kept = both or by_tokens
-    excluded = [c.name for c in cs if c not in kept]
+    kept_ids = {id(c) for c in kept}  # `kept` holds objects of `cs`: identity, not field equality
+    excluded = [c.name for c in cs if id(c) not in kept_ids]
     return kept, bound, excluded
 
 

@@ -66,6 +66,18 @@ class _Eligible:
         self.base: list[tuple[float, int]] | None = None
 
 
+class _ScoreKeys(dict[str, str]):
+    """`<worker>.<scorer>` score keys of one scorer, built once per worker."""
+
+    def __init__(self, scorer: str) -> None:
+        super().__init__()
+        self.scorer = scorer
+
+    def __missing__(self, worker: str) -> str:
+        key = self[worker] = f"{worker}.{self.scorer}"
+        return key
+
+
 def fmt_tokens(x: float) -> str:
     """Compact token count: 950, 12.3k, 4.1M."""
     if abs(x) >= 1e6:
@@ -97,6 +109,8 @@ class ComposedPolicy:
         self._simple = params.picker in ("round_robin", "random") and not params.load_bound.enabled and not any(
             wt > 0 for wt in params.scorers.values())
         """The pick reads no candidate signal: only the chosen worker's is computed (O(1) per request)."""
+        self._weights: dict[str, float] = {str(k): v for k, v in params.scorers.items()}
+        self._score_keys: dict[str, _ScoreKeys] = {}
 
     # ---- route -------------------------------------------------------------------------------
 
@@ -177,17 +191,18 @@ class ComposedPolicy:
         dw, per_req = cost.decode_token_weight, cost.per_request_tokens
         if e.base is None:
             e.base = [(view_load(w, cost), w.queued_requests + w.running_requests) for w in ws]
-        since, match, factor = self.inflight.since, self.index.match, self.feedback.factor
+        since, match = self.inflight.since, self.index.match
         hashes = req.block_hashes
         own0 = own_cost(req, 0, cost)
+        slowness = self.feedback.factors(e.names, now)
         out = []
-        for w, (base, reqs) in zip(ws, e.base, strict=True):
+        for w, (base, reqs), slow in zip(ws, e.base, slowness, strict=True):
             name = w.name
             n_pend, tok_pend = since(name, w.reported_at_s, dw)
             prefix = match(name, hashes) if hashes else 0
             own = own_cost(req, prefix, cost) if prefix else own0
             load = base + tok_pend + per_req * n_pend
-            out.append(Candidate(w, reqs + n_pend, load, own, factor(name, now), prefix))
+            out.append(Candidate(w, reqs + n_pend, load, own, slow, prefix))
         return out
 
     def _bounded(self, cs: list[Candidate], pool: str) -> tuple[list[Candidate], float | None, list[str]]:
@@ -199,10 +214,28 @@ class ComposedPolicy:
         return {s: SCORERS[s](req, cs) for s, wt in self.params.scorers.items() if wt > 0 and s not in skip}
 
     def _totals(self, cs: list[Candidate], per: dict[str, dict[str, float]], normalise: bool = False) -> dict[str, float]:
-        weights: dict[str, float] = {str(k): v for k, v in self.params.scorers.items()}
+        weights = self._weights
         wsum = sum(weights[s] for s in per) or 1.0
-        tot = {c.name: sum(weights[s] * per[s][c.name] for s in per) for c in cs}
+        terms = [(weights[s], vals) for s, vals in per.items()]
+        tot: dict[str, float] = {}
+        for c in cs:
+            name = c.view.name
+            t: float = 0  # as `sum()`: 0 + w1*v1 + w2*v2 ..., in scorer order
+            for wt, vals in terms:
+                t += wt * vals[name]
+            tot[name] = t
         return {k: v / wsum for k, v in tot.items()} if normalise else tot
+
+    def _rounded_scores(self, totals: dict[str, float], per: dict[str, dict[str, float]]) -> dict[str, float]:
+        """The decision's scores: totals, then `<worker>.<scorer>` per scorer, to 6 places."""
+        scores = {k: round(v, 6) for k, v in totals.items()}
+        for s, vals in per.items():
+            keys = self._score_keys.get(s)
+            if keys is None:
+                keys = self._score_keys[s] = _ScoreKeys(s)
+            for k, v in vals.items():
+                scores[keys[k]] = round(v, 6)
+        return scores
 
     def _record(self, pool: str, name: str) -> None:
         self.picker.chosen(name)
@@ -261,9 +294,7 @@ class ComposedPolicy:
         kept, bound, excluded = self._bounded(cs, "mixed")
         per = self._scores(req, kept)
         totals = self._totals(kept, per)
-        scores = {k: round(v, 6) for k, v in totals.items()}
-        for s, vals in per.items():
-            scores.update({f"{k}.{s}": round(v, 6) for k, v in vals.items()})
+        scores = self._rounded_scores(totals, per)
         kind = self.params.picker
         names = [c.name for c in kept]
         if kind == "round_robin":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from fleetwise.spec.routing import FeedbackParams
 
@@ -146,6 +147,17 @@ class _WorkerStats:
     last_obs_s: float = 0.0
 
 
+class _Terms(NamedTuple):
+    """Per-worker constants of `LatencyFeedback.raw_factor` between observations."""
+
+    ttft: tuple[float, float] | None
+    """(fleet median, EWMA - median) of TTFT per token, or None when undefined."""
+    tpot: tuple[float, float] | None
+    last_obs_s: float
+    failure_factor: float | None
+    """`1 + failure_penalty * failure EWMA`, or None without failure observations."""
+
+
 class LatencyFeedback:
     """Per-worker latency EWMAs -> slowness factor relative to the fleet."""
 
@@ -155,6 +167,9 @@ class LatencyFeedback:
         self._version = 0
         """Bumped on every observation (keys the memo of fleet medians)."""
         self._refs: dict[str, tuple[int, int, float]] = {}
+        self._terms: dict[str, _Terms] = {}
+        """Per-worker constants of `raw_factor` while `_version` lasts (`_terms_version`)."""
+        self._terms_version = -1
 
     def _stats(self, worker: str) -> _WorkerStats:
         self._version += 1
@@ -204,26 +219,58 @@ class LatencyFeedback:
         other worker look fast; decaying the value itself means a worker that stopped getting
         traffic drifts back to "normal" and is tried again, while the others stay at 1.
         """
+        term = self._ratio_term(worker, attr)
+        if term is None:
+            return None
+        ref, dev = term
+        age = max(0.0, now_s - self._w[worker].last_obs_s)
+        return (ref + dev * 0.5 ** (age / self.p.half_life_s)) / ref
+
+    def _ratio_term(self, worker: str, attr: str) -> tuple[float, float] | None:
+        """(fleet median, this worker's EWMA minus it) for `attr`, or None when the ratio is
+        undefined (too few samples here or in the fleet, or a non-positive median)."""
         mine = getattr(self._w[worker], attr)
         if mine.n < self.p.min_samples:
             return None
         count, ref = self._reference(attr)
-        if count < 2:
+        if count < 2 or ref <= 0:
             return None
-        if ref <= 0:
-            return None
-        age = max(0.0, now_s - self._w[worker].last_obs_s)
-        return (ref + (mine.value - ref) * 0.5 ** (age / self.p.half_life_s)) / ref
+        return ref, mine.value - ref
+
+    def _worker_terms(self, worker: str) -> _Terms:
+        """What `raw_factor` needs of `worker` apart from the time, memoised per `_version`
+        (observations are what change it; a router asks for every worker on every request)."""
+        if self._terms_version != self._version:
+            self._terms.clear()
+            self._terms_version = self._version
+        t = self._terms.get(worker)
+        if t is None:
+            s = self._w[worker]
+            fail = 1.0 + self.p.failure_penalty * s.failures.value if s.failures.n else None
+            t = self._terms[worker] = _Terms(self._ratio_term(worker, "ttft_per_token"),
+                                             self._ratio_term(worker, "tpot"), s.last_obs_s, fail)
+        return t
 
     def raw_factor(self, worker: str, now_s: float) -> float:
-        """Geometric mean of the (age-decayed) TTFT and TPOT ratios, times failures, clamped."""
+        """Geometric mean of the (age-decayed) TTFT and TPOT ratios, times failures, clamped.
+
+        Same arithmetic as `_ratio` for each ratio (a ratio of exactly 0 is left out, like an
+        undefined one), with the per-worker constants from `_worker_terms`."""
         if worker not in self._w:
             return 1.0
-        ratios = [r for r in (self._ratio(worker, "ttft_per_token", now_s), self._ratio(worker, "tpot", now_s)) if r]
-        f = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else 1.0
-        s = self._w.get(worker)
-        if s is not None and s.failures.n:
-            f *= 1.0 + self.p.failure_penalty * s.failures.value
+        t = self._worker_terms(worker)
+        logs: list[float] = []
+        if t.ttft is not None or t.tpot is not None:
+            age = max(0.0, now_s - t.last_obs_s)
+            decay = 0.5 ** (age / self.p.half_life_s)
+            for term in (t.ttft, t.tpot):
+                if term is not None:
+                    r = (term[0] + term[1] * decay) / term[0]
+                    if r:
+                        logs.append(math.log(r))
+        f = math.exp(sum(logs) / len(logs)) if logs else 1.0
+        if t.failure_factor is not None:
+            f *= t.failure_factor
         return min(max(f, self.p.min_factor), self.p.max_factor)
 
     def factor(self, worker: str, now_s: float) -> float:
@@ -232,6 +279,43 @@ class LatencyFeedback:
             return 1.0
         f = self.raw_factor(worker, now_s)
         return 1.0 if abs(f - 1.0) < self.p.deadband else f
+
+    def factors(self, workers: list[str], now_s: float) -> list[float]:
+        """`factor(w, now_s)` for each of `workers` (a router's per-request pass over the fleet),
+        with the loop invariants bound once; the same arithmetic as `raw_factor`."""
+        p = self.p
+        if not p.enabled:
+            return [1.0] * len(workers)
+        known, terms_of = self._w, self._worker_terms
+        hl, lo, hi, band = p.half_life_s, p.min_factor, p.max_factor, p.deadband
+        log, exp = math.log, math.exp
+        out: list[float] = []
+        for w in workers:
+            if w not in known:
+                out.append(1.0)
+                continue
+            t = terms_of(w)
+            ttft, tpot = t.ttft, t.tpot
+            f = 1.0
+            if ttft is not None or tpot is not None:
+                age = now_s - t.last_obs_s
+                decay = 0.5 ** ((age if age > 0.0 else 0.0) / hl)
+                n, acc = 0, 0.0
+                if ttft is not None:
+                    r = (ttft[0] + ttft[1] * decay) / ttft[0]
+                    if r:
+                        n, acc = 1, log(r)
+                if tpot is not None:
+                    r = (tpot[0] + tpot[1] * decay) / tpot[0]
+                    if r:
+                        n, acc = n + 1, acc + log(r)
+                if n:
+                    f = exp(acc / n)
+            if t.failure_factor is not None:
+                f *= t.failure_factor
+            f = min(max(f, lo), hi)
+            out.append(1.0 if abs(f - 1.0) < band else f)
+        return out
 
     def snapshot(self, now_s: float) -> dict[str, float]:
         """Every known worker's current factor (for reports)."""

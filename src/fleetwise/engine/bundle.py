@@ -31,9 +31,22 @@ from fleetwise.perf.types import BatchShape
 
 AFFINE_RTOL = 1e-12
 
+DecodeTimeFn = Callable[[int, int, int], float]
+"""Seconds of a decode-only pass: (rows n, KV read kv, longest row's KV read or 0) ->
+`step_time(decode_shape(n, kv, longest))` (a perf model may answer it without the shape)."""
+
 
 def decode_shape(n: int, kv: int, longest: int = 0) -> BatchShape:
     return BatchShape(n, n, kv, float(kv), 0, 1, longest)
+
+
+def decode_time_of(step_time: Callable[[BatchShape], float]) -> DecodeTimeFn:
+    """A `DecodeTimeFn` from a step-time function (through `decode_shape`)."""
+
+    def decode_time(n: int, kv: int, longest: int) -> float:
+        return step_time(decode_shape(n, kv, longest))
+
+    return decode_time
 
 
 class Fused:
@@ -86,24 +99,24 @@ class Fused:
         self.duration_s = self.total(k)
 
 
-def plan_fused(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, cap: int,
+def plan_fused(decode_time: DecodeTimeFn, n: int, kv0: int, d0: float, cap: int,
                horizon_s: float, soft_s: float = math.inf, longest0: int = 0) -> Fused:
     """The fused step: the most passes <= cap ending by `horizon_s` (at least one) and not past
-    the pass that straddles `soft_s`; `d0` = step_time of the first pass; `longest0` = the
+    the pass that straddles `soft_s`; `d0` = decode_time of the first pass; `longest0` = the
     longest decode row's KV read in the first pass (0: unknown), growing by one per pass."""
     grow = 1 if longest0 > 0 else 0
     if cap <= 1:
         f = Fused(1, d0, d0, 0.0, None)
         return f
     last = cap - 1
-    dl = step_time(decode_shape(n, kv0 + n * last, longest0 + grow * last))
+    dl = decode_time(n, kv0 + n * last, longest0 + grow * last)
     affine = True
     if cap > 2:
         i = last // 2
-        dm = step_time(decode_shape(n, kv0 + n * i, longest0 + grow * i))
+        dm = decode_time(n, kv0 + n * i, longest0 + grow * i)
         affine = abs(dm - (d0 + (dl - d0) * i / last)) <= AFFINE_RTOL * max(abs(d0), abs(dl))
     if not affine:
-        return _summed(step_time, n, kv0, d0, cap, horizon_s, soft_s, longest0)
+        return _summed(decode_time, n, kv0, d0, cap, horizon_s, soft_s, longest0)
     f = Fused(cap, d0, dl, (dl - d0) / last, None)
     k = cap
     if soft_s < math.inf:
@@ -116,12 +129,12 @@ def plan_fused(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: f
 
 def fuse(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, cap: int,
          horizon_s: float, soft_s: float = math.inf, longest0: int = 0) -> tuple[int, float]:
-    """(passes, total seconds) of `plan_fused`."""
-    f = plan_fused(step_time, n, kv0, d0, cap, horizon_s, soft_s, longest0)
+    """(passes, total seconds) of `plan_fused`, for a step-time function."""
+    f = plan_fused(decode_time_of(step_time), n, kv0, d0, cap, horizon_s, soft_s, longest0)
     return f.passes, f.duration_s
 
 
-def _summed(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: float, cap: int,
+def _summed(decode_time: DecodeTimeFn, n: int, kv0: int, d0: float, cap: int,
             horizon_s: float, soft_s: float, longest0: int = 0) -> Fused:
     grow = 1 if longest0 > 0 else 0
     cum = [0.0, d0]
@@ -131,7 +144,7 @@ def _summed(step_time: Callable[[BatchShape], float], n: int, kv0: int, d0: floa
         if total > soft_s:
             k = i
             break
-        d = step_time(decode_shape(n, kv0 + n * i, longest0 + grow * i))
+        d = decode_time(n, kv0 + n * i, longest0 + grow * i)
         if total + d > horizon_s:
             k = i
             break

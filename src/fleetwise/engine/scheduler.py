@@ -33,7 +33,7 @@ from typing import Literal
 from fleetwise.core.request import Request
 from fleetwise.core.views import WorkerView
 from fleetwise.engine.blocks import BlockPool
-from fleetwise.engine.bundle import Fused, plan_fused
+from fleetwise.engine.bundle import DecodeTimeFn, Fused, decode_time_of, plan_fused
 from fleetwise.engine.decoders import DecodeSet
 from fleetwise.engine.records import EngineConfig, Step, StepOutput
 from fleetwise.engine.sequence import DECODE, HANDOFF, PREFILL, WAITING, SeqState, cdiv, hit_blocks, lookup
@@ -77,11 +77,15 @@ class Engine:
     """One replica. See the module docstring for the step phases and `api.py` for the contract."""
 
     def __init__(self, name: str, role: Role, config: EngineConfig, num_blocks: int,
-                 step_time: StepTimeFn) -> None:
+                 step_time: StepTimeFn, decode_time: DecodeTimeFn | None = None) -> None:
+        """`step_time` prices any batch; `decode_time(n, kv, longest)`, when given, must equal
+        `step_time(decode_shape(n, kv, longest))` (a faster path for decode-only passes, which
+        fused planning evaluates several times per step)."""
         if role not in ("mixed", "prefill", "decode"):
             raise SpecError(f"engine {name!r}: role={role!r} must be mixed, prefill or decode")
         self.name, self.role, self.config = name, role, config
         self.step_time = step_time
+        self.decode_time = decode_time if decode_time is not None else decode_time_of(step_time)
         self.pool = BlockPool(num_blocks)
         self._bs = config.block_size
         self._decoders = DecodeSet(config.block_size)
@@ -191,7 +195,10 @@ class Engine:
             self.stats.carried_preempted.extend(preempted)
             return None
         shape = self._shape(chunks)
-        d0 = self.step_time(shape)
+        if chunks:
+            d0 = self.step_time(shape)
+        else:  # decode rows only: `shape` is `decode_shape(n, kv, longest)`
+            d0 = self.decode_time(n_dec, shape.kv_read_tokens, shape.max_decode_kv_tokens)
         if not chunks and not new_decoders and not preempted and n_dec:
             fused = self._fuse(shape, d0, horizon_s, soft_horizon_s)
             if fused is not None:
@@ -346,7 +353,7 @@ class Engine:
         cap = 1 + dec.max_passes(g + 1, cap - 1, self.pool.num_free)
         if cap <= 1:
             return None
-        fused = plan_fused(self.step_time, dec.n, shape.kv_read_tokens, d0, cap, horizon_s, soft_s,
+        fused = plan_fused(self.decode_time, dec.n, shape.kv_read_tokens, d0, cap, horizon_s, soft_s,
                            shape.max_decode_kv_tokens)
         return fused if fused.passes > 1 else None
 

@@ -144,6 +144,7 @@ class BoundPerf:
             bw * p.kv_mem_eff)
         self._bind_comm(d, h)
         self._bind_overhead(d, p)
+        self._decode_consts: dict[int, tuple[float, float, float, float, float]] = {}
 
     # ---- binding phases -------------------------------------------------------------------
     def _bind_experts(self, d: Deployment, p: Profile, peak: float, bw: float, wb: float) -> None:
@@ -220,6 +221,48 @@ class BoundPerf:
     def step_time_s(self, shape: BatchShape) -> float:
         """Seconds of one step of `shape` (hot path: a few microseconds of float math)."""
         return self._evaluate(shape, None)
+
+    def decode_time_s(self, n: int, kv: int, longest: int = 0) -> float:
+        """`step_time_s(BatchShape(n, n, kv, float(kv), 0, 1, longest))`, bit for bit: a
+        decode-only step of `n` rows reading `kv` KV positions, the longest row `longest` (0:
+        unknown). The engine's fused decode planning evaluates these shapes several times per
+        step; what depends on `n` alone is summed once per `n` in `_evaluate`'s order."""
+        if n <= 0:
+            return 0.0
+        c = self._decode_consts.get(n)
+        if c is None:
+            c = self._decode_consts[n] = self._decode_terms(n)
+        head, elem, comm_tp, comm_pp, comm_ep = c
+        dec_kv = kv if kv > 0 else 0
+        if longest <= 0:
+            longest = dec_kv / n  # type: ignore[assignment]
+        kv_m = self.kv_read * max(dec_kv, longest * self.seq_per_sat)
+        a_dec = self.c_attn_dec * dec_kv
+        gpu = head + max(kv_m, a_dec) + elem + comm_tp + comm_pp + comm_ep + self.graph_s
+        if self.eager:
+            p = self.p_exp
+            return (gpu ** p + self.host_s ** p) ** (1.0 / p)
+        return gpu
+
+    def _decode_terms(self, n: int) -> tuple[float, float, float, float, float]:
+        """For `decode_time_s`: the sum of `_evaluate`'s terms before attention (GEMMs, LM head,
+        experts; the prompt-attention term is 0.0 without prompt rows), then elementwise and
+        each communication term, evaluated exactly as `_evaluate` does for `n` decode rows."""
+        T = S = n
+        d_c, d_m = self.c_dense * (T + self.m_half), self.w_dense + self.a_dense * T
+        l_c, l_m = self.c_lm * (S + self.m_half), self.w_lm + self.a_lm * S
+        x_c = x_m = x_r = 0.0
+        if self.has_moe:
+            touched = self.n_exp * (1.0 - self.miss ** T) / self.ep
+            rows = T * self.topk
+            rows = min(rows, rows * self.imbalance / self.ep)
+            per = rows / touched
+            x_c = self.c_exp * rows * (per + self.g_half) / per
+            x_m = self.w_exp * touched + self.a_exp * rows
+            x_r = self.r_exp * rows
+        head = max(d_c, d_m) + max(l_c, l_m) + max(x_c, x_m) + x_r + 0.0
+        return (head, self.e_tok * T, self.tp_tok * T + self.tp_fix, self.pp_tok * T + self.pp_fix,
+                self.ep_tok * T + self.ep_fix)
 
     def step_cost(self, shape: BatchShape) -> StepCost:
         """The step's seconds with the breakdown that explains them."""

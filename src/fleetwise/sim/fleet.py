@@ -26,7 +26,7 @@ from fleetwise.core.views import WorkerView
 from fleetwise.engine.api import Engine, EngineConfig, StepOutput
 from fleetwise.errors import SpecError
 from fleetwise.perf.memory import FitOptions, kv_capacity_tokens
-from fleetwise.perf.roofline import PerfModel
+from fleetwise.perf.roofline import BoundPerf, PerfModel
 from fleetwise.perf.types import BatchShape, Deployment
 from fleetwise.sim.events import EventLoop, Kick, Priority, StepEnd
 from fleetwise.sim.results import ReplicaStats
@@ -124,8 +124,8 @@ class Fleet:
             idx = len(self.replicas)
             name = f"{pool.name}-{j}"
             holder: list[Replica] = []
-            step_time = _step_time_fn(bound.step_time_s, holder)
-            engine = Engine(name, pool.role, cfg, cap // cfg.block_size, step_time)
+            step_time, decode_time = _step_time_fns(bound, holder)
+            engine = Engine(name, pool.role, cfg, cap // cfg.block_size, step_time, decode_time)
             stats = ReplicaStats(name, pool.name, pool.role, dep.gpus, price)
             rep = Replica(idx, name, pool, pool.role, engine, dep, cap, model.kv_bytes_per_token(pool.kv_dtype),
                           stats, pool.model_version)
@@ -217,11 +217,18 @@ class Fleet:
         return tuple(self.worker_view(r, now_s) for r in self.replicas)
 
 
-def _step_time_fn(base: Callable[[BatchShape], float], holder: list[Replica]) -> Callable[[BatchShape], float]:
-    """Step time of one replica: the perf model's, times the replica's current slowdown."""
+def _step_time_fns(bound: BoundPerf, holder: list[Replica]) -> tuple[Callable[[BatchShape], float],
+                                                                     Callable[[int, int, int], float]]:
+    """Step time of one replica: the perf model's, times the replica's current slowdown; and
+    the same for decode-only passes (`BoundPerf.decode_time_s`)."""
+    base, base_decode = bound.step_time_s, bound.decode_time_s
 
     def step_time(shape: BatchShape) -> float:
         f = holder[0].slowdown
         return base(shape) if f == 1.0 else base(shape) * f
 
-    return step_time
+    def decode_time(n: int, kv: int, longest: int) -> float:
+        f = holder[0].slowdown
+        return base_decode(n, kv, longest) if f == 1.0 else base_decode(n, kv, longest) * f
+
+    return step_time, decode_time

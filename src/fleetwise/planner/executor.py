@@ -3,10 +3,17 @@
 Owns one method, `map(fn, ctx, items)`, that keeps the input order so results are deterministic
 whatever the worker count. Tasks are top-level functions of (context, item); the context is sent
 once per task. Ray is optional (`pip install fleetwise[ray]`) and only imported when asked for.
+
+`--ray ADDRESS` takes what `ray.init(address=...)` takes: `auto`, `HOST:PORT` of a running head
+(`ray start --head`), or `ray://HOST:PORT` (Ray Client). Before connecting to a `HOST:PORT` the
+executor checks that the port answers, because `ray.init` on an address where nothing listens
+retries for minutes before it fails; a cluster it cannot reach or join is one-line `SpecError`.
+Ray runs one task per item, in whatever processes the cluster has; `--workers` does not apply.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
@@ -53,7 +60,41 @@ def _ray_map(address: str, fn: Callable[[Any, T], R], ctx: Any, items: Sequence[
     except ImportError:
         raise SpecError("--ray needs Ray: pip install 'fleetwise[ray]' (or drop --ray to use local processes)") from None
     if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        _check_reachable(address)
+        try:
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise SpecError(f"--ray {address}: cannot join the Ray cluster: {_first_line(err)}") from None
     remote = ray.remote(fn)
     ctx_ref = ray.put(ctx)
     return list(ray.get([remote.remote(ctx_ref, it) for it in items]))
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of `HOST:PORT` or `ray://HOST:PORT`; None for `auto`, `local` and other forms."""
+    rest = address.removeprefix("ray://")
+    if "://" in rest or ":" not in rest:
+        return None
+    host, _, port = rest.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, in one line, when nothing listens at a `HOST:PORT` Ray address."""
+    hp = _host_port(address)
+    if hp is None:
+        return
+    try:
+        with socket.create_connection(hp, timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise SpecError(f"--ray {address}: nothing answers at {hp[0]}:{hp[1]} ({err.strerror or err}); "
+                        f"start a head with `ray start --head` or pass its address") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

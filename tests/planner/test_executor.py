@@ -1,0 +1,88 @@
+"""The planner's executor: input order kept inline and in a process pool; Ray errors are one clear line.
+
+None of these tests needs Ray: a missing Ray is simulated by blocking the import, and the
+unreachable-address check is a plain TCP probe. The `--ray` path itself is exercised against a
+local Ray instance by benchmarks/planner_ray.py, not here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+import pytest
+
+from fleetwise.errors import SpecError
+from fleetwise.planner import executor as ex_mod
+from fleetwise.planner.executor import Executor
+
+
+def _slow_first(ctx: tuple[int, int], item: int) -> tuple[int, int]:
+    """Earlier items sleep longer, so a pool that returned in completion order would reverse them."""
+    n, base = ctx
+    time.sleep(0.01 * (n - item))
+    return base + item, os.getpid()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_map_keeps_input_order(workers: int) -> None:
+    items = list(range(8))
+    with Executor(workers=workers) as ex:
+        out = ex.map(_slow_first, (len(items), 100), items)
+    assert [v for v, _pid in out] == [100 + i for i in items]
+    pids = {pid for _v, pid in out}
+    if workers == 1:
+        assert pids == {os.getpid()}  # inline, no pool
+    else:
+        assert os.getpid() not in pids  # ran in worker processes
+
+
+def test_map_empty_and_single_item() -> None:
+    with Executor(workers=2) as ex:
+        assert ex.map(_slow_first, (1, 0), []) == []
+        assert ex.map(_slow_first, (1, 5), [0]) == [(5, os.getpid())]  # one item runs inline
+        assert ex._pool is None
+
+
+def test_workers_must_be_positive() -> None:
+    with pytest.raises(SpecError, match="--workers=0"):
+        Executor(workers=0)
+
+
+def test_ray_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    with Executor(workers=2, ray_address="auto") as ex, \
+            pytest.raises(SpecError, match=r"--ray needs Ray: pip install 'fleetwise\[ray\]'"):
+        ex.map(_slow_first, (1, 0), [0])
+    # an empty map never touches Ray
+    with Executor(ray_address="auto") as ex:
+        assert ex.map(_slow_first, (1, 0), []) == []
+
+
+@pytest.mark.parametrize(("address", "expected"), [
+    ("auto", None), ("local", None), ("", None),
+    ("127.0.0.1:6379", ("127.0.0.1", 6379)), ("ray://head.example:10001", ("head.example", 10001)),
+    ("[::1]:6379", ("::1", 6379)), ("http://127.0.0.1:8265", None), ("host:port", None),
+])
+def test_host_port(address: str, expected: tuple[str, int] | None) -> None:
+    assert ex_mod._host_port(address) == expected
+
+
+def test_unreachable_address_fails_fast() -> None:
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.perf_counter()
+    with pytest.raises(SpecError, match=f"--ray 127.0.0.1:{port}: nothing answers"):
+        ex_mod._check_reachable(f"127.0.0.1:{port}", timeout_s=2.0)
+    assert time.perf_counter() - t0 < 3.0
+    ex_mod._check_reachable("auto")  # nothing to probe
+
+
+def test_reachable_address_passes() -> None:
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        ex_mod._check_reachable(f"127.0.0.1:{srv.getsockname()[1]}", timeout_s=2.0)

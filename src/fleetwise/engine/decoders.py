@@ -60,9 +60,12 @@ class DecodeSet:
     def max_kv_read(self, g: int) -> int:
         """Longest decode row's (context + 1) in the pass that starts at counter `g`; 0 when none."""
         heap = self._amax
-        while heap and not _live_a(heap[0]):
+        while heap:
+            neg_a, seq, st = heap[0]
+            if st.phase == DECODE and st.seq == seq and st.a == -neg_a:  # `_live_a`, inlined
+                return -neg_a + g + 1
             heapq.heappop(heap)
-        return -heap[0][0] + g + 1 if heap else 0
+        return 0
 
     def needs_block(self, st: SeqState, g: int) -> bool:
         return (st.a + g) % self.block_size == 0
@@ -72,9 +75,13 @@ class DecodeSet:
         bs = self.block_size
         full, part = divmod(passes, bs)
         total = full * self.n
-        res = self.res
-        for i in range(part):
-            total += res[(-(g + i)) % bs]
+        if part:
+            # Pass g + i needs res[(-(g + i)) % bs]: a run of `part` residues counting down from
+            # r0 = (-g) % bs, wrapping below 0; summed as one or two slices.
+            res = self.res
+            r0 = (-g) % bs
+            lo = r0 - part + 1
+            total += sum(res[lo:r0 + 1]) if lo >= 0 else sum(res[:r0 + 1]) + sum(res[lo + bs:])
         return total
 
     def max_passes(self, g: int, cap: int, free: int) -> int:
@@ -91,9 +98,12 @@ class DecodeSet:
     def next_finish(self) -> int | None:
         """Smallest finish pass among decoders (drops stale heap entries)."""
         heap = self._heap
-        while heap and not _live(heap[0]):
+        while heap:
+            f, seq, st = heap[0]
+            if st.phase == DECODE and st.seq == seq and st.f == f:  # `_live`, inlined
+                return f
             heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        return None
 
     def pop_finished(self, g: int) -> list[SeqState]:
         """Decoders whose last token came out by pass `g`, in (finish, admission) order."""

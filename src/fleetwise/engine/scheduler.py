@@ -393,20 +393,19 @@ class Engine:
         if fl.deferred_blocks:
             ok = self.pool.allocate(fl.deferred_blocks)
             assert ok, "fused passes were checked to fit"
-        self._passes += fl.passes
-        self.stats.steps += 1
-        self.stats.passes += fl.passes
-        carried = self.stats.carried_preempted
-        if carried:
-            out = StepOutput(preempted=carried + fl.preempted, prefix_hit_tokens=fl.prefix_hit_tokens,
-                             scheduled=fl.scheduled)
-            self.stats.carried_preempted = []
-        else:
-            out = StepOutput(preempted=fl.preempted, prefix_hit_tokens=fl.prefix_hit_tokens,
-                             scheduled=fl.scheduled)
-        out.tokens_generated = fl.num_decoders * fl.passes
-        if fl.num_decoders:
-            out.itl_samples.append((fl.duration_s / fl.passes, fl.num_decoders * fl.passes))
+        passes, n_dec = fl.passes, fl.num_decoders
+        self._passes += passes
+        stats = self.stats
+        stats.steps += 1
+        stats.passes += passes
+        preempted = fl.preempted
+        if stats.carried_preempted:
+            preempted = stats.carried_preempted + preempted
+            stats.carried_preempted = []
+        itl = [(fl.duration_s / passes, n_dec * passes)] if n_dec else []
+        # Positional, every field given: StepOutput(first_tokens, finished, handoffs, preempted,
+        # tokens_generated, itl_samples, prefix_hit_tokens, scheduled).
+        out = StepOutput([], [], [], preempted, n_dec * passes, itl, fl.prefix_hit_tokens, fl.scheduled)
         for st in fl.new_decoders:
             if not st.first_done:
                 st.first_done = True
@@ -497,9 +496,10 @@ class Engine:
             return 0
         return hit_blocks(self.pool, req, self._bs, (req.prompt_tokens - 1) // self._bs) * self._bs
 
-    def load(self, elapsed_s: float | None = None) -> tuple[int, int, int, int, float]:
+    def load(self, elapsed_s: float | None = None, passes_done: int | None = None) -> tuple[int, int, int, int, float]:
         """(queued requests, running requests, queued prefill tokens, decode tokens left, KV usage):
-        the numbers of `snapshot`, without building a view."""
+        the numbers of `snapshot`, without building a view. `passes_done`, when the caller has
+        it, is `self.passes_done(elapsed_s)`."""
         dec = self._decoders
         g = self._passes
         fl = self._inflight
@@ -508,7 +508,7 @@ class Engine:
         else:
             extra = fl.deferred_blocks
             if elapsed_s is not None:
-                j = fl.fused.passes_by(elapsed_s)
+                j = passes_done if passes_done is not None else fl.fused.passes_by(elapsed_s)
                 if j < fl.passes:
                     g += j
                     extra = dec.new_blocks(self._passes + 1, j) if extra else 0

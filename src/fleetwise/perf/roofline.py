@@ -236,9 +236,10 @@ class BoundPerf:
         dec_kv = kv if kv > 0 else 0
         if longest <= 0:
             longest = dec_kv / n  # type: ignore[assignment]
-        kv_m = self.kv_read * max(dec_kv, longest * self.seq_per_sat)
+        sat = longest * self.seq_per_sat
+        kv_m = self.kv_read * (sat if sat > dec_kv else dec_kv)  # max(): the same value
         a_dec = self.c_attn_dec * dec_kv
-        gpu = head + max(kv_m, a_dec) + elem + comm_tp + comm_pp + comm_ep + self.graph_s
+        gpu = head + (a_dec if a_dec > kv_m else kv_m) + elem + comm_tp + comm_pp + comm_ep + self.graph_s
         if self.eager:
             p = self.p_exp
             return (gpu ** p + self.host_s ** p) ** (1.0 / p)

@@ -108,7 +108,7 @@ class EventLoop:
 
     def __init__(self) -> None:
         self.now_s = 0.0
-        self._heap: list[tuple[float, int, int, Event]] = []
+        self._heap: list[tuple[float, int, int, Event]] = []  # (time, priority, seq, event)
         self._seq = 0
         self._handlers: dict[type, Handler] = {}
         self.processed = 0
@@ -124,7 +124,7 @@ class EventLoop:
         if time_s < self.now_s:
             time_s = self.now_s
         self._seq += 1
-        heapq.heappush(self._heap, (time_s, int(priority), self._seq, event))
+        heapq.heappush(self._heap, (time_s, priority, self._seq, event))  # IntEnum: orders as int
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -193,7 +193,7 @@ class Fleet:
     def worker_view(self, rep: Replica, now_s: float) -> WorkerView:
         """The replica as a router sees it now (cached until the replica changes)."""
         v = rep.view
-        elapsed = None
+        elapsed = j = None
         if rep.busy and rep.step_passes > 1:
             elapsed = now_s - rep.step_start_s
             j = rep.engine.passes_done(elapsed)
@@ -204,7 +204,7 @@ class Fleet:
         elif v is None:
             rep.view_pass = 0
         if v is None:
-            waiting, running, queued, decode_left, usage = rep.engine.load(elapsed)
+            waiting, running, queued, decode_left, usage = rep.engine.load(elapsed, j)
             v = WorkerView(
                 rep.name, rep.role, rep.pool.name, rep.deployment.accelerator.name,  # type: ignore[arg-type]
                 rep.model_version, rep.pool.region, rep.state == UP, waiting, running, queued, decode_left, usage,

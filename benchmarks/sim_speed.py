@@ -1,6 +1,7 @@
 """Simulator speed: requests simulated per wall-clock and per CPU second, at several sizes.
 
 Run:  python3 benchmarks/sim_speed.py [--sizes 10000:8,100000:64] [--skip-1m]
+                                      [--default-size 1000000:64 | --skip-default] [--only-default]
                                       [--out benchmarks/results/sim_speed.json]
 
 Workload: Poisson arrivals at `--rate-per-replica` x replicas, prompt/output lengths drawn
@@ -9,7 +10,10 @@ round-robin routing, router view refreshed every `--feedback-delay` seconds (the
 docs/simulator.md). Each size runs `simulate()` once, timed by wall clock (`perf_counter`) and
 by this process's CPU time (`process_time`: the steadier figure on a shared machine). Then
 the headline run, 1,000,000 requests over 64 replicas (target: under 120 s), unless
-`--skip-1m`. All ratios in the output compare figures measured in this one run:
+`--skip-1m`. Last, the same workload routed by the default policy (`fleetwise-default`: O(workers)
+scoring per request) at `--default-size` (1,000,000:64 unless `--skip-default`), stored under
+`default_policy`; `--only-default` runs just that one and merges it into an existing `--out`.
+All ratios in the output compare figures measured in this one run:
 - `cpu_share`: CPU seconds / wall seconds (well below 1: the machine was busy with other work);
 - `vs_smallest`: requests/CPU-second relative to the smallest size (how the rate scales);
 - `exact_over_fast`: at the smallest size, CPU time of the exact mode (feedback_delay 0, a
@@ -47,10 +51,11 @@ def make_requests(n: int, rate_rps: float, seed: int) -> list[Request]:
     return [Request(i, float(t[i]), int(ins[i]), int(outs[i])) for i in range(n)]
 
 
-def run_one(n: int, replicas: int, rate_per_replica: float, delay: float, seed: int) -> dict[str, Any]:
+def run_one(n: int, replicas: int, rate_per_replica: float, delay: float, seed: int,
+            policy: str = "round-robin") -> dict[str, Any]:
     reqs = make_requests(n, rate_per_replica * replicas, seed)
     plan = PlanSpec(name="speed", pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b",
-                                          "replicas": replicas}], routing="round-robin")
+                                          "replicas": replicas}], routing=policy)
     load0 = os.getloadavg()[0]
     w0, c0 = time.perf_counter(), time.process_time()
     res = simulate(plan, reqs, options=SimOptions(seed=seed, feedback_delay_s=delay))
@@ -59,6 +64,7 @@ def run_one(n: int, replicas: int, rate_per_replica: float, delay: float, seed: 
     return {
         "requests": n,
         "replicas": replicas,
+        "routing": policy,
         "rate_rps": rate_per_replica * replicas,
         "feedback_delay_s": delay,
         "wall_s": round(wall, 2),
@@ -79,6 +85,14 @@ def run_one(n: int, replicas: int, rate_per_replica: float, delay: float, seed: 
     }
 
 
+def run_default(a: argparse.Namespace) -> dict[str, Any]:
+    """The workload routed by `fleetwise-default` (scores every worker per request)."""
+    n, reps = (int(x) for x in a.default_size.split(":"))
+    r = run_one(n, reps, a.rate_per_replica, a.feedback_delay, a.seed, policy="fleetwise-default")
+    print(json.dumps(r), flush=True)
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10000:8,100000:64", help="requests:replicas,... run before the 1M run")
@@ -86,8 +100,18 @@ def main() -> None:
     ap.add_argument("--rate-per-replica", type=float, default=2.0)
     ap.add_argument("--feedback-delay", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--default-size", default="1000000:64", help="requests:replicas of the default-policy run")
+    ap.add_argument("--skip-default", action="store_true", help="skip the default-policy run")
+    ap.add_argument("--only-default", action="store_true",
+                    help="run only the default-policy run and merge it into an existing --out")
     ap.add_argument("--out", default="benchmarks/results/sim_speed.json")
     a = ap.parse_args()
+    if a.only_default:
+        out = json.loads(Path(a.out).read_text())
+        out["default_policy"] = run_default(a)
+        Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+        print(json.dumps(out["default_policy"], indent=2))
+        return
     sizes = [tuple(int(x) for x in part.split(":")) for part in a.sizes.split(",") if part]
     if not a.skip_1m:
         sizes.append((1_000_000, 64))
@@ -112,6 +136,8 @@ def main() -> None:
         "exact_equals_fast": (exact["ttft_p50_s"], exact["tpot_p50_s"]) == (base["ttft_p50_s"], base["tpot_p50_s"]),
         "target": "1,000,000 requests over 64 replicas in under 120 s; >= 20x Vidur's requests/s",
     }
+    if not a.skip_default:
+        out["default_policy"] = run_default(a)
     big = next((r for r in runs if r["requests"] == 1_000_000 and r["replicas"] == 64), None)
     if big is not None:
         out["target_met_wall"] = big["wall_s"] < TARGET_S

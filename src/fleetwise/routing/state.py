@@ -170,6 +170,8 @@ class LatencyFeedback:
         self._terms: dict[str, _Terms] = {}
         """Per-worker constants of `raw_factor` while `_version` lasts (`_terms_version`)."""
         self._terms_version = -1
+        self._terms_list: list[_Terms | None] = []
+        self._terms_list_key: tuple[list[str], int] | None = None
 
     def _stats(self, worker: str) -> _WorkerStats:
         self._version += 1
@@ -251,6 +253,17 @@ class LatencyFeedback:
                                              self._ratio_term(worker, "tpot"), s.last_obs_s, fail)
         return t
 
+    def _terms_of(self, workers: list[str]) -> list[_Terms | None]:
+        """`_worker_terms` of each of `workers` (None: never observed), memoised for the same
+        list object while `_version` lasts (every request routed on one view asks again)."""
+        key = self._terms_list_key
+        if key is not None and key[0] is workers and key[1] == self._version:
+            return self._terms_list
+        known, terms_of = self._w, self._worker_terms
+        self._terms_list = [terms_of(w) if w in known else None for w in workers]
+        self._terms_list_key = (workers, self._version)
+        return self._terms_list
+
     def raw_factor(self, worker: str, now_s: float) -> float:
         """Geometric mean of the (age-decayed) TTFT and TPOT ratios, times failures, clamped.
 
@@ -286,15 +299,13 @@ class LatencyFeedback:
         p = self.p
         if not p.enabled:
             return [1.0] * len(workers)
-        known, terms_of = self._w, self._worker_terms
         hl, lo, hi, band = p.half_life_s, p.min_factor, p.max_factor, p.deadband
         log, exp = math.log, math.exp
         out: list[float] = []
-        for w in workers:
-            if w not in known:
+        for t in self._terms_of(workers):
+            if t is None:  # not observed yet
                 out.append(1.0)
                 continue
-            t = terms_of(w)
             ttft, tpot = t.ttft, t.tpot
             f = 1.0
             if ttft is not None or tpot is not None:

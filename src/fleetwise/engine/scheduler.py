@@ -200,10 +200,10 @@ class Engine:
         else:  # decode rows only: `shape` is `decode_shape(n, kv, longest)`
             d0 = self.decode_time(n_dec, shape.kv_read_tokens, shape.max_decode_kv_tokens)
         if not chunks and not new_decoders and not preempted and n_dec:
-            fused = self._fuse(shape, d0, horizon_s, soft_horizon_s)
-            if fused is not None:
+            planned = self._fuse(shape, d0, horizon_s, soft_horizon_s)
+            if planned is not None:
+                fused, deferred = planned
                 passes = fused.passes
-                deferred = self._decoders.new_blocks(self._passes + 1, passes - 1)
                 self._inflight = _InFlight(passes, fused.duration_s, n_dec, chunks, new_decoders, preempted,
                                            hits, scheduled, fused, deferred)
                 return Step(fused.duration_s, passes, shape, shape.num_seqs, 0, n_dec * passes)
@@ -340,9 +340,9 @@ class Engine:
             mx = max(mx, c)
         return BatchShape(n, new, kv, pairs, pre, mx, longest)
 
-    def _fuse(self, shape: BatchShape, d0: float, horizon_s: float, soft_s: float) -> Fused | None:
-        """Phase 3: extend a decode-only step to k passes (None: one pass). The blocks of passes
-        2..k must fit now; they are taken at `complete()`."""
+    def _fuse(self, shape: BatchShape, d0: float, horizon_s: float, soft_s: float) -> tuple[Fused, int] | None:
+        """Phase 3: extend a decode-only step to k passes (None: one pass); returns it with the
+        blocks of passes 2..k, which must fit now and are taken at `complete()`."""
         dec, g = self._decoders, self._passes
         first_finish = dec.next_finish()
         cap = self.config.max_bundle_steps
@@ -350,12 +350,18 @@ class Engine:
             cap = first_finish - g
         if cap <= 1 or d0 > soft_s or d0 > horizon_s:
             return None
-        cap = 1 + dec.max_passes(g + 1, cap - 1, self.pool.num_free)
-        if cap <= 1:
-            return None
+        free = self.pool.num_free
+        blocks = dec.new_blocks(g + 1, cap - 1)  # all `cap` passes fit: `max_passes` keeps the cap
+        if blocks > free:
+            cap = 1 + dec.max_passes(g + 1, cap - 1, free)
+            if cap <= 1:
+                return None
         fused = plan_fused(self.decode_time, dec.n, shape.kv_read_tokens, d0, cap, horizon_s, soft_s,
                            shape.max_decode_kv_tokens)
-        return fused if fused.passes > 1 else None
+        k = fused.passes
+        if k <= 1:
+            return None
+        return fused, blocks if k == cap and blocks <= free else dec.new_blocks(g + 1, k - 1)
 
     def cut(self, soft_horizon_s: float) -> float | None:
         """New work arrived `soft_horizon_s` after the in-flight step started: end a fused step

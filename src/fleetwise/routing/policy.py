@@ -57,13 +57,15 @@ class _Eligible:
     """The eligible workers of one view for one (model_version, region), and what every request
     routed on that view reads of them: names, report times (sorted) and view loads."""
 
-    __slots__ = ("ws", "why", "names", "reported", "base")
+    __slots__ = ("ws", "why", "names", "reported", "base", "zero_scores")
 
     def __init__(self, ws: list[WorkerView], why: str) -> None:
         self.ws, self.why = ws, why
         self.names = [w.name for w in ws]
         self.reported = sorted(w.reported_at_s for w in ws)
         self.base: list[tuple[float, int]] | None = None
+        self.zero_scores: dict[str, float] = dict.fromkeys(self.names, 0)
+        """Every worker's total when no scorer has weight (each decision gets a copy)."""
 
 
 class _ScoreKeys(dict[str, str]):
@@ -260,7 +262,7 @@ class ComposedPolicy:
             reason = f"safe-mode round-robin {name} ({self.safe.describe()})"
             scores = {}
         else:
-            scores = dict.fromkeys(names, 0)  # every total is an empty sum: no scorer has weight
+            scores = e.zero_scores.copy()  # every total is an empty sum: no scorer has weight
             if self.params.picker == "round_robin":
                 name = self.picker.round_robin_sorted(names, "mixed")
                 reason = f"round-robin {name} ({len(names)} eligible)"

@@ -6,8 +6,9 @@ routing or faults (see `fleetwise.sim.runner` and `fleetwise.sim.faults`); it re
 outputs through the `on_output(replica, now_s, step_start_s, output)` callback.
 
 Step time of a replica = the bound perf model's `step_time_s(shape)` times its `slowdown`
-(1.0, or a fault's factor). A crash bumps the replica's `epoch` so the StepEnd of the step it
-was running is ignored; so does `cut` (work reached a replica in the middle of a fused step:
+(1.0, or a fault's factor; setting `Replica.slowdown` rebinds the engine's step-time
+functions). A crash bumps the replica's `epoch` so the StepEnd of the step it was running is
+ignored; so does `cut` (work reached a replica in the middle of a fused step:
 the step now ends with the pass running, and a new StepEnd is pushed).
 
 Horizons (`HorizonFn` -> `(hard_s, soft_s)`, seconds from now): a fused step never crosses the
@@ -49,7 +50,9 @@ class Replica:
     kv_bytes_per_token: float
     stats: ReplicaStats
     model_version: str
-    slowdown: float = 1.0
+    perf: BoundPerf | None = None
+    """The bound perf model the engine's step times come from (see `slowdown`)."""
+    _slowdown: float = 1.0
     state: int = UP
     epoch: int = 0
     busy: bool = False
@@ -70,6 +73,18 @@ class Replica:
     @property
     def available(self) -> bool:
         return self.state == UP
+
+    @property
+    def slowdown(self) -> float:
+        """Factor on every step time (1.0, or a fault's); setting it rebinds the engine's step-time
+        functions, so an unslowed replica calls the perf model directly."""
+        return self._slowdown
+
+    @slowdown.setter
+    def slowdown(self, factor: float) -> None:
+        self._slowdown = factor
+        if self.perf is not None:
+            self.engine.step_time, self.engine.decode_time = _step_time_fns(self.perf, factor)
 
 
 OutputFn = Callable[[Replica, float, float, StepOutput], None]
@@ -123,13 +138,11 @@ class Fleet:
         for j in range(pool.replicas):
             idx = len(self.replicas)
             name = f"{pool.name}-{j}"
-            holder: list[Replica] = []
-            step_time, decode_time = _step_time_fns(bound, holder)
+            step_time, decode_time = _step_time_fns(bound, 1.0)
             engine = Engine(name, pool.role, cfg, cap // cfg.block_size, step_time, decode_time)
             stats = ReplicaStats(name, pool.name, pool.role, dep.gpus, price)
             rep = Replica(idx, name, pool, pool.role, engine, dep, cap, model.kv_bytes_per_token(pool.kv_dtype),
-                          stats, pool.model_version)
-            holder.append(rep)
+                          stats, pool.model_version, bound)
             self.replicas.append(rep)
 
     # ---- stepping --------------------------------------------------------------------------
@@ -217,18 +230,18 @@ class Fleet:
         return tuple(self.worker_view(r, now_s) for r in self.replicas)
 
 
-def _step_time_fns(bound: BoundPerf, holder: list[Replica]) -> tuple[Callable[[BatchShape], float],
-                                                                     Callable[[int, int, int], float]]:
-    """Step time of one replica: the perf model's, times the replica's current slowdown; and
-    the same for decode-only passes (`BoundPerf.decode_time_s`)."""
+def _step_time_fns(bound: BoundPerf, factor: float) -> tuple[Callable[[BatchShape], float],
+                                                              Callable[[int, int, int], float]]:
+    """Step time of a replica slowed by `factor`: the perf model's (its own methods at 1.0),
+    times `factor`; and the same for decode-only passes (`BoundPerf.decode_time_s`)."""
     base, base_decode = bound.step_time_s, bound.decode_time_s
+    if factor == 1.0:
+        return base, base_decode
 
     def step_time(shape: BatchShape) -> float:
-        f = holder[0].slowdown
-        return base(shape) if f == 1.0 else base(shape) * f
+        return base(shape) * factor
 
     def decode_time(n: int, kv: int, longest: int) -> float:
-        f = holder[0].slowdown
-        return base_decode(n, kv, longest) if f == 1.0 else base_decode(n, kv, longest) * f
+        return base_decode(n, kv, longest) * factor
 
     return step_time, decode_time

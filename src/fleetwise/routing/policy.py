@@ -241,7 +241,9 @@ class ComposedPolicy:
 
     def _record(self, pool: str, name: str) -> None:
         self.picker.chosen(name)
-        dq = self.recent.setdefault(pool, deque(maxlen=max(1, self.params.load_bound.share_window)))
+        dq = self.recent.get(pool)
+        if dq is None:
+            dq = self.recent[pool] = deque(maxlen=max(1, self.params.load_bound.share_window))
         dq.append(name)
 
     def _dispatch(self, req: RouteRequest, c: Candidate, worker: str, prefill: str | None, now: float) -> None:

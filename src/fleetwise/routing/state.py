@@ -41,6 +41,25 @@ class Pending:
     """Token-equivalent work ahead of and including this request at dispatch (no slowness)."""
 
 
+_NONE: OrderedDict[str, Pending] = OrderedDict()
+"""An empty per-worker map to read from (never written)."""
+
+
+def _per_worker(maps: dict[str, OrderedDict[str, Pending]], worker: str) -> OrderedDict[str, Pending]:
+    """`worker`'s map in `maps`, created on first use."""
+    m = maps.get(worker)
+    if m is None:
+        m = maps[worker] = OrderedDict()
+    return m
+
+
+def _drop(maps: dict[str, OrderedDict[str, Pending]], worker: str, request_id: str) -> None:
+    """Remove `request_id` from `worker`'s map, if there."""
+    m = maps.get(worker)
+    if m is not None:
+        m.pop(request_id, None)
+
+
 class InFlight:
     """Requests dispatched and not yet completed, by request id and per worker, in dispatch order.
 
@@ -65,9 +84,9 @@ class InFlight:
     def add(self, p: Pending) -> None:
         self.pop(p.request_id)
         self._by_id[p.request_id] = p
-        self._serving.setdefault(p.worker, OrderedDict())[p.request_id] = p
+        _per_worker(self._serving, p.worker)[p.request_id] = p
         if p.prefill_worker is not None:
-            self._prefilling.setdefault(p.prefill_worker, OrderedDict())[p.request_id] = p
+            _per_worker(self._prefilling, p.prefill_worker)[p.request_id] = p
         self._touch(p)
         while len(self._by_id) > MAX_TRACKED:
             self.pop(next(iter(self._by_id)))
@@ -82,15 +101,15 @@ class InFlight:
             p.prefill_tokens = 0
             self._touch(p)
             if p.prefill_worker is not None:
-                self._prefilling.get(p.prefill_worker, OrderedDict()).pop(request_id, None)
+                _drop(self._prefilling, p.prefill_worker, request_id)
 
     def pop(self, request_id: str) -> Pending | None:
         p = self._by_id.pop(request_id, None)
         if p is not None:
             self._touch(p)
-            self._serving.get(p.worker, OrderedDict()).pop(request_id, None)
+            _drop(self._serving, p.worker, request_id)
             if p.prefill_worker is not None:
-                self._prefilling.get(p.prefill_worker, OrderedDict()).pop(request_id, None)
+                _drop(self._prefilling, p.prefill_worker, request_id)
         return p
 
     def __len__(self) -> int:
@@ -114,14 +133,14 @@ class InFlight:
 
     def _since_walk(self, worker: str, since_s: float, decode_weight: float) -> tuple[int, float]:
         n, tokens = 0, 0.0
-        for p in reversed(self._serving.get(worker, OrderedDict()).values()):
+        for p in reversed(self._serving.get(worker, _NONE).values()):
             if p.dispatch_s < since_s:
                 break
             n += 1
             tokens += decode_weight * p.decode_tokens
             if p.prefill_worker is None:
                 tokens += p.prefill_tokens
-        for p in reversed(self._prefilling.get(worker, OrderedDict()).values()):
+        for p in reversed(self._prefilling.get(worker, _NONE).values()):
             if p.dispatch_s < since_s:
                 break
             n += 1

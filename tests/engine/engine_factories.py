@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,7 +90,8 @@ def drive(engine: Engine, arrivals: list[Request], use_horizon: bool = True,
             if cut is not None:
                 assert cut < duration
                 duration = cut
-                step = dataclasses.replace(step, duration_s=cut, num_passes=engine._inflight.passes)  # noqa: SLF001
+                step = Step(cut, engine._inflight.passes, step.shape, step.num_seqs,  # noqa: SLF001
+                            step.prefill_tokens, step.decode_tokens)
         tr.steps.append(step)
         out = engine.complete()
         for rid, dt in out.first_tokens:

@@ -43,7 +43,6 @@ class EngineConfig:
             )
 
 
-@dataclass(slots=True)
 class Step:
     """One scheduled forward pass, or `num_passes` fused decode passes of identical structure.
 
@@ -52,14 +51,33 @@ class Step:
     num_seqs: sequences in each pass.
     prefill_tokens: prompt tokens computed (only ever in single-pass steps).
     decode_tokens: decode tokens computed over all passes (num_seqs * num_passes when fused).
+
+    A decode-only step is formed from `decode=(n, kv, longest)` and builds its `shape`
+    (`BatchShape(n, n, kv, float(kv), 0, 1, longest)`) only when asked: the simulator never does.
     """
 
-    duration_s: float
-    num_passes: int
-    shape: BatchShape
-    num_seqs: int
-    prefill_tokens: int
-    decode_tokens: int
+    __slots__ = ("duration_s", "num_passes", "num_seqs", "prefill_tokens", "decode_tokens", "_shape", "_decode")
+
+    def __init__(self, duration_s: float, num_passes: int, shape: BatchShape | None, num_seqs: int,
+                 prefill_tokens: int, decode_tokens: int, decode: tuple[int, int, int] | None = None) -> None:
+        if shape is None and decode is None:
+            raise ValueError("Step needs a shape, or decode=(n, kv, longest) for a decode-only step")
+        self.duration_s, self.num_passes, self.num_seqs = duration_s, num_passes, num_seqs
+        self.prefill_tokens, self.decode_tokens = prefill_tokens, decode_tokens
+        self._shape, self._decode = shape, decode
+
+    @property
+    def shape(self) -> BatchShape:
+        if self._shape is None:
+            assert self._decode is not None
+            n, kv, longest = self._decode
+            self._shape = BatchShape(n, n, kv, float(kv), 0, 1 if n else 0, longest)
+        return self._shape
+
+    def __repr__(self) -> str:
+        return (f"Step(duration_s={self.duration_s!r}, num_passes={self.num_passes!r}, shape={self.shape!r}, "
+                f"num_seqs={self.num_seqs!r}, prefill_tokens={self.prefill_tokens!r}, "
+                f"decode_tokens={self.decode_tokens!r})")
 
 
 @dataclass(slots=True)

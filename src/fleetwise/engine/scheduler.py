@@ -194,19 +194,28 @@ class Engine:
         if not n_dec and not chunks:
             self.stats.carried_preempted.extend(preempted)
             return None
-        shape = self._shape(chunks)
         if chunks:
-            d0 = self.step_time(shape)
-        else:  # decode rows only: `shape` is `decode_shape(n, kv, longest)`
-            d0 = self.decode_time(n_dec, shape.kv_read_tokens, shape.max_decode_kv_tokens)
-        if not chunks and not new_decoders and not preempted and n_dec:
-            planned = self._fuse(shape, d0, horizon_s, soft_horizon_s)
+            return self._single_step(chunks, n_dec, new_decoders, preempted, hits, scheduled)
+        # Decode rows only (n_dec > 0): the shape is `decode_shape(n_dec, kv, longest)`.
+        dec, g = self._decoders, self._passes
+        kv, longest = dec.kv_read_tokens(g), dec.max_kv_read(g)
+        d0 = self.decode_time(n_dec, kv, longest)
+        if not new_decoders and not preempted:
+            planned = self._fuse(kv, longest, d0, horizon_s, soft_horizon_s)
             if planned is not None:
                 fused, deferred = planned
                 passes = fused.passes
                 self._inflight = _InFlight(passes, fused.duration_s, n_dec, chunks, new_decoders, preempted,
                                            hits, scheduled, fused, deferred)
-                return Step(fused.duration_s, passes, shape, shape.num_seqs, 0, n_dec * passes)
+                return Step(fused.duration_s, passes, None, n_dec, 0, n_dec * passes, (n_dec, kv, longest))
+        self._inflight = _InFlight(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
+        return Step(d0, 1, None, n_dec, 0, n_dec, (n_dec, kv, longest))
+
+    def _single_step(self, chunks: list[tuple[SeqState, int]], n_dec: int, new_decoders: list[SeqState],
+                     preempted: list[int], hits: int, scheduled: list[tuple[int, float]]) -> Step:
+        """A step with prompt chunks: one pass, priced on its full shape."""
+        shape = self._shape(chunks)
+        d0 = self.step_time(shape)
         self._inflight = _InFlight(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
         prefill = 0
         for _, c in chunks:
@@ -340,9 +349,11 @@ class Engine:
             mx = max(mx, c)
         return BatchShape(n, new, kv, pairs, pre, mx, longest)
 
-    def _fuse(self, shape: BatchShape, d0: float, horizon_s: float, soft_s: float) -> tuple[Fused, int] | None:
-        """Phase 3: extend a decode-only step to k passes (None: one pass); returns it with the
-        blocks of passes 2..k, which must fit now and are taken at `complete()`."""
+    def _fuse(self, kv: int, longest: int, d0: float, horizon_s: float,
+              soft_s: float) -> tuple[Fused, int] | None:
+        """Phase 3: extend a decode-only step (first pass: KV read `kv`, longest row `longest`,
+        `d0` seconds) to k passes (None: one pass); returns it with the blocks of passes 2..k,
+        which must fit now and are taken at `complete()`."""
         dec, g = self._decoders, self._passes
         first_finish = dec.next_finish()
         cap = self.config.max_bundle_steps
@@ -356,8 +367,7 @@ class Engine:
             cap = 1 + dec.max_passes(g + 1, cap - 1, free)
             if cap <= 1:
                 return None
-        fused = plan_fused(self.decode_time, dec.n, shape.kv_read_tokens, d0, cap, horizon_s, soft_s,
-                           shape.max_decode_kv_tokens)
+        fused = plan_fused(self.decode_time, dec.n, kv, d0, cap, horizon_s, soft_s, longest)
         k = fused.passes
         if k <= 1:
             return None

@@ -107,6 +107,7 @@ class Simulation:
                 # One NIC per KV shard: TP ranks and PP stages send their slices in parallel.
                 r.port = self.net.add_port(r.name, plan.kv_link.bytes_per_s * kv_shards(r.deployment))
         self.prefill_reps = [r for r in self.reps if r.role == "prefill"]
+        self.disaggregated = plan.disaggregated
         self.cursor = 0  # next request to arrive (exact mode) or to route (delayed mode)
         self.next_tick_s = math.inf
         self.view: tuple[Any, ...] = ()
@@ -149,21 +150,23 @@ class Simulation:
         self.route_and_dispatch(i, now_s)
 
     def _on_tick(self, now_s: float, ev: RouteTick) -> None:
+        observe = self.policy.observe
         for fb in self.fb_buffer:
-            self.policy.observe(fb)
+            observe(fb)
         self.fb_buffer.clear()
         if not self.view_frozen:
             self.view = self.fleet.workers(now_s)
         end = now_s + self.delay
-        reqs, n = self.reqs, len(self.reqs)
+        reqs, n, reps, push = self.reqs, len(self.reqs), self.reps, self.loop.push
         while self.cursor < n and reqs[self.cursor].arrival_s < end:
             i = self.cursor
             self.cursor += 1
-            route = self._decide(i, reqs[i].arrival_s)
+            t = reqs[i].arrival_s
+            route = self._decide(i, t)
             if route is not None:
                 w, p = route
-                self.reps[p if p >= 0 else w].pending.append(reqs[i].arrival_s)
-                self.loop.push(reqs[i].arrival_s, Priority.ARRIVAL, RoutedArrival(i, w, p))
+                reps[p if p >= 0 else w].pending.append(t)
+                push(t, Priority.ARRIVAL, RoutedArrival(i, w, p))
         if self.cursor < n:
             self.next_tick_s = max(end, reqs[self.cursor].arrival_s) if not self.view_frozen else end
             self.loop.push(self.next_tick_s, Priority.ROUTE, RouteTick())
@@ -180,7 +183,7 @@ class Simulation:
         d = self.policy.route(rr, FleetView(now_s, self.view))
         w = self.fleet.by_name.get(d.worker) if d.worker is not None else None
         p = self.fleet.by_name.get(d.prefill_worker, -1) if d.prefill_worker is not None else -1
-        if w is None or (self.plan.disaggregated and p < 0):
+        if w is None or (self.disaggregated and p < 0):
             self.fail(i, now_s, f"rejected: {d.reason or 'no worker'}", None)
             return None
         self.rec.dispatch_s[i] = now_s
@@ -220,11 +223,8 @@ class Simulation:
     # ---- engine outputs --------------------------------------------------------------------------
     def _on_output(self, rep: Replica, now_s: float, start_s: float, out: StepOutput) -> None:
         rec, index = self.rec, self.index
-        for rid, off in out.scheduled:
-            i = index[rid]
-            p = rec.prefill_worker[i]
-            if (p if p >= 0 else rec.worker[i]) == rep.idx:
-                rec.prefill_start_s[i] = start_s + off
+        if out.scheduled:
+            self._on_scheduled(rep, start_s, out.scheduled)
         for rid, off in out.first_tokens:
             i = index[rid]
             if rec.worker[i] != rep.idx or not math.isnan(rec.first_token_s[i]):
@@ -244,6 +244,15 @@ class Simulation:
                 self.itl_counts.append(cnt)
         if out.finished or out.handoffs:
             self.faults.on_replica_progress(rep, now_s)
+
+    def _on_scheduled(self, rep: Replica, start_s: float, scheduled: list[tuple[int, float]]) -> None:
+        """Prompts first scheduled on `rep` (their first replica: prefill, or mixed) start now."""
+        rec, index = self.rec, self.index
+        for rid, off in scheduled:
+            i = index[rid]
+            p = rec.prefill_worker[i]
+            if (p if p >= 0 else rec.worker[i]) == rep.idx:
+                rec.prefill_start_s[i] = start_s + off
 
     def _finish(self, i: int, rep: Replica, now_s: float) -> None:
         rec = self.rec

@@ -19,7 +19,7 @@ from fleetwise.engine.sequence import DECODE, SeqState
 class DecodeSet:
     """Aggregates over decoding `SeqState`s; see the module docstring."""
 
-    __slots__ = ("block_size", "n", "sum_a", "sum_f", "res", "_heap", "_amax")
+    __slots__ = ("block_size", "n", "sum_a", "sum_f", "res", "_heap", "_amax", "_top_f", "_top_a")
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -32,6 +32,10 @@ class DecodeSet:
         self.res = [0] * self.block_size
         self._heap: list[tuple[int, int, SeqState]] = []
         self._amax: list[tuple[int, int, SeqState]] = []
+        self._top_f: int | None = None
+        """`next_finish()` while no decoder joined or left (None: look again)."""
+        self._top_a: int | None = None
+        """The largest live `a` while no decoder joined or left (None: look again)."""
 
     def join(self, st: SeqState, context: int, remaining: int, g: int) -> None:
         """`st` decodes from pass `g` with `context` tokens cached and `remaining` tokens to go."""
@@ -44,6 +48,7 @@ class DecodeSet:
         self.res[st.a % self.block_size] += 1
         heapq.heappush(self._heap, (st.f, st.seq, st))
         heapq.heappush(self._amax, (-st.a, st.seq, st))
+        self._top_f = self._top_a = None
 
     def leave(self, st: SeqState) -> None:
         """`st` stops decoding (finished or preempted); its heap entry goes stale."""
@@ -52,6 +57,7 @@ class DecodeSet:
         self.sum_f -= st.f
         self.res[st.a % self.block_size] -= 1
         st.phase = -1
+        self._top_f = self._top_a = None
 
     def kv_read_tokens(self, g: int) -> int:
         """Sum of (context + 1) over decoders in the pass that starts at counter `g`."""
@@ -59,10 +65,14 @@ class DecodeSet:
 
     def max_kv_read(self, g: int) -> int:
         """Longest decode row's (context + 1) in the pass that starts at counter `g`; 0 when none."""
+        a = self._top_a
+        if a is not None:
+            return a + g + 1
         heap = self._amax
         while heap:
             neg_a, seq, st = heap[0]
             if st.phase == DECODE and st.seq == seq and st.a == -neg_a:  # `_live_a`, inlined
+                self._top_a = -neg_a
                 return -neg_a + g + 1
             heapq.heappop(heap)
         return 0
@@ -97,10 +107,13 @@ class DecodeSet:
 
     def next_finish(self) -> int | None:
         """Smallest finish pass among decoders (drops stale heap entries)."""
+        if self._top_f is not None:
+            return self._top_f
         heap = self._heap
         while heap:
             f, seq, st = heap[0]
             if st.phase == DECODE and st.seq == seq and st.f == f:  # `_live`, inlined
+                self._top_f = f
                 return f
             heapq.heappop(heap)
         return None

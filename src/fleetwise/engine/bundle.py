@@ -81,6 +81,8 @@ class Fused:
             return upto
         lo, hi = 1, upto  # T(lo) <= x < T(hi)
         slope, cum = self.slope, self.cum
+        if cum is None and slope is not None and slope >= 0.0 and hi - lo > 2:
+            return _affine_count_le(d0, slope, x, upto)
         while hi - lo > 1:
             mid = (lo + hi) // 2  # < cap: the closed form below is `total(mid)`
             t = cum[mid] if cum is not None else mid * d0 + slope * mid * (mid - 1) / 2  # type: ignore[operator]
@@ -97,6 +99,24 @@ class Fused:
     def set_passes(self, k: int) -> None:
         self.passes = k
         self.duration_s = self.total(k)
+
+
+def _affine_count_le(d0: float, slope: float, x: float, upto: int) -> int:
+    """`Fused.count_le` of an affine step between its bounds (T(1) = d0 <= x < T(upto)): the
+    largest k < upto with k*d0 + slope*k*(k-1)/2 <= x, found from the real root of the quadratic
+    and then checked with the very expression the bisection evaluates. That expression does not
+    decrease with k (d0, slope >= 0; rounding keeps order), so the answer is the bisection's."""
+    if slope > 0.0:
+        b = d0 - slope / 2
+        guess = (math.sqrt(b * b + 2.0 * slope * x) - b) / slope
+    else:
+        guess = x / d0
+    k = int(guess) if 1.0 <= guess < upto else (1 if not guess >= 1.0 else upto - 1)
+    while k + 1 < upto and (k + 1) * d0 + slope * (k + 1) * k / 2 <= x:
+        k += 1
+    while k > 1 and k * d0 + slope * k * (k - 1) / 2 > x:
+        k -= 1
+    return k
 
 
 def plan_fused(decode_time: DecodeTimeFn, n: int, kv0: int, d0: float, cap: int,

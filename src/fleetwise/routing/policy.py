@@ -52,6 +52,10 @@ from fleetwise.spec.routing import PolicyParams, SafeModeSpec
 
 __all__ = ["ComposedPolicy", "fmt_tokens"]
 
+REASON_KIND_MEMO = 4096
+"""Distinct decision reasons whose kind is memoised (round-robin repeats a few; scoring
+policies' reasons carry numbers and rarely repeat)."""
+
 
 class _Eligible:
     """The eligible workers of one view for one (model_version, region), and what every request
@@ -113,6 +117,7 @@ class ComposedPolicy:
         """The pick reads no candidate signal: only the chosen worker's is computed (O(1) per request)."""
         self._weights: dict[str, float] = {str(k): v for k, v in params.scorers.items()}
         self._score_keys: dict[str, _ScoreKeys] = {}
+        self._reason_kinds: dict[str, str] = {}
 
     # ---- route -------------------------------------------------------------------------------
 
@@ -137,7 +142,12 @@ class ComposedPolicy:
         return self._done(d)
 
     def _done(self, d: RoutingDecision) -> RoutingDecision:
-        self.by_reason[reason_kind(d.reason)] += 1
+        kind = self._reason_kinds.get(d.reason)
+        if kind is None:
+            kind = reason_kind(d.reason)
+            if len(self._reason_kinds) < REASON_KIND_MEMO:  # reasons repeat for simple pickers
+                self._reason_kinds[d.reason] = kind
+        self.by_reason[kind] += 1
         self.rejected += d.worker is None
         if d.worker is not None:
             self.by_worker[d.worker] += 1

@@ -307,10 +307,13 @@ class Engine:
                 return None
             chunk = min(remaining, budget)
             need = cdiv(computed + chunk, bs) - hit
-        pinned = sum(e.num_blocks for e in set(entries) if e.ref_count == 0)
+        pinned = sum(e.num_blocks for e in set(entries) if e.ref_count == 0) if entries else 0
         if need + pinned > self.pool.num_free:
             return None
-        st.attach(self.pool, entries, uses)
+        if entries or st.entries:
+            st.attach(self.pool, entries, uses)
+        else:  # no hit: what `attach` leaves (empty spans, nothing shared, next span 0)
+            st.shared = st.next_span = 0
         self.pool.allocate(need)
         st.private, st.computed = need, computed
         self._start_running(st)

@@ -136,6 +136,14 @@ class EventLoop:
         """Process events in key order until the heap is empty or the next event is after `until_s`."""
         heap, handlers, pop = self._heap, self._handlers, heapq.heappop
         n = 0
+        if on_progress is None and until_s == float("inf"):  # the common case: nothing to check
+            while heap:
+                t, _, _, ev = pop(heap)
+                self.now_s = t
+                handlers[type(ev)](t, ev)
+                n += 1
+            self.processed += n
+            return
         while heap:
             if heap[0][0] > until_s:
                 break

@@ -227,7 +227,8 @@ class Fleet:
         return v
 
     def workers(self, now_s: float) -> tuple[WorkerView, ...]:
-        return tuple(self.worker_view(r, now_s) for r in self.replicas)
+        view = self.worker_view
+        return tuple([view(r, now_s) for r in self.replicas])
 
 
 def _step_time_fns(bound: BoundPerf, factor: float) -> tuple[Callable[[BatchShape], float],

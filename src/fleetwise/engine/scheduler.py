@@ -142,7 +142,8 @@ class Engine:
     # -- intake ---------------------------------------------------------------------------------
     def fits(self, req: Request) -> bool:
         """Whether `req` could ever run here: its largest KV footprint fits the whole pool."""
-        extra = {"mixed": req.output_tokens - 1, "prefill": 0, "decode": req.output_tokens}[self.role]
+        role = self.role
+        extra = req.output_tokens - 1 if role == "mixed" else (0 if role == "prefill" else req.output_tokens)
         return req.output_tokens >= 1 and cdiv(req.prompt_tokens + extra, self._bs) <= self.pool.capacity
 
     def add_request(self, req: Request) -> None:

@@ -80,3 +80,20 @@ def test_load_plan_file_checks_catalog(tmp_path):
     f.write_text("pools:\n  - {name: m, accelerator: h100-sxm, model: llama-3.1-8b, parallelism: {tp: 5}}\n")
     with pytest.raises(SpecError, match=r"plan.yaml: pools.0 \(m\).*tp=5"):
         PlanSpec.load(f)
+
+
+def test_slowdown_rebinds_the_engine_step_times() -> None:
+    """An unslowed replica prices steps with the bound perf model itself; a slowdown scales both
+    step-time functions; back at 1.0 the model's own methods return."""
+    from fleetwise.engine.bundle import decode_shape
+
+    fleet = make_fleet(PlanSpec(name="t", pools=[pool(replicas=1)]))
+    rep = fleet.replicas[0]
+    assert rep.perf is not None
+    eng, shape = rep.engine, decode_shape(8, 8 * 700, 900)
+    base = rep.perf.step_time_s(shape)
+    assert eng.step_time == rep.perf.step_time_s and eng.decode_time == rep.perf.decode_time_s
+    rep.slowdown = 2.5
+    assert eng.step_time(shape) == base * 2.5 and eng.decode_time(8, 8 * 700, 900) == base * 2.5
+    rep.slowdown = rep.slowdown / 2.5
+    assert rep.slowdown == 1.0 and eng.step_time == rep.perf.step_time_s

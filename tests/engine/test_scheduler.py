@@ -205,3 +205,17 @@ def test_step_shape_carries_the_longest_decode_row():
     shapes.clear()
     assert eng.schedule() is not None
     assert shapes[0] == BatchShape.of([SeqWork(1, 3001), SeqWork(1, 41), SeqWork(1, 700)])
+
+
+def test_preemption_that_empties_the_engine_readmits_at_once():
+    """Regression (found by the property test): a request whose prefix hit pins a whole cached
+    entry is preempted when its decode needs a block; the engine is then empty. It must be
+    readmitted (without the pinning hits if need be) instead of returning None with work left,
+    which would stall every request behind it."""
+    eng = make_engine(num_blocks=24, block_size=4, max_num_seqs=2, max_num_batched_tokens=300,
+                      enable_chunked_prefill=False)
+    reqs = [make_request(0, 92, 1, (1, 2), 64), make_request(1, 1, 1, (), 64), make_request(2, 69, 5, (1, 2), 64)]
+    reqs += [make_request(i, 1, 1, (), 64) for i in range(3, 12)]
+    tr = drive(eng, reqs, check=check_engine)
+    assert sorted(tr.finish_s) == list(range(12))
+    assert tr.tokens == 11 + 5 and tr.preempted == 1

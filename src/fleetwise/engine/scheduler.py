@@ -189,7 +189,11 @@ class Engine:
         new_decoders: list[SeqState] = []
         scheduled: list[tuple[int, float]] = []
         hits = 0
-        if self._waiting and not preempted and self._admission_may_change(budget):
+        # After a preemption vLLM admits nothing new in that step (no thrashing); but when the
+        # preemption emptied the engine, admitting now is the only way forward (else the step
+        # would be empty and nothing would ever schedule the requeued work).
+        emptied = bool(preempted) and not self._decoders.n and not chunks
+        if self._waiting and (not preempted or emptied) and (emptied or self._admission_may_change(budget)):
             hits = self._admit_waiting(budget, chunks, new_decoders, scheduled)
         n_dec = self._decoders.n
         if not n_dec and not chunks:
@@ -272,6 +276,11 @@ class Engine:
         while self._waiting and budget > 0 and len(self._running) < max_seqs:
             st = self._waiting[0]
             admitted = self._admit_one(st, budget)
+            if admitted is None and not self._running and self.config.enable_prefix_caching:
+                # Cache hits pin their whole entries; in an otherwise idle engine that can
+                # leave too few blocks for the rest of the prompt. Without the hits every
+                # cached block is evictable, and a request that fits() always gets in.
+                admitted = self._admit_one(st, budget, use_cache=False)
             if admitted is None:
                 self._blocked_key = self._admission_key(budget)
                 break
@@ -289,15 +298,15 @@ class Engine:
                     scheduled.append((st.req.request_id, 0.0))
         return hits
 
-    def _admit_one(self, st: SeqState, budget: int) -> tuple[int, int] | None:
+    def _admit_one(self, st: SeqState, budget: int, use_cache: bool = True) -> tuple[int, int] | None:
         """Admit `st` if blocks allow: (its chunk, 0 for a transferred decode; prefix-hit
-        tokens), or None."""
+        tokens), or None. `use_cache=False` ignores prefix-cache hits."""
         bs = self._bs
         keys, ends = st.spans(bs)
         full_hit = st.transferred  # transferred KV: every full block may come from the cache
         max_hit = st.target // bs if full_hit else (st.target - 1) // bs
         entries, uses, hit = (lookup(self.pool, keys, ends, max_hit)
-                              if self.config.enable_prefix_caching else ([], [], 0))
+                              if use_cache and self.config.enable_prefix_caching else ([], [], 0))
         computed = hit * bs if not full_hit else st.target
         if full_hit:
             chunk, need = 0, cdiv(st.target + 1, bs) - hit

@@ -105,3 +105,17 @@ def test_pd_first_token_source(first_token):
         assert rec.first_token_s[0] == rec.prefill_end_s[0]
         assert rec.first_token_s[1] == rec.prefill_end_s[1] == rec.finish_s[1]
         assert math.isnan(rec.kv_start_s[1]) and math.isnan(rec.kv_end_s[1])
+
+
+def test_requests_still_held_at_the_end_are_failed_not_lost(monkeypatch):
+    """If an engine ever stalls (schedule() answers None with work held), its requests end as
+    failures with a reason when the events run out, never silently missing."""
+    from fleetwise.engine.scheduler import Engine
+
+    monkeypatch.setattr(Engine, "schedule", lambda self, *a, **k: None)
+    plan = PlanSpec(name="one", pools=[{"name": "m", "replicas": 1, "accelerator": "h100-sxm",
+                                        "model": "llama-3.1-8b"}])
+    res = simulate(plan, [Request(i, 0.1 * i, 500, 40) for i in range(10)])
+    s = res.summary
+    assert (s["requests_completed"], s["requests_failed"]) == (0, 10)
+    assert s["failure_reasons"] == {"unfinished_at_end": 10}

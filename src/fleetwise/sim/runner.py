@@ -411,6 +411,7 @@ def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | No
     sim = Simulation(plan, requests, faults, opts)
     sim.start()
     _run(sim, opts)
+    _fail_unfinished(sim)
     for r in sim.reps:
         r.stats.prefix_hit_rate = float(r.engine.prefix_hit_rate)
     itl = (np.asarray(sim.itl_gaps, dtype=np.float64), np.asarray(sim.itl_counts, dtype=np.int64))
@@ -425,6 +426,15 @@ def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | No
                         sim.policy.report(), opts.seed, extra)
     summary["sim_wall_s"] = round(time.perf_counter() - wall0, 3)
     return SimResult(summary, sim.rec, sim.fleet.names)
+
+
+def _fail_unfinished(sim: Simulation) -> None:
+    """No request is lost silently: one still held when the events run out (a replica that
+    never came back, a stalled engine) is recorded as failed at the end time."""
+    rec, end = sim.rec, sim.loop.now_s
+    for i in range(len(sim.reqs)):
+        if math.isnan(rec.finish_s[i]) and i not in rec.failure:
+            sim.fail(i, end, "unfinished_at_end", None)
 
 
 def _run(sim: Simulation, opts: SimOptions) -> None:

@@ -245,11 +245,10 @@ class BoundPerf:
             return (gpu ** p + self.host_s ** p) ** (1.0 / p)
         return gpu
 
-    def _decode_terms(self, n: int) -> tuple[float, float, float, float, float]:
-        """For `decode_time_s`: the sum of `_evaluate`'s terms before attention (GEMMs, LM head,
-        experts; the prompt-attention term is 0.0 without prompt rows), then elementwise and
-        each communication term, evaluated exactly as `_evaluate` does for `n` decode rows."""
-        T = S = n
+    def _gemm_terms(self, T: int, S: int) -> tuple[float, float, float, float, float, float, float]:
+        """Roofline sides of the dense GEMMs and LM head (T token rows, S sequence rows) and of
+        the routed experts: (dense compute, dense memory, LM compute, LM memory, expert compute,
+        expert memory, expert row traffic)."""
         d_c, d_m = self.c_dense * (T + self.m_half), self.w_dense + self.a_dense * T
         l_c, l_m = self.c_lm * (S + self.m_half), self.w_lm + self.a_lm * S
         x_c = x_m = x_r = 0.0
@@ -261,6 +260,14 @@ class BoundPerf:
             x_c = self.c_exp * rows * (per + self.g_half) / per
             x_m = self.w_exp * touched + self.a_exp * rows
             x_r = self.r_exp * rows
+        return d_c, d_m, l_c, l_m, x_c, x_m, x_r
+
+    def _decode_terms(self, n: int) -> tuple[float, float, float, float, float]:
+        """For `decode_time_s`: the sum of `_evaluate`'s terms before attention (GEMMs, LM head,
+        experts; the prompt-attention term is 0.0 without prompt rows), then elementwise and
+        each communication term, evaluated exactly as `_evaluate` does for `n` decode rows."""
+        T = n
+        d_c, d_m, l_c, l_m, x_c, x_m, x_r = self._gemm_terms(T, T)
         head = max(d_c, d_m) + max(l_c, l_m) + max(x_c, x_m) + x_r + 0.0
         return (head, self.e_tok * T, self.tp_tok * T + self.tp_fix, self.pp_tok * T + self.pp_fix,
                 self.ep_tok * T + self.ep_fix)
@@ -276,19 +283,7 @@ class BoundPerf:
         if T <= 0:
             return 0.0
         S = s.num_seqs if s.num_seqs > 0 else 1
-        # Dense GEMMs and LM head (rows = sequences).
-        d_c, d_m = self.c_dense * (T + self.m_half), self.w_dense + self.a_dense * T
-        l_c, l_m = self.c_lm * (S + self.m_half), self.w_lm + self.a_lm * S
-        # Routed experts.
-        x_c = x_m = x_r = 0.0
-        if self.has_moe:
-            touched = self.n_exp * (1.0 - self.miss ** T) / self.ep
-            rows = T * self.topk
-            rows = min(rows, rows * self.imbalance / self.ep)
-            per = rows / touched
-            x_c = self.c_exp * rows * (per + self.g_half) / per
-            x_m = self.w_exp * touched + self.a_exp * rows
-            x_r = self.r_exp * rows
+        d_c, d_m, l_c, l_m, x_c, x_m, x_r = self._gemm_terms(T, S)
         # Attention: prompt rows compute-bound, decode rows bandwidth-bound on their KV.
         dec = T - s.prefill_tokens
         dec_kv = s.kv_read_tokens - s.prefill_tokens if dec > 0 else 0

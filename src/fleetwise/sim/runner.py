@@ -399,7 +399,9 @@ class Simulation:
                 del r.stats.queue_series[1::2]
         if len(self.reps) and len(self.reps[0].stats.queue_series) >= MAX_SERIES:
             self.sample_s *= 2
-        if self.cursor < len(self.reqs) or any(r.inflight for r in self.reps):
+        # Keep sampling while work remains and something is still scheduled to happen: with no
+        # other event pending nothing can change any more (see `_fail_unfinished`).
+        if len(self.loop) and (self.cursor < len(self.reqs) or any(r.inflight for r in self.reps)):
             self.loop.push(now_s + self.sample_s, Priority.SAMPLE, Sample())
 
 

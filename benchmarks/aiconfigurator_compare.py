@@ -38,12 +38,14 @@ import json
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from peer_venv import ensure_venv as ensure_peer_venv
+from peer_venv import find_python
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = os.environ.get("FLEETWISE_AIC_VENV", "/tmp/aic-venv")
@@ -65,34 +67,14 @@ STEP_POINTS = {
 
 
 # ---- the aiconfigurator venv -------------------------------------------------------------------
-def _find_python(explicit: str | None) -> str:
-    if explicit:
-        return explicit
-    pyenv = Path.home() / ".pyenv" / "versions"
-    for pat in ("3.11*", "3.12*", "3.13*"):
-        for p in sorted(pyenv.glob(pat), reverse=True):
-            if (p / "bin" / "python").exists():
-                return str(p / "bin" / "python")
-    for name in ("python3.11", "python3.12", "python3.13"):
-        if shutil.which(name):
-            return str(shutil.which(name))
-    sys.exit("no CPython 3.11-3.13 found for the aiconfigurator venv; pass --aic-python")
-
-
 def ensure_venv(venv: Path, python: str | None, version: str) -> Path:
     """Create (once) and return the `aiconfigurator` executable of a venv with that version."""
-    py, exe = venv / "bin" / "python", venv / "bin" / "aiconfigurator"
-    check = [str(py), "-c", "import importlib.metadata as m; print(m.version('aiconfigurator'))"]
-    if py.exists():
-        r = subprocess.run(check, capture_output=True, text=True)
-        if r.returncode == 0 and r.stdout.strip() == version and exe.exists():
-            return exe
-    if not py.exists():
-        print(f"creating aiconfigurator venv at {venv}", file=sys.stderr)
-        subprocess.run([_find_python(python), "-m", "venv", str(venv)], check=True)
-    print(f"installing aiconfigurator=={version} into {venv} (about a minute)", file=sys.stderr)
-    subprocess.run([str(py), "-m", "pip", "install", "-q", f"aiconfigurator=={version}"], check=True)
-    subprocess.run(check, check=True, capture_output=True)
+    exe = venv / "bin" / "aiconfigurator"
+    interpreter = python or (None if (venv / "bin" / "python").exists() else
+                             find_python(None, ("3.11", "3.12", "3.13"), "--aic-python"))
+    ensure_peer_venv(venv, "aiconfigurator", version, interpreter or "python3", " (about a minute)")
+    if not exe.exists():
+        sys.exit(f"{venv}: aiconfigurator is installed but its command is missing; remove the venv and rerun")
     return exe
 
 

@@ -44,6 +44,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from peer_venv import ensure_venv as ensure_peer_venv
+from peer_venv import find_python
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 DEFAULT_VENV = os.environ.get("FLEETWISE_VIDUR_VENV", "/tmp/vidur-venv")
@@ -159,35 +162,11 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _find_python(explicit: str | None) -> str:
-    if explicit:
-        return explicit
-    pyenv = Path.home() / ".pyenv" / "versions"
-    for pat in ("3.11*", "3.10*"):
-        for p in sorted(pyenv.glob(pat), reverse=True):
-            if (p / "bin" / "python").exists():
-                return str(p / "bin" / "python")
-    for name in ("python3.11", "python3.10"):
-        if shutil.which(name):
-            return str(shutil.which(name))
-    sys.exit("no CPython 3.11/3.10 found for the Vidur venv; pass --vidur-python")
-
-
 def ensure_venv(venv: Path, python: str | None, version: str) -> Path:
     """Create (once) and return the python of a venv with vidur==version installed."""
-    py = venv / "bin" / "python"
-    check = [str(py), "-c", "import importlib.metadata as m; print(m.version('vidur'))"]
-    if py.exists():
-        r = subprocess.run(check, capture_output=True, text=True)
-        if r.returncode == 0 and r.stdout.strip() == version:
-            return py
-    if not py.exists():
-        print(f"creating Vidur venv at {venv}", file=sys.stderr)
-        subprocess.run([_find_python(python), "-m", "venv", str(venv)], check=True)
-    print(f"installing vidur=={version} into {venv} (a few minutes)", file=sys.stderr)
-    subprocess.run([str(py), "-m", "pip", "install", "-q", f"vidur=={version}"], check=True)
-    subprocess.run(check, check=True, capture_output=True)
-    return py
+    interpreter = python or (None if (venv / "bin" / "python").exists() else
+                             find_python(None, ("3.11", "3.10"), "--vidur-python"))
+    return ensure_peer_venv(venv, "vidur", version, interpreter or "python3", " (a few minutes)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetwise.core.views import WorkerView
-from fleetwise.engine.api import Engine, EngineConfig, StepOutput
+from fleetwise.engine.api import Engine, EngineConfig, Step, StepOutput
 from fleetwise.errors import SpecError
 from fleetwise.perf.memory import FitOptions, kv_capacity_tokens
 from fleetwise.perf.roofline import BoundPerf, PerfModel
@@ -61,6 +61,8 @@ class Replica:
     step_dur_s: float = 0.0
     step_passes: int = 1
     """Passes of the step in flight (> 1: fused)."""
+    step: Step | None = None
+    """The step in flight (its batch composition; read by a step recorder)."""
     view_pass: int = 0
     """Passes of the fused step in flight that had ended when `view` was taken."""
     port: int = -1
@@ -169,6 +171,7 @@ class Fleet:
         rep.step_start_s = now_s
         rep.step_dur_s = step.duration_s
         rep.step_passes = step.num_passes
+        rep.step = step
         self.loop.push(now_s + step.duration_s, Priority.STEP_END, StepEnd(rep.idx, rep.epoch))
 
     def cut(self, rep: Replica, now_s: float) -> None:

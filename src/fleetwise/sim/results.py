@@ -85,7 +85,8 @@ class ReplicaStats:
     prefix_hit_rate: float = 0.0
     preemptions: int = 0
     kv_usage_samples: list[float] = field(default_factory=list)
-    queue_series: list[tuple[float, int]] = field(default_factory=list)
+    queue_series: list[tuple[float, int, int, float]] = field(default_factory=list)
+    """Samples (t_s, waiting, running, kv_usage), thinned to at most MAX_SERIES points."""
 
 
 def pct(values: np.ndarray) -> dict[str, float]:
@@ -180,6 +181,7 @@ def _finite(x: np.ndarray) -> np.ndarray:
 
 def _replica(r: ReplicaStats, span: float) -> dict[str, Any]:
     kv = np.asarray(r.kv_usage_samples, dtype=np.float64)
+    t_s = [_r(q[0]) for q in r.queue_series]
     return {
         "name": r.name,
         "pool": r.pool,
@@ -189,7 +191,9 @@ def _replica(r: ReplicaStats, span: float) -> dict[str, Any]:
         "utilization": _r(min(1.0, r.busy_s / span)),
         "preemptions": r.preemptions,
         "kv_usage": {"mean": _r(kv.mean()) if kv.size else 0.0, "max": _r(kv.max()) if kv.size else 0.0},
-        "queue_length": {"t_s": [_r(t) for t, _ in r.queue_series], "value": [q for _, q in r.queue_series]},
+        "queue_length": {"t_s": t_s, "value": [q[1] for q in r.queue_series]},
+        "running": {"t_s": t_s, "value": [q[2] for q in r.queue_series]},
+        "kv_usage_series": {"t_s": t_s, "value": [_r(q[3]) for q in r.queue_series]},
     }
 
 

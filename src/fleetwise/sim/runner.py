@@ -40,6 +40,7 @@ from fleetwise.sim.events import Arrival, EventLoop, Priority, RoutedArrival, Ro
 from fleetwise.sim.faults import FaultInjector
 from fleetwise.sim.fleet import DOWN, Fleet, Replica
 from fleetwise.sim.network import KvNetwork, TransferRecord
+from fleetwise.sim.recording import StepRecorder
 from fleetwise.sim.results import Records, summarize, write_records
 from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.plan import PlanSpec
@@ -66,6 +67,8 @@ class SimOptions:
     policy: RoutingPolicy | None = None
     """A policy object to drive instead of building one from `plan.routing` (e.g. to record its
     decisions, or to run the very object a gateway uses)."""
+    recorder: StepRecorder | None = None
+    """Record every engine step and KV transfer (for a trace export); None = no recording cost."""
 
 
 @dataclass
@@ -97,7 +100,8 @@ class Simulation:
         self.index = {r.request_id: i for i, r in enumerate(self.reqs)}
         self.loop = EventLoop()
         profile = Profile.load(plan.perf_profile) if plan.perf_profile else None
-        self.fleet = Fleet(plan, self.loop, PerfModel(profile), self._on_output, self._horizon)
+        on_output = self._on_output if opts.recorder is None else self._on_output_recorded
+        self.fleet = Fleet(plan, self.loop, PerfModel(profile), on_output, self._horizon)
         self.reps = self.fleet.replicas
         self.policy = opts.policy if opts.policy is not None else make_policy(plan.routing, seed=opts.seed)
         self.delay = opts.feedback_delay_s
@@ -244,6 +248,11 @@ class Simulation:
                 self.itl_counts.append(cnt)
         if out.finished or out.handoffs:
             self.faults.on_replica_progress(rep, now_s)
+
+    def _on_output_recorded(self, rep: Replica, now_s: float, start_s: float, out: StepOutput) -> None:
+        assert self.opts.recorder is not None
+        self.opts.recorder.on_step(rep, start_s, now_s, out)
+        self._on_output(rep, now_s, start_s, out)
 
     def _on_scheduled(self, rep: Replica, start_s: float, scheduled: list[tuple[int, float]]) -> None:
         """Prompts first scheduled on `rep` (their first replica: prefill, or mixed) start now."""
@@ -393,8 +402,9 @@ class Simulation:
     def _on_sample(self, now_s: float, ev: Sample) -> None:
         for r in self.reps:
             e = r.engine
-            r.stats.queue_series.append((now_s, e.num_waiting))
-            r.stats.kv_usage_samples.append(e.kv_usage_at(now_s - r.step_start_s) if r.busy else e.kv_usage)
+            kv = e.kv_usage_at(now_s - r.step_start_s) if r.busy else e.kv_usage
+            r.stats.queue_series.append((now_s, e.num_waiting, e.num_running, kv))
+            r.stats.kv_usage_samples.append(kv)
             if len(r.stats.queue_series) > MAX_SERIES:
                 del r.stats.queue_series[1::2]
         if len(self.reps) and len(self.reps[0].stats.queue_series) >= MAX_SERIES:
@@ -427,6 +437,8 @@ def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | No
     summary = summarize(sim.rec, [r.stats for r in sim.reps], sim.net.records, itl, opts.slo,
                         sim.policy.report(), opts.seed, extra)
     summary["sim_wall_s"] = round(time.perf_counter() - wall0, 3)
+    if opts.recorder is not None:
+        opts.recorder.transfers.extend(sim.net.records)
     return SimResult(summary, sim.rec, sim.fleet.names)
 
 

@@ -21,6 +21,7 @@ LAYER = {
     "perf": 2,
     "engine": 3,
     "routing": 3,
+    "ledger": 2,
     "sim": 4,
     "planner": 5,
     "gateway": 5,

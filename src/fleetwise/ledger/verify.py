@@ -1,0 +1,144 @@
+"""`verify`: check a ledger against a run's request records (what the clients saw).
+
+A run's records are a CSV (the simulator's `requests.csv`, a gateway's request log) or JSON
+Lines, one request attempt per row, with columns `request_id` (required), `tenant` (default
+`default`), `idempotency_key` (default: the request id), `prompt_tokens`, the generated tokens
+delivered (`delivered_tokens` or `tokens_generated`) and how it ended (`status`, or `failure`:
+empty = completed). Rules, per (tenant, key):
+- some attempt completed: exactly one usage row, `completed`, written by one of the completed
+  attempts, with that attempt's prompt and delivered token counts;
+- no attempt completed: no `completed` row;
+- a row whose key is in no record is reported as unknown.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetwise.errors import SpecError
+from fleetwise.ledger.store import LedgerRow
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One request attempt as the run saw it."""
+
+    request_id: str
+    idempotency_key: str
+    tenant: str
+    prompt_tokens: int | None
+    delivered_tokens: int | None
+    completed: bool
+
+
+@dataclass
+class VerifyReport:
+    """Outcome of `verify`: counts and one line per problem."""
+
+    records: int = 0
+    keys: int = 0
+    completed_keys: int = 0
+    rows: int = 0
+    problems: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "records": self.records, "keys": self.keys, "completed_keys": self.completed_keys,
+                "rows": self.rows, "problems": self.problems}
+
+
+def verify(rows: Sequence[LedgerRow], records: Sequence[RunRecord]) -> VerifyReport:
+    """Compare ledger `rows` with a run's `records` (rules in the module docstring)."""
+    rep = VerifyReport(records=len(records), rows=len(rows))
+    by_key: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in records:
+        by_key.setdefault((r.tenant, r.idempotency_key), []).append(r)
+    ledger = {(r.tenant, r.idempotency_key): r for r in rows}
+    rep.keys = len(by_key)
+
+    def problem(key: tuple[str, str], what: str) -> None:
+        rep.problems.append({"tenant": key[0], "idempotency_key": key[1], "problem": what})
+
+    for key, attempts in by_key.items():
+        done = [a for a in attempts if a.completed]
+        row = ledger.get(key)
+        if not done:
+            if row is not None and row.status == "completed":
+                problem(key, f"billed as completed by {row.request_id}, but no attempt completed in the run")
+            continue
+        rep.completed_keys += 1
+        if row is None:
+            problem(key, f"completed ({done[0].request_id}) but has no ledger row")
+            continue
+        if row.status != "completed":
+            problem(key, f"completed ({done[0].request_id}) but the ledger row says {row.status}")
+            continue
+        match = next((a for a in done if a.request_id == row.request_id), None)
+        if match is None:
+            problem(key, f"ledger row written by {row.request_id}, which is not a completed attempt of this key")
+            continue
+        if match.prompt_tokens is not None and match.prompt_tokens != row.prompt_tokens:
+            problem(key, f"prompt_tokens {row.prompt_tokens} in the ledger, {match.prompt_tokens} in the run")
+        if match.delivered_tokens is not None and match.delivered_tokens != row.delivered_tokens:
+            problem(key, f"delivered_tokens {row.delivered_tokens} in the ledger, {match.delivered_tokens} in the run")
+    for key in sorted(set(ledger) - set(by_key)):
+        problem(key, f"ledger row ({ledger[key].request_id}) for a key the run never sent")
+    return rep
+
+
+# ---- reading a run's records ------------------------------------------------------------------------
+def load_run_records(path: str | Path) -> list[RunRecord]:
+    """Read a run's request records from CSV or JSON Lines (columns in the module docstring)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"records file {str(p)!r} not found; pass a run's requests.csv or request log")
+    if p.suffix in (".jsonl", ".ndjson"):
+        rows: list[dict[str, Any]] = []
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise SpecError(f"{p}:{n}: not valid JSON ({err.msg}); one JSON object per line") from None
+            if not isinstance(obj, dict):
+                raise SpecError(f"{p}:{n}: expected a JSON object, got {type(obj).__name__}")
+            rows.append(obj)
+    else:
+        with p.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    return [_record(row, f"{p}:{n}") for n, row in enumerate(rows, 2 if p.suffix == ".csv" else 1)]
+
+
+def _record(row: dict[str, Any], where: str) -> RunRecord:
+    rid = row.get("request_id")
+    if rid is None or str(rid) == "":
+        raise SpecError(f"{where}: column request_id is missing or empty; every record needs its request id")
+    key = row.get("idempotency_key") or str(rid)
+    if "status" in row and row["status"] not in (None, ""):
+        completed = str(row["status"]) == "completed"
+    elif "failure" in row:
+        completed = row["failure"] in (None, "")
+    else:
+        raise SpecError(f"{where}: neither a status nor a failure column; add status=completed|cancelled|failed")
+    delivered = row.get("delivered_tokens", row.get("tokens_generated"))
+    return RunRecord(str(rid), str(key), str(row.get("tenant") or "default"),
+                     _int(row.get("prompt_tokens"), "prompt_tokens", where),
+                     _int(delivered, "delivered_tokens", where), completed)
+
+
+def _int(value: Any, name: str, where: str) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{where}: {name}={value!r} is not an integer token count") from None

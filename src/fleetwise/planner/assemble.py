@@ -24,7 +24,7 @@ def _goodput_line(search: Search, role: str, lay: Layout) -> str:
     e = search.estimates[lay]
     mu = {"mixed": e.mu_mixed_rps, "prefill": e.mu_prefill_rps, "decode": e.mu_decode_rps}[role]
     judged = {"mixed": "TTFT and TPOT", "prefill": "TTFT (decode pool oversized)",
-              "decode": "TPOT (prefill pool oversized)"}[role]
+              "decode": "TPOT and TTFT (prefill pool oversized, so TTFT holds the decode admission wait)"}[role]
     return (f"effective goodput: one {role} replica of {lay.label} sustains "
             f"{search.goodput[(role, lay)]:.2f} req/s of the target mix within the SLO ({judged}), bisected in the "
             f"simulator; the analytical estimate was {mu:.2f} req/s")
@@ -140,28 +140,41 @@ def _refine_task(ctx: Context, item: tuple[str, FleetShape, dict[str, int]]) -> 
     return refine_plan(ctx, *item)
 
 
-def _choose(search: Search) -> list[Candidate]:
-    ordered = sorted(search.candidates, key=lambda c: (c.cost_per_hour, c.key))
+REFINE_ROUNDS = 3
+"""Batches of `refine_top` candidates refined, cheapest first, while none has passed yet."""
+
+
+def _choose(search: Search, ordered: list[Candidate]) -> list[Candidate]:
     chosen = ordered[: search.spec.search.refine_top]
     for kind in ("colocated", "disaggregated", "heterogeneous"):
         best = next((c for c in ordered if c.kind == kind), None)
         if best is not None and best not in chosen:
             chosen.append(best)
-    for c in ordered:
-        if c not in chosen:
-            search.rejected.append(Rejection(c.key, f"not refined: ${c.cost_per_hour:.2f}/h is above the "
-                                                    f"{search.spec.search.refine_top} cheapest candidates"))
     return chosen
 
 
 def refine(search: Search, ctx: Context, ex: Executor) -> list[Candidate]:
-    chosen = _choose(search)
-    items = [(c.key, c.fleet, _spare(c.sizings)) for c in chosen]
-    for c, r in zip(chosen, ex.map(_refine_task, ctx, items), strict=True):
-        c.refined = r
-        search.simulations += r.runs
-        c.cost_per_hour = _cost(search, r.serving, _spare(c.sizings))
-    return chosen
+    """Refine the cheapest candidates; while none passes, the next `refine_top` (REFINE_ROUNDS batches)."""
+    ordered = sorted(search.candidates, key=lambda c: (c.cost_per_hour, c.key))
+    batch = _choose(search, ordered)
+    done: list[Candidate] = []
+    for _ in range(REFINE_ROUNDS):
+        items = [(c.key, c.fleet, _spare(c.sizings)) for c in batch]
+        for c, r in zip(batch, ex.map(_refine_task, ctx, items), strict=True):
+            c.refined = r
+            search.simulations += r.runs
+            c.cost_per_hour = _cost(search, r.serving, _spare(c.sizings))
+        done += batch
+        if any(c.refined and c.refined.passed for c in done):
+            break
+        batch = [c for c in ordered if c not in done][: search.spec.search.refine_top]
+        if not batch:
+            break
+    for c in ordered:
+        if c not in done:
+            search.rejected.append(Rejection(c.key, f"not refined: ${c.cost_per_hour:.2f}/h is above the "
+                                                    f"{len(done)} cheapest candidates refined"))
+    return done
 
 
 # ---- phase 6: compare ----------------------------------------------------------------------------

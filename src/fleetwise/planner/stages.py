@@ -27,7 +27,12 @@ from fleetwise.planner.workload import LengthMix
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash, RollingUpgrade
 from fleetwise.spec.planning import PlanningSpec
 
-MAX_CORRECTIONS = 3
+MAX_CORRECTIONS = 4
+STAGE_CHECK = {"mixed": "both", "prefill": "ttft", "decode": "both"}
+"""What a stage measurement judges. A decode replica is judged on TPOT *and* TTFT with an
+oversized prefill pool: its admission queue (KV landed, waiting for a free slot) is part of
+TTFT, and judging TPOT alone lets an overloaded replica pass (its running batch stays fast
+while the queue grows without bound)."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ class MeasureResult:
 
 def measure_goodput(ctx: Context, task: MeasureTask) -> MeasureResult:
     """Bisect the rate one replica sustains within the SLO (0 when it never does)."""
-    check = {"mixed": "both", "prefill": "ttft", "decode": "tpot"}[task.role]
+    check = STAGE_CHECK[task.role]
     runs = 0
 
     def ok(rate: float) -> bool:
@@ -102,8 +107,12 @@ def _correct(ctx: Context, v: SimVerdict, fleet: FleetShape) -> tuple[FleetShape
     if not fleet.disaggregated:
         p = fleet.pools[0]
         return fleet.with_replicas(mixed=p.replicas + 1), f"added a mixed replica ({p.replicas} -> {p.replicas + 1})"
-    role = "prefill" if v.ttft[key] > spec.slo.ttft_s else "decode"
-    if v.ttft[key] <= spec.slo.ttft_s and v.tpot[key] <= spec.slo.tpot_s:
+    if v.tpot[key] > spec.slo.tpot_s:
+        role = "decode"
+    elif v.ttft[key] > spec.slo.ttft_s:
+        # TTFT is the prefill queue plus the decode admission wait: add where the wait is.
+        role = "decode" if v.waits.get("decode_wait", 0.0) > v.waits.get("prefill_queue", 0.0) else "prefill"
+    else:
         role = "prefill" if fleet.pool("prefill").replicas <= fleet.pool("decode").replicas else "decode"
     n = fleet.pool(role).replicas
     return fleet.with_replicas(**{role: n + 1}), f"added a {role} replica ({n} -> {n + 1}) after the check missed"

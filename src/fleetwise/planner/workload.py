@@ -123,9 +123,13 @@ def _mix_from_trace(spec: PlanWorkloadSpec, n: int, seed: int) -> LengthMix:
 
 
 def requests_at(mix: LengthMix, rate_rps: float, count: int | None = None) -> list[Request]:
-    """The mix's first `count` requests arriving at mean rate `rate_rps` (same lengths at every rate)."""
+    """The mix's first `count` requests arriving at mean rate `rate_rps` (same lengths at every rate);
+    the sample's gaps are rescaled to mean exactly 1/rate, so a short run is offered the target rate."""
     n = len(mix.prompt) if count is None else min(count, len(mix.prompt))
-    gaps = mix.unit_gaps[:n] / rate_rps
+    gaps = mix.unit_gaps[:n]
+    if n > 1 and gaps[: n - 1].mean() > 0:
+        gaps = gaps / gaps[: n - 1].mean()  # the sample itself arrives at exactly `rate_rps` on average
+    gaps = gaps / rate_rps
     t = np.concatenate([[0.0], np.cumsum(gaps[:-1])]) if n else np.zeros(0)
     p, o, ts = mix.prompt.tolist(), mix.output.tolist(), t.tolist()
     return [Request(i, ts[i], int(p[i]), int(o[i])) for i in range(n)]

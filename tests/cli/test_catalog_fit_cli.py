@@ -36,7 +36,7 @@ def test_catalog_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0 and [r["name"] for r in rows] == [g.name for g in list_gpus()]
     h200 = next(r for r in rows if r["name"] == "h200-sxm")
     assert (h200["vendor"], h200["hbm_bytes"], h200["hbm_bytes_per_s"], h200["bf16_flops"]) == (
-        "nvidia", 141e9, 4.8e12, 989e12)
+        "nvidia", 143771 * 2**20, 4.8e12, 989e12)
 
 
 @pytest.mark.parametrize("kind", ["models", "gpus"])
@@ -51,7 +51,7 @@ def test_fit_llama_70b_h100_bf16(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "fit", "--model", "llama-3.1-70b", "--gpu", "h100-sxm")
     assert rc == 0
     assert "141.11 GB of bf16 weights" in out
-    assert "one h100-sxm (80.00 GB): does not fit" in out
+    assert "one h100-sxm (85.52 GB): does not fit" in out
     assert "smallest TP in a node: TP=4 PP=1 on 4 GPUs" in out
 
 

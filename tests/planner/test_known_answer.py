@@ -35,9 +35,10 @@ def test_plans_are_ranked_by_cost(small_search):
 
 def test_explanation_shows_each_step_with_numbers(small_search):
     steps = to_json(small_search)["plans"][0]["explanation"]
-    assert steps[0].startswith("fit: llama-3.1-8b")
-    assert steps[1].startswith("latency floor:")
-    assert steps[2].startswith("effective goodput:")
-    assert "1 serving + 1 for 1 failure(s) + 0 for upgrade" in steps[3]
+    assert steps[0].startswith("priced by: the default, uncalibrated perf factors")
+    assert steps[1].startswith("fit: llama-3.1-8b")
+    assert steps[2].startswith("latency floor:")
+    assert steps[3].startswith("effective goodput:")
+    assert "1 serving + 1 for 1 failure(s) + 0 for upgrade" in steps[4]
     assert any(s.startswith("simulated over 2 seeds") for s in steps)
     assert steps[-1].startswith("cost: 2 GPUs -> $6.00/h")

@@ -37,7 +37,8 @@ def test_every_gpu_figure_has_a_source(name: str) -> None:
 
 def test_h200_datasheet_figures() -> None:
     g = get_gpu("h200-sxm")
-    assert (g.hbm_bytes, g.hbm_bytes_per_s) == (141e9, 4.8e12)
+    assert (g.hbm_bytes, g.hbm_bytes_per_s) == (143771 * 2**20, 4.8e12)  # nvidia-smi's MiB, not 141e9
+    assert "143771MiB" in g.sources["hbm_bytes"]
     assert (g.flops_per_s["bf16"], g.flops_per_s["fp8"]) == (989e12, 1979e12)
     assert g.intra_node_link.bandwidth_bytes_per_s == 450e9
     assert g.network.bandwidth_bytes_per_s == 50e9
@@ -96,7 +97,7 @@ def test_resolve_gpu_from_yaml(tmp_path: Path) -> None:
     p = tmp_path / "g.yaml"
     p.write_text(yaml.safe_dump(doc))
     g = resolve_gpu(str(p))
-    assert (g.name, g.price_per_hour_usd, g.hbm_bytes) == ("h100-cheap", 1.5, 80e9)
+    assert (g.name, g.price_per_hour_usd, g.hbm_bytes) == ("h100-cheap", 1.5, 81559 * 2**20)
 
 
 def test_resolve_missing_file(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`fleetwise plan [SPEC.yaml] [--json OUT] [--top K] [--workers N] [--ray ADDRESS]`.
+"""`fleetwise plan [SPEC.yaml] [--json OUT] [--top K] [--workers N] [--profile P] [--ray ADDRESS]`.
 
 Owns argument parsing and output of the planner (`fleetwise.planner.api.plan`): the readable
 report on stdout, the JSON document to a file (`--json -` prints it instead of the report), and
@@ -30,6 +30,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top", type=int, default=None, metavar="K", help="plans to report (default: spec.search.top_k)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="worker processes for simulations (default: CPU count)")
+    p.add_argument("--profile", default=None, metavar="PROFILE.json",
+                   help="perf profile (`fleetwise calibrate`) pricing the estimate and the simulations; "
+                        "overrides the spec's `profile`")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="run simulations on a Ray cluster (fleetwise[ray])")
     p.add_argument("--write-schema", nargs="?", const="docs/schema/planning-spec.schema.json", default=None,
                    metavar="PATH", help="write the SPEC.yaml JSON Schema and exit")
@@ -50,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
     if args.top is not None and args.top < 1:
         raise SpecError(f"--top={args.top}: must be at least 1")
     spec = load_planning_spec(args.spec) if args.spec else default_spec()
+    if args.profile:
+        from fleetwise.perf.profile import Profile
+
+        Profile.load(args.profile)  # a bad file is one line naming it, before any work
+        spec = spec.model_copy(update={"profile": args.profile})
     workers = args.workers if args.workers is not None else max(1, os.cpu_count() or 1)
     search = plan(spec, PlanOptions(workers=workers, top_k=args.top, ray_address=args.ray))
     doc = to_json(search)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.model import ModelSpec
 from fleetwise.spec.parallel import ParallelismSpec
+from fleetwise.spec.plan import PoolSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,14 @@ class Deployment:
     @property
     def gpus(self) -> int:
         return self.parallelism.gpus
+
+
+def pool_deployment(model: ModelSpec, accelerator: AcceleratorSpec, pool: PoolSpec) -> Deployment:
+    """The one way a pool becomes a `Deployment` (planner and simulator alike): its parallelism,
+    dtypes and, for MoE with ep > 1, its expert load imbalance (ignored otherwise)."""
+    skew = pool.expert_imbalance if model.moe is not None and pool.parallelism.ep > 1 else 1.0
+    return Deployment(model, accelerator, pool.parallelism, pool.weight_dtype, pool.kv_dtype,
+                      expert_load_imbalance=skew)
 
 
 @dataclass(frozen=True, slots=True)

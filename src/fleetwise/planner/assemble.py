@@ -14,7 +14,7 @@ from typing import Any
 from fleetwise.planner.candidates import Layout, Rejection
 from fleetwise.planner.executor import Executor
 from fleetwise.planner.measure import FleetShape, PoolShape, SimVerdict, run_fleet
-from fleetwise.planner.pipeline import Candidate, Search, _latency_line, _link
+from fleetwise.planner.pipeline import Candidate, Search, _latency_line, _link, profile_line
 from fleetwise.planner.sizing import Sizing, pd_ratio_text, size_pool
 from fleetwise.planner.stages import Claims, Context, Refined, check_claims, refine_plan
 
@@ -34,12 +34,11 @@ def _moe_line(search: Search, lay: Layout) -> str | None:
     m = search.hw.model
     if m.moe is None:
         return None
-    from fleetwise.perf.roofline import PerfModel
     from fleetwise.perf.types import BatchShape
 
     dep = search.hw.deployment(lay, search.spec.kv_dtype)
     e = search.estimates[lay]
-    cost = PerfModel().step_cost(BatchShape.decode(max(1, e.decode_batch), int(search.stats.prompt_mean)), dep)
+    cost = search.perf.step_cost(BatchShape.decode(max(1, e.decode_batch), int(search.stats.prompt_mean)), dep)
     return (f"MoE: {m.moe.num_experts} experts, {m.moe.experts_per_token} per token; EP={lay.ep} over the "
             f"replica's {lay.gpus} GPUs; expert load imbalance {search.hw.imbalance:.2f} (busiest rank over mean; "
             f"default 1.3, set moe.expert_imbalance); at batch {e.decode_batch} a decode step spends "
@@ -47,7 +46,7 @@ def _moe_line(search: Search, lay: Layout) -> str | None:
 
 
 def _base_steps(search: Search, role: str, lay: Layout) -> list[str]:
-    steps = [search.fits[lay], _latency_line(search.estimates[lay], search.spec, search.stats),
+    steps = [profile_line(search), search.fits[lay], _latency_line(search.estimates[lay], search.spec, search.stats),
              _goodput_line(search, role, lay)]
     moe = _moe_line(search, lay)
     return steps + ([moe] if moe else [])

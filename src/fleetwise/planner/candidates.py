@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 from fleetwise.errors import InfeasibleError
 from fleetwise.perf.memory import FitOptions, LayoutFit, layout_fit, tp_candidates
-from fleetwise.perf.types import Deployment
+from fleetwise.perf.types import Deployment, pool_deployment
 from fleetwise.spec.catalog import resolve_gpu, resolve_model
 from fleetwise.spec.hardware import AcceleratorSpec, LinkSpec
 from fleetwise.spec.model import ModelSpec
 from fleetwise.spec.parallel import ParallelismSpec
+from fleetwise.spec.plan import PoolSpec
 from fleetwise.spec.planning import AcceleratorChoice, PlanningSpec
 
 GB = 1e9
@@ -75,8 +76,17 @@ class Hardware:
         return self.gpus[accelerator].price_per_hour_usd
 
     def deployment(self, layout: Layout, kv_dtype: str) -> Deployment:
-        return Deployment(self.model, self.gpus[layout.accelerator], layout.parallelism, layout.weight_dtype,
-                          kv_dtype, expert_load_imbalance=self.imbalance if layout.ep > 1 else 1.0)
+        """The layout's deployment, built as the simulator builds a pool's (`pool_deployment`)."""
+        pool = pool_spec(layout, self.model.name, kv_dtype, self.imbalance)
+        return pool_deployment(self.model, self.gpus[layout.accelerator], pool)
+
+
+def pool_spec(layout: Layout, model: str, kv_dtype: str, imbalance: float, role: str = "mixed",
+              replicas: int = 1, price: float | None = None) -> PoolSpec:
+    """The simulator's pool for `replicas` replicas of a layout (the planner's only pool builder)."""
+    return PoolSpec(name=role, role=role, replicas=replicas, accelerator=layout.accelerator,  # type: ignore[arg-type]
+                    model=model, parallelism=layout.parallelism, weight_dtype=layout.weight_dtype,  # type: ignore[arg-type]
+                    kv_dtype=kv_dtype, price_per_gpu_hour_usd=price, expert_imbalance=imbalance)  # type: ignore[arg-type]
 
 
 def _apply_overrides(gpu: AcceleratorSpec, choice: AcceleratorChoice) -> AcceleratorSpec:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fleetwise.perf.roofline import PerfModel
+from fleetwise.perf.roofline import BoundPerf
 from fleetwise.perf.types import BatchShape, Deployment, SeqWork
 from fleetwise.planner.candidates import Layout
 from fleetwise.planner.workload import LengthStats
@@ -30,7 +30,6 @@ from fleetwise.spec.planning import PlanSLOSpec
 TOKEN_BUDGET = 8192  # engine max_num_batched_tokens (PoolSpec default)
 MAX_SEQS = 256  # engine max_num_seqs (PoolSpec default)
 TPOT_MARGIN = 0.9  # plan decode batches to 90% of the TPOT target
-_PERF = PerfModel()
 
 
 @dataclass(frozen=True)
@@ -63,9 +62,8 @@ class LayoutEstimate:
         return self.ttft_ok and self.tpot_ok
 
 
-def prefill_alone_s(dep: Deployment, prompt_tokens: int, budget: int = TOKEN_BUDGET) -> tuple[float, str]:
+def prefill_alone_s(perf: BoundPerf, prompt_tokens: int, budget: int = TOKEN_BUDGET) -> tuple[float, str]:
     """Seconds to prefill one prompt alone, chunk by chunk, and what bounds its largest chunk."""
-    perf = _PERF.bind(dep)
     done, total, bound = 0, 0.0, ""
     while done < prompt_tokens:
         chunk = min(budget, prompt_tokens - done)
@@ -76,11 +74,12 @@ def prefill_alone_s(dep: Deployment, prompt_tokens: int, budget: int = TOKEN_BUD
     return total, bound
 
 
-def decode_step_s(dep: Deployment, batch: int, ctx: int) -> float:
-    return _PERF.bind(dep).step_time_s(BatchShape.decode(batch, max(1, ctx)))
+def decode_step_s(perf: BoundPerf, batch: int, ctx: int) -> float:
+    """Seconds of one decode step of `batch` sequences at `ctx` tokens of context each."""
+    return perf.step_time_s(BatchShape.decode(batch, max(1, ctx)))
 
 
-def _max_decode_batch(dep: Deployment, ctx: int, target_s: float, kv_cap: int, seq_tokens: float) -> int:
+def _max_decode_batch(dep: BoundPerf, ctx: int, target_s: float, kv_cap: int, seq_tokens: float) -> int:
     limit = max(0, min(MAX_SEQS, int(kv_cap // max(1.0, seq_tokens))))
     lo, hi = 0, limit
     while lo < hi:
@@ -116,24 +115,24 @@ def _max_load(ok: object, hi: float = 0.98) -> float:
     return lo_v
 
 
-def _per_request_prefill_s(dep: Deployment, prompt_mean: float) -> float:
+def _per_request_prefill_s(perf: BoundPerf, prompt_mean: float) -> float:
     """GPU seconds of a mean prompt when prompts are packed into full token-budget steps."""
     chunk = TOKEN_BUDGET
     n = max(1, round(chunk / max(1.0, prompt_mean)))
     seq = max(1, int(prompt_mean))
-    step = _PERF.bind(dep).step_time_s(BatchShape.prefill(n, seq))
+    step = perf.step_time_s(BatchShape.prefill(n, seq))
     return step / n
 
 
-def estimate(dep: Deployment, layout: Layout, kv_cap: int, stats: LengthStats, slo: PlanSLOSpec,
+def estimate(dep: BoundPerf, layout: Layout, kv_cap: int, stats: LengthStats, slo: PlanSLOSpec,
              kv_p99_s: float) -> LayoutEstimate:
-    """All analytical figures of one layout (see the module docstring for the formulas)."""
+    """All analytical figures of one layout, priced by `dep` (the perf model bound to its deployment)."""
     p50, _ = prefill_alone_s(dep, max(1, int(stats.prompt_p50)))
     slo_prompt = max(1, int(stats.percentile_prompt(slo.percentile)))
     t_alone, pbound = prefill_alone_s(dep, slo_prompt)
     ctx = int(stats.prompt_mean + stats.output_mean / 2)
     seq_tokens = stats.prompt_mean + stats.output_mean
-    t1_cost = _PERF.bind(dep).step_cost(BatchShape.decode(1, ctx))
+    t1_cost = dep.step_cost(BatchShape.decode(1, ctx))
     bstar = _max_decode_batch(dep, ctx, TPOT_MARGIN * slo.tpot_s, kv_cap, seq_tokens)
     t_b = decode_step_s(dep, bstar, ctx) if bstar else t1_cost.total_s
     s_p = _per_request_prefill_s(dep, stats.prompt_mean)
@@ -150,7 +149,7 @@ def estimate(dep: Deployment, layout: Layout, kv_cap: int, stats: LengthStats, s
         mu_p, mu_d, mu_mix, ttft_ok=t_alone <= slo.ttft_s, tpot_ok=t1_cost.total_s <= slo.tpot_s)
 
 
-def _mixed_capacity(dep: Deployment, stats: LengthStats, slo: PlanSLOSpec, s_p: float, t_alone: float,
+def _mixed_capacity(dep: BoundPerf, stats: LengthStats, slo: PlanSLOSpec, s_p: float, t_alone: float,
                     ctx: int, kv_cap: int, seq_tokens: float) -> float:
     def ok(lam: float) -> bool:
         rho_p = lam * s_p

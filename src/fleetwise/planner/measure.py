@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetwise.planner.candidates import Layout
+from fleetwise.planner.candidates import Layout, pool_spec
 from fleetwise.planner.workload import LengthMix, requests_at
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash
-from fleetwise.spec.plan import KvLinkSpec, PlanSpec, PoolSpec
+from fleetwise.spec.plan import KvLinkSpec, PlanSpec
 from fleetwise.spec.planning import PlanningSpec
 from fleetwise.spec.slo import SLOSpec
 
@@ -93,15 +93,12 @@ class SimVerdict:
 
 def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]) -> PlanSpec:
     """The simulator's plan document for a fleet shape."""
-    pools = [
-        PoolSpec(name=p.role, role=p.role, replicas=p.replicas, accelerator=p.layout.accelerator, model=spec.model,
-                 parallelism=p.layout.parallelism, weight_dtype=p.layout.weight_dtype,  # type: ignore[arg-type]
-                 kv_dtype=spec.kv_dtype, price_per_gpu_hour_usd=prices[p.layout.accelerator])
-        for p in fleet.pools
-    ]
+    pools = [pool_spec(p.layout, spec.model, spec.kv_dtype, spec.moe.expert_imbalance, p.role, p.replicas,
+                       prices[p.layout.accelerator]) for p in fleet.pools]
     kv = KvLinkSpec(bandwidth_bytes_per_s=fleet.kv_link_bytes_per_s, latency_s=fleet.kv_link_latency_s) \
         if fleet.kv_link_bytes_per_s else KvLinkSpec()
-    return PlanSpec(name=spec.name, pools=pools, kv_link=kv, routing=spec.routing_policy or "round-robin")
+    return PlanSpec(name=spec.name, pools=pools, kv_link=kv, routing=spec.routing_policy or "round-robin",
+                    perf_profile=spec.profile)
 
 
 def requests_for(rate_rps: float, sample: int) -> int:

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 
 from fleetwise.perf.kv import kv_transfer_s
+from fleetwise.perf.profile import Profile
+from fleetwise.perf.roofline import PerfModel
 from fleetwise.planner import candidates as cand
 from fleetwise.planner.candidates import Enumeration, Hardware, Layout, Rejection
 from fleetwise.planner.estimate import LayoutEstimate, estimate
@@ -64,6 +66,8 @@ class Search:
     stats: LengthStats
     burst: float
     burst_source: str
+    perf: PerfModel
+    """Prices every step of the estimate; the simulator loads the same profile (`spec.profile`)."""
     estimates: dict[Layout, LayoutEstimate] = field(default_factory=dict)
     fits: dict[Layout, str] = field(default_factory=dict)
     goodput: dict[tuple[str, Layout], float] = field(default_factory=dict)
@@ -88,7 +92,8 @@ def _prepare(spec: PlanningSpec) -> tuple[Search, Context, Enumeration]:
     else:
         burst = burst_factor(mix, spec.workload.rate_rps, spec.headroom.burst_window_s)
         src = f"p99 over mean arrivals per {spec.headroom.burst_window_s:g} s window of the workload"
-    search = Search(spec, hw, stats, burst, src)
+    profile = Profile.load(spec.profile) if spec.profile else None
+    search = Search(spec, hw, stats, burst, src, PerfModel(profile))
     enum = cand.enumerate_layouts(hw, spec)
     search.rejected.extend(enum.rejected)
     ctx = Context(spec, mix, {n: hw.price(n) for n in hw.gpus}, burst)
@@ -116,7 +121,7 @@ def _estimate(search: Search, enum: Enumeration) -> None:
         dep = hw.deployment(lay, spec.kv_dtype)
         link = cand.kv_link(spec, hw.gpus[lay.accelerator], lay)
         kv99 = kv_transfer_s(math.ceil(search.stats.prompt_p99), dep, dep, link)
-        search.estimates[lay] = estimate(dep, lay, f.kv_capacity_tokens, search.stats, spec.slo, kv99)
+        search.estimates[lay] = estimate(search.perf.bind(dep), lay, f.kv_capacity_tokens, search.stats, spec.slo, kv99)
         search.fits[lay] = _fit_line(hw, lay, f, spec.kv_dtype)
     all_est = list(search.estimates.values())
     split = spec.search.disaggregation != "off"
@@ -130,6 +135,17 @@ def _estimate(search: Search, enum: Enumeration) -> None:
                 e.layout.label, f"{why}; {suggestions(e, all_est, search.stats, spec.slo)}{kept}"))
     if not any(e.ttft_ok for e in all_est) or not any(e.tpot_ok for e in all_est):
         raise no_layout_meets_latency(all_est, search.stats, spec.slo)
+
+
+def profile_line(search: Search) -> str:
+    """Which perf profile priced the plan (estimate and simulation alike)."""
+    p, path = search.perf.profile, search.spec.profile
+    if path is None:
+        return ("priced by: the default, uncalibrated perf factors (no profile given; calibrate one with "
+                "`fleetwise calibrate` and pass it as `profile` or `--profile`)")
+    fit = (f", fitted to median {p.fit['median_abs_pct']:.1f}% error" if "median_abs_pct" in p.fit else "")
+    return (f"priced by: perf profile {path} (accelerator {p.accelerator}, engine {p.engine}{fit}), in the "
+            "estimate and in every simulation")
 
 
 def _latency_line(e: LayoutEstimate, spec: PlanningSpec, stats: LengthStats) -> str:

@@ -28,7 +28,7 @@ from fleetwise.engine.api import Engine, EngineConfig, Step, StepOutput
 from fleetwise.errors import SpecError
 from fleetwise.perf.memory import FitOptions, kv_capacity_tokens
 from fleetwise.perf.roofline import BoundPerf, PerfModel
-from fleetwise.perf.types import BatchShape, Deployment
+from fleetwise.perf.types import BatchShape, Deployment, pool_deployment
 from fleetwise.sim.events import EventLoop, Kick, Priority, StepEnd
 from fleetwise.sim.results import ReplicaStats
 from fleetwise.spec.plan import PlanSpec, PoolSpec, resolve_pool
@@ -123,7 +123,7 @@ class Fleet:
             pool.parallelism.check(model, gpu)
         except SpecError as err:
             raise SpecError(f"{where} ({pool.name}): {err}") from None
-        dep = Deployment(model, gpu, pool.parallelism, pool.weight_dtype, pool.kv_dtype)
+        dep = pool_deployment(model, gpu, pool)
         k = pool.engine
         opts = FitOptions(max_num_batched_tokens=k.max_num_batched_tokens, max_num_seqs=k.max_num_seqs,
                           gpu_memory_utilization=pool.gpu_memory_utilization)

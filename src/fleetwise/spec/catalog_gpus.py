@@ -1,7 +1,9 @@
 """Built-in accelerators: datasheet figures behind `fleetwise.spec.catalog`, each with its source.
 
-Conventions: FLOP/s are dense (no 2:4 sparsity) tensor-core peaks; memory in decimal bytes as
-the datasheet states it (80 GB = 80e9); links are one-direction bandwidth per GPU (a datasheet's
+Conventions: FLOP/s are dense (no 2:4 sparsity) tensor-core peaks; memory is the total the
+driver reports (`nvidia-smi` MiB, `rocm-smi` bytes) where that figure is cited, since cards hold
+binary-sized HBM (an H200 reports 143,771 MiB = 150.8e9 bytes, not the datasheet's 141 GB read as
+141e9); cards without a cited driver figure keep the datasheet's decimal GB (conservative); links are one-direction bandwidth per GPU (a datasheet's
 "900 GB/s bidirectional" becomes 450e9); network is the scale-out NIC share per GPU.
 `price_per_hour_usd` is a typical cloud on-demand rate per GPU-hour in 2025: a default that
 users override, not a quote. Lookups live in `fleetwise.spec.catalog`.
@@ -14,13 +16,28 @@ from fleetwise.spec.hardware import AcceleratorSpec, LinkSpec
 PRICE_NOTE = "typical cloud on-demand GPU-hour (2025); a default, override it for your contract"
 T = 1e12
 GB = 1e9
+MIB = 2**20
+# Total memory as the driver reports it, with where the figure was read (nvidia-smi "Memory-Usage"
+# total column; rocm-smi "VRAM Total Memory (B)"), quoted in many public logs.
+DRIVER_MEMORY: dict[str, tuple[float, str]] = {
+    "a100-80g": (81920 * MIB, "nvidia-smi on A100-SXM4-80GB: 81920MiB"),
+    "h100-sxm": (81559 * MIB, "nvidia-smi on H100 80GB HBM3: 81559MiB"),
+    "h200-sxm": (143771 * MIB, "nvidia-smi on H200: 143771MiB"),
+    "b200": (183359 * MIB, "nvidia-smi on B200: 183359MiB"),
+    "l40s": (46068 * MIB, "nvidia-smi on L40S: 46068MiB"),
+    "mi300x": (205822885888.0, "rocm-smi --showmeminfo vram on MI300X: VRAM Total Memory (B) 205822885888"),
+}
 
 
 def _gpu(name: str, vendor: str, hbm_gb: float, tb_s: float, flops: dict[str, float], link: tuple[str, float],
          per_node: int, net_gbit: float, price: float, sources: dict[str, str]) -> AcceleratorSpec:
     link_name, link_bytes_per_s = link
+    hbm_bytes = float(round(hbm_gb * GB))
+    if name in DRIVER_MEMORY:
+        hbm_bytes, where = DRIVER_MEMORY[name]
+        sources = {**sources, "hbm_bytes": f"{where} (datasheet: {hbm_gb:g} GB)"}
     return AcceleratorSpec(
-        name=name, vendor=vendor, hbm_bytes=float(round(hbm_gb * GB)), hbm_bytes_per_s=float(round(tb_s * T)),
+        name=name, vendor=vendor, hbm_bytes=float(hbm_bytes), hbm_bytes_per_s=float(round(tb_s * T)),
         flops_per_s={k: float(round(v)) for k, v in flops.items()},
         intra_node_link=LinkSpec(name=link_name, bandwidth_bytes_per_s=float(round(link_bytes_per_s)), latency_s=3e-6,
                                  source=sources.get("intra_node_link", "")),

@@ -59,6 +59,8 @@ class PoolSpec(Spec):
     """Overrides the catalog price of the accelerator."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of HBM the engine may use for weights, activations and KV cache."""
+    expert_imbalance: float = Field(default=1.0, ge=1)
+    """MoE with ep > 1: busiest expert-parallel rank's routed tokens over the mean (1.0: even)."""
 
 
 class KvLinkSpec(Spec):

@@ -249,6 +249,9 @@ class PlanningSpec(Spec):
     """MoE assumptions (ignored for dense models)."""
     routing_policy: str | None = None
     """Routing policy name for simulated plans; None uses the registry default."""
+    profile: str | None = None
+    """Perf profile JSON (`fleetwise calibrate`) that prices every step, in the estimate and in the
+    simulator alike; None uses the default, uncalibrated factors. `fleetwise plan --profile` overrides."""
 
     @model_validator(mode="after")
     def _unique(self) -> PlanningSpec:

@@ -23,13 +23,18 @@ LAYER = {
     "routing": 3,
     "ledger": 2,
     "sim": 4,
+    "live": 4,
+    "workload": 2,
     "planner": 5,
     "gateway": 5,
     "emulator": 5,
     "cli": 6,
 }
 SIBLINGS_APART = {("engine", "routing"), ("routing", "engine"), ("planner", "gateway"), ("planner", "emulator"),
-                  ("gateway", "planner"), ("emulator", "planner"), ("gateway", "sim"), ("emulator", "sim")}
+                  ("gateway", "planner"), ("emulator", "planner"), ("gateway", "sim"), ("emulator", "sim"),
+                  ("live", "sim"), ("sim", "live")}
+"""Pairs that must never import each other: a live driver (gateway, emulator, live) never imports
+`sim`, and the simulator never imports the live side."""
 PURE = {"spec", "core", "perf", "engine", "routing", "sim"}
 FORBIDDEN_IN_PURE = {"asyncio", "threading", "httpx", "starlette", "uvicorn", "random", "socket"}
 CLOCK_CALLS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"), ("datetime", "now")}

@@ -1,4 +1,4 @@
-"""Factories and a tiny virtual-time driver for the engine tests (vLLM's `create_scheduler`)."""
+"""Factories for the engine tests (vLLM's `create_scheduler`) and `drive`, the shared engine driver on a virtual clock."""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ from dataclasses import dataclass, field
 
 from fleetwise.core.request import Request
 from fleetwise.engine.api import Engine, EngineConfig, Step, StepOutput
+from fleetwise.engine.clock import ORDER_STEP_END
+from fleetwise.engine.driver import EngineDriver
 from fleetwise.engine.sequence import DECODE, PREFILL, cdiv
 from fleetwise.perf.types import BatchShape
+from fleetwise.sim.events import EventLoop, Priority
+
+ORDER_ARRIVAL = int(Priority.ARRIVAL)
+"""Arrivals at a time join before the kick that lets the engine schedule then."""
 
 
 def affine_time(shape: BatchShape) -> float:
@@ -47,70 +53,81 @@ class Trace:
     admission_order: list[int] = field(default_factory=list)
 
 
-def drive(engine: Engine, arrivals: list[Request], use_horizon: bool = True,
-          check: Callable[[Engine], None] | None = None, max_steps: int = 200_000,
-          release_after_s: float | None = None, horizon: str = "hard") -> Trace:
-    """Run `engine` in virtual time until idle; requests enter at their `arrival_s`.
+def drive(engine: Engine, arrivals: list[Request], check: Callable[[Engine], None] | None = None,
+          max_steps: int = 200_000, release_after_s: float | None = None, horizon: str = "hard") -> Trace:
+    """Run `engine` on the shared `EngineDriver` in virtual time (the simulator's event loop as
+    its clock) until idle; requests enter at their `arrival_s`.
 
     `horizon` says how the next arrival bounds a fused step: `hard` (the step ends before it),
     `soft` (the pass it falls in is the step's last) or `cut` (the step is formed without it,
-    then `Engine.cut` shortens it, as when work arrives unannounced).
+    then `EngineDriver.cut` shortens it, as when work arrives unannounced). A prefill engine's
+    hand-offs are released `release_after_s` later (at once when None or 0).
     """
     todo = sorted(arrivals, key=lambda r: (r.arrival_s, r.request_id))
-    tr, t, i, seen = Trace(), 0.0, 0, set()
-    pending_release: list[tuple[float, int]] = []
-    for _ in range(max_steps):
-        while i < len(todo) and todo[i].arrival_s <= t:
-            (engine.add_transferred if engine.role == "decode" else engine.add_request)(todo[i])
-            i += 1
-        for when, rid in [p for p in pending_release if p[0] <= t]:
-            engine.release(rid)
-            pending_release.remove((when, rid))
-        events = [todo[i].arrival_s] if i < len(todo) else []
-        events += [w for w, _ in pending_release]
-        nxt = min(events) - t if (events and use_horizon) else math.inf
+    tr = Trace()
+    loop = EventLoop()
+    nxt = [0]  # index of the next arrival not yet added
+    passes_seen = [0]
+
+    def next_event_s(now_s: float) -> float:
+        return todo[nxt[0]].arrival_s - now_s if nxt[0] < len(todo) else math.inf
+
+    def bound(drv: EngineDriver, now_s: float) -> tuple[float, float]:
         if horizon == "hard":
-            step = engine.schedule(nxt)
-        elif horizon == "soft":
-            step = engine.schedule(soft_horizon_s=nxt)
-        else:
-            step = engine.schedule()
-        if step is None:
-            if not events:
-                return tr
-            t = max(t, min(events))
-            continue
-        for rid in engine._running:  # noqa: SLF001 - observe admission order
-            if rid not in seen:
-                seen.add(rid)
-                tr.admission_order.append(rid)
-        duration = step.duration_s
-        if horizon == "cut" and nxt < math.inf:
-            cut = engine.cut(nxt)
-            if cut is not None:
-                assert cut < duration
-                duration = cut
-                step = Step(cut, engine._inflight.passes, step.shape, step.num_seqs,  # noqa: SLF001
-                            step.prefill_tokens, step.decode_tokens)
+            return next_event_s(now_s), math.inf
+        if horizon == "soft":
+            return math.inf, next_event_s(now_s)
+        return math.inf, math.inf
+
+    def release(now_s: float, rid: int) -> None:
+        engine.release(rid)
+        drv.kick(now_s)
+
+    def on_output(d: EngineDriver, now_s: float, start_s: float, out: StepOutput) -> None:
+        step = d.step
+        assert step is not None
+        passes = engine.stats.passes - passes_seen[0]
+        passes_seen[0] = engine.stats.passes
+        if passes != step.num_passes:  # cut short: record the step as it ran
+            step = Step(now_s - start_s, passes, step.shape, step.num_seqs, step.prefill_tokens,
+                        step.num_seqs * passes if not step.prefill_tokens else step.decode_tokens)
         tr.steps.append(step)
-        out = engine.complete()
+        if len(tr.steps) > max_steps:
+            raise AssertionError("engine did not drain")
         for rid, dt in out.first_tokens:
-            tr.first_token_s[rid] = t + dt
+            tr.first_token_s[rid] = start_s + dt
         for rid, dt in out.scheduled:
-            tr.scheduled_s[rid] = t + dt
-        t += duration
+            tr.scheduled_s[rid] = start_s + dt
+            tr.admission_order.append(rid)
         for rid in out.finished:
             assert rid not in tr.finish_s, f"request {rid} finished twice"
-            tr.finish_s[rid] = t
+            tr.finish_s[rid] = now_s
         for rid in out.handoffs:
-            tr.handoff_s[rid] = t
-            pending_release.append((t + (release_after_s or 0.0), rid))
+            tr.handoff_s[rid] = now_s
+            if release_after_s:
+                loop.call_at(now_s + release_after_s, ORDER_STEP_END, release, rid)
+            else:
+                engine.release(rid)
         tr.tokens += out.tokens_generated
         tr.preempted += len(out.preempted)
         tr.outputs.append(out)
         if check:
             check(engine)
-    raise AssertionError("engine did not drain")
+
+    drv = EngineDriver(engine, loop, on_output, bound)
+
+    def arrive(now_s: float, req: Request) -> None:
+        nxt[0] += 1
+        (engine.add_transferred if engine.role == "decode" else engine.add_request)(req)
+        if horizon == "cut":
+            drv.cut(now_s)
+        drv.kick(now_s)
+
+    for r in todo:
+        loop.call_at(r.arrival_s, ORDER_ARRIVAL, arrive, r)
+    loop.run()
+    assert not engine.has_work and not drv.busy, "engine did not drain"
+    return tr
 
 
 def check_engine(engine: Engine) -> None:

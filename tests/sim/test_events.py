@@ -47,7 +47,7 @@ def test_push_in_the_past_is_clamped_to_now_and_run_stops_at_until():
     loop.push(2.0, Priority.ARRIVAL, Tagged("a"))
     loop.push(5.0, Priority.ARRIVAL, Tagged("late"))
     loop.run(until_s=3.0)
-    assert seen == [(2.0, "a")] and loop.now_s == 2.0
+    assert seen == [(2.0, "a")] and loop.now_s() == 2.0
     loop.push(1.0, Priority.ARRIVAL, Tagged("past"))
     loop.run(until_s=3.0)
     assert seen[-1] == (2.0, "past")

@@ -8,9 +8,10 @@ compares it with `FleetView.now_s`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-Role = Literal["mixed", "prefill", "decode"]
+from fleetwise.spec.roles import Role
+
+__all__ = ["FleetView", "KvLinkView", "Role", "RouteRequest", "RoutingDecision", "WorkerView"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,11 @@ are either
   cached but is evictable, in LRU order. Eviction trims an entry from its tail, block by block,
   as vLLM evicts the tail blocks of a freed chain first.
 
+KV events (as vLLM's `BlockStored`/`BlockRemoved`): when `events` is a list (off, None, by
+default), the pool appends `(True, hash_id)` when a span is first cached and `(False, hash_id)`
+when eviction removes its last block; the engine hands them out with each `StepOutput`. A
+`reset` (crash) drops pending events: a driver reports the worker down, which forgets it all.
+
 Invariant (`check`): free + private + sum(entry blocks) == capacity, and
 in use (private + blocks of referenced entries) + `num_free` == capacity.
 """
@@ -37,7 +42,7 @@ class CacheEntry:
 class BlockPool:
     """`capacity` KV blocks; see the module docstring for the accounting."""
 
-    __slots__ = ("capacity", "num_free_uncached", "num_private", "version", "_cached", "_lru",
+    __slots__ = ("capacity", "num_free_uncached", "num_private", "version", "events", "_cached", "_lru",
                  "_evictable_blocks", "_referenced_blocks")
 
     def __init__(self, capacity: int) -> None:
@@ -48,6 +53,8 @@ class BlockPool:
         self.num_private = 0
         self.version = 0
         """Bumped whenever cached contents change (lets callers memoise lookups)."""
+        self.events: list[tuple[bool, int]] | None = None
+        """KV events since the last drain: (stored, hash id); None = not recorded (the default)."""
         self._cached: dict[SpanKey, CacheEntry] = {}
         self._lru: OrderedDict[SpanKey, CacheEntry] = OrderedDict()
         self._evictable_blocks = 0
@@ -112,6 +119,8 @@ class BlockPool:
             if entry.num_blocks == 0:
                 del lru[key]
                 del self._cached[key]
+                if self.events is not None:
+                    self.events.append((False, key[0]))
 
     # -- cached spans --------------------------------------------------------------------------
     def acquire(self, entry: CacheEntry) -> None:
@@ -141,6 +150,8 @@ class BlockPool:
         self.version += 1
         entry = CacheEntry(key, n, 1)
         self._cached[key] = entry
+        if self.events is not None:
+            self.events.append((True, key[0]))
         self.num_private -= n
         self._referenced_blocks += n
         return entry
@@ -161,6 +172,8 @@ class BlockPool:
         self._cached.clear()
         self._lru.clear()
         self._evictable_blocks = self._referenced_blocks = 0
+        if self.events is not None:
+            self.events.clear()
 
     def check(self) -> None:
         """Assert the accounting invariants (tests call this after every step)."""

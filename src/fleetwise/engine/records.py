@@ -96,6 +96,8 @@ class StepOutput:
     scheduled: (request_id, 0.0) for each request whose prompt was first scheduled in this step
         (admitted from the waiting queue for the first time; the offset is the step's start).
         Re-admissions after a preemption and transferred KV (decode role) are not reported.
+
+    The last two fields are off on the simulator's fast path (None) and filled when asked.
     """
 
     first_tokens: list[tuple[int, float]] = field(default_factory=list)
@@ -106,3 +108,10 @@ class StepOutput:
     itl_samples: list[tuple[float, int]] = field(default_factory=list)
     prefix_hit_tokens: int = 0
     scheduled: list[tuple[int, float]] = field(default_factory=list)
+    tokens: list[tuple[int, int]] | None = None
+    """Per request, when the engine reports it (`Engine.per_request_outputs`; None otherwise):
+    (request_id, output tokens it produced in this step: one per pass for a decoder, one for a
+    prompt that completed on a mixed engine), in engine order."""
+    kv_events: list[tuple[bool, int]] | None = None
+    """KV events of this step when the pool records them (`Engine.enable_kv_events`; None
+    otherwise): (True, hash id) = span stored, (False, hash id) = span evicted, in order."""

@@ -28,10 +28,9 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 from fleetwise.core.request import Request
-from fleetwise.core.views import WorkerView
+from fleetwise.core.views import Role, WorkerView
 from fleetwise.engine.blocks import BlockPool
 from fleetwise.engine.bundle import DecodeTimeFn, Fused, decode_time_of, plan_fused
 from fleetwise.engine.decoders import DecodeSet
@@ -41,7 +40,6 @@ from fleetwise.errors import InfeasibleError, SpecError
 from fleetwise.perf.types import BatchShape
 
 StepTimeFn = Callable[[BatchShape], float]
-Role = Literal["mixed", "prefill", "decode"]
 
 
 @dataclass(slots=True)
@@ -99,6 +97,13 @@ class Engine:
         self._inflight: _InFlight | None = None
         self._blocked_key: tuple[int, ...] | None = None
         self.stats = _Counters()
+        self.per_request_outputs = False
+        """Fill `StepOutput.tokens` (which requests got how many tokens): a server streams them."""
+
+    def enable_kv_events(self) -> None:
+        """Record the block pool's KV events and report them in each `StepOutput.kv_events`."""
+        if self.pool.events is None:
+            self.pool.events = []
 
     # -- read-only properties -------------------------------------------------------------------
     @property
@@ -435,6 +440,9 @@ class Engine:
         # Positional, every field given: StepOutput(first_tokens, finished, handoffs, preempted,
         # tokens_generated, itl_samples, prefix_hit_tokens, scheduled).
         out = StepOutput([], [], [], preempted, n_dec * passes, itl, fl.prefix_hit_tokens, fl.scheduled)
+        if self.per_request_outputs:
+            # Every decoder in the set ran every pass (a fused step ends by the first finish).
+            out.tokens = [(rid, passes) for rid, st in self._running.items() if st.phase == DECODE]
         for st in fl.new_decoders:
             if not st.first_done:
                 st.first_done = True
@@ -444,6 +452,10 @@ class Engine:
             out.finished.append(st.req.request_id)
         for st, chunk in fl.chunks:
             self._advance_prefill(st, chunk, fl.duration_s, out)
+        events = self.pool.events
+        if events:
+            out.kv_events = events.copy()
+            events.clear()
         return out
 
     def _advance_prefill(self, st: SeqState, chunk: int, duration_s: float, out: StepOutput) -> None:
@@ -461,6 +473,8 @@ class Engine:
             return
         st.outputs += 1
         out.tokens_generated += 1
+        if out.tokens is not None:
+            out.tokens.append((st.req.request_id, 1))
         if not st.first_done:
             st.first_done = True
             out.first_tokens.append((st.req.request_id, duration_s))
@@ -550,14 +564,17 @@ class Engine:
                 decode_left += st.req.output_tokens - st.outputs
         return len(self._waiting), len(self._running), queued, decode_left, usage
 
-    def snapshot(self, now_s: float, elapsed_s: float | None = None) -> WorkerView:
-        """The engine as a router sees it. With `elapsed_s` (time since the in-flight step
-        started), a fused step shows the state single passes would have then: the passes
-        ended so far and the blocks of the pass running now."""
-        waiting, running, queued, decode_left, usage = self.load(elapsed_s)
-        return WorkerView(
-            name=self.name, role=self.role, queued_requests=waiting,
-            running_requests=running, queued_prefill_tokens=queued,
-            running_decode_tokens=decode_left, kv_usage=usage,
-            kv_capacity_tokens=self.pool.capacity * self._bs, block_size=self._bs,
-            reported_at_s=now_s)
+    def snapshot(self, now_s: float, elapsed_s: float | None = None, passes_done: int | None = None, *,
+                 pool: str = "default", accelerator: str = "", model_version: str = "v1",
+                 region: str = "default", healthy: bool = True,
+                 kv_capacity_tokens: int | None = None) -> WorkerView:
+        """The engine as a router sees it at `now_s`: the one place a `WorkerView` is built.
+
+        With `elapsed_s` (time since the in-flight step started), a fused step shows the state
+        single passes would have then: the passes ended so far and the blocks of the pass
+        running now. The keyword arguments are the identity a driver knows (capacity in tokens;
+        default: blocks times block size)."""
+        waiting, running, queued, decode_left, usage = self.load(elapsed_s, passes_done)
+        cap = self.pool.capacity * self._bs if kv_capacity_tokens is None else kv_capacity_tokens
+        return WorkerView(self.name, self.role, pool, accelerator, model_version, region, healthy, waiting,
+                          running, queued, decode_left, usage, cap, self._bs, now_s)

@@ -20,6 +20,7 @@ from fleetwise.planner.workload import LengthMix, requests_at
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash
 from fleetwise.spec.plan import KvLinkSpec, PlanSpec
 from fleetwise.spec.planning import PlanningSpec
+from fleetwise.spec.roles import Role
 from fleetwise.spec.slo import SLOSpec
 
 Check = Literal["both", "ttft", "tpot"]
@@ -32,7 +33,7 @@ SECONDS_PER_RUN = 60.0  # aim for about a minute of simulated traffic, within th
 class PoolShape:
     """`replicas` replicas of one layout in one role."""
 
-    role: Literal["mixed", "prefill", "decode"]
+    role: Role
     layout: Layout
     replicas: int
 

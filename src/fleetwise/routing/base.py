@@ -5,6 +5,10 @@ what happened through `observe()`. Policies are pure synchronous objects: no I/O
 (time arrives as `FleetView.now_s` and `Feedback.now_s`), no threads, randomness only from
 seeded generators they own. Feeding the same object the same sequence of views and feedback
 yields the same decisions, whichever driver produced them.
+
+A policy may set `wants_kv_events = True`: its decisions read what engines cache, so a driver
+should forward the engines' KV events (`KvStored`/`KvEvicted`); drivers read it with
+`getattr(policy, "wants_kv_events", False)`.
 """
 
 from __future__ import annotations

@@ -118,6 +118,9 @@ class ComposedPolicy:
         self._weights: dict[str, float] = {str(k): v for k, v in params.scorers.items()}
         self._score_keys: dict[str, _ScoreKeys] = {}
         self._reason_kinds: dict[str, str] = {}
+        self.wants_kv_events = any(wt > 0 for wt in params.scorers.values())
+        """Scores read the prefix index (load through the cached prefix, prefix): a driver should
+        report the engines' `KvStored`/`KvEvicted` events."""
 
     # ---- route -------------------------------------------------------------------------------
 

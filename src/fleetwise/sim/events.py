@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from fleetwise.engine.clock import ORDER_KICK, ORDER_STEP_END
+
 
 class Priority(IntEnum):
     """Order of events that fall at the same virtual time (lower runs first)."""
 
     FAULT = 0
     """Fault starts and ends: a crash at t removes the replica before anything else at t."""
-    STEP_END = 1
+    STEP_END = ORDER_STEP_END
     """An engine step completes: tokens, finishes, hand-offs."""
     TRANSFER_END = 2
     """A KV transfer finishes (or a transfer's rate changes)."""
@@ -34,7 +36,7 @@ class Priority(IntEnum):
     """A batch of arrivals is routed (delayed-feedback mode)."""
     ARRIVAL = 5
     """A request reaches the router or its engine."""
-    KICK = 6
+    KICK = ORDER_KICK
     """An idle engine with new work schedules its next step."""
     SAMPLE = 7
     """Periodic metric sampling (queue lengths over time)."""
@@ -43,18 +45,6 @@ class Priority(IntEnum):
 @dataclass(slots=True)
 class Event:
     """Base of all events: plain data, no behaviour."""
-
-
-@dataclass(slots=True)
-class StepEnd(Event):
-    engine: int
-    epoch: int
-    """Engine incarnation; a step of a crashed incarnation is ignored."""
-
-
-@dataclass(slots=True)
-class Kick(Event):
-    engine: int
 
 
 @dataclass(slots=True)
@@ -102,29 +92,46 @@ Handler = Callable[[float, Any], None]
 
 
 class EventLoop:
-    """A min-heap of `(time_s, priority, seq, event)`; `run()` pops and dispatches by event type."""
+    """A min-heap of `(time_s, priority, seq, handler, event)`; `run()` pops and calls each handler.
 
-    __slots__ = ("now_s", "_heap", "_seq", "_handlers", "processed")
+    Also the simulator's `Clock` (`fleetwise.engine.clock`): `call_at` schedules a callback
+    directly, with the engine's tie orders (`ORDER_STEP_END`, `ORDER_KICK`) as priorities.
+    """
+
+    __slots__ = ("time_s", "_heap", "_seq", "_handlers", "processed")
 
     def __init__(self) -> None:
-        self.now_s = 0.0
-        self._heap: list[tuple[float, int, int, Event]] = []  # (time, priority, seq, event)
+        self.time_s = 0.0
+        """Virtual time of the event being (or last) processed."""
+        self._heap: list[tuple[float, int, int, Handler, Any]] = []  # (time, priority, seq, handler, event)
         self._seq = 0
         self._handlers: dict[type, Handler] = {}
         self.processed = 0
 
+    def now_s(self) -> float:
+        """Current virtual time in seconds (the `Clock` protocol)."""
+        return self.time_s
+
     def on(self, kind: type[Event], handler: Handler) -> None:
-        """Register the one handler of an event type (a second registration is a bug)."""
+        """Register the one handler of an event type (a second registration is a bug); register
+        before pushing events of that type."""
         if kind in self._handlers:
             raise ValueError(f"handler for {kind.__name__} already registered")
         self._handlers[kind] = handler
 
     def push(self, time_s: float, priority: Priority, event: Event) -> None:
-        """Schedule `event` at `time_s`; never in the past."""
-        if time_s < self.now_s:
-            time_s = self.now_s
+        """Schedule `event` at `time_s` for its type's handler; never in the past."""
+        if time_s < self.time_s:
+            time_s = self.time_s
         self._seq += 1
-        heapq.heappush(self._heap, (time_s, priority, self._seq, event))  # IntEnum: orders as int
+        heapq.heappush(self._heap, (time_s, priority, self._seq, self._handlers[type(event)], event))
+
+    def call_at(self, time_s: float, order: int, fn: Handler, arg: Any = None) -> None:
+        """Run `fn(time_s, arg)` at `time_s` (never in the past), ordered like an event of priority `order`."""
+        if time_s < self.time_s:
+            time_s = self.time_s
+        self._seq += 1
+        heapq.heappush(self._heap, (time_s, order, self._seq, fn, arg))
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -134,22 +141,22 @@ class EventLoop:
 
     def run(self, until_s: float = float("inf"), on_progress: Callable[[float], None] | None = None) -> None:
         """Process events in key order until the heap is empty or the next event is after `until_s`."""
-        heap, handlers, pop = self._heap, self._handlers, heapq.heappop
+        heap, pop = self._heap, heapq.heappop
         n = 0
         if on_progress is None and until_s == float("inf"):  # the common case: nothing to check
             while heap:
-                t, _, _, ev = pop(heap)
-                self.now_s = t
-                handlers[type(ev)](t, ev)
+                t, _, _, fn, ev = pop(heap)
+                self.time_s = t
+                fn(t, ev)
                 n += 1
             self.processed += n
             return
         while heap:
             if heap[0][0] > until_s:
                 break
-            t, _, _, ev = pop(heap)
-            self.now_s = t
-            handlers[type(ev)](t, ev)
+            t, _, _, fn, ev = pop(heap)
+            self.time_s = t
+            fn(t, ev)
             n += 1
             if on_progress is not None and not n & 0xFFFF:
                 on_progress(t)

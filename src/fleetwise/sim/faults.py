@@ -62,7 +62,7 @@ class FaultInjector:
     @property
     def next_time_s(self) -> float:
         b = self._boundaries
-        now = self.sim.loop.now_s
+        now = self.sim.loop.time_s
         while b and b[0] <= now:
             heapq.heappop(b)
         return b[0] if b else math.inf
@@ -142,7 +142,7 @@ class FaultInjector:
         if version is not None:
             rep.model_version = version
         rep.state = UP
-        rep.view = None
+        rep.view_cache = None
         self._note(now_s, k, "restart", rep.name)
         self.sim.feedback(WorkerUp(now_s, rep.name, rep.model_version))
         self.sim.fleet.kick(rep, now_s)
@@ -171,7 +171,7 @@ class FaultInjector:
             return
         rep = self.sim.reps[todo.pop(0)]
         rep.state = DRAINING
-        rep.view = None
+        rep.view_cache = None
         self._note(now_s, k, "drain", rep.name)
         self.sim.feedback(WorkerDown(now_s, rep.name, "draining for upgrade"))
         self.on_replica_progress(rep, now_s)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fleetwise.core.feedback import Completed, Dispatched, Failed, Feedback, FirstToken
+from fleetwise.core.feedback import Completed, Dispatched, Failed, Feedback, FirstToken, KvEvicted, KvStored
 from fleetwise.core.request import Request
 from fleetwise.core.views import FleetView, RouteRequest
 from fleetwise.engine.api import StepOutput
@@ -105,6 +105,9 @@ class Simulation:
         self.reps = self.fleet.replicas
         self.policy = opts.policy if opts.policy is not None else make_policy(plan.routing, seed=opts.seed)
         self.delay = opts.feedback_delay_s
+        if getattr(self.policy, "wants_kv_events", False):
+            for r in self.reps:
+                r.engine.enable_kv_events()
         self.net = KvNetwork(self.loop, plan.kv_link.latency_s, self._on_transfer)
         if plan.disaggregated:
             for r in self.reps:
@@ -227,6 +230,8 @@ class Simulation:
     # ---- engine outputs --------------------------------------------------------------------------
     def _on_output(self, rep: Replica, now_s: float, start_s: float, out: StepOutput) -> None:
         rec, index = self.rec, self.index
+        if out.preempted:
+            rep.stats.preemptions += len(out.preempted)
         if out.scheduled:
             self._on_scheduled(rep, start_s, out.scheduled)
         for rid, off in out.first_tokens:
@@ -246,6 +251,8 @@ class Simulation:
             for gap, cnt in out.itl_samples:
                 self.itl_gaps.append(gap)
                 self.itl_counts.append(cnt)
+        if out.kv_events:
+            self._kv_feedback(rep, now_s, out.kv_events)
         if out.finished or out.handoffs:
             self.faults.on_replica_progress(rep, now_s)
 
@@ -253,6 +260,17 @@ class Simulation:
         assert self.opts.recorder is not None
         self.opts.recorder.on_step(rep, start_s, now_s, out)
         self._on_output(rep, now_s, start_s, out)
+
+    def _kv_feedback(self, rep: Replica, now_s: float, events: list[tuple[bool, int]]) -> None:
+        """Forward a step's KV events to the policy: each run of stores or evictions as one
+        `KvStored`/`KvEvicted`, in order."""
+        start = 0
+        for k in range(1, len(events) + 1):
+            if k == len(events) or events[k][0] != events[start][0]:
+                hashes = tuple(h for _, h in events[start:k])
+                self.feedback(KvStored(now_s, rep.name, hashes) if events[start][0]
+                              else KvEvicted(now_s, rep.name, hashes))
+                start = k
 
     def _on_scheduled(self, rep: Replica, start_s: float, scheduled: list[tuple[int, float]]) -> None:
         """Prompts first scheduled on `rep` (their first replica: prefill, or mixed) start now."""
@@ -402,7 +420,7 @@ class Simulation:
     def _on_sample(self, now_s: float, ev: Sample) -> None:
         for r in self.reps:
             e = r.engine
-            kv = e.kv_usage_at(now_s - r.step_start_s) if r.busy else e.kv_usage
+            kv = r.kv_usage_now(now_s)
             r.stats.queue_series.append((now_s, e.num_waiting, e.num_running, kv))
             r.stats.kv_usage_samples.append(kv)
             if len(r.stats.queue_series) > MAX_SERIES:
@@ -426,6 +444,7 @@ def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | No
     _fail_unfinished(sim)
     for r in sim.reps:
         r.stats.prefix_hit_rate = float(r.engine.prefix_hit_rate)
+        r.stats.busy_s = r.busy_s
     itl = (np.asarray(sim.itl_gaps, dtype=np.float64), np.asarray(sim.itl_counts, dtype=np.int64))
     extra = {
         "plan": plan.name,
@@ -445,7 +464,7 @@ def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | No
 def _fail_unfinished(sim: Simulation) -> None:
     """No request is lost silently: one still held when the events run out (a replica that
     never came back, a stalled engine) is recorded as failed at the end time."""
-    rec, end = sim.rec, sim.loop.now_s
+    rec, end = sim.rec, sim.loop.time_s
     for i in range(len(sim.reqs)):
         if math.isnan(rec.finish_s[i]) and i not in rec.failure:
             sim.fail(i, end, "unfinished_at_end", None)

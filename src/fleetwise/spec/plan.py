@@ -16,6 +16,7 @@ from fleetwise.errors import SpecError, UnknownNameError
 from fleetwise.spec.base import Spec, load_document
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.parallel import ParallelismSpec
+from fleetwise.spec.roles import Role
 from fleetwise.spec.routing import PRESETS, RoutingSpec
 
 
@@ -41,7 +42,7 @@ class PoolSpec(Spec):
 
     name: str
     """Pool name; replicas are named `<name>-<index>`."""
-    role: Literal["mixed", "prefill", "decode"] = "mixed"
+    role: Role = "mixed"
     """`mixed` = colocated prefill and decode; `prefill`/`decode` = disaggregated halves."""
     replicas: int = Field(default=1, gt=0)
     accelerator: str

@@ -1,0 +1,72 @@
+"""From a plan's `PoolSpec` to engines: the engine config, the memory fit and the bound perf model.
+
+One place for what every driver (simulator, emulator) does before it can run a replica of a pool:
+resolve model and accelerator, check the parallelism, size the KV cache from the memory fit
+(`fleetwise.perf.memory`), bind the perf model to the deployment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetwise.engine.driver import step_time_fns
+from fleetwise.engine.records import EngineConfig
+from fleetwise.engine.scheduler import Engine
+from fleetwise.errors import SpecError
+from fleetwise.perf.memory import FitOptions, kv_capacity_tokens
+from fleetwise.perf.roofline import BoundPerf, PerfModel
+from fleetwise.perf.types import Deployment, pool_deployment
+from fleetwise.spec.plan import PoolSpec, resolve_pool
+
+__all__ = ["PoolBuild", "build_pool", "engine_config"]
+
+
+def engine_config(pool: PoolSpec) -> EngineConfig:
+    """The engine knobs of `pool` as an `EngineConfig`."""
+    k = pool.engine
+    return EngineConfig(
+        max_num_batched_tokens=k.max_num_batched_tokens, max_num_seqs=k.max_num_seqs, block_size=k.block_size,
+        enable_prefix_caching=k.enable_prefix_caching, enable_chunked_prefill=k.enable_chunked_prefill,
+        max_bundle_steps=k.max_bundle_steps,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PoolBuild:
+    """What every replica of one pool shares: deployment, KV capacity, bound perf model, config."""
+
+    pool: PoolSpec
+    deployment: Deployment
+    kv_capacity_tokens: int
+    """KV cache capacity of one replica in tokens (memory fit)."""
+    kv_bytes_per_token: float
+    """Bytes of KV cache per token of context (all layers, the pool's KV dtype)."""
+    perf: BoundPerf
+    config: EngineConfig
+
+    def engine(self, name: str) -> Engine:
+        """A fresh engine of this pool named `name`, priced by the bound perf model."""
+        step_time, decode_time = step_time_fns(self.perf, 1.0)
+        return Engine(name, self.pool.role, self.config, self.kv_capacity_tokens // self.config.block_size,
+                      step_time, decode_time)
+
+
+def build_pool(pool: PoolSpec, perf: PerfModel, where: str) -> PoolBuild:
+    """Resolve, check and fit `pool` (errors name `where`, e.g. `plan: pools.0`)."""
+    model, gpu = resolve_pool(pool, where)
+    try:
+        pool.parallelism.check(model, gpu)
+    except SpecError as err:
+        raise SpecError(f"{where} ({pool.name}): {err}") from None
+    dep = pool_deployment(model, gpu, pool)
+    k = pool.engine
+    opts = FitOptions(max_num_batched_tokens=k.max_num_batched_tokens, max_num_seqs=k.max_num_seqs,
+                      gpu_memory_utilization=pool.gpu_memory_utilization)
+    cap = kv_capacity_tokens(dep, opts)
+    if cap < k.block_size:
+        raise SpecError(
+            f"{where} ({pool.name}): fit failed: {model.name} on {pool.parallelism.gpus} x {gpu.name} "
+            f"(tp={pool.parallelism.tp}, pp={pool.parallelism.pp}, {pool.weight_dtype} weights) leaves no "
+            f"room for KV cache; raise tp/pp or use smaller dtypes (see `fleetwise fit {model.name} {gpu.name}`)"
+        )
+    return PoolBuild(pool, dep, cap, model.kv_bytes_per_token(pool.kv_dtype), perf.bind(dep), engine_config(pool))

@@ -1,0 +1,10 @@
+"""L4 (beside `sim`): what live drivers share — the wall-clock side of the engine driver.
+
+Owns `AsyncioClock`, the `fleetwise.engine.clock.Clock` that sleeps to absolute deadlines on
+the running asyncio loop, so the emulator and the gateway drive the same `EngineDriver` and
+the same policies as the simulator. Never imports `sim`.
+"""
+
+from fleetwise.live.clock import AsyncioClock
+
+__all__ = ["AsyncioClock"]

@@ -16,7 +16,8 @@ from fleetwise import __version__
 from fleetwise.errors import FleetwiseError
 
 # Modules under fleetwise.cli that provide subcommands, in help order.
-SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "fit_cmd", "catalog_cmd", "perf_cmd", "ledger_cmd")
+SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "fit_cmd", "catalog_cmd", "perf_cmd", "ledger_cmd",
+                      "gateway_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

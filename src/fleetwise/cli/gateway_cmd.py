@@ -1,0 +1,76 @@
+"""`fleetwise gateway`: serve fleetwise's routing policies in front of OpenAI-compatible engines.
+
+    fleetwise gateway --config gateway.yaml
+    fleetwise gateway --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 [--policy P] --port N
+    fleetwise gateway --prefill URL --decode URL [--policy P] --port N
+
+Owns argument handling only; the gateway is `fleetwise.gateway`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from fleetwise.errors import SpecError
+from fleetwise.routing import policy_names
+from fleetwise.spec.base import load_document, validate
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "gateway", help="route OpenAI-compatible requests to engines with a fleetwise policy",
+        description="An OpenAI-compatible gateway (completions, chat, models, health, readiness, metrics, "
+                    "admin) that routes each request with the simulator's policies, scrapes the engines' "
+                    "/metrics, retries before the first byte, orchestrates vLLM prefill/decode pairs and "
+                    "enforces tenant limits. See docs/gateway.md.")
+    p.add_argument("--config", metavar="G.yaml", help="gateway config file (flags below override it)")
+    p.add_argument("--backend", action="append", default=[], metavar="URL", help="a mixed backend (repeatable)")
+    p.add_argument("--prefill", action="append", default=[], metavar="URL", help="a prefill backend (repeatable)")
+    p.add_argument("--decode", action="append", default=[], metavar="URL", help="a decode backend (repeatable)")
+    p.add_argument("--policy", choices=policy_names(), help="routing preset (default fleetwise-default)")
+    p.add_argument("--model", action="append", default=[], metavar="NAME",
+                   help="model name clients may ask for (default: what the backends' /v1/models report)")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default 8000)")
+    p.add_argument("--backends-file", metavar="FILE", help="watched YAML list of backends")
+    p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The `GatewayConfig` from `--config` with flags applied on top."""
+    from fleetwise.gateway.config import GatewayConfig
+
+    cfg = load_document(GatewayConfig, args.config) if args.config else GatewayConfig()
+    doc = cfg.model_dump(exclude_unset=True)
+    flags = [(u, "mixed") for u in args.backend] + [(u, "prefill") for u in args.prefill] + \
+        [(u, "decode") for u in args.decode]
+    if flags:
+        doc["backends"] = [*doc.get("backends", []), *({"url": u, "role": r} for u, r in flags)]
+    if args.policy:
+        doc["routing"] = {**doc.get("routing", {}), "policy": args.policy}
+    for key, val in (("host", args.host), ("port", args.port), ("backends_file", args.backends_file)):
+        if val is not None:
+            doc[key] = val
+    if args.model:
+        doc["models"] = args.model
+    out = validate(GatewayConfig, doc, args.config or "command line")
+    if not out.backends and not out.backends_file:
+        raise SpecError("no backends: pass --backend URL (or --prefill/--decode), or list `backends:` in --config")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetwise.gateway import Gateway, serve
+
+    cfg = build_config(args)
+    gw = Gateway(cfg)
+    print(f"fleetwise gateway on http://{cfg.host}:{cfg.port} -> {len(cfg.backends)} backend(s), "
+          f"policy {cfg.routing.policy}", flush=True)
+    try:
+        serve(gw, cfg.host, cfg.port, args.log_level)
+    except OSError as err:
+        raise SpecError(f"--port {cfg.port}: cannot listen on {cfg.host}:{cfg.port} ({err.strerror}); "
+                        "pick a free port") from None
+    return 0

@@ -1,0 +1,751 @@
+"""`Gateway`: the OpenAI-compatible front, routing through a fleetwise policy, and the loops that
+keep its fleet view current (scrapes, health checks, the watched backends file).
+
+Per completion request: read the body (bounded) -> tenant and limits -> parse the routing fields
+-> `policy.route()` on the current `FleetView` -> send to the chosen backend (for a P/D pair: the
+prefill leg, then the decode leg with the returned `kv_transfer_params`) -> relay the answer
+chunk by chunk. Before the first byte reaches the client, a connect error, timeout or 5xx is
+retried on another eligible backend (bounded, counted); after it, a broken stream ends with an
+OpenAI-style error event. Every outcome is reported to the policy (`observe`) and to the
+backend's circuit breaker (faults only: a client's 4xx is not the backend's fault).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fleetwise.core.feedback import Completed, Failed, FirstToken, WorkerDown, WorkerUp
+from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
+from fleetwise.errors import SpecError
+from fleetwise.gateway.backends import Backend, Backends, Decision
+from fleetwise.gateway.config import BackendSpec, GatewayConfig, TenantSpec
+from fleetwise.gateway.limits import Admission, TenantLimiter
+from fleetwise.gateway.openai import ClientError, error_body, parse_json_body, parse_request, prompt_blocks
+from fleetwise.gateway.scrape import parse_metrics
+from fleetwise.gateway.telemetry import Telemetry
+from fleetwise.gateway.upstream import FAULT_ERRORS, SseFramer, Upstream, fault_kind
+from fleetwise.routing import make_policy
+from fleetwise.routing.base import reason_kind
+from fleetwise.spec.base import read_document, validate
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger("fleetwise.gateway")
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+VERSION_HEADER = b"x-fleetwise-model-version"
+"""Request header pinning a request to a model version."""
+REGION_HEADER = b"x-fleetwise-region"
+"""Request header keeping a request in a region."""
+PD_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                     "remote_block_ids": None, "remote_host": None, "remote_port": None}
+"""`kv_transfer_params` of a prefill leg, as vLLM's disaggregated-serving proxy sends them."""
+CLIENT_CLOSED_STATUS = 499
+"""Status counted (never sent) for a client that disconnected mid-stream (nginx's convention)."""
+ERROR_EVENT_STATUS = 502
+"""`code` of the error event that ends a stream broken after its first byte."""
+
+
+class _Retry(Exception):
+    """A backend fault before the first byte reached the client: try another backend."""
+
+    def __init__(self, backend: Backend, cause: str, detail: str) -> None:
+        super().__init__(detail)
+        self.backend, self.cause, self.detail = backend, cause, detail
+
+
+@dataclass(slots=True)
+class _Call:
+    """One client request in flight through the gateway."""
+
+    rid: str
+    endpoint: str
+    path: str
+    arrival_s: float
+    raw: bytes
+    body: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    route: RouteRequest
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return str(v.decode("latin-1"))
+    return None
+
+
+class Gateway:
+    """One gateway process's state: config, policy, backends, limits, telemetry, loops."""
+
+    def __init__(self, cfg: GatewayConfig, *, admin_token: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self._clock = clock
+        self._t0 = clock()
+        self.policy = make_policy(cfg.routing, seed=cfg.seed)
+        self.backends = Backends(cfg.breaker, cfg.recent_decisions)
+        for b in cfg.backends:
+            self.backends.upsert(b)
+        self.admin_token = admin_token if admin_token is not None else (
+            cfg.admin_token or os.environ.get(cfg.admin_token_env) or None)
+        self.limiters: dict[str, TenantLimiter] = {}
+        self.tenant_of_key: dict[str, TenantLimiter] = {}
+        for t in cfg.tenants:
+            lim = self.limiters[t.name] = TenantLimiter(t)
+            for k in t.api_keys:
+                self.tenant_of_key[k] = lim
+        self.default_limiter = TenantLimiter(cfg.default_tenant)
+        self.telemetry = Telemetry(self.backends, self.now, self.policy.report)
+        self.upstream = Upstream(cfg.timeouts.connect_s, cfg.timeouts.first_byte_s, cfg.timeouts.idle_s)
+        self.discovered_models: dict[str, frozenset[str]] = {}
+        self._ids = itertools.count()
+        self._id_prefix = f"fw-{os.getpid():x}-"
+        self._tasks: list[asyncio.Task[None]] = []
+        self._file_backends: set[str] = set()
+        self._file_mtime: float | None = None
+        self._fleet_key: tuple[Any, ...] | None = None
+        self._fleet_workers: FleetView | None = None
+        self.block_bytes = max(1, round(cfg.limits.hash_block_tokens * cfg.limits.chars_per_token))
+        self.answered = 0
+
+    # ---- clock, models, lifecycle --------------------------------------------------------------
+
+    def now(self) -> float:
+        """Seconds since the gateway started (the clock of every view and feedback event)."""
+        return self._clock() - self._t0
+
+    def known_models(self) -> frozenset[str]:
+        """Models a request may name: the configured list, else what live backends report."""
+        if self.cfg.models:
+            return frozenset(self.cfg.models)
+        out: set[str] = set()
+        for name in self.backends.live:
+            out |= self.discovered_models.get(name, frozenset())
+        return frozenset(out)
+
+    async def start(self) -> None:
+        """Open the client pool and start the background loops (inside the serving event loop)."""
+        await self.upstream.open()
+        if self.cfg.backends_file:
+            self.reload_backends_file()
+        await asyncio.gather(self.scrape_once(), self.health_once())
+        self._tasks = [asyncio.create_task(self._every(self.cfg.scrape.interval_s, self.scrape_once)),
+                       asyncio.create_task(self._every(self.cfg.scrape.health_interval_s, self.health_once))]
+        if self.cfg.backends_file:
+            self._tasks.append(asyncio.create_task(self._every(self.cfg.scrape.watch_interval_s, self._watch)))
+
+    async def stop(self) -> None:
+        """Stop the loops and close the client pool."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        await self.upstream.close()
+
+    async def _every(self, period_s: float, fn: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await fn()
+            except Exception:  # a loop must outlive any one bad round
+                log.exception("background loop %s failed", getattr(fn, "__name__", fn))
+
+    # ---- fleet view: scrapes, health, file, admin ----------------------------------------------
+
+    async def scrape_once(self) -> None:
+        """Read every live backend's /metrics once (concurrently); failures leave the view aging."""
+        bs = [b for b in self.backends.live.values() if b.spec.metrics_path is not None]
+        await asyncio.gather(*(self._scrape(b) for b in bs))
+
+    async def _scrape(self, b: Backend) -> None:
+        try:
+            status, data = await self.upstream.get(b.spec.url + str(b.spec.metrics_path), self.cfg.scrape.timeout_s)
+        except FAULT_ERRORS:
+            status, data = 0, b""
+        if status != 200:
+            b.scrape_errors += 1
+            self.telemetry.scrapes.labels("error").inc()
+            return
+        b.load = parse_metrics(data.decode("utf-8", "replace"))
+        b.scraped_at_s = self.now()
+        self.telemetry.scrapes.labels("ok").inc()
+
+    async def health_once(self) -> None:
+        """Poll every live backend's health endpoint (and /v1/models unless models are configured)."""
+        await asyncio.gather(*(self._health(b) for b in list(self.backends.live.values())))
+
+    async def _health(self, b: Backend) -> None:
+        ok = False
+        try:
+            status, _ = await self.upstream.get(b.spec.url + b.spec.health_path, self.cfg.scrape.timeout_s)
+            ok = status == 200
+            if ok and not self.cfg.models:
+                status, data = await self.upstream.get(b.spec.url + "/v1/models", self.cfg.scrape.timeout_s)
+                if status == 200:
+                    doc = json.loads(data)
+                    self.discovered_models[b.name] = frozenset(
+                        str(m["id"]) for m in doc.get("data", []) if isinstance(m, dict) and "id" in m)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError):
+            ok = False
+        now = self.now()
+        if ok:
+            b.health_failures = 0
+            if not b.healthy:
+                b.healthy = True
+                b.breaker.success()
+                self.policy.observe(WorkerUp(now, b.name, b.spec.model_version))
+        else:
+            b.health_failures += 1
+            if b.healthy and b.health_failures >= self.cfg.scrape.health_failures:
+                b.healthy = False
+                self.policy.observe(WorkerDown(now, b.name, "health check failed"))
+
+    def add_backend(self, spec: BackendSpec) -> bool:
+        """Add or update a backend (config file, admin API); True when new. A new one is routable
+        at once; its view is stale until its first scrape."""
+        b, new = self.backends.upsert(spec)
+        if new and self.upstream.session is not None:
+            asyncio.get_running_loop().create_task(self._first_look(b))
+        return new
+
+    async def _first_look(self, b: Backend) -> None:
+        await asyncio.gather(self._health(b), self._scrape(b) if b.spec.metrics_path else asyncio.sleep(0))
+
+    def remove_backend(self, name: str) -> bool:
+        """Stop routing to a backend; its in-flight requests finish (drain)."""
+        b = self.backends.remove(name)
+        self.discovered_models.pop(name, None)
+        if b is not None:
+            self.policy.observe(WorkerDown(self.now(), name, "removed"))
+        return b is not None
+
+    def reload_backends_file(self) -> None:
+        """Reconcile with `backends_file`: add/update what it lists, remove what it dropped."""
+        path = Path(str(self.cfg.backends_file))
+        try:
+            self._file_mtime = path.stat().st_mtime
+            doc = read_document(path)
+            items = doc.get("backends", []) if isinstance(doc, dict) else doc
+            if not isinstance(items, list):
+                raise SpecError(f"{path}: expected a list of backends or {{backends: [...]}}")
+            specs = [validate(BackendSpec, it, f"{path}: backends[{i}]") for i, it in enumerate(items)]
+        except (SpecError, OSError) as err:
+            log.error("backends file not applied, keeping the previous fleet: %s", err)
+            return
+        names = {s.key for s in specs}
+        for s in specs:
+            self.add_backend(s)
+        for gone in self._file_backends - names:
+            self.remove_backend(gone)
+        self._file_backends = names
+
+    async def _watch(self) -> None:
+        try:
+            mtime = Path(str(self.cfg.backends_file)).stat().st_mtime
+        except OSError:
+            return
+        if mtime != self._file_mtime:
+            self.reload_backends_file()
+
+    def fleet(self, now_s: float, exclude: frozenset[str] = frozenset()) -> FleetView:
+        """The current view; the workers tuple is reused while nothing it shows changed (the
+        policy memoises per tuple), so a burst of requests between scrapes pays for one build."""
+        if exclude:
+            return self.backends.fleet(now_s, exclude)
+        key: list[Any] = [self.backends.version]
+        for b in self.backends.live.values():
+            if b.spec.metrics_path is None or b.breaker.opened_at_s is not None:
+                return self.backends.fleet(now_s)  # time-dependent view: build afresh
+            key += (b.scraped_at_s, b.healthy)
+        k = tuple(key)
+        if k != self._fleet_key or self._fleet_workers is None:
+            self._fleet_key, self._fleet_workers = k, self.backends.fleet(now_s)
+        return FleetView(now_s=now_s, workers=self._fleet_workers.workers)
+
+    # ---- the ASGI application --------------------------------------------------------------------
+
+    def app(self) -> Starlette:
+        """The Starlette application (lifespan starts and stops the loops)."""
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_: Starlette) -> AsyncIterator[None]:
+            await self.start()
+            try:
+                yield
+            finally:
+                await self.stop()
+
+        routes = [
+            Route("/v1/completions", _Endpoint(self, chat=False), methods=["POST"]),
+            Route("/v1/chat/completions", _Endpoint(self, chat=True), methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/health", self._health_ep, methods=["GET"]),
+            Route("/readiness", self._readiness, methods=["GET"]),
+            Route("/metrics", self._metrics, methods=["GET"]),
+            Route("/admin/fleet", self._admin_fleet, methods=["GET"]),
+            Route("/admin/backends", self._admin_backends, methods=["GET", "POST"]),
+            Route("/admin/backends/{name:path}", self._admin_backend_delete, methods=["DELETE"]),
+        ]
+        app = Starlette(routes=routes, lifespan=lifespan)
+        app.add_exception_handler(404, _not_found)
+        app.add_exception_handler(405, _not_allowed)
+        return app
+
+    async def _models(self, _: Request) -> Response:
+        data = [{"id": m, "object": "model", "owned_by": "fleetwise"} for m in sorted(self.known_models())]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def _health_ep(self, _: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def _readiness(self, _: Request) -> Response:
+        now = self.now()
+        n = sum(b.available(now) for b in self.backends.live.values())
+        return JSONResponse({"ready": n > 0, "available_backends": n}, status_code=200 if n else 503)
+
+    async def _metrics(self, _: Request) -> Response:
+        return Response(self.telemetry.render(), media_type="text/plain; version=0.0.4")
+
+    def _admin_refusal(self, request: Request) -> Response | None:
+        if not self.admin_token:
+            return _error_response(403, "admin API disabled: set the admin token (admin_token_env) to enable it",
+                                   "permission_error")
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self.admin_token}".encode()):
+            return _error_response(401, "admin API: missing or wrong bearer token", "authentication_error")
+        return None
+
+    def fleet_document(self) -> dict[str, Any]:
+        """The /admin/fleet JSON (shape documented in docs/gateway.md)."""
+        now = self.now()
+        rep = self.policy.report()
+        return {
+            "now_s": round(now, 3),
+            "policy": rep.get("policy"),
+            "safe_mode": rep.get("safe_mode"),
+            "decisions": rep.get("decisions"),
+            "by_reason": rep.get("by_reason"),
+            "slowness": rep.get("slowness"),
+            "models": sorted(self.known_models()),
+            "backends": [b.admin(now) for b in self.backends.live.values()],
+            "draining": [b.admin(now) for b in self.backends.draining.values()],
+            "tenants": {n: {"active": t.active, "admitted": t.admitted, "refused": t.refused}
+                        for n, t in {"default": self.default_limiter, **self.limiters}.items()},
+        }
+
+    async def _admin_fleet(self, request: Request) -> Response:
+        return self._admin_refusal(request) or JSONResponse(self.fleet_document())
+
+    async def _admin_backends(self, request: Request) -> Response:
+        refused = self._admin_refusal(request)
+        if refused:
+            return refused
+        if request.method == "GET":
+            return JSONResponse([b.spec.model_dump() for b in self.backends.live.values()])
+        try:
+            doc = parse_json_body(await request.body(), self.cfg.limits.max_body_bytes)
+            spec = validate(BackendSpec, doc, "backend")
+        except ClientError as err:
+            return _error_response(err.status, err.message)
+        except SpecError as err:
+            return _error_response(400, str(err))
+        new = self.add_backend(spec)
+        return JSONResponse({"name": spec.key, "added": new}, status_code=201 if new else 200)
+
+    async def _admin_backend_delete(self, request: Request) -> Response:
+        refused = self._admin_refusal(request)
+        if refused:
+            return refused
+        name = request.path_params["name"]
+        if not self.remove_backend(name):
+            return _error_response(404, f"backend {name!r} not found; GET /admin/backends lists them", "not_found")
+        return JSONResponse({"name": name, "removed": True})
+
+    # ---- completions -------------------------------------------------------------------------------
+
+    def _tenant(self, scope: dict[str, Any]) -> TenantLimiter:
+        auth = _header(scope, b"authorization")
+        key = auth[7:].strip() if auth and auth[:7].lower() == "bearer " else None
+        lim = self.tenant_of_key.get(key) if key is not None else None
+        if lim is not None:
+            return lim
+        if self.cfg.require_api_key:
+            raise ClientError(401, "missing or unknown API key; send `Authorization: Bearer <key>`",
+                              type_="authentication_error", code="invalid_api_key")
+        return self.default_limiter
+
+    async def handle(self, scope: dict[str, Any], receive: Receive, send: Send, chat: bool) -> None:
+        """One completion request, from the first body byte to the last relayed chunk."""
+        arrival = self.now()
+        endpoint = "chat" if chat else "completions"
+        admission: Admission | None = None
+        try:
+            raw = await _read_body(scope, receive, self.cfg.limits.max_body_bytes)
+            lim = self._tenant(scope)
+            body = parse_json_body(raw, self.cfg.limits.max_body_bytes)
+            lm = self.cfg.limits
+            pr = parse_request(body, chat, self.known_models(), lm.max_output_tokens, lm.chars_per_token)
+            spec: TenantSpec = lim.spec
+            version = _header(scope, VERSION_HEADER) or spec.model_version
+            region = _header(scope, REGION_HEADER) or spec.region
+            self._check_labels(version, region)
+            max_out = pr.max_tokens or lm.default_max_tokens
+            admission = lim.admit(pr.prompt_tokens + max_out, arrival)
+        except ClientError as err:
+            await self._send_error(send, endpoint, err.status, err.message, err.type, err.param, err.code,
+                                   err.retry_after_s)
+            return
+        rid = f"{self._id_prefix}{next(self._ids):x}"
+        hashes = prompt_blocks(pr.prompt_text, self.block_bytes) if self._wants_hashes else ()
+        rr = RouteRequest(request_id=rid, prompt_tokens=pr.prompt_tokens, max_output_tokens=max_out,
+                          block_hashes=hashes, tenant=spec.name, model_version=version, region=region,
+                          arrival_s=arrival, hash_block_tokens=lm.hash_block_tokens)
+        call = _Call(rid, endpoint, scope["path"], arrival, raw, body, pr.stream, pr.include_usage, rr)
+        try:
+            await self._route_and_send(call, send, receive)
+        finally:
+            admission.release()
+
+    @property
+    def _wants_hashes(self) -> bool:
+        p = getattr(self.policy, "params", None)
+        return p is None or bool(p.scorers.get("prefix", 0)) or bool(getattr(p.prefix_index, "record_dispatch", 0))
+
+    def _check_labels(self, version: str | None, region: str | None) -> None:
+        bs = [b.spec for b in self.backends.live.values()]
+        if version is not None and bs and not any(s.model_version == version for s in bs):
+            known = sorted({s.model_version for s in bs})
+            raise ClientError(400, f"model version {version!r} is not served; versions: {', '.join(known)}",
+                              param="x-fleetwise-model-version")
+        if region is not None and bs and not any(s.region == region for s in bs):
+            known = sorted({s.region for s in bs})
+            raise ClientError(400, f"region {region!r} has no backend; regions: {', '.join(known)}",
+                              param="x-fleetwise-region")
+
+    async def _route_and_send(self, call: _Call, send: Send, receive: Receive) -> None:
+        tried: set[str] = set()
+        last: _Retry | None = None
+        for attempt in range(self.cfg.retries.max_retries + 1):
+            now = self.now()
+            d = self.policy.route(call.route, self.fleet(now, frozenset(tried)))
+            kind = reason_kind(d.reason)
+            self.telemetry.decisions.labels("safe_mode" if d.safe_mode and kind != "safe-mode" else kind).inc()
+            if d.worker is None:
+                if last is not None:
+                    break
+                await self._send_error(send, call.endpoint, 503, f"no backend can take this request: {d.reason}",
+                                       "service_unavailable", None, "no_backend", 1.0)
+                return
+            dec = self.backends.get(d.worker)
+            pre = self.backends.get(d.prefill_worker) if d.prefill_worker else None
+            if dec is None or (d.prefill_worker and pre is None):  # removed between view and route
+                self._release(call.rid, d.worker, "backend removed")
+                tried.add(d.worker)
+                continue
+            self._note(dec, call.rid, now, kind, d)
+            if pre is not None:
+                self._note(pre, call.rid, now, kind, d)
+            try:
+                await self._dispatch(call, d, dec, pre, send, receive)
+                return
+            except _Retry as r:
+                last = r
+                tried.add(r.backend.name)
+                self.policy.observe(Failed(self.now(), call.rid, d.worker, r.cause))
+                if attempt < self.cfg.retries.max_retries:
+                    self.telemetry.retries.labels(r.cause).inc()
+        detail = f"{last.cause} on {last.backend.name}: {last.detail}" if last else "no attempt"
+        await self._send_error(send, call.endpoint, 502, f"backends failed before answering ({detail})",
+                               "upstream_error", None, "upstream_failed", None)
+
+    def _note(self, b: Backend, rid: str, now: float, kind: str, d: RoutingDecision) -> None:
+        b.selected += 1
+        if self.cfg.recent_decisions:
+            score = d.scores.get(b.name)
+            b.recent.append(Decision(rid, now, kind, d.reason, score))
+
+    def _release(self, rid: str, worker: str, why: str) -> None:
+        """Tell the policy a decided dispatch did not happen (its reservation must not leak)."""
+        self.policy.observe(Completed(self.now(), rid, worker, 0, 0.0, 0.0))
+
+    async def _dispatch(self, call: _Call, d: RoutingDecision, dec: Backend, pre: Backend | None,
+                        send: Send, receive: Receive) -> None:
+        headers = {"content-type": "application/json", "x-request-id": call.rid}
+        payload = call.raw
+        if pre is not None:
+            kv = await self._prefill(call, pre, headers, send)
+            if kv is None:
+                return  # the prefill leg's client error was relayed
+            payload = json.dumps({**call.body, "kv_transfer_params": kv}).encode()
+        await self._relay(call, dec, payload, headers, send, receive)
+
+    async def _prefill(self, call: _Call, b: Backend, headers: dict[str, str], send: Send) -> Any:
+        """The prefill leg: `max_tokens` 1, not streamed, `do_remote_decode`; returns the
+        `kv_transfer_params` for the decode leg (None when a client error was relayed)."""
+        leg = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": dict(PD_PREFILL_PARAMS)}
+        if "max_completion_tokens" in leg:
+            leg["max_completion_tokens"] = 1
+        leg.pop("stream_options", None)
+        status, data, ctype = await self._request_whole(b, call, json.dumps(leg).encode(), headers)
+        if status >= 400:
+            await self._send_bytes(send, call, status, data, ctype, b.name)
+            return None
+        try:
+            kv = json.loads(data)["kv_transfer_params"]
+        except (ValueError, KeyError, TypeError):
+            kv = None
+        if not isinstance(kv, dict):
+            self._fault(b, "protocol")
+            raise _Retry(b, "protocol", "prefill answer has no kv_transfer_params (is the backend started "
+                                        "with a KV connector?)")
+        self.telemetry.pd_handoffs.inc()
+        return kv
+
+    def _fault(self, b: Backend, kind: str) -> None:
+        b.faults += 1
+        b.breaker.fault(self.now())
+        self.telemetry.upstream_errors.labels(b.name, kind).inc()
+
+    async def _request_whole(self, b: Backend, call: _Call, payload: bytes,
+                             headers: dict[str, str]) -> tuple[int, bytes, str]:
+        """POST and read the whole answer; backend faults raise `_Retry`."""
+        b.in_flight += 1
+        b.breaker.attempt(self.now())
+        try:
+            async with self.upstream.post(b.spec.url + call.path, payload, headers) as r:
+                data = await r.read()
+                status, ctype = r.status, r.headers.get("content-type", "application/json")
+        except FAULT_ERRORS as err:
+            kind = fault_kind(err)
+            self._fault(b, kind)
+            raise _Retry(b, kind, str(err) or type(err).__name__) from None
+        finally:
+            b.in_flight -= 1
+            self.backends.released(b)
+        if status >= 500:
+            self._fault(b, "5xx")
+            raise _Retry(b, "5xx", f"HTTP {status}")
+        b.breaker.success()
+        return status, data, ctype
+
+    async def _relay(self, call: _Call, b: Backend, payload: bytes, headers: dict[str, str], send: Send,
+                     receive: Receive) -> None:
+        """Send to `b` and relay its answer; faults before the first relayed byte raise `_Retry`."""
+        if not call.stream:
+            t0 = self.now()
+            status, data, ctype = await self._request_whole(b, call, payload, headers)
+            now = self.now()
+            await self._send_bytes(send, call, status, data, ctype, b.name)
+            if status < 400:
+                out = _usage_tokens(data)
+                self.policy.observe(FirstToken(now, call.rid, b.name, now - t0))
+                self.policy.observe(Completed(now, call.rid, b.name, out, 0.0, now - call.arrival_s))
+                b.observe_latency(now - t0, None)
+            else:
+                self._release(call.rid, b.name, "client error")
+            return
+        await self._relay_stream(call, b, payload, headers, send, receive)
+
+    async def _relay_stream(self, call: _Call, b: Backend, payload: bytes, headers: dict[str, str],
+                            send: Send, receive: Receive) -> None:
+        b.in_flight += 1
+        b.breaker.attempt(self.now())
+        sent_any = False
+        gone: list[bool] = []
+        watcher: asyncio.Task[None] | None = None
+        t_send = self.now()
+        try:
+            async with self.upstream.post(b.spec.url + call.path, payload, headers) as r:
+                watcher = asyncio.create_task(_watch_disconnect(receive, r, gone))
+                if r.status >= 400:
+                    data = await r.read()
+                    if r.status >= 500:
+                        self._fault(b, "5xx")
+                        raise _Retry(b, "5xx", f"HTTP {r.status}")
+                    b.breaker.success()
+                    self._release(call.rid, b.name, "client error")
+                    await self._send_bytes(send, call, r.status, data,
+                                           r.headers.get("content-type", "application/json"), b.name)
+                    return
+                framer = SseFramer()
+                first = b""
+                while not first:
+                    chunk = await r.content.readany()
+                    if not chunk:
+                        self._fault(b, "empty")
+                        raise _Retry(b, "empty", "stream closed before its first event")
+                    first = framer.feed(chunk)
+                t_first = self.now()
+                await send({"type": "http.response.start", "status": 200, "headers": [
+                    (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                    (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", b.name.encode())]})
+                sent_any = True
+                await send({"type": "http.response.body", "body": first, "more_body": True})
+                self.telemetry.ttfb.labels(call.endpoint).observe(t_first - call.arrival_s)
+                self.policy.observe(FirstToken(t_first, call.rid, b.name, t_first - t_send))
+                content = r.content
+                idle = self.cfg.timeouts.idle_s
+                while True:
+                    chunk = await asyncio.wait_for(content.readany(), idle) if idle < self.cfg.timeouts.first_byte_s \
+                        else await content.readany()
+                    if not chunk:
+                        break
+                    out = framer.feed(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+        except _Retry:
+            raise
+        except FAULT_ERRORS as err:
+            if gone:  # the client left: not the backend's fault, nothing more to send
+                self._release(call.rid, b.name, "client gone")
+                self.telemetry.answered(call.endpoint, CLIENT_CLOSED_STATUS)
+                return
+            kind = fault_kind(err)
+            self._fault(b, kind)
+            if not sent_any:
+                raise _Retry(b, kind, str(err) or type(err).__name__) from None
+            await self._stream_broken(call, b, kind, send)
+            return
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            b.in_flight -= 1
+            self.backends.released(b)
+        if gone:
+            self._release(call.rid, b.name, "client gone")
+            self.telemetry.answered(call.endpoint, CLIENT_CLOSED_STATUS)
+            return
+        b.breaker.success()
+        now = self.now()
+        await send({"type": "http.response.body", "body": framer.buf, "more_body": False})
+        n_out = _usage_tokens(framer.tail) or max(framer.events - 1 - call.include_usage, 0)
+        tpot = (now - t_first) / (n_out - 1) if n_out > 1 else 0.0
+        self.policy.observe(Completed(now, call.rid, b.name, n_out, tpot, now - call.arrival_s))
+        b.observe_latency(t_first - t_send, tpot if n_out > 1 else None)
+        self.telemetry.latency.labels(call.endpoint).observe(now - call.arrival_s)
+        self.telemetry.answered(call.endpoint, 200)
+
+    async def _stream_broken(self, call: _Call, b: Backend, kind: str, send: Send) -> None:
+        """End a stream that broke after its first byte: one error event, then [DONE]."""
+        self.policy.observe(Failed(self.now(), call.rid, b.name, kind))
+        self.telemetry.stream_errors.inc()
+        self.telemetry.answered(call.endpoint, 200)
+        ev = json.dumps({"error": {"message": f"backend {b.name} failed mid-stream ({kind}); the answer is "
+                                              "incomplete", "type": "upstream_error", "param": None,
+                                   "code": ERROR_EVENT_STATUS}})
+        with contextlib.suppress(OSError):
+            await send({"type": "http.response.body", "body": f"data: {ev}\n\ndata: [DONE]\n\n".encode(),
+                        "more_body": False})
+
+    async def _send_bytes(self, send: Send, call: _Call, status: int, data: bytes, ctype: str, backend: str) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", ctype.encode("latin-1")), (b"content-length", str(len(data)).encode()),
+            (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", backend.encode())]})
+        await send({"type": "http.response.body", "body": data})
+        now = self.now()
+        self.telemetry.ttfb.labels(call.endpoint).observe(now - call.arrival_s)
+        self.telemetry.latency.labels(call.endpoint).observe(now - call.arrival_s)
+        self.telemetry.answered(call.endpoint, status)
+
+    async def _send_error(self, send: Send, endpoint: str, status: int, message: str, type_: str,
+                          param: str | None, code: str | None, retry_after_s: float | None) -> None:
+        data = error_body(status, message, type_, param, code)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        if retry_after_s is not None:
+            headers.append((b"retry-after", str(max(1, math.ceil(retry_after_s))).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+        self.telemetry.answered(endpoint, status)
+
+
+class _Endpoint:
+    """A raw ASGI endpoint for one completion route (no per-request Request/Response objects)."""
+
+    def __init__(self, gw: Gateway, chat: bool) -> None:
+        self.gw, self.chat = gw, chat
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await self.gw.handle(scope, receive, send, self.chat)
+
+
+async def _read_body(scope: dict[str, Any], receive: Receive, limit: int) -> bytes:
+    """The request body, refusing more than `limit` bytes (413) without reading it all."""
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ClientError(413, f"request body is {declared} bytes; the limit is {limit}", code="body_too_large")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientError(400, "client disconnected while sending the body")
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ClientError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+        parts.append(chunk)
+        if not msg.get("more_body"):
+            return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+async def _watch_disconnect(receive: Receive, upstream: Any, gone: list[bool]) -> None:
+    """Close the upstream response when the client disconnects (the engine then aborts)."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            gone.append(True)
+            upstream.close()
+            return
+
+
+def _usage_tokens(data: bytes) -> int:
+    """`usage.completion_tokens` found in an answer's last bytes (0 when absent)."""
+    i = data.rfind(b'"completion_tokens"')
+    if i < 0:
+        return 0
+    j = data.find(b":", i) + 1
+    k = j
+    while k < len(data) and data[k:k + 1] in b" 0123456789":
+        k += 1
+    try:
+        return int(data[j:k])
+    except ValueError:
+        return 0
+
+
+def _error_response(status: int, message: str, type_: str = "invalid_request_error") -> Response:
+    return Response(error_body(status, message, type_), status_code=status, media_type="application/json")
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _error_response(404, f"no route {request.url.path}; see /v1/completions, /v1/chat/completions, /v1/models",
+                           "not_found")
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return _error_response(405, f"{request.method} is not allowed on {request.url.path}", "invalid_request_error")
+

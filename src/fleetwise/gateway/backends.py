@@ -1,0 +1,190 @@
+"""The gateway's backends: their declared labels, health, circuit breaker, last scrape, in-flight
+count and observed latencies, and the `FleetView` a policy routes on.
+
+`Backends` is the one registry (config, watched file and admin API all add, update and remove
+through it). A removed backend is drained: it leaves the view at once, and its state object lives
+until its last in-flight request ends. Times are the gateway clock's seconds (`now_s`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetwise.core.views import FleetView, WorkerView
+from fleetwise.gateway.config import BackendSpec, BreakerSpec
+from fleetwise.gateway.scrape import EngineLoad
+
+__all__ = ["Backend", "Backends", "Breaker", "Decision"]
+
+LATENCY_EWMA_ALPHA = 0.2
+"""Weight of one observation in the per-backend TTFT/TPOT averages shown in /admin/fleet."""
+
+
+class Breaker:
+    """Closed -> open after `failures` consecutive faults; after `open_s` one probe goes through
+    (half-open); the probe's success closes it, its fault re-opens it."""
+
+    def __init__(self, spec: BreakerSpec) -> None:
+        self.spec = spec
+        self.consecutive = 0
+        self.opened_at_s: float | None = None
+        self.probing = False
+        self.opens = 0
+
+    def allows(self, now_s: float) -> bool:
+        """Whether a request may go to the backend now (half-open lets the caller probe)."""
+        if self.opened_at_s is None:
+            return True
+        return not self.probing and now_s - self.opened_at_s >= self.spec.open_s
+
+    def state(self, now_s: float) -> str:
+        """`closed`, `open` or `half_open`."""
+        if self.opened_at_s is None:
+            return "closed"
+        return "half_open" if now_s - self.opened_at_s >= self.spec.open_s else "open"
+
+    def attempt(self, now_s: float) -> None:
+        """A request is being sent (marks the half-open probe as taken)."""
+        if self.opened_at_s is not None and now_s - self.opened_at_s >= self.spec.open_s:
+            self.probing = True
+
+    def success(self) -> None:
+        """A request succeeded (any answer that is not a backend fault)."""
+        self.consecutive, self.opened_at_s, self.probing = 0, None, False
+
+    def fault(self, now_s: float) -> None:
+        """Connect error, timeout or 5xx."""
+        self.consecutive += 1
+        if self.probing or (self.opened_at_s is None and self.consecutive >= self.spec.failures):
+            self.opened_at_s, self.probing = now_s, False
+            self.opens += 1
+
+
+@dataclass(slots=True)
+class Decision:
+    """One routing decision as /admin/fleet shows it."""
+
+    request_id: str
+    at_s: float
+    kind: str
+    reason: str
+    score: float | None
+
+
+@dataclass(slots=True)
+class Backend:
+    """One backend's live state."""
+
+    spec: BackendSpec
+    breaker: Breaker
+    healthy: bool = True
+    health_failures: int = 0
+    load: EngineLoad = field(default_factory=EngineLoad)
+    scraped_at_s: float | None = None
+    scrape_errors: int = 0
+    in_flight: int = 0
+    selected: int = 0
+    faults: int = 0
+    ttft_ewma_s: float | None = None
+    tpot_ewma_s: float | None = None
+    recent: deque[Decision] = field(default_factory=deque)
+    removed: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.key
+
+    def available(self, now_s: float) -> bool:
+        """Healthy, breaker letting traffic through, not being removed."""
+        return self.healthy and not self.removed and self.breaker.allows(now_s)
+
+    def observe_latency(self, ttft_s: float | None, tpot_s: float | None) -> None:
+        """Fold one stream's TTFT/TPOT into the averages."""
+        a = LATENCY_EWMA_ALPHA
+        if ttft_s is not None:
+            self.ttft_ewma_s = ttft_s if self.ttft_ewma_s is None else (1 - a) * self.ttft_ewma_s + a * ttft_s
+        if tpot_s is not None:
+            self.tpot_ewma_s = tpot_s if self.tpot_ewma_s is None else (1 - a) * self.tpot_ewma_s + a * tpot_s
+
+    def view(self, now_s: float) -> WorkerView:
+        """This backend as a policy sees it. Without a metrics endpoint the view is the gateway's
+        own in-flight count, always fresh; with one it is the last scrape (or, before the first
+        scrape, an empty view dated 0: stale until a scrape arrives)."""
+        s = self.spec
+        if s.metrics_path is None:
+            running, waiting, kv, at = self.in_flight, 0, 0.0, now_s
+        else:
+            ld = self.load
+            running, waiting, kv = ld.running, ld.waiting, ld.kv_usage
+            at = self.scraped_at_s if self.scraped_at_s is not None else 0.0
+        return WorkerView(name=s.key, role=s.role, pool=s.pool, accelerator=s.accelerator,
+                          model_version=s.model_version, region=s.region, healthy=self.available(now_s),
+                          queued_requests=waiting, running_requests=running, kv_usage=kv, reported_at_s=at)
+
+    def admin(self, now_s: float) -> dict[str, Any]:
+        """The /admin/fleet entry of this backend (shape documented in docs/gateway.md)."""
+        s, ld = self.spec, self.load
+        return {
+            "name": s.key, "url": s.url, "role": s.role, "pool": s.pool, "model_version": s.model_version,
+            "region": s.region, "accelerator": s.accelerator, "weight": s.weight,
+            "healthy": self.healthy, "breaker": self.breaker.state(now_s), "available": self.available(now_s),
+            "in_flight": self.in_flight, "queued": ld.waiting, "running": ld.running, "kv_usage": ld.kv_usage,
+            "prefix_hit_rate": ld.prefix_hit_rate,
+            "engine_ttft_mean_s": ld.ttft_mean_s, "engine_itl_mean_s": ld.itl_mean_s,
+            "observed_ttft_s": self.ttft_ewma_s, "observed_tpot_s": self.tpot_ewma_s,
+            "scrape_age_s": None if self.scraped_at_s is None else round(now_s - self.scraped_at_s, 3),
+            "scrape_errors": self.scrape_errors, "selected": self.selected, "faults": self.faults,
+            "recent": [{"request_id": d.request_id, "at_s": round(d.at_s, 3), "kind": d.kind,
+                        "reason": d.reason, "score": d.score} for d in self.recent],
+        }
+
+
+class Backends:
+    """Every backend by name, in insertion order; builds the fleet view."""
+
+    def __init__(self, breaker: BreakerSpec, recent: int) -> None:
+        self.breaker_spec = breaker
+        self.recent = recent
+        self.live: dict[str, Backend] = {}
+        self.draining: dict[str, Backend] = {}
+        self._view_key: tuple[Any, ...] | None = None
+        self._view_workers: tuple[WorkerView, ...] = ()
+        self.version = 0
+        """Bumped on every change of membership, health or breaker state."""
+
+    def upsert(self, spec: BackendSpec) -> tuple[Backend, bool]:
+        """Add a backend, or replace the labels of an existing one; True when newly added."""
+        b = self.live.get(spec.key)
+        self.version += 1
+        if b is None:
+            b = self.live[spec.key] = Backend(spec=spec, breaker=Breaker(self.breaker_spec),
+                                              recent=deque(maxlen=max(1, self.recent)))
+            return b, True
+        b.spec = spec
+        return b, False
+
+    def remove(self, name: str) -> Backend | None:
+        """Take a backend out of routing; it drains (its in-flight requests finish)."""
+        b = self.live.pop(name, None)
+        if b is not None:
+            b.removed = True
+            self.version += 1
+            if b.in_flight:
+                self.draining[name] = b
+        return b
+
+    def get(self, name: str) -> Backend | None:
+        """A live or draining backend by name."""
+        return self.live.get(name) or self.draining.get(name)
+
+    def released(self, b: Backend) -> None:
+        """A request on `b` ended; forget a drained backend once idle."""
+        if b.removed and b.in_flight == 0:
+            self.draining.pop(b.name, None)
+
+    def fleet(self, now_s: float, exclude: frozenset[str] = frozenset()) -> FleetView:
+        """The view a policy routes on; `exclude` hides backends a retry must avoid."""
+        workers = tuple(b.view(now_s) for name, b in self.live.items() if name not in exclude)
+        return FleetView(now_s=now_s, workers=workers)

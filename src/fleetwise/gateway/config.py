@@ -1,0 +1,199 @@
+"""`GatewayConfig`: the gateway's YAML document (backends, routing, limits, tenants, timeouts).
+
+```yaml
+host: 127.0.0.1
+port: 8000
+backends:
+  - {url: http://10.0.0.1:8000, role: mixed, model_version: v1, region: eu, accelerator: H200}
+backends_file: fleet.yaml          # optional; watched, reconciled on change (list of backends)
+routing: {policy: fleetwise-default, safe_mode: {stale_after_s: 5}}
+tenants:
+  - {name: acme, api_keys: [sk-acme-1], requests_per_s: 50, tokens_per_s: 200000, max_concurrency: 64}
+admin_token_env: FLEETWISE_ADMIN_TOKEN
+```
+
+Every field has a default; `fleetwise gateway --backend URL ...` builds the same document from
+flags. Durations are seconds, sizes bytes, rates per second.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from fleetwise.spec.base import Spec
+from fleetwise.spec.routing import RoutingSpec
+
+__all__ = [
+    "BackendSpec", "BreakerSpec", "GatewayConfig", "LimitsSpec", "RetrySpec", "ScrapeSpec", "TenantSpec",
+    "TimeoutSpec", "backend_name",
+]
+
+Role = Literal["mixed", "prefill", "decode"]
+
+
+def backend_name(url: str) -> str:
+    """The default name of a backend: its `host:port`."""
+    parts = urlsplit(url)
+    return parts.netloc or url
+
+
+class BackendSpec(Spec):
+    """One OpenAI-compatible engine server the gateway may send requests to."""
+
+    url: str
+    """Base URL, `http://host:port` (paths such as /v1/completions are appended)."""
+    name: str = ""
+    """Unique name in views, metrics and /admin/fleet; defaults to `host:port`."""
+    role: Role = "mixed"
+    """`mixed` serves whole requests; `prefill`/`decode` are the two legs of a P/D pair."""
+    pool: str = "default"
+    """Pool label (reported; replicas of one pool share hardware and configuration)."""
+    model_version: str = "v1"
+    """Version label; a request pinned to a version only goes to backends carrying it."""
+    region: str = "default"
+    """Region label; a request naming a region only goes to backends in it."""
+    accelerator: str = ""
+    """Accelerator label (reported)."""
+    weight: float = Field(default=1.0, gt=0.0)
+    """Relative capacity, reported in /admin/fleet (the built-in policies weigh by scraped load)."""
+    metrics_path: str | None = "/metrics"
+    """Prometheus endpoint scraped for load; null when the server has none (the view then holds
+    only the gateway's own in-flight counts and is always fresh)."""
+    health_path: str = "/health"
+    """Liveness endpoint polled by the health checker."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"backend url {v!r} must look like http://host:port")
+        return v.rstrip("/")
+
+    @property
+    def key(self) -> str:
+        """The backend's name (given, or `host:port`)."""
+        return self.name or backend_name(self.url)
+
+
+class ScrapeSpec(Spec):
+    """How often each backend's /metrics and /health are read."""
+
+    interval_s: float = Field(default=1.0, gt=0.0)
+    """Metrics scrape period."""
+    timeout_s: float = Field(default=1.0, gt=0.0)
+    """Give up on one scrape (it then counts as missing: the view ages)."""
+    health_interval_s: float = Field(default=2.0, gt=0.0)
+    """Health check period."""
+    health_failures: int = Field(default=2, ge=1)
+    """Consecutive failed health checks before a backend is marked down."""
+    watch_interval_s: float = Field(default=2.0, gt=0.0)
+    """How often `backends_file` is checked for changes."""
+
+
+class BreakerSpec(Spec):
+    """Per-backend circuit breaker over backend faults (connect errors, timeouts, 5xx; never 4xx)."""
+
+    failures: int = Field(default=5, ge=1)
+    """Consecutive faults that open the breaker."""
+    open_s: float = Field(default=5.0, gt=0.0)
+    """How long an open breaker refuses traffic before one probe request is let through."""
+
+
+class TimeoutSpec(Spec):
+    """Upstream timeouts."""
+
+    connect_s: float = Field(default=2.0, gt=0.0)
+    """TCP connect to a backend."""
+    first_byte_s: float = Field(default=60.0, gt=0.0)
+    """From sending the request to the response's first body byte (prefill included)."""
+    idle_s: float = Field(default=60.0, gt=0.0)
+    """Longest gap between two chunks of a stream before it counts as a hang."""
+
+
+class RetrySpec(Spec):
+    """Retries before the first byte reached the client (connect error, timeout, 5xx)."""
+
+    max_retries: int = Field(default=2, ge=0, le=16)
+    """Further attempts on other eligible backends after the first one fails."""
+
+
+class LimitsSpec(Spec):
+    """What one request may ask for."""
+
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    """Largest request body (413 above it)."""
+    max_output_tokens: int = Field(default=1_000_000, gt=0)
+    """Largest `max_tokens` a client may ask for (400 above it)."""
+    chars_per_token: float = Field(default=4.0, gt=0.0)
+    """Prompt-token estimate when the backend's tokenizer is not local (characters per token)."""
+    hash_block_tokens: int = Field(default=64, gt=0)
+    """Prompt tokens per prefix-hash block used for prefix-aware routing."""
+    default_max_tokens: int = Field(default=256, gt=0)
+    """`max_tokens` assumed for routing when a request sets none."""
+
+
+class TenantSpec(Spec):
+    """A tenant: its API keys and its limits (0 = unlimited)."""
+
+    name: str
+    api_keys: tuple[str, ...] = ()
+    """Bearer keys that identify this tenant."""
+    requests_per_s: float = Field(default=0.0, ge=0.0)
+    """Sustained request rate; `burst_s` seconds of it may arrive at once."""
+    tokens_per_s: float = Field(default=0.0, ge=0.0)
+    """Sustained prompt + max_tokens rate."""
+    max_concurrency: int = Field(default=0, ge=0)
+    """Requests in flight at once."""
+    burst_s: float = Field(default=1.0, gt=0.0)
+    """Bucket depth in seconds of the rate."""
+    model_version: str | None = None
+    """Pin every request of this tenant to a model version."""
+    region: str | None = None
+    """Keep every request of this tenant in a region."""
+
+
+class GatewayConfig(Spec):
+    """The whole gateway document."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    models: tuple[str, ...] = ()
+    """Model names served; empty = whatever the backends' /v1/models report."""
+    backends: tuple[BackendSpec, ...] = ()
+    backends_file: str | None = None
+    """A YAML/JSON list of backends (or `{backends: [...]}`), watched and reconciled on change."""
+    routing: RoutingSpec = RoutingSpec()
+    seed: int = 0
+    """Seed of the policy's random choices."""
+    scrape: ScrapeSpec = ScrapeSpec()
+    breaker: BreakerSpec = BreakerSpec()
+    timeouts: TimeoutSpec = TimeoutSpec()
+    retries: RetrySpec = RetrySpec()
+    limits: LimitsSpec = LimitsSpec()
+    tenants: tuple[TenantSpec, ...] = ()
+    require_api_key: bool = False
+    """Refuse requests without a known key (401); otherwise they run as tenant `default`."""
+    default_tenant: TenantSpec = TenantSpec(name="default")
+    """Limits for requests without a key (when keys are not required)."""
+    admin_token: str | None = None
+    """Bearer token for /admin/*; prefer `admin_token_env`. Without either, /admin is refused."""
+    admin_token_env: str = "FLEETWISE_ADMIN_TOKEN"
+    """Environment variable holding the admin token."""
+    recent_decisions: int = Field(default=16, ge=0, le=1024)
+    """Decisions kept per backend for /admin/fleet."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> GatewayConfig:
+        names = [b.key for b in self.backends]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"backends: duplicate name(s) {', '.join(dup)}; give each a distinct `name`")
+        keys = [k for t in self.tenants for k in t.api_keys]
+        dupk = len(keys) - len(set(keys))
+        if dupk:
+            raise ValueError(f"tenants: {dupk} API key(s) listed under more than one tenant; keep each key once")
+        return self

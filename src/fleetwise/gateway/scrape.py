@@ -1,0 +1,94 @@
+"""Engine load from a Prometheus `/metrics` page: the metric names of vLLM, SGLang and
+llama.cpp's server mapped onto the fields of a `WorkerView`.
+
+One table (`ALIASES`) says which exposed name feeds which field; the first name present wins,
+so a backend that exports several generations of names is read once. Sources: vLLM
+`vllm/v1/metrics/loggers.py` (v0.10+: `kv_cache_usage_perc`; older: `gpu_cache_usage_perc`),
+SGLang `sglang/srt/metrics/collector.py`, llama.cpp `tools/server/server.cpp` (`--metrics`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["ALIASES", "EngineLoad", "parse_metrics"]
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"),
+    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
+                 "llamacpp:kv_cache_usage_ratio"),
+    "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "prefix_hit_rate": ("sglang:cache_hit_rate",),
+    "ttft_sum": ("vllm:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_sum"),
+    "ttft_count": ("vllm:time_to_first_token_seconds_count", "sglang:time_to_first_token_seconds_count"),
+    "itl_sum": ("vllm:inter_token_latency_seconds_sum", "vllm:time_per_output_token_seconds_sum",
+                "sglang:inter_token_latency_seconds_sum", "sglang:time_per_output_token_seconds_sum"),
+    "itl_count": ("vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count",
+                  "sglang:inter_token_latency_seconds_count", "sglang:time_per_output_token_seconds_count"),
+}
+"""WorkerView-side field -> exposed metric names, preferred first."""
+
+_WANTED = {name: field for field, names in ALIASES.items() for name in names}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """One scrape, summed over label sets (an engine serving several model names)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    """Fraction of KV cache in use, 0..1."""
+    prefix_hit_rate: float | None = None
+    """Cumulative prefix-cache hit rate (hits / queries), None when not exported."""
+    ttft_mean_s: float | None = None
+    """Mean time to first token over the engine's lifetime, None when not exported."""
+    itl_mean_s: float | None = None
+    """Mean inter-token latency over the engine's lifetime, None when not exported."""
+    names_seen: int = 0
+    """How many of the known metric names the page had (0: not a page we understand)."""
+
+
+def parse_metrics(text: str) -> EngineLoad:
+    """The engine load on a Prometheus text page (unknown lines ignored, NaN treated as absent)."""
+    found: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        cut = line.find("{")
+        name = line[:cut] if cut >= 0 else line.split(" ", 1)[0]
+        field = _WANTED.get(name)
+        if field is None:
+            continue
+        try:
+            value = float(line.rsplit("}", 1)[-1].split()[0] if cut >= 0 else line.split()[1])
+        except (ValueError, IndexError):
+            continue
+        if math.isfinite(value):
+            per = found.setdefault(field, {})
+            per[name] = per.get(name, 0.0) + value
+    vals: dict[str, float] = {}
+    for field, names in ALIASES.items():
+        got = found.get(field)
+        if got:
+            vals[field] = next(got[n] for n in names if n in got)
+    hit_rate = vals.get("prefix_hit_rate")
+    if "prefix_queries" in vals and vals["prefix_queries"] > 0:
+        hit_rate = vals.get("prefix_hits", 0.0) / vals["prefix_queries"]
+    return EngineLoad(
+        running=int(vals.get("running", 0)),
+        waiting=int(vals.get("waiting", 0)),
+        kv_usage=min(1.0, max(0.0, vals.get("kv_usage", 0.0))),
+        prefix_hit_rate=hit_rate,
+        ttft_mean_s=_mean(vals, "ttft"),
+        itl_mean_s=_mean(vals, "itl"),
+        names_seen=sum(len(p) for p in found.values()),
+    )
+
+
+def _mean(vals: dict[str, float], key: str) -> float | None:
+    n = vals.get(f"{key}_count", 0.0)
+    return vals[f"{key}_sum"] / n if n > 0 and f"{key}_sum" in vals else None

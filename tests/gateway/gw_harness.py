@@ -1,0 +1,124 @@
+"""A gateway and its responders on 127.0.0.1 in one event loop, started and stopped per test.
+
+`async with running_fleet(...) as f:` yields the gateway, its responders, an aiohttp client on the
+gateway's address and helpers to read SSE streams and the gateway's metrics. Every wait is
+bounded (`run()` wraps the scenario in a timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from responder import Responder
+
+from fleetwise.gateway import BackendSpec, Gateway, GatewayConfig
+from fleetwise.gateway.server import listening_socket, uvicorn_server
+
+SCENARIO_TIMEOUT_S = 60.0
+"""Longest any one test scenario may run before it fails (a hang is a failure, never a stall)."""
+FAST_SCRAPE = {"interval_s": 0.05, "timeout_s": 0.5, "health_interval_s": 0.05, "health_failures": 1,
+               "watch_interval_s": 0.05}
+"""Scrape and health periods for tests (fast, so state changes show within a few tenths of a second)."""
+ADMIN = "test-admin-token"
+
+
+def run(scenario: Callable[[], Awaitable[None]], timeout_s: float = SCENARIO_TIMEOUT_S) -> None:
+    """Run an async scenario to completion within `timeout_s`."""
+    asyncio.run(asyncio.wait_for(scenario(), timeout_s))
+
+
+@dataclass
+class Fleet:
+    gw: Gateway
+    responders: list[Responder]
+    client: aiohttp.ClientSession
+    url: str
+
+    def admin_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {ADMIN}"}
+
+    async def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
+        """POST JSON (or raw bytes); returns (status, parsed JSON or raw text, headers)."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        async with self.client.post(self.url + path, data=data,
+                                    headers={"content-type": "application/json", **(headers or {})}) as r:
+            raw = await r.read()
+            try:
+                doc: Any = json.loads(raw)
+            except ValueError:
+                doc = raw.decode("utf-8", "replace")
+            return r.status, doc, dict(r.headers)
+
+    async def stream(self, path: str, body: dict[str, Any],
+                     headers: dict[str, str] | None = None) -> tuple[int, list[Any], dict[str, str]]:
+        """POST a streaming request; returns (status, SSE data payloads parsed, headers)."""
+        async with self.client.post(self.url + path, json=body, headers=headers or {}) as r:
+            raw = await r.read()
+            if r.status != 200:
+                return r.status, [json.loads(raw)], dict(r.headers)
+            events = []
+            for block in raw.decode().split("\n\n"):
+                if block.startswith("data: "):
+                    payload = block[6:]
+                    events.append(payload if payload == "[DONE]" else json.loads(payload))
+            return r.status, events, dict(r.headers)
+
+    async def metrics(self) -> dict[str, float]:
+        """The gateway's /metrics as {series: value}."""
+        async with self.client.get(self.url + "/metrics") as r:
+            text = await r.text()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    async def wait_for(self, cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
+        """Poll `cond` every 10 ms until true; fail after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while not cond():
+            if loop.time() > end:
+                raise AssertionError("condition not reached in time")
+            await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(n: int = 2, *, roles: tuple[str, ...] | None = None, versions: tuple[str, ...] | None = None,
+                        admin_token: str | None = ADMIN, responder_kw: dict[str, Any] | None = None,
+                        **cfg: Any) -> AsyncIterator[Fleet]:
+    """`n` responders and a gateway in front of them (config fields as keyword arguments)."""
+    rs = [Responder(engine_id=f"engine-{i}", **(responder_kw or {})) for i in range(n)]
+    for r in rs:
+        await r.start()
+    backends = [BackendSpec(url=r.url, name=f"b{i}", role=(roles[i] if roles else "mixed"),  # type: ignore[arg-type]
+                            model_version=(versions[i] if versions else "v1")) for i, r in enumerate(rs)]
+    doc: dict[str, Any] = {"backends": [b.model_dump() for b in backends], "scrape": FAST_SCRAPE, **cfg}
+    gw = Gateway(GatewayConfig.model_validate(doc), admin_token=admin_token)
+    sock = listening_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = uvicorn_server(gw)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    client = aiohttp.ClientSession()
+    try:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 10
+        while not server.started:
+            if task.done() or loop.time() > end:
+                raise AssertionError("gateway did not start")
+            await asyncio.sleep(0.01)
+        yield Fleet(gw, rs, client, f"http://127.0.0.1:{port}")
+    finally:
+        await client.close()
+        server.should_exit = True
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        for r in rs:
+            await r.stop()

@@ -1,0 +1,153 @@
+"""The gateway's parts without sockets: metrics parsing, breaker, token buckets, SSE framing,
+prefix hashes, request parsing, the CLI's config building."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from fleetwise.errors import SpecError
+from fleetwise.gateway.backends import Breaker
+from fleetwise.gateway.config import BreakerSpec, TenantSpec
+from fleetwise.gateway.limits import TenantLimiter, TokenBucket
+from fleetwise.gateway.openai import ClientError, parse_json_body, parse_request, prompt_blocks
+from fleetwise.gateway.scrape import parse_metrics
+from fleetwise.gateway.upstream import SseFramer
+
+VLLM_PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="a"} 3.0
+vllm:num_requests_running{engine="1",model_name="a"} 2.0
+vllm:num_requests_waiting{model_name="a"} 7.0
+vllm:kv_cache_usage_perc{model_name="a"} 0.25
+vllm:gpu_cache_usage_perc{model_name="a"} 0.99
+vllm:prefix_cache_queries_total{model_name="a"} 200.0
+vllm:prefix_cache_hits_total{model_name="a"} 50.0
+vllm:time_to_first_token_seconds_sum{model_name="a"} 3.0
+vllm:time_to_first_token_seconds_count{model_name="a"} 6.0
+vllm:num_requests_swapped{model_name="a"} NaN
+"""
+
+
+def test_vllm_metrics_page() -> None:
+    ld = parse_metrics(VLLM_PAGE)
+    assert (ld.running, ld.waiting, ld.kv_usage, ld.prefix_hit_rate, ld.ttft_mean_s) == (5, 7, 0.25, 0.25, 0.5)
+    assert ld.itl_mean_s is None
+
+
+def test_sglang_and_llamacpp_pages() -> None:
+    sg = parse_metrics('sglang:num_running_reqs{model_name="x"} 4\nsglang:num_queue_reqs{model_name="x"} 1\n'
+                       'sglang:token_usage{model_name="x"} 0.5\nsglang:cache_hit_rate{model_name="x"} 0.75\n')
+    assert (sg.running, sg.waiting, sg.kv_usage, sg.prefix_hit_rate) == (4, 1, 0.5, 0.75)
+    lc = parse_metrics("llamacpp:requests_processing 2\nllamacpp:requests_deferred 3\n")
+    assert (lc.running, lc.waiting) == (2, 3)
+    assert parse_metrics("garbage line\n\nfoo{ 1\n").names_seen == 0
+
+
+def test_breaker_counts_consecutive_faults_then_probes() -> None:
+    b = Breaker(BreakerSpec(failures=3, open_s=10))
+    for t in (0.0, 1.0):
+        b.fault(t)
+    assert b.allows(1.0) and b.state(1.0) == "closed"
+    b.success()
+    for t in (2.0, 3.0, 4.0):
+        b.fault(t)
+    assert not b.allows(5.0) and b.state(5.0) == "open"
+    assert b.allows(14.0) and b.state(14.0) == "half_open"
+    b.attempt(14.0)
+    assert not b.allows(14.0)  # one probe at a time
+    b.fault(14.5)
+    assert b.state(20.0) == "open" and b.allows(24.5)
+    b.attempt(24.5)
+    b.success()
+    assert b.state(24.6) == "closed" and b.opens == 2
+
+
+def test_token_bucket_and_tenant_limits() -> None:
+    tb = TokenBucket(rate=2.0, burst_s=1.0)
+    assert [tb.take(1, 0.0), tb.take(1, 0.0)] == [0.0, 0.0]
+    assert tb.take(1, 0.0) == pytest.approx(0.5)
+    assert tb.take(1, 0.5) == 0.0
+    lim = TenantLimiter(TenantSpec(name="t", max_concurrency=2, tokens_per_s=100))
+    a1 = lim.admit(50, 0.0)
+    lim.admit(50, 0.0)
+    with pytest.raises(ClientError) as e:
+        lim.admit(1, 0.0)
+    assert e.value.status == 429 and "in flight" in e.value.message
+    a1.release()
+    with pytest.raises(ClientError) as e:
+        lim.admit(50, 0.1)
+    assert e.value.retry_after_s == 1.0 and "tokens/s" in e.value.message
+    assert (lim.admitted, lim.refused, lim.active) == (2, 2, 1)
+
+
+def test_sse_framer_forwards_whole_events_only() -> None:
+    f = SseFramer()
+    assert f.feed(b"data: {\"a\":") == b""
+    assert f.feed(b" 1}\n\ndata: {\"b\"") == b"data: {\"a\": 1}\n\n"
+    assert f.feed(b": 2}\n\ndata: [DONE]\n\n") == b"data: {\"b\": 2}\n\ndata: [DONE]\n\n"
+    assert f.events == 3 and f.buf == b""
+
+
+def test_prompt_blocks_are_chained_and_stable() -> None:
+    a = prompt_blocks("x" * 100 + "y" * 100, 50)
+    b = prompt_blocks("x" * 100 + "z" * 100, 50)
+    assert len(a) == 4 and a[:2] == b[:2] and a[2] != b[2]
+    assert prompt_blocks("x" * 49, 50) == ()
+    assert a == prompt_blocks("x" * 100 + "y" * 100, 50)
+    assert prompt_blocks("\ud800" * 60, 50)  # a lone surrogate from a JSON escape still hashes
+
+
+def test_parse_request_fields() -> None:
+    known = frozenset({"m"})
+    pr = parse_request({"model": "m", "prompt": [1, 2, 3], "max_tokens": 7.0}, False, known, 100, 4.0)
+    assert (pr.prompt_tokens, pr.max_tokens, pr.stream) == (3, 7, False)
+    pr = parse_request({"model": "m", "prompt": "abcdefgh", "max_completion_tokens": 2, "stream": True,
+                        "stream_options": {"include_usage": True}}, False, known, 100, 4.0)
+    assert (pr.prompt_tokens, pr.max_tokens, pr.stream, pr.include_usage) == (2, 2, True, True)
+    pr = parse_request({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+                       True, known, 100, 4.0)
+    assert pr.prompt_text == "user\x00hi" and pr.max_tokens is None
+    for body, param in [({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
+                        ({"model": "m", "prompt": "x", "max_tokens": 101}, "max_tokens"),
+                        ({"model": "m", "prompt": "x", "n": 2}, "n"),
+                        ({"model": "m", "prompt": [1, "a"]}, "prompt"),
+                        ({"model": "m", "prompt": []}, "prompt")]:
+        with pytest.raises(ClientError) as e:
+            parse_request(body, False, known, 100, 4.0)
+        assert e.value.status == 400 and e.value.param == param
+
+
+def test_parse_json_body_bounds() -> None:
+    assert parse_json_body(b'{"a": [[1]]}', 100) == {"a": [[1]]}
+    assert parse_json_body(b'{"s": "[[[[[[[["}', 100) == {"s": "[[[[[[[["}
+    for raw, status in [(b"x" * 101, 413), (b"", 400), (b"NaN", 400), (b'{"a": NaN}', 400),
+                        (b"[" * 65 + b"]" * 65, 400), (b'"str"', 400), (b"\xc3\x28", 400)]:
+        with pytest.raises(ClientError) as e:
+            parse_json_body(raw, 100 if status == 413 else 10_000)
+        assert e.value.status == status, raw[:20]
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    base: dict[str, object] = {"config": None, "backend": [], "prefill": [], "decode": [], "policy": None,
+                               "model": [], "host": None, "port": None, "backends_file": None}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_cli_builds_config_from_flags(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from fleetwise.cli.gateway_cmd import build_config
+
+    cfg = build_config(_args(prefill=["http://127.0.0.1:1"], decode=["http://127.0.0.1:2"], policy="round-robin",
+                             port=9000))
+    assert [(b.key, b.role) for b in cfg.backends] == [("127.0.0.1:1", "prefill"), ("127.0.0.1:2", "decode")]
+    assert (cfg.routing.policy, cfg.port) == ("round-robin", 9000)
+    path = tmp_path / "g.yaml"
+    path.write_text("backends: [{url: 'http://127.0.0.1:3', name: a}]\nport: 1234\n")
+    cfg = build_config(_args(config=str(path), backend=["http://127.0.0.1:4"]))
+    assert [b.key for b in cfg.backends] == ["a", "127.0.0.1:4"] and cfg.port == 1234
+    with pytest.raises(SpecError, match="no backends"):
+        build_config(_args())
+    path.write_text("backends: [{url: 'http://h:1', name: a}, {url: 'http://h:2', name: a}]\n")
+    with pytest.raises(SpecError, match="duplicate name"):
+        build_config(_args(config=str(path)))

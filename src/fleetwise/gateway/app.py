@@ -128,7 +128,8 @@ class Gateway:
         self._fleet_key: tuple[Any, ...] | None = None
         self._fleet_workers: FleetView | None = None
         self.block_bytes = max(1, round(cfg.limits.hash_block_tokens * cfg.limits.chars_per_token))
-        self.answered = 0
+        self.wants_hashes = bool(getattr(self.policy, "wants_kv_events", True))
+        """Prompt prefix hashes are computed only for policies that read the prefix index."""
 
     # ---- clock, models, lifecycle --------------------------------------------------------------
 
@@ -420,7 +421,7 @@ class Gateway:
                                    err.retry_after_s)
             return
         rid = f"{self._id_prefix}{next(self._ids):x}"
-        hashes = prompt_blocks(pr.prompt_text, self.block_bytes) if self._wants_hashes else ()
+        hashes = prompt_blocks(pr.prompt_text, self.block_bytes) if self.wants_hashes else ()
         rr = RouteRequest(request_id=rid, prompt_tokens=pr.prompt_tokens, max_output_tokens=max_out,
                           block_hashes=hashes, tenant=spec.name, model_version=version, region=region,
                           arrival_s=arrival, hash_block_tokens=lm.hash_block_tokens)
@@ -429,11 +430,6 @@ class Gateway:
             await self._route_and_send(call, send, receive)
         finally:
             admission.release()
-
-    @property
-    def _wants_hashes(self) -> bool:
-        p = getattr(self.policy, "params", None)
-        return p is None or bool(p.scorers.get("prefix", 0)) or bool(getattr(p.prefix_index, "record_dispatch", 0))
 
     def _check_labels(self, version: str | None, region: str | None) -> None:
         bs = [b.spec for b in self.backends.live.values()]

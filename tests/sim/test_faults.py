@@ -28,6 +28,9 @@ def pd_plan(**kw) -> PlanSpec:
     return PlanSpec(pools=pools, **kw)
 
 
+NO_RECOVERY = {"max_reprefills": 0, "on_decode_failure": "fail"}
+
+
 def run(plan, faults, reqs=None):
     reqs = reqs or make_requests()
     res = simulate(plan, reqs, FaultScenario(faults=faults) if faults is not None else None, SimOptions(seed=3))
@@ -37,7 +40,8 @@ def run(plan, faults, reqs=None):
 
 
 def test_crash_fails_in_flight_requests_and_the_replica_restarts():
-    res, s = run(mixed_plan(), [{"kind": "crash", "replica": "m-0", "at_s": 5.0, "restart_after_s": 3.0}])
+    res, s = run(mixed_plan(failure_domains=NO_RECOVERY),
+                 [{"kind": "crash", "replica": "m-0", "at_s": 5.0, "restart_after_s": 3.0}])
     assert s["failure_reasons"] == {"replica_crashed": s["requests_failed"]} and s["requests_failed"] >= 1
     phases = [(f["phase"], f["t_s"]) for f in s["faults"]]
     assert phases == [("crash", 5.0), ("restart", 8.0)]
@@ -48,8 +52,8 @@ def test_crash_fails_in_flight_requests_and_the_replica_restarts():
     assert all(rec.worker[i] == 1 for i in down)
 
 
-def test_crash_with_retry_reroutes_in_flight_requests_once():
-    _, s = run(mixed_plan(retry_on_crash=True), [{"kind": "crash", "replica": "m-0", "at_s": 5.0}])
+def test_crash_with_recovery_reroutes_in_flight_requests():
+    _, s = run(mixed_plan(), [{"kind": "crash", "replica": "m-0", "at_s": 5.0}])
     assert s["requests_failed"] == 0 and s["requests_retried"] >= 1
 
 
@@ -78,10 +82,10 @@ def test_kv_link_degradation_slows_transfers_and_failure_fails_or_reprefills():
                                                    "bandwidth_factor": 0.25}], reqs)
     assert slow["kv_transfer"]["p50_s"] == pytest.approx(4 * base["kv_transfer"]["p50_s"], rel=0.05)
     down = [{"kind": "kv_link", "start_s": 2.0, "end_s": 3.0, "bandwidth_factor": 0.0}]
-    _, failed = run(pd_plan(kv_link={"gbps": 50}), down, reqs)
+    _, failed = run(pd_plan(kv_link={"gbps": 50}, failure_domains=NO_RECOVERY), down, reqs)
     assert failed["failure_reasons"] == {"kv_transfer_failed": failed["requests_failed"]}
     assert 8 <= failed["requests_failed"] <= 11
-    _, re = run(pd_plan(kv_link={"gbps": 50, "on_failure": "reprefill"}),
+    _, re = run(pd_plan(kv_link={"gbps": 50}),
                 [{"kind": "kv_link", "start_s": 2.0, "end_s": 2.05, "bandwidth_factor": 0.0}], reqs)
     assert re["requests_failed"] == 0 and re["requests_retried"] >= 1
 

@@ -533,6 +533,21 @@ class Engine:
         self.stats.carried_preempted = []
         return dropped
 
+    def outputs_of(self, request_id: int, elapsed_s: float | None = None) -> int:
+        """Output tokens `request_id` has produced here (0 when not held). With `elapsed_s` (time
+        since the in-flight step started), the passes of a fused step ended by then count too:
+        what a client streaming each pass has received when the replica dies at that moment."""
+        st = self._running.get(request_id)
+        if st is None:
+            return 0
+        if st.phase != DECODE:
+            return st.outputs
+        g = self._passes
+        fl = self._inflight
+        if elapsed_s is not None and fl is not None and fl.fused is not None:
+            g += min(fl.fused.passes_by(elapsed_s), fl.passes)
+        return max(0, min(st.req.output_tokens, st.req.output_tokens - (st.f - g)))
+
     def cached_prefix_tokens(self, req: Request) -> int:
         """Prompt tokens of `req` this engine's prefix cache would serve now."""
         if not self.config.enable_prefix_caching or not req.block_hashes:

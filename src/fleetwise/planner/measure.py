@@ -99,7 +99,7 @@ def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]
     kv = KvLinkSpec(bandwidth_bytes_per_s=fleet.kv_link_bytes_per_s, latency_s=fleet.kv_link_latency_s) \
         if fleet.kv_link_bytes_per_s else KvLinkSpec()
     return PlanSpec(name=spec.name, pools=pools, kv_link=kv, routing=spec.routing_policy or "round-robin",
-                    perf_profile=spec.profile)
+                    perf_profile=spec.profile, failure_domains=spec.failure_domains)
 
 
 def requests_for(rate_rps: float, sample: int) -> int:

@@ -1,15 +1,18 @@
 """Applies a `FaultScenario` to a running simulation: crashes, slowdowns, KV link faults,
 stale router views, rolling upgrades.
 
-Owns when each fault starts and ends and what it changes on the fleet; the runner owns what
-happens to the affected requests (`fail_or_retry`, `retry`), so no request is ever silently
-lost: each one either completes or carries a failure reason.
+Owns when each fault starts and ends and what it changes on the fleet; the failure-domain
+decisions (`fleetwise.sim.recovery`) own what happens to the affected requests (prefill again,
+migrate, or fail), so no request is ever silently lost: each one either completes or carries a
+failure reason.
 
 - crash: the replica goes down (its step is discarded, its engine aborted, its KV ports fail
-  their transfers); in-flight requests fail with `replica_crashed`, or are routed again once when
-  the plan sets `retry_on_crash`; it comes back empty after `restart_after_s`.
+  their transfers); its requests go to recovery (`prefill_lost`, `decode_lost`, or
+  `replica_crashed` for a colocated replica) with the tokens they had streamed; it comes back
+  empty after `restart_after_s`.
 - slowdown: the replica's step time is multiplied by `factor` during the interval.
 - kv_link: the port bandwidth of one replica (or all) is scaled; factor 0 fails transfers.
+- decode_full: decode replicas refuse new KV during the interval (decode admission fails).
 - stale_view: the router keeps the view it had at the start of the interval.
 - rolling_upgrade: one replica of the pool at a time is drained (no new routes; in-flight work
   finishes), goes down for `restart_after_s`, returns with the new model version; then the next.
@@ -26,6 +29,7 @@ from fleetwise.errors import SpecError
 from fleetwise.sim.events import FaultEvent, Priority
 from fleetwise.sim.fleet import DOWN, DRAINING, UP, Replica
 from fleetwise.spec.faults import (
+    DecodeFull,
     FaultScenario,
     KvLinkFault,
     ReplicaCrash,
@@ -75,7 +79,7 @@ class FaultInjector:
             elif isinstance(f, RollingUpgrade):
                 push(f.start_s, Priority.FAULT, FaultEvent(k, "upgrade_next"))
             else:
-                assert isinstance(f, Slowdown | KvLinkFault | StaleView)
+                assert isinstance(f, Slowdown | KvLinkFault | DecodeFull | StaleView)
                 push(f.start_s, Priority.FAULT, FaultEvent(k, "start"))
                 push(f.end_s, Priority.FAULT, FaultEvent(k, "end"))
                 if isinstance(f, Slowdown):
@@ -109,6 +113,8 @@ class FaultInjector:
             self._slowdown(f, now_s, ev)
         elif isinstance(f, KvLinkFault):
             self._kv_link(f, now_s, ev)
+        elif isinstance(f, DecodeFull):
+            self._decode_full(f, now_s, ev)
         elif isinstance(f, StaleView):
             self.sim.view_frozen = ev.phase == "start"
             self._note(now_s, ev.fault, ev.phase)
@@ -119,6 +125,10 @@ class FaultInjector:
         if rep.state == DOWN:
             return
         self._note(now_s, k, "crash", rep.name)
+        # Tokens each request had streamed from this replica when it died (passes of a fused step
+        # that ended before now count: a client receives every pass).
+        elapsed = now_s - rep.step_start_s if rep.busy else None
+        streamed = {i: rep.engine.outputs_of(sim.reqs[i].request_id, elapsed) for i in rep.inflight}
         rep.state = DOWN
         sim.fleet.stop(rep, now_s)
         rep.pending.clear()
@@ -126,12 +136,13 @@ class FaultInjector:
             sim.net.fail_port(now_s, rep.port)
         rep.engine.abort_all()
         kv_end = sim.rec.kv_end_s
+        reason = {"prefill": "prefill_lost", "decode": "decode_lost"}.get(rep.role, "replica_crashed")
         for i in sorted(rep.inflight):
             if i not in rep.inflight:
-                continue  # already failed or retried through a failed transfer
+                continue  # already failed or recovered through a failed transfer
             if rep.role == "decode" and kv_end[i] != kv_end[i]:
                 continue  # still prefilling elsewhere: its hand-off sees this replica down
-            sim.fail_or_retry(i, now_s, "replica_crashed")
+            sim.recovery.lost(i, now_s, reason, streamed.get(i, 0))
         rep.inflight.clear()
         sim.feedback(WorkerDown(now_s, rep.name, "crash"))
         f = self.faults[k]
@@ -160,6 +171,16 @@ class FaultInjector:
         ports = [sim.reps[self._rep(f.replica)].port] if f.replica else list(range(len(sim.net.ports)))
         sim.net.set_factor(now_s, ports, f.bandwidth_factor if ev.phase == "start" else 1.0)
         self._note(now_s, ev.fault, ev.phase, f.replica or "all")
+
+    def _decode_full(self, f: DecodeFull, now_s: float, ev: FaultEvent) -> None:
+        sim = self.sim
+        reps = [sim.reps[self._rep(f.replica)]] if f.replica else [r for r in sim.reps if r.role == "decode"]
+        for r in reps:
+            if ev.phase == "start":
+                sim.recovery.refusing.add(r.idx)
+            else:
+                sim.recovery.refusing.discard(r.idx)
+        self._note(now_s, ev.fault, ev.phase, f.replica or "all decode")
 
     # ---- rolling upgrade -----------------------------------------------------------------------
     def _upgrade_next(self, now_s: float, k: int) -> None:

@@ -130,8 +130,10 @@ class KvNetwork:
 
     def _on_end(self, now_s: float, ev: TransferEnd) -> None:
         if ev.version == _LANDED:
-            del self._landing_s[ev.transfer]
-            self._finish(now_s, self._landing.pop(ev.transfer), ok=True)
+            landed = self._landing.pop(ev.transfer, None)
+            if landed is not None:  # else cancelled while its last byte was on the wire
+                del self._landing_s[ev.transfer]
+                self._finish(now_s, landed, ok=True)
             return
         tr = self.transfers.get(ev.transfer)
         if tr is None or tr.version != ev.version:
@@ -170,13 +172,28 @@ class KvNetwork:
             self.ports[p].factor = factor
             touched |= self.ports[p].active
         if factor <= 0:
-            for tid in sorted(touched):
-                tr = self.transfers[tid]
-                others = self._detach(tr)
+            # Detach every failing transfer before any completion runs, so no survivor is ever
+            # rescheduled on a port that is down.
+            failing = [self.transfers[tid] for tid in sorted(touched)]
+            others: set[int] = set()
+            for tr in failing:
+                others |= self._detach(tr)
+            self._reschedule(now_s, others & set(self.transfers))
+            for tr in failing:
                 self._finish(now_s, tr, ok=False)
-                self._reschedule(now_s, others & set(self.transfers))
             return
         self._reschedule(now_s, touched)
+
+    def cancel(self, now_s: float, tid: int) -> None:
+        """Stop transfer `tid` without a completion (its sender gave up); the others speed up."""
+        if tid in self._landing:
+            del self._landing[tid]
+            del self._landing_s[tid]
+            return
+        tr = self.transfers.get(tid)
+        if tr is not None:
+            others = self._detach(tr)
+            self._reschedule(now_s, others & set(self.transfers))
 
     def fail_port(self, now_s: float, port: int) -> None:
         """A replica behind `port` crashed: its transfers fail, the others speed up."""

@@ -41,6 +41,7 @@ from fleetwise.sim.faults import FaultInjector
 from fleetwise.sim.fleet import DOWN, Fleet, Replica
 from fleetwise.sim.network import KvNetwork, TransferRecord
 from fleetwise.sim.recording import StepRecorder
+from fleetwise.sim.recovery import Recovery
 from fleetwise.sim.results import Records, summarize, write_records
 from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.plan import PlanSpec
@@ -123,6 +124,7 @@ class Simulation:
         self.itl_gaps: list[float] = []
         self.itl_counts: list[int] = []
         self.faults = FaultInjector(self, faults)
+        self.recovery = Recovery(self, plan.failure_domains)
         last = self.reqs[-1].arrival_s if self.reqs else 0.0
         self.last_arrival_s = last
         self.sample_s = opts.sample_interval_s or max(last / 128, 1e-3)
@@ -182,7 +184,7 @@ class Simulation:
 
     def _decide(self, i: int, now_s: float) -> tuple[int, int] | None:
         """Ask the policy; returns (worker, prefill worker or -1), or None after failing the request."""
-        r = self.reqs[i]
+        r = self.recovery.request(i)
         if self.delay == 0 and not self.view_frozen:
             self.view = self.fleet.workers(now_s)
         rr = RouteRequest(str(r.request_id), r.prompt_tokens, r.output_tokens, r.block_hashes, r.tenant,
@@ -195,6 +197,7 @@ class Simulation:
             return None
         self.rec.dispatch_s[i] = now_s
         self.rec.worker[i], self.rec.prefill_worker[i] = w, p
+        self.recovery.routed(i)
         self.feedback(Dispatched(now_s, rr.request_id, self.reps[w].name, r.prompt_tokens, r.block_hashes,
                                  self.reps[p].name if p >= 0 else None))
         return w, p
@@ -215,14 +218,14 @@ class Simulation:
         first = self.reps[p if p >= 0 else w]
         dec = self.reps[w]
         if first.state == DOWN or dec.state == DOWN:
-            self.fail_or_retry(i, now_s, "replica_unavailable")
+            self.recovery.lost(i, now_s, "replica_unavailable", kv_ready=False)
             return
         first.inflight.add(i)
         dec.inflight.add(i)
         first.stats.requests += 1
         if p >= 0:
             dec.stats.requests += 1
-        first.engine.add_request(self.reqs[i])
+        first.engine.add_request(self.recovery.request(i))
         if first.busy:
             self.fleet.cut(first, now_s)
         self.fleet.kick(first, now_s)
@@ -302,24 +305,35 @@ class Simulation:
             return
         rec.prefill_end_s[i] = now_s
         dec = self.reps[rec.worker[i]]
-        if dec.state == DOWN:
+        if self.plan.pd_first_token == "prefill" and self._first_token_at_prefill(i, rep, now_s):
+            return
+        if dec.state == DOWN or self.recovery.refuses(dec):
+            # Decode admission failed: the KV is freed at once and the request goes to recovery.
+            self.release_prefill(rep, i, now_s)
+            self.recovery.lost(i, now_s, "decode_lost" if dec.state == DOWN else "decode_pool_full")
+            return
+        rec.kv_start_s[i] = now_s
+        nbytes = dec.kv_bytes_per_token * self.recovery.request(i).prompt_tokens
+        self.recovery.open_lease(i, rep, now_s, nbytes)
+        tid = self.net.start(now_s, self.recovery.tag(i), rep.port, dec.port, nbytes)
+        if i in self.recovery.leases:  # a transfer refused at start has ended the lease already
+            self.recovery.leases[i].transfer = tid
+
+    def release_prefill(self, rep: Replica, i: int, now_s: float) -> None:
+        """The prefill replica frees request i's KV (transferred, or given up)."""
+        if rep.state != DOWN:
             rep.engine.release(self.reqs[i].request_id)
             rep.inflight.discard(i)
             self.fleet.kick(rep, now_s)
-            self.fail_or_retry(i, now_s, "replica_crashed")
-            return
-        if self.plan.pd_first_token == "prefill" and self._first_token_at_prefill(i, rep, now_s):
-            return
-        rec.kv_start_s[i] = now_s
-        nbytes = dec.kv_bytes_per_token * self.reqs[i].prompt_tokens
-        self.net.start(now_s, i * 4 + int(rec.retries[i]), rep.port, dec.port, nbytes)
 
     def _first_token_at_prefill(self, i: int, rep: Replica, now_s: float) -> bool:
         """The prefill replica streams the first token now; True when that was the only token
         (the request is done and its KV need not move)."""
-        r, rec = self.reqs[i], self.rec
-        rec.first_token_s[i] = now_s
-        self.feedback(FirstToken(now_s, str(r.request_id), rep.name, now_s - r.arrival_s))
+        r, rec = self.recovery.request(i), self.rec
+        self.recovery.prefill_token[i] = 1
+        if math.isnan(rec.first_token_s[i]):  # a migration's continuation has streamed before
+            rec.first_token_s[i] = now_s
+            self.feedback(FirstToken(now_s, str(r.request_id), rep.name, now_s - r.arrival_s))
         if r.output_tokens > 1:
             return False
         rep.engine.release(r.request_id)
@@ -329,28 +343,22 @@ class Simulation:
         return True
 
     def _on_transfer(self, now_s: float, tag: int, tr: TransferRecord) -> None:
-        i, attempt = divmod(tag, 4)
+        i, attempt = self.recovery.untag(tag)
         rec = self.rec
         current = attempt == rec.retries[i]
         src = self.reps[tr.src]  # ports are numbered like replicas
-        if src.state != DOWN:
-            src.engine.release(self.reqs[i].request_id)
-            src.inflight.discard(i)
-            self.fleet.kick(src, now_s)
+        self.release_prefill(src, i, now_s)
         if not current or i in rec.failure:
             return
         dec = self.reps[rec.worker[i]]
         if not tr.ok or dec.state == DOWN:
-            crashed = dec.state == DOWN or src.state == DOWN
-            if crashed:
-                self.fail_or_retry(i, now_s, "replica_crashed")
-            elif self.plan.kv_link.on_failure == "reprefill":
-                self.retry(i, now_s, "kv_transfer_failed")
-            else:
-                self.fail(i, now_s, "kv_transfer_failed", dec)
+            reason = ("prefill_lost" if src.state == DOWN else "decode_lost" if dec.state == DOWN
+                      else "kv_transfer_failed")
+            self.recovery.lost(i, now_s, reason)
             return
+        self.recovery.ack(i)
         rec.kv_end_s[i] = now_s
-        r = self.reqs[i]
+        r = self.recovery.request(i)
         if self.plan.pd_first_token == "prefill":  # the first token was streamed by the prefill
             r = dataclasses.replace(r, output_tokens=r.output_tokens - 1)
         dec.engine.add_transferred(r)
@@ -369,26 +377,6 @@ class Simulation:
         w = self.rec.worker[i]
         name = self.reps[w].name if w >= 0 else ""
         self.feedback(Failed(now_s, str(self.reqs[i].request_id), name, reason))
-
-    def retry(self, i: int, now_s: float, reason: str) -> None:
-        """Route request i again (once); a second failure is final."""
-        rec = self.rec
-        if rec.retries[i] >= 1:
-            self.fail(i, now_s, reason, None)
-            return
-        for idx in (rec.worker[i], rec.prefill_worker[i]):
-            if idx >= 0:
-                self.reps[idx].inflight.discard(i)
-                self.faults.on_replica_progress(self.reps[idx], now_s)
-        rec.retries[i] += 1
-        rec.first_token_s[i] = math.nan
-        self.route_and_dispatch(i, now_s)
-
-    def fail_or_retry(self, i: int, now_s: float, reason: str) -> None:
-        if self.plan.retry_on_crash:
-            self.retry(i, now_s, reason)
-        else:
-            self.fail(i, now_s, reason, None)
 
     # ---- scheduling horizon ------------------------------------------------------------------------
     def _horizon(self, rep: Replica, now_s: float) -> tuple[float, float]:
@@ -453,6 +441,7 @@ def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | No
         "faults": sim.faults.report(),
         "events_processed": sim.loop.processed,
     }
+    extra["failure_domains"] = sim.recovery.report()
     summary = summarize(sim.rec, [r.stats for r in sim.reps], sim.net.records, itl, opts.slo,
                         sim.policy.report(), opts.seed, extra)
     summary["sim_wall_s"] = round(time.perf_counter() - wall0, 3)

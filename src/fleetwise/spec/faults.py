@@ -47,7 +47,7 @@ class Slowdown(Spec):
 class KvLinkFault(Spec):
     """KV links degrade (`bandwidth_factor` in (0, 1)) or fail (`bandwidth_factor` = 0) during [start_s, end_s).
 
-    While a link is down its transfers fail; the plan's `kv_link.on_failure` says whether the
+    While a link is down its transfers fail; the plan's `failure_domains` say whether the
     request fails or is prefilled again.
     """
 
@@ -61,6 +61,22 @@ class KvLinkFault(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> KvLinkFault:
+        _check_interval(self.start_s, self.end_s)
+        return self
+
+
+class DecodeFull(Spec):
+    """Decode replicas refuse new KV during [start_s, end_s) (their pool is full): a hand-off to
+    one fails decode admission, the prefill frees the KV and the request is prefilled again."""
+
+    kind: Literal["decode_full"] = "decode_full"
+    replica: str | None = None
+    """Decode replica that refuses (`<pool>-<index>`); null = every decode replica."""
+    start_s: float = Field(ge=0)
+    end_s: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> DecodeFull:
         _check_interval(self.start_s, self.end_s)
         return self
 
@@ -93,7 +109,7 @@ class RollingUpgrade(Spec):
 
 
 FaultSpec = Annotated[
-    ReplicaCrash | Slowdown | KvLinkFault | StaleView | RollingUpgrade, Field(discriminator="kind")
+    ReplicaCrash | Slowdown | KvLinkFault | DecodeFull | StaleView | RollingUpgrade, Field(discriminator="kind")
 ]
 
 

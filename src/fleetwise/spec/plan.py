@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from fleetwise.errors import SpecError, UnknownNameError
 from fleetwise.spec.base import Spec, load_document
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
+from fleetwise.spec.failure_domains import FailureDomainSpec
 from fleetwise.spec.parallel import ParallelismSpec
 from fleetwise.spec.roles import Role
 from fleetwise.spec.routing import PRESETS, RoutingSpec
@@ -79,8 +80,6 @@ class KvLinkSpec(Spec):
     """Per-GPU NIC bandwidth in gigabits/s (default 400, one NDR InfiniBand NIC)."""
     latency_s: float = Field(default=20e-6, ge=0)
     """One-way latency added to every transfer."""
-    on_failure: Literal["fail", "reprefill"] = "fail"
-    """What a failed transfer does to its request: fail it, or prefill it again on another pair."""
 
     @model_validator(mode="after")
     def _check(self) -> KvLinkSpec:
@@ -106,13 +105,27 @@ class PlanSpec(Spec):
     """Routing policy: a preset name (`round-robin`, ...) or a routing spec (see `fleetwise.spec.routing`)."""
     perf_profile: str | None = None
     """Path to a calibrated perf profile (JSON); null = the uncalibrated roofline."""
-    retry_on_crash: bool = False
-    """Retry a request whose replica crashed once, on another replica (else it fails)."""
+    failure_domains: FailureDomainSpec = Field(default_factory=FailureDomainSpec)
+    """What a lost replica, a failed KV transfer, an expired KV lease or a full decode pool does
+    to a request: prefill again, migrate, or fail (see docs/failure-domains.md)."""
     pd_first_token: Literal["decode", "prefill"] = "decode"
     """Disaggregated plans: who emits the first output token. `decode` (vLLM's disaggregated
     proxy, llm-d): the decode replica's first pass after the KV lands, so TTFT = prefill + KV
     transfer + one decode pass. `prefill` (DistServe, Splitwise): the prefill replica streams it
     when the prompt is done, and the decode replica generates the remaining tokens."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if "retry_on_crash" in data:
+                raise ValueError("retry_on_crash moved to failure_domains (max_reprefills, on_decode_failure); "
+                                 "remove it and set failure_domains instead")
+            kv = data.get("kv_link")
+            if isinstance(kv, dict) and "on_failure" in kv:
+                raise ValueError("kv_link.on_failure moved to failure_domains.max_reprefills (0 = fail); "
+                                 "remove it and set failure_domains instead")
+        return data
 
     @model_validator(mode="after")
     def _check_roles(self) -> PlanSpec:

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from fleetwise.spec.base import Spec, load_document, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
+from fleetwise.spec.failure_domains import FailureDomainSpec
 
 SCHEMA_PATH = Path("docs/schema/planning-spec.schema.json")
 
@@ -252,6 +253,8 @@ class PlanningSpec(Spec):
     profile: str | None = None
     """Perf profile JSON (`fleetwise calibrate`) that prices every step, in the estimate and in the
     simulator alike; None uses the default, uncalibrated factors. `fleetwise plan --profile` overrides."""
+    failure_domains: FailureDomainSpec = Field(default_factory=FailureDomainSpec)
+    """Re-prefill, migration and lease decisions the simulated candidates run with (docs/failure-domains.md)."""
 
     @model_validator(mode="after")
     def _unique(self) -> PlanningSpec:

@@ -12,9 +12,11 @@ Setup (module constants, written into the JSON):
   prefill replica lost before hand-off (prefill-0 crashes), KV link failing mid-transfer (every
   port down for LINK_DOWN_S), decode replica lost mid-stream (decode-0 crashes), decode pool full
   (decode-0 refuses KV for FULL_S), lease expiry (decode-0's port at 1% bandwidth for SLOW_S, lease
-  LEASE_S). Crashed replicas come back after RESTART_S.
+  LEASE_S), and the decode loss again with the short lease (migration bursts against a lease
+  shorter than transfers under load). Crashed replicas come back after RESTART_S.
 - Configurations: `migrate` (the defaults: 2 re-prefills, migrate once), `fail` (2 re-prefills,
-  a decode loss ends the stream), `no-recovery` (no re-prefill, decode loss fails).
+  a decode loss ends the stream), `no-recovery` (no re-prefill, decode loss fails); all with the
+  default 30 s KV lease, except the failure points in SHORT_LEASE (lease LEASE_S).
 Per run: completed / re-prefilled / migrated / failed, extra TTFT and extra end-to-end latency
 of the affected requests (those with a recovery attempt, or failed, against the same requests
 in the fault-free run of the same seed), recovery and wasted GPU-seconds (modelled, see
@@ -51,22 +53,25 @@ FULL_S = 5.0
 SLOW_S = 10.0
 LEASE_S = 1.0
 
+DECODE_CRASH = [{"kind": "crash", "replica": "decode-0", "at_s": FAULT_AT_S, "restart_after_s": RESTART_S}]
 FAILURE_POINTS: dict[str, list[dict[str, Any]]] = {
     "prefill lost before hand-off": [{"kind": "crash", "replica": "prefill-0", "at_s": FAULT_AT_S,
                                       "restart_after_s": RESTART_S}],
     "KV link fails mid-transfer": [{"kind": "kv_link", "start_s": FAULT_AT_S, "end_s": FAULT_AT_S + LINK_DOWN_S,
                                     "bandwidth_factor": 0.0}],
-    "decode lost mid-stream": [{"kind": "crash", "replica": "decode-0", "at_s": FAULT_AT_S,
-                                "restart_after_s": RESTART_S}],
+    "decode lost mid-stream": DECODE_CRASH,
     "decode pool full": [{"kind": "decode_full", "replica": "decode-0", "start_s": FAULT_AT_S,
                           "end_s": FAULT_AT_S + FULL_S}],
     "lease expiry": [{"kind": "kv_link", "replica": "decode-0", "start_s": FAULT_AT_S, "end_s": FAULT_AT_S + SLOW_S,
                       "bandwidth_factor": 0.01}],
+    f"decode lost mid-stream, {LEASE_S:g} s lease": DECODE_CRASH,
 }
+SHORT_LEASE = {"lease expiry", f"decode lost mid-stream, {LEASE_S:g} s lease"}
+"""Failure points run with `kv_lease_s = LEASE_S`; the others with the default lease."""
 CONFIGS: dict[str, dict[str, Any]] = {
-    "migrate": {"kv_lease_s": LEASE_S},
-    "fail": {"kv_lease_s": LEASE_S, "on_decode_failure": "fail"},
-    "no-recovery": {"kv_lease_s": LEASE_S, "max_reprefills": 0, "on_decode_failure": "fail"},
+    "migrate": {},
+    "fail": {"on_decode_failure": "fail"},
+    "no-recovery": {"max_reprefills": 0, "on_decode_failure": "fail"},
 }
 
 
@@ -160,7 +165,8 @@ def main() -> None:
                              "ttft_p99_s": base.summary["ttft_s"]["p99"], "e2e_p99_s": base.summary["e2e_s"]["p99"]})
         for fp, faults in FAILURE_POINTS.items():
             for cfg, decisions in CONFIGS.items():
-                run = simulate(plan(decisions), reqs, FaultScenario(name=fp, faults=faults), SimOptions(seed=seed))
+                lease = {"kv_lease_s": LEASE_S} if fp in SHORT_LEASE else {}
+                run = simulate(plan({**decisions, **lease}), reqs, FaultScenario(name=fp, faults=faults), SimOptions(seed=seed))
                 assert run.summary["requests_completed"] + run.summary["requests_failed"] == len(reqs)
                 results[fp][cfg].append(compare(run, base))
     doc = {

@@ -17,7 +17,7 @@ from fleetwise.errors import FleetwiseError
 
 # Modules under fleetwise.cli that provide subcommands, in help order.
 SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "fit_cmd", "catalog_cmd", "perf_cmd", "ledger_cmd",
-                      "gateway_cmd")
+                      "gateway_cmd", "emulate_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,233 @@
+"""The HTTP face of an emulated replica: vLLM's OpenAI-compatible routes plus admin and KV routes.
+
+`create_app(cfg)` returns a Starlette app; uvicorn serves it (`fleetwise emulate`), tests drive
+it in-process through an ASGI transport. Routes:
+
+- `POST /v1/completions`, `POST /v1/chat/completions` (stream or not), `GET /v1/models`,
+  `GET /health`, `GET /metrics` (vLLM names, `fleetwise:` extras), `GET /version`;
+- `POST /admin/faults`, `GET /admin/faults` (bearer token; 401 without it);
+- `GET /kv_events`: a stream of KV event batches, one JSON object per line;
+- `POST /fleetwise/kv/pull` (prefill role: a decode replica pulls a leased request's KV) and
+  `GET /fleetwise/status` (replica counters in modelled seconds).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from fleetwise import __version__
+from fleetwise.emulator.config import EmulatorConfig
+from fleetwise.emulator.faults import FaultError
+from fleetwise.emulator.protocol import ApiError, ChunkWriter, Kind, full_response, parse_body, parse_request
+from fleetwise.emulator.replica import EmulatedReplica, Live
+from fleetwise.perf.roofline import PerfModel
+
+CRASH_EXIT_CODE = 1
+"""Exit status of a `crash` fault."""
+KV_PULL_TIMEOUT_S = 30.0
+"""Wall seconds a decode replica waits for a prefill replica to answer a KV pull."""
+
+
+class StreamDropped(Exception):
+    """Raised inside a streaming body to cut the connection (the `drop_streams` fault)."""
+
+
+def _error(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def _crash_process() -> None:
+    os._exit(CRASH_EXIT_CODE)
+
+
+def make_kv_pull(client: httpx.AsyncClient) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
+    """The decode side's KV pull over HTTP: POST the body to the prefill replica named in `ktp`."""
+
+    async def pull(ktp: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        host, port = ktp.get("remote_host"), ktp.get("remote_port")
+        if not isinstance(host, str) or not isinstance(port, int):
+            raise ApiError(400, f"kv_transfer_params needs remote_host (string) and remote_port (integer), got "
+                                f"{host!r}, {port!r}")
+        try:
+            r = await client.post(f"http://{host}:{port}/fleetwise/kv/pull", json=body, timeout=KV_PULL_TIMEOUT_S)
+        except httpx.HTTPError as err:
+            raise ApiError(503, f"prefill replica {host}:{port} unreachable ({type(err).__name__})") from None
+        if r.status_code != 200:
+            try:
+                msg = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                msg = r.text[:200]
+            raise ApiError(r.status_code, f"prefill replica {host}:{port}: {msg}")
+        data: dict[str, Any] = r.json()
+        return data
+
+    return pull
+
+
+def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Callable[[], None] | None = None,
+               kv_client: httpx.AsyncClient | None = None) -> Starlette:
+    """The ASGI app of one emulated replica. `on_crash` replaces process exit (tests);
+    `kv_client` is the HTTP client a decode replica pulls KV with (default: a fresh one)."""
+    own_client = kv_client is None
+    client = kv_client if kv_client is not None else httpx.AsyncClient()
+    replica = EmulatedReplica(cfg, perf, on_crash or _crash_process, make_kv_pull(client))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        replica.start()
+        try:
+            yield
+        finally:
+            await replica.stop()
+            if own_client:
+                await client.aclose()
+
+    async def generate(request: Request, kind: Kind) -> Response:
+        try:
+            body = parse_body(await request.body())
+            req = parse_request(kind, body, cfg.name)
+            prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+            rid = request.headers.get("x-request-id") or prefix + uuid.uuid4().hex
+            live = await replica.submit(req, rid)
+        except ApiError as err:
+            replica.metrics.reject(err.status)
+            return _error(err)
+        if req.stream:
+            return StreamingResponse(_stream(live), media_type="text/event-stream",
+                                     headers={"x-request-id": live.rid})
+        while not live.done:
+            await live.wait()
+        if live.error is not None:
+            replica.metrics.reject(live.error.status)
+            return _error(live.error)
+        text = live.text(0, live.emitted)
+        return JSONResponse(full_response(req, live.rid, replica.created, text, live.finish_reason, live.emitted,
+                                          live.kv_transfer_params), headers={"x-request-id": live.rid})
+
+    async def _stream(live: Live) -> AsyncIterator[bytes]:
+        w = ChunkWriter(live.req, live.rid, replica.created)
+        sent = 0
+        faults = replica.faults
+        while True:
+            if live.error is not None:
+                yield w.error(live.error)
+                yield w.DONE
+                return
+            n = live.emitted
+            drop = faults.drop_after_tokens
+            if drop is not None and n >= drop:
+                if drop > sent:
+                    yield w.delta(live.text(sent, drop))
+                raise StreamDropped(f"stream {live.rid} cut after {drop} tokens (injected fault)")
+            if n > sent:
+                last = live.done and n >= live.target
+                yield w.delta(live.text(sent, n), live.finish_reason if last else None)
+                sent = n
+                if last:
+                    break
+            elif live.done:
+                yield w.delta("", live.finish_reason)
+                break
+            if live.emitted == sent and not live.done and live.error is None:
+                await live.wait()
+        if live.req.include_usage:
+            yield w.usage_chunk(sent)
+        yield w.DONE
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completion")
+
+    async def chat(request: Request) -> Response:
+        return await generate(request, "chat")
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{
+            "id": cfg.name, "object": "model", "created": replica.created, "owned_by": "fleetwise",
+            "root": cfg.model, "parent": None, "max_model_len": replica.max_model_len, "permission": []}]})
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": f"fleetwise-emulator-{__version__}"})
+
+    async def metrics(request: Request) -> Response:
+        return Response(replica.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def _authorized(request: Request) -> ApiError | None:
+        token = cfg.admin_token
+        got = request.headers.get("authorization", "")
+        if not token:
+            return ApiError(401, "admin is disabled: start the emulator with --admin-token or "
+                                 "FLEETWISE_EMULATOR_ADMIN_TOKEN")
+        if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+            return ApiError(401, "missing or wrong bearer token: send `Authorization: Bearer <admin token>`")
+        return None
+
+    async def admin_faults(request: Request) -> Response:
+        denied = _authorized(request)
+        if denied is not None:
+            return _error(denied)
+        if request.method == "GET":
+            return JSONResponse({"active": dict(replica.faults.active)})
+        try:
+            body = parse_body(await request.body())
+            return JSONResponse(replica.inject(body))
+        except ApiError as err:
+            return _error(err)
+        except FaultError as err:
+            return _error(ApiError(400, str(err), "kind"))
+
+    async def kv_events(request: Request) -> Response:
+        q = replica.events.subscribe(replica.now_s())
+
+        async def lines() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    line = await q.get()
+                    if line is None:
+                        return
+                    yield line
+            finally:
+                replica.events.unsubscribe(q)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def kv_pull(request: Request) -> Response:
+        try:
+            body = parse_body(await request.body())
+            if replica.pool.role != "prefill":
+                raise ApiError(400, f"this replica has role {replica.pool.role}; KV is pulled from prefill replicas")
+            return JSONResponse(await replica.serve_pull(body))
+        except ApiError as err:
+            return _error(err)
+
+    async def status(request: Request) -> Response:
+        return JSONResponse(replica.report())
+
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/admin/faults", admin_faults, methods=["GET", "POST"]),
+        Route("/kv_events", kv_events, methods=["GET"]),
+        Route("/fleetwise/kv/pull", kv_pull, methods=["POST"]),
+        Route("/fleetwise/status", status, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.replica = replica
+    return app

@@ -1,0 +1,139 @@
+"""Prometheus metrics with vLLM's names, plus `fleetwise:` extras; all times in modelled seconds.
+
+Owns the metric objects of one emulated replica (one `CollectorRegistry` each, so several
+replicas can live in one process). Names, label names (`model_name`, `engine`) and histogram
+buckets follow vLLM v1's Prometheus logger (`vllm/v1/metrics/loggers.py`, vLLM 0.10-0.11):
+counters are exposed with the `_total` suffix, as prometheus_client and vLLM both do.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+# vLLM exposes no `_created` series; neither do we (a process-wide prometheus_client setting).
+disable_created_metrics()
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+"""vLLM's `vllm:time_to_first_token_seconds` buckets."""
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)
+"""vLLM's `vllm:inter_token_latency_seconds` (and time-per-output-token) buckets."""
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                           60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+"""vLLM's e2e / queue / prefill / decode / inference time buckets."""
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+"""vLLM's `vllm:iteration_tokens_total` buckets."""
+OVERRUN_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+"""Deadline overrun buckets (fleetwise's own): 0.1 ms to 5 s of modelled time."""
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `max_value` (vLLM's token-count histogram buckets)."""
+    out: list[float] = []
+    exp = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10 ** exp
+            if v > max_value:
+                return tuple(out)
+            out.append(float(v))
+        exp += 1
+
+
+class ReplicaMetrics:
+    """Every metric one emulated replica exports; `render()` is the /metrics body."""
+
+    def __init__(self, model_name: str, max_model_len: int) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        lab = ("model_name", "engine")
+        v = (model_name, "0")
+        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                             lab, registry=r).labels(*v)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                             lab, registry=r).labels(*v)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                              lab, registry=r).labels(*v)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries",
+                                      "Prefix cache queries, in terms of number of queried tokens.",
+                                      lab, registry=r).labels(*v)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits",
+                                   "Prefix cache hits, in terms of number of cached tokens.",
+                                   lab, registry=r).labels(*v)
+        self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                                   lab, registry=r).labels(*v)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                                     lab, registry=r).labels(*v)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                                         lab, registry=r).labels(*v)
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          (*lab, "finished_reason"), registry=r)
+        self.success = {reason: success.labels(*v, reason) for reason in ("stop", "length", "abort")}
+        tok_buckets = build_1_2_5_buckets(max_model_len)
+        self.req_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                           lab, registry=r, buckets=tok_buckets).labels(*v)
+        self.req_generation_tokens = Histogram("vllm:request_generation_tokens",
+                                               "Number of generation tokens processed.",
+                                               lab, registry=r, buckets=tok_buckets).labels(*v)
+        self.req_max_tokens = Histogram("vllm:request_params_max_tokens",
+                                        "Histogram of the max_tokens request parameter.",
+                                        lab, registry=r, buckets=tok_buckets).labels(*v)
+        self.iteration_tokens = Histogram("vllm:iteration_tokens_total",
+                                          "Histogram of number of tokens per engine_step.",
+                                          lab, registry=r, buckets=ITERATION_TOKENS_BUCKETS).labels(*v)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              lab, registry=r, buckets=TTFT_BUCKETS).labels(*v)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             lab, registry=r, buckets=ITL_BUCKETS).labels(*v)
+        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.",
+                              lab, registry=r, buckets=ITL_BUCKETS).labels(*v)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
+        self.queue = Histogram("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.",
+                               lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
+        self.prefill_time = Histogram("vllm:request_prefill_time_seconds",
+                                      "Histogram of time spent in PREFILL phase for request.",
+                                      lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
+        self.decode_time = Histogram("vllm:request_decode_time_seconds",
+                                     "Histogram of time spent in DECODE phase for request.",
+                                     lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
+        self.inference_time = Histogram("vllm:request_inference_time_seconds",
+                                        "Histogram of time spent in RUNNING phase for request.",
+                                        lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
+        # fleetwise extras
+        self.overrun = Histogram("fleetwise:step_deadline_overrun_seconds",
+                                 "How late the event loop woke for a step deadline (modelled seconds).",
+                                 lab, registry=r, buckets=OVERRUN_BUCKETS).labels(*v)
+        self.overrun_max = Gauge("fleetwise:step_deadline_overrun_max_seconds",
+                                 "Largest step deadline overrun so far (modelled seconds).",
+                                 lab, registry=r).labels(*v)
+        self.steps = Counter("fleetwise:engine_steps", "Engine steps completed.", lab, registry=r).labels(*v)
+        self.busy = Counter("fleetwise:engine_busy_seconds", "Modelled seconds the engine spent in steps.",
+                            lab, registry=r).labels(*v)
+        self.kv_transfer = Histogram("fleetwise:kv_transfer_seconds",
+                                     "Modelled KV transfer time of disaggregated hand-offs (decode side).",
+                                     lab, registry=r, buckets=TTFT_BUCKETS).labels(*v)
+        self.kv_leases = Gauge("fleetwise:kv_leases", "Prefilled KV held for a decode replica to pull.",
+                               lab, registry=r).labels(*v)
+        self.time_scale = Gauge("fleetwise:time_scale", "Modelled seconds per wall second.",
+                                lab, registry=r).labels(*v)
+        self.rejected = Counter("fleetwise:requests_rejected", "Requests refused with a 4xx/5xx status.",
+                                (*lab, "status"), registry=r)
+        self._labels = v
+
+    def reject(self, status: int) -> None:
+        """Count one refused request."""
+        self.rejected.labels(*self._labels, str(status)).inc()
+
+    def render(self) -> bytes:
+        """Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

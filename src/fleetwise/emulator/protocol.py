@@ -1,0 +1,227 @@
+"""The OpenAI/vLLM wire format: request parsing with 4xx errors, and response/stream bodies.
+
+Owns what a client may send to `/v1/completions` and `/v1/chat/completions` (prompt or messages,
+`max_tokens` / `max_completion_tokens`, `stream`, `stream_options.include_usage`, `ignore_eos`,
+`n`, `kv_transfer_params`) and the JSON the server returns (OpenAI-style error bodies, full
+responses, SSE chunks). It does not run anything: `fleetwise.emulator.server` does.
+
+Errors follow vLLM's `ErrorResponse`: `{"error": {"message", "type", "param", "code"}}` with
+400 (`BadRequestError`) for bad input and 404 (`NotFoundError`) for an unknown model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fleetwise.emulator.tokenizer import encode
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""Largest request body parsed: 4 MiB (about a 1M-token prompt as text)."""
+
+Kind = Literal["completion", "chat"]
+
+
+class ApiError(Exception):
+    """A request the server refuses: HTTP `status` with an OpenAI-style error body."""
+
+    TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+             413: "BadRequestError", 503: "ServiceUnavailableError"}
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body (vLLM's `ErrorResponse`)."""
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "APIError"),
+                          "param": self.param, "code": self.status}}
+
+
+@dataclass(slots=True)
+class GenRequest:
+    """One parsed generation request (either endpoint), with its prompt tokenized."""
+
+    kind: Kind
+    model: str
+    prompt_ids: list[int]
+    max_tokens: int | None
+    """The client's limit (`max_tokens` or `max_completion_tokens`), or None."""
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+    kv_transfer_params: dict[str, Any] | None
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body, or ApiError(400/413)."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"request body is {len(raw)} bytes, over the {MAX_BODY_BYTES}-byte limit; "
+                            "send a shorter prompt")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise ApiError(400, f"malformed JSON body: {str(err)[:120]}; send a JSON object") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ApiError(400, f"{name}={_quote(v)} must be true or false", name)
+    return v
+
+
+def _quote(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ApiError(400, f"{name}={_quote(v)} must be an integer >= 1", name)
+    if v < 1:
+        raise ApiError(400, f"{name}={v} must be at least 1", name)
+    return v
+
+
+def _chat_prompt(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, f"messages={_quote(messages)} must be a non-empty list of {{role, content}}", "messages")
+    parts: list[str] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{i}]={_quote(m)} needs a string `role`", "messages")
+        content = m.get("content", "")
+        if isinstance(content, list):
+            texts = []
+            for p in content:
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise ApiError(400, f"messages[{i}].content: only text parts are supported, got {_quote(p)}",
+                                   "messages")
+                texts.append(p["text"])
+            content = "".join(texts)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content={_quote(content)} must be a string or text parts",
+                           "messages")
+        parts.append(f"<|{m['role']}|>\n{content}\n")
+    parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+def _completion_prompt(prompt: Any) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return encode(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    raise ApiError(400, f"prompt={_quote(prompt)} must be a string, a list of token ids, or a list with "
+                        "one of those (one prompt per request)", "prompt")
+
+
+def parse_request(kind: Kind, body: dict[str, Any], served_model: str) -> GenRequest:
+    """Validate and tokenize a request body for `kind`; ApiError(400/404) for bad input."""
+    model = body.get("model", served_model)
+    if model is None:
+        model = served_model
+    if model != served_model:
+        raise ApiError(404, f"The model `{_quote(model)}` does not exist; this server serves `{served_model}`",
+                       "model")
+    n = body.get("n", 1)
+    if n is not None and n != 1:
+        raise ApiError(400, f"n={_quote(n)}: only n=1 is supported", "n")
+    if kind == "chat":
+        ids = encode(_chat_prompt(body.get("messages")))
+    else:
+        if "prompt" not in body:
+            raise ApiError(400, "prompt is missing; send a string prompt", "prompt")
+        ids = _completion_prompt(body["prompt"])
+    if not ids:
+        raise ApiError(400, "the prompt is empty; send at least one token", "prompt")
+    stream = _bool(body, "stream")
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise ApiError(400, f"stream_options={_quote(opts)} must be an object", "stream_options")
+        if not stream:
+            raise ApiError(400, "stream_options is only allowed with stream=true", "stream_options")
+        include_usage = _bool(opts, "include_usage")
+    ktp = body.get("kv_transfer_params")
+    if ktp is not None and not isinstance(ktp, dict):
+        raise ApiError(400, f"kv_transfer_params={_quote(ktp)} must be an object", "kv_transfer_params")
+    return GenRequest(kind, served_model, ids, _max_tokens(body), stream, include_usage,
+                      _bool(body, "ignore_eos"), ktp)
+
+
+# ---- responses ------------------------------------------------------------------------------------
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """OpenAI `usage` object."""
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+
+
+def full_response(req: GenRequest, rid: str, created: int, text: str, finish_reason: str,
+                  completion_tokens: int, kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
+    """The non-streaming response body of either endpoint."""
+    if req.kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text,
+                                                          "tool_calls": []},
+                                  "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                  "stop_reason": None, "prompt_logprobs": None}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice],
+            "usage": usage(len(req.prompt_ids), completion_tokens), "kv_transfer_params": kv_transfer_params}
+
+
+class ChunkWriter:
+    """SSE `data:` lines of one streamed response (completion or chat chunk objects)."""
+
+    def __init__(self, req: GenRequest, rid: str, created: int) -> None:
+        self.req, self.chat = req, req.kind == "chat"
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        # Everything before the choices is the same in every chunk: encode it once.
+        self._head = ('data: {"id":' + json.dumps(rid) + ',"object":"' + obj + '","created":' + str(created)
+                      + ',"model":' + json.dumps(req.model) + ',"choices":[')
+        self._role_sent = False
+
+    def delta(self, text: str, finish_reason: str | None = None) -> bytes:
+        """One chunk carrying `text` (and the finish reason on the last one)."""
+        fr = json.dumps(finish_reason)
+        if self.chat:
+            if not self._role_sent:
+                self._role_sent = True
+                d = '{"role":"assistant","content":' + json.dumps(text) + "}"
+            else:
+                d = '{"content":' + json.dumps(text) + "}"
+            choice = '{"index":0,"delta":' + d + ',"logprobs":null,"finish_reason":' + fr + "}"
+        else:
+            choice = '{"index":0,"text":' + json.dumps(text) + ',"logprobs":null,"finish_reason":' + fr + "}"
+        return (self._head + choice + "]}\n\n").encode()
+
+    def usage_chunk(self, completion_tokens: int) -> bytes:
+        """The final chunk with empty choices and `usage` (stream_options.include_usage)."""
+        u = json.dumps(usage(len(self.req.prompt_ids), completion_tokens))
+        return (self._head + '],"usage":' + u + "}\n\n").encode()
+
+    @staticmethod
+    def error(err: ApiError) -> bytes:
+        return ("data: " + json.dumps(err.body()) + "\n\n").encode()
+
+    DONE = b"data: [DONE]\n\n"

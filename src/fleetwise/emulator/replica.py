@@ -1,0 +1,557 @@
+"""`EmulatedReplica`: one engine replica driven by the wall clock, with per-request token streams.
+
+Owns the replica's engine (built from its pool spec with the shared perf model), the asyncio
+step loop, the live requests and their token streams, the metrics it records, the KV leases
+of the prefill role and the KV events it publishes. HTTP is `fleetwise.emulator.app`.
+
+Clock: modelled seconds = wall seconds since start x `time_scale`. Each step is scheduled at a
+modelled start, and the loop sleeps until the step's absolute deadline (start + duration), so
+lateness of one wake-up never accumulates; the next step starts at that deadline (or at the
+arrival of work added while the loop was late, whichever is later). How late each wake-up was
+is the deadline overrun (`fleetwise:step_deadline_overrun_seconds`). Every time reported
+(metrics, responses) is in modelled seconds.
+
+Steps are single passes (`Engine.schedule(0, 0)`: no fused decode passes): every pass emits one
+token per decoding request, as a server streams them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetwise.core.request import Request
+from fleetwise.emulator import faults as fault_kinds
+from fleetwise.emulator.config import EmulatorConfig
+from fleetwise.emulator.generation import OutputLengthModel, text_of
+from fleetwise.emulator.kv_events import KvEventPublisher
+from fleetwise.emulator.metrics import ReplicaMetrics
+from fleetwise.emulator.protocol import ApiError, GenRequest
+from fleetwise.emulator.tokenizer import block_hashes, digest
+from fleetwise.engine.api import Engine, EngineConfig, StepOutput
+from fleetwise.engine.sequence import DECODE
+from fleetwise.errors import SpecError
+from fleetwise.perf.kv import kv_transfer_s
+from fleetwise.perf.memory import FitOptions, kv_capacity_tokens
+from fleetwise.perf.profile import Profile
+from fleetwise.perf.roofline import BoundPerf, PerfModel
+from fleetwise.perf.types import BatchShape, Deployment
+from fleetwise.spec.hardware import LinkSpec
+from fleetwise.spec.plan import PoolSpec, resolve_pool
+
+STEP_HORIZON_S = 0.0
+"""Hard horizon passed to `Engine.schedule`: 0 means one pass per step (no fused passes)."""
+
+
+@dataclass(eq=False, slots=True)
+class Live:
+    """One request in flight: what the client asked, how far it got, and when (modelled s)."""
+
+    rid: str
+    eid: int
+    req: GenRequest
+    digest: int
+    target: int
+    """Tokens this request will generate (max_tokens, or the length model's draw)."""
+    finish_reason: str
+    arrival_s: float
+    emitted: int = 0
+    sched_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float = 0.0
+    finish_s: float | None = None
+    done: bool = False
+    error: ApiError | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    _waiter: asyncio.Future[None] | None = None
+
+    def notify(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        """Until more tokens, the end, or an error."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        await self._waiter
+        self._waiter = None
+
+    def text(self, start: int, stop: int) -> str:
+        """Generated text of positions [start, stop)."""
+        return text_of(self.digest, start, stop)
+
+
+@dataclass(slots=True)
+class _Lease:
+    live: Live
+    prompt_tokens: int
+    expires: asyncio.TimerHandle | None = None
+
+
+@dataclass
+class ReplicaStatus:
+    """Counters the load generator and tests read besides /metrics."""
+
+    steps: int = 0
+    overrun_sum_s: float = 0.0
+    overrun_max_s: float = 0.0
+    busy_s: float = 0.0
+    requests: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def engine_config(pool: PoolSpec) -> EngineConfig:
+    """The engine's knobs from a pool spec (the spec's defaults are the project's)."""
+    k = pool.engine
+    return EngineConfig(max_num_batched_tokens=k.max_num_batched_tokens, max_num_seqs=k.max_num_seqs,
+                        block_size=k.block_size, enable_prefix_caching=k.enable_prefix_caching,
+                        enable_chunked_prefill=k.enable_chunked_prefill, max_bundle_steps=k.max_bundle_steps)
+
+
+def deployment_of(pool: PoolSpec) -> Deployment:
+    """The pool's deployment (catalog names resolved, parallelism checked)."""
+    model, gpu = resolve_pool(pool, "emulator")
+    try:
+        pool.parallelism.check(model, gpu)
+    except SpecError as err:
+        raise SpecError(f"emulator: {err}") from None
+    return Deployment(model, gpu, pool.parallelism, pool.weight_dtype, pool.kv_dtype)
+
+
+class EmulatedReplica:
+    """One replica: engine + wall-clock step loop + live requests. Start with `start()` inside a
+    running event loop; `stop()` ends the loop."""
+
+    def __init__(self, cfg: EmulatorConfig, perf: PerfModel | None = None,
+                 on_crash: Callable[[], None] | None = None,
+                 kv_pull: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None) -> None:
+        self.cfg = cfg
+        pool = cfg.pool()
+        self.pool = pool
+        self.deployment = dep = deployment_of(pool)
+        if perf is None:
+            perf = PerfModel(Profile.load(cfg.profile) if cfg.profile else None)
+        self.perf: BoundPerf = perf.bind(dep)
+        k = pool.engine
+        cap = kv_capacity_tokens(dep, FitOptions(max_num_batched_tokens=k.max_num_batched_tokens,
+                                                 max_num_seqs=k.max_num_seqs,
+                                                 gpu_memory_utilization=pool.gpu_memory_utilization))
+        if cap < k.block_size:
+            raise SpecError(f"emulator: fit failed: {dep.model.name} on {pool.parallelism.gpus} x "
+                            f"{dep.accelerator.name} leaves no room for KV cache; raise --tp or use --weight-dtype "
+                            f"fp8 (see `fleetwise fit {dep.model.name} {dep.accelerator.name}`)")
+        self.block_size = k.block_size
+        self.kv_capacity_tokens = cap
+        self.engine = Engine(cfg.name, pool.role, engine_config(pool), cap // k.block_size,
+                             self.perf.step_time_s, self.perf.decode_time_s)
+        self.max_model_len = cfg.max_model_len or dep.model.max_context_tokens
+        if self.max_model_len < 2:
+            raise SpecError(f"--max-model-len={self.max_model_len} must be at least 2")
+        self.lengths = OutputLengthModel(cfg.output_lengths, cfg.seed)
+        self.metrics = ReplicaMetrics(cfg.name, self.max_model_len)
+        self.metrics.time_scale.set(cfg.time_scale)
+        self.events = KvEventPublisher(self.engine.pool, k.block_size)
+        self.faults = fault_kinds.FaultState()
+        self.status = ReplicaStatus()
+        self._on_crash = on_crash
+        self._kv_pull = kv_pull
+        self._live: dict[int, Live] = {}
+        self._leases: dict[str, _Lease] = {}
+        self._next_eid = 0
+        self._slowdown_applied = 1.0
+        self._t0 = 0.0
+        self._t_free = 0.0
+        self._last_add_s = 0.0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._fault_timers: dict[str, asyncio.TimerHandle] = {}
+        self.created = int(time.time())
+
+    # ---- clock -------------------------------------------------------------------------------
+    def now_s(self) -> float:
+        """Modelled seconds since start."""
+        return (asyncio.get_running_loop().time() - self._t0) * self.cfg.time_scale
+
+    def _wall_at(self, model_s: float) -> float:
+        return self._t0 + model_s / self.cfg.time_scale
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the step loop (call inside the running event loop)."""
+        if self._task is not None:
+            return
+        self._t0 = asyncio.get_running_loop().time()
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"emulator-{self.cfg.name}")
+
+    async def stop(self) -> None:
+        """Stop the step loop; requests still in flight fail with 503."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for t in self._fault_timers.values():
+            t.cancel()
+        for lease in self._leases.values():
+            if lease.expires is not None:
+                lease.expires.cancel()
+        for live in list(self._live.values()):
+            self._fail(live, ApiError(503, "the server is shutting down; retry elsewhere"))
+        self.events.close()
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # ---- intake --------------------------------------------------------------------------------
+    def check_intake(self, req: GenRequest) -> None:
+        """Refuse what this replica cannot serve (fault, role, context, memory): ApiError."""
+        if self.faults.fail_status is not None:
+            raise ApiError(self.faults.fail_status, f"the engine is failing requests (injected fault, status "
+                                                    f"{self.faults.fail_status}); retry elsewhere")
+        role = self.pool.role
+        ktp = req.kv_transfer_params or {}
+        if role == "prefill" and not ktp.get("do_remote_decode"):
+            raise ApiError(400, "this replica has role prefill: send kv_transfer_params.do_remote_decode=true "
+                                "(and max_tokens 1); decoding runs on a decode replica", "kv_transfer_params")
+        if role == "decode" and not ktp.get("do_remote_prefill"):
+            raise ApiError(400, "this replica has role decode: send the kv_transfer_params a prefill replica "
+                                "returned (do_remote_prefill=true, remote_host, remote_port, remote_request_id)",
+                           "kv_transfer_params")
+        if role == "mixed" and (ktp.get("do_remote_decode") or ktp.get("do_remote_prefill")):
+            raise ApiError(400, "this replica has role mixed: kv_transfer_params needs a replica started with "
+                                "--role prefill or --role decode", "kv_transfer_params")
+        p = len(req.prompt_ids)
+        limit = self.max_model_len
+        want = p + (req.max_tokens or 1)
+        if want > limit:
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                f"{want} tokens ({p} in the prompt, {req.max_tokens or 1} in the completion). "
+                                "Please reduce the length of the prompt or max_tokens.",
+                           "max_tokens" if req.max_tokens and p < limit else "prompt")
+
+    async def submit(self, req: GenRequest, rid: str) -> Live:
+        """Admit a parsed request (ApiError if refused); tokens then arrive on the returned Live."""
+        self.check_intake(req)
+        p = len(req.prompt_ids)
+        d = digest(req.prompt_ids)
+        if self.pool.role == "prefill":
+            target, reason = 1, "length"
+        elif req.max_tokens is not None:
+            target, reason = req.max_tokens, "length"
+        else:
+            target = self.lengths.draw(d)
+            reason = "stop"
+            if target >= self.max_model_len - p:
+                target, reason = self.max_model_len - p, "length"
+        eid = self._next_eid
+        self._next_eid += 1
+        er = Request(eid, self.now_s(), p, target, block_hashes(req.prompt_ids, self.block_size),
+                     self.block_size)
+        if not self.engine.fits(er):
+            raise ApiError(400, f"prompt ({p} tokens) plus output ({target} tokens) never fit this replica's KV "
+                                f"cache ({self.kv_capacity_tokens} tokens); send a shorter prompt or max_tokens",
+                           "prompt")
+        live = Live(rid, eid, req, d, target, reason, er.arrival_s)
+        self.metrics.req_max_tokens.observe(req.max_tokens or target)
+        self.status.requests += 1
+        if self.events.active:
+            self.events.remember(req.prompt_ids, er.block_hashes)
+        if self.pool.role == "decode":
+            await self._pull(live, req.kv_transfer_params or {})
+            if live.done:
+                return live
+            self._live[eid] = live
+            self.engine.add_transferred(er)
+        else:
+            self._live[eid] = live
+            self.engine.add_request(er)
+        self._last_add_s = self.now_s()
+        self._kick()
+        return live
+
+    # ---- the step loop -------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        wake = self._wake
+        assert wake is not None
+        eng = self.engine
+        scale = self.cfg.time_scale
+        m = self.metrics
+        while True:
+            if self.faults.hung or not eng.has_work:
+                wake.clear()
+                await wake.wait()
+                self._t_free = max(self._t_free, self.now_s())
+                continue
+            self._apply_slowdown()
+            start = max(self._t_free, self._last_add_s)
+            step = eng.schedule(STEP_HORIZON_S, STEP_HORIZON_S)
+            if step is None:
+                wake.clear()
+                await wake.wait()
+                self._t_free = max(self._t_free, self.now_s())
+                continue
+            end = start + step.duration_s
+            deadline = self._wall_at(end)
+            delay = deadline - loop.time()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            while self.faults.hung:  # a hang freezes the step in flight too
+                wake.clear()
+                await wake.wait()
+                end = max(end, self.now_s())
+            late = (loop.time() - deadline) * scale
+            if late < 0:
+                late = 0.0
+            out = eng.complete()
+            self._t_free = end
+            st = self.status
+            st.steps += 1
+            st.busy_s += step.duration_s
+            st.overrun_sum_s += late
+            if late > st.overrun_max_s:
+                st.overrun_max_s = late
+                m.overrun_max.set(late)
+            m.overrun.observe(late)
+            m.steps.inc()
+            m.busy.inc(step.duration_s)
+            m.iteration_tokens.observe(step.prefill_tokens + step.decode_tokens)
+            self._on_output(start, end, out)
+
+    def _apply_slowdown(self) -> None:
+        f = self.faults.slowdown
+        if f == self._slowdown_applied:
+            return
+        self._slowdown_applied = f
+        base, base_decode = self.perf.step_time_s, self.perf.decode_time_s
+        if f == 1.0:
+            self.engine.step_time, self.engine.decode_time = base, base_decode
+            return
+
+        def step_time(shape: BatchShape) -> float:
+            return base(shape) * f
+
+        def decode_time(n: int, kv: int, longest: int) -> float:
+            return base_decode(n, kv, longest) * f
+
+        self.engine.step_time, self.engine.decode_time = step_time, decode_time
+
+    def _on_output(self, start: float, end: float, out: StepOutput) -> None:
+        m = self.metrics
+        live_of = self._live
+        for eid, _ in out.scheduled:
+            lv = live_of.get(eid)
+            if lv is not None and lv.sched_s is None:
+                lv.sched_s = start
+                m.prefix_queries.inc(len(lv.req.prompt_ids))
+        if out.prefix_hit_tokens:
+            m.prefix_hits.inc(out.prefix_hit_tokens)
+        if out.preempted:
+            m.preemptions.inc(len(out.preempted))
+        if out.tokens_generated:
+            m.generation_tokens.inc(out.tokens_generated)
+        # Per-request progress of this pass, read from the engine's running set.
+        eng = self.engine
+        passes = eng._passes
+        for eid, st in eng._running.items():
+            lv = live_of.get(eid)
+            if lv is None:
+                continue
+            n = st.req.output_tokens - (st.f - passes) if st.phase == DECODE else st.outputs
+            if n > lv.emitted:
+                self._emit(lv, n, end)
+        for eid in out.finished:
+            lv = live_of.pop(eid, None)
+            if lv is not None:
+                self._emit(lv, lv.target, end)
+                self._finish(lv, end)
+        for eid in out.handoffs:
+            lv = live_of.pop(eid, None)
+            if lv is not None:
+                self._handoff(lv, end)
+        m.running.set(eng.num_running)
+        m.waiting.set(eng.num_waiting)
+        m.kv_usage.set(eng.kv_usage)
+        if self.events.active:
+            self.events.publish(end)
+
+    def _emit(self, lv: Live, n: int, t: float) -> None:
+        m = self.metrics
+        if lv.first_token_s is None:
+            lv.first_token_s = t
+            m.ttft.observe(t - lv.arrival_s)
+            m.prompt_tokens.inc(len(lv.req.prompt_ids))
+            if lv.sched_s is not None:
+                m.queue.observe(lv.sched_s - lv.arrival_s)
+                m.prefill_time.observe(t - lv.sched_s)
+            k = n - lv.emitted - 1
+        else:
+            k = n - lv.emitted
+            gap = t - lv.last_token_s
+            for _ in range(k):
+                m.itl.observe(gap)
+            k = 0
+        if k > 0:  # several tokens at once (a re-prefill after preemption): zero gaps after the first
+            for _ in range(k):
+                m.itl.observe(0.0)
+        lv.last_token_s = t
+        lv.emitted = n
+        lv.notify()
+
+    def _finish(self, lv: Live, t: float) -> None:
+        m = self.metrics
+        lv.finish_s = t
+        lv.done = True
+        m.e2e.observe(t - lv.arrival_s)
+        m.req_prompt_tokens.observe(len(lv.req.prompt_ids))
+        m.req_generation_tokens.observe(lv.target)
+        first = lv.first_token_s if lv.first_token_s is not None else t
+        m.decode_time.observe(t - first)
+        if lv.sched_s is not None:
+            m.inference_time.observe(t - lv.sched_s)
+        if lv.target > 1:
+            m.tpot.observe((t - first) / (lv.target - 1))
+        m.success[lv.finish_reason].inc()
+        lv.notify()
+
+    def _fail(self, lv: Live, err: ApiError) -> None:
+        self._live.pop(lv.eid, None)
+        lv.error = err
+        lv.done = True
+        lv.notify()
+
+    # ---- prefill/decode disaggregation ------------------------------------------------------------
+    def _handoff(self, lv: Live, t: float) -> None:
+        """Prefill role: the prompt is computed; keep its KV under a lease and answer with the
+        parameters a decode replica needs to pull it (vLLM's NIXL connector fields)."""
+        n_blocks = -(-len(lv.req.prompt_ids) // self.block_size)
+        lv.kv_transfer_params = {
+            "do_remote_prefill": True, "do_remote_decode": False,
+            "remote_block_ids": list(range(n_blocks)), "remote_engine_id": self.cfg.engine_id,
+            "remote_host": self.cfg.host, "remote_port": self.cfg.port, "remote_request_id": lv.rid,
+            "tp_size": self.pool.parallelism.tp,
+        }
+        lease = _Lease(lv, len(lv.req.prompt_ids))
+        self._leases[lv.rid] = lease
+        loop = asyncio.get_running_loop()
+        lease.expires = loop.call_at(self._wall_at(t + self.cfg.kv_lease_s), self._expire, lv.rid)
+        self.metrics.kv_leases.set(len(self._leases))
+        self._emit(lv, 1, t)
+        self._finish(lv, t)
+
+    def _expire(self, rid: str) -> None:
+        lease = self._leases.pop(rid, None)
+        if lease is not None:
+            self.engine.release(lease.live.eid)
+            self.metrics.kv_leases.set(len(self._leases))
+            self._kick()
+
+    async def serve_pull(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Prefill role: a decode replica pulls a leased request's KV. Waits the modelled transfer
+        time (`perf.kv.kv_transfer_s` over the decode side's link), then frees the blocks."""
+        rid = body.get("remote_request_id")
+        if not isinstance(rid, str) or rid not in self._leases:
+            raise ApiError(404, f"no KV lease for remote_request_id={rid!r} (expired, pulled already, or "
+                                "never prefilled here)", "remote_request_id")
+        if body.get("remote_engine_id") not in (None, self.cfg.engine_id):
+            raise ApiError(404, f"remote_engine_id={body.get('remote_engine_id')!r} is not this engine "
+                                f"({self.cfg.engine_id})", "remote_engine_id")
+        dst = body.get("dst") or {}
+        try:
+            dst_dep = deployment_of(PoolSpec.model_validate({
+                "name": "dst", "accelerator": dst.get("accelerator", self.cfg.gpu),
+                "model": dst.get("model", self.cfg.model),
+                "parallelism": {"tp": dst.get("tp", 1), "pp": dst.get("pp", 1)},
+                "kv_dtype": dst.get("kv_dtype", self.cfg.kv_dtype)}))
+            link = LinkSpec(bandwidth_bytes_per_s=float(body.get("link_bytes_per_s", self.cfg.kv_link.bytes_per_s)),
+                            latency_s=float(body.get("link_latency_s", self.cfg.kv_link.latency_s)))
+            lease = self._leases[rid]
+            seconds = kv_transfer_s(lease.prompt_tokens, self.deployment, dst_dep, link)
+        except (SpecError, ValueError, TypeError) as err:
+            raise ApiError(400, f"KV pull: {str(err)[:200]}", "dst") from None
+        lease = self._leases.pop(rid)
+        self.metrics.kv_leases.set(len(self._leases))
+        if lease.expires is not None:
+            lease.expires.cancel()
+        await asyncio.sleep(seconds / self.cfg.time_scale)
+        self.engine.release(lease.live.eid)
+        self._kick()
+        return {"remote_request_id": rid, "prompt_tokens": lease.prompt_tokens, "transfer_s": seconds,
+                "remote_engine_id": self.cfg.engine_id}
+
+    async def _pull(self, lv: Live, ktp: dict[str, Any]) -> None:
+        """Decode role: pull the prompt's KV from the prefill replica named in `ktp`."""
+        if self._kv_pull is None:
+            self._fail(lv, ApiError(503, "this replica cannot reach prefill replicas (no KV client)"))
+            return
+        dst = {"model": self.cfg.model, "accelerator": self.cfg.gpu, "tp": self.cfg.tp, "pp": self.cfg.pp,
+               "kv_dtype": self.cfg.kv_dtype}
+        req = {"remote_request_id": ktp.get("remote_request_id"), "remote_engine_id": ktp.get("remote_engine_id"),
+               "dst": dst, "link_bytes_per_s": self.cfg.kv_link.bytes_per_s,
+               "link_latency_s": self.cfg.kv_link.latency_s}
+        try:
+            res = await self._kv_pull(ktp, req)
+        except ApiError as err:
+            self._fail(lv, ApiError(503 if err.status >= 500 else err.status, f"KV pull failed: {err.message}",
+                                    "kv_transfer_params"))
+            return
+        self.metrics.kv_transfer.observe(float(res.get("transfer_s", 0.0)))
+        if int(res.get("prompt_tokens", -1)) != len(lv.req.prompt_ids):
+            self._fail(lv, ApiError(400, f"KV pull: the prefill replica holds {res.get('prompt_tokens')} prompt "
+                                         f"tokens, this request has {len(lv.req.prompt_ids)}; send the same prompt "
+                                         "to both", "prompt"))
+
+    # ---- faults ---------------------------------------------------------------------------------
+    def inject(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Apply an admin fault body; returns the active faults. FaultError for a bad body."""
+        kind, params = fault_kinds.parse(body)
+        st = self.faults
+        if kind is None:
+            fault_kinds.clear_all(st)
+            for t in self._fault_timers.values():
+                t.cancel()
+            self._fault_timers.clear()
+        else:
+            actions = fault_kinds.FaultActions(crash=self._crash, changed=self._kick)
+            kind.apply(st, params, actions)
+            st.active[kind.name] = params.model_dump()
+            old = self._fault_timers.pop(kind.name, None)
+            if old is not None:
+                old.cancel()
+            if params.duration_s is not None:
+                loop = asyncio.get_running_loop()
+                self._fault_timers[kind.name] = loop.call_later(
+                    params.duration_s / self.cfg.time_scale, self._clear_kind, kind.name)
+        self._kick()
+        return {"active": dict(st.active)}
+
+    def _clear_kind(self, name: str) -> None:
+        self._fault_timers.pop(name, None)
+        fault_kinds.clear_one(self.faults, name)
+        self._kick()
+
+    def _crash(self) -> None:
+        if self._on_crash is not None:
+            self._on_crash()
+
+    # ---- views ------------------------------------------------------------------------------------
+    def mean_overrun_s(self) -> float:
+        """Mean deadline overrun per step (modelled seconds)."""
+        return self.status.overrun_sum_s / self.status.steps if self.status.steps else 0.0
+
+    def report(self) -> dict[str, Any]:
+        """Replica counters (modelled seconds) for load generators and tests."""
+        s = self.status
+        return {"name": self.cfg.name, "role": self.pool.role, "time_scale": self.cfg.time_scale,
+                "now_s": self.now_s(), "steps": s.steps, "busy_s": s.busy_s, "requests": s.requests,
+                "overrun_mean_s": self.mean_overrun_s(), "overrun_max_s": s.overrun_max_s,
+                "running": self.engine.num_running, "waiting": self.engine.num_waiting,
+                "kv_usage": self.engine.kv_usage, "prefix_hit_rate": self.engine.prefix_hit_rate,
+                "kv_capacity_tokens": self.kv_capacity_tokens, "max_model_len": self.max_model_len,
+                "leases": len(self._leases), "faults": dict(self.faults.active)}

@@ -1,0 +1,122 @@
+"""A deterministic local tokenizer: text <-> token ids without any download.
+
+Owns turning prompt text into token ids, generated token ids back into text, and the chained
+hashes of full KV blocks that make prefix caching real (equal text prefixes give equal token
+prefixes, hence equal block hashes, hence cache hits).
+
+Pieces: the text is cut into pieces by `PIECE_RE` (optional leading whitespace, then a run of
+non-space characters; or trailing whitespace). A piece that is a vocabulary word (one space plus
+a word of `WORDS`) is one token. Any other piece is cut into chunks of `CHUNK_CHARS` characters,
+each one token whose id is a hash of the chunk. So English-like text costs about one token per
+word, as subword tokenizers do (about 4 characters per token, Llama/GPT BPE on English prose).
+
+Generated text is made of vocabulary words only, so `encode(decode(ids)) == ids` for generated
+ids: a stream resumed elsewhere can be re-tokenized and checked token by token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from array import array
+from functools import lru_cache
+
+VOCAB_SIZE = 32_000
+"""Token ids are in [0, VOCAB_SIZE) (the vocabulary size of Llama 2's tokenizer)."""
+EOS_TOKEN_ID = 2
+"""End-of-sequence id (Llama 2's `</s>`); never emitted as text."""
+NUM_SPECIAL = 3
+"""Ids 0..2 are special (`<unk>`, `<s>`, `</s>`, as in Llama 2)."""
+NUM_WORDS = 8_000
+"""Vocabulary words: ids NUM_SPECIAL .. NUM_SPECIAL + NUM_WORDS - 1."""
+HASH_BASE = NUM_SPECIAL + NUM_WORDS
+"""First id of hashed chunks (pieces that are not vocabulary words)."""
+CHUNK_CHARS = 4
+"""Characters per token for text outside the vocabulary (about 4 per token, BPE on English)."""
+PIECE_RE = re.compile(r"\s*\S+|\s+")
+
+_ONSETS = ("b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
+           "br", "ch", "cl", "dr", "fl", "gr", "pl", "pr", "sh", "st", "th", "tr")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ea", "ou")
+_CODAS = ("", "n", "r", "s", "t", "l", "m", "nd", "st", "rk")
+
+
+def _make_words() -> tuple[str, ...]:
+    """NUM_WORDS distinct pronounceable words (syllable products, a fixed order)."""
+    syll = [o + v + c for o in _ONSETS for v in _VOWELS for c in _CODAS]  # 2400 syllables
+    words: list[str] = []
+    seen: set[str] = set()
+    for s in syll:
+        if s not in seen:
+            seen.add(s)
+            words.append(s)
+    i = 0
+    while len(words) < NUM_WORDS:
+        n = len(syll)
+        w = syll[i % n] + syll[(i * 7 + 3 + i // n) % n]  # distinct (a, b) pairs for i < n*n
+        if w not in seen:
+            seen.add(w)
+            words.append(w)
+        i += 1
+    return tuple(words[:NUM_WORDS])
+
+
+WORDS = _make_words()
+_PIECE_OF_ID = {NUM_SPECIAL + i: " " + w for i, w in enumerate(WORDS)}
+_ID_OF_PIECE = {p: i for i, p in _PIECE_OF_ID.items()}
+
+
+@lru_cache(maxsize=65_536)
+def _chunk_id(chunk: str) -> int:
+    d = hashlib.blake2b(chunk.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return HASH_BASE + int.from_bytes(d, "little") % (VOCAB_SIZE - HASH_BASE)
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of `text` (deterministic; equal text prefixes give equal id prefixes up to the
+    piece that straddles the end of the shorter text)."""
+    ids: list[int] = []
+    vocab = _ID_OF_PIECE
+    for piece in PIECE_RE.findall(text):
+        tid = vocab.get(piece)
+        if tid is not None:
+            ids.append(tid)
+            continue
+        for k in range(0, len(piece), CHUNK_CHARS):
+            ids.append(_chunk_id(piece[k:k + CHUNK_CHARS]))
+    return ids
+
+
+def decode_token(token_id: int) -> str:
+    """Text of one generated token (a vocabulary word with its leading space; '' for specials)."""
+    return _PIECE_OF_ID.get(token_id, "")
+
+
+def decode(ids: list[int]) -> str:
+    """Text of generated ids (vocabulary words; other ids decode to '')."""
+    get = _PIECE_OF_ID.get
+    return "".join(get(i, "") for i in ids)
+
+
+def words_text(word_indices: list[int]) -> str:
+    """Text of exactly len(word_indices) tokens: the vocabulary words at those indices (mod
+    NUM_WORDS), each with its leading space. Load generators build prompts of known length with it."""
+    return "".join(" " + WORDS[i % NUM_WORDS] for i in word_indices)
+
+
+def block_hashes(ids: list[int], block_size: int) -> tuple[int, ...]:
+    """Chained hashes of the full `block_size`-token blocks of `ids`: hash i names blocks 0..i
+    (as vLLM's prefix-cache block hashes do), as non-negative 63-bit ints."""
+    out: list[int] = []
+    parent = b""
+    for start in range(0, len(ids) - block_size + 1, block_size):
+        d = hashlib.blake2b(parent + array("I", ids[start:start + block_size]).tobytes(), digest_size=8).digest()
+        out.append(int.from_bytes(d, "little") >> 1)
+        parent = d
+    return tuple(out)
+
+
+def digest(ids: list[int]) -> int:
+    """A 63-bit digest of a whole token sequence (seeds generated text and lengths)."""
+    d = hashlib.blake2b(array("I", ids).tobytes(), digest_size=8).digest()
+    return int.from_bytes(d, "little") >> 1

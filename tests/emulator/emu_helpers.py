@@ -1,0 +1,63 @@
+"""Helpers for the emulator tests: an in-process app behind an ASGI transport, bounded in time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import httpx
+
+from fleetwise.emulator.app import create_app
+from fleetwise.emulator.config import EmulatorConfig
+
+T = TypeVar("T")
+TEST_TIME_SCALE = 100.0
+"""Tests run the modelled hardware 100x faster than real time."""
+TOKEN = "secret-token"
+
+
+def cfg(**kw: Any) -> EmulatorConfig:
+    base: dict[str, Any] = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "time_scale": TEST_TIME_SCALE,
+                            "admin_token": TOKEN}
+    base.update(kw)
+    return EmulatorConfig(**base)
+
+
+def run(coro: Awaitable[T], timeout_s: float = 60.0) -> T:
+    """Run a test coroutine with a wall-clock bound."""
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, timeout_s)
+    return asyncio.run(bounded())
+
+
+@contextlib.asynccontextmanager
+async def serve(config: EmulatorConfig | None = None, kv_client: httpx.AsyncClient | None = None,
+                crashes: list[int] | None = None) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    """An emulator app (started) and a client talking to it in-process."""
+    app = create_app(config or cfg(), kv_client=kv_client,
+                     on_crash=(lambda: crashes.append(1)) if crashes is not None else None)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://emulator") as c:
+            yield app, c
+
+
+def metric(text: str, name: str) -> float:
+    """Value of an unlabelled-by-us sample `name{...}` in Prometheus text (first match)."""
+    m = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M)
+    assert m is not None, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+def sse_events(body: str) -> list[Any]:
+    """The JSON payloads of an SSE body, with '[DONE]' kept as the string."""
+    import json
+
+    out: list[Any] = []
+    for block in body.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out

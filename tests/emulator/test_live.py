@@ -1,0 +1,93 @@
+"""Emulators as real processes on 127.0.0.1: streaming over TCP, a cut stream, a crash that exits,
+and `fleetwise emulate --help` documenting every option."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from emu_helpers import TOKEN, sse_events
+
+from fleetwise.cli.main import build_parser
+
+START_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def emulator(*args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", "llama-3.1-8b",
+                             "--gpu", "h100-sxm", "--host", "127.0.0.1", "--port", str(port), "--time-scale", "50",
+                             "--admin-token", TOKEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "emulator did not start"
+            time.sleep(0.1)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_live_streaming_cut_stream_and_crash():
+    with emulator() as (proc, url), httpx.Client(base_url=url, timeout=10.0) as c:
+        s = sse_events(c.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 5, "stream": True,
+                                                       "stream_options": {"include_usage": True}}).text)
+        assert s[-1] == "[DONE]" and s[-2]["usage"]["completion_tokens"] == 5
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert c.post("/admin/faults", json={"kind": "drop_streams", "after_tokens": 2}).status_code == 401
+        assert c.post("/admin/faults", json={"kind": "drop_streams", "after_tokens": 2},
+                      headers=auth).status_code == 200
+        with pytest.raises(httpx.RemoteProtocolError):
+            c.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 50, "stream": True})
+        c.post("/admin/faults", json={"kind": "clear"}, headers=auth)
+        assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+        with contextlib.suppress(httpx.HTTPError):
+            c.post("/admin/faults", json={"kind": "crash"}, headers=auth)
+        assert proc.wait(10) == 1
+
+
+def test_bad_option_exits_2_with_one_line():
+    r = subprocess.run([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", "llama-3.1-8b",
+                        "--gpu", "h100-sxm", "--time-scale", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--time-scale=0" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", "llama-3.1-8bb",
+                        "--gpu", "h100-sxm"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_help_documents_every_option():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    emulate = sub.choices["emulate"]  # type: ignore[union-attr]
+    text = emulate.format_help()
+    for action in emulate._actions:
+        for flag in action.option_strings:
+            assert flag in text
+        if action.dest != "help":
+            assert action.help, action.dest

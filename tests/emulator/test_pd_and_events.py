@@ -1,0 +1,106 @@
+"""vLLM's disaggregation protocol between a prefill and a decode emulator, and KV events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from emu_helpers import cfg, metric, run, serve
+
+from fleetwise.emulator.generation import text_of
+from fleetwise.emulator.tokenizer import block_hashes, digest, encode, words_text
+from fleetwise.perf.kv import kv_transfer_s
+from fleetwise.spec.hardware import LinkSpec
+
+PROMPT = words_text(list(range(300)))
+
+
+def test_prefill_to_decode_hand_off():
+    async def go():
+        async with serve(cfg(role="prefill", port=9101)) as (papp, pc):
+            mounts = {"http://127.0.0.1:9101": httpx.ASGITransport(app=papp)}
+            async with httpx.AsyncClient(mounts=mounts) as kv_client, \
+                    serve(cfg(role="decode", port=9102), kv_client=kv_client) as (dapp, dc):
+                r = await pc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1,
+                                                           "kv_transfer_params": {"do_remote_decode": True}})
+                assert r.status_code == 200, r.text
+                ktp = r.json()["kv_transfer_params"]
+                assert ktp["do_remote_prefill"] is True and ktp["remote_port"] == 9101
+                assert ktp["remote_engine_id"] == papp.state.replica.cfg.engine_id
+                assert len(ktp["remote_block_ids"]) == -(-300 // 16)
+                assert r.json()["usage"]["completion_tokens"] == 1
+                prep = papp.state.replica
+                assert len(prep._leases) == 1 and prep.engine.pool.num_used > 0  # KV held under the lease
+                d = await dc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 20,
+                                                           "kv_transfer_params": ktp})
+                assert d.status_code == 200, d.text
+                body = d.json()
+                assert body["choices"][0]["text"] == text_of(digest(encode(PROMPT)), 0, 20)
+                assert body["usage"] == {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320,
+                                         "prompt_tokens_details": None}
+                assert len(prep._leases) == 0 and prep.engine.pool.num_used == 0  # released after the pull
+                drep = dapp.state.replica
+                assert drep.engine.stats.prompt_tokens_admitted == 300  # no prefill on the decode side
+                text = (await dc.get("/metrics")).text
+                want = kv_transfer_s(300, prep.deployment, drep.deployment,
+                                     LinkSpec(bandwidth_bytes_per_s=drep.cfg.kv_link.bytes_per_s,
+                                              latency_s=drep.cfg.kv_link.latency_s))
+                assert metric(text, "fleetwise:kv_transfer_seconds_sum") == pytest.approx(want, rel=1e-12)
+                # TTFT on the decode side includes the pull (vLLM's proxy flow)
+                assert metric(text, "vllm:time_to_first_token_seconds_sum") > want
+                # The lease is gone: pulling again fails cleanly.
+                again = await dc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2,
+                                                               "kv_transfer_params": ktp})
+                assert again.status_code == 404 and "no KV lease" in again.json()["error"]["message"]
+    run(go())
+
+
+def test_unpulled_kv_is_freed_when_the_lease_expires():
+    async def go():
+        async with serve(cfg(role="prefill", kv_lease_s=2.0)) as (app, c):
+            r = await c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1,
+                                                      "kv_transfer_params": {"do_remote_decode": True}})
+            assert r.status_code == 200
+            rep = app.state.replica
+            assert rep.engine.pool.num_used > 0
+            await asyncio.sleep(0.1)  # 10 modelled seconds > the 2 s lease
+            assert rep.engine.pool.num_used == 0 and not rep._leases
+    run(go())
+
+
+def test_kv_events_report_stored_and_evicted_blocks():
+    async def go():
+        # A small cache (about 7k tokens) so eviction happens.
+        async with serve(cfg(gpu_memory_utilization=0.25)) as (app, c):
+            rep = app.state.replica
+            q = rep.events.subscribe(rep.now_s())
+            first = json.loads((await q.get()) or b"{}")
+            assert first["events"] == [{"type": "AllBlocksCleared"}]
+            ids = encode(PROMPT)
+            await c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+            stored = []
+            while not q.empty():
+                batch = json.loads((await q.get()) or b"{}")
+                stored += [e for e in batch["events"] if e["type"] == "BlockStored"]
+            hashes = [h for e in stored for h in e["block_hashes"]]
+            assert hashes == list(block_hashes(ids, 16))  # every full prompt block, in order
+            assert stored[0]["parent_block_hash"] is None and stored[0]["block_size"] == 16
+            assert [t for e in stored for t in e["token_ids"]] == ids[:len(hashes) * 16]
+            # Evict by filling the cache with other prompts; BlockRemoved names our blocks.
+            cap = rep.engine.pool.capacity * 16
+            other = words_text([7] * 3000)
+            removed: set[int] = set()
+            for i in range(cap // 3000 + 2):
+                await c.post("/v1/completions", json={"prompt": f"{i} {other}", "max_tokens": 1})
+                while not q.empty():
+                    batch = json.loads((await q.get()) or b"{}")
+                    for e in batch["events"]:
+                        if e["type"] == "BlockRemoved":
+                            removed.update(e["block_hashes"])
+                if removed & set(hashes):
+                    break
+            assert removed & set(hashes)
+            rep.events.unsubscribe(q)
+    run(go(), timeout_s=120)

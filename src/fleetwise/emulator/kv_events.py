@@ -7,8 +7,10 @@ handing them to subscribers (the `/kv_events` HTTP stream: one JSON batch per li
 event an object with a `type` field). A new subscriber first gets every block cached now, so a
 router starts from the true contents.
 
-Blocks are keyed by the chained hash of their tokens (`tokenizer.block_hashes`), the same id a
-router computes from the prompt. Events are computed only while someone subscribes.
+The events come from the engine's block pool (`StepOutput.kv_events`: span stored / evicted by
+hash id). Blocks are keyed by the chained hash of their tokens (`tokenizer.block_hashes`), the
+same id a router computes from the prompt; the engine keys one span per block because the
+emulator hashes every `block_size` tokens.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
-
-from fleetwise.engine.blocks import BlockPool
 
 MEDIUM = "GPU"
 """`medium` of every event (vLLM names the tier holding the block)."""
@@ -28,19 +28,24 @@ MAX_REMEMBERED_BLOCKS = 1_000_000
 
 
 class KvEventPublisher:
-    """Diffs the pool's cached blocks after each step and fans the events out to subscribers."""
+    """Keeps the set of cached blocks from the engine's events and fans them out to subscribers."""
 
-    def __init__(self, pool: BlockPool, block_size: int) -> None:
-        self.pool, self.block_size = pool, block_size
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
         self._subs: list[asyncio.Queue[bytes | None]] = []
-        self._known: set[int] = set()
-        self._version = -1
+        self._known: dict[int, None] = {}
+        """Blocks cached now, in the order they were stored."""
         self._blocks: dict[int, tuple[int | None, list[int]]] = {}
 
     @property
     def active(self) -> bool:
-        """Whether anyone is listening (events are computed only then)."""
+        """Whether anyone is listening."""
         return bool(self._subs)
+
+    @property
+    def cached(self) -> list[int]:
+        """Hashes of the blocks cached now, oldest first."""
+        return list(self._known)
 
     def remember(self, prompt_ids: list[int], hashes: tuple[int, ...]) -> None:
         """Keep the tokens and parent of each full prompt block (for BlockStored.token_ids)."""
@@ -53,10 +58,6 @@ class KvEventPublisher:
             parent = h
         while len(blocks) > MAX_REMEMBERED_BLOCKS:
             del blocks[next(iter(blocks))]
-
-    def _cached(self) -> set[int]:
-        # Span keys are (block hash, index); with one hash per engine block a span is one block.
-        return {key[0] for key in self.pool._cached}
 
     def _stored(self, hashes: list[int]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
@@ -73,37 +74,33 @@ class KvEventPublisher:
                            "medium": MEDIUM})
         return events
 
-    def publish(self, ts: float) -> None:
-        """Send what changed since the last call (call after each step)."""
-        if not self._subs or self.pool.version == self._version:
-            return
-        self._version = self.pool.version
-        now = self._cached()
-        stored = [h for h in self._order(now - self._known)]
-        removed = sorted(self._known - now)
-        self._known = now
-        events = self._stored(stored)
-        if removed:
-            events.append({"type": "BlockRemoved", "block_hashes": removed, "medium": MEDIUM})
-        for h in removed:
-            self._blocks.pop(h, None)
-        if events:
-            self._send(ts, events)
+    def publish(self, ts: float, events: list[tuple[bool, int]]) -> None:
+        """Apply one step's engine events `(stored, hash)` and send them to subscribers."""
+        known = self._known
+        out: list[dict[str, Any]] = []
+        stored: list[int] = []
+        removed: list[int] = []
+        for is_stored, h in events:
+            if is_stored:
+                if removed:
+                    out += self._removed(removed)
+                    removed = []
+                known[h] = None
+                stored.append(h)
+            else:
+                if stored:
+                    out += self._stored(stored)
+                    stored = []
+                known.pop(h, None)
+                removed.append(h)
+        out += self._stored(stored) + self._removed(removed)
+        if self._subs and out:
+            self._send(ts, out)
 
-    def _order(self, hashes: set[int]) -> list[int]:
-        """Parents before children, so chains come out in prompt order."""
-        blocks = self._blocks
-        out: list[int] = []
-        seen: set[int] = set()
-        for h in sorted(hashes):
-            chain = []
-            x: int | None = h
-            while x is not None and x in hashes and x not in seen:
-                chain.append(x)
-                seen.add(x)
-                x = blocks.get(x, (None, []))[0]
-            out.extend(reversed(chain))
-        return out
+    def _removed(self, hashes: list[int]) -> list[dict[str, Any]]:
+        for h in hashes:
+            self._blocks.pop(h, None)
+        return [{"type": "BlockRemoved", "block_hashes": hashes, "medium": MEDIUM}] if hashes else []
 
     def _send(self, ts: float, events: list[dict[str, Any]]) -> None:
         line = (json.dumps({"ts": ts, "events": events, "data_parallel_rank": None}) + "\n").encode()
@@ -117,16 +114,14 @@ class KvEventPublisher:
     def subscribe(self, ts: float) -> asyncio.Queue[bytes | None]:
         """A queue of event lines (None = closed), starting with every block cached now."""
         q: asyncio.Queue[bytes | None] = asyncio.Queue()
-        if not self._subs:
-            self._known = self._cached()
-            self._version = self.pool.version
         self._subs.append(q)
-        snapshot = self._stored(self._order(self._known))
-        line = {"ts": ts, "events": [{"type": "AllBlocksCleared"}, *snapshot], "data_parallel_rank": None}
+        line = {"ts": ts, "events": [{"type": "AllBlocksCleared"}, *self._stored(list(self._known))],
+                "data_parallel_rank": None}
         q.put_nowait((json.dumps(line) + "\n").encode())
         return q
 
     def unsubscribe(self, q: asyncio.Queue[bytes | None]) -> None:
+        """Stop sending to `q`."""
         if q in self._subs:
             self._subs.remove(q)
 

@@ -1,18 +1,17 @@
 """`EmulatedReplica`: one engine replica driven by the wall clock, with per-request token streams.
 
-Owns the replica's engine (built from its pool spec with the shared perf model), the asyncio
-step loop, the live requests and their token streams, the metrics it records, the KV leases
-of the prefill role and the KV events it publishes. HTTP is `fleetwise.emulator.app`.
+Owns the replica's live requests and their token streams, the metrics it records, the KV leases
+of the prefill role and the KV events it publishes. Stepping is the shared `EngineDriver`
+(`fleetwise.engine.driver`) on an `AsyncioClock` (`fleetwise.live`): the same step loop as the
+simulator's, sleeping to each step's absolute deadline. HTTP is `fleetwise.emulator.app`.
 
-Clock: modelled seconds = wall seconds since start x `time_scale`. Each step is scheduled at a
-modelled start, and the loop sleeps until the step's absolute deadline (start + duration), so
-lateness of one wake-up never accumulates; the next step starts at that deadline (or at the
-arrival of work added while the loop was late, whichever is later). How late each wake-up was
-is the deadline overrun (`fleetwise:step_deadline_overrun_seconds`). Every time reported
+Clock: modelled seconds = wall seconds since start x `time_scale`. A late wake-up never shifts
+the steps after it (the clock hands every callback its scheduled time); how late each step end
+ran is the deadline overrun (`fleetwise:step_deadline_overrun_seconds`). Every time reported
 (metrics, responses) is in modelled seconds.
 
-Steps are single passes (`Engine.schedule(0, 0)`: no fused decode passes): every pass emits one
-token per decoding request, as a server streams them.
+Steps are single passes (hard horizon 0: no fused decode passes), so every pass emits one token
+per decoding request, as a server streams them (`StepOutput.tokens`).
 """
 
 from __future__ import annotations
@@ -31,19 +30,24 @@ from fleetwise.emulator.kv_events import KvEventPublisher
 from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.protocol import ApiError, GenRequest
 from fleetwise.emulator.tokenizer import block_hashes, digest
-from fleetwise.engine.api import Engine, EngineConfig, StepOutput
-from fleetwise.engine.sequence import DECODE
+from fleetwise.engine.driver import DOWN, UP, EngineDriver
+from fleetwise.engine.pools import build_pool
+from fleetwise.engine.records import StepOutput
 from fleetwise.errors import SpecError
+from fleetwise.live import AsyncioClock
 from fleetwise.perf.kv import kv_transfer_s
-from fleetwise.perf.memory import FitOptions, kv_capacity_tokens
 from fleetwise.perf.profile import Profile
-from fleetwise.perf.roofline import BoundPerf, PerfModel
-from fleetwise.perf.types import BatchShape, Deployment
+from fleetwise.perf.roofline import PerfModel
 from fleetwise.spec.hardware import LinkSpec
-from fleetwise.spec.plan import PoolSpec, resolve_pool
+from fleetwise.spec.plan import PoolSpec
 
-STEP_HORIZON_S = 0.0
-"""Hard horizon passed to `Engine.schedule`: 0 means one pass per step (no fused passes)."""
+WHERE = "emulator"
+"""How errors in the emulator's options name their source."""
+
+
+def single_passes(driver: EngineDriver, now_s: float) -> tuple[float, float]:
+    """Horizons (0, 0): every step is one pass, so tokens stream pass by pass."""
+    return 0.0, 0.0
 
 
 @dataclass(eq=False, slots=True)
@@ -103,57 +107,32 @@ class ReplicaStatus:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def engine_config(pool: PoolSpec) -> EngineConfig:
-    """The engine's knobs from a pool spec (the spec's defaults are the project's)."""
-    k = pool.engine
-    return EngineConfig(max_num_batched_tokens=k.max_num_batched_tokens, max_num_seqs=k.max_num_seqs,
-                        block_size=k.block_size, enable_prefix_caching=k.enable_prefix_caching,
-                        enable_chunked_prefill=k.enable_chunked_prefill, max_bundle_steps=k.max_bundle_steps)
-
-
-def deployment_of(pool: PoolSpec) -> Deployment:
-    """The pool's deployment (catalog names resolved, parallelism checked)."""
-    model, gpu = resolve_pool(pool, "emulator")
-    try:
-        pool.parallelism.check(model, gpu)
-    except SpecError as err:
-        raise SpecError(f"emulator: {err}") from None
-    return Deployment(model, gpu, pool.parallelism, pool.weight_dtype, pool.kv_dtype)
-
-
 class EmulatedReplica:
-    """One replica: engine + wall-clock step loop + live requests. Start with `start()` inside a
-    running event loop; `stop()` ends the loop."""
+    """One replica: engine + driver on the wall clock + live requests. Call `start()` inside a
+    running event loop; `stop()` ends it."""
 
     def __init__(self, cfg: EmulatorConfig, perf: PerfModel | None = None,
                  on_crash: Callable[[], None] | None = None,
                  kv_pull: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None) -> None:
         self.cfg = cfg
-        pool = cfg.pool()
-        self.pool = pool
-        self.deployment = dep = deployment_of(pool)
+        self.pool = pool = cfg.pool()
         if perf is None:
             perf = PerfModel(Profile.load(cfg.profile) if cfg.profile else None)
-        self.perf: BoundPerf = perf.bind(dep)
-        k = pool.engine
-        cap = kv_capacity_tokens(dep, FitOptions(max_num_batched_tokens=k.max_num_batched_tokens,
-                                                 max_num_seqs=k.max_num_seqs,
-                                                 gpu_memory_utilization=pool.gpu_memory_utilization))
-        if cap < k.block_size:
-            raise SpecError(f"emulator: fit failed: {dep.model.name} on {pool.parallelism.gpus} x "
-                            f"{dep.accelerator.name} leaves no room for KV cache; raise --tp or use --weight-dtype "
-                            f"fp8 (see `fleetwise fit {dep.model.name} {dep.accelerator.name}`)")
-        self.block_size = k.block_size
-        self.kv_capacity_tokens = cap
-        self.engine = Engine(cfg.name, pool.role, engine_config(pool), cap // k.block_size,
-                             self.perf.step_time_s, self.perf.decode_time_s)
-        self.max_model_len = cfg.max_model_len or dep.model.max_context_tokens
+        self._perf_model = perf
+        self.build = build = build_pool(pool, perf, WHERE)
+        self.deployment = build.deployment
+        self.block_size = build.config.block_size
+        self.kv_capacity_tokens = build.kv_capacity_tokens
+        self.engine = build.engine(cfg.name)
+        self.engine.per_request_outputs = True
+        self.engine.enable_kv_events()
+        self.max_model_len = cfg.max_model_len or build.deployment.model.max_context_tokens
         if self.max_model_len < 2:
             raise SpecError(f"--max-model-len={self.max_model_len} must be at least 2")
         self.lengths = OutputLengthModel(cfg.output_lengths, cfg.seed)
         self.metrics = ReplicaMetrics(cfg.name, self.max_model_len)
         self.metrics.time_scale.set(cfg.time_scale)
-        self.events = KvEventPublisher(self.engine.pool, k.block_size)
+        self.events = KvEventPublisher(self.block_size)
         self.faults = fault_kinds.FaultState()
         self.status = ReplicaStatus()
         self._on_crash = on_crash
@@ -161,41 +140,36 @@ class EmulatedReplica:
         self._live: dict[int, Live] = {}
         self._leases: dict[str, _Lease] = {}
         self._next_eid = 0
-        self._slowdown_applied = 1.0
-        self._t0 = 0.0
-        self._t_free = 0.0
-        self._last_add_s = 0.0
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
         self._fault_timers: dict[str, asyncio.TimerHandle] = {}
+        self.clock: AsyncioClock | None = None
+        self.driver: EngineDriver | None = None
         self.created = int(time.time())
 
     # ---- clock -------------------------------------------------------------------------------
     def now_s(self) -> float:
         """Modelled seconds since start."""
-        return (asyncio.get_running_loop().time() - self._t0) * self.cfg.time_scale
+        return self.clock.now_s() if self.clock is not None else 0.0
 
-    def _wall_at(self, model_s: float) -> float:
-        return self._t0 + model_s / self.cfg.time_scale
+    def _wall_s(self, model_s: float) -> float:
+        """Wall seconds of `model_s` modelled seconds."""
+        return model_s / self.cfg.time_scale
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the step loop (call inside the running event loop)."""
-        if self._task is not None:
+        """Start the clock and the driver (call inside the running event loop)."""
+        if self.driver is not None:
             return
-        self._t0 = asyncio.get_running_loop().time()
-        self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"emulator-{self.cfg.name}")
+        self.clock = AsyncioClock(1.0 / self.cfg.time_scale)
+        self.driver = EngineDriver(self.engine, self.clock, self._on_output, single_passes, self.build.perf,
+                                   pool_name=self.pool.name, accelerator=self.deployment.accelerator.name,
+                                   model_version=self.pool.model_version, region=self.pool.region,
+                                   kv_capacity_tokens=self.kv_capacity_tokens)
 
     async def stop(self) -> None:
-        """Stop the step loop; requests still in flight fail with 503."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        """Stop stepping; requests still in flight fail with 503."""
+        if self.driver is not None:
+            self.driver.stop(self.now_s())
+            self.driver.state = DOWN
         for t in self._fault_timers.values():
             t.cancel()
         for lease in self._leases.values():
@@ -206,8 +180,8 @@ class EmulatedReplica:
         self.events.close()
 
     def _kick(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        if self.driver is not None:
+            self.driver.kick(self.now_s())
 
     # ---- intake --------------------------------------------------------------------------------
     def check_intake(self, req: GenRequest) -> None:
@@ -261,8 +235,7 @@ class EmulatedReplica:
         live = Live(rid, eid, req, d, target, reason, er.arrival_s)
         self.metrics.req_max_tokens.observe(req.max_tokens or target)
         self.status.requests += 1
-        if self.events.active:
-            self.events.remember(req.prompt_ids, er.block_hashes)
+        self.events.remember(req.prompt_ids, er.block_hashes)
         if self.pool.role == "decode":
             await self._pull(live, req.kv_transfer_params or {})
             if live.done:
@@ -272,78 +245,29 @@ class EmulatedReplica:
         else:
             self._live[eid] = live
             self.engine.add_request(er)
-        self._last_add_s = self.now_s()
         self._kick()
         return live
 
-    # ---- the step loop -------------------------------------------------------------------------------
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        wake = self._wake
-        assert wake is not None
-        eng = self.engine
-        scale = self.cfg.time_scale
+    def _on_output(self, driver: EngineDriver, end: float, start: float, out: StepOutput) -> None:
+        """A step ended at `end` (modelled s): stream its tokens, finish and hand off requests."""
         m = self.metrics
-        while True:
-            if self.faults.hung or not eng.has_work:
-                wake.clear()
-                await wake.wait()
-                self._t_free = max(self._t_free, self.now_s())
-                continue
-            self._apply_slowdown()
-            start = max(self._t_free, self._last_add_s)
-            step = eng.schedule(STEP_HORIZON_S, STEP_HORIZON_S)
-            if step is None:
-                wake.clear()
-                await wake.wait()
-                self._t_free = max(self._t_free, self.now_s())
-                continue
-            end = start + step.duration_s
-            deadline = self._wall_at(end)
-            delay = deadline - loop.time()
-            await asyncio.sleep(delay if delay > 0 else 0)
-            while self.faults.hung:  # a hang freezes the step in flight too
-                wake.clear()
-                await wake.wait()
-                end = max(end, self.now_s())
-            late = (loop.time() - deadline) * scale
-            if late < 0:
-                late = 0.0
-            out = eng.complete()
-            self._t_free = end
-            st = self.status
-            st.steps += 1
-            st.busy_s += step.duration_s
-            st.overrun_sum_s += late
-            if late > st.overrun_max_s:
-                st.overrun_max_s = late
-                m.overrun_max.set(late)
-            m.overrun.observe(late)
-            m.steps.inc()
-            m.busy.inc(step.duration_s)
+        st = self.status
+        dur = end - start
+        late = self.now_s() - end
+        if late < 0.0:
+            late = 0.0
+        st.steps += 1
+        st.busy_s += dur
+        st.overrun_sum_s += late
+        if late > st.overrun_max_s:
+            st.overrun_max_s = late
+            m.overrun_max.set(late)
+        m.overrun.observe(late)
+        m.steps.inc()
+        m.busy.inc(dur)
+        step = driver.step
+        if step is not None:
             m.iteration_tokens.observe(step.prefill_tokens + step.decode_tokens)
-            self._on_output(start, end, out)
-
-    def _apply_slowdown(self) -> None:
-        f = self.faults.slowdown
-        if f == self._slowdown_applied:
-            return
-        self._slowdown_applied = f
-        base, base_decode = self.perf.step_time_s, self.perf.decode_time_s
-        if f == 1.0:
-            self.engine.step_time, self.engine.decode_time = base, base_decode
-            return
-
-        def step_time(shape: BatchShape) -> float:
-            return base(shape) * f
-
-        def decode_time(n: int, kv: int, longest: int) -> float:
-            return base_decode(n, kv, longest) * f
-
-        self.engine.step_time, self.engine.decode_time = step_time, decode_time
-
-    def _on_output(self, start: float, end: float, out: StepOutput) -> None:
-        m = self.metrics
         live_of = self._live
         for eid, _ in out.scheduled:
             lv = live_of.get(eid)
@@ -356,30 +280,26 @@ class EmulatedReplica:
             m.preemptions.inc(len(out.preempted))
         if out.tokens_generated:
             m.generation_tokens.inc(out.tokens_generated)
-        # Per-request progress of this pass, read from the engine's running set.
-        eng = self.engine
-        passes = eng._passes
-        for eid, st in eng._running.items():
+        for eid, k in out.tokens or ():
             lv = live_of.get(eid)
-            if lv is None:
-                continue
-            n = st.req.output_tokens - (st.f - passes) if st.phase == DECODE else st.outputs
-            if n > lv.emitted:
-                self._emit(lv, n, end)
+            if lv is not None:
+                self._emit(lv, lv.emitted + k, end)
         for eid in out.finished:
             lv = live_of.pop(eid, None)
             if lv is not None:
-                self._emit(lv, lv.target, end)
                 self._finish(lv, end)
         for eid in out.handoffs:
             lv = live_of.pop(eid, None)
             if lv is not None:
                 self._handoff(lv, end)
+        eng = self.engine
         m.running.set(eng.num_running)
         m.waiting.set(eng.num_waiting)
         m.kv_usage.set(eng.kv_usage)
-        if self.events.active:
-            self.events.publish(end)
+        if out.kv_events:
+            self.events.publish(end, out.kv_events)
+        if self.faults.hung:
+            driver.state = DOWN  # a hang takes hold at the end of the step in flight
 
     def _emit(self, lv: Live, n: int, t: float) -> None:
         m = self.metrics
@@ -440,7 +360,7 @@ class EmulatedReplica:
         lease = _Lease(lv, len(lv.req.prompt_ids))
         self._leases[lv.rid] = lease
         loop = asyncio.get_running_loop()
-        lease.expires = loop.call_at(self._wall_at(t + self.cfg.kv_lease_s), self._expire, lv.rid)
+        lease.expires = loop.call_later(self._wall_s(t + self.cfg.kv_lease_s - self.now_s()), self._expire, lv.rid)
         self.metrics.kv_leases.set(len(self._leases))
         self._emit(lv, 1, t)
         self._finish(lv, t)
@@ -464,11 +384,12 @@ class EmulatedReplica:
                                 f"({self.cfg.engine_id})", "remote_engine_id")
         dst = body.get("dst") or {}
         try:
-            dst_dep = deployment_of(PoolSpec.model_validate({
-                "name": "dst", "accelerator": dst.get("accelerator", self.cfg.gpu),
+            dst_pool = PoolSpec.model_validate({
+                "name": "dst", "role": "decode", "accelerator": dst.get("accelerator", self.cfg.gpu),
                 "model": dst.get("model", self.cfg.model),
                 "parallelism": {"tp": dst.get("tp", 1), "pp": dst.get("pp", 1)},
-                "kv_dtype": dst.get("kv_dtype", self.cfg.kv_dtype)}))
+                "kv_dtype": dst.get("kv_dtype", self.cfg.kv_dtype)})
+            dst_dep = build_pool(dst_pool, self._perf_model, "KV pull dst").deployment
             link = LinkSpec(bandwidth_bytes_per_s=float(body.get("link_bytes_per_s", self.cfg.kv_link.bytes_per_s)),
                             latency_s=float(body.get("link_latency_s", self.cfg.kv_link.latency_s)))
             lease = self._leases[rid]
@@ -479,7 +400,7 @@ class EmulatedReplica:
         self.metrics.kv_leases.set(len(self._leases))
         if lease.expires is not None:
             lease.expires.cancel()
-        await asyncio.sleep(seconds / self.cfg.time_scale)
+        await asyncio.sleep(self._wall_s(seconds))
         self.engine.release(lease.live.eid)
         self._kick()
         return {"remote_request_id": rid, "prompt_tokens": lease.prompt_tokens, "transfer_s": seconds,
@@ -517,9 +438,11 @@ class EmulatedReplica:
             for t in self._fault_timers.values():
                 t.cancel()
             self._fault_timers.clear()
+            self._faults_changed()
         else:
             actions = fault_kinds.FaultActions(crash=self._crash, changed=self._kick)
             kind.apply(st, params, actions)
+            self._faults_changed()
             st.active[kind.name] = params.model_dump()
             old = self._fault_timers.pop(kind.name, None)
             if old is not None:
@@ -527,14 +450,28 @@ class EmulatedReplica:
             if params.duration_s is not None:
                 loop = asyncio.get_running_loop()
                 self._fault_timers[kind.name] = loop.call_later(
-                    params.duration_s / self.cfg.time_scale, self._clear_kind, kind.name)
+                    self._wall_s(params.duration_s), self._clear_kind, kind.name)
         self._kick()
         return {"active": dict(st.active)}
 
     def _clear_kind(self, name: str) -> None:
         self._fault_timers.pop(name, None)
         fault_kinds.clear_one(self.faults, name)
-        self._kick()
+        self._faults_changed()
+
+    def _faults_changed(self) -> None:
+        """Apply the fault state to the driver: step-time factor, hang (stops stepping)."""
+        d = self.driver
+        if d is None:
+            return
+        if d.slowdown != self.faults.slowdown:
+            d.slowdown = self.faults.slowdown
+        if self.faults.hung:
+            if not d.busy:
+                d.state = DOWN
+        elif d.state == DOWN:
+            d.state = UP
+            self._kick()
 
     def _crash(self) -> None:
         if self._on_crash is not None:

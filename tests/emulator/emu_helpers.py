@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from fleetwise.emulator.app import create_app
+from fleetwise.emulator.app import KvPost, create_app
 from fleetwise.emulator.config import EmulatorConfig
 
 T = TypeVar("T")
@@ -34,10 +34,10 @@ def run(coro: Awaitable[T], timeout_s: float = 60.0) -> T:
 
 
 @contextlib.asynccontextmanager
-async def serve(config: EmulatorConfig | None = None, kv_client: httpx.AsyncClient | None = None,
+async def serve(config: EmulatorConfig | None = None, kv_post: KvPost | None = None,
                 crashes: list[int] | None = None) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
     """An emulator app (started) and a client talking to it in-process."""
-    app = create_app(config or cfg(), kv_client=kv_client,
+    app = create_app(config or cfg(), kv_post=kv_post,
                      on_crash=(lambda: crashes.append(1)) if crashes is not None else None)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://emulator") as c:
@@ -61,3 +61,15 @@ def sse_events(body: str) -> list[Any]:
             data = block[len("data: "):]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+def asgi_post(apps: dict[str, Any]) -> KvPost:
+    """A `KvPost` that reaches in-process apps by base URL (`http://host:port`)."""
+    async def post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+        base = next((b for b in apps if url.startswith(b)), None)
+        if base is None:
+            raise ConnectionRefusedError(url)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=apps[base]), base_url=base) as c:
+            r = await c.post(url[len(base):], json=body)
+            return r.status_code, r.json()
+    return post

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
-from emu_helpers import TOKEN, cfg, run, serve, sse_events
+from emu_helpers import TOKEN, asgi_post, cfg, run, serve, sse_events
 
 from fleetwise.emulator.app import StreamDropped
 
@@ -162,8 +161,7 @@ def test_streamed_error_when_the_server_stops():
 
 def test_unreachable_prefill_gives_a_503_on_the_decode_side():
     async def go():
-        async with serve(cfg(role="decode"), kv_client=httpx.AsyncClient(transport=httpx.MockTransport(
-                lambda req: (_ for _ in ()).throw(httpx.ConnectError("refused"))))) as (app, c):
+        async with serve(cfg(role="decode"), kv_post=asgi_post({})) as (app, c):
             r = await c.post("/v1/completions", json={**OK, "kv_transfer_params": {
                 "do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": 9, "remote_request_id": "x"}})
             assert r.status_code == 503 and "unreachable" in r.json()["error"]["message"]

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
-from emu_helpers import cfg, metric, run, serve
+from emu_helpers import asgi_post, cfg, metric, run, serve
 
 from fleetwise.emulator.generation import text_of
 from fleetwise.emulator.tokenizer import block_hashes, digest, encode, words_text
@@ -20,9 +19,8 @@ PROMPT = words_text(list(range(300)))
 def test_prefill_to_decode_hand_off():
     async def go():
         async with serve(cfg(role="prefill", port=9101)) as (papp, pc):
-            mounts = {"http://127.0.0.1:9101": httpx.ASGITransport(app=papp)}
-            async with httpx.AsyncClient(mounts=mounts) as kv_client, \
-                    serve(cfg(role="decode", port=9102), kv_client=kv_client) as (dapp, dc):
+            async with serve(cfg(role="decode", port=9102),
+                             kv_post=asgi_post({"http://127.0.0.1:9101": papp})) as (dapp, dc):
                 r = await pc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1,
                                                            "kv_transfer_params": {"do_remote_decode": True}})
                 assert r.status_code == 200, r.text

@@ -16,11 +16,11 @@ from __future__ import annotations
 import hmac
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
+import aiohttp
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -51,37 +51,63 @@ def _crash_process() -> None:
     os._exit(CRASH_EXIT_CODE)
 
 
-def make_kv_pull(client: httpx.AsyncClient) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
-    """The decode side's KV pull over HTTP: POST the body to the prefill replica named in `ktp`."""
+KvPost = Callable[[str, dict[str, Any]], Awaitable[tuple[int, Any]]]
+"""`post(url, json_body) -> (status, json or text)`; raises OSError, TimeoutError or
+aiohttp.ClientError when the peer cannot be reached."""
+KvPull = Callable[[dict[str, Any], dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def aiohttp_post(session: aiohttp.ClientSession) -> KvPost:
+    """A `KvPost` over an aiohttp session (the project's HTTP client, chosen by CPU per request)."""
+
+    async def post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=KV_PULL_TIMEOUT_S)) as r:
+            try:
+                return r.status, await r.json(content_type=None)
+            except ValueError:
+                return r.status, await r.text()
+
+    return post
+
+
+def make_kv_pull(post: KvPost) -> KvPull:
+    """The decode side's KV pull: POST the body to the prefill replica named in `ktp`."""
 
     async def pull(ktp: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         host, port = ktp.get("remote_host"), ktp.get("remote_port")
-        if not isinstance(host, str) or not isinstance(port, int):
+        if not isinstance(host, str) or not isinstance(port, int) or isinstance(port, bool):
             raise ApiError(400, f"kv_transfer_params needs remote_host (string) and remote_port (integer), got "
                                 f"{host!r}, {port!r}")
         try:
-            r = await client.post(f"http://{host}:{port}/fleetwise/kv/pull", json=body, timeout=KV_PULL_TIMEOUT_S)
-        except httpx.HTTPError as err:
+            status, data = await post(f"http://{host}:{port}/fleetwise/kv/pull", body)
+        except (TimeoutError, OSError, aiohttp.ClientError) as err:
             raise ApiError(503, f"prefill replica {host}:{port} unreachable ({type(err).__name__})") from None
-        if r.status_code != 200:
+        if status != 200:
             try:
-                msg = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                msg = r.text[:200]
-            raise ApiError(r.status_code, f"prefill replica {host}:{port}: {msg}")
-        data: dict[str, Any] = r.json()
+                msg = data["error"]["message"]
+            except (KeyError, TypeError):
+                msg = str(data)[:200]
+            raise ApiError(status, f"prefill replica {host}:{port}: {msg}")
+        if not isinstance(data, dict):
+            raise ApiError(502, f"prefill replica {host}:{port}: answered {str(data)[:100]!r}, not a JSON object")
         return data
 
     return pull
 
 
 def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Callable[[], None] | None = None,
-               kv_client: httpx.AsyncClient | None = None) -> Starlette:
+               kv_post: KvPost | None = None) -> Starlette:
     """The ASGI app of one emulated replica. `on_crash` replaces process exit (tests);
-    `kv_client` is the HTTP client a decode replica pulls KV with (default: a fresh one)."""
-    own_client = kv_client is None
-    client = kv_client if kv_client is not None else httpx.AsyncClient()
-    replica = EmulatedReplica(cfg, perf, on_crash or _crash_process, make_kv_pull(client))
+    `kv_post` is how a decode replica reaches prefill replicas (default: an aiohttp session)."""
+    session: aiohttp.ClientSession | None = None
+
+    async def default_post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+        nonlocal session
+        if session is None:
+            session = aiohttp.ClientSession()
+        return await aiohttp_post(session)(url, body)
+
+    replica = EmulatedReplica(cfg, perf, on_crash or _crash_process, make_kv_pull(kv_post or default_post))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -90,8 +116,8 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             yield
         finally:
             await replica.stop()
-            if own_client:
-                await client.aclose()
+            if session is not None:
+                await session.close()
 
     async def generate(request: Request, kind: Kind) -> Response:
         try:

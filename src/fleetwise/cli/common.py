@@ -7,8 +7,6 @@ own any subcommand's logic.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 from typing import Any
 
@@ -16,6 +14,7 @@ from rich.console import Console
 
 from fleetwise.spec.catalog import resolve_gpu, resolve_model
 from fleetwise.spec.hardware import AcceleratorSpec
+from fleetwise.spec.inputs import strict_json_dumps
 from fleetwise.spec.model import ModelSpec
 
 
@@ -45,19 +44,9 @@ def gpu_from_args(args: argparse.Namespace) -> AcceleratorSpec:
     return resolve_gpu(args.gpu)
 
 
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    return obj
-
-
 def emit_json(obj: Any) -> None:
-    """Print `obj` as indented JSON on stdout (non-finite floats become null)."""
-    sys.stdout.write(json.dumps(_jsonable(obj), indent=2) + "\n")
+    """Print `obj` as indented strict JSON on stdout (non-finite floats become null)."""
+    sys.stdout.write(strict_json_dumps(obj) + "\n")
 
 
 def console() -> Console:

@@ -1,27 +1,45 @@
 """Entry point of the `fleetwise` console script.
 
 Every subcommand module exposes `register(subparsers)`, which adds its parser and sets
-`func(args) -> int`. User errors (`FleetwiseError`) become one line on stderr and exit code 2,
-never a traceback.
+`func(args) -> int`. User errors (`FleetwiseError`, a spec's validation error, a bad flag) become
+one line on stderr and exit code 2, never a traceback. Anything else is a fault of fleetwise: one
+line naming it and exit code 70 (`FLEETWISE_DEBUG=1` re-raises it with the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
+
+from pydantic import ValidationError
 
 from fleetwise import __version__
-from fleetwise.errors import FleetwiseError
+from fleetwise.errors import FleetwiseError, quote
+from fleetwise.spec.base import describe_validation_error
+
+EXIT_USER_ERROR = 2
+"""Exit code of a mistake in a spec, a name, a file or a flag (as argparse uses)."""
+EXIT_INTERNAL_ERROR = 70
+"""Exit code of a fault in fleetwise itself (BSD sysexits EX_SOFTWARE)."""
 
 # Modules under fleetwise.cli that provide subcommands, in help order.
 SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "fit_cmd", "catalog_cmd", "perf_cmd", "ledger_cmd",
                       "gateway_cmd", "emulate_cmd")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage errors as one line (`fleetwise simulate: error: ...`), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="fleetwise",
         description="Plan, verify and run parallel and PD-disaggregated LLM inference fleets.",
     )
@@ -40,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, --version, or a usage error already printed
+        return done.code if isinstance(done.code, int) else EXIT_USER_ERROR
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
@@ -48,10 +69,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except FleetwiseError as err:
         print(f"fleetwise {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
+    except ValidationError as err:
+        print(f"fleetwise {args.command}: error: {describe_validation_error(err, 'arguments')}", file=sys.stderr)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        if os.environ.get("FLEETWISE_DEBUG"):
+            raise
+        print(f"fleetwise {args.command}: internal error: {type(err).__name__}: {quote(str(err), 160)} "
+              "(a fault in fleetwise, not in your input; rerun with FLEETWISE_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
 
 
 if __name__ == "__main__":

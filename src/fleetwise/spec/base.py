@@ -1,19 +1,20 @@
 """Shared pydantic base for specs and the one place that turns validation errors into one line.
 
 Specs are frozen documents validated once at the edge (`extra="forbid"` so a typo'd field is an
-error, not silently ignored). Loading YAML/JSON files goes through `load_document`.
+error, not silently ignored; `allow_inf_nan=False` so NaN and infinities never pass as numbers).
+Loading YAML/JSON files goes through `load_document`, which reads them with the bounded parsers
+of `fleetwise.spec.inputs`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleetwise.errors import SpecError
+from fleetwise.spec import inputs
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -21,21 +22,31 @@ T = TypeVar("T", bound=BaseModel)
 class Spec(BaseModel):
     """Frozen, strict base for every declared spec."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+
+MAX_REPORTED_PROBLEMS = 2
+"""Validation problems spelled out in one error line; the rest are counted."""
 
 
 def describe_validation_error(err: ValidationError, where: str) -> str:
-    """One line per problem: `where: field.path: message (got value)`."""
+    """One line: `where: field.path: message (got value)` for the first problems, values quoted short."""
     parts = []
-    for e in err.errors():
+    errors = err.errors()
+    for e in errors[:MAX_REPORTED_PROBLEMS]:
         loc = ".".join(str(p) for p in e["loc"]) or "(document)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field; remove it or check its spelling"
+        elif e["type"] == "finite_number":
+            msg = "must be a finite number"
+        elif msg.startswith("Value error, "):
+            msg = msg.removeprefix("Value error, ")
         got = e.get("input")
-        got_s = "" if e["type"] in ("missing",) or isinstance(got, dict) else f" (got {got!r})"
-        parts.append(f"{loc}: {msg}{got_s}")
-    return f"{where}: " + "; ".join(parts)
+        got_s = "" if e["type"] in ("missing",) or isinstance(got, dict) else f" (got {inputs.quote(got)})"
+        parts.append(f"{inputs.quote_text(loc, 80)}: {inputs.quote_text(msg, 160)}{got_s}")
+    more = len(errors) - MAX_REPORTED_PROBLEMS
+    return f"{where}: " + "; ".join(parts) + (f"; and {more} more problem(s)" if more > 0 else "")
 
 
 def validate(model: type[T], data: Any, where: str) -> T:
@@ -47,18 +58,8 @@ def validate(model: type[T], data: Any, where: str) -> T:
 
 
 def read_document(path: str | Path) -> Any:
-    """Parse a YAML or JSON file, with a clear error for a missing or malformed file."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"{p}: file not found; check the path")
-    text = p.read_text(encoding="utf-8")
-    try:
-        if p.suffix == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise SpecError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {first}") from None
+    """Parse a YAML or JSON file (bounded, UTF-8, no duplicate keys; see `fleetwise.spec.inputs`)."""
+    return inputs.read_document(path)
 
 
 def load_document(model: type[T], path: str | Path) -> T:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetwise.errors import SpecError, UnknownNameError
+from fleetwise.errors import SpecError, UnknownNameError, quote
 from fleetwise.spec.base import read_document, validate
 from fleetwise.spec.catalog_gpus import GPUS
 from fleetwise.spec.catalog_models import MODELS
@@ -19,6 +19,8 @@ from fleetwise.spec.hf import default_name, looks_like_hf_config, model_from_hf_
 from fleetwise.spec.model import ModelSpec
 
 _FILE_SUFFIXES = (".json", ".yaml", ".yml")
+MAX_NAME_CHARS = 1024
+"""Longest `--model`/`--gpu` value: a catalog name or a path (Linux allows 4096, real ones are short)."""
 
 
 def get_model(name: str) -> ModelSpec:
@@ -48,11 +50,24 @@ def list_gpus() -> list[AcceleratorSpec]:
 
 
 def _is_path_like(value: str) -> bool:
-    return "/" in value or "\\" in value or value.lower().endswith(_FILE_SUFFIXES) or Path(value).exists()
+    if "/" in value or "\\" in value or value.lower().endswith(_FILE_SUFFIXES):
+        return True
+    try:
+        return Path(value).exists()
+    except (OSError, ValueError):  # a name too long for a path, or holding a NUL byte
+        return False
+
+
+def _check_name(value: str, kind: str) -> None:
+    """SpecError for a value that is neither a name nor a path (control characters, absurd length)."""
+    if len(value) > MAX_NAME_CHARS or any(ord(c) < 32 for c in value):
+        raise SpecError(f"{kind} {quote(value)}: not a catalog name or a file path (control characters or over "
+                        f"{MAX_NAME_CHARS} characters); see `fleetwise catalog {kind}s`")
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
     """A catalog name, a HF config.json (file or model directory), or a YAML/JSON ModelSpec file."""
+    _check_name(name_or_path, "model")
     if name_or_path.strip().lower() in MODELS:
         return MODELS[name_or_path.strip().lower()]
     if not _is_path_like(name_or_path):
@@ -81,6 +96,7 @@ def _model_from_json(p: Path) -> ModelSpec:
 
 def resolve_gpu(name_or_path: str) -> AcceleratorSpec:
     """A catalog accelerator name, or a YAML/JSON AcceleratorSpec file."""
+    _check_name(name_or_path, "gpu")
     if name_or_path.strip().lower() in GPUS:
         return GPUS[name_or_path.strip().lower()]
     if not _is_path_like(name_or_path):

@@ -15,11 +15,11 @@ the position of the dense layers is approximated (they sit first).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from fleetwise.errors import SpecError
+from fleetwise.spec import inputs
 from fleetwise.spec.base import validate
 from fleetwise.spec.model import ModelSpec
 
@@ -132,12 +132,7 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
         p = p / "config.json"
     if not p.is_file():
         raise SpecError(f"{p}: file not found; pass a catalog model name or a path to config.json")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise SpecError(f"{p}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{p}: not a UTF-8 text file; expected a Hugging Face config.json") from None
+    data = inputs.read_document(p)
     if not isinstance(data, dict):
         raise SpecError(f"{p}: expected a JSON object at the top level, got {type(data).__name__}")
     return data

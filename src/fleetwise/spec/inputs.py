@@ -1,0 +1,453 @@
+"""Untrusted input, read once and bounded: files, request bodies, flags and the limits they obey.
+
+Every file a user names (plan, workload, faults, planning spec, scenario, profile, ground truth,
+model or accelerator spec, trace) and every body a live server receives is decoded and parsed
+here, so a mistake gives one `SpecError` line naming the field, a short quote of the value and
+the fix, never a `UnicodeDecodeError`, a `RecursionError`, an alias bomb or a silently kept
+duplicate key. Stdlib + PyYAML only (L0): every layer, the CLI and the live servers use it.
+
+Usage (CLI, emulator, gateway alike):
+
+    from fleetwise.spec.inputs import parse_json, read_document, quote, finite, strict_json_dumps
+
+    doc = read_document(path)                       # YAML or JSON file -> plain data
+    body = parse_json(raw_bytes, "request body")    # bytes off the wire; depth and size bounded
+    rate = finite(body.get("rate"), "rate", minimum=0.0)   # a finite float >= 0, or SpecError
+    raise SpecError(f"prompt: {quote(value)} is not a string")   # value cut to a short quote
+    text = strict_json_dumps(result)                # NaN/Infinity -> null, never invalid JSON
+
+A `SpecError` maps to exit code 2 on the command line and to HTTP 400 on a server. Specs built on
+`fleetwise.spec.base.Spec` already refuse NaN and infinities in every float field; `finite` is for
+values read outside a spec. The size limits below are the one place the project bounds what a
+user may ask for; docs/errors.md lists them with their reasons.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleetwise.errors import QUOTE_CHARS, SpecError, quote
+
+# ---------------------------------------------------------------------------------------------
+# Limits (docs/errors.md lists each with its reason)
+# ---------------------------------------------------------------------------------------------
+
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+"""Largest spec-like document (plan, workload, faults, profile, ground truth): 16 MiB. The
+largest shipped document is a few KiB; anything near this limit is not a hand-written spec."""
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""Largest HTTP request body a live server parses: 4 MiB, about a 1M-token prompt as text."""
+MAX_NESTING_DEPTH = 64
+"""Deepest nesting of lists/mappings in a document or body; specs nest fewer than 10 levels.
+Bounded so a hostile document cannot exhaust the parser's stack."""
+MAX_YAML_NODES = 200_000
+"""Most YAML nodes a document may expand to, aliases counted at every use. Stops alias bombs
+(a few hundred bytes that expand to billions of nodes) before anything is built."""
+MAX_QUOTE_CHARS = QUOTE_CHARS
+"""Longest quote of an offending value in an error message (the rest is elided; `quote`)."""
+MAX_INT_DIGITS = 30
+"""Longest integer literal accepted in a JSON body (beyond any count or id the project uses)."""
+
+MAX_REPLICAS = 10_000
+"""Most replicas in one plan (all pools). The simulator and the router keep per-replica state and
+score every eligible replica per request; 10k replicas of 8 GPUs is 80k GPUs, beyond any
+published single-model serving fleet."""
+MAX_REQUESTS = 10_000_000
+"""Most requests one run generates or replays (`num_requests`, `--requests`, trace rows). A
+request costs about 1 KiB across its input, record and result rows, so 10M is ~10 GiB."""
+MAX_SEEDS = 1_000
+"""Most seeds one command runs (`scenarios --seeds`, `search.seeds`): each seed is a full run,
+and 1000 already puts a 95% interval within a few percent of its mean."""
+MAX_SESSION_TURNS = 1_000
+"""Most turns per multi-turn session (`mean_turns`, `max_turns`): each turn's prompt carries
+every earlier turn, so 1000 turns outgrow any model's context long before the cap."""
+MAX_TOKENS = 100_000_000
+"""Most tokens one length field may state (prompt, output, prefix): 100M is 100x the longest
+context of any catalog model; the model-aware check then applies the model's own context."""
+MAX_DURATION_S = 366 * 24 * 3600.0
+"""Longest virtual time a run may state (`duration_s`, fault times, think time): one year."""
+MAX_RATE_RPS = 1_000_000.0
+"""Highest arrival rate (requests/s): a million requests per second, 100x the busiest public trace."""
+MAX_FACTOR = 1_000.0
+"""Largest slowdown or time-scale factor: beyond it a run is dominated by one term."""
+MIN_FACTOR = 1e-3
+"""Smallest slowdown or time-scale factor (a factor of 1e-300 would make a step free)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------------------------
+
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def decode_text(data: bytes, where: str, what: str = "text") -> str:
+    """UTF-8 text of `data` (a leading BOM dropped); SpecError for binary, UTF-16 or bad UTF-8."""
+    if data.startswith(_UTF16_BOMS):
+        raise SpecError(f"{where}: the file is UTF-16; save it as UTF-8 {what}")
+    if b"\x00" in data[:8192]:
+        raise SpecError(f"{where}: binary data (NUL bytes), not UTF-8 {what}; check the path")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise SpecError(f"{where}:{line}: byte {data[err.start]:#04x} at offset {err.start} is not UTF-8; "
+                        f"save the file as UTF-8 {what}") from None
+    return text.removeprefix("\ufeff")
+
+
+def check_file(path: str | Path, what: str = "file") -> Path:
+    """`path` as an existing regular file, else SpecError naming the path."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise SpecError(f"{quote(str(p), 200)}: is a directory; expected a {what}")
+        if not p.is_file():
+            raise SpecError(f"{quote(str(p), 200)}: {what} not found; check the path")
+    except (OSError, ValueError) as err:  # a name too long for the file system, a NUL byte, a permission error
+        reason = getattr(err, "strerror", None) or str(err)
+        raise SpecError(f"{quote(str(p), 200)}: cannot read the {what} ({reason}); check the path") from None
+    return p
+
+
+def read_bytes(path: str | Path, max_bytes: int = MAX_DOCUMENT_BYTES, what: str = "file") -> bytes:
+    """The bytes of an existing file no larger than `max_bytes`; SpecError otherwise."""
+    p = check_file(path, what)
+    try:
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise SpecError(f"{p}: {size:,} bytes is over the {max_bytes:,}-byte limit for a {what}; "
+                            "check the path (see docs/errors.md for limits)")
+        with p.open("rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as err:
+        raise SpecError(f"{p}: cannot read the {what} ({err.strerror or err})") from None
+    if len(data) > max_bytes:
+        raise SpecError(f"{p}: over the {max_bytes:,}-byte limit for a {what}")
+    return data
+
+
+def read_text(path: str | Path, max_bytes: int = MAX_DOCUMENT_BYTES, what: str = "file") -> str:
+    """UTF-8 text of a file (see `read_bytes` and `decode_text`)."""
+    return decode_text(read_bytes(path, max_bytes, what), str(path), what)
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+# ---------------------------------------------------------------------------------------------
+
+
+def json_depth(text: str) -> int:
+    """Deepest bracket nesting of a JSON text, brackets inside strings ignored (linear scan)."""
+    depth = deepest = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number; JSON numbers must be finite")
+
+
+def _finite_float(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(f"{text[:MAX_QUOTE_CHARS]} overflows a float; numbers must be finite")
+    return x
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {digits} digits; numbers must have at most {MAX_INT_DIGITS}")
+    return int(text)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {quote(k)}; give each key once")
+        out[k] = v
+    return out
+
+
+def parse_json(data: bytes | str, where: str, max_bytes: int = MAX_BODY_BYTES,
+               max_depth: int = MAX_NESTING_DEPTH) -> Any:
+    """Parse JSON from bytes or text: UTF-8, at most `max_bytes`, `max_depth` deep, no duplicate
+    keys, no NaN/Infinity, integers of at most `MAX_INT_DIGITS` digits; SpecError otherwise."""
+    if len(data) > max_bytes:
+        raise SpecError(f"{where}: {len(data):,} bytes is over the {max_bytes:,}-byte limit")
+    text = decode_text(data, where, "JSON") if isinstance(data, (bytes, bytearray)) else data
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise SpecError(f"{where}: nested {depth} levels deep; at most {max_depth} are allowed")
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_no_constant,
+                          parse_float=_finite_float, parse_int=_bounded_int)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{where}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except ValueError as err:
+        raise SpecError(f"{where}: not accepted: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML
+# ---------------------------------------------------------------------------------------------
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys, deep nesting and alias expansion past a budget."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        self._depth += 1
+        try:
+            if self._depth > MAX_NESTING_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"nested more than {MAX_NESTING_DEPTH} levels deep (line {mark.line + 1}); "
+                                     "flatten the document")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    dup = key in seen
+                except TypeError:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"unhashable key {quote(key)}", key_node.start_mark) from None
+                if dup:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {quote(key)} (line {key_node.start_mark.line + 1}); "
+                        "give each key once", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_nodes(root: Any, where: str) -> int:
+    """Nodes of the composed YAML graph with every alias expanded (memoised: linear in the graph);
+    SpecError for a recursive alias (a node that contains itself)."""
+    memo: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children: list[Any] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for kv in node.value for n in kv]
+        if done:
+            open_nodes.discard(key)
+            memo[key] = min(1 + sum(memo[id(c)] for c in children), MAX_YAML_NODES + 1)
+            continue
+        if key in memo:
+            continue
+        if key in open_nodes:
+            raise SpecError(f"{where}: line {node.start_mark.line + 1}: a recursive alias (a node that contains "
+                            "itself); specs are trees, so remove the self-reference")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children)
+    return memo[id(root)]
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse YAML text with the safe loader, bounded depth and alias expansion, no duplicate keys."""
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        n = _expanded_nodes(node, where)
+        if n > MAX_YAML_NODES:
+            raise SpecError(f"{where}: expands to more than {MAX_YAML_NODES:,} nodes (aliases counted at every "
+                            "use); a spec is far smaller, so remove the repeated aliases")
+        data = loader.construct_document(node)
+    except yaml.YAMLError as err:
+        raise SpecError(f"{where}: not valid YAML: {_yaml_reason(err)}") from None
+    finally:
+        loader.dispose()
+    _check_finite_tree(data, where)
+    return data
+
+
+def _yaml_reason(err: yaml.YAMLError) -> str:
+    if isinstance(err, yaml.MarkedYAMLError):
+        where = f" (line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1})" if err.problem_mark else ""
+        return quote_text(f"{err.problem or err.context or 'syntax error'}{where}", 160)
+    return quote_text(str(err).splitlines()[0] if str(err) else type(err).__name__, 160)
+
+
+def quote_text(text: str, limit: int = MAX_QUOTE_CHARS) -> str:
+    """`text` on one line, cut to `limit` characters (for messages built from other messages)."""
+    one = " ".join(text.split())
+    return one if len(one) <= limit else one[: limit - 3] + "..."
+
+
+def _check_finite_tree(data: Any, where: str) -> None:
+    """SpecError naming the path of the first NaN or infinite float in a parsed document."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SpecError(f"{where}: {path or '(document)'}: {v} is not a finite number; give a finite value")
+        if isinstance(v, dict):
+            stack.extend((x, f"{path}.{k}" if path else str(k)) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}.{i}" if path else str(i)) for i, x in enumerate(v))
+
+
+# ---------------------------------------------------------------------------------------------
+# Documents
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_document(data: bytes | str, where: str, json_only: bool = False,
+                   max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
+    """Parse a YAML or JSON document (JSON when `json_only`); every bound of this module applies."""
+    if json_only:
+        return parse_json(data, where, max_bytes=max_bytes)
+    if len(data) > max_bytes:
+        raise SpecError(f"{where}: {len(data):,} bytes is over the {max_bytes:,}-byte limit")
+    text = decode_text(data, where, "YAML") if isinstance(data, (bytes, bytearray)) else data
+    return parse_yaml(text, where)
+
+
+def read_document(path: str | Path, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
+    """Read and parse a YAML or JSON file (`.json` parsed as strict JSON) with every bound applied."""
+    p = Path(path)
+    data = read_bytes(p, max_bytes, "spec file")
+    return parse_document(data, str(p), json_only=p.suffix.lower() == ".json", max_bytes=max_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Values read outside a spec
+# ---------------------------------------------------------------------------------------------
+
+
+def finite(value: Any, field: str, minimum: float | None = None, maximum: float | None = None,
+           strictly_positive: bool = False) -> float:
+    """`value` as a finite float within bounds (bools and strings refused); SpecError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"{field}: expected a number, got {quote(value)}")
+    try:
+        x = float(value)
+    except OverflowError:
+        raise SpecError(f"{field}: {quote(value)} is too large; give a finite number") from None
+    if not math.isfinite(x):
+        raise SpecError(f"{field}: {quote(value)} is not a finite number; give a finite value")
+    if strictly_positive and x <= 0:
+        raise SpecError(f"{field}: must be greater than 0, got {quote(value)}")
+    if minimum is not None and x < minimum:
+        raise SpecError(f"{field}: must be at least {minimum:g}, got {quote(value)}")
+    if maximum is not None and x > maximum:
+        raise SpecError(f"{field}: must be at most {maximum:g}, got {quote(value)}")
+    return x
+
+
+def whole(value: Any, field: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """`value` as an int within bounds: a real int, not a bool, float or numeric string."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{field}: expected a whole number, got {quote(value)}")
+    if minimum is not None and value < minimum:
+        raise SpecError(f"{field}: must be at least {minimum:,}, got {quote(value)}")
+    if maximum is not None and value > maximum:
+        raise SpecError(f"{field}: must be at most {maximum:,} (see docs/errors.md for limits), got {quote(value)}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------
+
+
+def jsonable(obj: Any) -> Any:
+    """A copy of `obj` that strict JSON can hold: non-finite floats become None, tuples lists,
+    mapping keys strings (numpy scalars and arrays via their `tolist`)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (str, int)):
+        return obj
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        return jsonable(tolist())
+    if isinstance(obj, Iterable) and not isinstance(obj, (bytes, bytearray)):
+        return [jsonable(v) for v in obj]
+    return obj
+
+
+def strict_json_dumps(obj: Any, indent: int | None = 2, **kwargs: Any) -> str:
+    """JSON text of `obj` with NaN/Infinity written as null, so any JSON parser accepts it."""
+    return json.dumps(jsonable(obj), indent=indent, allow_nan=False, **kwargs)
+
+
+def check_writable_dir(path: str | Path, what: str = "--out") -> Path:
+    """`path` as a directory that exists or can be created and written; checked before any work."""
+    p = Path(path)
+    try:
+        if p.exists() and not p.is_dir():
+            raise SpecError(f"{what}={quote(str(p), 200)}: exists and is not a directory; pick a directory")
+        anchor = p
+        while not anchor.exists():
+            anchor = anchor.parent
+        if not anchor.is_dir():
+            raise SpecError(f"{what}={quote(str(p), 200)}: {anchor} is a file, so the directory cannot be made")
+        if not os.access(anchor, os.W_OK | os.X_OK):
+            raise SpecError(f"{what}={quote(str(p), 200)}: {anchor} is not writable; pick another directory")
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise SpecError(f"{what}={quote(str(p), 200)}: not a usable path ({reason})") from None
+    return p
+
+
+def check_writable_file(path: str | Path, what: str = "--json") -> Path:
+    """`path` as a file that can be created or overwritten; checked before any work."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise SpecError(f"{what}={quote(str(p), 200)}: is a directory; give a file name")
+        parent = p.parent if str(p.parent) else Path(".")
+        if not parent.is_dir():
+            raise SpecError(f"{what}={quote(str(p), 200)}: folder {parent} does not exist; create it first")
+        if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            raise SpecError(f"{what}={quote(str(p), 200)}: not writable; pick another path")
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise SpecError(f"{what}={quote(str(p), 200)}: not a usable path ({reason})") from None
+    return p

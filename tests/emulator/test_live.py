@@ -91,3 +91,52 @@ def test_help_documents_every_option():
             assert flag in text
         if action.dest != "help":
             assert action.help, action.dest
+
+
+PD_PLAN = """
+name: pd-small
+pools:
+  - {name: prefill, role: prefill, replicas: 1, accelerator: h100-sxm, model: llama-3.1-8b}
+  - {name: decode, role: decode, replicas: 1, accelerator: h100-sxm, model: llama-3.1-8b}
+kv_link: {gbps: 100}
+routing: round-robin
+"""
+
+
+def test_a_pd_fleet_from_a_plan_hands_off_over_tcp(tmp_path):
+    plan = tmp_path / "pd.yaml"
+    plan.write_text(PD_PLAN)
+    endpoints = tmp_path / "endpoints.json"
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--plan", str(plan),
+                             "--port", str(port), "--time-scale", "50", "--endpoints", str(endpoints),
+                             "--admin-token", TOKEN], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S * 2
+        while not endpoints.exists():
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "fleet did not start"
+            time.sleep(0.1)
+        import json
+
+        eps = {e["name"]: e for e in json.loads(endpoints.read_text())}
+        assert eps["prefill-0"]["role"] == "prefill" and eps["decode-0"]["url"] == f"http://127.0.0.1:{port + 1}"
+        prompt = "a long enough prompt " * 40
+        with httpx.Client(timeout=10.0) as c:
+            p = c.post(eps["prefill-0"]["url"] + "/v1/completions", json={
+                "prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}).json()
+            ktp = p["kv_transfer_params"]
+            assert ktp["remote_host"] == "127.0.0.1" and ktp["remote_port"] == port
+            s = sse_events(c.post(eps["decode-0"]["url"] + "/v1/completions", json={
+                "prompt": prompt, "max_tokens": 6, "stream": True, "kv_transfer_params": ktp}).text)
+            assert s[-1] == "[DONE]" and s[-2]["choices"][0]["finish_reason"] == "length"
+            assert c.get(eps["prefill-0"]["url"] + "/fleetwise/status").json()["leases"] == 0
+            auth = {"Authorization": f"Bearer {TOKEN}"}  # the token reached the children
+            assert c.get(eps["decode-0"]["url"] + "/admin/faults", headers=auth).status_code == 200
+    finally:
+        proc.send_signal(__import__("signal").SIGINT)
+        try:
+            assert proc.wait(20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()

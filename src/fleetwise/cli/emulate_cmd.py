@@ -2,14 +2,22 @@
 
     fleetwise emulate --model llama-3.1-8b --gpu h100-sxm --port 8001 [--role prefill|decode|mixed]
         [--tp N] [--time-scale X] [--seed S] [--admin-token T] ...
+    fleetwise emulate --plan PLAN.yaml --port 8001 [--endpoints FILE] ...   # a whole fleet
 
-Owns argument handling only; the server is `fleetwise.emulator.app.create_app`, served by uvicorn.
+Owns argument handling and, for `--plan`, starting one emulator process per replica of the plan
+(ports counting up from --port, in plan order) and stopping them together. The server is
+`fleetwise.emulator.app.create_app`, served by uvicorn.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from fleetwise.errors import SpecError
@@ -24,8 +32,14 @@ def register(subparsers: Any) -> None:
                     "it reports is in modelled seconds. See docs/emulator.md.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", required=True, metavar="M", help="catalog model name or model spec file")
-    p.add_argument("--gpu", required=True, metavar="G", help="catalog accelerator name or accelerator spec file")
+    p.add_argument("--model", metavar="M", help="catalog model name or model spec file (required without --plan)")
+    p.add_argument("--gpu", metavar="G", help="catalog accelerator name or accelerator spec file (required "
+                                               "without --plan)")
+    p.add_argument("--plan", metavar="PLAN.yaml", default=None,
+                   help="start one emulator process per replica of this plan (its pools give model, gpu, tp, pp, "
+                        "role, dtypes and engine knobs; its kv_link the KV path); ports count up from --port")
+    p.add_argument("--endpoints", metavar="FILE", default=None,
+                   help="with --plan: write the replicas' names, roles and URLs here as JSON")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel degree of the replica")
     p.add_argument("--pp", type=int, default=1, help="pipeline parallel degree of the replica")
     p.add_argument("--role", choices=("mixed", "prefill", "decode"), default="mixed",
@@ -100,8 +114,108 @@ def config_from_args(args: argparse.Namespace) -> Any:
         **extra)
 
 
+FLEET_START_TIMEOUT_S = 60.0
+"""Wall seconds a fleet's processes get to answer /health before the command gives up."""
+
+
+def fleet_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
+    """(replica name, role, argv) of every replica of `--plan`, ports from `--port` in plan order."""
+    from fleetwise.spec.plan import PlanSpec
+
+    plan = PlanSpec.load(args.plan)
+    common = ["--time-scale", repr(args.time_scale), "--seed", str(args.seed), "--host", args.host,
+              "--log-level", args.log_level, "--kv-lease", repr(args.kv_lease),
+              "--kv-link-gbps", repr(plan.kv_link.bytes_per_s * 8 / 1e9),
+              "--kv-link-latency", repr(plan.kv_link.latency_s)]
+    for name in ("profile", "output_lengths", "max_model_len", "served_model_name"):
+        value = getattr(args, name)
+        if value is not None:
+            common += [f"--{name.replace('_', '-')}", str(value)]
+    if args.profile is None and plan.perf_profile:
+        common += ["--profile", str(plan.perf_profile)]
+    out: list[tuple[str, str, list[str]]] = []
+    for pool in plan.pools:
+        k = pool.engine
+        for j in range(pool.replicas):
+            port = args.port + len(out)
+            argv = [sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", pool.model,
+                    "--gpu", pool.accelerator, "--tp", str(pool.parallelism.tp), "--pp", str(pool.parallelism.pp),
+                    "--role", pool.role, "--model-version", pool.model_version, "--port", str(port),
+                    "--weight-dtype", pool.weight_dtype, "--kv-dtype", pool.kv_dtype,
+                    "--gpu-memory-utilization", repr(pool.gpu_memory_utilization),
+                    "--max-num-seqs", str(k.max_num_seqs), "--max-num-batched-tokens", str(k.max_num_batched_tokens),
+                    "--block-size", str(k.block_size), *common]
+            if not k.enable_prefix_caching:
+                argv.append("--no-prefix-caching")
+            out.append((f"{pool.name}-{j}", pool.role, argv))
+    return out
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """Start every replica of `--plan` as its own process; stop them all on Ctrl-C or when one exits."""
+    import urllib.request
+
+    if args.model or args.gpu:
+        raise SpecError("give either --plan or --model/--gpu, not both")
+    import os
+
+    from fleetwise.emulator.config import ADMIN_TOKEN_ENV
+
+    cmds = fleet_commands(args)
+    env = dict(os.environ)
+    if args.admin_token:  # through the environment, not the command line other users can read
+        env[ADMIN_TOKEN_ENV] = args.admin_token
+    procs: list[subprocess.Popen[bytes]] = []
+    endpoints = []
+    try:
+        for i, (name, role, argv) in enumerate(cmds):
+            procs.append(subprocess.Popen(argv, env=env))
+            endpoints.append({"name": name, "role": role, "url": f"http://{args.host}:{args.port + i}"})
+        deadline = time.monotonic() + FLEET_START_TIMEOUT_S
+        for ep, proc in zip(endpoints, procs, strict=True):
+            while True:
+                if proc.poll() is not None:
+                    raise SpecError(f"--plan: replica {ep['name']} exited with status {proc.returncode} at start "
+                                    "(see its message above)")
+                try:
+                    with urllib.request.urlopen(ep["url"] + "/health", timeout=1.0) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SpecError(f"--plan: replica {ep['name']} did not answer /health within "
+                                    f"{FLEET_START_TIMEOUT_S:g} s")
+                time.sleep(0.2)
+        if args.endpoints:
+            Path(args.endpoints).write_text(json.dumps(endpoints, indent=2) + "\n")
+        for ep in endpoints:
+            print(f"{ep['name']:>16}  {ep['role']:<8} {ep['url']}", flush=True)
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        dead = next(e for e, p in zip(endpoints, procs, strict=True) if p.poll() is not None)
+        print(f"fleetwise emulate: replica {dead['name']} exited; stopping the fleet", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
+
+    if args.plan:
+        return run_fleet(args)
+    if not (args.model and args.gpu):
+        raise SpecError("give --model M --gpu G for one replica, or --plan PLAN.yaml for a fleet")
 
     from fleetwise.emulator.app import create_app
 

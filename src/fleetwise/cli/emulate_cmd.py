@@ -83,16 +83,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """The `EmulatorConfig` the options describe (SpecError on a bad value)."""
     from fleetwise.emulator.config import EmulatorConfig
     from fleetwise.spec.base import validate
+    from fleetwise.spec.inputs import parse_json
     from fleetwise.spec.plan import KvLinkSpec
     from fleetwise.spec.workload import IndependentLengths
 
     extra: dict[str, Any] = {}
     if args.output_lengths is not None:
-        try:
-            dist = json.loads(args.output_lengths)
-        except ValueError as err:
-            raise SpecError(f"--output-lengths: not JSON ({err}); e.g. '{{\"kind\": \"fixed\", \"tokens\": 128}}'") \
-                from None
+        dist = parse_json(args.output_lengths, "--output-lengths")
         extra["output_lengths"] = validate(IndependentLengths, {"input": {"kind": "fixed", "tokens": 1},
                                                                 "output": dist}, "--output-lengths").output
     link: dict[str, Any] = {}

@@ -15,6 +15,7 @@ from typing import Literal
 from fleetwise.emulator.generation import DEFAULT_OUTPUT_LENGTHS
 from fleetwise.errors import SpecError
 from fleetwise.spec.base import validate
+from fleetwise.spec.inputs import MAX_FACTOR, MIN_FACTOR
 from fleetwise.spec.plan import KvLinkSpec, PoolSpec
 from fleetwise.spec.workload import LengthDist
 
@@ -23,8 +24,6 @@ ADMIN_TOKEN_ENV = "FLEETWISE_EMULATOR_ADMIN_TOKEN"
 KV_LEASE_S = 480.0
 """How long a prefill replica keeps a request's KV for the decode side to pull (modelled
 seconds): vLLM's NIXL connector frees unclaimed blocks after VLLM_NIXL_ABORT_REQUEST_TIMEOUT=480 s."""
-MAX_TIME_SCALE = 1000.0
-"""Largest --time-scale: beyond it a step is shorter than the event loop's own latency."""
 
 
 @dataclass
@@ -63,8 +62,8 @@ class EmulatorConfig:
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.time_scale) and 0 < self.time_scale <= MAX_TIME_SCALE):
-            raise SpecError(f"--time-scale={self.time_scale} must be in (0, {MAX_TIME_SCALE:g}]; "
+        if not (math.isfinite(self.time_scale) and MIN_FACTOR <= self.time_scale <= MAX_FACTOR):
+            raise SpecError(f"--time-scale={self.time_scale} must be in [{MIN_FACTOR:g}, {MAX_FACTOR:g}]; "
                             "10 runs ten times faster than the modelled hardware")
         if self.admin_token is None:
             self.admin_token = os.environ.get(ADMIN_TOKEN_ENV) or None

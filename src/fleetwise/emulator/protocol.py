@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleetwise.emulator.tokenizer import encode
-
-MAX_BODY_BYTES = 4 * 1024 * 1024
-"""Largest request body parsed: 4 MiB (about a 1M-token prompt as text)."""
+from fleetwise.errors import SpecError
+from fleetwise.spec.inputs import MAX_BODY_BYTES, parse_json, quote
 
 Kind = Literal["completion", "chat"]
 
@@ -55,14 +54,14 @@ class GenRequest:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The JSON object of a request body, or ApiError(400/413)."""
+    """The JSON object of a request body (the project's bounded parser), or ApiError(400/413)."""
     if len(raw) > MAX_BODY_BYTES:
         raise ApiError(413, f"request body is {len(raw)} bytes, over the {MAX_BODY_BYTES}-byte limit; "
                             "send a shorter prompt")
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as err:
-        raise ApiError(400, f"malformed JSON body: {str(err)[:120]}; send a JSON object") from None
+        body = parse_json(raw, "request body")
+    except SpecError as err:
+        raise ApiError(400, f"{err}; send one JSON object") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"request body must be a JSON object, got {type(body).__name__}")
     return body
@@ -73,13 +72,8 @@ def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise ApiError(400, f"{name}={_quote(v)} must be true or false", name)
+        raise ApiError(400, f"{name}={quote(v)} must be true or false", name)
     return v
-
-
-def _quote(v: Any) -> str:
-    s = repr(v)
-    return s if len(s) <= 60 else s[:57] + "..."
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
@@ -88,7 +82,7 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ApiError(400, f"{name}={_quote(v)} must be an integer >= 1", name)
+        raise ApiError(400, f"{name}={quote(v)} must be an integer >= 1", name)
     if v < 1:
         raise ApiError(400, f"{name}={v} must be at least 1", name)
     return v
@@ -96,24 +90,24 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
 
 def _chat_prompt(messages: Any) -> str:
     if not isinstance(messages, list) or not messages:
-        raise ApiError(400, f"messages={_quote(messages)} must be a non-empty list of {{role, content}}", "messages")
+        raise ApiError(400, f"messages={quote(messages)} must be a non-empty list of {{role, content}}", "messages")
     parts: list[str] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages[{i}]={_quote(m)} needs a string `role`", "messages")
+            raise ApiError(400, f"messages[{i}]={quote(m)} needs a string `role`", "messages")
         content = m.get("content", "")
         if isinstance(content, list):
             texts = []
             for p in content:
                 if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise ApiError(400, f"messages[{i}].content: only text parts are supported, got {_quote(p)}",
+                    raise ApiError(400, f"messages[{i}].content: only text parts are supported, got {quote(p)}",
                                    "messages")
                 texts.append(p["text"])
             content = "".join(texts)
         elif content is None:
             content = ""
         elif not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content={_quote(content)} must be a string or text parts",
+            raise ApiError(400, f"messages[{i}].content={quote(content)} must be a string or text parts",
                            "messages")
         parts.append(f"<|{m['role']}|>\n{content}\n")
     parts.append("<|assistant|>\n")
@@ -127,7 +121,7 @@ def _completion_prompt(prompt: Any) -> list[int]:
         return encode(prompt)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return list(prompt)
-    raise ApiError(400, f"prompt={_quote(prompt)} must be a string, a list of token ids, or a list with "
+    raise ApiError(400, f"prompt={quote(prompt)} must be a string, a list of token ids, or a list with "
                         "one of those (one prompt per request)", "prompt")
 
 
@@ -137,11 +131,11 @@ def parse_request(kind: Kind, body: dict[str, Any], served_model: str) -> GenReq
     if model is None:
         model = served_model
     if model != served_model:
-        raise ApiError(404, f"The model `{_quote(model)}` does not exist; this server serves `{served_model}`",
+        raise ApiError(404, f"The model `{quote(model)}` does not exist; this server serves `{served_model}`",
                        "model")
     n = body.get("n", 1)
     if n is not None and n != 1:
-        raise ApiError(400, f"n={_quote(n)}: only n=1 is supported", "n")
+        raise ApiError(400, f"n={quote(n)}: only n=1 is supported", "n")
     if kind == "chat":
         ids = encode(_chat_prompt(body.get("messages")))
     else:
@@ -155,13 +149,13 @@ def parse_request(kind: Kind, body: dict[str, Any], served_model: str) -> GenReq
     include_usage = False
     if opts is not None:
         if not isinstance(opts, dict):
-            raise ApiError(400, f"stream_options={_quote(opts)} must be an object", "stream_options")
+            raise ApiError(400, f"stream_options={quote(opts)} must be an object", "stream_options")
         if not stream:
             raise ApiError(400, "stream_options is only allowed with stream=true", "stream_options")
         include_usage = _bool(opts, "include_usage")
     ktp = body.get("kv_transfer_params")
     if ktp is not None and not isinstance(ktp, dict):
-        raise ApiError(400, f"kv_transfer_params={_quote(ktp)} must be an object", "kv_transfer_params")
+        raise ApiError(400, f"kv_transfer_params={quote(ktp)} must be an object", "kv_transfer_params")
     return GenRequest(kind, served_model, ids, _max_tokens(body), stream, include_usage,
                       _bool(body, "ignore_eos"), ktp)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pydantic import Field
 
 from fleetwise.emulator.faults import FaultActions, FaultKind, FaultParams, FaultState, register
+from fleetwise.spec.inputs import MAX_FACTOR, MIN_FACTOR
 
 
 class SlowdownParams(FaultParams):
-    factor: float = Field(gt=0, le=1000)
+    factor: float = Field(ge=MIN_FACTOR, le=MAX_FACTOR)
     """Multiplier on step time (2.0 = twice as slow)."""
 
 

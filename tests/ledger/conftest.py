@@ -14,6 +14,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,3 +89,7 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "ledger.db")
     return str(request.getfixturevalue("pg_database"))
+
+
+# The live metering tests drive the gateway through its own test harness and responder.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))

@@ -90,7 +90,8 @@ def _rec(rid: str, key: str | None = None, done: bool = True, prompt: int = 10, 
 
 def test_verify_accepts_a_matching_ledger_and_names_every_mismatch(tmp_path):
     records = [_rec("a"), _rec("b", done=False), _rec("c1", "c", done=False), _rec("c2", "c"), _rec("d"),
-               _rec("e"), _rec("f", done=False), _rec("g", prompt=11)]
+               _rec("e"), _rec("f", done=False, delivered=2), _rec("g", prompt=11), _rec("h", done=False),
+               _rec("h2", "h")]
     with open_ledger(str(tmp_path / "l.db")) as led:
         led.record(_u("a", "a"))
         led.record(_u("c", "c1", status="failed"))
@@ -101,12 +102,14 @@ def test_verify_accepts_a_matching_ledger_and_names_every_mismatch(tmp_path):
         led.record(_u("f", "f"))                    # billed, but the run never completed it
         led.record(_u("g", "g"))                    # wrong prompt count
         led.record(_u("z", "z"))                    # a key the run never sent
+        led.record(_u("h", "h"))                    # cut by a crash after its last token: billed once,
+        led.record(_u("h", "h2"))                   # and its retry is a duplicate
         rep = verify(led.rows(), records)           # and e has no row
     assert not rep.ok
     assert sorted((p["idempotency_key"], p["problem"]) for p in rep.problems) == [
         ("d", "delivered_tokens 6 in the ledger, 5 in the run"),
-        ("e", "completed (e) but has no ledger row"),
-        ("f", "billed as completed by f, but no attempt completed in the run"),
+        ("e", "completed (e) has no ledger row"),
+        ("f", "delivered_tokens 5 in the ledger, 2 in the run"),
         ("g", "prompt_tokens 10 in the ledger, 11 in the run"),
         ("z", "ledger row (z) for a key the run never sent"),
     ]

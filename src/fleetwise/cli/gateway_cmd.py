@@ -34,6 +34,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default 8000)")
     p.add_argument("--backends-file", metavar="FILE", help="watched YAML list of backends")
+    p.add_argument("--ledger", metavar="URL", help="usage ledger: SQLite file or postgresql://... (metering)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
 
@@ -50,7 +51,8 @@ def build_config(args: argparse.Namespace) -> Any:
         doc["backends"] = [*doc.get("backends", []), *({"url": u, "role": r} for u, r in flags)]
     if args.policy:
         doc["routing"] = {**doc.get("routing", {}), "policy": args.policy}
-    for key, val in (("host", args.host), ("port", args.port), ("backends_file", args.backends_file)):
+    for key, val in (("host", args.host), ("port", args.port), ("backends_file", args.backends_file),
+                     ("ledger", getattr(args, "ledger", None))):
         if val is not None:
             doc[key] = val
     if args.model:

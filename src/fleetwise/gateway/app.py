@@ -42,6 +42,8 @@ from fleetwise.gateway.openai import ClientError, error_body, parse_json_body, p
 from fleetwise.gateway.scrape import parse_metrics
 from fleetwise.gateway.telemetry import Telemetry
 from fleetwise.gateway.upstream import FAULT_ERRORS, SseFramer, Upstream, fault_kind
+from fleetwise.ledger import IdempotencyKeyError, idempotency_key, open_ledger
+from fleetwise.ledger.meter import Meter
 from fleetwise.routing import make_policy
 from fleetwise.routing.base import reason_kind
 from fleetwise.spec.base import read_document, validate
@@ -64,6 +66,10 @@ CLIENT_CLOSED_STATUS = 499
 """Status counted (never sent) for a client that disconnected mid-stream (nginx's convention)."""
 ERROR_EVENT_STATUS = 502
 """`code` of the error event that ends a stream broken after its first byte."""
+IDEMPOTENCY_HEADER = b"idempotency-key"
+"""Request header with the client's idempotency key (metered once per key and tenant)."""
+DONE_EVENT = b"data: [DONE]\n\n"
+"""The last event of an OpenAI stream; held back until the request's usage is recorded."""
 
 
 class _Retry(Exception):
@@ -87,6 +93,8 @@ class _Call:
     stream: bool
     include_usage: bool
     route: RouteRequest
+    meter: Meter | None = None
+    """Usage metering (None when the gateway has no ledger)."""
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -128,6 +136,7 @@ class Gateway:
         self._fleet_key: tuple[Any, ...] | None = None
         self._fleet_workers: FleetView | None = None
         self.block_bytes = max(1, round(cfg.limits.hash_block_tokens * cfg.limits.chars_per_token))
+        self.ledger = open_ledger(cfg.ledger, cfg.failure_domains) if cfg.ledger else None
         self.wants_hashes = bool(getattr(self.policy, "wants_kv_events", True))
         """Prompt prefix hashes are computed only for policies that read the prefix index."""
 
@@ -166,6 +175,8 @@ class Gateway:
                 await t
         self._tasks = []
         await self.upstream.close()
+        if self.ledger is not None:
+            self.ledger.close()
 
     async def _every(self, period_s: float, fn: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -415,10 +426,15 @@ class Gateway:
             region = _header(scope, REGION_HEADER) or spec.region
             self._check_labels(version, region)
             max_out = pr.max_tokens or lm.default_max_tokens
+            key = idempotency_key(_header(scope, IDEMPOTENCY_HEADER)) if self.ledger is not None else ""
             admission = lim.admit(pr.prompt_tokens + max_out, arrival)
         except ClientError as err:
             await self._send_error(send, endpoint, err.status, err.message, err.type, err.param, err.code,
                                    err.retry_after_s)
+            return
+        except IdempotencyKeyError as err:
+            await self._send_error(send, endpoint, 400, str(err), "invalid_request_error", "Idempotency-Key",
+                                   "invalid_idempotency_key", None)
             return
         rid = f"{self._id_prefix}{next(self._ids):x}"
         hashes = prompt_blocks(pr.prompt_text, self.block_bytes) if self.wants_hashes else ()
@@ -426,10 +442,14 @@ class Gateway:
                           block_hashes=hashes, tenant=spec.name, model_version=version, region=region,
                           arrival_s=arrival, hash_block_tokens=lm.hash_block_tokens)
         call = _Call(rid, endpoint, scope["path"], arrival, raw, body, pr.stream, pr.include_usage, rr)
+        if self.ledger is not None:
+            call.meter = Meter(self.ledger, key, rid, spec.name, pr.model, time.time(), pr.prompt_tokens)
         try:
             await self._route_and_send(call, send, receive)
         finally:
             admission.release()
+            if call.meter is not None and not call.meter.ended:  # every other ending: no answer
+                await asyncio.shield(call.meter.end("failed", "no_answer", time.time()))
 
     def _check_labels(self, version: str | None, region: str | None) -> None:
         bs = [b.spec for b in self.backends.live.values()]
@@ -465,6 +485,10 @@ class Gateway:
             self._note(dec, call.rid, now, kind, d)
             if pre is not None:
                 self._note(pre, call.rid, now, kind, d)
+            if call.meter is not None:
+                call.meter.attempt("prefill" if last is None else "reprefill", "first" if last is None else last.cause,
+                                   (pre.spec.pool, pre.name) if pre is not None else None, (dec.spec.pool, dec.name),
+                                   call.route.prompt_tokens)
             try:
                 await self._dispatch(call, d, dec, pre, send, receive)
                 return
@@ -555,6 +579,9 @@ class Gateway:
             t0 = self.now()
             status, data, ctype = await self._request_whole(b, call, payload, headers)
             now = self.now()
+            if call.meter is not None and status < 400:  # recorded before the answer leaves
+                call.meter.usage_from(data)
+                await call.meter.end("completed", "", time.time())
             await self._send_bytes(send, call, status, data, ctype, b.name)
             if status < 400:
                 out = _usage_tokens(data)
@@ -571,6 +598,7 @@ class Gateway:
         b.in_flight += 1
         b.breaker.attempt(self.now())
         sent_any = False
+        held = b""
         gone: list[bool] = []
         watcher: asyncio.Task[None] | None = None
         t_send = self.now()
@@ -611,12 +639,15 @@ class Gateway:
                     if not chunk:
                         break
                     out = framer.feed(chunk)
+                    if out.endswith(DONE_EVENT) and call.meter is not None:
+                        held, out = DONE_EVENT, out[:-len(DONE_EVENT)]  # sent once the usage is recorded
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
         except _Retry:
             raise
         except FAULT_ERRORS as err:
             if gone:  # the client left: not the backend's fault, nothing more to send
+                await self._meter_end(call, "cancelled", "client_gone", framer.events if sent_any else 0)
                 self._release(call.rid, b.name, "client gone")
                 self.telemetry.answered(call.endpoint, CLIENT_CLOSED_STATUS)
                 return
@@ -624,6 +655,7 @@ class Gateway:
             self._fault(b, kind)
             if not sent_any:
                 raise _Retry(b, kind, str(err) or type(err).__name__) from None
+            await self._meter_end(call, "failed", f"stream_broken_{kind}", framer.events)
             await self._stream_broken(call, b, kind, send)
             return
         finally:
@@ -632,18 +664,28 @@ class Gateway:
             b.in_flight -= 1
             self.backends.released(b)
         if gone:
+            await self._meter_end(call, "cancelled", "client_gone", framer.events)
             self._release(call.rid, b.name, "client gone")
             self.telemetry.answered(call.endpoint, CLIENT_CLOSED_STATUS)
             return
         b.breaker.success()
         now = self.now()
-        await send({"type": "http.response.body", "body": framer.buf, "more_body": False})
         n_out = _usage_tokens(framer.tail) or max(framer.events - 1 - call.include_usage, 0)
+        if call.meter is not None:  # recorded before [DONE] leaves (docs/failure-domains.md)
+            call.meter.usage_from(framer.tail)
+            await self._meter_end(call, "completed", "", n_out)
+        await send({"type": "http.response.body", "body": held + framer.buf, "more_body": False})
         tpot = (now - t_first) / (n_out - 1) if n_out > 1 else 0.0
         self.policy.observe(Completed(now, call.rid, b.name, n_out, tpot, now - call.arrival_s))
         b.observe_latency(t_first - t_send, tpot if n_out > 1 else None)
         self.telemetry.latency.labels(call.endpoint).observe(now - call.arrival_s)
         self.telemetry.answered(call.endpoint, 200)
+
+    async def _meter_end(self, call: _Call, status: Any, reason: str, delivered: int) -> None:
+        """Record the request's usage once (no-op without a ledger)."""
+        if call.meter is not None and not call.meter.ended:
+            call.meter.delivered_tokens = delivered
+            await call.meter.end(status, reason, time.time())
 
     async def _stream_broken(self, call: _Call, b: Backend, kind: str, send: Send) -> None:
         """End a stream that broke after its first byte: one error event, then [DONE]."""

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from fleetwise.spec.base import Spec
+from fleetwise.spec.failure_domains import FailureDomainSpec
 from fleetwise.spec.routing import RoutingSpec
 
 __all__ = [
@@ -185,6 +186,11 @@ class GatewayConfig(Spec):
     """Environment variable holding the admin token."""
     recent_decisions: int = Field(default=16, ge=0, le=1024)
     """Decisions kept per backend for /admin/fleet."""
+    ledger: str | None = None
+    """Usage ledger: a SQLite file (or sqlite:///PATH) or postgresql://... shared by several
+    gateways; one record per request and idempotency key (docs/failure-domains.md). null = off."""
+    failure_domains: FailureDomainSpec = FailureDomainSpec()
+    """Recovery and billing decisions (docs/failure-domains.md)."""
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:

@@ -5,9 +5,12 @@ Lines, one request attempt per row, with columns `request_id` (required), `tenan
 `default`), `idempotency_key` (default: the request id), `prompt_tokens`, the generated tokens
 delivered (`delivered_tokens` or `tokens_generated`) and how it ended (`status`, or `failure`:
 empty = completed). Rules, per (tenant, key):
-- some attempt completed: exactly one usage row, `completed`, written by one of the completed
-  attempts, with that attempt's prompt and delivered token counts;
-- no attempt completed: no `completed` row;
+- some attempt completed: exactly one usage row, and it is `completed`;
+- a `completed` row was written by an attempt of its key and bills exactly the prompt and the
+  generated tokens that attempt delivered. That attempt is usually one the client saw complete;
+  it may also be one cut by a gateway crash after its last token and its usage commit but before
+  its end-of-stream marker (the record then shows every billed token delivered);
+- no attempt completed and no such row: nothing billed;
 - a row whose key is in no record is reported as unknown.
 """
 
@@ -70,25 +73,22 @@ def verify(rows: Sequence[LedgerRow], records: Sequence[RunRecord]) -> VerifyRep
     for key, attempts in by_key.items():
         done = [a for a in attempts if a.completed]
         row = ledger.get(key)
-        if not done:
-            if row is not None and row.status == "completed":
-                problem(key, f"billed as completed by {row.request_id}, but no attempt completed in the run")
+        rep.completed_keys += bool(done)
+        if row is None or row.status != "completed":
+            if done:
+                state = "has no ledger row" if row is None else f"but the ledger row says {row.status}"
+                problem(key, f"completed ({done[0].request_id}) {state}")
             continue
-        rep.completed_keys += 1
-        if row is None:
-            problem(key, f"completed ({done[0].request_id}) but has no ledger row")
+        writer = next((a for a in attempts if a.request_id == row.request_id), None)
+        if writer is None:
+            problem(key, f"ledger row written by {row.request_id}, which is not an attempt of this key")
             continue
-        if row.status != "completed":
-            problem(key, f"completed ({done[0].request_id}) but the ledger row says {row.status}")
-            continue
-        match = next((a for a in done if a.request_id == row.request_id), None)
-        if match is None:
-            problem(key, f"ledger row written by {row.request_id}, which is not a completed attempt of this key")
-            continue
-        if match.prompt_tokens is not None and match.prompt_tokens != row.prompt_tokens:
-            problem(key, f"prompt_tokens {row.prompt_tokens} in the ledger, {match.prompt_tokens} in the run")
-        if match.delivered_tokens is not None and match.delivered_tokens != row.delivered_tokens:
-            problem(key, f"delivered_tokens {row.delivered_tokens} in the ledger, {match.delivered_tokens} in the run")
+        if writer.prompt_tokens is not None and writer.prompt_tokens != row.prompt_tokens:
+            problem(key, f"prompt_tokens {row.prompt_tokens} in the ledger, {writer.prompt_tokens} in the run")
+        if writer.delivered_tokens is not None and writer.delivered_tokens != row.delivered_tokens:
+            problem(key, f"delivered_tokens {row.delivered_tokens} in the ledger, {writer.delivered_tokens} in the run")
+        elif not writer.completed and writer.delivered_tokens is None:
+            problem(key, f"billed as completed by {row.request_id}, but no attempt completed in the run")
     for key in sorted(set(ledger) - set(by_key)):
         problem(key, f"ledger row ({ledger[key].request_id}) for a key the run never sent")
     return rep

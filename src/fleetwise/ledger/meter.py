@@ -1,0 +1,97 @@
+"""`Meter`: one live request's usage as a driver (the gateway) sees it, written once when it ends.
+
+The driver creates a Meter when a request is admitted, notes each attempt (`attempt`), what the
+backend reported (`usage_from`) and what reached the client (`delivered_tokens`), and calls
+`end(status, reason)` exactly where the request ends, before the last byte reaches the client
+(see docs/failure-domains.md, crash safety). `end` writes through a worker thread, so an event
+loop never blocks on the database; a second `end` does nothing.
+
+Counts: prompt and cached tokens are the backend's `usage` when the answer carries it, else the
+driver's estimate; delivered tokens are the backend's `completion_tokens` for a completed
+answer, else the streamed content events the client received. A live driver cannot see GPU
+time, so live work items carry `gpu_s = 0`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass, field
+
+from fleetwise.ledger.store import Ledger, Outcome
+from fleetwise.ledger.usage import Status, Usage, WorkItem, WorkKind
+
+_USAGE = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
+"""The last `"usage": {...}` object of an answer (one level of nesting: prompt_tokens_details)."""
+
+
+@dataclass
+class Meter:
+    """Usage of one request in flight; `end()` records it in `ledger` once."""
+
+    ledger: Ledger
+    idempotency_key: str
+    request_id: str
+    tenant: str
+    model: str
+    started_at: float
+    prompt_tokens: int
+    """The driver's estimate until the backend reports its count."""
+    cached_tokens: int = 0
+    delivered_tokens: int = 0
+    prefill_pool: str = ""
+    decode_pool: str = ""
+    decode_backend: str = ""
+    work: list[WorkItem] = field(default_factory=list)
+    outcome: Outcome | None = None
+    ended: bool = False
+
+    def attempt(self, kind: WorkKind, reason: str, prefill: tuple[str, str] | None, decode: tuple[str, str],
+                context_tokens: int) -> None:
+        """An attempt was sent: `prefill`/`decode` are (pool, backend) (prefill None when colocated);
+        `context_tokens` the tokens its prefill computes (prompt, or prompt + streamed for a migration)."""
+        pre = prefill or decode
+        self.prefill_pool, self.decode_pool, self.decode_backend = pre[0], decode[0], decode[1]
+        self.work.append(WorkItem(kind, reason, pre[0], pre[1], context_tokens, 0.0))
+
+    def usage_from(self, data: bytes) -> bool:
+        """Take prompt, cached and completion counts from the last `usage` object in `data`."""
+        found = None
+        for m in _USAGE.finditer(data):
+            found = m
+        if found is None:
+            return False
+        try:
+            u = json.loads(found.group(1))
+        except ValueError:
+            return False
+        if not isinstance(u, dict):
+            return False
+        if isinstance(u.get("prompt_tokens"), int):
+            self.prompt_tokens = max(0, u["prompt_tokens"])
+        details = u.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            self.cached_tokens = max(0, min(details["cached_tokens"], self.prompt_tokens))
+        if isinstance(u.get("completion_tokens"), int):
+            self.delivered_tokens = max(0, u["completion_tokens"])
+        return True
+
+    def usage(self, status: Status, reason: str, ended_at: float) -> Usage:
+        """The record `end` writes (decode work = the tokens delivered)."""
+        work = list(self.work)
+        if self.delivered_tokens and self.work:
+            last = self.work[-1]
+            work.append(WorkItem("decode", "first" if len(self.work) == 1 else last.reason, self.decode_pool,
+                                 self.decode_backend, self.delivered_tokens, 0.0))
+        return Usage(self.idempotency_key, self.request_id, self.tenant, self.model, self.prefill_pool,
+                     self.decode_pool, status, reason, self.prompt_tokens, min(self.cached_tokens, self.prompt_tokens),
+                     self.delivered_tokens, self.started_at, ended_at, tuple(work))
+
+    async def end(self, status: Status, reason: str, ended_at: float) -> Outcome | None:
+        """Write the usage record (once; a later call returns the first outcome)."""
+        if self.ended:
+            return self.outcome
+        self.ended = True
+        self.outcome = await asyncio.to_thread(self.ledger.record, self.usage(status, reason, ended_at))
+        return self.outcome

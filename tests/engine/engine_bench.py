@@ -36,7 +36,7 @@ def workload(n: int, rate: float, seed: int = 0) -> list[Request]:
         shared = min(nh, 4)
         hashes = tuple(int(groups[i]) * 1000 + j for j in range(shared)) + tuple(
             10**7 + i * 100 + j for j in range(nh - shared))
-        reqs.append(Request(i, float(t[i]), int(prompts[i]), int(outputs[i]), hashes))
+        reqs.append(Request(str(i), float(t[i]), int(prompts[i]), int(outputs[i]), hashes))
     return reqs
 
 

@@ -97,3 +97,24 @@ def test_random_operations_preserve_invariants(sequence):
         pool.check()
         assert all(e.ref_count >= 0 for e in held)
         assert pool.num_used + pool.num_free == pool.capacity
+
+
+def test_kv_events_report_spans_stored_and_fully_evicted_in_order():
+    pool = BlockPool(10)
+    assert pool.events is None  # off by default: nothing recorded
+    pool.events = []
+    pool.allocate(6)
+    a = pool.promote((7, 0), 3)
+    b = pool.promote((8, 1), 3)
+    assert a is not None and b is not None
+    assert pool.promote((7, 0), 1) is None  # a duplicate stays private: no event
+    pool.release(a)
+    pool.release(b)
+    pool.allocate(7)  # 4 free blocks, then all 3 of span 7 (least recently used)
+    assert pool.events == [(True, 7), (True, 8), (False, 7)]
+    pool.allocate(2)  # a trimmed span stays cached: no event
+    assert pool.events == [(True, 7), (True, 8), (False, 7)]
+    pool.allocate(1)  # the last block of span 8 goes
+    assert pool.events[-1] == (False, 8)
+    pool.reset()  # a crash drops pending events (the driver reports the worker down)
+    assert pool.events == []

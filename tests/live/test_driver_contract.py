@@ -75,7 +75,7 @@ def requests(n: int = 60, seed: int = 11) -> list[Request]:
         blocks = int(rng.integers(2, 8))
         hashes = tuple(family * 1000 + j for j in range(blocks))
         prompt = blocks * 512 - int(rng.integers(0, 300))
-        out.append(Request(i, t, prompt, int(rng.integers(5, 120)), hashes, 512))
+        out.append(Request(str(i), t, prompt, int(rng.integers(5, 120)), hashes, 512))
     return out
 
 
@@ -85,7 +85,7 @@ def run_live(p: PlanSpec, reqs: list[Request], policy: Recorder) -> None:
     async def main() -> None:
         clock = AsyncioClock(time_scale=TIME_SCALE)
         build = build_pool(p.pools[0], PerfModel(), "plan: pools.0")
-        first_token: dict[int, float] = {}
+        first_token: dict[str, float] = {}
         by_id = {r.request_id: r for r in reqs}
         nxt = [0]
 
@@ -96,11 +96,11 @@ def run_live(p: PlanSpec, reqs: list[Request], policy: Recorder) -> None:
             for rid, off in out.first_tokens:
                 t = start_s + off
                 first_token[rid] = t
-                policy.observe(FirstToken(t, str(rid), d.name, t - by_id[rid].arrival_s))
+                policy.observe(FirstToken(t, rid, d.name, t - by_id[rid].arrival_s))
             for rid in out.finished:
                 n = by_id[rid].output_tokens
                 tpot = (now_s - first_token[rid]) / (n - 1) if n > 1 else 0.0
-                policy.observe(Completed(now_s, str(rid), d.name, n, tpot, now_s - by_id[rid].arrival_s))
+                policy.observe(Completed(now_s, rid, d.name, n, tpot, now_s - by_id[rid].arrival_s))
             events = out.kv_events or []
             start = 0
             for k in range(1, len(events) + 1):
@@ -121,7 +121,7 @@ def run_live(p: PlanSpec, reqs: list[Request], policy: Recorder) -> None:
         def arrive(now_s: float, r: Request) -> None:
             nxt[0] += 1
             view = FleetView(now_s, tuple(d.view(now_s) for d in drivers))
-            rr = RouteRequest(str(r.request_id), r.prompt_tokens, r.output_tokens, r.block_hashes, r.tenant,
+            rr = RouteRequest(r.request_id, r.prompt_tokens, r.output_tokens, r.block_hashes, r.tenant,
                               r.model_version, r.region, r.arrival_s, r.hash_block_tokens)
             dec = policy.route(rr, view)
             assert dec.worker is not None

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import yaml
 
-from fleetwise.core.feedback import Completed, Dispatched, FirstToken, KvStored, WorkerDown
+from fleetwise.core.feedback import Cancelled, Completed, Dispatched, FirstToken, KvStored, WorkerDown
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, WorkerView
 from fleetwise.errors import SpecError
 from fleetwise.routing import DEFAULT_POLICY, RoutingPolicy, make_policy, policy_names
@@ -167,3 +167,24 @@ def drive(policy):
 @pytest.mark.parametrize("name", policy_names())
 def test_same_inputs_same_decisions(name):
     assert drive(make_policy(name, seed=7)) == drive(make_policy(name, seed=7))
+
+
+def test_a_cancelled_dispatch_releases_its_reservation():
+    """Route, then confirm: a decision whose dispatch never happens is reported `Cancelled` and
+    no longer weighs on its worker; a confirmed one does until it completes."""
+    policy = make_policy("least-outstanding", seed=1)
+    views = FleetView(0.0, (WorkerView("a"), WorkerView("b")))
+    first = policy.route(RouteRequest("r1", 100, 10), views)
+    assert len(policy.inflight) == 1
+    policy.observe(Cancelled(0.1, "r1", first.worker or "", "client gone"))
+    assert len(policy.inflight) == 0
+    # with nothing reserved the tie is broken LRU again, away from the cancelled pick
+    second = policy.route(RouteRequest("r2", 100, 10), FleetView(0.2, views.workers))
+    assert second.worker != first.worker
+    policy.observe(Dispatched(0.2, "r2", second.worker or "", 100))
+    assert len(policy.inflight) == 1
+    third = policy.route(RouteRequest("r3", 100, 10), FleetView(0.3, views.workers))
+    assert third.worker == first.worker  # the confirmed r2 weighs on its worker
+    policy.observe(Completed(0.5, "r2", second.worker or "", 10, 0.01, 0.3))
+    policy.observe(Cancelled(0.5, "r3", third.worker or "", "connect error"))
+    assert len(policy.inflight) == 0

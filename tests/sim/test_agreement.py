@@ -26,7 +26,7 @@ PROMPT, OUT, RATE, N = 512, 64, 0.25, 600
 
 def poisson_requests(seed: int) -> list[Request]:
     t = np.cumsum(np.random.default_rng(seed).exponential(1 / RATE, N))
-    return [Request(i, float(t[i]), PROMPT, OUT) for i in range(N)]
+    return [Request(str(i), float(t[i]), PROMPT, OUT) for i in range(N)]
 
 
 @pytest.mark.parametrize("model,gpu", [("llama-3.1-8b", "h100-sxm"), ("qwen2.5-32b", "h200-sxm")])

@@ -14,7 +14,7 @@ from fleetwise.spec.plan import PlanSpec
 
 
 def make_requests(n: int = 200, gap_s: float = 0.1, prompt: int = 1024, out: int = 64) -> list[Request]:
-    return [Request(i, i * gap_s, prompt, out) for i in range(n)]
+    return [Request(str(i), i * gap_s, prompt, out) for i in range(n)]
 
 
 def mixed_plan(replicas: int = 2, **kw) -> PlanSpec:

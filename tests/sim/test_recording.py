@@ -14,7 +14,7 @@ def _plan() -> PlanSpec:
         {"name": "d", "role": "decode", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": 2}])
 
 
-REQS = [Request(i, i * 0.05, 512 + 64 * (i % 5), 40) for i in range(60)]
+REQS = [Request(str(i), i * 0.05, 512 + 64 * (i % 5), 40) for i in range(60)]
 
 
 def test_recording_leaves_results_identical_and_counts_every_pass_and_token():

@@ -19,7 +19,7 @@ def make_requests(n=300, seed=5):
     rng = np.random.default_rng(seed)
     t = np.cumsum(rng.exponential(0.05, n))
     ins, outs = rng.integers(64, 2048, n), rng.integers(4, 200, n)
-    return [Request(i, float(t[i]), int(ins[i]), int(outs[i]), tenant=f"t{i % 2}") for i in range(n)]
+    return [Request(str(i), float(t[i]), int(ins[i]), int(outs[i]), tenant=f"t{i % 2}") for i in range(n)]
 
 
 PLAN = PlanSpec(routing="power-of-two", pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b",

@@ -18,7 +18,7 @@ def pd_plan(gbps=100.0, prefill=1, decode=1):
 
 
 def test_pd_request_goes_prefill_then_transfer_then_decode():
-    reqs = [Request(0, 0.0, 4096, 32)]
+    reqs = [Request("0", 0.0, 4096, 32)]
     res = simulate(pd_plan(), reqs)
     rec, s = res.records, res.summary
     assert res.replica_names[rec.prefill_worker[0]] == "p-0" and res.replica_names[rec.worker[0]] == "d-0"
@@ -30,7 +30,7 @@ def test_pd_request_goes_prefill_then_transfer_then_decode():
 
 
 def test_one_prefill_feeding_two_decodes_shares_its_egress():
-    reqs = [Request(0, 0.0, 4096, 8), Request(1, 0.0, 4096, 8)]
+    reqs = [Request("0", 0.0, 4096, 8), Request("1", 0.0, 4096, 8)]
     alone = simulate(pd_plan(gbps=10, decode=2), reqs[:1]).summary["kv_transfer"]["p50_s"]
     both = simulate(pd_plan(gbps=10, decode=2), reqs).summary["kv_transfer"]
     # Both prompts finish in one prefill step, so the two transfers start together and share the port.
@@ -40,7 +40,7 @@ def test_one_prefill_feeding_two_decodes_shares_its_egress():
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.05, 1.0], ids=["exact", "50ms", "1s"])
 def test_round_robin_results_do_not_depend_on_feedback_delay(delay_s):
-    reqs = [Request(i, i * 0.037, 700, 50) for i in range(200)]
+    reqs = [Request(str(i), i * 0.037, 700, 50) for i in range(200)]
     plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": 3}])
     exact = simulate(plan, reqs)
     other = simulate(plan, reqs, options=SimOptions(feedback_delay_s=delay_s))
@@ -51,7 +51,7 @@ def test_round_robin_results_do_not_depend_on_feedback_delay(delay_s):
 
 def test_rejected_requests_are_recorded_as_failed():
     # Requests pinned to a model version no replica serves are rejected by the router.
-    reqs = [Request(0, 0.0, 100, 10), Request(1, 0.1, 100, 10, model_version="v9")]
+    reqs = [Request("0", 0.0, 100, 10), Request("1", 0.1, 100, 10, model_version="v9")]
     plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b"}])
     res = simulate(plan, reqs)
     assert res.summary["requests_completed"] == 1 and res.summary["requests_failed"] == 1
@@ -62,7 +62,7 @@ def test_rejected_requests_are_recorded_as_failed():
 @pytest.mark.parametrize("delay_s", [0.0, 0.25], ids=["exact", "fast"])
 def test_prefill_start_and_queue_time_are_recorded(delay_s):
     # One replica, requests arriving while it decodes: each waits for the pass in flight.
-    reqs = [Request(i, i * 0.05, 600, 40) for i in range(40)]
+    reqs = [Request(str(i), i * 0.05, 600, 40) for i in range(40)]
     plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b"}])
     res = simulate(plan, reqs, options=SimOptions(feedback_delay_s=delay_s))
     rec = res.records
@@ -80,7 +80,7 @@ def test_prefill_start_and_queue_time_are_recorded(delay_s):
 
 
 def test_pd_prefill_start_is_on_the_prefill_replica():
-    reqs = [Request(0, 0.0, 4096, 32), Request(1, 0.001, 2048, 8)]
+    reqs = [Request("0", 0.0, 4096, 32), Request("1", 0.001, 2048, 8)]
     rec = simulate(pd_plan(), reqs).records
     for i in range(2):
         assert reqs[i].arrival_s <= rec.prefill_start_s[i] < rec.prefill_end_s[i] <= rec.kv_start_s[i]
@@ -94,7 +94,7 @@ def test_pd_first_token_source(first_token):
     plan = PlanSpec(name="pd", pd_first_token=first_token, pools=[
         {"name": "p", "role": "prefill", "replicas": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b"},
         {"name": "d", "role": "decode", "replicas": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b"}])
-    res = simulate(plan, [Request(0, 0.0, 2000, 5), Request(1, 5.0, 2000, 1)])
+    res = simulate(plan, [Request("0", 0.0, 2000, 5), Request("1", 5.0, 2000, 1)])
     rec = res.records
     assert res.summary["requests_completed"] == 2
     assert rec.prefill_end_s[0] < rec.kv_end_s[0] < rec.finish_s[0]
@@ -115,7 +115,7 @@ def test_requests_still_held_at_the_end_are_failed_not_lost(monkeypatch):
     monkeypatch.setattr(Engine, "schedule", lambda self, *a, **k: None)
     plan = PlanSpec(name="one", pools=[{"name": "m", "replicas": 1, "accelerator": "h100-sxm",
                                         "model": "llama-3.1-8b"}])
-    res = simulate(plan, [Request(i, 0.1 * i, 500, 40) for i in range(10)])
+    res = simulate(plan, [Request(str(i), 0.1 * i, 500, 40) for i in range(10)])
     s = res.summary
     assert (s["requests_completed"], s["requests_failed"]) == (0, 10)
     assert s["failure_reasons"] == {"unfinished_at_end": 10}

@@ -63,7 +63,7 @@ def _mooncake(tmp_path: Path, rows: list[dict] = MOONCAKE) -> Path:
 
 def test_azure_timestamps_are_exact(tmp_path: Path) -> None:
     reqs = load_trace(_put(tmp_path, "a.csv", AZURE))
-    assert [r.request_id for r in reqs] == [0, 1, 2, 3]
+    assert [r.request_id for r in reqs] == ["0", "1", "2", "3"]
     # 100 ns ticks parsed as integers: 4.3145790 s and 4.5418770 s, then one tick later
     assert [r.arrival_s for r in reqs] == [0.0, 43145790 / 1e7, 45418770 / 1e7, 45418771 / 1e7]
     assert [(r.prompt_tokens, r.output_tokens, r.block_hashes) for r in reqs] == [
@@ -198,7 +198,7 @@ def test_rate_rps_on_simultaneous_arrivals_is_refused(tmp_path: Path) -> None:
 
 
 def test_trace_stats_by_hand() -> None:
-    reqs = [Request(0, 0.0, 100, 10), Request(1, 1.0, 300, 30), Request(2, 3.0, 200, 20)]
+    reqs = [Request("0", 0.0, 100, 10), Request("1", 1.0, 300, 30), Request("2", 3.0, 200, 20)]
     s = trace_stats(reqs)
     assert (s.count, s.duration_s, s.rate_rps) == (3, 3.0, 2 / 3)
     assert s.interarrival_cv == pytest.approx(0.5 / 1.5, rel=1e-12)  # gaps 1 and 2
@@ -209,11 +209,11 @@ def test_trace_stats_by_hand() -> None:
 
 def test_prefix_reuse_counts_leading_seen_blocks_only() -> None:
     reqs = [
-        Request(0, 0.0, 1100, 1, (0, 1, 2)),
-        Request(1, 1.0, 600, 1, (0, 3)),  # block 0 reused: 512 tokens
-        Request(2, 2.0, 1024, 1, (0, 1)),  # both blocks reused: 1024 tokens
-        Request(3, 3.0, 700, 1, (9, 1)),  # id 1 seen but block 0 not: nothing reused
-        Request(4, 4.0, 300, 1, (0,)),  # partial block: min(512, 300) tokens
+        Request("0", 0.0, 1100, 1, (0, 1, 2)),
+        Request("1", 1.0, 600, 1, (0, 3)),  # block 0 reused: 512 tokens
+        Request("2", 2.0, 1024, 1, (0, 1)),  # both blocks reused: 1024 tokens
+        Request("3", 3.0, 700, 1, (9, 1)),  # id 1 seen but block 0 not: nothing reused
+        Request("4", 4.0, 300, 1, (0,)),  # partial block: min(512, 300) tokens
     ]
     assert prefix_reuse_fraction(reqs) == (512 + 1024 + 300) / (1100 + 600 + 1024 + 700 + 300)
 

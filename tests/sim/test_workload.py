@@ -62,7 +62,7 @@ def test_same_seed_same_list_other_seed_other_list() -> None:
 
 def test_sorted_with_ids_in_order_and_exact_count() -> None:
     reqs = generate(make_spec(**RICH), 3)
-    assert len(reqs) == 200 and [r.request_id for r in reqs] == list(range(200))
+    assert len(reqs) == 200 and [r.request_id for r in reqs] == [str(i) for i in range(200)]
     assert all(x.arrival_s <= y.arrival_s for x, y in zip(reqs, reqs[1:], strict=False))
     check_chained(reqs)
 

@@ -2,6 +2,11 @@
 
 One tagged union, plain data: the same sequence of events drives a policy identically whichever
 driver produced it.
+
+Route, then confirm: `route()` reserves the request's work on the chosen worker(s) in the
+policy's in-flight ledger. The driver then reports `Dispatched` (the request was sent: the
+reservation is confirmed) or `Cancelled` (it never was: the reservation is released), and later
+`Completed` or `Failed`. Every reservation ends in one of `Completed`, `Failed`, `Cancelled`.
 """
 
 from __future__ import annotations
@@ -46,6 +51,17 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class Cancelled:
+    """A routed request was never dispatched (client gone, connect error, unknown worker): the
+    policy releases what `route()` reserved for it. Says nothing about the worker's speed."""
+
+    now_s: float
+    request_id: str
+    worker: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerUp:
     now_s: float
     worker: str
@@ -78,4 +94,4 @@ class Tick:
     now_s: float
 
 
-Feedback = Dispatched | FirstToken | Completed | Failed | WorkerUp | WorkerDown | KvStored | KvEvicted | Tick
+Feedback = Dispatched | FirstToken | Completed | Failed | Cancelled | WorkerUp | WorkerDown | KvStored | KvEvicted | Tick

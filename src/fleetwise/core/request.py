@@ -16,9 +16,11 @@ class Request:
     `block_hashes`: chained prefix-block ids of the prompt (Mooncake `hash_ids` semantics: equal
     id at position i means the first i+1 blocks are equal). Empty when nothing is shared.
     `hash_block_tokens`: tokens per hashed block (512 in the Mooncake traces).
+    `request_id`: a string, as a client or a gateway names it (generators and trace loaders
+    number requests "0", "1", ... in arrival order).
     """
 
-    request_id: int
+    request_id: str
     arrival_s: float
     prompt_tokens: int
     output_tokens: int

@@ -55,7 +55,7 @@ class Live:
     """One request in flight: what the client asked, how far it got, and when (modelled s)."""
 
     rid: str
-    eid: int
+    eid: str
     req: GenRequest
     digest: int
     target: int
@@ -137,7 +137,7 @@ class EmulatedReplica:
         self.status = ReplicaStatus()
         self._on_crash = on_crash
         self._kv_pull = kv_pull
-        self._live: dict[int, Live] = {}
+        self._live: dict[str, Live] = {}
         self._leases: dict[str, _Lease] = {}
         self._next_eid = 0
         self._fault_timers: dict[str, asyncio.TimerHandle] = {}
@@ -224,7 +224,7 @@ class EmulatedReplica:
             reason = "stop"
             if target >= self.max_model_len - p:
                 target, reason = self.max_model_len - p, "length"
-        eid = self._next_eid
+        eid = str(self._next_eid)
         self._next_eid += 1
         er = Request(eid, self.now_s(), p, target, block_hashes(req.prompt_ids, self.block_size),
                      self.block_size)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 
-from fleetwise.engine.sequence import DECODE, SeqState
+from fleetwise.engine.sequence import DECODE, LEFT, SeqState
 
 
 class DecodeSet:
@@ -56,7 +56,7 @@ class DecodeSet:
         self.sum_a -= st.a
         self.sum_f -= st.f
         self.res[st.a % self.block_size] -= 1
-        st.phase = -1
+        st.phase = LEFT
         self._top_f = self._top_a = None
 
     def kv_read_tokens(self, g: int) -> int:

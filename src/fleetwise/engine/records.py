@@ -100,15 +100,15 @@ class StepOutput:
     The last two fields are off on the simulator's fast path (None) and filled when asked.
     """
 
-    first_tokens: list[tuple[int, float]] = field(default_factory=list)
-    finished: list[int] = field(default_factory=list)
-    handoffs: list[int] = field(default_factory=list)
-    preempted: list[int] = field(default_factory=list)
+    first_tokens: list[tuple[str, float]] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    handoffs: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
     tokens_generated: int = 0
     itl_samples: list[tuple[float, int]] = field(default_factory=list)
     prefix_hit_tokens: int = 0
-    scheduled: list[tuple[int, float]] = field(default_factory=list)
-    tokens: list[tuple[int, int]] | None = None
+    scheduled: list[tuple[str, float]] = field(default_factory=list)
+    tokens: list[tuple[str, int]] | None = None
     """Per request, when the engine reports it (`Engine.per_request_outputs`; None otherwise):
     (request_id, output tokens it produced in this step: one per pass for a decoder, one for a
     prompt that completed on a mixed engine), in engine order."""

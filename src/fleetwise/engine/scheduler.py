@@ -51,9 +51,9 @@ class _InFlight:
     num_decoders: int
     chunks: list[tuple[SeqState, int]]
     new_decoders: list[SeqState]
-    preempted: list[int]
+    preempted: list[str]
     prefix_hit_tokens: int
-    scheduled: list[tuple[int, float]] = field(default_factory=list)
+    scheduled: list[tuple[str, float]] = field(default_factory=list)
     """Requests whose prompt was first scheduled in this step (offset 0.0: the step's start)."""
     fused: Fused | None = None
     """Pass times of a fused decode step (None for a single pass)."""
@@ -68,7 +68,7 @@ class _Counters:
     preemptions: int = 0
     steps: int = 0
     passes: int = 0
-    carried_preempted: list[int] = field(default_factory=list)
+    carried_preempted: list[str] = field(default_factory=list)
 
 
 class Engine:
@@ -89,13 +89,13 @@ class Engine:
         self._decoders = DecodeSet(config.block_size)
         self._waiting: deque[SeqState] = deque()
         self._waiting_prefill_tokens = 0
-        self._running: dict[int, SeqState] = {}
+        self._running: dict[str, SeqState] = {}
         self._prefilling: list[SeqState] = []
-        self._awaiting_release: dict[int, SeqState] = {}
+        self._awaiting_release: dict[str, SeqState] = {}
         self._passes = 0  # the decode pass counter G
         self._seq = 0
         self._inflight: _InFlight | None = None
-        self._blocked_key: tuple[int, ...] | None = None
+        self._blocked_key: tuple[str | int, ...] | None = None
         self.stats = _Counters()
         self.per_request_outputs = False
         """Fill `StepOutput.tokens` (which requests got how many tokens): a server streams them."""
@@ -183,7 +183,7 @@ class Engine:
             raise RuntimeError(f"engine {self.name!r}: schedule() while a step is in flight")
         if not self._running and not self._waiting:
             return None
-        preempted: list[int] = []
+        preempted: list[str] = []
         budget = self.config.max_num_batched_tokens - self._decoders.n
         chunks: list[tuple[SeqState, int]] = []
         if self._prefilling or not self._reserve_decodes():
@@ -192,7 +192,7 @@ class Engine:
         for _, c in chunks:
             budget -= c
         new_decoders: list[SeqState] = []
-        scheduled: list[tuple[int, float]] = []
+        scheduled: list[tuple[str, float]] = []
         hits = 0
         # After a preemption vLLM admits nothing new in that step (no thrashing); but when the
         # preemption emptied the engine, admitting now is the only way forward (else the step
@@ -222,7 +222,7 @@ class Engine:
         return Step(d0, 1, None, n_dec, 0, n_dec, (n_dec, kv, longest))
 
     def _single_step(self, chunks: list[tuple[SeqState, int]], n_dec: int, new_decoders: list[SeqState],
-                     preempted: list[int], hits: int, scheduled: list[tuple[int, float]]) -> Step:
+                     preempted: list[str], hits: int, scheduled: list[tuple[str, float]]) -> Step:
         """A step with prompt chunks: one pass, priced on its full shape."""
         shape = self._shape(chunks)
         d0 = self.step_time(shape)
@@ -243,12 +243,12 @@ class Engine:
         """Skip re-trying a blocked queue head when nothing it waits on has changed."""
         return self._blocked_key != self._admission_key(budget)
 
-    def _admission_key(self, budget: int) -> tuple[int, ...]:
+    def _admission_key(self, budget: int) -> tuple[str | int, ...]:
         head = self._waiting[0]
         pool = self.pool
         return (head.req.request_id, head.target, pool.num_free, pool.version, len(self._running), budget)
 
-    def _reserve_running(self, budget: int, preempted: list[int]) -> list[tuple[SeqState, int]]:
+    def _reserve_running(self, budget: int, preempted: list[str]) -> list[tuple[SeqState, int]]:
         """Phase 1: decodes and next chunks of running requests; preempt newest until blocks fit."""
         bs, g = self._bs, self._passes
         plan: dict[SeqState, tuple[int, int]] = {}
@@ -274,7 +274,7 @@ class Engine:
         return [(st, chunk) for st, (chunk, _) in plan.items()]
 
     def _admit_waiting(self, budget: int, chunks: list[tuple[SeqState, int]],
-                       new_decoders: list[SeqState], scheduled: list[tuple[int, float]]) -> int:
+                       new_decoders: list[SeqState], scheduled: list[tuple[str, float]]) -> int:
         """Phase 2: admit FCFS while budget, seats and blocks allow; returns prefix-hit tokens."""
         hits = 0
         max_seqs = self.config.max_num_seqs
@@ -512,7 +512,7 @@ class Engine:
         self.stats.preemptions += 1
 
     # -- prefill role, crashes, views ---------------------------------------------------------------
-    def release(self, request_id: int) -> None:
+    def release(self, request_id: str) -> None:
         """Prefill role: the request's KV was transferred; free (or keep as cache) its blocks."""
         st = self._awaiting_release.pop(request_id)
         st.free_blocks(self.pool, st.private)
@@ -533,7 +533,7 @@ class Engine:
         self.stats.carried_preempted = []
         return dropped
 
-    def outputs_of(self, request_id: int, elapsed_s: float | None = None) -> int:
+    def outputs_of(self, request_id: str, elapsed_s: float | None = None) -> int:
         """Output tokens `request_id` has produced here (0 when not held). With `elapsed_s` (time
         since the in-flight step started), the passes of a fused step ended by then count too:
         what a client streaming each pass has received when the replica dies at that moment."""

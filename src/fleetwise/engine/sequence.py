@@ -15,11 +15,28 @@ without hashes share nothing. One `hash_block_tokens` per engine is assumed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from fleetwise.core.request import Request
 from fleetwise.engine.blocks import BlockPool, CacheEntry, SpanKey
 
-WAITING, PREFILL, DECODE, HANDOFF = 0, 1, 2, 3
+
+class Phase(IntEnum):
+    """Where a request is inside one engine."""
+
+    LEFT = -1
+    """Left the decode set (finished, or preempted and about to be requeued)."""
+    WAITING = 0
+    """Queued for admission (new, transferred KV, or requeued after a preemption)."""
+    PREFILL = 1
+    """Admitted; its prompt is being computed, chunk by chunk."""
+    DECODE = 2
+    """Producing output tokens, one per pass."""
+    HANDOFF = 3
+    """Prefill role: prompt computed; its KV is held until the driver releases it."""
+
+
+LEFT, WAITING, PREFILL, DECODE, HANDOFF = Phase.LEFT, Phase.WAITING, Phase.PREFILL, Phase.DECODE, Phase.HANDOFF
 
 
 def cdiv(a: int, b: int) -> int:
@@ -94,7 +111,7 @@ class SeqState:
     outputs: int = 0
     first_done: bool = False
     scheduled: bool = False
-    phase: int = WAITING
+    phase: Phase = WAITING
     seq: int = -1
     shared: int = 0
     private: int = 0

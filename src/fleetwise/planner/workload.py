@@ -132,7 +132,7 @@ def requests_at(mix: LengthMix, rate_rps: float, count: int | None = None) -> li
     gaps = gaps / rate_rps
     t = np.concatenate([[0.0], np.cumsum(gaps[:-1])]) if n else np.zeros(0)
     p, o, ts = mix.prompt.tolist(), mix.output.tolist(), t.tolist()
-    return [Request(i, ts[i], int(p[i]), int(o[i])) for i in range(n)]
+    return [Request(str(i), ts[i], int(p[i]), int(o[i])) for i in range(n)]
 
 
 def burst_factor(mix: LengthMix, rate_rps: float, window_s: float) -> float:

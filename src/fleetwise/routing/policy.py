@@ -23,6 +23,7 @@ from collections import Counter, deque
 from typing import Any
 
 from fleetwise.core.feedback import (
+    Cancelled,
     Completed,
     Dispatched,
     Failed,
@@ -437,6 +438,8 @@ class ComposedPolicy:
         elif isinstance(fb, Failed):
             self.inflight.pop(fb.request_id)
             self.feedback.failed(fb.worker, fb.now_s)
+        elif isinstance(fb, Cancelled):
+            self.inflight.pop(fb.request_id)
         elif isinstance(fb, WorkerDown):
             self._down_version += 1
             self.down[fb.worker] = fb.now_s

@@ -27,7 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from fleetwise.core.feedback import Completed, Dispatched, Failed, Feedback, FirstToken, KvEvicted, KvStored
+from fleetwise.core.feedback import (
+    Cancelled,
+    Completed,
+    Dispatched,
+    Failed,
+    Feedback,
+    FirstToken,
+    KvEvicted,
+    KvStored,
+)
 from fleetwise.core.request import Request
 from fleetwise.core.views import FleetView, RouteRequest
 from fleetwise.engine.api import StepOutput
@@ -96,7 +105,7 @@ class Simulation:
     def __init__(self, plan: PlanSpec, requests: list[Request], faults: FaultScenario | None,
                  opts: SimOptions) -> None:
         self.plan, self.opts = plan, opts
-        self.reqs = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        self.reqs = sorted(requests, key=lambda r: r.arrival_s)  # stable: ties keep the input order
         self.rec = Records(self.reqs)
         self.index = {r.request_id: i for i, r in enumerate(self.reqs)}
         self.loop = EventLoop()
@@ -187,12 +196,14 @@ class Simulation:
         r = self.recovery.request(i)
         if self.delay == 0 and not self.view_frozen:
             self.view = self.fleet.workers(now_s)
-        rr = RouteRequest(str(r.request_id), r.prompt_tokens, r.output_tokens, r.block_hashes, r.tenant,
+        rr = RouteRequest(r.request_id, r.prompt_tokens, r.output_tokens, r.block_hashes, r.tenant,
                           r.model_version, r.region, r.arrival_s, r.hash_block_tokens)
         d = self.policy.route(rr, FleetView(now_s, self.view))
         w = self.fleet.by_name.get(d.worker) if d.worker is not None else None
         p = self.fleet.by_name.get(d.prefill_worker, -1) if d.prefill_worker is not None else -1
         if w is None or (self.disaggregated and p < 0):
+            if d.worker is not None:  # a decision this fleet cannot carry out: release its reservation
+                self.feedback(Cancelled(now_s, rr.request_id, d.worker, "unknown worker"))
             self.fail(i, now_s, f"rejected: {d.reason or 'no worker'}", None)
             return None
         self.rec.dispatch_s[i] = now_s
@@ -245,7 +256,7 @@ class Simulation:
             rec.first_token_s[i] = t
             if rep.role == "mixed":
                 rec.prefill_end_s[i] = t
-            self.feedback(FirstToken(t, str(rid), rep.name, t - self.reqs[i].arrival_s))
+            self.feedback(FirstToken(t, rid, rep.name, t - self.reqs[i].arrival_s))
         for rid in out.finished:
             self._finish(index[rid], rep, now_s)
         for rid in out.handoffs:
@@ -275,7 +286,7 @@ class Simulation:
                               else KvEvicted(now_s, rep.name, hashes))
                 start = k
 
-    def _on_scheduled(self, rep: Replica, start_s: float, scheduled: list[tuple[int, float]]) -> None:
+    def _on_scheduled(self, rep: Replica, start_s: float, scheduled: list[tuple[str, float]]) -> None:
         """Prompts first scheduled on `rep` (their first replica: prefill, or mixed) start now."""
         rec, index = self.rec, self.index
         for rid, off in scheduled:
@@ -294,7 +305,7 @@ class Simulation:
         rec.tokens[i] = r.output_tokens
         n = r.output_tokens
         tpot = (now_s - rec.first_token_s[i]) / (n - 1) if n > 1 else 0.0
-        self.feedback(Completed(now_s, str(r.request_id), rep.name, n, tpot, now_s - r.arrival_s))
+        self.feedback(Completed(now_s, r.request_id, rep.name, n, tpot, now_s - r.arrival_s))
 
     def _handoff(self, i: int, rep: Replica, now_s: float) -> None:
         rec = self.rec
@@ -333,7 +344,7 @@ class Simulation:
         self.recovery.prefill_token[i] = 1
         if math.isnan(rec.first_token_s[i]):  # a migration's continuation has streamed before
             rec.first_token_s[i] = now_s
-            self.feedback(FirstToken(now_s, str(r.request_id), rep.name, now_s - r.arrival_s))
+            self.feedback(FirstToken(now_s, r.request_id, rep.name, now_s - r.arrival_s))
         if r.output_tokens > 1:
             return False
         rep.engine.release(r.request_id)
@@ -376,7 +387,7 @@ class Simulation:
             self.faults.on_replica_progress(r, now_s)
         w = self.rec.worker[i]
         name = self.reps[w].name if w >= 0 else ""
-        self.feedback(Failed(now_s, str(self.reqs[i].request_id), name, reason))
+        self.feedback(Failed(now_s, self.reqs[i].request_id, name, reason))
 
     # ---- scheduling horizon ------------------------------------------------------------------------
     def _horizon(self, rep: Replica, now_s: float) -> tuple[float, float]:

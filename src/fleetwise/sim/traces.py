@@ -375,12 +375,12 @@ def gc_paused() -> Iterator[None]:
 
 
 def to_requests(table: TraceTable, tenants: list[str] | None = None) -> list[Request]:
-    """One `Request` per row (ids 0..n-1); the table must be in arrival order with arrivals set."""
+    """One `Request` per row (ids "0".."n-1"); the table must be in arrival order with arrivals set."""
     assert table.arrival_s is not None
     n = len(table)
     h = table.hash_ids or [()] * n
     with gc_paused():
-        return list(map(Request, range(n), table.arrival_s.tolist(), table.prompt_tokens.tolist(),
+        return list(map(Request, map(str, range(n)), table.arrival_s.tolist(), table.prompt_tokens.tolist(),
                         table.output_tokens.tolist(), h, [MOONCAKE_BLOCK_TOKENS] * n,
                         tenants or ["default"] * n))
 

@@ -77,7 +77,7 @@ class _Turns:
 
 
 def generate(spec: WorkloadSpec, seed: int) -> list[Request]:
-    """Requests sorted by arrival_s, request_id 0..n-1; the same (spec, seed) gives the same list."""
+    """Requests sorted by arrival_s, request_id "0".."n-1"; the same (spec, seed) gives the same list."""
     if isinstance(spec.arrival, TraceArrival) and spec.trace_lengths:
         return _from_trace(spec, seed)
     return _synthetic(spec, seed)
@@ -347,7 +347,7 @@ def _build_requests(spec: WorkloadSpec, t: _Turns, s: _Sessions) -> list[Request
     version = _versions(spec, s.pinned[t.session])
     sessions: list[int | None] = t.session.tolist() if spec.prefix.sessions else [None] * len(hashes)
     n = len(hashes)
-    return list(map(Request, range(n), t.arrival_s.tolist(), t.prompt.tolist(), t.output.tolist(), hashes,
+    return list(map(Request, map(str, range(n)), t.arrival_s.tolist(), t.prompt.tolist(), t.output.tolist(), hashes,
                     [spec.hash_block_tokens] * n, tenant, sessions, version))
 
 

@@ -28,7 +28,8 @@ LAYER = {
     "planner": 5,
     "gateway": 5,
     "emulator": 5,
-    "cli": 6,
+    "report": 6,
+    "cli": 7,
 }
 SIBLINGS_APART = {("engine", "routing"), ("routing", "engine"), ("planner", "gateway"), ("planner", "emulator"),
                   ("gateway", "planner"), ("emulator", "planner"), ("gateway", "sim"), ("emulator", "sim"),

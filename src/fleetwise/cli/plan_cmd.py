@@ -2,7 +2,7 @@
 
 Owns argument parsing and output of the planner (`fleetwise.planner.api.plan`): the readable
 report on stdout, the JSON document to a file (`--json -` prints it instead of the report), and
-`--write-schema` to refresh docs/schema/planning-spec.schema.json. With no SPEC it answers the
+`--write-schema` to refresh docs/schema/planning-spec.schema.json, and `--report FILE.html`. With no SPEC it answers the
 built-in question (Llama-3.1-70B chat on H100 vs H200). An infeasible question prints its
 explanation (and writes the JSON) and exits 1; a bad spec is one line and exit 2.
 """
@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+
+from fleetwise.cli import progress
+from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 
 
 def register(subparsers: Any) -> None:
@@ -36,6 +39,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="run simulations on a Ray cluster (fleetwise[ray])")
     p.add_argument("--write-schema", nargs="?", const="docs/schema/planning-spec.schema.json", default=None,
                    metavar="PATH", help="write the SPEC.yaml JSON Schema and exit")
+    add_report_flag(p)
+    progress.add_quiet_flag(p)
     p.set_defaults(func=run)
 
 
@@ -52,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.top is not None and args.top < 1:
         raise SpecError(f"--top={args.top}: must be at least 1")
+    check_report_path(args.report)
     spec = load_planning_spec(args.spec) if args.spec else default_spec()
     if args.profile:
         from fleetwise.perf.profile import Profile
@@ -59,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         Profile.load(args.profile)  # a bad file is one line naming it, before any work
         spec = spec.model_copy(update={"profile": args.profile})
     workers = args.workers if args.workers is not None else max(1, os.cpu_count() or 1)
-    search = plan(spec, PlanOptions(workers=workers, top_k=args.top, ray_address=args.ray))
+    # The planner reports no progress of its own: a spinner with the elapsed time.
+    with progress.progress("planning", None, args.quiet or args.json_out == "-"):
+        search = plan(spec, PlanOptions(workers=workers, top_k=args.top, ray_address=args.ray))
     doc = to_json(search)
     if args.json_out == "-":
         print(json.dumps(doc, indent=2))
@@ -67,4 +75,8 @@ def run(args: argparse.Namespace) -> int:
         render(search, Console(highlight=False))
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    if args.report:
+        from fleetwise.cli.report_cmd import write_document
+
+        write_document(doc, args.report, args.open)
     return 1 if search.infeasible else 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -22,7 +21,9 @@ from typing import Any
 
 from rich.table import Table
 
+from fleetwise.cli import progress
 from fleetwise.cli.common import console
+from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError
 from fleetwise.routing.registry import DEFAULT_POLICY, policy_names
 from fleetwise.sim import scenarios as sc
@@ -53,6 +54,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="parallel worker processes (default 1)")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even when a verdict fails")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    add_report_flag(p)
+    progress.add_quiet_flag(p)
     p.set_defaults(func=run)
 
 
@@ -68,6 +71,7 @@ def _mapper(jobs: int) -> Callable[[Callable[[Any], Any], Sequence[Any]], Iterab
 
 
 def run(args: argparse.Namespace) -> int:
+    check_report_path(args.report)
     if args.jobs < 1:
         raise SpecError(f"--jobs={args.jobs}: need at least 1")
     if args.trace is None and (args.trace_rate is not None or args.trace_requests is not None):
@@ -82,16 +86,13 @@ def run(args: argparse.Namespace) -> int:
     pols = sc.with_baseline(args.policy)
     total = len(scenarios) * len(pols) * args.seeds
     done = [0]
+    with progress.progress(f"{total} simulations", total, args.quiet) as update:
 
-    def progress(job: sc.Job, rec: dict[str, Any]) -> None:
-        done[0] += 1
-        if sys.stderr.isatty():
-            print(f"\r{done[0]}/{total} runs ({job.scenario.name}, {job.policy}, seed {job.seed})",
-                  end="", file=sys.stderr, flush=True)
+        def on_done(job: sc.Job, rec: dict[str, Any]) -> None:
+            done[0] += 1
+            update(done[0])
 
-    doc = sc.run_scenarios(scenarios, pols, args.seeds, _mapper(args.jobs), small=args.small, on_done=progress)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
+        doc = sc.run_scenarios(scenarios, pols, args.seeds, _mapper(args.jobs), small=args.small, on_done=on_done)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scenarios.json").write_text(dumps(doc), encoding="utf-8")
@@ -100,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
     for v in doc["verdicts"]:
         con.print(v)
     con.print(f"wrote {out / 'scenarios.json'} and {out / 'scenarios.md'}")
+    if args.report:
+        from fleetwise.cli.report_cmd import write_document
+
+        write_document(doc, args.report, args.open)
     return 0 if doc["passed"] or args.no_fail else 1
 
 

@@ -10,11 +10,14 @@ and printing only; the simulation is `fleetwise.sim.simulate`.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from fleetwise.cli import progress
+from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
 from fleetwise.sim.runner import SimOptions, simulate
@@ -22,9 +25,6 @@ from fleetwise.spec.base import load_document
 from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.slo import SLOSpec
-
-PROGRESS_MIN_REQUESTS = 20_000
-"""Show a progress bar from this many requests on (runs of more than a few seconds)."""
 
 
 def register(subparsers: Any) -> None:
@@ -48,7 +48,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tpot-slo", type=float, default=None, metavar="S", help="TPOT target for goodput")
     p.add_argument("--e2e-slo", type=float, default=None, metavar="S", help="end-to-end target for goodput")
     p.add_argument("--records", choices=("csv", "parquet"), default="csv", help="per-request records format")
-    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar (same as --quiet)")
+    progress.add_quiet_flag(p)
+    add_report_flag(p)
+    t = p.add_argument_group("trace export (Perfetto / chrome://tracing)")
+    t.add_argument("--trace-events", default=None, metavar="FILE",
+                   help="write a Chrome trace-event JSON: a track per replica (steps and batch composition), "
+                        "per KV link (transfers) and per request (queue, prefill, transfer, decode)")
+    t.add_argument("--trace-requests", default=None, metavar="A:B",
+                   help="trace requests A to B-1 in arrival order (default 0:1000)")
+    t.add_argument("--trace-window", default=None, metavar="T0:T1",
+                   help="trace requests arriving between T0 and T1 simulated seconds, and the steps then")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     q = p.add_argument_group("quick start (no plan file)")
     q.add_argument("--model", help="catalog model name or model file")
@@ -99,12 +109,33 @@ def run(args: argparse.Namespace) -> int:
     reqs = load_requests(args)
     if not reqs:
         raise SpecError("the workload produced no requests; check num_requests/duration_s or the trace file")
+    check_report_path(args.report)
     slo = SLOSpec(ttft_max_s=args.ttft_slo, tpot_max_s=args.tpot_slo, e2e_max_s=args.e2e_slo)
-    opts = SimOptions(seed=args.seed, slo=slo, feedback_delay_s=args.feedback_delay,
-                      progress=not args.no_progress and len(reqs) >= PROGRESS_MIN_REQUESTS)
-    res = simulate(plan, reqs, faults, opts)
+    window = recorder = None
+    if args.trace_events or args.trace_requests or args.trace_window:
+        if not args.trace_events:
+            raise SpecError("--trace-requests/--trace-window bound the trace export; add --trace-events FILE")
+        from fleetwise.report.perfetto import Window
+
+        window = Window.parse(args.trace_requests, args.trace_window)
+        recorder = window.recorder(sorted(r.arrival_s for r in reqs))
+    quiet = args.quiet or args.no_progress
+    with progress.progress("simulating", 1.0, quiet) as update:
+        opts = SimOptions(seed=args.seed, slo=slo, feedback_delay_s=args.feedback_delay, recorder=recorder,
+                          on_progress=(lambda now, last: update(min(now / last, 1.0)))
+                          if progress.wanted(quiet) else None)  # no callback: the event loop's fast path
+        res = simulate(plan, reqs, faults, opts)
     paths = res.write(Path(args.out), args.records)
     _print(res.summary, paths)
+    if recorder is not None and window is not None:
+        from fleetwise.report.perfetto import write_trace
+
+        trace = write_trace(res, recorder, window, args.trace_events)
+        print(f"trace: {trace} (open in https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
+    if args.report:
+        from fleetwise.cli.report_cmd import write
+
+        write(Path(args.out), args.report, args.open)
     return 0
 
 

@@ -1,0 +1,157 @@
+"""Each report kind from a small real run: every figure is in the page and beside it, the page is
+self-contained, and what it states matches the result document."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleetwise.cli.main import main
+from fleetwise.report import document_page, write_report
+from fleetwise.report.plots import CDF_POINTS, cdf_points
+from fleetwise.report.sim_report import fault_spans
+
+ROOT = Path(__file__).resolve().parents[2]
+EXTERNAL = [
+    re.compile(r"""\b(?:src|href|action|poster|data)\s*=\s*["']?(?!data:|#)[^"'\s>]+""", re.I),
+    re.compile(r"url\(\s*['\"]?(?!data:|#)", re.I),
+    re.compile(r"@import", re.I),
+    re.compile(r"<link\b", re.I),
+]
+
+
+def external_refs(page: str) -> list[str]:
+    """Anything the browser would fetch: attributes pointing outside the page, CSS urls, imports."""
+    out = []
+    for pat in EXTERNAL:
+        out += [m.group(0) for m in pat.finditer(page)]
+    return out
+
+
+def figures(page: str) -> dict[str, str]:
+    """figure name -> the SVG embedded for it."""
+    found = re.findall(r'<figure id="fig-([\w-]+)" data-figure="[\w-]+"><img alt="[^"]*" '
+                       r'src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', page)
+    return {name: base64.b64decode(data).decode("utf-8") for name, data in found}
+
+
+def check_figures(html_path: Path, expected: set[str]) -> dict[str, str]:
+    page = html_path.read_text(encoding="utf-8")
+    figs = figures(page)
+    assert set(figs) == expected
+    for name, svg in figs.items():
+        assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+        beside = html_path.with_name(f"{html_path.stem}_figures")
+        assert (beside / f"{name}.svg").read_text(encoding="utf-8") == svg
+        assert (beside / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert external_refs(page) == []
+    assert "<script" not in page  # reports are static
+    return figs
+
+
+def test_simulation_report_holds_every_figure_and_the_summary_numbers(sim_run):
+    figs = check_figures(sim_run / "report.html",
+                         {"latency-by-pool", "latency-by-tenant", "replica-timelines", "routing", "kv-transfers"})
+    s = json.loads((sim_run / "summary.json").read_text())
+    page = (sim_run / "report.html").read_text()
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        assert f'<td class="num">{round(s[key]["p99"] * 1e3, 2)}</td>' in page
+    assert "SLO 0.05 s" in figs["latency-by-pool"]  # the TPOT target line
+    for r in s["per_replica"]:
+        assert f"<td>{r['name']}</td>" in page and r["name"] in figs["replica-timelines"]
+    assert "crash decode-0" in figs["replica-timelines"]  # fault periods are marked
+    assert "n=" + str(s["requests_completed"]) in figs["latency-by-pool"]
+
+
+def test_scenario_report_shows_policies_side_by_side_and_the_verdicts(scenario_run):
+    check_figures(scenario_run / "report.html", {"slowdown-policies", "slowdown-replicas"})
+    doc = json.loads((scenario_run / "scenarios.json").read_text())
+    page = (scenario_run / "report.html").read_text()
+    for v in doc["verdicts"]:
+        assert v[4:].replace("'", "&#x27;") in page
+    assert page.count('class="pass"') + page.count('class="fail"') == len(doc["verdicts"])
+
+
+def test_plan_report_holds_ranking_steps_frontier_pd_and_verdict(plan_run):
+    doc = json.loads((plan_run / "plan.json").read_text())
+    assert {p["kind"] for p in doc["plans"]} == {"colocated", "disaggregated"}
+    check_figures(plan_run / "report.html", {"frontier", "pd-ratio"})
+    page = (plan_run / "report.html").read_text()
+    for p in doc["plans"]:
+        for step in p["explanation"]:
+            assert f"<li>{step.replace('&', '&amp;').replace('<', '&lt;').replace('>', '&gt;')}</li>".replace(
+                "'", "&#x27;").replace('"', "&quot;") in page
+    assert page.count('<tr class="grey">') == len(doc["rejected"])
+    assert doc["disaggregation"]["reason"].replace("'", "&#x27;") in page
+
+
+def test_report_command_defaults_and_document_reports_match(plan_run, tmp_path, capsys):
+    src = tmp_path / "p.json"
+    src.write_text((plan_run / "plan.json").read_text())
+    assert main(["report", str(src)]) == 0
+    assert (tmp_path / "p.html").is_file() and (tmp_path / "p_figures" / "frontier.png").is_file()
+    doc = json.loads(src.read_text())
+    # The same document gives the same page whether read from a file or held in memory.
+    assert document_page(doc).html() == (tmp_path / "p.html").read_text()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["report", "missing-dir"], "no such file or directory"),
+    (["report", "pyproject.toml"], "not JSON"),
+])
+def test_bad_report_input_is_one_line_and_exit_2(argv, needle, capsys, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_unknown_schema_and_non_html_report_name_are_refused(tmp_path, capsys):
+    (tmp_path / "x.json").write_text('{"schema": "other/1"}')
+    assert main(["report", str(tmp_path / "x.json")]) == 2
+    assert "schema='other/1' is not a fleetwise result" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "x.json"), "-o", str(tmp_path / "r.pdf")]) == 2
+    assert "name it like r.html" in capsys.readouterr().err
+    with pytest.raises(Exception, match="no summary.json or scenarios.json"):
+        write_report(tmp_path, tmp_path / "r.html")
+
+
+def test_fault_log_becomes_periods():
+    log = [{"t_s": 10.0, "fault": 0, "kind": "crash", "phase": "crash", "target": "d-0"},
+           {"t_s": 30.0, "fault": 1, "kind": "slowdown", "phase": "start", "target": "p-1"},
+           {"t_s": 30.0, "fault": 0, "kind": "crash", "phase": "restart", "target": "d-0"},
+           {"t_s": 40.0, "fault": 1, "kind": "slowdown", "phase": "end", "target": "p-1"},
+           {"t_s": 60.0, "fault": 2, "kind": "rolling_upgrade", "phase": "drain", "target": "p-0"},
+           {"t_s": 61.0, "fault": 2, "kind": "rolling_upgrade", "phase": "down", "target": "p-0"},
+           {"t_s": 71.0, "fault": 2, "kind": "rolling_upgrade", "phase": "restart", "target": "p-0"},
+           {"t_s": 80.0, "fault": 3, "kind": "crash", "phase": "crash", "target": "d-1"}]
+    assert fault_spans(log, 100.0) == [(10.0, 30.0, "crash", "crash d-0"), (30.0, 40.0, "slowdown", "slowdown p-1"),
+                                       (61.0, 71.0, "rolling_upgrade", "rolling_upgrade p-0"),
+                                       (80.0, 100.0, "crash", "crash d-1")]
+
+
+def test_cdf_points_are_exact_when_small_and_quantiles_when_large():
+    x, y = cdf_points(np.array([3.0, 1.0, np.nan, 2.0]))
+    assert x.tolist() == [1.0, 2.0, 3.0] and y.tolist() == pytest.approx([1 / 3, 2 / 3, 1.0])
+    big = np.arange(10_000, dtype=float)
+    x, y = cdf_points(big)
+    assert len(x) == CDF_POINTS and x[0] == 0.0 and x[-1] == 9999.0 and y[-1] == 1.0
+
+
+def test_disaggregation_breakdown_of_the_kept_default_plan(tmp_path):
+    # `fleetwise plan` on the built-in question (kept: the equal-cost comparison needs a plan too big
+    # for a test run): colocated vs PD on the same GPUs.
+    src = ROOT / "benchmarks/results/report_examples/plan_default.json"
+    doc = json.loads(src.read_text())
+    figs = check_figures(write_report(src, tmp_path / "plan.html"),
+                         {"frontier", "pd-ratio", "disaggregation"})
+    dg = doc["disaggregation"]
+    svg = figs["disaggregation"]
+    assert "interference removed" in svg and "transfer cost added" in svg
+    for side in ("colocated", "disaggregated"):
+        assert f"{dg[side]['slo_attainment']:.1%} attain." in svg

@@ -27,8 +27,8 @@ EXIT_INTERNAL_ERROR = 70
 """Exit code of a fault in fleetwise itself (BSD sysexits EX_SOFTWARE)."""
 
 # Modules under fleetwise.cli that provide subcommands, in help order.
-SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "report_cmd", "fit_cmd", "catalog_cmd", "perf_cmd", "ledger_cmd",
-                      "gateway_cmd", "emulate_cmd")
+SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "report_cmd", "fit_cmd", "catalog_cmd", "perf_cmd",
+                      "ledger_cmd", "gateway_cmd", "emulate_cmd")
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -128,3 +128,27 @@ def test_monotone_in_batch_and_length(b, ctx, seq, model):
     assert bound.step_time_s(BatchShape.decode(b + 1, ctx)) >= bound.step_time_s(BatchShape.decode(b, ctx))
     assert bound.step_time_s(BatchShape.decode(b, ctx + 64)) >= bound.step_time_s(BatchShape.decode(b, ctx))
     assert bound.step_time_s(BatchShape.prefill(1, seq + 64)) >= bound.step_time_s(BatchShape.prefill(1, seq))
+
+
+def test_pp_round_is_one_micro_batch_of_the_whole_model():
+    """PP=2 keeps two micro-batches in flight: a step of 4 prompts takes what one stage-serial
+    step of 2 prompts takes, and a single sequence cannot be split (no gain, no loss)."""
+    par = ParallelismSpec(tp=4, pp=2)
+    piped = PerfModel().bind(make_dep("llama-3.1-70b", parallelism=par))
+    serial = PerfModel().bind(make_dep("llama-3.1-70b", parallelism=par, pp_microbatches=1))
+    assert piped.step_time_s(BatchShape.prefill(4, 2048)) == pytest.approx(
+        serial.step_time_s(BatchShape.prefill(2, 2048)), rel=1e-12)
+    assert piped.step_time_s(BatchShape.decode(128, 2048)) == pytest.approx(
+        serial.step_time_s(BatchShape.decode(64, 2048)), rel=1e-12)
+    assert piped.step_time_s(BatchShape.prefill(1, 8192)) == serial.step_time_s(BatchShape.prefill(1, 8192))
+    # Compute-bound prompts: the round takes about half the serial step, i.e. twice the throughput.
+    ratio = piped.step_time_s(BatchShape.prefill(8, 2048)) / serial.step_time_s(BatchShape.prefill(8, 2048))
+    assert 0.45 < ratio < 0.6
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), kv=st.integers(1, 600000), longest=st.integers(0, 8192), pp=st.sampled_from([2, 4]))
+def test_pp_decode_fast_path_equals_reference(n, kv, longest, pp):
+    bound = PerfModel().bind(make_dep("llama-3.1-70b", parallelism=ParallelismSpec(tp=4, pp=pp)))
+    shape = BatchShape(n, n, kv, float(kv), 0, 1, longest)
+    assert bound.decode_time_s(n, kv, longest) == bound.step_time_s(shape)

@@ -144,6 +144,10 @@ class BoundPerf:
             bw * p.kv_mem_eff)
         self._bind_comm(d, h)
         self._bind_overhead(d, p)
+        # PP with micro-batches in flight: a batch of S sequences splits into m = min(micro, S)
+        # micro-batches; in steady state each stage runs each micro-batch once per round, so every
+        # sequence advances one token per round = the whole model's time at 1/m of the batch.
+        self.micro = (d.pp_microbatches or par.pp) if par.pp > 1 else 1
         self._decode_consts: dict[int, tuple[float, float, float, float, float]] = {}
 
     # ---- binding phases -------------------------------------------------------------------
@@ -233,9 +237,13 @@ class BoundPerf:
         if c is None:
             c = self._decode_consts[n] = self._decode_terms(n)
         head, elem, comm_tp, comm_pp, comm_ep = c
-        dec_kv = kv if kv > 0 else 0
+        dec_kv: float = kv if kv > 0 else 0
+        rows: float = n
+        if self.micro > 1 and n > 1:  # as `_evaluate`: one micro-batch of the round
+            f = 1.0 / (self.micro if self.micro < n else n)
+            dec_kv, rows = dec_kv * f - 0 * f, n * f
         if longest <= 0:
-            longest = dec_kv / n  # type: ignore[assignment]
+            longest = dec_kv / rows  # type: ignore[assignment]
         sat = longest * self.seq_per_sat
         kv_m = self.kv_read * (sat if sat > dec_kv else dec_kv)  # max(): the same value
         a_dec = self.c_attn_dec * dec_kv
@@ -245,7 +253,7 @@ class BoundPerf:
             return (gpu ** p + self.host_s ** p) ** (1.0 / p)
         return gpu
 
-    def _gemm_terms(self, T: int, S: int) -> tuple[float, float, float, float, float, float, float]:
+    def _gemm_terms(self, T: float, S: float) -> tuple[float, float, float, float, float, float, float]:
         """Roofline sides of the dense GEMMs and LM head (T token rows, S sequence rows) and of
         the routed experts: (dense compute, dense memory, LM compute, LM memory, expert compute,
         expert memory, expert row traffic)."""
@@ -266,7 +274,9 @@ class BoundPerf:
         """For `decode_time_s`: the sum of `_evaluate`'s terms before attention (GEMMs, LM head,
         experts; the prompt-attention term is 0.0 without prompt rows), then elementwise and
         each communication term, evaluated exactly as `_evaluate` does for `n` decode rows."""
-        T = n
+        T: float = n
+        if self.micro > 1 and n > 1:
+            T = n * (1.0 / (self.micro if self.micro < n else n))
         d_c, d_m, l_c, l_m, x_c, x_m, x_r = self._gemm_terms(T, T)
         head = max(d_c, d_m) + max(l_c, l_m) + max(x_c, x_m) + x_r + 0.0
         return (head, self.e_tok * T, self.tp_tok * T + self.tp_fix, self.pp_tok * T + self.pp_fix,
@@ -279,17 +289,23 @@ class BoundPerf:
         return _cost(total, parts)
 
     def _evaluate(self, s: BatchShape, parts: dict[str, float] | None) -> float:
-        T = s.new_tokens
+        T: float = s.new_tokens
         if T <= 0:
             return 0.0
-        S = s.num_seqs if s.num_seqs > 0 else 1
+        S: float = s.num_seqs if s.num_seqs > 0 else 1
+        kv_read: float = s.kv_read_tokens
+        pairs: float = s.attn_pairs
+        pre: float = s.prefill_tokens
+        if self.micro > 1 and S > 1:  # one micro-batch of the round (see __init__)
+            f = 1.0 / (self.micro if self.micro < S else S)
+            T, S, kv_read, pairs, pre = T * f, S * f, kv_read * f, pairs * f, pre * f
         d_c, d_m, l_c, l_m, x_c, x_m, x_r = self._gemm_terms(T, S)
         # Attention: prompt rows compute-bound, decode rows bandwidth-bound on their KV.
-        dec = T - s.prefill_tokens
-        dec_kv = s.kv_read_tokens - s.prefill_tokens if dec > 0 else 0
+        dec = T - pre
+        dec_kv = kv_read - pre if dec > 0 else 0
         if dec_kv < 0:
             dec_kv = 0
-        pre_pairs = s.attn_pairs - dec_kv
+        pre_pairs = pairs - dec_kv
         a_pre = self.c_attn_pre * pre_pairs if pre_pairs > 0 else 0.0
         kv_m = 0.0
         if dec > 0:

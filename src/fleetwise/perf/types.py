@@ -104,6 +104,9 @@ class Deployment:
     expert_load_imbalance: float = 1.0
     """MoE only: max/mean routed tokens per EP rank. 1.0 is even routing (the synthetic calibration
     data, random routers); real traffic at ep >= 8 is typically 1.2-1.5. No effect at ep=1."""
+    pp_microbatches: int = 0
+    """Pipeline parallelism: micro-batches kept in flight (0: one per stage, as vLLM's virtual
+    engines do; 1: stages run one batch in series, no overlap)."""
 
     @property
     def gpus(self) -> int:

@@ -323,6 +323,12 @@ class Simulation:
             self.release_prefill(rep, i, now_s)
             self.recovery.lost(i, now_s, "decode_lost" if dec.state == DOWN else "decode_pool_full")
             return
+        if dec.model_version != rep.model_version:
+            # KV of one model version is meaningless to another: the decode side refuses the
+            # hand-off, the KV is freed and recovery prefills the request again (or fails it).
+            self.release_prefill(rep, i, now_s)
+            self.recovery.lost(i, now_s, "kv_version_skew")
+            return
         rec.kv_start_s[i] = now_s
         nbytes = dec.kv_bytes_per_token * self.recovery.request(i).prompt_tokens
         self.recovery.open_lease(i, rep, now_s, nbytes)

@@ -1,0 +1,46 @@
+"""A KV hand-off across model versions is refused and the request prefilled again."""
+
+from __future__ import annotations
+
+import math
+
+from fleetwise.core.request import Request
+from fleetwise.sim.runner import simulate
+from fleetwise.spec.plan import PlanSpec
+
+
+def _plan(prefill_versions: list[str], decode_version: str) -> PlanSpec:
+    pools = [{"name": f"p{k}", "role": "prefill", "accelerator": "h100-sxm", "model": "llama-3.1-8b",
+              "model_version": v} for k, v in enumerate(prefill_versions)]
+    pools.append({"name": "d", "role": "decode", "accelerator": "h100-sxm", "model": "llama-3.1-8b",
+                  "model_version": decode_version})
+    return PlanSpec(kv_link={"gbps": 100, "latency_s": 1e-3}, pools=pools)
+
+
+def test_skewed_handoff_is_refused_reprefilled_then_failed():
+    reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
+    res = simulate(_plan(["v1"], "v2"), reqs)
+    s = res.summary
+    # Every hand-off v1 -> v2 is refused: no KV moves, each request is prefilled twice, then fails.
+    assert s["kv_transfer"]["count"] == 0
+    assert s["requests_retried"] == 4
+    assert s["failure_reasons"] == {"kv_version_skew": 4}
+    assert all(math.isnan(t) for t in res.records.kv_start_s)
+
+
+def test_reprefill_on_a_matching_version_completes():
+    # Two prefill replicas, one per version: round-robin sends each request to p0 (v1) first and
+    # its retry to p1 (v2), whose version matches the decode replica: one refusal each, then done.
+    reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
+    res = simulate(_plan(["v1", "v2"], "v2"), reqs)
+    s = res.summary
+    assert s["requests_completed"] == 4 and s["requests_failed"] == 0
+    assert s["kv_transfer"]["count"] == 4
+    assert s["requests_retried"] == 4
+    assert list(res.records.prefill_worker) == [1, 1, 1, 1]
+
+
+def test_same_version_handoff_is_untouched():
+    reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
+    s = simulate(_plan(["v2"], "v2"), reqs).summary
+    assert (s["requests_completed"], s["requests_retried"], s["kv_transfer"]["count"]) == (4, 0, 4)

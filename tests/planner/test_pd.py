@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from fleetwise.planner.api import plan
-from fleetwise.planner.pipeline import PlanOptions, Search
+from fleetwise.planner.assemble import rank
+from fleetwise.planner.measure import run_fleet
+from fleetwise.planner.pipeline import PlanOptions, Search, _prepare
 from fleetwise.planner.report import to_json
+from fleetwise.planner.stages import check_claims
 from fleetwise.spec.planning import planning_spec_from_dict
 
 PD_SPEC: dict[str, Any] = {
@@ -52,3 +57,42 @@ def test_goodput_is_rate_times_attainment(pd_search: Search) -> None:
     for p in to_json(pd_search)["plans"]:
         pr = p["predicted"]
         assert pr["goodput_rps"] == pytest.approx(3.0 * pr["slo_attainment"], rel=0.03)
+
+
+def test_claims_are_measured_for_every_pd_plan(pd_search: Search) -> None:
+    plans = to_json(pd_search)["plans"]
+    assert len(plans) == 2
+    for p in plans:
+        claims = {c["claim"]: c for c in p["claims"]}
+        # No failure spares and no upgrades asked for: the plan makes no fault claims.
+        assert list(claims) == ["prefill and decode run apart", "KV transfer cost stays bounded",
+                                "the two pools' queues balance"]
+        assert all(c["holds"] for c in claims.values())
+        assert "prompts x1.25/outputs /1.25" in str(claims["the two pools' queues balance"]["evidence"])
+        assert "demoted" not in p
+
+
+def test_a_failed_claim_demotes_the_plan_with_its_reason(pd_search: Search) -> None:
+    # The cheapest plan's fleet behind a 2 GB/s KV link: a 6k-token prompt's KV (0.8 GB) takes
+    # ~0.4 s, over 20% of the TTFT target. Its claims, measured on that fleet, fail the KV bound,
+    # and ranking puts it below the dearer plan whose claims hold.
+    _, ctx, _ = _prepare(pd_search.spec)
+    cheap, dear = pd_search.ranked[0], pd_search.ranked[1]
+    assert cheap.refined is not None and cheap.cost_per_hour < dear.cost_per_hour
+    slow = replace(cheap.refined.full, kv_link_bytes_per_s=2e9)
+    base = run_fleet(ctx.spec, ctx.mix, slow, ctx.prices, 3.0, seed=0)
+    claims = check_claims(ctx, slow, None, base)
+    kv = next(c for c in claims.results if c["claim"] == "KV transfer cost stays bounded")
+    # The slow link also leaves no TTFT room for longer prompts: the balance claim fails too.
+    assert kv["holds"] is False
+    assert claims.failed == ["KV transfer cost stays bounded", "the two pools' queues balance"]
+    demoted = copy.copy(cheap)
+    demoted.claims = claims
+    again = copy.copy(pd_search)
+    again.rejected, again.disaggregation = [], {}
+    rank(again, [demoted, dear])
+    assert [c.key for c in again.ranked] == [dear.key, cheap.key]
+    row = to_json(again)["plans"][1]
+    assert row["demoted"] == ("demoted: claim(s) failed in simulation: KV transfer cost stays bounded; "
+                              "the two pools' queues balance")
+    assert row["explanation"][-1] == row["demoted"]

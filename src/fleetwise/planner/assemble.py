@@ -190,13 +190,12 @@ def _equal_cost_task(ctx: Context, item: tuple[FleetShape, FleetShape]) -> tuple
 def compare(search: Search, ctx: Context, ex: Executor, chosen: list[Candidate]) -> None:
     ok = [c for c in chosen if c.refined and c.refined.passed]
     colo = min((c for c in ok if c.kind == "colocated"), key=lambda c: c.cost_per_hour, default=None)
-    hetero = min((c for c in chosen if c.kind == "heterogeneous" and c.refined), key=lambda c: c.cost_per_hour,
-                 default=None)
-    if hetero is not None and hetero.refined and hetero.refined.seeds:
-        colo_tpot = colo.refined.seeds[0].tpot["p99"] if colo and colo.refined else None
-        item = (hetero.refined.full, colo_tpot, hetero.refined.seeds[0])
-        hetero.claims = ex.map(_claims_task, ctx, [item])[0]
-        search.simulations += hetero.claims.runs
+    colo_tpot = colo.refined.seeds[0].tpot["p99"] if colo and colo.refined else None
+    split = [c for c in ok if c.kind != "colocated" and c.refined and c.refined.seeds]
+    items = [(c.refined.full, colo_tpot, c.refined.seeds[0]) for c in split if c.refined]
+    for c, claims in zip(split, ex.map(_claims_task, ctx, items), strict=True):
+        c.claims = claims
+        search.simulations += claims.runs
     if colo is not None and colo.refined:
         _equal_cost(search, ctx, ex, colo)
 
@@ -258,7 +257,9 @@ def rank(search: Search, chosen: list[Candidate]) -> None:
         bad = next((v for v in r.seeds if not v.passed), r.confirm)
         detail = _miss(search, bad) if bad else "no simulation result"
         search.rejected.append(Rejection(c.key, f"missed the SLO in simulation at the target rate: {detail}"))
-    good.sort(key=lambda c: (c.cost_per_hour, -_mean(c.refined.seeds, "goodput_rps") if c.refined else 0.0, c.key))
+    # A plan whose claims fail is demoted below every plan whose claims hold (or that makes none).
+    good.sort(key=lambda c: (bool(c.claims and c.claims.failed), c.cost_per_hour,
+                             -_mean(c.refined.seeds, "goodput_rps") if c.refined else 0.0, c.key))
     search.ranked = good
     _reconcile(search)
     if not good and search.infeasible is None:

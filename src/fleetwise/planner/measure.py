@@ -87,6 +87,9 @@ class SimVerdict:
     kv_transfer: dict[str, float] = field(default_factory=dict)
     utilization: dict[str, float] = field(default_factory=dict)
     """Mean utilisation per role."""
+    retried: int = 0
+    """Requests routed a second time (a crash with retry, a refused KV hand-off)."""
+    failure_reasons: dict[str, int] = field(default_factory=dict)
     waits: dict[str, float] = field(default_factory=dict)
     """SLO-percentile seconds of `prefill_queue` (arrival to first prefill step) and, in PD plans,
     `decode_wait` (KV landed to first token: the decode pool's admission queue)."""
@@ -161,7 +164,8 @@ def _judge(summary: dict[str, Any], spec: PlanningSpec, check: Check, rate: floa
         {k: float(tpot[k]) for k in ("p50", "p90", "p99")}, float(summary["slo_attainment"]),
         good, int(summary["requests_failed"]),
         {k: float(kv[k]) for k in ("p50_s", "p99_s") if k in kv},
-        {role: sum(v) / len(v) for role, v in util.items() if v}, waits)
+        {role: sum(v) / len(v) for role, v in util.items() if v}, int(summary.get("requests_retried", 0)),
+        dict(summary.get("failure_reasons", {})), waits)
 
 
 def run_fleet(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,

@@ -56,6 +56,13 @@ class Candidate:
     refined: Refined | None = None
     claims: Claims | None = None
 
+    @property
+    def demoted(self) -> str | None:
+        """Why the plan ranks below the plans whose claims hold (None when its claims hold)."""
+        if self.claims is None or not self.claims.failed:
+            return None
+        return "demoted: claim(s) failed in simulation: " + "; ".join(self.claims.failed)
+
 
 @dataclass
 class Search:

@@ -105,6 +105,9 @@ def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
         d["pd_ratio"] = f"{full.pool('prefill').replicas}:{full.pool('decode').replicas}"
     if c.claims is not None:
         d["claims"] = c.claims.results
+    if c.demoted:
+        d["demoted"] = c.demoted
+        d["explanation"] = [*d["explanation"], c.demoted]  # type: ignore[misc]
     return d
 
 

@@ -21,7 +21,7 @@ def test_skewed_handoff_is_refused_reprefilled_then_failed():
     reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
     res = simulate(_plan(["v1"], "v2"), reqs)
     s = res.summary
-    # Every hand-off v1 -> v2 is refused: no KV moves, each request is prefilled twice, then fails.
+    # Every hand-off v1 -> v2 is refused: no KV moves; prefilled again up to max_reprefills, then failed.
     assert s["kv_transfer"]["count"] == 0
     assert s["requests_retried"] == 4
     assert s["failure_reasons"] == {"kv_version_skew": 4}
@@ -30,7 +30,7 @@ def test_skewed_handoff_is_refused_reprefilled_then_failed():
 
 def test_reprefill_on_a_matching_version_completes():
     # Two prefill replicas, one per version: round-robin sends each request to p0 (v1) first and
-    # its retry to p1 (v2), whose version matches the decode replica: one refusal each, then done.
+    # its re-prefill to p1 (v2), whose version matches the decode replica: one refusal each, then done.
     reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
     res = simulate(_plan(["v1", "v2"], "v2"), reqs)
     s = res.summary

@@ -42,7 +42,7 @@ import numpy as np
 
 from fleetwise.perf import Deployment, PerfModel, SeqWork
 from fleetwise.sim.runner import SimOptions, SimResult, simulate
-from fleetwise.sim.workload import generate
+from fleetwise.workload.generate import generate
 from fleetwise.spec import catalog
 from fleetwise.spec.parallel import ParallelismSpec
 from fleetwise.spec.plan import PlanSpec

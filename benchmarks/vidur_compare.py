@@ -12,7 +12,7 @@ else the first of ~/.pyenv/versions/3.11*, 3.10*, python3.11, python3.10 found) 
 
 One run does, in order:
 1. The request set: the first --requests rows of the Azure conversation trace
-   (fleetwise.sim.traces.load_trace), arrivals rescaled to --rate requests/s, prompts clipped so
+   (fleetwise.workload.traces.load_trace), arrivals rescaled to --rate requests/s, prompts clipped so
    prompt + output <= --max-tokens (Vidur's trace replay does the same clip).
 2. Offline Vidur inputs in a temporary work dir (never the repo): the same requests as Vidur's
    trace-replay CSV (Date, Time, PromptTokenCount, CompletionTokenCount), and synthetic
@@ -177,7 +177,7 @@ def ensure_venv(venv: Path, python: str | None, version: str) -> Path:
 def load_requests(trace: Path, n: int, rate: float | None, max_tokens: int):
     from dataclasses import replace
 
-    from fleetwise.sim.traces import load_trace
+    from fleetwise.workload.traces import load_trace
 
     reqs = load_trace(trace, rate_rps=rate, max_requests=n)
     return [r if r.prompt_tokens + r.output_tokens <= max_tokens

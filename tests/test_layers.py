@@ -36,7 +36,7 @@ SIBLINGS_APART = {("engine", "routing"), ("routing", "engine"), ("planner", "gat
                   ("live", "sim"), ("sim", "live")}
 """Pairs that must never import each other: a live driver (gateway, emulator, live) never imports
 `sim`, and the simulator never imports the live side."""
-PURE = {"spec", "core", "perf", "engine", "routing", "sim"}
+PURE = {"spec", "core", "perf", "workload", "engine", "routing", "sim"}
 FORBIDDEN_IN_PURE = {"asyncio", "threading", "httpx", "starlette", "uvicorn", "random", "socket"}
 CLOCK_CALLS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"), ("datetime", "now")}
 # The simulator reports its own wall-clock duration (`sim_wall_s`); only its runner may read it.

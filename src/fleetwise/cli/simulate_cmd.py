@@ -92,12 +92,12 @@ def load_plan(args: argparse.Namespace) -> PlanSpec:
 
 def load_requests(args: argparse.Namespace) -> list[Request]:
     if args.workload:
-        from fleetwise.sim.workload import generate
         from fleetwise.spec.workload import WorkloadSpec
+        from fleetwise.workload.generate import generate
 
         reqs = generate(load_document(WorkloadSpec, args.workload), seed=args.seed)
         return reqs[: args.requests] if args.requests else reqs
-    from fleetwise.sim.traces import load_trace
+    from fleetwise.workload.traces import load_trace
 
     return load_trace(args.trace, time_scale=args.time_scale, rate_rps=args.rate, max_requests=args.requests,
                       seed=args.seed)

@@ -108,7 +108,7 @@ def build_mix(spec: PlanWorkloadSpec, n: int, seed: int = 0) -> LengthMix:
 
 
 def _mix_from_trace(spec: PlanWorkloadSpec, n: int, seed: int) -> LengthMix:
-    from fleetwise.sim.traces import load_trace
+    from fleetwise.workload.traces import load_trace
 
     assert spec.trace is not None
     fmt = None if spec.trace.format == "auto" else spec.trace.format

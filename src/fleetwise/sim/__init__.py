@@ -14,7 +14,7 @@ __all__ = ["SimOptions", "SimResult", "simulate"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: importing fleetwise.sim.workload (a colleague's module) must not pull the whole runner.
+    # Lazy: importing one module of the simulator must not pull the whole runner.
     if name in __all__:
         from fleetwise.sim import runner
 

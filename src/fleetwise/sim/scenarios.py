@@ -31,13 +31,13 @@ from fleetwise.routing.registry import DEFAULT_POLICY, policy_names
 from fleetwise.sim.results import request_metrics
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.sim.scenario_stats import mean_ci, paired_ci
-from fleetwise.sim.workload import generate
 from fleetwise.spec.base import Spec, read_document, validate
 from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.routing import deep_merge
 from fleetwise.spec.slo import SLOSpec
 from fleetwise.spec.workload import TraceArrival, WorkloadSpec
+from fleetwise.workload.generate import generate
 
 __all__ = [
     "BASELINE",
@@ -186,7 +186,7 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
 
 def _with_trace(spec: ScenarioSpec, trace: str, rate_rps: float | None, max_requests: int | None,
                 seeds: int) -> tuple[ScenarioSpec, str]:
-    from fleetwise.sim.traces import read_trace
+    from fleetwise.workload.traces import read_trace
 
     table = read_trace(trace)
     n = max(1, len(table) // max(seeds, 1)) if max_requests is None else max_requests

@@ -1,8 +1,8 @@
 """`WorkloadSpec`: what clients send and when (arrival process x lengths x prefix sharing x tenants).
 
 Owns the declared shape of a workload and its validation. Does not draw any numbers: the
-generator in `fleetwise.sim.workload` turns a spec and a seed into `Request`s, and the trace
-loaders in `fleetwise.sim.traces` read the files a `trace` arrival or an `empirical` length
+generator in `fleetwise.workload.generate` turns a spec and a seed into `Request`s, and the trace
+loaders in `fleetwise.workload.traces` read the files a `trace` arrival or an `empirical` length
 distribution points at.
 
 Semantics worth knowing (docs/workloads.md has the long form):
@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 from fleetwise.spec.base import Spec
 
 TraceFormat = Literal["azure", "mooncake", "burstgpt", "length_stats"]
-"""Trace file formats `fleetwise.sim.traces` can read (auto-detected from the header when unset)."""
+"""Trace file formats `fleetwise.workload.traces` can read (auto-detected from the header when unset)."""
 
 _Z99 = NormalDist().inv_cdf(0.99)
 

@@ -2,7 +2,7 @@
 
 Owns drawing arrivals, lengths, sessions, shared prefixes, tenants and version pins, all as
 numpy columns (one vectorised draw per quantity), and assigning chained block hashes. Does not
-read trace formats (`fleetwise.sim.traces` does) nor know about engines or routing.
+read trace formats (`fleetwise.workload.traces` does) nor know about engines or routing.
 
 Randomness: one named stream per purpose (`workload.arrivals`, `workload.turns`,
 `workload.think_time`, `workload.input_tokens`, `workload.output_tokens`, `workload.lengths`,
@@ -32,14 +32,6 @@ import numpy as np
 from fleetwise.core.request import Request
 from fleetwise.core.rng import RngStreams
 from fleetwise.errors import SpecError
-from fleetwise.sim.traces import (
-    TraceTable,
-    gc_paused,
-    read_length_stats,
-    read_trace,
-    replay_arrivals,
-    to_requests,
-)
 from fleetwise.spec.workload import (
     EmpiricalLengths,
     FixedLength,
@@ -50,6 +42,14 @@ from fleetwise.spec.workload import (
     TraceArrival,
     UniformLength,
     WorkloadSpec,
+)
+from fleetwise.workload.traces import (
+    TraceTable,
+    gc_paused,
+    read_length_stats,
+    read_trace,
+    replay_arrivals,
+    to_requests,
 )
 
 _MAX_GROWTH_ROUNDS = 10  # at most 1024x the first guess of sessions

@@ -2,7 +2,7 @@
 
 Owns reading request traces by their own column or field names, turning them into
 `fleetwise.core.request.Request`s with arrivals starting at 0, and `trace_stats`. Does not
-synthesise workloads (`fleetwise.sim.workload` does, and calls `read_trace` for `trace`
+synthesise workloads (`fleetwise.workload.generate` does, and calls `read_trace` for `trace`
 arrivals and `read_length_stats` for `empirical` lengths).
 
 Formats (detected from the header line; `format=` overrides):

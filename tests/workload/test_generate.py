@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
-from fleetwise.sim.traces import trace_stats
-from fleetwise.sim.workload import generate
 from fleetwise.spec.base import validate
 from fleetwise.spec.workload import WorkloadSpec
+from fleetwise.workload.generate import generate
+from fleetwise.workload.traces import trace_stats
 
 FIXED_LENGTHS = {"kind": "independent", "input": {"kind": "fixed", "tokens": 700},
                  "output": {"kind": "fixed", "tokens": 50}}

@@ -11,7 +11,7 @@ import pytest
 
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
-from fleetwise.sim.traces import (
+from fleetwise.workload.traces import (
     detect_format,
     load_trace,
     prefix_reuse_fraction,

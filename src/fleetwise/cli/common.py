@@ -1,21 +1,100 @@
-"""Helpers shared by subcommands: the --model/--gpu/--json arguments, JSON output, rich console.
+"""Helpers shared by subcommands: the --model/--gpu/--json arguments, flag checks, JSON output, console.
 
 Owns argument spelling and output conventions so every subcommand reads the same way; does not
-own any subcommand's logic.
+own any subcommand's logic. Flags are checked before any work: numeric flags by `int_flag` /
+`float_flag` (finite, within bounds, as argparse types, so a bad value is one usage line), flags
+that a spec also declares by that very spec (`spec_from_flags`, errors name the flag), and output
+paths by `fleetwise.spec.inputs.check_writable_*`.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
+from fleetwise.core.request import Request
+from fleetwise.errors import SpecError, quote
 from fleetwise.spec.catalog import resolve_gpu, resolve_model
 from fleetwise.spec.hardware import AcceleratorSpec
-from fleetwise.spec.inputs import strict_json_dumps
+from fleetwise.spec.inputs import (
+    OVER_CONTEXT_POLICIES,
+    fit_to_context,
+    request_tokens_problem,
+    strict_json_dumps,
+)
 from fleetwise.spec.model import ModelSpec
+
+T = TypeVar("T", bound=BaseModel)
+
+SEED_MAX = 2**63 - 1
+"""Largest seed: numpy's SeedSequence takes non-negative integers; 63 bits keep it a C long."""
+
+
+def int_flag(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """argparse type: a whole number within [minimum, maximum] (`--requests 0` is an error, not 'all')."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip().replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {quote(text)}") from None
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:,}, got {quote(text)}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,} (see docs/errors.md), got {quote(text)}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def float_flag(minimum: float | None = None, maximum: float | None = None,
+               positive: bool = False) -> Callable[[str], float]:
+    """argparse type: a finite number within [minimum, maximum] (> 0 when `positive`); never nan or inf."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {quote(text)}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {quote(text)}")
+        if positive and value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {quote(text)}")
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {quote(text)}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {quote(text)}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def add_seed_arg(parser: argparse.ArgumentParser, help: str = "seed (default 0)") -> None:
+    parser.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, metavar="S", help=help)
+
+
+def spec_from_flags(model: type[T], flags: Mapping[str, tuple[str, Any]], **fixed: Any) -> T:
+    """Validate flag values with the spec a file would use: `flags` maps field -> (flag, value);
+    unset (None) values are left to the spec's defaults. A bad value is a SpecError naming the flag."""
+    data = {f: v for f, (_, v) in flags.items() if v is not None} | fixed
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        field = str(e["loc"][0]) if e["loc"] else ""
+        flag = flags[field][0] if field in flags else (field or model.__name__)
+        msg = e["msg"].removeprefix("Value error, ")
+        got = "" if e["type"] == "missing" or not e["loc"] else f"={quote(e.get('input'))}"
+        raise SpecError(f"{flag}{got}: {msg}") from None
 
 
 def add_model_arg(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -63,3 +142,38 @@ def fmt_bytes(x: float) -> str:
 def fmt_count(x: float) -> str:
     """Parameter counts: 70.6B, 1.03T."""
     return f"{x / 1e12:.2f}T" if x >= 1e12 else f"{x / 1e9:.1f}B"
+
+
+def add_over_context_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--over-context", choices=OVER_CONTEXT_POLICIES, default="reject",
+                        help="a request whose prompt + output exceeds the model's context, or with an empty prompt "
+                             "or output: reject the run (default, like vLLM's 400), truncate it to fit, or skip it; "
+                             "the summary counts truncated and skipped requests")
+
+
+def apply_context_limit(requests: list[Request], max_context_tokens: int, policy: str,
+                        where: str) -> tuple[list[Request], dict[str, int]]:
+    """Requests that fit the model's context, per `policy` (see `OVER_CONTEXT_POLICIES`), and the
+    counts {truncated, skipped}. `reject` raises SpecError naming the first offending request."""
+    counts = {"max_context_tokens": max_context_tokens, "truncated": 0, "skipped": 0}
+    bad = [i for i, r in enumerate(requests)
+           if r.prompt_tokens < 1 or r.output_tokens < 1 or r.prompt_tokens + r.output_tokens > max_context_tokens]
+    if not bad:
+        return requests, counts
+    if policy == "reject":
+        r = requests[bad[0]]
+        problem = request_tokens_problem(r.prompt_tokens, r.output_tokens, max_context_tokens)
+        raise SpecError(f"{where}: request {r.request_id} (of {len(bad):,} such): {problem}; "
+                        "fix the workload or pass --over-context truncate|skip")
+    out = list(requests)
+    for i in reversed(bad):
+        r = out[i]
+        if policy == "skip" or r.prompt_tokens < 1 or r.output_tokens < 1:
+            del out[i]
+            counts["skipped"] += 1
+            continue
+        prompt, output = fit_to_context(r.prompt_tokens, r.output_tokens, max_context_tokens)
+        blocks = -(-prompt // r.hash_block_tokens)
+        out[i] = replace(r, prompt_tokens=prompt, output_tokens=output, block_hashes=r.block_hashes[:blocks])
+        counts["truncated"] += 1
+    return out, counts

@@ -17,14 +17,30 @@ from typing import Any
 from rich.console import Console
 
 from fleetwise.cli import progress
+from fleetwise.cli.common import (
+    add_over_context_arg,
+    add_seed_arg,
+    apply_context_limit,
+    float_flag,
+    int_flag,
+    spec_from_flags,
+)
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.base import load_document
-from fleetwise.spec.faults import FaultScenario
-from fleetwise.spec.plan import PlanSpec
+from fleetwise.spec.faults import FaultScenario, check_faults_apply
+from fleetwise.spec.inputs import (
+    MAX_DURATION_S,
+    MAX_REPLICAS,
+    MAX_REQUESTS,
+    check_writable_dir,
+    check_writable_file,
+)
+from fleetwise.spec.plan import PlanSpec, resolve_pool
 from fleetwise.spec.slo import SLOSpec
+from fleetwise.spec.workload import TraceArrival
 
 
 def register(subparsers: Any) -> None:
@@ -38,15 +54,17 @@ def register(subparsers: Any) -> None:
     src.add_argument("--workload", metavar="W.yaml", help="workload spec file")
     src.add_argument("--trace", metavar="FILE", help="trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, ...)")
     p.add_argument("--faults", metavar="F.yaml", help="fault scenario file")
-    p.add_argument("--seed", type=int, default=0, help="seed for workload, routing and replay (default 0)")
-    p.add_argument("--requests", type=int, default=None, metavar="N", help="keep only the first N requests")
+    add_seed_arg(p, "seed for workload, routing and replay (default 0)")
+    p.add_argument("--requests", type=int_flag(1, MAX_REQUESTS), default=None, metavar="N",
+                   help="keep only the first N requests (generated lazily: a bigger workload is cut, not built)")
     p.add_argument("--rate", type=float, default=None, metavar="RPS", help="replay the trace at this mean rate")
-    p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace inter-arrival times")
-    p.add_argument("--feedback-delay", type=float, default=0.0, metavar="S",
+    p.add_argument("--time-scale", type=float, default=None, help="multiply trace inter-arrival times (default 1)")
+    p.add_argument("--feedback-delay", type=float_flag(0.0, MAX_DURATION_S), default=0.0, metavar="S",
                    help="router view refresh period in seconds (0 = exact per-request views)")
     p.add_argument("--ttft-slo", type=float, default=None, metavar="S", help="TTFT target for goodput")
     p.add_argument("--tpot-slo", type=float, default=None, metavar="S", help="TPOT target for goodput")
     p.add_argument("--e2e-slo", type=float, default=None, metavar="S", help="end-to-end target for goodput")
+    add_over_context_arg(p)
     p.add_argument("--records", choices=("csv", "parquet"), default="csv", help="per-request records format")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar (same as --quiet)")
     progress.add_quiet_flag(p)
@@ -63,8 +81,8 @@ def register(subparsers: Any) -> None:
     q = p.add_argument_group("quick start (no plan file)")
     q.add_argument("--model", help="catalog model name or model file")
     q.add_argument("--gpu", help="catalog accelerator name")
-    q.add_argument("--replicas", type=int, default=1, help="colocated replicas (default 1)")
-    q.add_argument("--tp", type=int, default=1, help="tensor parallel degree per replica (default 1)")
+    q.add_argument("--replicas", type=int_flag(1, MAX_REPLICAS), default=1, help="colocated replicas (default 1)")
+    q.add_argument("--tp", type=int_flag(1), default=1, help="tensor parallel degree per replica (default 1)")
     p.set_defaults(func=run)
 
 
@@ -95,22 +113,47 @@ def load_requests(args: argparse.Namespace) -> list[Request]:
         from fleetwise.spec.workload import WorkloadSpec
         from fleetwise.workload.generate import generate
 
-        reqs = generate(load_document(WorkloadSpec, args.workload), seed=args.seed)
+        if args.rate is not None or args.time_scale is not None:
+            raise SpecError("--rate/--time-scale apply only with --trace; set the rate in the workload file")
+        spec = load_document(WorkloadSpec, args.workload)
+        if args.requests and (spec.num_requests is None or spec.num_requests > args.requests):
+            spec = spec.model_copy(update={"num_requests": args.requests})  # generate only what is kept
+        reqs = generate(spec, seed=args.seed)
         return reqs[: args.requests] if args.requests else reqs
     from fleetwise.workload.traces import load_trace
 
-    return load_trace(args.trace, time_scale=args.time_scale, rate_rps=args.rate, max_requests=args.requests,
-                      seed=args.seed)
+    arrival = spec_from_flags(TraceArrival, {"path": ("--trace", args.trace), "rate_rps": ("--rate", args.rate),
+                                             "time_scale": ("--time-scale", args.time_scale),
+                                             "max_requests": ("--requests", args.requests)})
+    return load_trace(arrival.path, time_scale=arrival.time_scale, rate_rps=arrival.rate_rps,
+                      max_requests=arrival.max_requests, seed=args.seed)
+
+
+def max_context_tokens(plan: PlanSpec) -> int:
+    """The smallest context window over the plan's models (every replica must fit a request)."""
+    return min(resolve_pool(pool, f"pools.{i}")[0].max_context_tokens for i, pool in enumerate(plan.pools))
 
 
 def run(args: argparse.Namespace) -> int:
+    slo = spec_from_flags(SLOSpec, {"ttft_max_s": ("--ttft-slo", args.ttft_slo),
+                                    "tpot_max_s": ("--tpot-slo", args.tpot_slo),
+                                    "e2e_max_s": ("--e2e-slo", args.e2e_slo)})
+    check_writable_dir(args.out, "--out")
+    check_report_path(args.report)
+    if args.trace_events:
+        check_writable_file(args.trace_events, "--trace-events")
     plan = load_plan(args)
     faults = FaultScenario.load(args.faults) if args.faults else None
+    if faults is not None:
+        check_faults_apply(faults, plan, args.faults)
     reqs = load_requests(args)
     if not reqs:
         raise SpecError("the workload produced no requests; check num_requests/duration_s or the trace file")
-    check_report_path(args.report)
-    slo = SLOSpec(ttft_max_s=args.ttft_slo, tpot_max_s=args.tpot_slo, e2e_max_s=args.e2e_slo)
+    reqs, over_context = apply_context_limit(reqs, max_context_tokens(plan), args.over_context,
+                                             args.workload or args.trace)
+    if not reqs:
+        raise SpecError(f"--over-context={args.over_context}: every request was skipped; none fits the model's "
+                        f"context of {over_context['max_context_tokens']:,} tokens")
     window = recorder = None
     if args.trace_events or args.trace_requests or args.trace_window:
         if not args.trace_events:
@@ -125,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
                           on_progress=(lambda now, last: update(min(now / last, 1.0)))
                           if progress.wanted(quiet) else None)  # no callback: the event loop's fast path
         res = simulate(plan, reqs, faults, opts)
+    res.summary["over_context"] = {"policy": args.over_context, **over_context}
     paths = res.write(Path(args.out), args.records)
     _print(res.summary, paths)
     if recorder is not None and window is not None:

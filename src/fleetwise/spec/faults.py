@@ -8,11 +8,15 @@ Replicas are named `<pool>-<index>` (index from 0), as in the plan's per-replica
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from fleetwise.errors import SpecError, quote
 from fleetwise.spec.base import Spec, load_document
+
+if TYPE_CHECKING:
+    from fleetwise.spec.plan import PlanSpec
 
 
 class ReplicaCrash(Spec):
@@ -128,3 +132,27 @@ class FaultScenario(Spec):
 def _check_interval(start_s: float, end_s: float) -> None:
     if end_s <= start_s:
         raise ValueError(f"end_s={end_s} must be after start_s={start_s}")
+
+
+def check_faults_apply(scenario: FaultScenario, plan: PlanSpec, where: str = "faults") -> None:
+    """SpecError for a fault that cannot act on `plan`: an unknown replica or pool, or a KV-path
+    fault (`kv_link`, `decode_full`) on a colocated plan, which has no KV path, so it would do nothing."""
+    replicas = {p.name: p for p in plan.pools}
+    for k, f in enumerate(scenario.faults):
+        at = f"{where}: faults.{k} ({f.kind})"
+        if isinstance(f, KvLinkFault | DecodeFull) and not plan.disaggregated:
+            raise SpecError(f"{at}: plan {quote(plan.name)} is colocated (no prefill-to-decode KV path), so this "
+                            "fault would change nothing; remove it or use a prefill/decode plan")
+        name = getattr(f, "replica", None)
+        if name is not None:
+            pool_name, _, index = name.rpartition("-")
+            pool = replicas.get(pool_name)
+            if pool is None or not index.isdigit() or int(index) >= pool.replicas:
+                known = ", ".join(f"{p.name}-0..{p.replicas - 1}" for p in plan.pools[:4])
+                raise SpecError(f"{at}: replica={quote(name)} is not in the plan; its replicas are {known}")
+            if isinstance(f, DecodeFull) and pool.role != "decode":
+                raise SpecError(f"{at}: replica={quote(name)} is a {pool.role} replica; decode_full applies to "
+                                "decode replicas")
+        if isinstance(f, RollingUpgrade) and f.pool not in replicas:
+            raise SpecError(f"{at}: pool={quote(f.pool)} is not a pool of the plan; pools are "
+                            f"{', '.join(p.name for p in plan.pools[:8])}")

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from fleetwise.errors import SpecError, quote
 from fleetwise.spec.base import Spec, load_document
+from fleetwise.spec.inputs import MAX_DURATION_S, MAX_FACTOR, MIN_FACTOR
 
 if TYPE_CHECKING:
     from fleetwise.spec.plan import PlanSpec
@@ -25,9 +26,9 @@ class ReplicaCrash(Spec):
     kind: Literal["crash"] = "crash"
     replica: str
     """Replica name, `<pool>-<index>`."""
-    at_s: float = Field(ge=0)
+    at_s: float = Field(ge=0, le=MAX_DURATION_S)
     """Virtual time of the crash."""
-    restart_after_s: float | None = Field(default=60.0, ge=0)
+    restart_after_s: float | None = Field(default=60.0, ge=0, le=MAX_DURATION_S)
     """Cold-start delay until the replica serves again; null = never comes back."""
 
 
@@ -37,9 +38,9 @@ class Slowdown(Spec):
     kind: Literal["slowdown"] = "slowdown"
     replica: str
     """Replica name, `<pool>-<index>`."""
-    start_s: float = Field(ge=0)
-    end_s: float = Field(gt=0)
-    factor: float = Field(gt=0)
+    start_s: float = Field(ge=0, le=MAX_DURATION_S)
+    end_s: float = Field(gt=0, le=MAX_DURATION_S)
+    factor: float = Field(ge=MIN_FACTOR, le=MAX_FACTOR)
     """Step-time multiplier (2.0 = half speed)."""
 
     @model_validator(mode="after")
@@ -58,8 +59,8 @@ class KvLinkFault(Spec):
     kind: Literal["kv_link"] = "kv_link"
     replica: str | None = None
     """Replica whose port is affected (`<pool>-<index>`); null = every KV port."""
-    start_s: float = Field(ge=0)
-    end_s: float = Field(gt=0)
+    start_s: float = Field(ge=0, le=MAX_DURATION_S)
+    end_s: float = Field(gt=0, le=MAX_DURATION_S)
     bandwidth_factor: float = Field(ge=0, le=1)
     """Fraction of bandwidth left (0 = link down)."""
 
@@ -76,8 +77,8 @@ class DecodeFull(Spec):
     kind: Literal["decode_full"] = "decode_full"
     replica: str | None = None
     """Decode replica that refuses (`<pool>-<index>`); null = every decode replica."""
-    start_s: float = Field(ge=0)
-    end_s: float = Field(gt=0)
+    start_s: float = Field(ge=0, le=MAX_DURATION_S)
+    end_s: float = Field(gt=0, le=MAX_DURATION_S)
 
     @model_validator(mode="after")
     def _check(self) -> DecodeFull:
@@ -89,8 +90,8 @@ class StaleView(Spec):
     """The router's view of the fleet stops refreshing during [start_s, end_s) (control plane stall)."""
 
     kind: Literal["stale_view"] = "stale_view"
-    start_s: float = Field(ge=0)
-    end_s: float = Field(gt=0)
+    start_s: float = Field(ge=0, le=MAX_DURATION_S)
+    end_s: float = Field(gt=0, le=MAX_DURATION_S)
 
     @model_validator(mode="after")
     def _check(self) -> StaleView:
@@ -105,10 +106,10 @@ class RollingUpgrade(Spec):
     kind: Literal["rolling_upgrade"] = "rolling_upgrade"
     pool: str
     """Pool name in the plan."""
-    start_s: float = Field(ge=0)
+    start_s: float = Field(ge=0, le=MAX_DURATION_S)
     new_model_version: str
     """Model version the replicas report after the upgrade."""
-    restart_after_s: float = Field(default=30.0, ge=0)
+    restart_after_s: float = Field(default=30.0, ge=0, le=MAX_DURATION_S)
     """Cold-start delay of each replica once drained."""
 
 

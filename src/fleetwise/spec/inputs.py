@@ -59,6 +59,13 @@ MAX_REPLICAS = 10_000
 """Most replicas in one plan (all pools). The simulator and the router keep per-replica state and
 score every eligible replica per request; 10k replicas of 8 GPUs is 80k GPUs, beyond any
 published single-model serving fleet."""
+MAX_GPUS = 80_000
+"""Most GPUs a plan search may use (`search.max_gpus`): MAX_REPLICAS replicas' worth of 8-GPU nodes."""
+MAX_ENGINE_SEQS = 65_536
+"""Most sequences one replica may run at once (vLLM's default is 256); per-sequence state is
+kept for each, and no accelerator holds the KV of more."""
+MAX_BLOCK_TOKENS = 1_024
+"""Largest KV block in tokens (vLLM offers 8 to 256; larger blocks waste most of the last one)."""
 MAX_REQUESTS = 10_000_000
 """Most requests one run generates or replays (`num_requests`, `--requests`, trace rows). A
 request costs about 1 KiB across its input, record and result rows, so 10M is ~10 GiB."""

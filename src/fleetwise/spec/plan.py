@@ -16,6 +16,7 @@ from fleetwise.errors import SpecError, UnknownNameError
 from fleetwise.spec.base import Spec, load_document
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
+from fleetwise.spec.inputs import MAX_BLOCK_TOKENS, MAX_DURATION_S, MAX_ENGINE_SEQS, MAX_REPLICAS, MAX_TOKENS
 from fleetwise.spec.parallel import ParallelismSpec
 from fleetwise.spec.roles import Role
 from fleetwise.spec.routing import PRESETS, RoutingSpec
@@ -24,11 +25,11 @@ from fleetwise.spec.routing import PRESETS, RoutingSpec
 class EngineKnobs(Spec):
     """Scheduler settings of one replica (vLLM names; see `fleetwise.engine.EngineConfig`)."""
 
-    max_num_batched_tokens: int = Field(default=8192, gt=0)
+    max_num_batched_tokens: int = Field(default=8192, gt=0, le=MAX_TOKENS)
     """Token budget of one step (prefill chunks plus decodes)."""
-    max_num_seqs: int = Field(default=256, gt=0)
+    max_num_seqs: int = Field(default=256, gt=0, le=MAX_ENGINE_SEQS)
     """Most sequences running at once."""
-    block_size: int = Field(default=16, gt=0)
+    block_size: int = Field(default=16, gt=0, le=MAX_BLOCK_TOKENS)
     """Tokens per KV block."""
     enable_prefix_caching: bool = True
     """Share KV blocks of equal prompt prefixes."""
@@ -45,7 +46,7 @@ class PoolSpec(Spec):
     """Pool name; replicas are named `<name>-<index>`."""
     role: Role = "mixed"
     """`mixed` = colocated prefill and decode; `prefill`/`decode` = disaggregated halves."""
-    replicas: int = Field(default=1, gt=0)
+    replicas: int = Field(default=1, gt=0, le=MAX_REPLICAS)
     accelerator: str
     """Catalog accelerator name (see `fleetwise catalog gpus`)."""
     model: str
@@ -78,7 +79,7 @@ class KvLinkSpec(Spec):
     """Per-GPU NIC bandwidth in bytes/s (give this or `gbps`)."""
     gbps: float | None = Field(default=None, gt=0)
     """Per-GPU NIC bandwidth in gigabits/s (default 400, one NDR InfiniBand NIC)."""
-    latency_s: float = Field(default=20e-6, ge=0)
+    latency_s: float = Field(default=20e-6, ge=0, le=MAX_DURATION_S)
     """One-way latency added to every transfer."""
 
     @model_validator(mode="after")
@@ -131,6 +132,10 @@ class PlanSpec(Spec):
     def _check_roles(self) -> PlanSpec:
         if isinstance(self.routing, str) and self.routing not in PRESETS:
             raise ValueError(str(UnknownNameError("routing policy", self.routing, PRESETS)))
+        total = sum(p.replicas for p in self.pools)
+        if total > MAX_REPLICAS:
+            raise ValueError(f"pools hold {total:,} replicas in all; at most {MAX_REPLICAS:,} per plan "
+                             "(see docs/errors.md); split the fleet into several plans")
         names = [p.name for p in self.pools]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from fleetwise.spec.base import Spec, load_document, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
+from fleetwise.spec.inputs import MAX_GPUS, MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS, MAX_TOKENS
 
 SCHEMA_PATH = Path("docs/schema/planning-spec.schema.json")
 
@@ -27,7 +28,7 @@ class FixedLengths(Spec):
     """Every request has the same number of tokens."""
 
     kind: Literal["fixed"] = "fixed"
-    tokens: int = Field(gt=0)
+    tokens: int = Field(gt=0, le=MAX_TOKENS)
     """Tokens per request."""
 
 
@@ -35,13 +36,13 @@ class LognormalLengths(Spec):
     """Lognormal token counts, clipped to [min_tokens, max_tokens]."""
 
     kind: Literal["lognormal"] = "lognormal"
-    median_tokens: float = Field(gt=0)
+    median_tokens: float = Field(gt=0, le=MAX_TOKENS)
     """Median of the distribution (exp(mu))."""
     sigma: float = Field(default=0.8, ge=0)
     """Standard deviation of log(tokens)."""
-    min_tokens: int = Field(default=1, gt=0)
+    min_tokens: int = Field(default=1, gt=0, le=MAX_TOKENS)
     """Lower clip."""
-    max_tokens: int = Field(default=32768, gt=0)
+    max_tokens: int = Field(default=32768, gt=0, le=MAX_TOKENS)
     """Upper clip."""
 
 
@@ -49,9 +50,9 @@ class UniformLengths(Spec):
     """Token counts uniform on [min_tokens, max_tokens]."""
 
     kind: Literal["uniform"] = "uniform"
-    min_tokens: int = Field(gt=0)
+    min_tokens: int = Field(gt=0, le=MAX_TOKENS)
     """Smallest value."""
-    max_tokens: int = Field(gt=0)
+    max_tokens: int = Field(gt=0, le=MAX_TOKENS)
     """Largest value."""
 
 
@@ -125,7 +126,7 @@ class TraceSource(Spec):
 class PlanWorkloadSpec(Spec):
     """The traffic to serve: a length mix (preset, distributions or a trace) at a target rate."""
 
-    rate_rps: float = Field(gt=0)
+    rate_rps: float = Field(gt=0, le=MAX_RATE_RPS)
     """Target mean arrival rate, requests per second."""
     burstiness_cv: float = Field(default=1.0, gt=0)
     """Coefficient of variation of inter-arrival gaps (Gamma arrivals; 1 = Poisson). Ignored for traces."""
@@ -187,15 +188,15 @@ class HeadroomSpec(Spec):
 class SearchSpec(Spec):
     """Limits of the search and of the simulation that checks it."""
 
-    max_gpus: int = Field(default=64, gt=0)
+    max_gpus: int = Field(default=64, gt=0, le=MAX_GPUS)
     """Most GPUs a plan may use, all pools together."""
     top_k: int = Field(default=3, gt=0)
     """Plans reported."""
     refine_top: int = Field(default=6, gt=0)
     """Candidates (after the analytical estimate) checked in the simulator over all seeds."""
-    seeds: int = Field(default=3, gt=0)
+    seeds: int = Field(default=3, gt=0, le=MAX_SEEDS)
     """Seeds per refined plan (attainment CI comes from their spread)."""
-    sample_requests: int = Field(default=400, ge=50)
+    sample_requests: int = Field(default=400, ge=50, le=MAX_REQUESTS)
     """Requests per simulation run."""
     max_pp: int = Field(default=4, gt=0)
     """Largest pipeline degree considered."""

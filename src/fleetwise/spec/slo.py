@@ -9,16 +9,17 @@ from __future__ import annotations
 from pydantic import Field
 
 from fleetwise.spec.base import Spec
+from fleetwise.spec.inputs import MAX_DURATION_S
 
 
 class SLOSpec(Spec):
     """Latency targets per request; a request meets the SLO when it completes and meets every set target."""
 
-    ttft_max_s: float | None = Field(default=None, gt=0)
+    ttft_max_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
     """Longest acceptable time to first token (arrival to first output token)."""
-    tpot_max_s: float | None = Field(default=None, gt=0)
+    tpot_max_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
     """Longest acceptable mean time per output token after the first."""
-    e2e_max_s: float | None = Field(default=None, gt=0)
+    e2e_max_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
     """Longest acceptable end-to-end latency (arrival to last token)."""
 
     def met(self, ttft_s: float, tpot_s: float, e2e_s: float) -> bool:

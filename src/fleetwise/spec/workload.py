@@ -25,11 +25,23 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from fleetwise.spec.base import Spec
+from fleetwise.spec.inputs import (
+    MAX_DURATION_S,
+    MAX_FACTOR,
+    MAX_RATE_RPS,
+    MAX_REQUESTS,
+    MAX_SESSION_TURNS,
+    MAX_TOKENS,
+    MIN_FACTOR,
+)
 
 TraceFormat = Literal["azure", "mooncake", "burstgpt", "length_stats"]
 """Trace file formats `fleetwise.workload.traces` can read (auto-detected from the header when unset)."""
 
 _Z99 = NormalDist().inv_cdf(0.99)
+LOGNORMAL_MAX_SIGMA = 4.0
+"""Largest log-normal sigma: at 4 the p99 is already 11,000x the median (measured prompt lengths
+have sigma near 1); beyond it draws overflow any token count."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -41,7 +53,7 @@ class PoissonArrival(Spec):
     """Memoryless arrivals: exponential inter-arrival times (CV 1)."""
 
     kind: Literal["poisson"] = "poisson"
-    rate_rps: float = Field(gt=0)
+    rate_rps: float = Field(gt=0, le=MAX_RATE_RPS)
     """Mean arrivals per second (sessions per second when sessions are enabled)."""
 
 
@@ -49,9 +61,9 @@ class GammaArrival(Spec):
     """Bursty (cv > 1) or smooth (cv < 1) arrivals: Gamma inter-arrival times."""
 
     kind: Literal["gamma"] = "gamma"
-    rate_rps: float = Field(gt=0)
+    rate_rps: float = Field(gt=0, le=MAX_RATE_RPS)
     """Mean arrivals per second (sessions per second when sessions are enabled)."""
-    cv: float = Field(gt=0)
+    cv: float = Field(gt=0, le=MAX_FACTOR)
     """Coefficient of variation of inter-arrival times (burstiness); 1 is Poisson."""
 
 
@@ -63,14 +75,14 @@ class TraceArrival(Spec):
     """Trace file: Azure CSV, Mooncake JSONL, BurstGPT CSV or a length-statistics CSV."""
     format: TraceFormat | None = None
     """File format; detected from the header (column or field names) when unset."""
-    time_scale: float = Field(default=1.0, gt=0)
+    time_scale: float = Field(default=1.0, ge=MIN_FACTOR, le=MAX_FACTOR)
     """Multiply the trace's inter-arrival times by this (0.5 replays twice as fast)."""
-    rate_rps: float | None = Field(default=None, gt=0)
+    rate_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)
     """Rescale timestamps so the mean rate is this; excludes `time_scale`. Required for
     length-statistics files, which have no timestamps (arrivals are then Poisson)."""
-    start_s: float = Field(default=0.0, ge=0)
+    start_s: float = Field(default=0.0, ge=0, le=MAX_DURATION_S)
     """Skip the trace's first seconds (in trace time, from its first request)."""
-    max_requests: int | None = Field(default=None, gt=0)
+    max_requests: int | None = Field(default=None, gt=0, le=MAX_REQUESTS)
     """Keep at most this many requests (after `start_s`)."""
 
     @model_validator(mode="after")
@@ -92,9 +104,9 @@ ArrivalSpec = Annotated[PoissonArrival | GammaArrival | TraceArrival, Field(disc
 
 
 class _Clipped(Spec):
-    min_tokens: int = Field(default=1, ge=1)
+    min_tokens: int = Field(default=1, ge=1, le=MAX_TOKENS)
     """Clip drawn lengths to at least this many tokens."""
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     """Clip drawn lengths to at most this many tokens (None: no upper clip)."""
 
     @model_validator(mode="after")
@@ -108,7 +120,7 @@ class FixedLength(Spec):
     """Every request has the same length."""
 
     kind: Literal["fixed"] = "fixed"
-    tokens: int = Field(ge=1)
+    tokens: int = Field(ge=1, le=MAX_TOKENS)
     """The length, in tokens."""
 
 
@@ -116,9 +128,9 @@ class UniformLength(Spec):
     """Integer lengths drawn uniformly from [low_tokens, high_tokens] (both inclusive)."""
 
     kind: Literal["uniform"] = "uniform"
-    low_tokens: int = Field(ge=1)
+    low_tokens: int = Field(ge=1, le=MAX_TOKENS)
     """Smallest length."""
-    high_tokens: int = Field(ge=1)
+    high_tokens: int = Field(ge=1, le=MAX_TOKENS)
     """Largest length."""
 
     @model_validator(mode="after")
@@ -132,13 +144,13 @@ class LognormalLength(_Clipped):
     """Log-normal lengths, given by their median or mean and by sigma or the p99, rounded to ints."""
 
     kind: Literal["lognormal"] = "lognormal"
-    median_tokens: float | None = Field(default=None, gt=0)
+    median_tokens: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
     """Median length (exp(mu)); give this or mean_tokens."""
-    mean_tokens: float | None = Field(default=None, gt=0)
+    mean_tokens: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
     """Mean length (exp(mu + sigma^2/2)); give this or median_tokens."""
-    sigma: float | None = Field(default=None, gt=0)
+    sigma: float | None = Field(default=None, gt=0, le=LOGNORMAL_MAX_SIGMA)
     """Standard deviation of log(length); give this or p99_tokens."""
-    p99_tokens: float | None = Field(default=None, gt=0)
+    p99_tokens: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
     """99th percentile of the length (before clipping); give this or sigma."""
 
     @model_validator(mode="after")
@@ -196,9 +208,9 @@ class EmpiricalLengths(Spec):
     kind: Literal["empirical"] = "empirical"
     path: str
     """CSV with columns num_prefill_tokens,num_decode_tokens (sarathi-serve/Vidur stats files)."""
-    max_input_tokens: int | None = Field(default=None, ge=1)
+    max_input_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     """Clip inputs to at most this many tokens."""
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     """Clip outputs to at most this many tokens."""
 
 
@@ -219,29 +231,29 @@ LengthsSpec = Annotated[IndependentLengths | EmpiricalLengths | TraceLengths, Fi
 class SystemPromptSpec(Spec):
     """A pool of shared system prompts; a request that uses one gets its tokens prepended."""
 
-    count: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=MAX_REQUESTS)
     """Distinct system prompts."""
-    tokens: int = Field(ge=1)
+    tokens: int = Field(ge=1, le=MAX_TOKENS)
     """Tokens per system prompt."""
     fraction: float = Field(default=1.0, ge=0, le=1)
     """Fraction of requests (sessions) that carry a system prompt."""
-    zipf_s: float = Field(default=0.0, ge=0)
+    zipf_s: float = Field(default=0.0, ge=0, le=MAX_FACTOR)
     """Popularity exponent: prompt i (0-based) is picked with weight 1/(i+1)^zipf_s; 0 is uniform."""
 
 
 class SessionSpec(Spec):
     """Multi-turn sessions: each arrival starts a session whose turns extend the same context."""
 
-    mean_turns: float = Field(ge=1)
+    mean_turns: float = Field(ge=1, le=MAX_SESSION_TURNS)
     """Mean turns per session."""
     turns_distribution: Literal["geometric", "fixed"] = "geometric"
     """`geometric` on 1, 2, ... with the given mean, or `fixed` (mean_turns must be an integer)."""
-    max_turns: int | None = Field(default=None, ge=1)
+    max_turns: int | None = Field(default=None, ge=1, le=MAX_SESSION_TURNS)
     """Cap on turns per session."""
-    think_time_s: float = Field(default=10.0, ge=0)
+    think_time_s: float = Field(default=10.0, ge=0, le=MAX_DURATION_S)
     """Mean gap between a turn's arrival and the next turn's (exponential); it includes the
     time the previous answer took, which the generator cannot know."""
-    max_context_tokens: int | None = Field(default=None, ge=1)
+    max_context_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     """End a session before a turn whose prompt would exceed this (a model's context window)."""
 
     @model_validator(mode="after")
@@ -265,9 +277,9 @@ class TenantSpec(Spec):
 
     name: str = Field(min_length=1)
     """Tag put on the tenant's requests."""
-    weight: float = Field(gt=0)
+    weight: float = Field(gt=0, le=1e12)
     """Relative share of requests (sessions); weights are normalised."""
-    prefix_tokens: int = Field(default=0, ge=0)
+    prefix_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
     """Tokens of this tenant's own shared prefix (0: none). When set, it replaces the global
     system prompts for this tenant's requests."""
     prefix_fraction: float = Field(default=1.0, ge=0, le=1)
@@ -290,9 +302,9 @@ class WorkloadSpec(Spec):
     """How requests (or sessions) arrive."""
     lengths: LengthsSpec | None = None
     """Input/output lengths; None means `trace` (only with a trace arrival)."""
-    num_requests: int | None = Field(default=None, gt=0)
+    num_requests: int | None = Field(default=None, gt=0, le=MAX_REQUESTS)
     """Stop after this many requests."""
-    duration_s: float | None = Field(default=None, gt=0)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
     """Stop at this arrival time (requests arriving at or after it are dropped)."""
     prefix: PrefixSpec = Field(default_factory=PrefixSpec)
     """Shared system prompts and multi-turn sessions."""
@@ -300,7 +312,7 @@ class WorkloadSpec(Spec):
     """Tenants and their traffic shares (empty: everything is tenant `default`)."""
     model_version_pin: ModelVersionPin | None = None
     """Optional pin of some sessions to a model version."""
-    hash_block_tokens: int = Field(default=512, ge=1)
+    hash_block_tokens: int = Field(default=512, ge=1, le=MAX_TOKENS)
     """Tokens per hashed prefix block (Mooncake uses 512)."""
 
     @model_validator(mode="after")

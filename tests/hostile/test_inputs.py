@@ -54,7 +54,7 @@ def test_deep_json_is_refused_not_recursion_error():
 
 
 def test_duplicate_keys_are_refused():
-    assert "duplicate key 'model' (line 2)" in _err(inputs.parse_yaml, "model: llama-3.1-8b\nmodel: llama-3.1-405b\n", "p.yaml")
+    assert "duplicate key 'model'; give each key once (line 2, column 1)" in _err(inputs.parse_yaml, "model: llama-3.1-8b\nmodel: llama-3.1-405b\n", "p.yaml")
     assert "duplicate key 'a'" in _err(inputs.parse_json, b'{"a": 1, "a": 2}', "b.json")
 
 

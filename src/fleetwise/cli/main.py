@@ -23,6 +23,8 @@ from fleetwise.spec.base import describe_validation_error
 
 EXIT_USER_ERROR = 2
 """Exit code of a mistake in a spec, a name, a file or a flag (as argparse uses)."""
+MAX_USAGE_ERROR_CHARS = 200
+"""Longest argparse message kept (it would quote an 8 MB argument whole)."""
 EXIT_INTERNAL_ERROR = 70
 """Exit code of a fault in fleetwise itself (BSD sysexits EX_SOFTWARE)."""
 
@@ -35,6 +37,9 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse with its usage errors as one line (`fleetwise simulate: error: ...`), exit code 2."""
 
     def error(self, message: str) -> NoReturn:
+        message = " ".join(message.split())
+        if len(message) > MAX_USAGE_ERROR_CHARS:  # argparse quotes the whole value and every choice
+            message = message[: MAX_USAGE_ERROR_CHARS - 3] + "..."
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
 
 

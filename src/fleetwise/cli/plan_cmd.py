@@ -10,7 +10,6 @@ explanation (and writes the JSON) and exits 1; a bad spec is one line and exit 2
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,17 @@ from typing import Any
 from rich.console import Console
 
 from fleetwise.cli import progress
+from fleetwise.cli.common import int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
+from fleetwise.errors import SpecError
+from fleetwise.spec.catalog import resolve_model
+from fleetwise.spec.inputs import check_writable_file, request_tokens_problem, strict_json_dumps
+from fleetwise.spec.planning import LENGTH_PRESETS, LengthDist, PlanningSpec
+
+MAX_TOP = 1_000
+"""Most plans `--top` may ask to report (a search rarely finds more than a few dozen)."""
+MAX_WORKERS = 1_024
+"""Most worker processes `--workers` may start."""
 
 
 def register(subparsers: Any) -> None:
@@ -30,8 +39,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("spec", nargs="?", default=None, help="SPEC.yaml (default: the built-in 70B chat question)")
     p.add_argument("--json", dest="json_out", metavar="OUT", default=None,
                    help="write the plan document (JSON) to OUT; `-` prints it instead of the report")
-    p.add_argument("--top", type=int, default=None, metavar="K", help="plans to report (default: spec.search.top_k)")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
+    p.add_argument("--top", type=int_flag(1, MAX_TOP), default=None, metavar="K",
+                   help="plans to report (default: spec.search.top_k)")
+    p.add_argument("--workers", type=int_flag(1, MAX_WORKERS), default=None, metavar="N",
                    help="worker processes for simulations (default: CPU count)")
     p.add_argument("--profile", default=None, metavar="PROFILE.json",
                    help="perf profile (`fleetwise calibrate`) pricing the estimate and the simulations; "
@@ -44,8 +54,34 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _longest(dist: LengthDist) -> int:
+    """The largest token count a planning length distribution can draw."""
+    if dist.kind == "fixed":
+        return dist.tokens
+    if dist.kind == "empirical":
+        return dist.points[-1][1]
+    return dist.max_tokens
+
+
+def check_planning_context(spec: PlanningSpec, where: str) -> None:
+    """SpecError when the workload's longest prompt plus longest output exceed the model's context."""
+    wl = spec.workload
+    if wl.trace is not None:
+        return
+    if wl.preset is not None:
+        prompt, output = (_longest(d) for d in LENGTH_PRESETS[wl.preset])
+    elif wl.prompt_tokens is not None and wl.output_tokens is not None:
+        prompt, output = _longest(wl.prompt_tokens), _longest(wl.output_tokens)
+    else:
+        return
+    ctx = resolve_model(spec.model).max_context_tokens
+    problem = request_tokens_problem(prompt, output, ctx)
+    if problem:
+        raise SpecError(f"{where}: workload: the longest request's {problem} of {spec.model}; cap "
+                        "workload.prompt_tokens/output_tokens (max_tokens) to fit")
+
+
 def run(args: argparse.Namespace) -> int:
-    from fleetwise.errors import SpecError
     from fleetwise.planner.api import plan
     from fleetwise.planner.defaults import default_spec
     from fleetwise.planner.pipeline import PlanOptions
@@ -55,10 +91,11 @@ def run(args: argparse.Namespace) -> int:
     if args.write_schema:
         print(write_planning_schema(args.write_schema))
         return 0
-    if args.top is not None and args.top < 1:
-        raise SpecError(f"--top={args.top}: must be at least 1")
+    if args.json_out and args.json_out != "-":
+        check_writable_file(args.json_out, "--json")
     check_report_path(args.report)
     spec = load_planning_spec(args.spec) if args.spec else default_spec()
+    check_planning_context(spec, args.spec or "the built-in question")
     if args.profile:
         from fleetwise.perf.profile import Profile
 
@@ -70,11 +107,11 @@ def run(args: argparse.Namespace) -> int:
         search = plan(spec, PlanOptions(workers=workers, top_k=args.top, ray_address=args.ray))
     doc = to_json(search)
     if args.json_out == "-":
-        print(json.dumps(doc, indent=2))
+        print(strict_json_dumps(doc))
     else:
         render(search, Console(highlight=False))
         if args.json_out:
-            Path(args.json_out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+            Path(args.json_out).write_text(strict_json_dumps(doc) + "\n", encoding="utf-8")
     if args.report:
         from fleetwise.cli.report_cmd import write_document
 

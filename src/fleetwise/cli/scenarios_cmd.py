@@ -22,11 +22,15 @@ from typing import Any
 from rich.table import Table
 
 from fleetwise.cli import progress
-from fleetwise.cli.common import console
+from fleetwise.cli.common import console, float_flag, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
-from fleetwise.errors import SpecError
+from fleetwise.errors import SpecError, UnknownNameError
 from fleetwise.routing.registry import DEFAULT_POLICY, policy_names
 from fleetwise.sim import scenarios as sc
+from fleetwise.spec.inputs import MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS, check_writable_dir
+
+MAX_JOBS = 1_024
+"""Most worker processes `--jobs` may start."""
 
 
 def register(subparsers: Any) -> None:
@@ -39,19 +43,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--policy", action="append", default=None, metavar="P",
                    help=f"policy preset to test (repeatable; default {DEFAULT_POLICY}; known: "
                         f"{', '.join(policy_names())}); round-robin always runs as the baseline")
-    p.add_argument("--seeds", type=int, default=5, metavar="N", help="seeds per scenario and policy (default 5)")
+    p.add_argument("--seeds", type=int_flag(1, MAX_SEEDS), default=5, metavar="N", help="seeds per scenario and policy (default 5)")
     p.add_argument("--scenario", action="append", default=None, metavar="NAME",
                    help=f"run only this scenario (repeatable; known: {', '.join(sc.SCENARIO_NAMES)})")
     p.add_argument("--trace", metavar="FILE",
                    help="replace each selected scenario's workload by this trace (Azure CSV, Mooncake JSONL, "
                         "BurstGPT CSV, length statistics); seed k replays the k-th window")
-    p.add_argument("--trace-rate", type=float, default=None, metavar="RPS",
+    p.add_argument("--trace-rate", type=float_flag(positive=True, maximum=MAX_RATE_RPS), default=None, metavar="RPS",
                    help="with --trace: rescale arrivals to this mean rate (needed for length statistics)")
-    p.add_argument("--trace-requests", type=int, default=None, metavar="N",
+    p.add_argument("--trace-requests", type=int_flag(1, MAX_REQUESTS), default=None, metavar="N",
                    help="with --trace: requests per seed window (default: the file split evenly over the seeds)")
     p.add_argument("--small", action="store_true", help="use each scenario's small: overrides (fast check)")
     p.add_argument("--dir", default=None, metavar="DIR", help="scenario folder (default examples/scenarios)")
-    p.add_argument("--jobs", type=int, default=1, metavar="J", help="parallel worker processes (default 1)")
+    p.add_argument("--jobs", type=int_flag(1, MAX_JOBS), default=1, metavar="J", help="parallel worker processes (default 1)")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even when a verdict fails")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     add_report_flag(p)
@@ -72,8 +76,10 @@ def _mapper(jobs: int) -> Callable[[Callable[[Any], Any], Sequence[Any]], Iterab
 
 def run(args: argparse.Namespace) -> int:
     check_report_path(args.report)
-    if args.jobs < 1:
-        raise SpecError(f"--jobs={args.jobs}: need at least 1")
+    check_writable_dir(args.out, "--out")
+    for name in args.policy or []:
+        if name not in policy_names():
+            raise UnknownNameError("routing policy", name, policy_names())
     if args.trace is None and (args.trace_rate is not None or args.trace_requests is not None):
         raise SpecError("--trace-rate/--trace-requests apply only with --trace FILE")
     con = console()

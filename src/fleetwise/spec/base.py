@@ -34,7 +34,7 @@ def describe_validation_error(err: ValidationError, where: str) -> str:
     parts = []
     errors = err.errors()
     for e in errors[:MAX_REPORTED_PROBLEMS]:
-        loc = ".".join(str(p) for p in e["loc"]) or "(document)"
+        loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field; remove it or check its spelling"
@@ -44,7 +44,8 @@ def describe_validation_error(err: ValidationError, where: str) -> str:
             msg = msg.removeprefix("Value error, ")
         got = e.get("input")
         got_s = "" if e["type"] in ("missing",) or isinstance(got, dict) else f" (got {inputs.quote(got)})"
-        parts.append(f"{inputs.quote_text(loc, 80)}: {inputs.quote_text(msg, 160)}{got_s}")
+        at = f"{inputs.quote_text(loc, 80)}: " if loc else ""
+        parts.append(f"{at}{inputs.quote_text(msg, 160)}{got_s}")
     more = len(errors) - MAX_REPORTED_PROBLEMS
     return f"{where}: " + "; ".join(parts) + (f"; and {more} more problem(s)" if more > 0 else "")
 

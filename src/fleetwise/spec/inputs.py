@@ -255,8 +255,7 @@ class _BoundedLoader(yaml.SafeLoader):
                         None, None, f"unhashable key {quote(key)}", key_node.start_mark) from None
                 if dup:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {quote(key)} (line {key_node.start_mark.line + 1}); "
-                        "give each key once", key_node.start_mark)
+                        None, None, f"duplicate key {quote(key)}; give each key once", key_node.start_mark)
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
 

@@ -15,10 +15,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from fleetwise.errors import UnknownNameError
 from fleetwise.spec.base import Spec, load_document, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
 from fleetwise.spec.inputs import MAX_GPUS, MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS, MAX_TOKENS
+from fleetwise.spec.routing import PRESETS
 
 SCHEMA_PATH = Path("docs/schema/planning-spec.schema.json")
 
@@ -264,6 +266,8 @@ class PlanningSpec(Spec):
             raise ValueError(f"accelerators lists a name twice ({names}); give each type once")
         if len(set(self.weight_dtypes)) != len(self.weight_dtypes):
             raise ValueError(f"weight_dtypes repeats a value ({self.weight_dtypes})")
+        if self.routing_policy is not None and self.routing_policy not in PRESETS:
+            raise ValueError(f"routing_policy: {UnknownNameError('routing policy', self.routing_policy, PRESETS)}")
         return self
 
 

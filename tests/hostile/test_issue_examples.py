@@ -1,0 +1,284 @@
+"""Regression tests: each bad input named in the hostile-input report gives exit 2 and one line
+naming the field (or, where the input is valid, a correct result), never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tests.hostile.conftest import PLANS, assert_user_error, finite_nonneg_times, load_strict_json, run_cli
+
+COLOCATED = PLANS / "colocated-8b.yaml"
+PD = PLANS / "pd-70b.yaml"
+
+
+def workload(tmp_path, body: str, name: str = "w.yaml"):
+    p = tmp_path / name
+    p.write_text(body)
+    return p
+
+
+def small_workload(tmp_path, prompt: int = 100, output: int = 8, n: int = 6, extra: str = ""):
+    return workload(tmp_path, f"arrival: {{kind: poisson, rate_rps: 4}}\nlengths:\n  kind: independent\n"
+                              f"  input: {{kind: fixed, tokens: {prompt}}}\n  output: {{kind: fixed, tokens: {output}}}\n"
+                              f"num_requests: {n}\n{extra}")
+
+
+def simulate(capsys, tmp_path, *args):
+    return run_cli(capsys, ["simulate", *args, "--out", tmp_path / "out", "--no-progress"])
+
+
+# ---- files that are not what they claim ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["plan", "workload", "faults", "profile", "groundtruth", "planning", "model"])
+@pytest.mark.parametrize("content,needle", [
+    ("pools: []\n".encode("utf-16"), "UTF-16"),
+    (b"\x7fELF\x02\x01\x01\x00\x00\x00\x00", "binary data"),
+    (b"name: \xc3\x28\n", "not UTF-8"),
+], ids=["utf16", "binary", "bad-utf8"])
+def test_binary_and_utf16_files_are_one_line(capsys, tmp_path, kind, content, needle):
+    bad = tmp_path / ("bad.json" if kind in ("profile", "groundtruth") else "bad.yaml")
+    bad.write_bytes(content)
+    wl = small_workload(tmp_path)
+    argv = {
+        "plan": ["simulate", bad, "--workload", wl, "--out", tmp_path / "o"],
+        "workload": ["simulate", COLOCATED, "--workload", bad, "--out", tmp_path / "o"],
+        "faults": ["simulate", COLOCATED, "--workload", wl, "--faults", bad, "--out", tmp_path / "o"],
+        "profile": ["predict", "--profile", bad, "--against", bad],
+        "groundtruth": ["calibrate", bad, "-o", tmp_path / "p.json"],
+        "planning": ["plan", bad],
+        "model": ["fit", "--model", bad, "--gpu", "h100-sxm"],
+    }[kind]
+    assert_user_error(run_cli(capsys, argv), str(bad), needle)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_documents_nested_thousands_deep(capsys, tmp_path, suffix):
+    p = tmp_path / f"deep{suffix}"
+    p.write_text('{"pools": ' + "[" * 5000 + "]" * 5000 + "}")
+    assert_user_error(simulate(capsys, tmp_path, p, "--workload", small_workload(tmp_path)), "nested", "deep")
+
+
+def test_yaml_alias_bomb_is_refused_quickly(capsys, tmp_path):
+    from tests.hostile.test_inputs import ALIAS_BOMB
+
+    p = tmp_path / "bomb.yaml"
+    p.write_text(ALIAS_BOMB + "pools: *i\n")
+    assert p.stat().st_size < 500
+    assert_user_error(simulate(capsys, tmp_path, p, "--workload", small_workload(tmp_path)), "expands to more than")
+
+
+def test_duplicate_model_key_does_not_silently_keep_the_last(capsys, tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: llama-3.1-8b\nmodel: llama-3.1-405b\naccelerators: [{name: h100-sxm}]\n"
+                    "workload: {rate_rps: 1, preset: sharegpt}\nslo: {ttft_s: 2, tpot_s: 0.05}\n")
+    assert_user_error(run_cli(capsys, ["plan", spec]), "duplicate key 'model'")
+
+
+# ---- numbers that are not numbers ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field,value", [
+    ("arrival", "{kind: poisson, rate_rps: .inf}"),
+    ("arrival", "{kind: poisson, rate_rps: .nan}"),
+    ("arrival", "{kind: trace, path: t.csv, time_scale: .nan}"),
+])
+def test_non_finite_workload_numbers(capsys, tmp_path, field, value):
+    wl = workload(tmp_path, f"{field}: {value}\nlengths: {{kind: independent, input: {{kind: fixed, tokens: 10}}, "
+                            "output: {kind: fixed, tokens: 5}}\nnum_requests: 3\n")
+    assert_user_error(simulate(capsys, tmp_path, COLOCATED, "--workload", wl), "not a finite number")
+
+
+@pytest.mark.parametrize("plan_body,field", [
+    ("pools: [{name: m, accelerator: h100-sxm, model: llama-3.1-8b, price_per_gpu_hour_usd: .inf}]", "price_per_gpu_hour_usd"),
+    ("pools: [{name: m, accelerator: h100-sxm, model: llama-3.1-8b}]\nkv_link: {gbps: .inf}", "gbps"),
+])
+def test_non_finite_plan_numbers(capsys, tmp_path, plan_body, field):
+    plan = workload(tmp_path, plan_body + "\n", "plan.yaml")
+    assert_user_error(simulate(capsys, tmp_path, plan, "--workload", small_workload(tmp_path)), field, "finite")
+
+
+def test_non_finite_fault_time(capsys, tmp_path):
+    faults = workload(tmp_path, "faults: [{kind: crash, replica: mixed-0, at_s: .nan}]\n", "f.yaml")
+    o = simulate(capsys, tmp_path, COLOCATED, "--workload", small_workload(tmp_path), "--faults", faults)
+    assert_user_error(o, "faults.0", "finite")
+
+
+def test_non_finite_price_in_an_accelerator_file(capsys, tmp_path):
+    gpu = workload(tmp_path, "name: x\nvendor: v\nhbm_bytes: 8.0e10\nhbm_bytes_per_s: .inf\n", "gpu.yaml")
+    assert_user_error(run_cli(capsys, ["fit", "--model", "llama-3.1-8b", "--gpu", gpu]), "gpu.yaml")
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--rate", "-3", "--rate"), ("--rate", "nan", "--rate"), ("--rate", "inf", "--rate"),
+    ("--time-scale", "-1", "--time-scale"), ("--time-scale", "nan", "--time-scale"),
+    ("--time-scale", "1e-300", "--time-scale"),
+    ("--feedback-delay", "-1", "--feedback-delay"), ("--feedback-delay", "inf", "--feedback-delay"),
+    ("--requests", "-5", "--requests"), ("--requests", "0", "--requests"),
+    ("--ttft-slo", "-1", "--ttft-slo"), ("--tpot-slo", "nan", "--tpot-slo"), ("--e2e-slo", "inf", "--e2e-slo"),
+    ("--seed", "-1", "--seed"), ("--replicas", "0", "--replicas"), ("--replicas", "1000000000", "--replicas"),
+])
+def test_bad_numeric_flags_are_refused_before_work(capsys, tmp_path, flag, value, needle):
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:00.0,100,10\n"
+                     "2023-11-16 18:15:01.0,100,10\n")
+    o = run_cli(capsys, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", trace,
+                         f"{flag}={value}", "--out", tmp_path / "o"])
+    assert_user_error(o, needle)
+    assert not (tmp_path / "o").exists()
+
+
+def test_json_outputs_are_strict(capsys, tmp_path):
+    for argv in (["catalog", "models", "--json"], ["catalog", "gpus", "--json"],
+                 ["fit", "--model", "llama-3.1-405b", "--gpu", "h100-sxm", "--json"]):
+        o = run_cli(capsys, argv)
+        assert o.rc == 0
+        load_strict_json(o.out)
+
+
+# ---- flags that skip the specs' validation ------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", [["--trace-requests", "0"], ["--trace-rate", "0"], ["--trace-rate", "nan"],
+                                  ["--seeds", "0"], ["--seeds", "100000"], ["--jobs", "0"],
+                                  ["--policy", "fastest"]])
+def test_scenario_flags(capsys, tmp_path, flag):
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:00.0,100,10\n")
+    o = run_cli(capsys, ["scenarios", "--small", "--trace", trace, *flag, "--out", tmp_path / "o"])
+    assert_user_error(o, flag[0] if flag[0] != "--policy" else "routing policy 'fastest'")
+
+
+def test_unknown_routing_policy_in_a_plan_names_the_field(capsys, tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: llama-3.1-8b\naccelerators: [{name: h100-sxm}]\nworkload: {rate_rps: 1, preset: sharegpt}\n"
+                    "slo: {ttft_s: 2, tpot_s: 0.05}\nrouting_policy: fastest\n")
+    line = assert_user_error(run_cli(capsys, ["plan", spec]), "routing_policy", "'fastest'")
+    assert "catalog" not in line  # no hint to a command that does not exist
+
+
+def test_bad_output_paths_fail_before_the_run(capsys, tmp_path):
+    (tmp_path / "file").write_text("x")
+    o = run_cli(capsys, ["simulate", COLOCATED, "--workload", small_workload(tmp_path), "--out", tmp_path / "file" / "o"])
+    assert_user_error(o, "--out")
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: llama-3.1-8b\naccelerators: [{name: h100-sxm}]\nworkload: {rate_rps: 1, preset: sharegpt}\n"
+                    "slo: {ttft_s: 2, tpot_s: 0.05}\n")
+    assert_user_error(run_cli(capsys, ["plan", spec, "--json", tmp_path / "missing" / "x.json"]), "--json")
+    o = run_cli(capsys, ["scenarios", "--small", "--out", tmp_path / "file"])
+    assert_user_error(o, "--out")
+
+
+# ---- physics the tool should know ---------------------------------------------------------------
+
+
+def test_prompt_beyond_the_model_context_is_rejected_by_default(capsys, tmp_path):
+    wl = small_workload(tmp_path, prompt=200_000)
+    assert_user_error(simulate(capsys, tmp_path, COLOCATED, "--workload", wl), "131,072", "--over-context")
+
+
+def test_over_context_truncate_and_skip_are_counted(capsys, tmp_path):
+    wl = small_workload(tmp_path, prompt=200_000, n=4)
+    o = simulate(capsys, tmp_path, COLOCATED, "--workload", wl, "--over-context", "truncate")
+    assert o.rc == 0, o.err
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["over_context"] == {"policy": "truncate", "max_context_tokens": 131072, "truncated": 4, "skipped": 0}
+    assert s["requests_completed"] == 4
+    o = simulate(capsys, tmp_path, COLOCATED, "--workload", wl, "--over-context", "skip")
+    assert_user_error(o, "every request was skipped")
+
+
+def test_ten_million_token_prompt_names_the_context(capsys, tmp_path):
+    wl = small_workload(tmp_path, prompt=10_000_000)
+    line = assert_user_error(simulate(capsys, tmp_path, COLOCATED, "--workload", wl), "context")
+    assert "fits()" not in line
+
+
+def test_planning_workload_beyond_the_context(capsys, tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: llama-3.1-8b\naccelerators: [{name: h100-sxm}]\nslo: {ttft_s: 2, tpot_s: 0.05}\n"
+                    "workload: {rate_rps: 1, prompt_tokens: {kind: fixed, tokens: 200000}, "
+                    "output_tokens: {kind: fixed, tokens: 10}}\n")
+    assert_user_error(run_cli(capsys, ["plan", spec]), "workload", "131,072")
+
+
+def test_slowdown_factor_that_would_speed_up_is_refused(capsys, tmp_path):
+    faults = workload(tmp_path, "faults: [{kind: slowdown, replica: mixed-0, start_s: 0, end_s: 5, factor: 1.0e-300}]\n",
+                      "f.yaml")
+    o = simulate(capsys, tmp_path, COLOCATED, "--workload", small_workload(tmp_path), "--faults", faults)
+    assert_user_error(o, "factor")
+
+
+def test_kv_link_fault_on_a_colocated_plan_is_refused(capsys, tmp_path):
+    faults = workload(tmp_path, "faults: [{kind: kv_link, start_s: 0, end_s: 5, bandwidth_factor: 0}]\n", "f.yaml")
+    o = simulate(capsys, tmp_path, COLOCATED, "--workload", small_workload(tmp_path), "--faults", faults)
+    assert_user_error(o, "faults.0 (kv_link)", "colocated")
+
+
+def test_fault_on_a_replica_the_plan_lacks(capsys, tmp_path):
+    faults = workload(tmp_path, "faults: [{kind: crash, replica: mixed-7, at_s: 1}]\n", "f.yaml")
+    o = simulate(capsys, tmp_path, COLOCATED, "--workload", small_workload(tmp_path), "--faults", faults)
+    assert_user_error(o, "replica='mixed-7' is not in the plan")
+
+
+# ---- sizes that exhaust the machine --------------------------------------------------------------
+
+
+def test_a_billion_replicas(capsys, tmp_path):
+    plan = workload(tmp_path, "pools: [{name: m, accelerator: h100-sxm, model: llama-3.1-8b, replicas: 1000000000}]\n",
+                    "plan.yaml")
+    assert_user_error(simulate(capsys, tmp_path, plan, "--workload", small_workload(tmp_path)), "replicas", "10000")
+
+
+def test_a_billion_requests_is_over_the_limit(capsys, tmp_path):
+    wl = small_workload(tmp_path, n=1_000_000_000)
+    assert_user_error(simulate(capsys, tmp_path, COLOCATED, "--workload", wl, "--requests", "200"), "num_requests")
+
+
+def test_requests_flag_generates_only_what_it_keeps(capsys, tmp_path):
+    wl = small_workload(tmp_path, n=5_000_000)
+    o = simulate(capsys, tmp_path, COLOCATED, "--workload", wl, "--requests", "20")
+    assert o.rc == 0, o.err
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["requests_total"] == 20
+
+
+def test_a_million_turns(capsys, tmp_path):
+    wl = small_workload(tmp_path, extra="prefix: {sessions: {mean_turns: 1000000}}\n")
+    assert_user_error(simulate(capsys, tmp_path, COLOCATED, "--workload", wl), "mean_turns")
+
+
+def test_a_hundred_thousand_planning_seeds(capsys, tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: llama-3.1-8b\naccelerators: [{name: h100-sxm}]\nworkload: {rate_rps: 1, preset: sharegpt}\n"
+                    "slo: {ttft_s: 2, tpot_s: 0.05}\nsearch: {seeds: 100000}\n")
+    assert_user_error(run_cli(capsys, ["plan", spec]), "search.seeds", "1000")
+
+
+# ---- messages that mislead -----------------------------------------------------------------------
+
+
+def test_an_eight_megabyte_name_is_not_echoed(capsys, tmp_path):
+    o = run_cli(capsys, ["fit", "--model", "x" * 8_000_000, "--gpu", "h100-sxm"])
+    assert_user_error(o, "model")
+
+
+def test_an_eight_megabyte_field_value_is_not_echoed(capsys, tmp_path):
+    plan = workload(tmp_path, "pools: [{name: m, accelerator: h100-sxm, model: llama-3.1-8b, replicas: '"
+                    + "9" * 1_000_000 + "'}]\n", "plan.yaml")
+    assert_user_error(simulate(capsys, tmp_path, plan, "--workload", small_workload(tmp_path)), "replicas")
+
+
+def test_zero_token_output_names_the_output(capsys, tmp_path):
+    wl = workload(tmp_path, "arrival: {kind: poisson, rate_rps: 4}\nlengths: {kind: independent, input: "
+                            "{kind: fixed, tokens: 10}, output: {kind: fixed, tokens: 0}}\nnum_requests: 3\n")
+    line = assert_user_error(simulate(capsys, tmp_path, COLOCATED, "--workload", wl), "output")
+    assert "memory" not in line
+
+
+def test_simulate_summary_is_strict_json_with_finite_times(capsys, tmp_path):
+    o = simulate(capsys, tmp_path, COLOCATED, "--workload", small_workload(tmp_path), "--ttft-slo", "0.5")
+    assert o.rc == 0, o.err
+    doc = load_strict_json((tmp_path / "out" / "summary.json").read_text())
+    finite_nonneg_times(doc)

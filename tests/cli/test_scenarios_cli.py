@@ -49,7 +49,7 @@ def test_unknown_scenario_and_policy_are_one_line_errors(tmp_path, capsys):
     assert err.startswith("fleetwise scenarios: error: scenario 'nope'") and err.count("\n") == 1
     assert main(["scenarios", "--policy", "fastest", "--scenario", "heterogeneous", "--small",
                  "--out", str(tmp_path)]) == 2
-    assert "unknown policy 'fastest'" in capsys.readouterr().err
+    assert "unknown routing policy 'fastest'" in capsys.readouterr().err
     assert main(["scenarios", "--trace-rate", "3", "--out", str(tmp_path)]) == 2
     assert "only with --trace" in capsys.readouterr().err
 

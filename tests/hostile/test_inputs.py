@@ -7,14 +7,10 @@ import math
 import time
 
 import pytest
+from hostile_cli import ALIAS_BOMB
 
 from fleetwise.errors import SpecError, UnknownNameError, quote
 from fleetwise.spec import inputs
-
-ALIAS_BOMB = "".join(
-    f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"
-    for p, c in zip(["", *"abcdefgh"], "abcdefghi", strict=True)
-)
 
 
 def _err(fn, *args, **kw) -> str:

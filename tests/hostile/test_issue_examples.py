@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.hostile.conftest import PLANS, assert_user_error, finite_nonneg_times, load_strict_json, run_cli
+from hostile_cli import ALIAS_BOMB, PLANS, assert_user_error, finite_nonneg_times, load_strict_json, run_cli
 
 COLOCATED = PLANS / "colocated-8b.yaml"
 PD = PLANS / "pd-70b.yaml"
@@ -61,8 +61,6 @@ def test_documents_nested_thousands_deep(capsys, tmp_path, suffix):
 
 
 def test_yaml_alias_bomb_is_refused_quickly(capsys, tmp_path):
-    from tests.hostile.test_inputs import ALIAS_BOMB
-
     p = tmp_path / "bomb.yaml"
     p.write_text(ALIAS_BOMB + "pools: *i\n")
     assert p.stat().st_size < 500

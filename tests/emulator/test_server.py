@@ -124,3 +124,18 @@ def test_modelled_time_is_the_engine_step_time():
             assert busy <= e2e <= busy + 0.05 * TEST_TIME_SCALE
             assert ttft < e2e
     run(go())
+
+
+def test_request_records_carry_the_client_id_and_modelled_times():
+    async def go():
+        async with serve() as (app, c):
+            await c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 5}, headers={"x-request-id": "r-7"})
+            rec = (await c.get("/fleetwise/requests")).json()
+            row = dict(zip(rec["columns"], rec["rows"][0], strict=True))
+            assert row["id"] == "r-7" and row["output_tokens"] == 5 and row["finish_reason"] == "length"
+            assert row["prompt_tokens"] == len(encode(PROMPT))
+            assert row["arrival_s"] < row["first_token_s"] < row["finish_s"]
+            text = (await c.get("/metrics")).text
+            assert metric(text, "vllm:e2e_request_latency_seconds_sum") == row["finish_s"] - row["arrival_s"]
+            assert rec["time_scale"] == TEST_TIME_SCALE and rec["origin_unix_s"] > 0
+    run(go())

@@ -71,3 +71,33 @@ def test_output_lengths_are_seeded_per_prompt():
     assert OutputLengthModel(FixedLength(tokens=7)).draw(5) == 7
     u = [OutputLengthModel(UniformLength(low_tokens=3, high_tokens=5)).draw(d) for d in range(200)]
     assert set(u) == {3, 4, 5}
+
+
+def test_fast_json_path_equals_the_shared_parser():
+    import pytest
+
+    from fleetwise.emulator.protocol import parse_json_fast
+    from fleetwise.errors import SpecError
+    from fleetwise.spec.inputs import parse_json
+
+    bodies = [b'{"prompt": "hi", "max_tokens": 3}', b'{"a": [1, 2.5, {"b": null}], "c": "\\u00e9"}',
+              '{"x": "é"}'.encode(), b"[1, 2]", b'"s"', b"{}", b'{"a": 1, "a": 2}', b'{"a": NaN}',
+              b'{"a": 1e999}', b'{"a": ' + b"1" * 40 + b"}", b"{bad", b"", b"\xef\xbb\xbf{}", b"\xff\xfe{}",
+              b"[" * 70 + b"]" * 70, b'{"p": "' + b"[" * 100 + b'"}']
+    for raw in bodies:
+        try:
+            want: object = parse_json(raw, "request body")
+        except SpecError as err:
+            with pytest.raises(SpecError) as got:
+                parse_json_fast(raw, "request body")
+            assert str(got.value) == str(err)
+        else:
+            assert parse_json_fast(raw, "request body") == want
+
+
+def test_encode_fast_path_equals_piecewise():
+    text = words_text(list(range(300)))
+    mixed = text + " not-a-word" + text
+    ids = encode(mixed)
+    assert ids[:300] == encode(text) and ids[-300:] == encode(text)
+    assert len(ids) == 600 + len(encode(" not-a-word"))

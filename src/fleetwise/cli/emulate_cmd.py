@@ -149,7 +149,8 @@ def fleet_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]
 
 
 def run_fleet(args: argparse.Namespace) -> int:
-    """Start every replica of `--plan` as its own process; stop them all on Ctrl-C or when one exits."""
+    """Start every replica of `--plan` as its own process; stop them all on Ctrl-C or SIGTERM, or
+    when one exits."""
     import urllib.request
 
     if args.model or args.gpu:
@@ -164,6 +165,11 @@ def run_fleet(args: argparse.Namespace) -> int:
         env[ADMIN_TOKEN_ENV] = args.admin_token
     procs: list[subprocess.Popen[bytes]] = []
     endpoints = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)  # SIGTERM stops the fleet like Ctrl-C (SIGINT may be ignored)
     try:
         for i, (name, role, argv) in enumerate(cmds):
             procs.append(subprocess.Popen(argv, env=env))
@@ -198,7 +204,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     finally:
         for p in procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGINT)
+                p.terminate()  # uvicorn shuts down gracefully on SIGTERM
         for p in procs:
             try:
                 p.wait(10)

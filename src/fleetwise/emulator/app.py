@@ -8,7 +8,8 @@ it in-process through an ASGI transport. Routes:
 - `POST /admin/faults`, `GET /admin/faults` (bearer token; 401 without it);
 - `GET /kv_events`: a stream of KV event batches, one JSON object per line;
 - `POST /fleetwise/kv/pull` (prefill role: a decode replica pulls a leased request's KV) and
-  `GET /fleetwise/status` (replica counters in modelled seconds).
+  `GET /fleetwise/status` (replica counters in modelled seconds) and `GET /fleetwise/requests`
+  (the most recent finished requests, modelled seconds).
 """
 
 from __future__ import annotations
@@ -242,6 +243,11 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
     async def status(request: Request) -> Response:
         return JSONResponse(replica.report())
 
+    async def records(request: Request) -> Response:
+        cols = ("id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens", "finish_reason")
+        return JSONResponse({"columns": cols, "rows": list(replica.records), "origin_unix_s": replica.origin_unix_s,
+                             "time_scale": cfg.time_scale})
+
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -253,6 +259,7 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         Route("/kv_events", kv_events, methods=["GET"]),
         Route("/fleetwise/kv/pull", kv_pull, methods=["POST"]),
         Route("/fleetwise/status", status, methods=["GET"]),
+        Route("/fleetwise/requests", records, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.replica = replica

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,8 @@ from fleetwise.perf.roofline import PerfModel
 from fleetwise.spec.hardware import LinkSpec
 from fleetwise.spec.plan import PoolSpec
 
+MAX_RECORDS = 100_000
+"""Finished requests kept for `GET /fleetwise/requests` (about 10 MB)."""
 WHERE = "emulator"
 """How errors in the emulator's options name their source."""
 
@@ -144,6 +147,11 @@ class EmulatedReplica:
         self.clock: AsyncioClock | None = None
         self.driver: EngineDriver | None = None
         self.created = int(time.time())
+        self.origin_unix_s = 0.0
+        """Unix time of modelled second 0 (lets a client line up several replicas' records)."""
+        self.records: deque[tuple[str, float, float | None, float, int, int, str]] = deque(maxlen=MAX_RECORDS)
+        """Finished requests: (id, arrival, first token, finish, prompt tokens, output tokens,
+        finish reason), modelled seconds; the most recent MAX_RECORDS."""
 
     # ---- clock -------------------------------------------------------------------------------
     def now_s(self) -> float:
@@ -160,6 +168,7 @@ class EmulatedReplica:
         if self.driver is not None:
             return
         self.clock = AsyncioClock(1.0 / self.cfg.time_scale)
+        self.origin_unix_s = time.time()
         self.driver = EngineDriver(self.engine, self.clock, self._on_output, single_passes, self.build.perf,
                                    pool_name=self.pool.name, accelerator=self.deployment.accelerator.name,
                                    model_version=self.pool.model_version, region=self.pool.region,
@@ -326,6 +335,8 @@ class EmulatedReplica:
 
     def _finish(self, lv: Live, t: float) -> None:
         m = self.metrics
+        self.records.append((lv.rid, lv.arrival_s, lv.first_token_s, t, len(lv.req.prompt_ids), lv.emitted,
+                             lv.finish_reason))
         lv.finish_s = t
         lv.done = True
         m.e2e.observe(t - lv.arrival_s)
@@ -486,6 +497,7 @@ class EmulatedReplica:
         """Replica counters (modelled seconds) for load generators and tests."""
         s = self.status
         return {"name": self.cfg.name, "role": self.pool.role, "time_scale": self.cfg.time_scale,
+                "origin_unix_s": self.origin_unix_s,
                 "now_s": self.now_s(), "steps": s.steps, "busy_s": s.busy_s, "requests": s.requests,
                 "overrun_mean_s": self.mean_overrun_s(), "overrun_max_s": s.overrun_max_s,
                 "running": self.engine.num_running, "waiting": self.engine.num_waiting,

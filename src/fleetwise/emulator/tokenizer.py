@@ -75,10 +75,12 @@ def _chunk_id(chunk: str) -> int:
 def encode(text: str) -> list[int]:
     """Token ids of `text` (deterministic; equal text prefixes give equal id prefixes up to the
     piece that straddles the end of the shorter text)."""
+    pieces = PIECE_RE.findall(text)
+    found = list(map(_ID_OF_PIECE.get, pieces))
+    if None not in found:  # all vocabulary words (generated text, load-generator prompts)
+        return found  # type: ignore[return-value]
     ids: list[int] = []
-    vocab = _ID_OF_PIECE
-    for piece in PIECE_RE.findall(text):
-        tid = vocab.get(piece)
+    for piece, tid in zip(pieces, found, strict=True):
         if tid is not None:
             ids.append(tid)
             continue
@@ -109,9 +111,12 @@ def block_hashes(ids: list[int], block_size: int) -> tuple[int, ...]:
     (as vLLM's prefix-cache block hashes do), as non-negative 63-bit ints."""
     out: list[int] = []
     parent = b""
-    for start in range(0, len(ids) - block_size + 1, block_size):
-        d = hashlib.blake2b(parent + array("I", ids[start:start + block_size]).tobytes(), digest_size=8).digest()
-        out.append(int.from_bytes(d, "little") >> 1)
+    data = array("I", ids).tobytes()
+    step = 4 * block_size
+    blake2b, from_bytes = hashlib.blake2b, int.from_bytes
+    for start in range(0, len(data) - step + 1, step):
+        d = blake2b(parent + data[start:start + step], digest_size=8).digest()
+        out.append(from_bytes(d, "little") >> 1)
         parent = d
     return tuple(out)
 

@@ -4,7 +4,7 @@ Run:  python3 benchmarks/emulator_agreement.py [--requests 2000] [--rate 2.0] [-
                                                [--cases poisson-colocated,trace-pd,...]
                                                [--out benchmarks/results/emulator_agreement.json]
 
-For each case (workload x plan): generate the requests (`fleetwise.sim.workload.generate`),
+For each case (workload x plan): generate the requests (`fleetwise.workload.generate`),
 simulate them (`fleetwise.sim.simulate`, round-robin routing, exact mode), then start the plan's
 replicas as `fleetwise emulate --plan` processes on 127.0.0.1 at `--time-scale` and replay the
 same requests with `emulator_loadgen.replay`, each sent to the replica(s) the simulator routed
@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from emulator_loadgen import Target, fetch_status, percentiles, replay, server_side, summarize  # noqa: E402
 
 from fleetwise.sim.runner import SimOptions, simulate  # noqa: E402
-from fleetwise.sim.workload import generate  # noqa: E402
 from fleetwise.spec.plan import PlanSpec  # noqa: E402
 from fleetwise.spec.workload import WorkloadSpec  # noqa: E402
+from fleetwise.workload.generate import generate  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 MODEL, GPU, TP = "llama-3.1-70b", "h100-sxm", 4

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from fleetwise.emulator.tokenizer import NUM_SPECIAL, NUM_WORDS, decode_token
-from fleetwise.spec.workload import FixedLength, LengthDist, LognormalLength, UniformLength
+from fleetwise.spec.workload import FixedLength, LengthDist, LognormalLength
+from fleetwise.workload.generate import _draw_lengths
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -50,15 +51,9 @@ class OutputLengthModel:
         self.dist, self.seed = dist, int(seed)
 
     def draw(self, prompt_digest: int) -> int:
-        """Tokens the model will generate for this prompt before its EOS (>= 1)."""
-        d = self.dist
-        if isinstance(d, FixedLength):
-            return d.tokens
+        """Tokens the model will generate for this prompt before its EOS (>= 1): one draw of the
+        workload generator's own sampler, from a generator seeded by (seed, prompt)."""
+        if isinstance(self.dist, FixedLength):
+            return self.dist.tokens
         rng = np.random.default_rng([self.seed, prompt_digest])
-        if isinstance(d, UniformLength):
-            return int(rng.integers(d.low_tokens, d.high_tokens + 1))
-        assert isinstance(d, LognormalLength)
-        mu, sigma = d.mu_sigma()
-        x = int(round(float(rng.lognormal(mu, sigma))))
-        hi = d.max_tokens if d.max_tokens is not None else x
-        return max(d.min_tokens, min(x, hi), 1)
+        return max(int(_draw_lengths(self.dist, rng, 1)[0]), 1)

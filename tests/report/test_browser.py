@@ -5,16 +5,17 @@ these tests skip and say why."""
 from __future__ import annotations
 
 import json
+import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
 from pathlib import Path
 
 import pytest
 
+from fleetwise.gateway import Gateway, GatewayConfig
+from fleetwise.gateway.server import listening_socket, uvicorn_server
 from fleetwise.report.browser import find_browser, load
 from fleetwise.report.dashboard import render_dashboard
-
-from .test_dashboard import fleet_state
 
 TOKEN = "test-admin-token"
 
@@ -41,47 +42,31 @@ def test_report_loads_cleanly_in_chromium(kind, browser, request, tmp_path):
     check_png(shot)
 
 
-class _Fleet(BaseHTTPRequestHandler):
-    polls = 0
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        if self.path == f"/dashboard?token={TOKEN}":
-            self._send(200, "text/html", render_dashboard(fleet_state(0)).encode())
-        elif self.path == "/admin/fleet" and self.headers.get("Authorization") == f"Bearer {TOKEN}":
-            type(self).polls += 1
-            self._send(200, "application/json", json.dumps(fleet_state(type(self).polls)).encode())
-        else:
-            self._send(401, "application/json", b'{"error": "token"}')
-
-    def _send(self, code: int, ctype: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def test_live_page_polls_with_the_token_and_updates(browser, tmp_path):
-    _Fleet.polls = 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Fleet)
-    server.timeout = 5
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+def test_live_page_of_a_running_gateway_polls_with_the_token_and_updates(browser, tmp_path):
+    gw = Gateway(GatewayConfig(backends=[{"url": "http://127.0.0.1:9", "name": "b0"},
+                                         {"url": "http://127.0.0.1:10", "name": "b1"}]),
+                 admin_token=TOKEN, dashboard=render_dashboard)
+    sock = listening_socket("127.0.0.1", 0)
+    server = uvicorn_server(gw)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/dashboard?token={TOKEN}"
+        for _ in range(200):  # bounded wait for the server to start
+            if server.started:
+                break
+            time.sleep(0.05)
+        assert server.started
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/dashboard?token={TOKEN}"
         got = load(url, dump_dom=True, wait_ms=3500, browser=browser)
         assert got.console == [] and got.returncode == 0
-        polls = _Fleet.polls
-        assert polls >= 2  # every second, with the bearer token from the page's query
-        assert f"gateway time {float(polls)} s" in got.dom or f"gateway time {polls} s" in got.dom
         assert got.dom.count("<tr data-backend=") == 2 and "live, every 1 s" in got.dom
+        first = json.loads(re.search(r'id="fleet-state">(.*?)</script>', got.dom, re.S).group(1))["now_s"]
+        shown = float(re.search(r"gateway time ([0-9.]+) s", got.dom).group(1))
+        assert shown > first  # the page polled /admin/fleet (with the bearer token) and re-rendered
         shot = tmp_path / "dashboard.png"
         assert load(url, screenshot=shot, wait_ms=1500, browser=browser).console == []
         check_png(shot)
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
+import httpx
+
+from fleetwise.gateway import Gateway, GatewayConfig
 from fleetwise.report.dashboard import render_dashboard
 
 
@@ -43,3 +47,27 @@ def test_hostile_names_cannot_leave_the_data_element():
     page = render_dashboard(state)
     assert page.count("<script") == 2 and page.count("</script>") == 2
     assert embedded(page)["backends"][0]["name"] == state["backends"][0]["name"]
+
+
+def test_gateway_serves_the_page_behind_the_admin_token():
+    cfg = GatewayConfig(backends=[{"url": "http://127.0.0.1:9", "name": "b0"}])
+    gw = Gateway(cfg, admin_token="tk", dashboard=render_dashboard)
+    plain = Gateway(cfg, admin_token="tk")
+
+    async def go() -> list[httpx.Response]:
+        out = []
+        for app, path, headers in ((gw, "/dashboard?token=tk", {}), (gw, "/dashboard", {"authorization": "Bearer tk"}),
+                                   (gw, "/dashboard?token=wrong", {}), (gw, "/dashboard", {}),
+                                   (plain, "/dashboard?token=tk", {})):
+            transport = httpx.ASGITransport(app=app.app())
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+                out.append(await c.get(path, headers=headers))
+        return out
+
+    by_query, by_header, wrong, missing, absent = asyncio.run(asyncio.wait_for(go(), 30))
+    for r in (by_query, by_header):
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        state = embedded(r.text)
+        assert [b["name"] for b in state["backends"]] == ["b0"] and state["policy"] == gw.policy.report()["policy"]
+    assert wrong.status_code == 401 and missing.status_code == 401
+    assert absent.status_code == 404  # no renderer given: no page

@@ -65,9 +65,10 @@ def build_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from fleetwise.gateway import Gateway, serve
+    from fleetwise.report.dashboard import render_dashboard
 
     cfg = build_config(args)
-    gw = Gateway(cfg)
+    gw = Gateway(cfg, dashboard=render_dashboard)  # live page at /dashboard?token=ADMIN_TOKEN
     print(f"fleetwise gateway on http://{cfg.host}:{cfg.port} -> {len(cfg.backends)} backend(s), "
           f"policy {cfg.routing.policy}", flush=True)
     try:

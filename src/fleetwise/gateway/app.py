@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from fleetwise.core.feedback import Completed, Failed, FirstToken, WorkerDown, WorkerUp
@@ -108,8 +108,11 @@ class Gateway:
     """One gateway process's state: config, policy, backends, limits, telemetry, loops."""
 
     def __init__(self, cfg: GatewayConfig, *, admin_token: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 dashboard: Callable[[dict[str, Any]], str] | None = None) -> None:
         self.cfg = cfg
+        self.dashboard = dashboard
+        """Renders the /admin/fleet document as the live page served at /dashboard (None: no page)."""
         self._clock = clock
         self._t0 = clock()
         self.policy = make_policy(cfg.routing, seed=cfg.seed)
@@ -322,6 +325,8 @@ class Gateway:
             Route("/admin/backends", self._admin_backends, methods=["GET", "POST"]),
             Route("/admin/backends/{name:path}", self._admin_backend_delete, methods=["DELETE"]),
         ]
+        if self.dashboard is not None:
+            routes.append(Route("/dashboard", self._dashboard_page, methods=["GET"]))
         app = Starlette(routes=routes, lifespan=lifespan)
         app.add_exception_handler(404, _not_found)
         app.add_exception_handler(405, _not_allowed)
@@ -342,11 +347,11 @@ class Gateway:
     async def _metrics(self, _: Request) -> Response:
         return Response(self.telemetry.render(), media_type="text/plain; version=0.0.4")
 
-    def _admin_refusal(self, request: Request) -> Response | None:
+    def _admin_refusal(self, request: Request, presented: str | None = None) -> Response | None:
         if not self.admin_token:
             return _error_response(403, "admin API disabled: set the admin token (admin_token_env) to enable it",
                                    "permission_error")
-        got = request.headers.get("authorization", "")
+        got = presented if presented is not None else request.headers.get("authorization", "")
         if not hmac.compare_digest(got.encode(), f"Bearer {self.admin_token}".encode()):
             return _error_response(401, "admin API: missing or wrong bearer token", "authentication_error")
         return None
@@ -368,6 +373,13 @@ class Gateway:
             "tenants": {n: {"active": t.active, "admitted": t.admitted, "refused": t.refused}
                         for n, t in {"default": self.default_limiter, **self.limiters}.items()},
         }
+
+    async def _dashboard_page(self, request: Request) -> Response:
+        """The live fleet page; a browser cannot set headers, so `?token=` stands for the bearer token."""
+        assert self.dashboard is not None
+        token = request.query_params.get("token")
+        refused = self._admin_refusal(request, None if token is None else f"Bearer {token}")
+        return refused or HTMLResponse(self.dashboard(self.fleet_document()))
 
     async def _admin_fleet(self, request: Request) -> Response:
         return self._admin_refusal(request) or JSONResponse(self.fleet_document())

@@ -162,7 +162,7 @@ def refine(search: Search, ctx: Context, ex: Executor) -> list[Candidate]:
         for c, r in zip(batch, ex.map(_refine_task, ctx, items), strict=True):
             c.refined = r
             search.simulations += r.runs
-            c.cost_per_hour = _cost(search, r.serving, _spare(c.sizings))
+            c.cost_per_hour = _cost(search, r.full, {})  # spares, and what the headroom checks added
         done += batch
         if any(c.refined and c.refined.passed for c in done):
             break

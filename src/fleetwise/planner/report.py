@@ -66,11 +66,8 @@ def _evidence(search: Search, c: Candidate) -> list[str]:
     out.append(f"simulated over {p['seeds']} seeds at {search.spec.workload.rate_rps:g} req/s with all "
                f"{r.full.gpus} GPUs: attainment {p['slo_attainment']:.1%} (95% CI {lo:.1%}-{hi:.1%}), "
                f"TTFT p99 {p['ttft_p99_s'] * 1e3:.0f} ms, TPOT p99 {p['tpot_p99_s'] * 1e3:.1f} ms")
-    if r.failure_run is not None:
-        v, n = r.failure_run, search.spec.headroom.failures_to_survive
-        out.append(f"with {n} replica(s) of the largest pool down: attainment {v.attainment:.1%}, TTFT {k} "
-                   f"{v.ttft[k] * 1e3:.0f} ms, TPOT {k} {v.tpot[k] * 1e3:.1f} ms "
-                   f"({'holds' if v.passed else 'MISSES the SLO: consider more failure headroom'})")
+    slo = search.spec.slo
+    out.extend(h.line(slo.percentile, slo.ttft_s, slo.tpot_s) for h in r.headroom)
     return out
 
 
@@ -95,6 +92,7 @@ def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
         "headroom": {role: {"load_replicas": _r(s.load_replicas, 4), "ramp_replicas": _r(s.ramp_replicas, 4),
                             "serving": c.refined.serving.pool(role).replicas, "failures": s.failures,
                             "upgrade": s.upgrade, "burst_factor": _r(s.burst_factor, 4),
+                            "added_in_simulation": sum(h.added for h in c.refined.headroom if h.role == role),
                             "goodput_per_replica_rps": _r(s.goodput_per_replica_rps, 4)}
                      for role, s in c.sizings.items()},
         "explanation": [*c.steps, *_evidence(search, c),

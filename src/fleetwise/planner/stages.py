@@ -93,7 +93,8 @@ class Refined:
     corrections: list[str] = field(default_factory=list)
     confirm: SimVerdict | None = None
     seeds: list[SimVerdict] = field(default_factory=list)
-    failure_run: SimVerdict | None = None
+    headroom: list[HeadroomCheck] = field(default_factory=list)
+    """Each headroom term simulated against the sized plan (and what was added when one missed)."""
     runs: int = 0
 
     @property
@@ -138,20 +139,70 @@ def refine_plan(ctx: Context, key: str, serving: FleetShape, spare: dict[str, in
     for seed in range(ctx.spec.search.seeds):
         out.seeds.append(run_fleet(ctx.spec, ctx.mix, out.full, ctx.prices, rate, seed=seed))
         out.runs += 1
-    out.failure_run = _failure_run(ctx, out.full)
-    out.runs += 1 if out.failure_run else 0
+    _check_headroom(ctx, out)
     return out
 
 
-def _failure_run(ctx: Context, full: FleetShape) -> SimVerdict | None:
-    n = ctx.spec.headroom.failures_to_survive
-    if n == 0:
-        return None
-    pool = max(full.pools, key=lambda p: p.gpus)
-    if pool.replicas <= n:
-        return None
-    scen = crash_scenario(full, pool.role, n)
-    return run_fleet(ctx.spec, ctx.mix, full, ctx.prices, ctx.spec.workload.rate_rps, seed=0, faults=scen)
+MAX_HEADROOM_ADDS = 2
+"""Replicas one headroom check may add to its pool before it is reported as still missing."""
+
+
+@dataclass
+class HeadroomCheck:
+    """One headroom term simulated at the target rate against the full plan."""
+
+    term: str
+    role: str
+    verdict: SimVerdict
+    added: int = 0
+
+    def line(self, pct: int, slo_ttft_s: float, slo_tpot_s: float) -> str:
+        v, k = self.verdict, f"p{pct}"
+        fix = (f"; missed first, so {self.added} {self.role} replica(s) were added" if self.added and v.passed else
+               f"; STILL MISSES after adding {self.added} {self.role} replica(s)" if self.added else "")
+        return (f"headroom checked in simulation: {self.term}: attainment {v.attainment:.1%}, TTFT {k} "
+                f"{v.ttft[k] * 1e3:.0f} ms (target {slo_ttft_s * 1e3:.0f}), TPOT {k} {v.tpot[k] * 1e3:.1f} ms "
+                f"(target {slo_tpot_s * 1e3:.0f}) -> {'holds' if v.passed else 'misses'}{fix}")
+
+
+def _headroom_scenarios(ctx: Context, full: FleetShape) -> list[tuple[str, str, FaultScenario]]:
+    """(term, pool, faults): a failure in each pool, a rolling upgrade of each pool, a cold replica
+    joining the largest pool. The burst term is the confirmation at peak rate (`refine_plan`)."""
+    h, rate = ctx.spec.headroom, ctx.spec.workload.rate_rps
+    span = requests_for(rate, ctx.spec.search.sample_requests) / rate
+    out: list[tuple[str, str, FaultScenario]] = []
+    for p in full.pools:
+        n = h.failures_to_survive
+        if n > 0 and p.replicas > n:
+            out.append((f"{n} {p.role} replica(s) down for the whole run", p.role, crash_scenario(full, p.role, n)))
+        if h.upgrade_batch_replicas > 0 and p.replicas > 1:
+            out.append((f"a rolling upgrade of the {p.role} pool (one replica out at a time, {h.cold_start_s:g} s "
+                        "each)", p.role, FaultScenario(name=f"{p.role} upgrade", faults=[RollingUpgrade(
+                            pool=p.role, start_s=0.0, new_model_version="v1", restart_after_s=h.cold_start_s)])))
+    big = max(full.pools, key=lambda p: p.gpus)
+    if h.cold_start_s > 0 and big.replicas > 1:
+        back = round(min(h.cold_start_s, span / 2), 3)
+        out.append((f"a {big.role} replica joining cold (empty cache) after {back:g} s of loading"
+                    f"{'' if back == h.cold_start_s else f' (cold_start_s {h.cold_start_s:g} s, cut to half the run)'}",
+                    big.role, FaultScenario(name="cold join", faults=[ReplicaCrash(
+                        replica=f"{big.role}-0", at_s=0.0, restart_after_s=back)])))
+    return out
+
+
+def _check_headroom(ctx: Context, out: Refined) -> None:
+    """Simulate each headroom term against the sized plan; a miss adds a replica to its pool."""
+    rate = ctx.spec.workload.rate_rps
+    for term, role, scen in _headroom_scenarios(ctx, out.full):
+        v = run_fleet(ctx.spec, ctx.mix, out.full, ctx.prices, rate, seed=0, faults=scen)
+        out.runs += 1
+        check = HeadroomCheck(term, role, v)
+        while not check.verdict.passed and check.added < MAX_HEADROOM_ADDS:
+            n = out.full.pool(role).replicas
+            out.full = out.full.with_replicas(**{role: n + 1})
+            check.added += 1
+            check.verdict = run_fleet(ctx.spec, ctx.mix, out.full, ctx.prices, rate, seed=0, faults=scen)
+            out.runs += 1
+        out.headroom.append(check)
 
 
 @dataclass

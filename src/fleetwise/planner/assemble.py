@@ -25,6 +25,9 @@ def _goodput_line(search: Search, role: str, lay: Layout) -> str:
     mu = {"mixed": e.mu_mixed_rps, "prefill": e.mu_prefill_rps, "decode": e.mu_decode_rps}[role]
     judged = {"mixed": "TTFT and TPOT", "prefill": "TTFT (decode pool oversized)",
               "decode": "TPOT and TTFT (prefill pool oversized, so TTFT holds the decode admission wait)"}[role]
+    if (role, lay) in search.measured:
+        return (f"effective goodput: one {role} replica of {lay.label} sustains {search.goodput[(role, lay)]:.2f} "
+                f"req/s within the SLO, {search.measured[(role, lay)]}; the analytical estimate was {mu:.2f} req/s")
     return (f"effective goodput: one {role} replica of {lay.label} sustains "
             f"{search.goodput[(role, lay)]:.2f} req/s of the target mix within the SLO ({judged}), bisected in the "
             f"simulator; the analytical estimate was {mu:.2f} req/s")

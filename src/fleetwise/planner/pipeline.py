@@ -22,6 +22,7 @@ from fleetwise.planner.estimate import LayoutEstimate, estimate
 from fleetwise.planner.executor import Executor
 from fleetwise.planner.explain import latency_reason, no_layout_meets_latency, suggestions
 from fleetwise.planner.measure import MAX_REQUESTS_PER_RUN, FleetShape, PoolShape
+from fleetwise.planner.measured import load_measurement
 from fleetwise.planner.sizing import Sizing
 from fleetwise.planner.stages import Claims, Context, MeasureTask, Refined, measure_goodput
 from fleetwise.planner.workload import LengthStats, build_mix, burst_factor
@@ -78,6 +79,8 @@ class Search:
     estimates: dict[Layout, LayoutEstimate] = field(default_factory=dict)
     fits: dict[Layout, str] = field(default_factory=dict)
     goodput: dict[tuple[str, Layout], float] = field(default_factory=dict)
+    measured: dict[tuple[str, Layout], str] = field(default_factory=dict)
+    """Goodputs taken from a load test instead of the simulator, with the evidence."""
     candidates: list[Candidate] = field(default_factory=list)
     ranked: list[Candidate] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
@@ -242,9 +245,37 @@ def _floor(search: Search, task: MeasureTask) -> MeasureTask:
     return MeasureTask(task.key, task.role, task.fleet, task.guess_rps, floor)
 
 
+def _from_load_tests(search: Search, lists: dict[str, list[Layout]]) -> dict[tuple[str, Layout], float]:
+    """Goodputs the spec's load tests give (their layouts join the shortlists)."""
+    out: dict[tuple[str, Layout], float] = {}
+    for i, m in enumerate(search.spec.measured):
+        res = load_measurement(m, f"measured.{i}")
+        lay = next((lay for lay in search.estimates if (lay.accelerator, lay.weight_dtype, lay.tp, lay.pp) ==
+                    (m.accelerator, m.weight_dtype, m.tp, m.pp)), None)
+        label = f"{m.accelerator} {m.weight_dtype} TP={m.tp} PP={m.pp}"
+        if lay is None:
+            search.rejected.append(Rejection(f"measured {label}", (
+                f"load test {m.path} is for a layout that does not fit this workload or is not searched")))
+            continue
+        g = res.goodput_rps(search.spec.slo, m.role)
+        out[(m.role, lay)] = g
+        if g <= 0:
+            search.rejected.append(Rejection(f"{m.role} {lay.label}", (
+                f"load test {m.path} met the SLO at none of its measured rates; test lower rates")))
+        search.measured[(m.role, lay)] = (
+            f"measured, not simulated: {res.describe(search.spec.slo)}; the highest rate meeting the SLO is "
+            f"{g:.2f} req/s")
+        if m.role in lists and lay not in lists[m.role]:
+            lists[m.role].append(lay)
+    return out
+
+
 def _measure(search: Search, ctx: Context, ex: Executor) -> dict[str, list[Layout]]:
     lists = _shortlists(search)
+    measured = _from_load_tests(search, lists)
     tasks = [_floor(search, t) for t in _measure_tasks(search, lists)]
+    tasks = [t for t in tasks if (t.role, t.fleet.pools[0 if t.role != "decode" else 1].layout) not in measured]
+    search.goodput.update(measured)
     by_key = {t.key: t for t in tasks}
     for res in ex.map(measure_goodput, ctx, tasks):
         search.simulations += res.runs

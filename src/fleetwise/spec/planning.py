@@ -226,6 +226,23 @@ class KVLinkSpec(Spec):
     """Per-transfer latency."""
 
 
+class MeasuredThroughput(Spec):
+    """A load test of one real replica of a layout: its result replaces the simulated goodput."""
+
+    path: str
+    """Result JSON: aiperf's `profile_export_aiperf.json`, guidellm's benchmarks JSON (a rate sweep),
+    or fleetwise's own load-test / simulation summary (`ttft_s`, `tpot_s` in seconds)."""
+    accelerator: str
+    """Catalog name of the card the replica ran on."""
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    weight_dtype: WeightDtype = "bf16"
+    role: Literal["mixed", "prefill", "decode"] = "mixed"
+    """The replica's role in the test (a colocated replica is `mixed`)."""
+    rate_rps: float | None = Field(default=None, gt=0)
+    """Offered rate of the test, for result files that do not record it (fleetwise's load test)."""
+
+
 class PlanningSpec(Spec):
     """SPEC.yaml of `fleetwise plan`: the deployment question."""
 
@@ -253,6 +270,8 @@ class PlanningSpec(Spec):
     """MoE assumptions (ignored for dense models)."""
     routing_policy: str | None = None
     """Routing policy name for simulated plans; None uses the registry default."""
+    measured: list[MeasuredThroughput] = Field(default_factory=list)
+    """Load-test results of real replicas; each replaces the simulated goodput of its layout."""
     profile: str | None = None
     """Perf profile JSON (`fleetwise calibrate`) that prices every step, in the estimate and in the
     simulator alike; None uses the default, uncalibrated factors. `fleetwise plan --profile` overrides."""

@@ -17,6 +17,8 @@ Formats (detected from the header line; `format=` overrides):
   counted in `TraceTable.skipped_failed`.
 - `length_stats`: `num_prefill_tokens,num_decode_tokens,...` (sarathi-serve/Vidur); no
   timestamps, so replay needs `rate_rps` and arrivals are Poisson from the seed.
+- any other CSV or JSONL through a column mapping (`columns=ColumnMap(...)`, the CLI's
+  `--trace-columns arrival=...,prompt=...,output=...`; `fleetwise.workload.columns`).
 """
 
 from __future__ import annotations
@@ -28,12 +30,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fleetwise.core.request import Request
 from fleetwise.core.rng import RngStreams
 from fleetwise.errors import SpecError
+
+if TYPE_CHECKING:
+    from fleetwise.workload.columns import ColumnMap
 
 FORMATS: dict[str, tuple[str, ...]] = {
     "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
@@ -110,7 +116,8 @@ def detect_format(path: str | Path) -> str:
             return fmt
     raise SpecError(
         f"{p}: unknown trace format; found {'fields' if is_json else 'columns'} {names}; "
-        f"supported formats and the columns they need: {_supported()}; or pass format= explicitly"
+        f"supported formats and the columns they need: {_supported()}; or pass format= explicitly, or map "
+        "your own columns with --trace-columns arrival=COL,prompt=COL,output=COL (columns= in Python)"
     )
 
 
@@ -287,13 +294,18 @@ _READERS = {"azure": _read_azure, "mooncake": _read_mooncake, "burstgpt": _read_
             "length_stats": _read_length_stats}
 
 
-def read_trace(path: str | Path, format: str | None = None) -> TraceTable:
-    """Read a trace file as columns, sorted by arrival (stable), arrivals relative to the first."""
+def read_trace(path: str | Path, format: str | None = None, columns: ColumnMap | None = None) -> TraceTable:
+    """Read a trace file as columns, sorted by arrival (stable), arrivals relative to the first;
+    `columns` maps a file's own column names (see `fleetwise.workload.columns`)."""
     p = _check_path(path)
     if format is not None and format not in _READERS:
         raise SpecError(f"format {format!r} is not a trace format; supported: {_supported()}")
-    fmt = format or detect_format(p)
-    table = _READERS[fmt](p)
+    if columns is not None:
+        from fleetwise.workload.columns import read_mapped
+
+        table = read_mapped(p, columns)
+    else:
+        table = _READERS[format or detect_format(p)](p)
     if table.arrival_s is not None:
         order = np.argsort(table.arrival_s, kind="stable")
         if (order != np.arange(len(order))).any():
@@ -393,9 +405,10 @@ def load_trace(
     max_requests: int | None = None,
     seed: int = 0,
     start_s: float = 0.0,
+    columns: ColumnMap | None = None,
 ) -> list[Request]:
     """Load a trace as `Request`s sorted by arrival, arrivals starting at 0 (see `replay_arrivals`)."""
-    table = replay_arrivals(read_trace(path, format), time_scale=time_scale, rate_rps=rate_rps,
+    table = replay_arrivals(read_trace(path, format, columns), time_scale=time_scale, rate_rps=rate_rps,
                             start_s=start_s, max_requests=max_requests, seed=seed)
     return to_requests(table)
 

@@ -280,3 +280,76 @@ def test_simulate_summary_is_strict_json_with_finite_times(capsys, tmp_path):
     assert o.rc == 0, o.err
     doc = load_strict_json((tmp_path / "out" / "summary.json").read_text())
     finite_nonneg_times(doc)
+
+
+# ---- trace rows that lie -------------------------------------------------------------------------
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+def _azure(tmp_path, rows: list[str]):
+    p = tmp_path / "azure.csv"
+    p.write_text(AZURE_HEADER + "".join(r + "\n" for r in rows))
+    return p
+
+
+def _mooncake(tmp_path, rows: list[str]):
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(r + "\n" for r in rows))
+    return p
+
+
+def _trace_sim(capsys, tmp_path, trace):
+    return run_cli(capsys, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", trace,
+                            "--out", tmp_path / "o", "--no-progress"])
+
+
+def test_year_2300_timestamp_does_not_wrap(capsys, tmp_path):
+    rows = [f"2023-11-16 18:15:0{i}.0000000,100,10" for i in range(5)] + ["2300-01-01 00:00:00.0000000,100,10"]
+    assert_user_error(_trace_sim(capsys, tmp_path, _azure(tmp_path, rows)), "azure.csv:7", "'TIMESTAMP'", "2300")
+
+
+def test_not_a_time_timestamp_names_the_row(capsys, tmp_path):
+    rows = ["2023-11-16 18:15:00.0000000,100,10", "NaT,100,10"]
+    assert_user_error(_trace_sim(capsys, tmp_path, _azure(tmp_path, rows)), "azure.csv:3", "NaT")
+
+
+def test_hash_ids_string_is_not_read_as_digits(capsys, tmp_path):
+    rows = ['{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": "123"}']
+    assert_user_error(_trace_sim(capsys, tmp_path, _mooncake(tmp_path, rows)), "m.jsonl:1", "hash_ids", "'123'")
+
+
+@pytest.mark.parametrize("value", ["100.7", "true", '"100"', "-3", "1e400"])
+def test_mooncake_lengths_are_not_coerced(capsys, tmp_path, value):
+    rows = ['{"timestamp": 0, "input_length": 100, "output_length": 5}',
+            f'{{"timestamp": 10, "input_length": {value}, "output_length": 5}}']
+    assert_user_error(_trace_sim(capsys, tmp_path, _mooncake(tmp_path, rows)), "m.jsonl:2")
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", '"5"', "1e300"])
+def test_mooncake_timestamps_must_be_finite_numbers(capsys, tmp_path, value):
+    rows = ['{"timestamp": 0, "input_length": 100, "output_length": 5}',
+            f'{{"timestamp": {value}, "input_length": 100, "output_length": 5}}']
+    assert_user_error(_trace_sim(capsys, tmp_path, _mooncake(tmp_path, rows)), "m.jsonl")
+
+
+@pytest.mark.parametrize("rows", [["2023-11-16 18:15:00.0000000,100.7,10"], ["2023-11-16 18:15:00.0000000,true,10"]])
+def test_csv_lengths_are_not_coerced(capsys, tmp_path, rows):
+    assert_user_error(_trace_sim(capsys, tmp_path, _azure(tmp_path, rows)), "azure.csv:2", "ContextTokens")
+
+
+def test_zero_token_prompt_in_a_trace_is_refused(capsys, tmp_path):
+    rows = ["2023-11-16 18:15:00.0000000,100,10", "2023-11-16 18:15:01.0000000,0,10"]
+    assert_user_error(_trace_sim(capsys, tmp_path, _azure(tmp_path, rows)), "request 1", "prompt of 0 tokens")
+
+
+@pytest.mark.parametrize("content", ["ts\n".encode("utf-16"), b"TIMESTAMP,ContextTokens\n\x00\x01\x02,\xff\n"])
+def test_binary_and_utf16_traces(capsys, tmp_path, content):
+    p = tmp_path / "t.csv"
+    p.write_bytes(content)
+    assert_user_error(_trace_sim(capsys, tmp_path, p), "t.csv")
+
+
+def test_deeply_nested_trace_row(capsys, tmp_path):
+    rows = ['{"timestamp": 0, "input_length": 100, "output_length": 5, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"]
+    assert_user_error(_trace_sim(capsys, tmp_path, _mooncake(tmp_path, rows)), "m.jsonl:1")

@@ -151,7 +151,7 @@ BAD_ROWS = [
     ("m.jsonl", json.dumps(MOONCAKE[0]) + "\n{oops\n", ":2: not valid JSON"),
     ("m.jsonl", json.dumps(MOONCAKE[0]) + '\n{"timestamp": 1, "input_length": 3}\n', ":2: missing field 'output_length'"),
     ("m.jsonl", json.dumps(MOONCAKE[0]) + '\n{"timestamp": 1, "input_length": 3, "output_length": 1, '
-     '"hash_ids": ["a"]}\n', ":2: timestamp, input_length, output_length must be numbers"),
+     '"hash_ids": ["a"]}\n', ":2: hash_ids[0]: expected a whole number, got 'a'"),
 ]
 
 

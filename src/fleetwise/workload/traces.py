@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import gc
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -36,7 +35,8 @@ import numpy as np
 
 from fleetwise.core.request import Request
 from fleetwise.core.rng import RngStreams
-from fleetwise.errors import SpecError
+from fleetwise.errors import SpecError, quote
+from fleetwise.spec.inputs import MAX_DURATION_S, MAX_TOKENS, finite, parse_json_line, whole
 
 if TYPE_CHECKING:
     from fleetwise.workload.columns import ColumnMap
@@ -95,10 +95,8 @@ def _header_names(p: Path) -> tuple[bool, list[str]]:
     """(is_json, column or field names) of the first line."""
     line = _first_line(p)
     if line.startswith("{"):
-        try:
-            return True, list(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise SpecError(f"{p}:1: not valid JSON ({err.msg})") from None
+        first = parse_json_line(line, f"{p}:1")
+        return True, [str(k) for k in first] if isinstance(first, dict) else []
     return False, [c.strip() for c in next(csv.reader([line]))]
 
 
@@ -184,6 +182,7 @@ def _datetime_column(p: Path, name: str, values: list[str], lines: list[int]) ->
     if values and values[0].strip() != _strip_offset(values[0]):
         values = [_strip_offset(v) for v in values]
     try:
+        _check_dates(p, name, values, lines)
         ns = np.asarray(values, dtype="datetime64[ns]").astype(np.int64)
     except ValueError:
         for v, ln in zip(values, lines, strict=True):
@@ -197,6 +196,21 @@ def _datetime_column(p: Path, name: str, values: list[str], lines: list[int]) ->
     if len(ns) == 0:
         return np.zeros(0)
     return (ns - ns.min()).astype(np.float64) / 1e9
+
+
+TRACE_DATES = (np.datetime64("1970-01-01"), np.datetime64("2200-01-01"))
+"""Timestamps a trace may hold: datetime64[ns] wraps outside 1678..2262 (year 2300 would read as
+1715 and reorder every row), and no request log predates 1970 or is dated past 2200."""
+
+
+def _check_dates(p: Path, name: str, values: list[str], lines: list[int]) -> None:
+    """SpecError naming the first row whose timestamp is missing (NaT) or outside `TRACE_DATES`."""
+    us = np.asarray(values, dtype="datetime64[us]")
+    bad = np.isnat(us) | (us < TRACE_DATES[0]) | (us >= TRACE_DATES[1])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise SpecError(f"{p}:{lines[i]}: column {name!r}: {quote(values[i])} is not a date between "
+                        f"{TRACE_DATES[0]} and {TRACE_DATES[1]}; fix or drop the row")
 
 
 def _read_csv(p: Path, needed: tuple[str, ...], fmt: str) -> tuple[dict[str, list[str]], list[int]]:
@@ -258,21 +272,29 @@ def _read_length_stats(p: Path) -> TraceTable:
 
 
 def _mooncake_row(p: Path, ln: int, line: str) -> tuple[float, int, int, tuple[int, ...]]:
-    try:
-        d = json.loads(line)
-        hashes = tuple(int(h) for h in d.get("hash_ids", ()))
-        t, i, o = float(d["timestamp"]), int(d["input_length"]), int(d["output_length"])
-    except json.JSONDecodeError as err:
-        raise SpecError(f"{p}:{ln}: not valid JSON ({err.msg})") from None
-    except KeyError as err:
-        raise SpecError(f"{p}:{ln}: missing field {err.args[0]!r}; mooncake rows need {list(FORMATS['mooncake'])}"
-                        " and optionally hash_ids") from None
-    except (TypeError, ValueError, AttributeError):
-        raise SpecError(f"{p}:{ln}: timestamp, input_length, output_length must be numbers and hash_ids a "
-                        f"list of integers; got {line.strip()[:200]}") from None
-    if i < 0 or o < 0:
-        raise SpecError(f"{p}:{ln}: input_length and output_length must be non-negative, got {i}, {o}")
+    """One row, types as Mooncake writes them: no string, bool or fractional value is coerced."""
+    where = f"{p}:{ln}"
+    d = parse_json_line(line, where)
+    if not isinstance(d, dict):
+        raise SpecError(f"{where}: expected a JSON object per line, got {quote(d)}")
+    missing = [k for k in FORMATS["mooncake"] if k not in d]
+    if missing:
+        raise SpecError(f"{where}: missing field {missing[0]!r}; mooncake rows need {list(FORMATS['mooncake'])}"
+                        " and optionally hash_ids")
+    t = finite(d["timestamp"], f"{where}: timestamp", minimum=0.0)
+    i, o = (_whole_tokens(d[k], f"{where}: {k}") for k in ("input_length", "output_length"))
+    raw = d.get("hash_ids", [])
+    if not isinstance(raw, list):
+        raise SpecError(f"{where}: hash_ids must be a list of integers, got {quote(raw)}")
+    hashes = tuple(whole(h, f"{where}: hash_ids[{k}]") for k, h in enumerate(raw))
     return t, i, o, hashes
+
+
+def _whole_tokens(value: object, field: str) -> int:
+    """A token count: a JSON integer (or an integral float such as 12.0) in [0, MAX_TOKENS]."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return whole(value, field, minimum=0, maximum=MAX_TOKENS)
 
 
 def _read_mooncake(p: Path) -> TraceTable:
@@ -300,17 +322,34 @@ def read_trace(path: str | Path, format: str | None = None, columns: ColumnMap |
     p = _check_path(path)
     if format is not None and format not in _READERS:
         raise SpecError(f"format {format!r} is not a trace format; supported: {_supported()}")
-    if columns is not None:
-        from fleetwise.workload.columns import read_mapped
+    try:
+        if columns is not None:
+            from fleetwise.workload.columns import read_mapped
 
-        table = read_mapped(p, columns)
-    else:
-        table = _READERS[format or detect_format(p)](p)
+            table = read_mapped(p, columns)
+        else:
+            table = _READERS[format or detect_format(p)](p)
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{p}: byte {err.object[err.start]:#04x} at offset {err.start} is not UTF-8; a trace is "
+                        "UTF-8 text (CSV or JSONL)") from None
+    except csv.Error as err:
+        raise SpecError(f"{p}: not a readable CSV ({quote(str(err), 120)}); a trace is UTF-8 CSV or JSONL") from None
+    _check_span(table)
     if table.arrival_s is not None:
         order = np.argsort(table.arrival_s, kind="stable")
         if (order != np.arange(len(order))).any():
             table = table.take(order)
     return table
+
+
+def _check_span(table: TraceTable) -> None:
+    """SpecError when the arrivals span more than `MAX_DURATION_S` (one stray timestamp far in the
+    future would otherwise stretch the replay by centuries)."""
+    t = table.arrival_s
+    if t is not None and len(t) and float(t.max() - t.min()) > MAX_DURATION_S:
+        i = int(np.argmax(t))
+        raise SpecError(f"{table.path}: row {i + 1} arrives {float(t[i] - t.min()):.3g} s after the first; a trace "
+                        f"may span at most {MAX_DURATION_S:.3g} s (one year); fix or drop the row")
 
 
 def read_length_stats(path: str | Path) -> tuple[np.ndarray, np.ndarray]:

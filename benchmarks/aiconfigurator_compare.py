@@ -236,7 +236,7 @@ def fleetwise_plan(spec_path: Path, q: dict, work: Path) -> dict:
 
 
 def fleetwise_step(model: str, accel: str, kind: str, tp: int, bs: int, q: dict) -> dict:
-    """The planner's roofline (default factors, as `fleetwise.planner.estimate` uses) for one step."""
+    """The planner's roofline (default factors, as `fleetwise.planner.latency` uses) for one step."""
     from fleetwise.perf import Deployment, PerfModel, SeqWork
     from fleetwise.perf.memory import FitOptions, layout_fit
     from fleetwise.spec.catalog import resolve_gpu, resolve_model

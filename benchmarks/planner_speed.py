@@ -40,9 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "benchmarks" / "specs" / "planner-speed-70b-3gpus.yaml"
 CLI = "from fleetwise.cli.main import main; main()"
 # planner phases (fleetwise.planner.api.plan calls them in this order)
-PHASES = [("api.py", "plan"), ("pipeline.py", "_prepare"), ("pipeline.py", "_estimate"), ("pipeline.py", "_measure"),
-          ("assemble.py", "size_candidates"), ("assemble.py", "refine"), ("assemble.py", "compare"),
-          ("assemble.py", "rank"), ("report.py", "to_json"), ("report.py", "render")]
+PHASES = [("api.py", "plan"), ("fit.py", "prepare"), ("latency.py", "run"), ("goodput.py", "run"),
+          ("sizing.py", "run"), ("refinement.py", "run"), ("disaggregation.py", "run"),
+          ("ranking.py", "run"), ("report.py", "to_json"), ("report.py", "render")]
 
 
 def _children_cpu() -> float:

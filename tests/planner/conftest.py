@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from fleetwise.planner.api import plan
-from fleetwise.planner.pipeline import PlanOptions, Search
+from fleetwise.planner.state import PlanOptions, Search
 from fleetwise.spec.planning import PlanningSpec, planning_spec_from_dict
 
 

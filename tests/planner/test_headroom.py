@@ -6,11 +6,10 @@ import math
 
 import pytest
 
-from fleetwise.planner.candidates import Layout
-from fleetwise.planner.measure import FleetShape, PoolShape
-from fleetwise.planner.pipeline import _prepare
+from fleetwise.planner.fit import Layout, prepare
+from fleetwise.planner.refinement import Refined, check_headroom
 from fleetwise.planner.report import to_json
-from fleetwise.planner.stages import Refined, _check_headroom
+from fleetwise.planner.simulate import FleetShape, PoolShape
 from fleetwise.planner.workload import build_mix, burst_factor
 
 
@@ -30,10 +29,10 @@ def test_a_missed_failure_check_adds_a_replica(spec_factory) -> None:
     spec = spec_factory(workload={"rate_rps": 14.0, "prompt_tokens": {"kind": "fixed", "tokens": 2048},
                                   "output_tokens": {"kind": "fixed", "tokens": 128}},
                         headroom={"failures_to_survive": 1, "upgrade_batch_replicas": 0, "cold_start_s": 0})
-    _, ctx, _ = _prepare(spec)
+    ctx = prepare(spec).ctx
     full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 2),))
     out = Refined("two", full, full)
-    _check_headroom(ctx, out)
+    check_headroom(ctx, out)
     (check,) = out.headroom
     assert check.term == "1 mixed replica(s) down for the whole run"
     assert (check.added, check.verdict.passed, out.full.pool("mixed").replicas) == (1, True, 3)

@@ -9,9 +9,9 @@ import pytest
 
 from fleetwise.errors import SpecError
 from fleetwise.planner.api import plan
-from fleetwise.planner.measured import load_measurement
-from fleetwise.planner.pipeline import PlanOptions
+from fleetwise.planner.loadtest import load_measurement
 from fleetwise.planner.report import to_json
+from fleetwise.planner.state import PlanOptions
 from fleetwise.spec.planning import MeasuredThroughput, PlanSLOSpec
 
 SLO = PlanSLOSpec(ttft_s=1.0, tpot_s=0.05, percentile=90, attainment=0.9)

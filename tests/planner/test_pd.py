@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from fleetwise.planner import ranking
 from fleetwise.planner.api import plan
-from fleetwise.planner.assemble import rank
-from fleetwise.planner.measure import run_fleet
-from fleetwise.planner.pipeline import PlanOptions, Search, _prepare
+from fleetwise.planner.disaggregation import check_claims
 from fleetwise.planner.report import to_json
-from fleetwise.planner.stages import check_claims
+from fleetwise.planner.simulate import run_fleet
+from fleetwise.planner.state import PlanOptions, Search
 from fleetwise.spec.planning import planning_spec_from_dict
 
 PD_SPEC: dict[str, Any] = {
@@ -76,7 +76,7 @@ def test_a_failed_claim_demotes_the_plan_with_its_reason(pd_search: Search) -> N
     # The cheapest plan's fleet behind a 2 GB/s KV link: a 6k-token prompt's KV (0.8 GB) takes
     # ~0.4 s, over 20% of the TTFT target. Its claims, measured on that fleet, fail the KV bound,
     # and ranking puts it below the dearer plan whose claims hold.
-    _, ctx, _ = _prepare(pd_search.spec)
+    ctx = pd_search.ctx
     cheap, dear = pd_search.ranked[0], pd_search.ranked[1]
     assert cheap.refined is not None and cheap.cost_per_hour < dear.cost_per_hour
     slow = replace(cheap.refined.full, kv_link_bytes_per_s=2e9)
@@ -90,7 +90,8 @@ def test_a_failed_claim_demotes_the_plan_with_its_reason(pd_search: Search) -> N
     demoted.claims = claims
     again = copy.copy(pd_search)
     again.rejected, again.disaggregation = [], {}
-    rank(again, [demoted, dear])
+    again.refined = [demoted, dear]
+    ranking.run(again)
     assert [c.key for c in again.ranked] == [dear.key, cheap.key]
     row = to_json(again)["plans"][1]
     assert row["demoted"] == ("demoted: claim(s) failed in simulation: KV transfer cost stays bounded; "

@@ -8,8 +8,8 @@ from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.perf.types import BatchShape
 from fleetwise.planner.api import plan
-from fleetwise.planner.pipeline import PlanOptions
 from fleetwise.planner.report import to_json
+from fleetwise.planner.state import PlanOptions
 
 
 def _slow_profile(tmp_path: Path) -> Path:

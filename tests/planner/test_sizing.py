@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetwise.planner.measure import bisect_rate
+from fleetwise.planner.simulate import bisect_rate
 from fleetwise.planner.sizing import size_pool
 from fleetwise.spec.planning import HeadroomSpec
 

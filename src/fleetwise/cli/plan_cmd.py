@@ -84,8 +84,8 @@ def check_planning_context(spec: PlanningSpec, where: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from fleetwise.planner.api import plan
     from fleetwise.planner.defaults import default_spec
-    from fleetwise.planner.pipeline import PlanOptions
     from fleetwise.planner.report import render, to_json
+    from fleetwise.planner.state import PlanOptions
     from fleetwise.spec.planning import load_planning_spec, write_planning_schema
 
     if args.write_schema:

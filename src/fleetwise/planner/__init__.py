@@ -1,1 +1,8 @@
-"""L5: the planner: fit -> latency -> replicas -> disaggregation -> ranked, simulated plans."""
+"""L5: the planner, one module per phase its explanation names, filling one `state.Search`.
+
+`api.plan` runs fit (`fit`) -> latency floors (`latency`) -> effective goodput (`goodput`, with
+load tests from `loadtest`) -> sizing (`sizing`) -> refinement (`refinement`) -> disaggregation
+and claims (`disaggregation`) -> ranking (`ranking`); `simulate` turns fleet shapes into judged
+simulator runs, `workload` the spec's traffic into request mixes, `executor` fans tasks out,
+`report` renders the result.
+"""

@@ -1,9 +1,10 @@
-"""The planner's one entry point: `plan(spec, options) -> Search`, phases in order.
+"""The planner's one entry point: `plan(spec, options) -> Search`, one module per phase, in order.
 
-`fleetwise.planner.report` renders the result (JSON and a readable report). An infeasible
-request (nothing fits, the SLO is below the physical minimum, or nothing passes in simulation)
-comes back with `search.infeasible` set and its reasons in `search.rejected`, never as an empty
-answer; `plan_or_raise` raises `InfeasibleError` instead.
+fit -> latency -> goodput -> sizing -> refinement -> disaggregation -> ranking, each a `run` that
+fills the one `Search` state (`state`); `report` renders it. An infeasible request (nothing fits,
+the SLO is below the physical minimum, or nothing passes in simulation) comes back with
+`search.infeasible` set and its reasons in `search.rejected`, never as an empty answer;
+`plan_or_raise` raises `InfeasibleError` instead.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import time
 
 from fleetwise.errors import InfeasibleError
-from fleetwise.planner import assemble
+from fleetwise.planner import disaggregation, fit, goodput, latency, ranking, refinement, sizing
 from fleetwise.planner.executor import Executor
-from fleetwise.planner.pipeline import PlanOptions, Search, _estimate, _measure, _prepare
+from fleetwise.planner.state import PlanOptions, Search
 from fleetwise.spec.planning import PlanningSpec
 
 
@@ -21,20 +22,20 @@ def plan(spec: PlanningSpec, options: PlanOptions | None = None) -> Search:
     """Run every phase; catches InfeasibleError of the early phases into `search.infeasible`."""
     o = options or PlanOptions()
     t0 = time.perf_counter()
-    search, ctx, enum = _prepare(spec)
+    search = fit.prepare(spec)
     search.top_k = o.top_k or spec.search.top_k
     try:
-        _estimate(search, enum)
+        latency.run(search)
     except InfeasibleError as err:
         search.infeasible = str(err)
         search.wall_s = time.perf_counter() - t0
         return search
     with Executor(o.workers, o.ray_address) as ex:
-        lists = _measure(search, ctx, ex)
-        assemble.size_candidates(search, lists)
-        chosen = assemble.refine(search, ctx, ex)
-        assemble.compare(search, ctx, ex, chosen)
-        assemble.rank(search, chosen)
+        goodput.run(search, ex)
+        sizing.run(search)
+        refinement.run(search, ex)
+        disaggregation.run(search, ex)
+        ranking.run(search)
     search.wall_s = time.perf_counter() - t0
     return search
 

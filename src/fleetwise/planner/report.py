@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fleetwise.planner.measure import SimVerdict
-from fleetwise.planner.pipeline import Candidate, Search
+from fleetwise.planner.simulate import SimVerdict
+from fleetwise.planner.state import Candidate, Search
 
 SCHEMA = "fleetwise-plan/1"
 

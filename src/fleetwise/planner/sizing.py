@@ -1,4 +1,4 @@
-"""Step 3 of planning: replica counts from effective goodput, plus each headroom term, shown.
+"""Phase 4 of planning, sizing: replica counts from effective goodput, plus each headroom term, shown.
 
 Owns the arithmetic from a measured per-replica goodput G (requests/s at which one replica still
 meets the SLO under the target mix) to a replica count:
@@ -13,8 +13,9 @@ meets the SLO under the target mix) to a replica count:
                                                         both must hold together), at least 0
     total     = serving + failures + upgrade
 
-and the P:D split for disaggregated pools, where each pool is sized from its own stage goodput.
-Does not measure anything.
+and the P:D split for disaggregated pools, where each pool is sized from its own stage goodput;
+then the candidates themselves (colocated, PD, heterogeneous PD), each with the explanation steps
+that produced it. Does not measure anything.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fleetwise.planner.fit import Layout, Rejection
+from fleetwise.planner.goodput import kv_link_rates
+from fleetwise.planner.latency import latency_line, profile_line
+from fleetwise.planner.simulate import FleetShape, PoolShape
+from fleetwise.planner.state import Candidate, Search
 from fleetwise.spec.planning import HeadroomSpec
 
 
@@ -77,3 +83,125 @@ def pd_ratio_text(prefill: Sizing, decode: Sizing) -> str:
     """`P:D` with the load each pool carries."""
     return (f"P:D = {prefill.serving}:{decode.serving} serving replicas "
             f"(prefill load {prefill.load_replicas:.2f}, decode load {decode.load_replicas:.2f} replicas)")
+
+
+def _goodput_line(search: Search, role: str, lay: Layout) -> str:
+    e = search.estimates[lay]
+    mu = {"mixed": e.mu_mixed_rps, "prefill": e.mu_prefill_rps, "decode": e.mu_decode_rps}[role]
+    judged = {"mixed": "TTFT and TPOT", "prefill": "TTFT (decode pool oversized)",
+              "decode": "TPOT and TTFT (prefill pool oversized, so TTFT holds the decode admission wait)"}[role]
+    if (role, lay) in search.measured:
+        return (f"effective goodput: one {role} replica of {lay.label} sustains {search.goodput[(role, lay)]:.2f} "
+                f"req/s within the SLO, {search.measured[(role, lay)]}; the analytical estimate was {mu:.2f} req/s")
+    return (f"effective goodput: one {role} replica of {lay.label} sustains "
+            f"{search.goodput[(role, lay)]:.2f} req/s of the target mix within the SLO ({judged}), bisected in the "
+            f"simulator; the analytical estimate was {mu:.2f} req/s")
+
+
+def _moe_line(search: Search, lay: Layout) -> str | None:
+    m = search.hw.model
+    if m.moe is None:
+        return None
+    from fleetwise.perf.types import BatchShape
+
+    dep = search.hw.deployment(lay, search.spec.kv_dtype)
+    e = search.estimates[lay]
+    cost = search.perf.step_cost(BatchShape.decode(max(1, e.decode_batch), int(search.stats.prompt_mean)), dep)
+    return (f"MoE: {m.moe.num_experts} experts, {m.moe.experts_per_token} per token; EP={lay.ep} over the "
+            f"replica's {lay.gpus} GPUs; expert load imbalance {search.hw.imbalance:.2f} (busiest rank over mean; "
+            f"default 1.3, set moe.expert_imbalance); at batch {e.decode_batch} a decode step spends "
+            f"{cost.ep_comm_s * 1e3:.2f} ms in all-to-all of {cost.total_s * 1e3:.1f} ms")
+
+
+def _base_steps(search: Search, role: str, lay: Layout) -> list[str]:
+    steps = [profile_line(search), search.fits[lay], latency_line(search.estimates[lay], search.spec, search.stats),
+             _goodput_line(search, role, lay)]
+    moe = _moe_line(search, lay)
+    return steps + ([moe] if moe else [])
+
+
+def fleet_cost(search: Search, fleet: FleetShape, spare: dict[str, int]) -> float:
+    """Dollars per hour of a fleet plus `spare` replicas per role."""
+    return sum((p.replicas + spare.get(p.role, 0)) * p.layout.gpus * search.hw.price(p.layout.accelerator)
+               for p in fleet.pools)
+
+
+def spares(sizings: dict[str, Sizing]) -> dict[str, int]:
+    """Headroom replicas per role (failure spares and the upgrade batch)."""
+    return {r: s.failures + s.upgrade for r, s in sizings.items()}
+
+
+def _colocated(search: Search, lay: Layout) -> Candidate | None:
+    g = search.goodput.get(("mixed", lay), 0.0)
+    if g <= 0:
+        return None
+    w = search.spec.workload
+    s = size_pool("mixed", g, w.rate_rps, search.burst, search.spec.headroom)
+    fleet = FleetShape((PoolShape("mixed", lay, s.serving),))
+    steps = _base_steps(search, "mixed", lay) + [s.explain(search.spec.headroom)]
+    return Candidate(f"colocated {lay.label}", "colocated", fleet, {"mixed": s}, steps)
+
+
+def _pd_steps(search: Search, p: Layout, d: Layout, sp: Sizing, sd: Sizing) -> list[str]:
+    st, ep, ed = search.stats, search.estimates[p], search.estimates[d]
+    an_p = search.spec.workload.rate_rps * search.burst / ep.mu_prefill_rps if ep.mu_prefill_rps else math.inf
+    an_d = search.spec.workload.rate_rps * search.burst / ed.mu_decode_rps if ed.mu_decode_rps else math.inf
+    kvb = search.hw.model.kv_bytes_per_token(search.spec.kv_dtype)
+    return [
+        (f"P:D from the queueing model: input/output tokens {st.prompt_mean:,.0f}/{st.output_mean:,.0f} = "
+         f"{st.prompt_mean / st.output_mean:.1f}; prefill service {ep.prefill_s_per_request * 1e3:.0f} ms per mean "
+         f"prompt (M/D/1 queue, TTFT budget after the p{search.spec.slo.percentile} prefill and a KV transfer p99 of "
+         f"{ep.kv_transfer_p99_s * 1e3:.1f} ms = {kvb * st.prompt_p99 / 1e9:.2f} GB) gives {ep.mu_prefill_rps:.2f} "
+         f"req/s per prefill replica; decode batch {ed.decode_batch} at {ed.tpot_at_batch_s * 1e3:.1f} ms per step "
+         f"for {st.output_mean:.0f} tokens gives {ed.mu_decode_rps:.2f} req/s per decode replica; analytical "
+         f"load {an_p:.2f}:{an_d:.2f}"),
+        f"P:D measured in simulation: {pd_ratio_text(sp, sd)}",
+    ]
+
+
+def _disaggregated(search: Search, p: Layout, d: Layout) -> Candidate | None:
+    gp, gd = search.goodput.get(("prefill", p), 0.0), search.goodput.get(("decode", d), 0.0)
+    if gp <= 0 or gd <= 0:
+        return None
+    w, h = search.spec.workload, search.spec.headroom
+    sp, sd = size_pool("prefill", gp, w.rate_rps, search.burst, h), size_pool("decode", gd, w.rate_rps, search.burst, h)
+    fleet = FleetShape((PoolShape("prefill", p, sp.serving), PoolShape("decode", d, sd.serving)), *kv_link_rates(search, p))
+    kind = "heterogeneous" if p.accelerator != d.accelerator else "disaggregated"
+    both = _base_steps(search, "prefill", p) + _base_steps(search, "decode", d)
+    steps = list(dict.fromkeys(both)) + _pd_steps(search, p, d, sp, sd) + [sp.explain(h), sd.explain(h)]
+    return Candidate(f"{kind} P[{p.label}] D[{d.label}]", kind, fleet, {"prefill": sp, "decode": sd}, steps)
+
+
+def _within_limits(search: Search, c: Candidate) -> str | None:
+    spare = spares(c.sizings)
+    per: dict[str, int] = {}
+    for p in c.fleet.pools:
+        per[p.layout.accelerator] = per.get(p.layout.accelerator, 0) + (p.replicas + spare[p.role]) * p.layout.gpus
+    total = sum(per.values())
+    if total > search.spec.search.max_gpus:
+        return f"needs {total} GPUs with headroom > search.max_gpus={search.spec.search.max_gpus}"
+    for acc, n in per.items():
+        if n > search.hw.max_gpus[acc]:
+            return f"needs {n} {acc} GPUs > {search.hw.max_gpus[acc]} available"
+    return None
+
+
+def run(search: Search) -> None:
+    """Colocated, PD and heterogeneous-PD candidates from the measured goodputs, each sized with
+    its headroom terms; candidates over the GPU limits are rejected with the count."""
+    lists = search.shortlists
+    built: list[Candidate | None] = [_colocated(search, lay) for lay in lists["mixed"]]
+    for p in lists["prefill"]:
+        for d in lists["decode"]:
+            hetero = p.accelerator != d.accelerator
+            if p.weight_dtype == d.weight_dtype and (not hetero or search.spec.search.heterogeneous):
+                built.append(_disaggregated(search, p, d))
+    for c in built:
+        if c is None:
+            continue
+        c.cost_per_hour = fleet_cost(search, c.fleet, spares(c.sizings))
+        why = _within_limits(search, c)
+        if why:
+            search.rejected.append(Rejection(c.key, why))
+        else:
+            search.candidates.append(c)

@@ -6,22 +6,24 @@ summarised into a `SimVerdict`) and `bisect_rate` (the largest arrival rate at w
 holds, found by doubling then halving). A pass needs the SLO percentile of TTFT and of TPOT under
 their targets and the attainment (requests meeting both, failed ones counting as missed) at
 least the required fraction; a stage check (`ttft` or `tpot`) looks at one target only. Does not
-choose what to measure (pipeline) or how many replicas to buy (sizing).
+choose what to measure (goodput) or how many replicas to buy (sizing).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from fleetwise.planner.candidates import Layout, pool_spec
 from fleetwise.planner.workload import LengthMix, requests_at
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash
-from fleetwise.spec.plan import KvLinkSpec, PlanSpec
+from fleetwise.spec.plan import KvLinkSpec, PlanSpec, PoolSpec
 from fleetwise.spec.planning import PlanningSpec
 from fleetwise.spec.roles import Role
 from fleetwise.spec.slo import SLOSpec
+
+if TYPE_CHECKING:
+    from fleetwise.planner.fit import Layout
 
 Check = Literal["both", "ttft", "tpot"]
 MIN_REQUESTS_PER_RUN = 200
@@ -93,6 +95,14 @@ class SimVerdict:
     waits: dict[str, float] = field(default_factory=dict)
     """SLO-percentile seconds of `prefill_queue` (arrival to first prefill step) and, in PD plans,
     `decode_wait` (KV landed to first token: the decode pool's admission queue)."""
+
+
+def pool_spec(layout: Layout, model: str, kv_dtype: str, imbalance: float, role: str = "mixed",
+              replicas: int = 1, price: float | None = None) -> PoolSpec:
+    """The simulator's pool for `replicas` replicas of a layout (the planner's only pool builder)."""
+    return PoolSpec(name=role, role=role, replicas=replicas, accelerator=layout.accelerator,  # type: ignore[arg-type]
+                    model=model, parallelism=layout.parallelism, weight_dtype=layout.weight_dtype,  # type: ignore[arg-type]
+                    kv_dtype=kv_dtype, price_per_gpu_hour_usd=price, expert_imbalance=imbalance)  # type: ignore[arg-type]
 
 
 def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]) -> PlanSpec:

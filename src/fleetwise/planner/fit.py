@@ -1,10 +1,11 @@
-"""Step 1 of planning: resolve the hardware and enumerate replica layouts that fit.
+"""Phase 1, fit: resolve the hardware and enumerate replica layouts that fit.
 
 Owns the `Layout` value (accelerator x weight precision x TP/PP/EP), the accelerator overrides
-of the spec (price, node shape, links), and the fit check of each layout with the reason a
-layout is dropped. TP stays inside a node (`tp_candidates`); PP is only tried once TP fills the
-node (splitting a model across nodes before using the node's fast link only adds hops); for MoE
-models EP spans the replica's GPUs when the expert count allows it. Does not time anything.
+of the spec (price, node shape, links), the fit check of each layout with the reason a layout is
+dropped, and `prepare` (the spec into the `Search` state: request mix, burst factor, perf model).
+TP stays inside a node (`tp_candidates`); PP is only tried once TP fills the node (splitting a
+model across nodes before using the node's fast link only adds hops); for MoE models EP spans the
+replica's GPUs when the expert count allows it. Does not time anything.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ from dataclasses import dataclass, field
 
 from fleetwise.errors import InfeasibleError
 from fleetwise.perf.memory import FitOptions, LayoutFit, layout_fit, tp_candidates
+from fleetwise.perf.profile import Profile
+from fleetwise.perf.roofline import PerfModel
 from fleetwise.perf.types import Deployment, pool_deployment
+from fleetwise.planner.simulate import MAX_REQUESTS_PER_RUN, pool_spec
+from fleetwise.planner.state import Context, Search
+from fleetwise.planner.workload import build_mix, burst_factor
 from fleetwise.spec.catalog import resolve_gpu, resolve_model
 from fleetwise.spec.hardware import AcceleratorSpec, LinkSpec
 from fleetwise.spec.model import ModelSpec
 from fleetwise.spec.parallel import ParallelismSpec
-from fleetwise.spec.plan import PoolSpec
 from fleetwise.spec.planning import AcceleratorChoice, PlanningSpec
 
 GB = 1e9
@@ -79,14 +84,6 @@ class Hardware:
         """The layout's deployment, built as the simulator builds a pool's (`pool_deployment`)."""
         pool = pool_spec(layout, self.model.name, kv_dtype, self.imbalance)
         return pool_deployment(self.model, self.gpus[layout.accelerator], pool)
-
-
-def pool_spec(layout: Layout, model: str, kv_dtype: str, imbalance: float, role: str = "mixed",
-              replicas: int = 1, price: float | None = None) -> PoolSpec:
-    """The simulator's pool for `replicas` replicas of a layout (the planner's only pool builder)."""
-    return PoolSpec(name=role, role=role, replicas=replicas, accelerator=layout.accelerator,  # type: ignore[arg-type]
-                    model=model, parallelism=layout.parallelism, weight_dtype=layout.weight_dtype,  # type: ignore[arg-type]
-                    kv_dtype=kv_dtype, price_per_gpu_hour_usd=price, expert_imbalance=imbalance)  # type: ignore[arg-type]
 
 
 def _apply_overrides(gpu: AcceleratorSpec, choice: AcceleratorChoice) -> AcceleratorSpec:
@@ -192,3 +189,34 @@ def _nothing_fits_text(hw: Hardware, spec: PlanningSpec) -> str:
             f"(plus KV for a {hw.context_tokens:,}-token request) and the largest replica allowed is "
             f"({have}) with TP inside a node and PP <= {spec.search.max_pp}; "
             "raise search.max_gpus or search.max_pp, allow fp8/int4 weights, or add a larger card")
+
+
+def prepare(spec: PlanningSpec) -> Search:
+    """The state every later phase fills: request mix, burst factor, hardware, perf model, layouts."""
+    n = MAX_REQUESTS_PER_RUN + 500
+    mix = build_mix(spec.workload, n, seed=0)
+    stats = mix.stats
+    hw = resolve_hardware(spec, stats.prompt_max + stats.output_max)
+    if spec.headroom.burst_factor is not None:
+        burst, src = spec.headroom.burst_factor, "given in the spec"
+    else:
+        burst = burst_factor(mix, spec.workload.rate_rps, spec.headroom.burst_window_s)
+        src = f"p99 over mean arrivals per {spec.headroom.burst_window_s:g} s window of the workload"
+    profile = Profile.load(spec.profile) if spec.profile else None
+    ctx = Context(spec, mix, {n: hw.price(n) for n in hw.gpus}, burst)
+    search = Search(spec, hw, stats, burst, src, PerfModel(profile), ctx)
+    search.enumeration = enumerate_layouts(hw, spec)
+    search.rejected.extend(search.enumeration.rejected)
+    return search
+
+
+def fit_line(hw: Hardware, lay: Layout, fit: LayoutFit, kv_dtype: str) -> str:
+    """The explanation's fit step for one layout."""
+    m = hw.model
+    line = (f"fit: {m.name} ({m.params_total / 1e9:.1f}B params, {m.weight_bytes(lay.weight_dtype) / 1e9:.0f} GB at "
+            f"{lay.weight_dtype}) on {lay.label}: {fit.weight_bytes / 1e9:.1f} GB weights per card, "
+            f"KV ({kv_dtype}) for {fit.kv_capacity_tokens:,} tokens per replica")
+    if m.moe is not None:
+        line += (f"; MoE: memory follows total params ({m.params_total / 1e9:.0f}B), compute follows active "
+                 f"({m.params_active / 1e9:.1f}B, 1/{m.params_total / m.params_active:.1f})")
+    return line

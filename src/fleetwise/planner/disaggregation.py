@@ -1,0 +1,200 @@
+"""Phase 6, disaggregation: colocate or split, and the claims a PD plan rests on.
+
+Owns the colocated-vs-PD comparison at equal GPU count (the verdict and its terms) and, for every
+PD plan that met the SLO, its claims measured in simulation by what each claims: prefill and
+decode apart (interference removed), the KV hand-off bounded, the two pools balanced at the
+target rate and under a shifted input/output ratio, and the faults the headroom asks for (a
+prefill crash; a decode-pool upgrade, whose version skew makes decode replicas refuse KV). A
+failed claim demotes the plan (ranking). Does not size or rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fleetwise.planner.executor import Executor
+from fleetwise.planner.fit import Layout
+from fleetwise.planner.goodput import kv_link_rates
+from fleetwise.planner.simulate import FleetShape, PoolShape, SimVerdict, requests_for, run_fleet
+from fleetwise.planner.state import Candidate, Context, Search
+from fleetwise.planner.workload import LengthMix
+from fleetwise.spec.faults import FaultScenario, ReplicaCrash, RollingUpgrade
+
+
+@dataclass
+class Claims:
+    """The four claims of a PD plan, each with its evidence; a failed one demotes the plan."""
+
+    results: list[dict[str, object]]
+    runs: int
+
+    @property
+    def failed(self) -> list[str]:
+        return [str(r["claim"]) for r in self.results if not r["holds"]]
+
+
+APART_TAIL = 1.5
+"""With no colocated plan to compare against, decode steps free of prompt chunks show as a
+short TPOT tail: p99 within 1.5x of p50 (a prompt chunk in a decode step stretches it several-fold)."""
+
+
+KV_SHARE = 0.2
+"""The KV hand-off's p99 may take at most this share of the TTFT target."""
+
+
+BALANCE_WAIT_SHARE = 0.25
+"""Balanced pools: neither pool's queue (prefill queue, decode admission wait) at the SLO
+percentile takes more than this share of the TTFT target at the target rate."""
+
+
+MIX_SHIFT = 1.25
+"""The input/output ratio shift the P:D split must absorb: prompts x1.25 with outputs /1.25, and
+the reverse."""
+
+
+def _shifted(mix: LengthMix, factor: float) -> LengthMix:
+    """The mix with prompts scaled by `factor` and outputs by 1/factor (at least one token each)."""
+    import numpy as np
+
+    prompt = np.maximum(1, np.rint(mix.prompt * factor)).astype(np.int64)
+    output = np.maximum(1, np.rint(mix.output / factor)).astype(np.int64)
+    return LengthMix(prompt, output, mix.unit_gaps, f"{mix.source}, prompts x{factor:g}, outputs /{factor:g}")
+
+
+def check_claims(ctx: Context, full: FleetShape, colocated_tpot_p99_s: float | None,
+                 base: SimVerdict) -> Claims:
+    """Each claim measured by what it claims: interference removed, KV transfer bounded, pools
+    balanced at the target rate and under a shifted input/output ratio, a prefill crash and a
+    decode-pool upgrade (version skew: refused hand-offs are prefilled again) survived."""
+    slo, rate = ctx.spec.slo, ctx.spec.workload.rate_rps
+    key = f"p{slo.percentile}"
+    res: list[dict[str, object]] = []
+    tail = base.tpot["p99"] / base.tpot["p50"] if base.tpot["p50"] > 0 else 1.0
+    if colocated_tpot_p99_s:
+        apart = base.tpot["p99"] < colocated_tpot_p99_s
+        ev = (f"decode TPOT p99 {base.tpot['p99'] * 1e3:.1f} ms vs {colocated_tpot_p99_s * 1e3:.1f} ms for the "
+              f"best colocated plan at the same rate (must be lower: prompt chunks no longer stall decode steps)")
+    else:
+        apart = tail <= APART_TAIL
+        ev = (f"decode TPOT p99/p50 = {base.tpot['p99'] * 1e3:.1f}/{base.tpot['p50'] * 1e3:.1f} ms = {tail:.2f} "
+              f"(bound {APART_TAIL:g}: no prompt chunk stretches a decode step; no colocated plan to compare)")
+    res.append({"claim": "prefill and decode run apart", "holds": apart, "evidence": ev})
+    kv99 = base.kv_transfer.get("p99_s", 0.0)
+    res.append({"claim": "KV transfer cost stays bounded", "holds": kv99 <= KV_SHARE * slo.ttft_s,
+                "evidence": f"transfer p99 {kv99 * 1e3:.1f} ms = {kv99 / slo.ttft_s:.0%} of the TTFT target "
+                            f"(bound: {KV_SHARE:.0%})"})
+    runs = 0
+    pq, dw = base.waits.get("prefill_queue", 0.0), base.waits.get("decode_wait", 0.0)
+    bound = BALANCE_WAIT_SHARE * slo.ttft_s
+    util = ", ".join(f"{r} {u:.0%}" for r, u in sorted(base.utilization.items()))
+    shifts = []
+    for f in (MIX_SHIFT, 1 / MIX_SHIFT):
+        v = run_fleet(ctx.spec, _shifted(ctx.mix, f), full, ctx.prices, rate, seed=0)
+        runs += 1
+        shifts.append((f, v))
+    bal = pq <= bound and dw <= bound and all(v.passed for _, v in shifts)
+    shift_ev = "; ".join(f"prompts x{f:.2f}/outputs /{f:.2f}: attainment {v.attainment:.1%}, TTFT {key} "
+                         f"{v.ttft[key] * 1e3:.0f} ms, TPOT {key} {v.tpot[key] * 1e3:.1f} ms "
+                         f"({'meets' if v.passed else 'MISSES'} the SLO)" for f, v in shifts)
+    res.append({"claim": "the two pools' queues balance", "holds": bal,
+                "evidence": f"at {rate:g} req/s: prefill queue {key} {pq * 1e3:.0f} ms, decode admission wait {key} "
+                            f"{dw * 1e3:.0f} ms (each bound {bound * 1e3:.0f} ms = {BALANCE_WAIT_SHARE:.0%} of TTFT), "
+                            f"utilisation {util or 'n/a'}; under a shifted input/output ratio: {shift_ev}"})
+    for scen, what in _fault_scenarios(ctx, full):
+        v = run_fleet(ctx.spec, ctx.mix, full, ctx.prices, rate, seed=1, faults=scen)
+        runs += 1
+        reasons = ", ".join(f"{k} {n}" for k, n in sorted(v.failure_reasons.items())) or "none"
+        res.append({"claim": f"service survives {what}", "holds": v.passed,
+                    "evidence": f"attainment {v.attainment:.1%} (required {slo.attainment:.0%}), {v.retried} "
+                                f"request(s) routed again, {v.failed} failed ({reasons}), TTFT {key} "
+                                f"{v.ttft[key] * 1e3:.0f} ms, TPOT {key} {v.tpot[key] * 1e3:.1f} ms"})
+    return Claims(res, runs)
+
+
+def _fault_scenarios(ctx: Context, full: FleetShape) -> list[tuple[FaultScenario, str]]:
+    """The fault claims the headroom policy makes: a crash when it keeps failure spares, version
+    skew when it plans rolling upgrades (a plan asked to survive neither claims neither)."""
+    rate, h = ctx.spec.workload.rate_rps, ctx.spec.headroom
+    span = requests_for(rate, ctx.spec.search.sample_requests) / rate  # the run's traffic, not the whole mix
+    at = round(span / 4, 3)
+    crash = FaultScenario(name="prefill crash", faults=[ReplicaCrash(
+        replica="prefill-0", at_s=at, restart_after_s=ctx.spec.headroom.cold_start_s)])
+    skew = FaultScenario(name="decode upgrade", faults=[RollingUpgrade(
+        pool="decode", start_s=at, new_model_version="v2", restart_after_s=min(30.0, ctx.spec.headroom.cold_start_s))])
+    out = []
+    if h.failures_to_survive > 0:
+        out.append((crash, f"a prefill replica crash at {at:g} s (restart after {h.cold_start_s:g} s)"))
+    if h.upgrade_batch_replicas > 0:
+        out.append((skew, "a rolling upgrade of the decode pool (version skew: refused hand-offs prefilled again)"))
+    return out
+
+
+def _claims_task(ctx: Context, item: tuple[FleetShape, float | None, SimVerdict]) -> Claims:
+    return check_claims(ctx, *item)
+
+
+def _equal_cost_task(ctx: Context, item: tuple[FleetShape, FleetShape]) -> tuple[SimVerdict, SimVerdict]:
+    a, b = item
+    return (run_fleet(ctx.spec, ctx.mix, a, ctx.prices, ctx.peak_rps, seed=0),
+            run_fleet(ctx.spec, ctx.mix, b, ctx.prices, ctx.peak_rps, seed=0))
+
+
+def run(search: Search, ex: Executor) -> None:
+    """Claims of every refined PD plan that met the SLO, and the equal-cost colocate-or-split verdict."""
+    ctx, chosen = search.ctx, search.refined
+    ok = [c for c in chosen if c.refined and c.refined.passed]
+    colo = min((c for c in ok if c.kind == "colocated"), key=lambda c: c.cost_per_hour, default=None)
+    colo_tpot = colo.refined.seeds[0].tpot["p99"] if colo and colo.refined else None
+    split = [c for c in ok if c.kind != "colocated" and c.refined and c.refined.seeds]
+    items = [(c.refined.full, colo_tpot, c.refined.seeds[0]) for c in split if c.refined]
+    for c, claims in zip(split, ex.map(_claims_task, ctx, items), strict=True):
+        c.claims = claims
+        search.simulations += claims.runs
+    if colo is not None and colo.refined:
+        _equal_cost(search, ctx, ex, colo)
+
+
+def _equal_cost(search: Search, ctx: Context, ex: Executor, colo: Candidate) -> None:
+    assert colo.refined is not None
+    pool = colo.refined.serving.pools[0]
+    lay, n = pool.layout, pool.replicas
+    e = search.estimates[lay]
+    if n < 2 or e.mu_prefill_rps <= 0 or e.mu_decode_rps <= 0:
+        search.disaggregation = {"verdict": "colocated", "reason": f"the colocated plan has {n} serving replica(s): "
+                                 "too few to split into prefill and decode pools at equal cost"}
+        return
+    share = (1 / e.mu_prefill_rps) / (1 / e.mu_prefill_rps + 1 / e.mu_decode_rps)
+    p = min(n - 1, max(1, round(n * share)))
+    pd = FleetShape((PoolShape("prefill", lay, p), PoolShape("decode", lay, n - p)), *kv_link_rates(search, lay))
+    v_colo, v_pd = ex.map(_equal_cost_task, ctx, [(colo.refined.serving, pd)])[0]
+    search.simulations += 2
+    search.disaggregation = _verdict(search, lay, n, p, v_colo, v_pd)
+
+
+def _verdict(search: Search, lay: Layout, n: int, p: int, vc: SimVerdict, vp: SimVerdict) -> dict[str, Any]:
+    st, slo = search.stats, search.spec.slo
+    kvb = search.hw.model.kv_bytes_per_token(search.spec.kv_dtype)
+    pd_better = (vp.attainment, vp.goodput_rps) > (vc.attainment, vc.goodput_rps)
+    terms = {
+        "interference_removed": f"TPOT p99 {vc.tpot['p99'] * 1e3:.1f} ms colocated -> {vp.tpot['p99'] * 1e3:.1f} ms "
+                                "with decode steps free of prompt chunks",
+        "kv_bytes_per_request": f"mean {kvb * st.prompt_mean / 1e6:.0f} MB, p99 {kvb * st.prompt_p99 / 1e6:.0f} MB "
+                                f"({kvb / 1e3:.0f} kB per prompt token)",
+        "kv_transfer_p99_s": vp.kv_transfer.get("p99_s", 0.0),
+        "extra_failure_surface": "each request now needs a prefill replica, a decode replica and the KV link; "
+                                 "two pools each need their own failure spares",
+    }
+    return {
+        "verdict": "disaggregate" if pd_better else "colocate",
+        "equal_cost": f"{n} x {lay.label}: colocated vs {p} prefill + {n - p} decode, at "
+                      f"{search.spec.workload.rate_rps * search.burst:.2f} req/s (peak)",
+        "colocated": {"slo_attainment": vc.attainment, "goodput_rps": vc.goodput_rps,
+                      "ttft_p99_s": vc.ttft["p99"], "tpot_p99_s": vc.tpot["p99"]},
+        "disaggregated": {"slo_attainment": vp.attainment, "goodput_rps": vp.goodput_rps,
+                          "ttft_p99_s": vp.ttft["p99"], "tpot_p99_s": vp.tpot["p99"]},
+        "terms": terms,
+        "reason": (f"at equal cost the PD split {'beats' if pd_better else 'does not beat'} colocation: attainment "
+                   f"{vp.attainment:.1%} vs {vc.attainment:.1%} (target {slo.attainment:.0%}), goodput "
+                   f"{vp.goodput_rps:.2f} vs {vc.goodput_rps:.2f} req/s"),
+    }

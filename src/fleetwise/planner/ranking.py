@@ -1,0 +1,61 @@
+"""Phase 7, ranking: cost per hour among plans meeting the SLO on every seed, then goodput.
+
+Owns the final order (a plan whose claims failed goes below every plan whose claims hold), the
+reason each plan that missed the SLO is rejected, reconciling the equal-cost verdict with the
+cheapest plan, and the infeasible answer when nothing passes.
+"""
+
+from __future__ import annotations
+
+from fleetwise.planner.fit import Rejection
+from fleetwise.planner.simulate import SimVerdict
+from fleetwise.planner.state import Search
+
+
+def run(search: Search) -> None:
+    """Order the refined plans; reject the ones that missed the SLO; say infeasible when none passed."""
+    chosen = search.refined
+    good = []
+    for c in chosen:
+        r = c.refined
+        assert r is not None
+        if r.passed:
+            good.append(c)
+            continue
+        bad = next((v for v in r.seeds if not v.passed), r.confirm)
+        detail = _miss(search, bad) if bad else "no simulation result"
+        search.rejected.append(Rejection(c.key, f"missed the SLO in simulation at the target rate: {detail}"))
+    # A plan whose claims fail is demoted below every plan whose claims hold (or that makes none).
+    good.sort(key=lambda c: (bool(c.claims and c.claims.failed), c.cost_per_hour,
+                             -_mean(c.refined.seeds, "goodput_rps") if c.refined else 0.0, c.key))
+    search.ranked = good
+    _reconcile(search)
+    if not good and search.infeasible is None:
+        search.infeasible = ("no candidate met the SLO in simulation within the limits; see `rejected` for each "
+                             "candidate's reason (raise search.max_gpus, relax the SLO, or allow more hardware)")
+
+
+def _reconcile(search: Search) -> None:
+    """The equal-cost verdict splits one layout; the ranking may still prefer a plan with other
+    layouts per phase. Say which plan kind won overall, so the two answers never contradict."""
+    dg = search.disaggregation
+    if not dg or not search.ranked:
+        return
+    top = search.ranked[0]
+    dg["best_plan"] = {"kind": top.kind, "plan": top.key, "cost_per_hour": top.cost_per_hour}
+    split_wins = top.kind != "colocated"
+    if split_wins != (dg.get("verdict") == "disaggregate"):
+        dg["reason"] = (f"{dg['reason']}; but the cheapest plan meeting the SLO is {top.kind} ({top.key}, "
+                        f"${top.cost_per_hour:.2f}/h), which uses a different layout per phase")
+        dg["verdict"] = "disaggregate" if split_wins else "colocate"
+
+
+def _miss(search: Search, v: SimVerdict) -> str:
+    k = f"p{search.spec.slo.percentile}"
+    return (f"seed {v.seed}: TTFT {k} {v.ttft[k] * 1e3:.0f} ms (target {search.spec.slo.ttft_s * 1e3:.0f}), "
+            f"TPOT {k} {v.tpot[k] * 1e3:.1f} ms (target {search.spec.slo.tpot_s * 1e3:.0f}), attainment "
+            f"{v.attainment:.1%} (required {search.spec.slo.attainment:.0%})")
+
+
+def _mean(vs: list[SimVerdict], attr: str) -> float:
+    return sum(float(getattr(v, attr)) for v in vs) / len(vs) if vs else 0.0

@@ -1,0 +1,106 @@
+"""The planner's one state object, passed forward through the phases, and what workers get.
+
+`Search` is created by the fit phase and filled by each phase in turn (latency -> goodput ->
+sizing -> refinement -> disaggregation -> ranking; `api.plan` runs them); the report reads it.
+`Context` is the part simulation tasks need (spec, request mix, prices, peak rate), sent to
+worker processes. Does not compute anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fleetwise.perf.roofline import PerfModel
+from fleetwise.spec.planning import PlanningSpec
+
+if TYPE_CHECKING:
+    from fleetwise.planner.disaggregation import Claims
+    from fleetwise.planner.fit import Enumeration, Hardware, Layout, Rejection
+    from fleetwise.planner.latency import LayoutEstimate
+    from fleetwise.planner.refinement import Refined
+    from fleetwise.planner.simulate import FleetShape
+    from fleetwise.planner.sizing import Sizing
+    from fleetwise.planner.workload import LengthMix, LengthStats
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every task needs: the spec, the request mix, prices, the peak rate."""
+
+    spec: PlanningSpec
+    mix: LengthMix
+    prices: dict[str, float]
+    burst: float
+
+    @property
+    def peak_rps(self) -> float:
+        return self.spec.workload.rate_rps * self.burst
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How to run the search (not what to search: that is the spec)."""
+
+    workers: int = 1
+    """Worker processes for simulations (1 = in this process)."""
+    top_k: int | None = None
+    """Plans to report; None uses spec.search.top_k."""
+    ray_address: str | None = None
+    """Fan simulations out over a Ray cluster instead (needs the `fleetwise[ray]` extra)."""
+
+
+@dataclass
+class Candidate:
+    """A sized fleet before refinement, with the steps that produced it."""
+
+    key: str
+    kind: str
+    """`colocated`, `disaggregated` or `heterogeneous`."""
+    fleet: FleetShape
+    sizings: dict[str, Sizing]
+    steps: list[str]
+    cost_per_hour: float = 0.0
+    refined: Refined | None = None
+    claims: Claims | None = None
+
+    @property
+    def demoted(self) -> str | None:
+        """Why the plan ranks below the plans whose claims hold (None when its claims hold)."""
+        if self.claims is None or not self.claims.failed:
+            return None
+        return "demoted: claim(s) failed in simulation: " + "; ".join(self.claims.failed)
+
+
+@dataclass
+class Search:
+    """Everything the phases produce; the report reads it."""
+
+    spec: PlanningSpec
+    hw: Hardware
+    stats: LengthStats
+    burst: float
+    burst_source: str
+    perf: PerfModel
+    """Prices every step of the estimate; the simulator loads the same profile (`spec.profile`)."""
+    ctx: Context
+    """What simulation tasks get (spec, request mix, prices, peak rate)."""
+    enumeration: Enumeration | None = None
+    """The fit phase's layouts (fitting, with their KV capacity) before the latency phase filters them."""
+    shortlists: dict[str, list[Layout]] = field(default_factory=dict)
+    """Layouts measured per role (`mixed`, `prefill`, `decode`) by the goodput phase."""
+    refined: list[Candidate] = field(default_factory=list)
+    """Candidates the refinement phase simulated, in the order refined."""
+    estimates: dict[Layout, LayoutEstimate] = field(default_factory=dict)
+    fits: dict[Layout, str] = field(default_factory=dict)
+    goodput: dict[tuple[str, Layout], float] = field(default_factory=dict)
+    measured: dict[tuple[str, Layout], str] = field(default_factory=dict)
+    """Goodputs taken from a load test instead of the simulator, with the evidence."""
+    candidates: list[Candidate] = field(default_factory=list)
+    ranked: list[Candidate] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    disaggregation: dict[str, object] = field(default_factory=dict)
+    simulations: int = 0
+    wall_s: float = 0.0
+    top_k: int = 3
+    infeasible: str | None = None

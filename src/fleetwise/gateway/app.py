@@ -303,8 +303,9 @@ class Gateway:
 
     # ---- the ASGI application --------------------------------------------------------------------
 
-    def app(self) -> Starlette:
-        """The Starlette application (lifespan starts and stops the loops)."""
+    def app(self) -> _FastPath:
+        """The ASGI application: completions go straight to `handle`, everything else (and the
+        lifespan, which starts and stops the loops) through Starlette's router."""
 
         @contextlib.asynccontextmanager
         async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -330,7 +331,7 @@ class Gateway:
         app = Starlette(routes=routes, lifespan=lifespan)
         app.add_exception_handler(404, _not_found)
         app.add_exception_handler(405, _not_allowed)
-        return app
+        return _FastPath(self, app)
 
     async def _models(self, _: Request) -> Response:
         data = [{"id": m, "object": "model", "owned_by": "fleetwise"} for m in sorted(self.known_models())]
@@ -481,7 +482,7 @@ class Gateway:
             now = self.now()
             d = self.policy.route(call.route, self.fleet(now, frozenset(tried)))
             kind = reason_kind(d.reason)
-            self.telemetry.decisions.labels("safe_mode" if d.safe_mode and kind != "safe-mode" else kind).inc()
+            self.telemetry.decided(kind)
             if d.worker is None:
                 if last is not None:
                     break
@@ -730,6 +731,23 @@ class Gateway:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
         self.telemetry.answered(endpoint, status)
+
+
+class _FastPath:
+    """Routes POSTs to the two completion paths without Starlette's router (the hot path); the
+    rest, including the same paths with other methods (405), goes to the Starlette app."""
+
+    def __init__(self, gw: Gateway, app: Starlette) -> None:
+        self.gw, self.app = gw, app
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            if path == "/v1/completions":
+                return await self.gw.handle(scope, receive, send, False)
+            if path == "/v1/chat/completions":
+                return await self.gw.handle(scope, receive, send, True)
+        await self.app(scope, receive, send)  # type: ignore[arg-type]
 
 
 class _Endpoint:

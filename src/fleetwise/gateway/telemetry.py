@@ -76,6 +76,14 @@ class Telemetry:
                                    registry=r)
         r.register(_StateCollector(backends, now, policy_report))
         self._status_children: dict[tuple[str, int], Any] = {}
+        self._kind_children: dict[str, Any] = {}
+
+    def decided(self, kind: str) -> None:
+        """Count one routing decision of `kind`."""
+        c = self._kind_children.get(kind)
+        if c is None:
+            c = self._kind_children[kind] = self.decisions.labels(kind)
+        c.inc()
 
     def answered(self, endpoint: str, status: int) -> None:
         """Count one answered request (children cached: the label lookup is the costly part)."""

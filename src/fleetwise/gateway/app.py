@@ -47,6 +47,7 @@ from fleetwise.ledger.meter import Meter
 from fleetwise.routing import make_policy
 from fleetwise.routing.base import reason_kind
 from fleetwise.spec.base import read_document, validate
+from fleetwise.spec.inputs import parse_json
 
 __all__ = ["Gateway"]
 
@@ -392,10 +393,8 @@ class Gateway:
         if request.method == "GET":
             return JSONResponse([b.spec.model_dump() for b in self.backends.live.values()])
         try:
-            doc = parse_json_body(await request.body(), self.cfg.limits.max_body_bytes)
+            doc = parse_json(await request.body(), "backend", self.cfg.limits.max_body_bytes)
             spec = validate(BackendSpec, doc, "backend")
-        except ClientError as err:
-            return _error_response(err.status, err.message)
         except SpecError as err:
             return _error_response(400, str(err))
         new = self.add_backend(spec)

@@ -25,6 +25,7 @@ from pydantic import Field, field_validator, model_validator
 
 from fleetwise.spec.base import Spec
 from fleetwise.spec.failure_domains import FailureDomainSpec
+from fleetwise.spec.inputs import MAX_BODY_BYTES
 from fleetwise.spec.routing import RoutingSpec
 
 __all__ = [
@@ -125,7 +126,7 @@ class RetrySpec(Spec):
 class LimitsSpec(Spec):
     """What one request may ask for."""
 
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)
     """Largest request body (413 above it)."""
     max_output_tokens: int = Field(default=1_000_000, gt=0)
     """Largest `max_tokens` a client may ask for (400 above it)."""

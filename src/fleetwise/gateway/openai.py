@@ -15,12 +15,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fleetwise.spec.inputs import MAX_NESTING_DEPTH
+
 __all__ = [
     "MAX_NESTING_DEPTH", "ClientError", "ParsedRequest", "error_body", "parse_request", "prompt_blocks",
 ]
 
-MAX_NESTING_DEPTH = 64
-"""Deepest list/object nesting accepted in a body (OpenAI bodies nest fewer than 8 levels)."""
 HASH_BYTES = 8
 """Digest size of one chained prefix-block hash (64-bit ids, as vLLM's block hashes)."""
 
@@ -44,7 +44,10 @@ def error_body(status: int, message: str, type_: str = "invalid_request_error", 
 
 
 def _depth_ok(raw: bytes, limit: int) -> bool:
-    """Whether brackets outside strings nest at most `limit` deep (a linear scan, no recursion)."""
+    """Whether brackets outside strings nest at most `limit` deep. Same answer as
+    `spec.inputs.json_depth(text) <= limit`, but a body with at most `limit` brackets in all (every
+    real completion request) is answered by two C-level counts instead of a Python loop over
+    every character of the prompt (about 50 us per KiB on the hot path)."""
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return True
     depth, in_str, esc = 0, False, False
@@ -72,7 +75,8 @@ def _no_constant(name: str) -> float:
 
 
 def parse_json_body(raw: bytes, max_bytes: int) -> dict[str, Any]:
-    """The body as a JSON object, or a `ClientError` (413 too large, 400 otherwise)."""
+    """The body as a JSON object, or a `ClientError` (413 too large, 400 otherwise). The limits
+    are the project's (`spec.inputs`); admin bodies go through `spec.inputs.parse_json` itself."""
     if len(raw) > max_bytes:
         raise ClientError(413, f"request body is {len(raw)} bytes; the limit is {max_bytes}", code="body_too_large")
     if not raw.strip():

@@ -1,0 +1,135 @@
+"""The gateway in front of `fleetwise emulate` replicas (served on 127.0.0.1 in the test's event
+loop): relayed text is the emulator's own, prefix affinity yields real cache hits, the P/D
+hand-off pulls KV from the prefill replica, and an injected fault is retried elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import uvicorn
+from gw_harness import FAST_SCRAPE, run
+
+from fleetwise.emulator.app import create_app
+from fleetwise.emulator.config import EmulatorConfig
+from fleetwise.emulator.generation import text_of
+from fleetwise.emulator.tokenizer import digest, encode, words_text
+from fleetwise.gateway import Gateway, GatewayConfig
+from fleetwise.gateway.scrape import parse_metrics
+from fleetwise.gateway.server import listening_socket, uvicorn_server
+
+MODEL = "llama-3.1-8b"
+TIME_SCALE = 100.0
+"""Emulated hardware runs 100x faster than real time."""
+TOKEN = "emu-admin"
+PROMPT = words_text(list(range(400)))
+
+
+@contextlib.asynccontextmanager
+async def emulators(roles: tuple[str, ...]) -> AsyncIterator[list[tuple[Any, str]]]:
+    """One emulator app per role, each on its own 127.0.0.1 port (real sockets)."""
+    socks = [listening_socket("127.0.0.1", 0) for _ in roles]
+    servers, tasks, out = [], [], []
+    for role, sock in zip(roles, socks, strict=True):
+        port = sock.getsockname()[1]
+        cfg = EmulatorConfig(model=MODEL, gpu="h100-sxm", role=role, time_scale=TIME_SCALE,  # type: ignore[arg-type]
+                             admin_token=TOKEN, port=port, engine_id=f"{role}-{port}")
+        app = create_app(cfg)
+        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+        servers.append(server)
+        tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
+        out.append((app, f"http://127.0.0.1:{port}"))
+    try:
+        while not all(s.started for s in servers):
+            await asyncio.sleep(0.01)
+        yield out
+    finally:
+        for s in servers:
+            s.should_exit = True
+        for t in tasks:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(t, 10)
+
+
+@contextlib.asynccontextmanager
+async def gateway(urls: list[str], roles: tuple[str, ...], **cfg: Any) -> AsyncIterator[str]:
+    doc = {"backends": [{"url": u, "name": f"e{i}", "role": r} for i, (u, r) in enumerate(zip(urls, roles,
+                                                                                              strict=True))],
+           "scrape": FAST_SCRAPE, **cfg}
+    gw = Gateway(GatewayConfig.model_validate(doc), admin_token="gw")
+    sock = listening_socket("127.0.0.1", 0)
+    server = uvicorn_server(gw)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+
+
+async def stream(c: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[str, str]:
+    """(concatenated text, backend) of a streamed completion through the gateway."""
+    async with c.post(url + "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status == 200, await r.text()
+        raw = (await r.read()).decode()
+        backend = r.headers["x-fleetwise-backend"]
+    events = [json.loads(b[6:]) for b in raw.split("\n\n") if b.startswith("data: {")]
+    assert raw.endswith("data: [DONE]\n\n") and not any("error" in e for e in events), raw[-300:]
+    return "".join(e["choices"][0]["text"] for e in events if e.get("choices")), backend
+
+
+def test_prefix_affinity_in_front_of_emulators_hits_their_cache() -> None:
+    async def scenario() -> None:
+        roles = ("mixed", "mixed")
+        async with emulators(roles) as emus, gateway([u for _, u in emus], roles,
+                                                     routing={"policy": "prefix-affinity", "params": {"load_bound": {"enabled": False}}}) as gw, \
+                aiohttp.ClientSession() as c:
+            want = text_of(digest(encode(PROMPT)), 0, 8)
+            picks = []
+            for _ in range(3):
+                text, backend = await stream(c, gw, {"model": MODEL, "prompt": PROMPT, "max_tokens": 8})
+                assert text == want
+                picks.append(backend)
+            assert len(set(picks)) == 1, picks
+            chosen = emus[int(picks[0][1])][1]
+            async with c.get(chosen + "/metrics") as r:
+                load = parse_metrics(await r.text())
+            assert load.prefix_hit_rate is not None and load.prefix_hit_rate > 0.5
+    run(scenario)
+
+
+def test_pd_hand_off_between_emulators_through_the_gateway() -> None:
+    async def scenario() -> None:
+        roles = ("prefill", "decode")
+        async with emulators(roles) as emus, gateway([u for _, u in emus], roles) as gw, \
+                aiohttp.ClientSession() as c:
+            text, backend = await stream(c, gw, {"model": MODEL, "prompt": PROMPT, "max_tokens": 12})
+            assert backend == "e1" and text == text_of(digest(encode(PROMPT)), 0, 12)
+            async with c.get(emus[1][1] + "/metrics") as r:
+                page = await r.text()
+            pulled = [ln for ln in page.splitlines() if ln.startswith("fleetwise:kv_transfer_seconds_count")]
+            assert pulled and float(pulled[0].rsplit(" ", 1)[1]) == 1
+            assert emus[1][0].state.replica.engine.stats.prompt_tokens_admitted == 400  # no prefill on decode
+    run(scenario)
+
+
+def test_emulator_fault_is_retried_on_another_replica() -> None:
+    async def scenario() -> None:
+        roles = ("mixed", "mixed")
+        async with emulators(roles) as emus, gateway([u for _, u in emus], roles,
+                                                     routing={"policy": "round-robin"}) as gw, \
+                aiohttp.ClientSession() as c:
+            async with c.post(emus[0][1] + "/admin/faults", json={"kind": "fail_requests", "status": 503},
+                              headers={"authorization": f"Bearer {TOKEN}"}) as r:
+                assert r.status == 200
+            backends = [(await stream(c, gw, {"model": MODEL, "prompt": "hi", "max_tokens": 3}))[1]
+                        for _ in range(4)]
+            assert backends == ["e1"] * 4
+    run(scenario)

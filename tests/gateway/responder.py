@@ -199,6 +199,8 @@ class Responder:
             if i == die_after:
                 w.transport.abort()
                 return False
+            if w.is_closing():  # the client went away: stop generating (as an engine aborts)
+                return False
             last = i == n - 1
             fin = '"length"' if last else "null"
             if chat:

@@ -127,6 +127,23 @@ def test_5xx_is_retried_and_counted_but_client_4xx_is_relayed_without_breaker_fa
                 status, doc, _ = await f.post("/v1/completions", {**COMPLETION, "model": "other"})
                 assert status == 404 and "error" in doc
             assert b1.breaker.consecutive == before == 0 and b1.breaker.state(f.gw.now()) == "closed"
+            assert f.gw.policy.report()["in_flight"] == 0  # every reservation confirmed or released
+    run(scenario)
+
+
+def test_client_leaving_mid_stream_aborts_upstream_and_releases_the_reservation() -> None:
+    async def scenario() -> None:
+        async with running_fleet(1, responder_kw={"token_delay_s": 0.05}) as f:
+            async with f.client.post(f.url + "/v1/completions", json={**COMPLETION, "max_tokens": 100}) as r:
+                assert r.status == 200
+                await r.content.readany()
+                r.close()  # the client hangs up after the first event
+            await f.wait_for(lambda: f.responders[0].running == 0)
+            await f.wait_for(lambda: f.gw.backends.live["b0"].in_flight == 0)
+            m = await f.metrics()
+            assert m['fleetwise_gateway_requests_total{endpoint="completions",status="499"}'] == 1
+            assert f.gw.policy.report()["in_flight"] == 0
+            assert f.gw.backends.live["b0"].breaker.consecutive == 0  # not the backend's fault
     run(scenario)
 
 

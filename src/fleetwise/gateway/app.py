@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from fleetwise.core.feedback import Completed, Failed, FirstToken, WorkerDown, WorkerUp
+from fleetwise.core.feedback import Cancelled, Completed, Dispatched, Failed, FirstToken, WorkerDown, WorkerUp
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
 from fleetwise.errors import SpecError
 from fleetwise.gateway.backends import Backend, Backends, Decision
@@ -501,13 +501,18 @@ class Gateway:
                 call.meter.attempt("prefill" if last is None else "reprefill", "first" if last is None else last.cause,
                                    (pre.spec.pool, pre.name) if pre is not None else None, (dec.spec.pool, dec.name),
                                    call.route.prompt_tokens)
+            rr = call.route
+            self.policy.observe(Dispatched(now, call.rid, d.worker, rr.prompt_tokens, rr.block_hashes,
+                                           d.prefill_worker))
             try:
                 await self._dispatch(call, d, dec, pre, send, receive)
                 return
             except _Retry as r:
                 last = r
                 tried.add(r.backend.name)
-                self.policy.observe(Failed(self.now(), call.rid, d.worker, r.cause))
+                # never reached the backend: release; reached it and failed: a failure on its record
+                ended = Cancelled if r.cause == "connect" else Failed
+                self.policy.observe(ended(self.now(), call.rid, r.backend.name, r.cause))
                 if attempt < self.cfg.retries.max_retries:
                     self.telemetry.retries.labels(r.cause).inc()
         detail = f"{last.cause} on {last.backend.name}: {last.detail}" if last else "no attempt"
@@ -521,8 +526,9 @@ class Gateway:
             b.recent.append(Decision(rid, now, kind, d.reason, score))
 
     def _release(self, rid: str, worker: str, why: str) -> None:
-        """Tell the policy a decided dispatch did not happen (its reservation must not leak)."""
-        self.policy.observe(Completed(self.now(), rid, worker, 0, 0.0, 0.0))
+        """Release the policy's reservation for a request that ends without a verdict on the
+        backend's speed (removed backend, client error, client gone): `Cancelled`."""
+        self.policy.observe(Cancelled(self.now(), rid, worker, why))
 
     async def _dispatch(self, call: _Call, d: RoutingDecision, dec: Backend, pre: Backend | None,
                         send: Send, receive: Receive) -> None:

@@ -47,12 +47,27 @@ def test_quick_start_with_a_trace(tmp_path):
     assert [r["requests"] for r in s["per_replica"]] == [20, 20]
 
 
+def test_quick_start_takes_a_policy_and_a_plan_file_is_overridden(tmp_path):
+    trace = write_azure_slice(tmp_path / "azure.csv")
+    quick = ["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--replicas", "2"]
+    rc = main(["simulate", *quick, "--policy", "least-outstanding", "--trace", str(trace), "--out", str(tmp_path / "q")])
+    assert rc == 0
+    router = json.loads((tmp_path / "q" / "summary.json").read_text())["router"]
+    assert router["policy"] == "least-outstanding" and router["decisions"] == 40
+    assert "round-robin" not in router["by_reason"]
+    rc = main(["simulate", str(PLANS / "pd-70b.yaml"), "--workload", str(WORKLOAD), "--requests", "30",
+               "--policy", "fleetwise-default", "--out", str(tmp_path / "p")])
+    assert rc == 0
+    assert json.loads((tmp_path / "p" / "summary.json").read_text())["router"]["policy"] == "fleetwise-default"
+
+
 @pytest.mark.parametrize("args,needle", [
+    (["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--policy", "fastest"], "--policy='fastest': unknown routing"),
     (["--model", "llama-3.1-8b", "--gpu", "h100"], "unknown gpu 'h100'"),
     (["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "3"], "tp=3 does not divide"),
     ([], "no plan"),
     (["plan.yaml"], "unknown field"),
-], ids=["gpu", "tp", "no-plan", "bad-plan"])
+], ids=["policy", "gpu", "tp", "no-plan", "bad-plan"])
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, needle):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "plan.yaml").write_text("pools:\n  - {name: m, accelerator: h100-sxm, model: llama-3.1-8b, tpp: 2}\n")

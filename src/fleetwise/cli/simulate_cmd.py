@@ -2,9 +2,10 @@
 
 Two forms:
     fleetwise simulate PLAN.yaml (--workload W.yaml | --trace FILE) [--faults F.yaml] --out DIR
-    fleetwise simulate --model M --gpu G --replicas N [--tp T] --trace FILE --out DIR
-The second builds a one-pool colocated plan with round-robin routing. Owns argument handling
-and printing only; the simulation is `fleetwise.sim.simulate`.
+    fleetwise simulate --model M --gpu G --replicas N [--tp T] [--policy P] --trace FILE --out DIR
+The second builds a one-pool colocated plan (routing: `--policy`, default round-robin); with a
+plan file `--policy` replaces the plan's routing. Owns argument handling and printing only; the
+simulation is `fleetwise.sim.simulate`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fleetwise.cli.common import (
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
+from fleetwise.routing.registry import policy_names
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.base import load_document
 from fleetwise.spec.faults import FaultScenario, check_faults_apply
@@ -42,6 +44,9 @@ from fleetwise.spec.plan import PlanSpec, resolve_pool
 from fleetwise.spec.slo import SLOSpec
 from fleetwise.spec.workload import TraceArrival
 
+QUICK_START_POLICY = "round-robin"
+"""Routing of the `--model/--gpu` quick start when no `--policy` is given."""
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -54,6 +59,9 @@ def register(subparsers: Any) -> None:
     src.add_argument("--workload", metavar="W.yaml", help="workload spec file")
     src.add_argument("--trace", metavar="FILE", help="trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, ...)")
     p.add_argument("--faults", metavar="F.yaml", help="fault scenario file")
+    p.add_argument("--policy", default=None, metavar="P",
+                   help=f"routing policy preset (known: {', '.join(policy_names())}); replaces the plan's "
+                        f"routing; quick start default {QUICK_START_POLICY}")
     add_seed_arg(p, "seed for workload, routing and replay (default 0)")
     p.add_argument("--requests", type=int_flag(1, MAX_REQUESTS), default=None, metavar="N",
                    help="keep only the first N requests (generated lazily: a bigger workload is cut, not built)")
@@ -89,11 +97,11 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def quick_plan(model: str, gpu: str, replicas: int, tp: int) -> PlanSpec:
-    """One colocated pool of `replicas` x (tp GPUs), round-robin routing."""
+def quick_plan(model: str, gpu: str, replicas: int, tp: int, policy: str = QUICK_START_POLICY) -> PlanSpec:
+    """One colocated pool of `replicas` x (tp GPUs), routed by the preset `policy`."""
     if replicas < 1 or tp < 1:
         raise SpecError(f"--replicas={replicas} and --tp={tp} must be at least 1")
-    plan = PlanSpec(name=f"{model}-{gpu}-x{replicas}", routing="round-robin", pools=[
+    plan = PlanSpec(name=f"{model}-{gpu}-x{replicas}", routing=policy, pools=[
         {"name": "mixed", "role": "mixed", "replicas": replicas, "accelerator": gpu, "model": model,
          "parallelism": {"tp": tp}},
     ])
@@ -101,14 +109,24 @@ def quick_plan(model: str, gpu: str, replicas: int, tp: int) -> PlanSpec:
     return plan
 
 
+def check_policy(name: str) -> str:
+    """`name` if it is a routing preset; else a one-line error listing the known ones."""
+    known = policy_names()
+    if name not in known:
+        raise SpecError(f"--policy={name!r}: unknown routing policy; known: {', '.join(known)}")
+    return name
+
+
 def load_plan(args: argparse.Namespace) -> PlanSpec:
+    policy = check_policy(args.policy) if args.policy is not None else None
     if args.plan:
         if args.model or args.gpu:
             raise SpecError("give either a plan file or --model/--gpu (quick start), not both")
-        return PlanSpec.load(args.plan)
+        plan = PlanSpec.load(args.plan)
+        return plan if policy is None else plan.model_copy(update={"routing": policy})
     if not (args.model and args.gpu):
         raise SpecError("no plan: give PLAN.yaml, or --model M --gpu G [--replicas N] [--tp T] for a quick start")
-    return quick_plan(args.model, args.gpu, args.replicas, args.tp)
+    return quick_plan(args.model, args.gpu, args.replicas, args.tp, policy or QUICK_START_POLICY)
 
 
 def load_requests(args: argparse.Namespace) -> list[Request]:

@@ -100,6 +100,28 @@ class PrefixIndexParams(Spec):
     """Assume a dispatched prompt's blocks are cached on its worker (before KvStored confirms)."""
 
 
+class OutputPredictorParams(Spec):
+    """Expected output tokens of a request, learned from completions (what a router can know).
+
+    A router never sees a request's true output length: only its tenant, its prompt length and
+    the client's `max_tokens` cap (often absent). The estimate is a shrunk mean over three
+    levels, each pulled towards the level above by `prior_weight` pseudo-observations:
+    fleet-wide (towards `prior_tokens`), per tenant, per tenant and prompt-length bucket
+    (`bucket_ratio`-wide geometric buckets). Sums decay by half every `half_life_requests`
+    completions of their own key, so a drifting workload is followed. The estimate is capped by
+    the request's `max_tokens` when the client sent one.
+    """
+
+    prior_tokens: float = Field(default=256.0, gt=0.0)
+    """Expected output tokens before any completion was observed."""
+    prior_weight: float = Field(default=8.0, gt=0.0)
+    """Pseudo-observations of the level above blended into each level's mean."""
+    bucket_ratio: float = Field(default=2.0, gt=1.0)
+    """Prompt-length bucket width: bucket b holds prompts in [ratio^b, ratio^(b+1)) tokens."""
+    half_life_requests: float = Field(default=2000.0, gt=0.0)
+    """Completions after which an observation weighs half (per key)."""
+
+
 class PdParams(Spec):
     """Prefill/decode pair selection weights (pair score = sum of weighted parts in [0, 1])."""
 

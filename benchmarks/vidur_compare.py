@@ -1,7 +1,8 @@
 """Speed against Vidur: requests simulated per wall-clock and CPU second, same fleet and requests.
 
-Run:  python3 benchmarks/vidur_compare.py [--requests 16000] [--replicas 4] [--rate 40]
-                                          [--large-requests 200000 --large-replicas 16]
+Run:  python3 benchmarks/vidur_compare.py [--requests 5000] [--replicas 4] [--rate 16]
+                                          [--workload vidur|azure] [--vidur-scheduler sarathi|vllm]
+                                          [--chunk-size 512] [--batch-cap 128] [--large-requests N]
                                           [--vidur-venv DIR] [--out benchmarks/results/vidur_compare.json]
 
 Vidur (PyPI `vidur`, pinned by --vidur-version) lives in a throwaway virtual environment OUTSIDE
@@ -10,22 +11,24 @@ the repository: --vidur-venv, or the environment variable FLEETWISE_VIDUR_VENV, 
 else the first of ~/.pyenv/versions/3.11*, 3.10*, python3.11, python3.10 found) and
 `pip install vidur==VERSION`, and reuses it afterwards. It is never a fleetwise dependency.
 
-One run does, in order:
-1. The request set: the first --requests rows of the Azure conversation trace
-   (fleetwise.workload.traces.load_trace), arrivals rescaled to --rate requests/s, prompts clipped so
-   prompt + output <= --max-tokens (Vidur's trace replay does the same clip).
-2. Offline Vidur inputs in a temporary work dir (never the repo): the same requests as Vidur's
-   trace-replay CSV (Date, Time, PromptTokenCount, CompletionTokenCount), and synthetic
-   profiling tables from fleetwise's roofline laid out as the model-hub cache Vidur's
-   `snapshot_download` reads under HF_HUB_OFFLINE=1 (see benchmarks/vidur_tables.py).
-3. Vidur in a subprocess of the venv's python (this file with --vidur-child): the simulator is
-   built (predictor training from the tables, trace loading: reported as setup), then only its
-   event loop `Simulator.run` is timed (wall and process CPU), output writing excluded.
-4. fleetwise in this process on the same requests and fleet: `simulate()` timed the same way,
-   in the fast mode (router view refreshed every --feedback-delay s; with round-robin routing
-   the results equal the exact mode's, which is also run and reported as fleetwise_exact_mode).
-5. fleetwise alone on a larger request set (--large-requests requests, lengths resampled from
-   the trace, Poisson arrivals at the same per-replica rate, --large-replicas replicas).
+Matched by default: Vidur's own request list, the same model and card, the same scheduler
+settings (Sarathi-style chunked prefill, 512-token chunks = fleetwise's max_num_batched_tokens,
+batch cap = max_num_seqs, block size) and the same KV capacity (fleetwise's fit, given to Vidur
+as num_blocks). One run does, in order:
+1. Offline Vidur inputs in a temporary work dir (never the repo): synthetic profiling tables
+   from fleetwise's roofline laid out as the model-hub cache Vidur's `snapshot_download` reads
+   under HF_HUB_OFFLINE=1 (see benchmarks/vidur_tables.py).
+2. Vidur in a subprocess of the venv's python (this file with --vidur-child): the simulator is
+   built (predictor training, request generation: reported as setup); with `--workload vidur`
+   its synthetic generator draws --requests lengths from --length-trace (Vidur's arXiv
+   summarization file) with Poisson arrivals at --rate, and the child exports that list; then
+   only its event loop `Simulator.run` is timed (wall and process CPU), output writing
+   excluded. Events it handles are counted. `--workload azure` instead replays the first
+   --requests rows of the Azure conversation trace rescaled to --rate (the earlier setup).
+3. fleetwise in this process on the same request list and fleet: `simulate()` timed the same
+   way, in the fast mode (router view refreshed every --feedback-delay s; with round-robin
+   routing the results equal the exact mode's, which is also run and reported).
+4. Optionally fleetwise alone on a larger request set (--large-requests; lengths resampled).
 Writes the JSON (--out) and prints it. The machine's load average is recorded around each
 timed part: on a loaded 2-core machine, CPU seconds are the steadier figure.
 """
@@ -49,12 +52,15 @@ from peer_venv import find_python
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+DEFAULT_LENGTHS = REPO.parent / "shared" / "traces" / "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv"
+DEFAULT_RATE = {"vidur": 16.0, "azure": 40.0}
+"""Arrival rate per workload, req/s (vidur: arXiv prompts average ~2,600 tokens; about 4 req/s per replica)."""
 DEFAULT_VENV = os.environ.get("FLEETWISE_VIDUR_VENV", "/tmp/vidur-venv")
 VIDUR_VERSION = "0.0.26"
 
 # fleetwise catalog name -> Vidur's name for the same architecture / card.
 VIDUR_MODELS = {"llama-3.1-8b": "meta-llama/Llama-3-8B", "llama-3.1-70b": "meta-llama/Llama-3-70B"}
-VIDUR_DEVICES = {"h100-sxm": ("h100", "h100_dgx"), "a100-sxm-80gb": ("a100", "a100_dgx")}
+VIDUR_DEVICES = {"h100-sxm": ("h100", "h100_dgx"), "a100-80g": ("a100", "a100_dgx")}
 COMPUTE_REPO = "fleetwise-offline/roofline-{model}-{device}"
 NETWORK_REPO = "fleetwise-offline/roofline-{network}"
 TRACE_DATE = "2024-01-01"  # Vidur's trace replay keeps the rows of one Date
@@ -73,12 +79,15 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
         ClusterConfig,
         LinearRegressionExecutionTimePredictorConfig,
         MetricsConfig,
+        PoissonRequestIntervalGeneratorConfig,
         RandomForrestExecutionTimePredictorConfig,
         ReplicaConfig,
         RoundRobinGlobalSchedulerConfig,
         SarathiSchedulerConfig,
         SimulationConfig,
+        SyntheticRequestGeneratorConfig,
         TraceRequestGeneratorConfig,
+        TraceRequestLengthGeneratorConfig,
         VllmSchedulerConfig,
     )
     from vidur.simulator import Simulator
@@ -88,7 +97,7 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
     pred_common = dict(
         model_profiling_dataset=s["compute_repo"], network_profiling_dataset=s["network_repo"],
         cache_dir=s["cache_dir"], prediction_max_tokens_per_request=s["max_tokens"],
-        prediction_max_prefill_chunk_size=s["max_tokens"], prediction_max_batch_size=s["batch_cap"],
+        prediction_max_prefill_chunk_size=s["chunk_size"], prediction_max_batch_size=s["batch_cap"],
         use_native_execution_time_predictor=s["native_predictor"], k_fold_cv_splits=2, num_training_job_threads=1,
     )
     if s["predictor"] == "linear_regression":
@@ -100,6 +109,16 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
         sched = SarathiSchedulerConfig(batch_size_cap=s["batch_cap"], chunk_size=s["chunk_size"])
     else:
         sched = VllmSchedulerConfig(batch_size_cap=s["batch_cap"], max_tokens_in_batch=s["max_tokens"])
+    if s["workload"] == "vidur":  # Vidur's own generator: lengths from its trace file, Poisson arrivals
+        requests_cfg = SyntheticRequestGeneratorConfig(
+            seed=s["seed"], num_requests=s["requests"],
+            length_generator_config=TraceRequestLengthGeneratorConfig(
+                seed=s["seed"], trace_file=s["length_trace"], max_tokens=s["max_tokens"]),
+            interval_generator_config=PoissonRequestIntervalGeneratorConfig(seed=s["seed"], qps=s["qps"]))
+    else:
+        requests_cfg = TraceRequestGeneratorConfig(
+            trace_file=s["trace_csv"], date=TRACE_DATE, prefill_scale_factor=1.0, decode_scale_factor=1.0,
+            time_scale_factor=1.0, max_tokens=s["max_tokens"])
     cfg = SimulationConfig(
         seed=s["seed"],
         cluster_config=ClusterConfig(
@@ -110,9 +129,7 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
             global_scheduler_config=RoundRobinGlobalSchedulerConfig(),
             replica_scheduler_config=sched,
         ),
-        request_generator_config=TraceRequestGeneratorConfig(
-            trace_file=s["trace_csv"], date=TRACE_DATE, prefill_scale_factor=1.0, decode_scale_factor=1.0,
-            time_scale_factor=1.0, max_tokens=s["max_tokens"]),
+        request_generator_config=requests_cfg,
         execution_time_predictor_config=pred,
         metrics_config=MetricsConfig(output_dir=s["output_dir"], write_metrics=s["write_metrics"],
                                      enable_chrome_trace=s["chrome_trace"], store_plots=False, write_json_trace=False),
@@ -130,13 +147,26 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
         write_output()
 
     sim._write_output = _mark_then_write
-    tdf = sim._request_generator.trace_df  # what Vidur will simulate, after its own clipping
-    tokens = [int(tdf["PromptTokenCount"].sum()), int(tdf["CompletionTokenCount"].sum())]
+    # What Vidur will simulate, after its own clipping: (arrival s, prompt, output) in request order.
+    reqs = sorted((ev._request.id, ev._request.arrived_at, ev._request.num_prefill_tokens,
+                   ev._request.num_decode_tokens) for _, ev in sim._event_queue)
+    if s.get("requests_out"):
+        Path(s["requests_out"]).write_text(json.dumps([[a, p, d] for _, a, p, d in reqs]))
+    tokens = [sum(r[2] for r in reqs), sum(r[3] for r in reqs)]
+    events = [len(sim._event_queue)]
+    add_events = sim._add_events
+
+    def _count_then_add(new_events: list) -> None:  # every event but the arrivals passes here once
+        events[0] += len(new_events)
+        add_events(new_events)
+
+    sim._add_events = _count_then_add
     w0, c0 = time.perf_counter(), time.process_time()
     sim.run()
     wall, cpu = marks["wall"] - w0, marks["cpu"] - c0
-    n = int(sum(1 for _ in open(s["trace_csv"])) - 1)
+    n = len(reqs)
     out = {"requests": n, "tokens_in_out": tokens, "wall_s": wall, "cpu_s": cpu, "simulated_s": float(sim._time),
+           "events_processed": events[0], "events_per_request": round(events[0] / n, 2),
            "import_s": t_cfg - t_start, "setup_s": t_built - t_cfg, "write_output_s": time.perf_counter() - marks["wall"]}
     try:  # headline numbers from Vidur's own request metrics, for a sanity look at the load
         import pandas as pd
@@ -144,11 +174,15 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
         f = glob.glob(f"{cfg.metrics_config.output_dir}/**/request_metrics.csv", recursive=True)
         if f:
             df = pd.read_csv(f[0])
-            for col, key in [("request_e2e_time", "e2e_p50_s"), ("prefill_e2e_time", "ttft_p50_s"),
-                             ("decode_time_execution_plus_preemption_normalized", "tpot_p50_s")]:
+            for col, key in [("request_e2e_time", "e2e"), ("prefill_e2e_time", "ttft"),
+                             ("decode_time_execution_plus_preemption_normalized", "tpot")]:
                 if col in df:
-                    out[key] = round(float(df[col].median()), 4)
+                    out[f"{key}_p50_s"] = round(float(df[col].median()), 4)
+                    out[f"{key}_p99_s"] = round(float(df[col].quantile(0.99)), 4)
             out["requests_completed"] = int(len(df))
+            if "request_num_restarts" in df:  # preemptions by recompute (a request may restart more than once)
+                out["preemptions"] = int(df["request_num_restarts"].sum())
+                out["requests_preempted"] = int((df["request_num_restarts"] > 0).sum())
     except Exception as err:  # noqa: BLE001 - metrics are a side note; the timing stands without them
         out["metrics_error"] = repr(err)
     import vidur
@@ -198,12 +232,25 @@ def large_requests(base, n: int, rate: float, seed: int):
     return [Request(i, float(t[i]), int(p[i]), int(o[i])) for i in range(n)]
 
 
+def vidur_requests(path: Path):
+    """The request list Vidur's own generator made (exported by the child), as fleetwise requests."""
+    from fleetwise.core.request import Request
+
+    rows = json.loads(path.read_text())
+    return [Request(i, float(t), int(p), int(d)) for i, (t, p, d) in enumerate(rows)]
+
+
+def step_budget(a: argparse.Namespace) -> int:
+    """Tokens per step: the chunk size with chunked prefill (sarathi), else the request cap."""
+    return a.chunk_size if a.vidur_scheduler == "sarathi" else a.max_tokens
+
+
 def fleetwise_plan(a: argparse.Namespace, replicas: int):
     from fleetwise.spec.plan import PlanSpec
 
     return PlanSpec(name="vidur-compare", routing="round-robin", pools=[{
         "name": "m", "accelerator": a.gpu, "model": a.model, "replicas": replicas,
-        "engine": {"max_num_batched_tokens": a.max_tokens, "max_num_seqs": a.batch_cap, "block_size": a.block_size,
+        "gpu_memory_utilization": a.gpu_memory_utilization, "engine": {"max_num_batched_tokens": step_budget(a), "max_num_seqs": a.batch_cap, "block_size": a.block_size,
                    "enable_prefix_caching": False, "enable_chunked_prefill": a.vidur_scheduler == "sarathi"}}])
 
 
@@ -214,7 +261,8 @@ def kv_blocks(a: argparse.Namespace) -> int:
     from fleetwise.spec import catalog
 
     dep = Deployment(catalog.resolve_model(a.model), catalog.resolve_gpu(a.gpu))
-    cap = kv_capacity_tokens(dep, FitOptions(max_num_batched_tokens=a.max_tokens, max_num_seqs=a.batch_cap))
+    cap = kv_capacity_tokens(dep, FitOptions(max_num_batched_tokens=step_budget(a), max_num_seqs=a.batch_cap,
+                                             gpu_memory_utilization=a.gpu_memory_utilization))
     return cap // a.block_size
 
 
@@ -236,9 +284,13 @@ def run_fleetwise(a: argparse.Namespace, reqs, replicas: int, feedback_delay: fl
             "rps": round(len(reqs) / wall, 1), "rps_cpu": round(len(reqs) / cpu, 1),
             "loadavg_before": [round(x, 2) for x in load0], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             "requests_completed": s["requests_completed"], "simulated_s": round(s["duration_s"], 1),
-            "events_processed": s["events_processed"], "e2e_p50_s": round(s["e2e_s"]["p50"], 4),
-            "ttft_p50_s": round(s["ttft_s"]["p50"], 4), "tpot_p50_s": round(s["tpot_s"]["p50"], 4),
-            "preemptions": int(sum(r["preemptions"] for r in s["per_replica"]))}
+            "events_processed": s["events_processed"],
+            "events_per_request": round(s["events_processed"] / len(reqs), 2),
+            "e2e_p50_s": round(s["e2e_s"]["p50"], 4), "e2e_p99_s": round(s["e2e_s"]["p99"], 4),
+            "ttft_p50_s": round(s["ttft_s"]["p50"], 4), "ttft_p99_s": round(s["ttft_s"]["p99"], 4),
+            "tpot_p50_s": round(s["tpot_s"]["p50"], 4), "tpot_p99_s": round(s["tpot_s"]["p99"], 4),
+            "preemptions": int(sum(r["preemptions"] for r in s["per_replica"])),
+            "kv_usage_max": round(max(r["kv_usage"]["max"] for r in s["per_replica"]), 4)}
 
 
 def prepare_vidur(a: argparse.Namespace, reqs, work: Path) -> dict:
@@ -253,16 +305,18 @@ def prepare_vidur(a: argparse.Namespace, reqs, work: Path) -> dict:
     cache = work / "vidur_cache"
     tables = write_offline_profiles(
         cache, model=a.model, gpu=a.gpu, vidur_model=vmodel, vidur_device=device, vidur_network_device=network,
-        compute_repo=compute_repo, network_repo=network_repo, max_tokens=a.max_tokens, max_chunk=a.max_tokens,
+        compute_repo=compute_repo, network_repo=network_repo, max_tokens=a.max_tokens, max_chunk=step_budget(a),
         max_batch=a.batch_cap, block_size=a.block_size, batch_cap=a.batch_cap)
     trace_csv = work / "vidur_trace.csv"
     with trace_csv.open("w") as f:
         f.write("Date,Time,PromptTokenCount,CompletionTokenCount\n")
-        for r in reqs:
+        for r in reqs or []:
             f.write(f"{TRACE_DATE},{r.arrival_s!r},{r.prompt_tokens},{r.output_tokens}\n")
     return {"seed": a.seed, "replicas": a.replicas, "model": vmodel, "device": device, "network_device": network,
             "block_size": a.block_size, "num_blocks": kv_blocks(a), "batch_cap": a.batch_cap,
-            "max_tokens": a.max_tokens, "chunk_size": a.max_tokens, "scheduler": a.vidur_scheduler,
+            "max_tokens": a.max_tokens, "chunk_size": step_budget(a), "scheduler": a.vidur_scheduler,
+            "workload": a.workload, "requests": a.requests, "qps": a.rate, "length_trace": str(a.length_trace),
+            "requests_out": str(work / "vidur_requests.json"),
             "predictor": a.vidur_predictor, "native_predictor": a.vidur_native, "chrome_trace": False,
             "write_metrics": True,
             "trace_csv": str(trace_csv), "cache_dir": str(cache), "output_dir": str(work / "vidur_out"),
@@ -286,7 +340,7 @@ def run_vidur(a: argparse.Namespace, reqs, work: Path, py: Path, spec: dict, tag
         tail = log.read_text()[-4000:]
         sys.exit(f"Vidur failed (exit {r.returncode}); log {log}:\n{tail}")
     out = json.loads(result.read_text())
-    ours = [sum(r.prompt_tokens for r in reqs), sum(r.output_tokens for r in reqs)]
+    ours = [sum(r.prompt_tokens for r in reqs), sum(r.output_tokens for r in reqs)] if reqs else out["tokens_in_out"]
     if out["tokens_in_out"] != ours:
         sys.exit(f"Vidur's request set differs from fleetwise's: tokens {out['tokens_in_out']} vs {ours}")
     out.update({"replicas": a.replicas, "native_predictor": spec["native_predictor"],
@@ -302,8 +356,8 @@ def run_vidur(a: argparse.Namespace, reqs, work: Path, py: Path, spec: dict, tag
 
 def markdown_table(out: dict) -> str:
     """The headline rows as a Markdown table (for docs/benchmarks.md)."""
-    rows = ["| run | requests | replicas | wall s | CPU s | req/wall s | req/CPU s | load avg (1 min) |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | requests | replicas | wall s | CPU s | req/wall s | req/CPU s | events/request | load avg (1 min) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     names = [("vidur", "Vidur (metrics on)"), ("vidur_no_metrics", "Vidur, no metrics"),
              ("vidur_default_tracing", "Vidur, Chrome trace + Python lookups"),
              ("fleetwise", "fleetwise (fast mode)"), ("fleetwise_exact_mode", "fleetwise (exact mode)"),
@@ -312,12 +366,17 @@ def markdown_table(out: dict) -> str:
         r = out.get(key)
         if r:
             rows.append(f"| {label} | {r['requests']:,} | {r['replicas']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | "
-                        f"{r['rps']:,.0f} | {r['rps_cpu']:,.0f} | {r['loadavg_before'][0]:.2f} |")
+                        f"{r['rps']:,.0f} | {r['rps_cpu']:,.0f} | {r.get('events_per_request', '-')} | "
+                        f"{r['loadavg_before'][0]:.2f} |")
     tail = (f"\nfleetwise / Vidur: **{out['ratio_wall']}x** per wall second, **{out['ratio_cpu']}x** per CPU second "
-            f"(exact mode: {out['ratio_wall_exact_mode']}x wall")
+            f"(exact mode: {out['ratio_wall_exact_mode']}x wall, {out.get('ratio_cpu_exact_mode')}x CPU")
     if out.get("ratio_cpu_vs_vidur_no_metrics"):
         tail += f"; against Vidur with no metrics: {out['ratio_cpu_vs_vidur_no_metrics']}x CPU"
-    return "\n".join(rows) + "\n" + tail + ")."
+    m = out.get("matched") or {}
+    lat = ["", "| figure | Vidur | fleetwise (fast) | fleetwise (exact) |", "|---|---|---|---|"]
+    for k, v in m.items():
+        lat.append(f"| {k} | {v['vidur']} | {v['fleetwise']} | {v['fleetwise_exact_mode']} |")
+    return "\n".join(rows) + "\n" + tail + ")." + ("\n" + "\n".join(lat) if m else "")
 
 
 def best_of(runs: list[dict]) -> dict:
@@ -341,30 +400,45 @@ def _git_state() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", choices=["vidur", "azure"], default="vidur",
+                    help="vidur: Vidur's own generator (lengths from --length-trace, Poisson at --rate), its request "
+                         "list given to fleetwise; azure: the first --requests rows of --trace, rescaled to --rate")
+    ap.add_argument("--length-trace", type=Path, default=DEFAULT_LENGTHS,
+                    help="Vidur's request-length file (num_prefill_tokens,num_decode_tokens,...)")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    ap.add_argument("--requests", type=int, default=16000, help="first N trace rows (both simulators)")
+    ap.add_argument("--requests", type=int, default=5000, help="requests (both simulators)")
     ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--rate", type=float, default=40.0, help="arrival rate after rescaling the trace, req/s")
+    ap.add_argument("--rate", type=float, default=None,
+                    help=f"arrival rate, req/s (default {DEFAULT_RATE['vidur']:g} for vidur, {DEFAULT_RATE['azure']:g} "
+                         "for azure)")
     ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(VIDUR_MODELS))
     ap.add_argument("--gpu", default="h100-sxm", choices=sorted(VIDUR_DEVICES))
-    ap.add_argument("--max-tokens", type=int, default=8192,
-                    help="prompt+output cap per request = step token budget (Vidur's max_tokens_in_batch)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="prompt+output cap per request (default 4096 for vidur: Vidur's default, every arXiv "
+                         "request fits; 8192 for azure), also the step budget of the vllm scheduler")
+    ap.add_argument("--chunk-size", type=int, default=512,
+                    help="sarathi: prefill chunk = step token budget (fleetwise max_num_batched_tokens)")
     ap.add_argument("--batch-cap", type=int, default=128, help="max sequences per replica (max_num_seqs)")
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                    help="fleetwise's memory fit (KV blocks then given to Vidur); lower it to put the KV cache "
+                         "under pressure")
     ap.add_argument("--feedback-delay", type=float, default=0.25,
                     help="fleetwise router view refresh (round-robin gives the same results at any value)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--large-requests", type=int, default=200_000, help="fleetwise-only run; 0 skips it")
+    ap.add_argument("--large-requests", type=int, default=0, help="fleetwise-only run on more requests; 0 skips it")
     ap.add_argument("--large-replicas", type=int, default=16)
     ap.add_argument("--vidur-venv", type=Path, default=Path(DEFAULT_VENV),
                     help="throwaway venv for Vidur, outside the repo (env FLEETWISE_VIDUR_VENV)")
     ap.add_argument("--vidur-python", default=None, help="interpreter that creates the venv (3.10/3.11)")
     ap.add_argument("--vidur-version", default=VIDUR_VERSION)
-    ap.add_argument("--vidur-scheduler", default="vllm", choices=["vllm", "sarathi"])
+    ap.add_argument("--vidur-scheduler", default="sarathi", choices=["vllm", "sarathi"],
+                    help="sarathi (default): chunked prefill mixed with decodes, fleetwise chunked prefill on; "
+                         "vllm: Vidur's vLLM-v0 scheduler, fleetwise chunked prefill off")
     ap.add_argument("--vidur-predictor", default="random_forrest", choices=["random_forrest", "linear_regression"])
     ap.add_argument("--vidur-native", action=argparse.BooleanOptionalAction, default=True,
                     help="Vidur's C++ execution-time lookups (its fastest setting)")
-    ap.add_argument("--vidur-extra-runs", action=argparse.BooleanOptionalAction, default=True,
+    ap.add_argument("--vidur-extra-runs", action=argparse.BooleanOptionalAction, default=False,
                     help="also time Vidur with no metrics at all, and with its default Chrome trace on and "
                          "Python predictor lookups")
     ap.add_argument("--repeats", type=int, default=2,
@@ -375,14 +449,18 @@ def main() -> None:
     a = ap.parse_args()
     if a.vidur_venv.resolve().is_relative_to(REPO):
         sys.exit(f"--vidur-venv {a.vidur_venv} is inside the repository; put it outside (e.g. /tmp/vidur-venv)")
+    a.rate = DEFAULT_RATE[a.workload] if a.rate is None else a.rate
+    a.max_tokens = a.max_tokens or (4096 if a.workload == "vidur" else 8192)
 
     py = ensure_venv(a.vidur_venv, a.vidur_python, a.vidur_version)
-    reqs = load_requests(a.trace, a.requests, a.rate, a.max_tokens)
+    reqs = load_requests(a.trace, a.requests, a.rate, a.max_tokens) if a.workload == "azure" else None
     work = a.work_dir or Path(tempfile.mkdtemp(prefix="vidur-compare-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         spec = prepare_vidur(a, reqs, work)
         vidur = best_of([run_vidur(a, reqs, work, py, spec, f"lean{i}") for i in range(a.repeats)])
+        if reqs is None:  # the list Vidur generated and simulated, exported by its child
+            reqs = vidur_requests(Path(spec["requests_out"]))
         vidur_defaults = vidur_bare = None
         if a.vidur_extra_runs:
             vidur_bare = run_vidur(a, reqs, work, py, dict(spec, write_metrics=False), "no_metrics")
@@ -401,6 +479,14 @@ def main() -> None:
         large = run_fleetwise(a, big, a.large_replicas)
         large["workload"] = (f"{a.large_requests} requests, (prompt, output) resampled from the {len(reqs)} above, "
                              f"Poisson arrivals at {per_replica * a.large_replicas:g} req/s")
+    sarathi = a.vidur_scheduler == "sarathi"
+    if a.workload == "vidur":
+        described = (f"Vidur's synthetic generator: {a.requests} requests, lengths drawn from {a.length_trace.name} "
+                     f"(clipped to prompt+output <= {a.max_tokens}), Poisson arrivals at {a.rate:g} req/s, seed "
+                     f"{a.seed}; the generated list exported and replayed by fleetwise")
+    else:
+        described = (f"first {a.requests} rows of {a.trace.name}, arrivals rescaled to {a.rate:g} req/s, "
+                     f"prompt clipped to prompt+output <= {a.max_tokens}")
     out = {
         "benchmark": "vidur_compare",
         "machine": {"cores": os.cpu_count(), "loadavg_end": [round(x, 2) for x in os.getloadavg()],
@@ -415,47 +501,59 @@ def main() -> None:
         "ratio_wall": round(fw["rps"] / vidur["rps"], 1),
         "ratio_cpu": round(fw["rps_cpu"] / vidur["rps_cpu"], 1),
         "ratio_wall_exact_mode": round(fw_exact["rps"] / vidur["rps"], 1),
+        "ratio_cpu_exact_mode": round(fw_exact["rps_cpu"] / vidur["rps_cpu"], 1),
         "ratio_cpu_vs_vidur_no_metrics": round(fw["rps_cpu"] / vidur_bare["rps_cpu"], 1) if vidur_bare else None,
+        "matched": matched_figures(vidur, fw, fw_exact),
         "target": "fleetwise >= 20x Vidur's requests per wall-clock second",
         "setup": {
             "model": f"{a.model} (Vidur: {VIDUR_MODELS[a.model]})",
             "gpu": f"{a.gpu} (Vidur: {'/'.join(VIDUR_DEVICES[a.gpu])})",
             "replicas": a.replicas, "tp": 1, "pp": 1, "routing": "round-robin (both)",
-            "requests": f"first {a.requests} rows of {a.trace.name}, arrivals rescaled to {a.rate:g} req/s, "
-                        f"prompt clipped to prompt+output <= {a.max_tokens}",
-            "batch_cap": a.batch_cap, "max_tokens_per_step": a.max_tokens, "block_size": a.block_size,
-            "kv_blocks_per_replica": kv_blocks(a),
+            "workload": a.workload, "requests": described,
+            "batch_cap": a.batch_cap, "max_tokens_per_request": a.max_tokens,
+            "step_token_budget": step_budget(a), "chunk_size": a.chunk_size if sarathi else None,
+            "block_size": a.block_size, "kv_blocks_per_replica": kv_blocks(a),
+            "gpu_memory_utilization": a.gpu_memory_utilization,
             "vidur_scheduler": a.vidur_scheduler, "vidur_predictor": a.vidur_predictor,
             "vidur_native_predictor": a.vidur_native,
-            "fleetwise_engine": {"enable_chunked_prefill": a.vidur_scheduler == "sarathi",
-                                 "enable_prefix_caching": False, "feedback_delay_s": a.feedback_delay},
+            "fleetwise_engine": {"enable_chunked_prefill": sarathi, "max_num_batched_tokens": step_budget(a),
+                                 "max_num_seqs": a.batch_cap, "enable_prefix_caching": False,
+                                 "feedback_delay_s": a.feedback_delay},
         },
-        "notes": [
-            "Vidur ran offline: HF_HUB_OFFLINE=1 and synthetic profiling tables (mlp.csv.xz, attention.csv.xz; "
-            "network tables unused at TP=1/PP=1) generated from fleetwise's roofline PerfModel for the same model "
-            "and card, laid out as the model-hub cache its snapshot_download reads (benchmarks/vidur_tables.py). "
-            "Its prediction download fails offline and it trains its predictor from those tables (setup_s).",
-            f"Best of {a.repeats} runs each for Vidur (metrics on) and fleetwise on the shared set (least wall; "
-            "least CPU), every run listed under 'runs'; the other variants ran once. "
-            "Timed: Vidur's Simulator.run event loop only (not import, predictor training, trace loading or output "
-            "writing); fleetwise's simulate() call (fleet build, event loop, summary). Both single-process.",
-            "Vidur metrics (the 'vidur' entry, used for ratio_wall/ratio_cpu): request/batch/utilization metrics on "
-            "(fleetwise also records per-request results), plots and Chrome trace off, C++ execution-time lookups. "
-            "vidur_no_metrics: write_metrics off (Vidur records nothing; a lower bound on its cost). "
-            "vidur_default_tracing: its default Chrome trace on and Python lookups.",
-            "Scheduling differences: Vidur's vllm scheduler runs prefill-only or decode-only batches (vLLM v0); "
-            "fleetwise's engine mixes whole-prompt prefills with running decodes in one step (vLLM v1 with "
-            "chunked prefill off), and fuses decode-only steps between events. Same batch cap, token budget, "
-            "KV blocks, block size, FCFS, preemption by recompute.",
-            "Same requests: the arrival times and lengths fleetwise simulates were written to Vidur's trace-replay "
-            "CSV (Vidur's trace generator clips the same way, so no request changes).",
-        ],
+        "notes": NOTES + [f"Best of {a.repeats} runs each for Vidur (metrics on) and fleetwise on the shared set "
+                          "(least wall; least CPU), every run listed under 'runs'; the other variants ran once."],
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
     print(markdown_table(out))
 
+
+def matched_figures(vidur: dict, fw: dict, fw_exact: dict) -> dict:
+    """Side by side: latency percentiles, preemptions and events per request of both simulators."""
+    keys = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "preemptions",
+            "events_per_request", "simulated_s")
+    return {k: {"vidur": vidur.get(k), "fleetwise": fw.get(k), "fleetwise_exact_mode": fw_exact.get(k)}
+            for k in keys}
+
+
+NOTES = [
+    "Vidur ran offline: HF_HUB_OFFLINE=1 and synthetic profiling tables (mlp.csv.xz, attention.csv.xz; "
+    "network tables unused at TP=1/PP=1) generated from fleetwise's roofline PerfModel for the same model "
+    "and card, laid out as the model-hub cache its snapshot_download reads (benchmarks/vidur_tables.py). "
+    "Its prediction download fails offline and it trains its predictor from those tables (setup_s).",
+    "Timed: Vidur's Simulator.run event loop only (not import, predictor training, request generation or "
+    "output writing); fleetwise's simulate() call (fleet build, event loop, summary). Both single-process.",
+    "Vidur metrics (the 'vidur' entry, used for ratio_wall/ratio_cpu): request/batch/utilization metrics on "
+    "(fleetwise also records per-request results), plots and Chrome trace off, C++ execution-time lookups.",
+    "Events: Vidur counts every event its loop pops (arrivals, global/replica schedule, batch and stage "
+    "start/end); fleetwise every event its loop pops (route ticks, routed arrivals, step ends, kicks, samples). "
+    "fleetwise fuses decode-only passes between events, Vidur runs one event chain per batch.",
+    "Preemptions: both preempt by recompute. Vidur's sarathi scheduler reserves blocks for a request's whole "
+    "prompt at admission and keeps a watermark of 1% of the blocks free; fleetwise (vLLM v1) allocates blocks "
+    "per scheduled chunk with no watermark, so it admits more requests into the same memory and preempts when "
+    "their later chunks and decodes outgrow it.",
+]
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--vidur-child":

@@ -83,11 +83,21 @@ def test_kv_link_degradation_slows_transfers_and_failure_fails_or_reprefills():
     assert slow["kv_transfer"]["p50_s"] == pytest.approx(4 * base["kv_transfer"]["p50_s"], rel=0.05)
     down = [{"kind": "kv_link", "start_s": 2.0, "end_s": 3.0, "bandwidth_factor": 0.0}]
     _, failed = run(pd_plan(kv_link={"gbps": 50}, failure_domains=NO_RECOVERY), down, reqs)
+    # Every link down: with no healthy pair the router still sends (a link may be back by the
+    # end of the prefill); here none is, and without re-prefill those transfers fail.
     assert failed["failure_reasons"] == {"kv_transfer_failed": failed["requests_failed"]}
     assert 8 <= failed["requests_failed"] <= 11
-    _, re = run(pd_plan(kv_link={"gbps": 50}),
-                [{"kind": "kv_link", "start_s": 2.0, "end_s": 2.05, "bandwidth_factor": 0.0}], reqs)
-    assert re["requests_failed"] == 0 and re["requests_retried"] >= 1
+    # One decode port fails in the middle of a transfer to it: that request is prefilled again
+    # and routed to the other decode replica, whose link is up.
+    plan = pd_plan(kv_link={"gbps": 50})
+    res, _ = run(plan, None, reqs)
+    rec, d1 = res.records, res.replica_names.index("d-1")
+    k = next(i for i in range(40, 100) if rec.worker[i] == d1)
+    mid = (rec.kv_start_s[k] + rec.kv_end_s[k]) / 2
+    res, re = run(plan, [{"kind": "kv_link", "replica": "d-1", "start_s": mid, "end_s": mid + 0.01,
+                          "bandwidth_factor": 0.0}], reqs)
+    assert re["requests_failed"] == 0 and re["requests_retried"] == 1
+    assert res.records.retries[k] == 1 and res.records.worker[k] != d1
 
 
 class SpyPolicy:

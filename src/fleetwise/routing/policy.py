@@ -365,8 +365,9 @@ class ComposedPolicy:
         room = {c.name: _headroom(c.view, need) for c in cd_all}
         cd = [c for c in cd_all if room[c.name] >= pdp.kv_reserve] or cd_all
         pairs = [(p, d) for p in cp for d in cd if links.get((p.name, d.name)) is None or links[(p.name, d.name)].healthy]
-        if not pairs:
-            return RoutingDecision(worker=None, reason="rejected: no prefill/decode pair with a healthy KV link")
+        no_link = not pairs
+        if no_link:  # soft, like the region filter: the prefill takes a while, a link may be back by then
+            pairs = [(p, d) for p in cp for d in cd]
         simple = "round_robin" if safe and self.safe.spec.action == "round_robin" else self.params.picker
         if simple != "max":
             p, d, reason = self._pick_pd_simple(req, pairs, simple)
@@ -375,6 +376,8 @@ class ComposedPolicy:
             p, d, scores, reason = self._pick_pd_max(req, pairs, cp, cd, room, links)
         if safe:
             reason = f"safe-mode {self.safe.spec.action.replace('_', '-')} ({self.safe.describe()}); {reason}"
+        if no_link:
+            reason += "; no healthy KV link, sent anyway"
         self._record("prefill", p.name)
         self._record("decode", d.name)
         self._dispatch(req, p, d.name, p.name, now)

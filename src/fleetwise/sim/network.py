@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fleetwise.core.views import KvLinkView
 from fleetwise.sim.events import EventLoop, Priority, TransferEnd
 
 
@@ -89,6 +90,19 @@ class KvNetwork:
 
     def active_on(self, port: int) -> int:
         return len(self.ports[port].active)
+
+    def link_views(self, pairs: list[tuple[str, int, str, int]]) -> tuple[KvLinkView, ...]:
+        """The router's view of each (src name, src port, dst name, dst port) path now: the
+        bandwidth a transfer started on it alone would get (`min` of the two ports' effective
+        bandwidths), the transfers it would share a port with, and whether both ports are up."""
+        ports, lat = self.ports, self.latency_s
+        out = []
+        for sn, sp, dn, dp in pairs:
+            ps, pd = ports[sp], ports[dp]
+            bw = min(ps.effective_bw, pd.effective_bw)
+            active = len(ps.active) + len(pd.active) - len(ps.active & pd.active)
+            out.append(KvLinkView(sn, dn, bw, lat, active, bw > 0))
+        return tuple(out)
 
     # ---- transfers -------------------------------------------------------------------------
     def start(self, now_s: float, tag: int, src: int, dst: int, nbytes: float) -> int:

@@ -38,7 +38,7 @@ from fleetwise.core.feedback import (
     KvStored,
 )
 from fleetwise.core.request import Request
-from fleetwise.core.views import FleetView, RouteRequest
+from fleetwise.core.views import FleetView, KvLinkView, RouteRequest
 from fleetwise.engine.api import StepOutput
 from fleetwise.perf.kv import kv_shards
 from fleetwise.perf.profile import Profile
@@ -125,6 +125,10 @@ class Simulation:
                 r.port = self.net.add_port(r.name, plan.kv_link.bytes_per_s * kv_shards(r.deployment))
         self.prefill_reps = [r for r in self.reps if r.role == "prefill"]
         self.disaggregated = plan.disaggregated
+        self.link_pairs = [(p.name, p.port, d.name, d.port) for p in self.prefill_reps
+                           for d in self.reps if d.role == "decode"]
+        """Every prefill -> decode KV path the router may pick, as `KvNetwork.link_views` takes them."""
+        self.links: tuple[KvLinkView, ...] = ()
         self.cursor = 0  # next request to arrive (exact mode) or to route (delayed mode)
         self.next_tick_s = math.inf
         self.view: tuple[Any, ...] = ()
@@ -173,7 +177,7 @@ class Simulation:
             observe(fb)
         self.fb_buffer.clear()
         if not self.view_frozen:
-            self.view = self.fleet.workers(now_s)
+            self._refresh_view(now_s)
         end = now_s + self.delay
         reqs, n, reps, push = self.reqs, len(self.reqs), self.reps, self.loop.push
         while self.cursor < n and reqs[self.cursor].arrival_s < end:
@@ -195,10 +199,10 @@ class Simulation:
         """Ask the policy; returns (worker, prefill worker or -1), or None after failing the request."""
         r = self.recovery.request(i)
         if self.delay == 0 and not self.view_frozen:
-            self.view = self.fleet.workers(now_s)
+            self._refresh_view(now_s)
         rr = RouteRequest(r.request_id, r.prompt_tokens, r.output_tokens, r.block_hashes, r.tenant,
                           r.model_version, r.region, r.arrival_s, r.hash_block_tokens)
-        d = self.policy.route(rr, FleetView(now_s, self.view))
+        d = self.policy.route(rr, FleetView(now_s, self.view, self.links))
         w = self.fleet.by_name.get(d.worker) if d.worker is not None else None
         p = self.fleet.by_name.get(d.prefill_worker, -1) if d.prefill_worker is not None else -1
         if w is None or (self.disaggregated and p < 0):
@@ -212,6 +216,12 @@ class Simulation:
         self.feedback(Dispatched(now_s, rr.request_id, self.reps[w].name, r.prompt_tokens, r.block_hashes,
                                  self.reps[p].name if p >= 0 else None))
         return w, p
+
+    def _refresh_view(self, now_s: float) -> None:
+        """What the router sees now: every replica's view and, in a P/D fleet, every KV path."""
+        self.view = self.fleet.workers(now_s)
+        if self.link_pairs:
+            self.links = self.net.link_views(self.link_pairs)
 
     def route_and_dispatch(self, i: int, now_s: float) -> None:
         route = self._decide(i, now_s)

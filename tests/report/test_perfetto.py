@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from fleetwise.cli.main import main
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
 from fleetwise.report.perfetto import PID_LINKS, PID_REPLICAS, PID_REQUESTS, Window, trace_events
@@ -51,6 +52,8 @@ def test_trace_is_valid_and_has_every_track(sim_run):
             a = e["args"]
             assert set(a) == {"prefill_tokens", "decodes", "passes", "preempted", "tokens"}
             assert (a["prefill_tokens"] > 0) == (role == "prefill") and (a["decodes"] > 0) == (role == "decode")
+    counters = {e["name"] for e in doc["traceEvents"] if e["ph"] == "C"}
+    assert counters == {f"{n} load" for n in names}
     links = threads(doc, PID_LINKS)
     assert links and all(" → " in n for n in links.values())
     assert {n.split(" #")[0] for n in links.values()} <= {f"{p} → {d}" for p in names[:2] for d in names[2:]}
@@ -101,3 +104,16 @@ def test_time_window_bounds_requests_and_steps():
 def test_bad_windows_are_refused_with_the_flag(req, win, msg):
     with pytest.raises(SpecError, match=msg):
         Window.parse(req, win)
+
+
+def test_trace_and_report_inside_a_new_out_dir(tmp_path):
+    out = tmp_path / "runs" / "pd"  # does not exist yet: made by the run, with the trace and report in it
+    assert main(["simulate", str(ROOT / "examples/plans/pd-70b.yaml"), "--workload",
+                 str(ROOT / "examples/workloads/poisson-chat.yaml"), "--requests", "30", "--out", str(out),
+                 "--trace-events", str(out / "trace.json"), "--quiet"]) == 0
+    doc = json.loads((out / "trace.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["otherData"]["requests_traced"] == 30
+    assert main(["simulate", str(ROOT / "examples/plans/pd-70b.yaml"), "--workload",
+                 str(ROOT / "examples/workloads/poisson-chat.yaml"), "--requests", "30", "--out", str(out),
+                 "--trace-events", str(tmp_path / "nowhere" / "trace.json"), "--quiet"]) == 2

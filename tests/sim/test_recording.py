@@ -44,3 +44,16 @@ def test_window_keeps_only_overlapping_steps():
     simulate(_plan(), REQS, options=SimOptions(recorder=part))
     expected = [s for s in full.steps if s.end_s >= 1.0 and s.start_s <= 2.0]
     assert part.steps == expected and 0 < len(expected) < len(full.steps)
+
+
+def test_request_bounded_recorder_stops_once_its_requests_have_ended(monkeypatch):
+    from fleetwise.sim import recording
+
+    monkeypatch.setattr(recording, "CHECK_EVERY_STEPS", 16)
+    reqs = [Request(i, i * 0.05, 512, 40) for i in range(300)]
+    full, part = StepRecorder(), StepRecorder(requests=(0, 10))
+    simulate(_plan(), reqs, options=SimOptions(recorder=full))
+    res = simulate(_plan(), reqs, options=SimOptions(recorder=part))
+    last_end = max(res.records.finish_s[:10])
+    assert last_end <= part.end_s < full.steps[-1].end_s
+    assert part.steps == [s for s in full.steps if s.start_s <= part.end_s]

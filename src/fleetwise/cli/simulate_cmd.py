@@ -166,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
                                     "e2e_max_s": ("--e2e-slo", args.e2e_slo)})
     check_writable_dir(args.out, "--out")
     check_report_path(args.report)
-    if args.trace_events:
-        check_writable_file(args.trace_events, "--trace-events")
+    if args.trace_events and Path(args.trace_events).resolve().parent != Path(args.out).resolve():
+        check_writable_file(args.trace_events, "--trace-events")  # inside --out: made with it
     plan = load_plan(args)
     faults = FaultScenario.load(args.faults) if args.faults else None
     if faults is not None:

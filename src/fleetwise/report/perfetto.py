@@ -3,7 +3,8 @@
 Tracks (JSON Object Format, times in microseconds of simulated time):
 - process "replicas": one thread per replica; each engine step is a complete event (`ph: X`)
   named by its batch (`prefill 1024 + 12 decodes`, `decode x8`) with args `prefill_tokens`,
-  `decodes` (per pass), `passes`, `preempted`, `tokens`;
+  `decodes` (per pass), `passes`, `preempted`, `tokens`; and a counter track per replica
+  (`<name> load`: waiting, running, KV usage %, at the summary's sample times);
 - process "KV links": one thread per prefill -> decode pair (more lanes where transfers on a
   pair overlap, so slices never overlap on a thread); each transfer a complete event with its
   bytes, queueing and outcome;
@@ -60,7 +61,7 @@ class Window:
             return StepRecorder(self.time_s[0], self.time_s[1])
         assert self.requests is not None
         i = min(self.requests[0], max(len(arrivals) - 1, 0))
-        return StepRecorder(arrivals[i] if arrivals else 0.0)
+        return StepRecorder(arrivals[i] if arrivals else 0.0, requests=self.requests)
 
 
 def _pair(text: str, flag: str, kind: Any) -> tuple[float, float]:
@@ -112,6 +113,7 @@ def trace_events(res: SimResult, rec: StepRecorder, window: Window) -> dict[str,
                    "pid": PID_REPLICAS, "tid": s.replica + 1, **_span(s.start_s, s.end_s),
                    "args": {"prefill_tokens": s.prefill_tokens, "decodes": s.decodes, "passes": s.passes,
                             "preempted": s.preempted, "tokens": s.tokens}})
+    ev.extend(_counters(res, t0, t1))
     ev.extend(_transfers(res, rec, t0, t1))
     for i in sel:
         ev.extend(_request(res, i))
@@ -140,6 +142,23 @@ def _step_name(prefill: int, decodes: int, passes: int) -> str:
     if prefill:
         return f"prefill {prefill}"
     return f"decode {decodes}" + (f" x{passes}" if passes > 1 else "")
+
+
+def _counters(res: SimResult, t0: float, t1: float) -> list[dict[str, Any]]:
+    """Counter tracks per replica from the summary's samples: waiting, running, KV usage (%)."""
+    out: list[dict[str, Any]] = []
+    for idx, r in enumerate(res.summary.get("per_replica", [])):
+        q, run, kv = r["queue_length"], r.get("running"), r.get("kv_usage_series")
+        for k, t in enumerate(q["t_s"]):
+            if t0 <= t <= t1:
+                args: dict[str, float] = {"waiting": q["value"][k]}
+                if run is not None:
+                    args["running"] = run["value"][k]
+                if kv is not None:
+                    args["kv_usage_pct"] = round(100.0 * kv["value"][k], 3)
+                out.append({"name": f"{r['name']} load", "ph": "C", "pid": PID_REPLICAS, "tid": idx + 1,
+                            "ts": _us(t), "args": args})
+    return out
 
 
 def _transfers(res: SimResult, rec: StepRecorder, t0: float, t1: float) -> list[dict[str, Any]]:

@@ -13,9 +13,20 @@ from typing import TYPE_CHECKING
 
 from fleetwise.engine.api import StepOutput
 from fleetwise.sim.network import TransferRecord
+from fleetwise.sim.results import Records
 
 if TYPE_CHECKING:
     from fleetwise.sim.fleet import Replica
+
+
+CHECK_EVERY_STEPS = 4096
+"""How often (in recorded steps; a power of two) a request-bounded recorder checks whether its
+requests have all ended: rarely enough to cost nothing, often enough to stop early."""
+
+
+def _ended(records: Records, first: int, last: int) -> bool:
+    fin, failed = records.finish_s, records.failure
+    return all(i in failed or not math.isnan(fin[i]) for i in range(first, min(last, len(fin))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +55,22 @@ class StepRecorder:
     steps: list[StepRecord] = field(default_factory=list)
     transfers: list[TransferRecord] = field(default_factory=list)
     """Every transfer of the run (ports are numbered like replicas; tag = request index * 4 + attempt)."""
+    requests: tuple[int, int] | None = None
+    """Positions [first, last) in arrival order: once all of them have ended, recording stops
+    (a request window bounds memory as well as the file)."""
     _passes_seen: dict[int, int] = field(default_factory=dict)
+    _calls: int = 0
 
-    def on_step(self, rep: Replica, start_s: float, end_s: float, out: StepOutput) -> None:
+    def on_step(self, rep: Replica, start_s: float, end_s: float, out: StepOutput, records: Records) -> None:
         """Record the step `rep` just completed (called before the runner handles its output)."""
         total = rep.engine.stats.passes
         passes = total - self._passes_seen.get(rep.idx, 0)
         self._passes_seen[rep.idx] = total
         if end_s < self.start_s or start_s > self.end_s:
             return
+        self._calls += 1
+        if self.requests is not None and not self._calls & CHECK_EVERY_STEPS - 1 and _ended(records, *self.requests):
+            self.end_s = end_s
         st = rep.step
         prefill = st.prefill_tokens if st is not None else 0
         decodes = st.decode_tokens // max(st.num_passes, 1) if st is not None else 0

@@ -282,7 +282,7 @@ class Simulation:
 
     def _on_output_recorded(self, rep: Replica, now_s: float, start_s: float, out: StepOutput) -> None:
         assert self.opts.recorder is not None
-        self.opts.recorder.on_step(rep, start_s, now_s, out)
+        self.opts.recorder.on_step(rep, start_s, now_s, out, self.rec)
         self._on_output(rep, now_s, start_s, out)
 
     def _kv_feedback(self, rep: Replica, now_s: float, events: list[tuple[bool, int]]) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fleetwise.errors import SpecError
 from fleetwise.gateway.backends import Breaker
@@ -154,11 +152,3 @@ def test_cli_builds_config_from_flags(tmp_path) -> None:  # type: ignore[no-unty
     with pytest.raises(SpecError, match="duplicate name"):
         build_config(_args(config=str(path)))
 
-
-@settings(max_examples=300, deadline=None)
-@given(text=st.text(alphabet='[]{}"\\ a,:1', max_size=200), limit=st.integers(0, 12))
-def test_depth_precheck_equals_the_shared_reference(text: str, limit: int) -> None:
-    from fleetwise.gateway.openai import _depth_ok
-    from fleetwise.spec.inputs import json_depth
-
-    assert _depth_ok(text.encode(), limit) == (json_depth(text) <= limit)

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from fleetwise.spec.inputs import MAX_NESTING_DEPTH
+from fleetwise.spec.inputs import MAX_NESTING_DEPTH, json_depth
 
 __all__ = [
     "MAX_NESTING_DEPTH", "ClientError", "ParsedRequest", "error_body", "parse_request", "prompt_blocks",
@@ -43,33 +43,6 @@ def error_body(status: int, message: str, type_: str = "invalid_request_error", 
                                  "code": code if code is not None else status}}).encode()
 
 
-def _depth_ok(raw: bytes, limit: int) -> bool:
-    """Whether brackets outside strings nest at most `limit` deep. Same answer as
-    `spec.inputs.json_depth(text) <= limit`, but a body with at most `limit` brackets in all (every
-    real completion request) is answered by two C-level counts instead of a Python loop over
-    every character of the prompt (about 50 us per KiB on the hot path)."""
-    if raw.count(b"[") + raw.count(b"{") <= limit:
-        return True
-    depth, in_str, esc = 0, False, False
-    for b in raw:
-        if in_str:
-            if esc:
-                esc = False
-            elif b == 0x5C:
-                esc = True
-            elif b == 0x22:
-                in_str = False
-        elif b == 0x22:
-            in_str = True
-        elif b in (0x5B, 0x7B):
-            depth += 1
-            if depth > limit:
-                return False
-        elif b in (0x5D, 0x7D):
-            depth -= 1
-    return True
-
-
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -81,10 +54,12 @@ def parse_json_body(raw: bytes, max_bytes: int) -> dict[str, Any]:
         raise ClientError(413, f"request body is {len(raw)} bytes; the limit is {max_bytes}", code="body_too_large")
     if not raw.strip():
         raise ClientError(400, "request body is empty; send a JSON object")
-    if not _depth_ok(raw, MAX_NESTING_DEPTH):
-        raise ClientError(400, f"request body nests deeper than {MAX_NESTING_DEPTH} levels")
     try:
         text = raw.decode("utf-8")
+        # at most MAX_NESTING_DEPTH brackets in all (every real request) cannot nest deeper
+        if raw.count(b"[") + raw.count(b"{") > MAX_NESTING_DEPTH and \
+                json_depth(text, MAX_NESTING_DEPTH) > MAX_NESTING_DEPTH:
+            raise ClientError(400, f"request body nests deeper than {MAX_NESTING_DEPTH} levels")
         doc = json.loads(text, parse_constant=_no_constant)
     except UnicodeDecodeError as err:
         raise ClientError(400, f"request body is not UTF-8 (byte {err.start})") from None

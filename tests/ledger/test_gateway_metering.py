@@ -38,7 +38,8 @@ def test_each_request_is_one_row_and_a_retried_key_is_billed_once(tmp_path) -> N
             r1 = by_rid[h1["X-Request-ID"]]
             assert (r1.idempotency_key, r1.status, r1.attempts, r1.delivered_tokens, r1.billed_generated_tokens) == (
                 "order-1", "completed", 2, 6, 6)
-            assert r1.prompt_tokens == 60  # the gateway's estimate (240 characters / 4): no usage in the stream
+            # The gateway asked the backend for its usage block and kept it from the client.
+            assert r1.prompt_tokens == 8 and not any(e != "[DONE]" and e["choices"] == [] for e in ev1)
             r3 = by_rid[h3["X-Request-ID"]]
             assert r3.idempotency_key.startswith("fw-") and (r3.prompt_tokens, r3.delivered_tokens) == (8, 6)
             r4 = by_rid[h4["X-Request-ID"]]

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -70,6 +71,8 @@ ERROR_EVENT_STATUS = 502
 IDEMPOTENCY_HEADER = b"idempotency-key"
 """Request header with the client's idempotency key (metered once per key and tenant)."""
 DONE_EVENT = b"data: [DONE]\n\n"
+_EMPTY_CHOICES = re.compile(rb'"choices":\s*\[\s*\]')
+"""A usage-only stream event (no choices)."""
 """The last event of an OpenAI stream; held back until the request's usage is recorded."""
 
 
@@ -534,12 +537,23 @@ class Gateway:
                         send: Send, receive: Receive) -> None:
         headers = {"content-type": "application/json", "x-request-id": call.rid}
         payload = call.raw
+        body = call.body
+        if call.meter is not None and call.stream and not call.include_usage:
+            # Metering bills the engine's token count: ask for it, and strip it from the relay.
+            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+            payload = json.dumps(body).encode()
         if pre is not None:
             kv = await self._prefill(call, pre, headers, send)
             if kv is None:
                 return  # the prefill leg's client error was relayed
-            payload = json.dumps({**call.body, "kv_transfer_params": kv}).encode()
-        await self._relay(call, dec, payload, headers, send, receive)
+            payload = json.dumps({**body, "kv_transfer_params": kv}).encode()
+        try:
+            await self._relay(call, dec, payload, headers, send, receive)
+        except _Retry as r:
+            if pre is None or r.cause != "handoff":
+                raise
+            self._fault(pre, "handoff")  # the KV the prefill held is gone: try another pair
+            raise _Retry(pre, r.cause, r.detail) from None
 
     async def _prefill(self, call: _Call, b: Backend, headers: dict[str, str], send: Send) -> Any:
         """The prefill leg: `max_tokens` 1, not streamed, `do_remote_decode`; returns the
@@ -641,11 +655,21 @@ class Gateway:
                         self._fault(b, "empty")
                         raise _Retry(b, "empty", "stream closed before its first event")
                     first = framer.feed(chunk)
+                if first.startswith(b'data: {"error"'):
+                    # The stream failed before any token: nothing reached the client, so it is
+                    # retried. A decode leg that could not get its KV (lease expired, pull failed)
+                    # blames `kv_transfer_params`: a failed hand-off, prefilled again elsewhere.
+                    cause = "handoff" if b'"kv_transfer_params"' in first else "error_event"
+                    if cause != "handoff":  # a failed hand-off is the prefill side's (see _dispatch)
+                        self._fault(b, cause)
+                    raise _Retry(b, cause, first[6:200].decode("utf-8", "replace").strip())
                 t_first = self.now()
                 await send({"type": "http.response.start", "status": 200, "headers": [
                     (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                     (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", b.name.encode())]})
                 sent_any = True
+                if call.meter is not None:
+                    first, held = _hold_back(first, held, call.include_usage, call.meter)
                 await send({"type": "http.response.body", "body": first, "more_body": True})
                 self.telemetry.ttfb.labels(call.endpoint).observe(t_first - call.arrival_s)
                 self.policy.observe(FirstToken(t_first, call.rid, b.name, t_first - t_send))
@@ -657,8 +681,8 @@ class Gateway:
                     if not chunk:
                         break
                     out = framer.feed(chunk)
-                    if out.endswith(DONE_EVENT) and call.meter is not None:
-                        held, out = DONE_EVENT, out[:-len(DONE_EVENT)]  # sent once the usage is recorded
+                    if call.meter is not None:
+                        out, held = _hold_back(out, held, call.include_usage, call.meter)
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
         except _Retry:
@@ -690,8 +714,8 @@ class Gateway:
         now = self.now()
         n_out = _usage_tokens(framer.tail) or max(framer.events - 1 - call.include_usage, 0)
         if call.meter is not None:  # recorded before [DONE] leaves (docs/failure-domains.md)
-            call.meter.usage_from(framer.tail)
-            await self._meter_end(call, "completed", "", n_out)
+            await self._meter_end(call, "completed", "", call.meter.delivered_tokens if call.meter.usage_seen
+                                  else n_out)
         await send({"type": "http.response.body", "body": held + framer.buf, "more_body": False})
         tpot = (now - t_first) / (n_out - 1) if n_out > 1 else 0.0
         self.policy.observe(Completed(now, call.rid, b.name, n_out, tpot, now - call.arrival_s))
@@ -793,6 +817,19 @@ async def _watch_disconnect(receive: Receive, upstream: Any, gone: list[bool]) -
             gone.append(True)
             upstream.close()
             return
+
+
+def _hold_back(out: bytes, held: bytes, client_wants_usage: bool, meter: Meter) -> tuple[bytes, bytes]:
+    """Split relayed events into (sent now, held): `[DONE]` waits until the usage is recorded, and
+    the usage-only event the gateway asked for is dropped unless the client asked for it; the
+    meter reads the engine's counts from it."""
+    if b'"usage"' in out:
+        meter.usage_from(out)
+    if out.endswith(DONE_EVENT):
+        out, held = out[:-len(DONE_EVENT)], held + DONE_EVENT
+    if not client_wants_usage and _EMPTY_CHOICES.search(out):
+        out = b"".join(e + b"\n\n" for e in out.split(b"\n\n") if e and not _EMPTY_CHOICES.search(e))
+    return out, held
 
 
 def _usage_tokens(data: bytes) -> int:

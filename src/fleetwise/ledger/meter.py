@@ -46,6 +46,8 @@ class Meter:
     work: list[WorkItem] = field(default_factory=list)
     outcome: Outcome | None = None
     ended: bool = False
+    usage_seen: bool = False
+    """The backend reported its counts (`usage_from` found a usage object)."""
 
     def attempt(self, kind: WorkKind, reason: str, prefill: tuple[str, str] | None, decode: tuple[str, str],
                 context_tokens: int) -> None:
@@ -75,6 +77,7 @@ class Meter:
             self.cached_tokens = max(0, min(details["cached_tokens"], self.prompt_tokens))
         if isinstance(u.get("completion_tokens"), int):
             self.delivered_tokens = max(0, u["completion_tokens"])
+        self.usage_seen = True
         return True
 
     def usage(self, status: Status, reason: str, ended_at: float) -> Usage:

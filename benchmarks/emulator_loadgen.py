@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import time
 from dataclasses import dataclass, field
@@ -142,6 +143,8 @@ async def replay(requests: list[Request], targets: list[Target], model: str, tim
     """Send `requests[i]` to `targets[i]` at its arrival (scaled); returns the results (in input
     order) and the wall seconds the replay took."""
     texts = [prompt_text(r) for r in requests]  # built before the clock starts
+    gc.collect()
+    gc.freeze()  # nothing built so far is garbage: keep full collections short during the replay
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:

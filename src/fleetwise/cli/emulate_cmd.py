@@ -12,6 +12,7 @@ Owns argument handling and, for `--plan`, starting one emulator process per repl
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import signal
 import subprocess
@@ -224,6 +225,10 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     app = create_app(cfg)  # builds the engine now, so a bad model/gpu/fit fails before binding
+    # Everything built so far lives as long as the process: keep it out of the collector's full
+    # passes, which would otherwise stall the step loop (vLLM's engine does the same).
+    gc.collect()
+    gc.freeze()
     print(f"fleetwise emulate: {cfg.name} on {cfg.tp}x{cfg.gpu} role={cfg.role} time-scale={cfg.time_scale:g} "
           f"at http://{cfg.host}:{cfg.port}", flush=True)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level, access_log=False)

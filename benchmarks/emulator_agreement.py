@@ -14,8 +14,10 @@ it to. Compared with the simulator's TTFT and TPOT percentiles (modelled seconds
 - `server`: the emulators' own per-request records (`GET /fleetwise/requests`, the times the
   engine model gives, arrival stamped when the request reached the server);
 pass rule: p50 within 10 %, p99 within 20 %. Reported beside them: the emulators'
-step deadline overrun (mean and max, modelled seconds) and the load average, since the machine
-(2 cores) is shared with other work while it runs.
+step deadline overrun (mean and max, modelled seconds), the load average, and how late a bare
+asyncio loop wakes on this machine right before the case (`baseline_wakeup_lateness_wall_s`):
+the machine (2 cores) is shared with other work, and every wall millisecond of scheduling delay
+is `time_scale` modelled milliseconds on the client's clock.
 
 Workloads: `poisson` = Poisson arrivals at `--rate`, prompts log-normal (median 1000 tokens,
 sigma 0.6, 64..4000), outputs uniform 32..256; `trace` = the Azure LLM inference conversation
@@ -42,7 +44,15 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from emulator_loadgen import Target, fetch_status, percentiles, replay, server_side, summarize  # noqa: E402
+from emulator_loadgen import (  # noqa: E402
+    Target,
+    fetch_status,
+    percentiles,
+    replay,
+    server_side,
+    summarize,
+    wakeup_lateness,
+)
 
 from fleetwise.sim.runner import SimOptions, simulate  # noqa: E402
 from fleetwise.spec.plan import PlanSpec  # noqa: E402
@@ -132,6 +142,7 @@ def run_case(wl_kind: str, plan_kind: str, n: int, rate: float, scale: float, se
         plan_path.write_text(yaml.safe_dump(plan_doc(plan_kind)))
         port = free_port_block(len(names))
         load0 = os.getloadavg()
+        base = asyncio.run(wakeup_lateness())
         proc = start_fleet(plan_path, port, scale, eps_path)
         try:
             url = {e["name"]: e["url"] for e in json.loads(eps_path.read_text())}
@@ -173,6 +184,7 @@ def run_case(wl_kind: str, plan_kind: str, n: int, rate: float, scale: float, se
         "overrun": [{"name": st["name"], "role": st["role"], "steps": st["steps"],
                      "mean_s": st["overrun_mean_s"], "max_s": st["overrun_max_s"]} for st in status],
         "load_average_before_after": [load0[0], load1[0]],
+        "baseline_wakeup_lateness_wall_s": base,
     }
 
 

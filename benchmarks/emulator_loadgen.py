@@ -162,6 +162,20 @@ async def replay(requests: list[Request], targets: list[Target], model: str, tim
         return results, loop.time() - t0
 
 
+async def wakeup_lateness(seconds: float = 2.0, period_s: float = 0.005) -> dict[str, float]:
+    """How late a bare asyncio loop in this process wakes for absolute deadlines (wall seconds):
+    the machine's own scheduling delay, the floor under any emulator's overrun."""
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    end = t + seconds
+    lates = []
+    while t < end:
+        t += period_s
+        await asyncio.sleep(max(0.0, t - loop.time()))
+        lates.append(loop.time() - t)
+    return percentiles(lates)
+
+
 def percentiles(values: list[float]) -> dict[str, float]:
     """{p50, p90, p99, mean} of the finite values (NaN when there are none)."""
     a = np.asarray([v for v in values if v == v], dtype=float)

@@ -16,7 +16,7 @@ time, and client-measured TPOT against the emulator's own (`GET /fleetwise/reque
 The machine has 2 cores shared with other work: before each level, a bare asyncio loop in the
 load generator measures how late this machine wakes a process for a deadline (`baseline`, wall
 seconds), the floor under any overrun. A level is kept ("on deadline") when the emulator's mean
-overrun exceeds that floor (x time scale) by less than 10 % of the mean step time, the client's
+overrun exceeds that floor (x time scale) by less than half the mean step time, the client's
 p50 TPOT is within 10 % of the server's, and nothing failed. `sustained` is the largest such
 level. The load generator runs on the same cores: figures are a lower bound for a dedicated core.
 """
@@ -43,9 +43,9 @@ from emulator_loadgen import percentiles, prompt_text, wakeup_lateness  # noqa: 
 from fleetwise.core.request import Request  # noqa: E402
 
 START_TIMEOUT_S = 120.0
-ON_DEADLINE_OVERRUN_SHARE = 0.10
-"""A level is on deadline while mean overrun - the machine's wake-up lateness < 10 % of the mean
-step time ..."""
+ON_DEADLINE_OVERRUN_SHARE = 0.5
+"""A level is on deadline while the mean overrun beyond the machine's own wake-up lateness stays
+under half a step (tokens still come out pass by pass, a pass late at most) ..."""
 ON_DEADLINE_TPOT_TOL = 0.10
 """... and the client's p50 TPOT is within 10 % of the server's."""
 

@@ -17,6 +17,7 @@ per decoding request, as a server streams them (`StepOutput.tokens`).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,9 +40,12 @@ from fleetwise.live import AsyncioClock
 from fleetwise.perf.kv import kv_transfer_s
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
+from fleetwise.perf.types import Deployment
 from fleetwise.spec.hardware import LinkSpec
 from fleetwise.spec.plan import PoolSpec
 
+MAX_DST_KINDS = 64
+"""Decode-side deployments remembered by a prefill replica (more are rebuilt on demand)."""
 MAX_RECORDS = 100_000
 """Finished requests kept for `GET /fleetwise/requests` (about 10 MB)."""
 WHERE = "emulator"
@@ -144,6 +148,7 @@ class EmulatedReplica:
         self._leases: dict[str, _Lease] = {}
         self._next_eid = 0
         self._fault_timers: dict[str, asyncio.TimerHandle] = {}
+        self._dst_cache: dict[str, Deployment] = {}
         self.clock: AsyncioClock | None = None
         self.driver: EngineDriver | None = None
         self.created = int(time.time())
@@ -395,12 +400,7 @@ class EmulatedReplica:
                                 f"({self.cfg.engine_id})", "remote_engine_id")
         dst = body.get("dst") or {}
         try:
-            dst_pool = PoolSpec.model_validate({
-                "name": "dst", "role": "decode", "accelerator": dst.get("accelerator", self.cfg.gpu),
-                "model": dst.get("model", self.cfg.model),
-                "parallelism": {"tp": dst.get("tp", 1), "pp": dst.get("pp", 1)},
-                "kv_dtype": dst.get("kv_dtype", self.cfg.kv_dtype)})
-            dst_dep = build_pool(dst_pool, self._perf_model, "KV pull dst").deployment
+            dst_dep = self._dst_deployment(dst)
             link = LinkSpec(bandwidth_bytes_per_s=float(body.get("link_bytes_per_s", self.cfg.kv_link.bytes_per_s)),
                             latency_s=float(body.get("link_latency_s", self.cfg.kv_link.latency_s)))
             lease = self._leases[rid]
@@ -416,6 +416,21 @@ class EmulatedReplica:
         self._kick()
         return {"remote_request_id": rid, "prompt_tokens": lease.prompt_tokens, "transfer_s": seconds,
                 "remote_engine_id": self.cfg.engine_id}
+
+    def _dst_deployment(self, dst: dict[str, Any]) -> Deployment:
+        """The decode side's deployment named in a pull (memoised: a fleet has few kinds)."""
+        key = json.dumps(dst, sort_keys=True)
+        dep = self._dst_cache.get(key)
+        if dep is None:
+            if len(self._dst_cache) >= MAX_DST_KINDS:
+                self._dst_cache.clear()
+            pool = PoolSpec.model_validate({
+                "name": "dst", "role": "decode", "accelerator": dst.get("accelerator", self.cfg.gpu),
+                "model": dst.get("model", self.cfg.model),
+                "parallelism": {"tp": dst.get("tp", 1), "pp": dst.get("pp", 1)},
+                "kv_dtype": dst.get("kv_dtype", self.cfg.kv_dtype)})
+            dep = self._dst_cache[key] = build_pool(pool, self._perf_model, "KV pull dst").deployment
+        return dep
 
     async def _pull(self, lv: Live, ktp: dict[str, Any]) -> None:
         """Decode role: pull the prompt's KV from the prefill replica named in `ktp`."""

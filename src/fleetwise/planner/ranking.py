@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fleetwise.planner.fit import Rejection
 from fleetwise.planner.simulate import SimVerdict
+from fleetwise.planner.sizing import over_limits
 from fleetwise.planner.state import Search
 
 
@@ -19,6 +20,10 @@ def run(search: Search) -> None:
     for c in chosen:
         r = c.refined
         assert r is not None
+        over = over_limits(search, r.full, {})
+        if r.passed and over:
+            search.rejected.append(Rejection(c.key, f"after the headroom checks added replicas it {over}"))
+            continue
         if r.passed:
             good.append(c)
             continue

@@ -173,10 +173,15 @@ def _disaggregated(search: Search, p: Layout, d: Layout) -> Candidate | None:
 
 
 def _within_limits(search: Search, c: Candidate) -> str | None:
-    spare = spares(c.sizings)
+    return over_limits(search, c.fleet, spares(c.sizings))
+
+
+def over_limits(search: Search, fleet: FleetShape, spare: dict[str, int]) -> str | None:
+    """Why a fleet plus `spare` replicas per role exceeds the GPU limits (None when it does not)."""
     per: dict[str, int] = {}
-    for p in c.fleet.pools:
-        per[p.layout.accelerator] = per.get(p.layout.accelerator, 0) + (p.replicas + spare[p.role]) * p.layout.gpus
+    for p in fleet.pools:
+        per[p.layout.accelerator] = (per.get(p.layout.accelerator, 0)
+                                     + (p.replicas + spare.get(p.role, 0)) * p.layout.gpus)
     total = sum(per.values())
     if total > search.spec.search.max_gpus:
         return f"needs {total} GPUs with headroom > search.max_gpus={search.spec.search.max_gpus}"

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetwise.core.views import RouteRequest, WorkerView
-from fleetwise.routing.plugins import SCORERS, Candidate, PickerState, load_bound, own_cost
+from fleetwise.core.views import FleetView, RouteRequest, WorkerView
+from fleetwise.errors import SpecError
+from fleetwise.routing import make_policy
+from fleetwise.routing.plugins import FILTERS, PICKERS, SCORERS, Candidate, PickerState, load_bound, own_cost
 from fleetwise.routing.prefix_index import PrefixIndex
-from fleetwise.spec.routing import CostParams, LoadBoundParams
+from fleetwise.spec.base import validate
+from fleetwise.spec.routing import CostParams, LoadBoundParams, RoutingSpec
+from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
 
 def cand(name, load=0.0, own=100.0, slowness=1.0, prefix=0, requests=0, kv=0.0):
@@ -93,3 +98,33 @@ def test_pickers_seeded_and_stable():
     assert ps.max(tot, "lru") == ("b", 1)
     assert PickerState(np.random.default_rng(0)).power_of_two({"a": 0.1, "b": 0.9, "c": 0.5}) == ("b", "c")
     assert PickerState(np.random.default_rng(0)).random(["x", "y", "z"]) == "z"
+
+
+def test_the_registry_declares_every_plugin_once_and_each_has_its_implementation():
+
+    assert ROUTING_PLUGINS.missing() == []
+    assert tuple(SCORERS) == ROUTING_PLUGINS.names("scorer")
+    assert set(FILTERS) == set(ROUTING_PLUGINS.names("filter"))
+    assert set(PICKERS) == set(ROUTING_PLUGINS.names("picker"))
+    with pytest.raises(ValueError, match="implemented twice"):
+        ROUTING_PLUGINS.implements("scorer", "load")(lambda req, cs: {})
+    with pytest.raises(ValueError, match="not declared"):
+        ROUTING_PLUGINS.implements("scorer", "latency")(lambda req, cs: {})
+
+
+def test_plan_validation_reads_the_same_registry_and_names_the_closest_plugin():
+    with pytest.raises(SpecError, match=r"routing.*scorers: unknown scorer 'lod'; closest: load"):
+        validate(RoutingSpec, {"policy": "round-robin", "params": {"scorers": {"lod": 1.0}}}, "plan.yaml")
+    with pytest.raises(SpecError, match=r"unknown picker 'best'"):
+        validate(RoutingSpec, {"policy": "round-robin", "params": {"picker": "best"}}, "plan.yaml")
+
+
+def test_decisions_carry_a_structured_kind_per_picker():
+    view = FleetView(0.0, (WorkerView("a"), WorkerView("b")))
+    kinds = {name: make_policy(name, seed=1).route(RouteRequest("r", 10, 1), view).kind
+             for name in ("round-robin", "random", "power-of-two", "least-outstanding", "fleetwise-default")}
+    assert kinds == {"round-robin": "round-robin", "random": "random", "power-of-two": "power-of-two",
+                     "least-outstanding": "least-outstanding", "fleetwise-default": "least-cost"}
+    down = FleetView(0.0, (WorkerView("a", healthy=False),))
+    rejected = make_policy("round-robin").route(RouteRequest("r", 10, 1), down)
+    assert (rejected.worker, rejected.kind) == (None, "rejected")

@@ -83,13 +83,20 @@ class RouteRequest:
 
 @dataclass(frozen=True, slots=True)
 class RoutingDecision:
-    """Where to send a request. `worker` is None when the request is rejected (see `reason`)."""
+    """Where to send a request. `worker` is None when the request is rejected (see `reason`).
+
+    `kind` says why, as data (counted by the policy's report; nothing parses `reason`, which is
+    for humans): `rejected`, `safe-mode`, a picker's (`round-robin`, `random`, `power-of-two`),
+    or the leading signal of a scored pick (`prefix`, `least-outstanding`, `least-cost`, `tie`,
+    `pair` for a scored prefill/decode pair).
+    """
 
     worker: str | None
     prefill_worker: str | None = None
     scores: dict[str, float] = field(default_factory=dict)
     reason: str = ""
     safe_mode: bool = False
+    kind: str = ""
 
     @property
     def rejected(self) -> bool:

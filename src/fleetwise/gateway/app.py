@@ -483,7 +483,7 @@ class Gateway:
         for attempt in range(self.cfg.retries.max_retries + 1):
             now = self.now()
             d = self.policy.route(call.route, self.fleet(now, frozenset(tried)))
-            kind = reason_kind(d.reason)
+            kind = d.kind or reason_kind(d.reason)
             self.telemetry.decided(kind)
             if d.worker is None:
                 if last is not None:

@@ -41,6 +41,7 @@ class RoutingPolicy(Protocol):
 
 
 def reason_kind(reason: str) -> str:
-    """The first word of a decision reason (`prefix`, `load`, `round-robin`, `rejected`...)."""
+    """The first word of a decision reason: only for policies that leave `RoutingDecision.kind`
+    empty (the composed policy always sets it)."""
     head = reason.split(";", 1)[0].strip()
     return head.split(" ", 1)[0] if head else "none"

@@ -21,9 +21,11 @@ import numpy as np
 
 from fleetwise.core.views import RouteRequest, WorkerView
 from fleetwise.spec.routing import CostParams, LoadBoundParams
+from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
 __all__ = [
     "FILTERS",
+    "PICKERS",
     "SCORERS",
     "Candidate",
     "PickerState",
@@ -98,11 +100,13 @@ def view_load(w: WorkerView, cost: CostParams) -> float:
 FilterFn = Callable[[RouteRequest, list[WorkerView], frozenset[str]], tuple[list[WorkerView], str]]
 
 
+@ROUTING_PLUGINS.implements("filter", "healthy")
 def _healthy(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tuple[list[WorkerView], str]:
     kept = [w for w in ws if w.healthy and w.name not in down]
     return kept, "no healthy worker"
 
 
+@ROUTING_PLUGINS.implements("filter", "model_version")
 def _model_version(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tuple[list[WorkerView], str]:
     if req.model_version is None:
         return ws, ""
@@ -111,6 +115,7 @@ def _model_version(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]
     return kept, f"no worker serves model_version {req.model_version!r} (have {', '.join(have) or 'none'})"
 
 
+@ROUTING_PLUGINS.implements("filter", "region")
 def _region(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tuple[list[WorkerView], str]:
     """Soft: prefer the request's region, fall back to every region rather than reject."""
     if req.region is None:
@@ -119,6 +124,7 @@ def _region(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tu
     return (kept or ws), ""
 
 
+@ROUTING_PLUGINS.implements("filter", "role")
 def _role(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tuple[list[WorkerView], str]:
     """Keep mixed workers, or prefill and decode workers when the fleet is disaggregated."""
     pd = [w for w in ws if w.role != "mixed"]
@@ -127,12 +133,8 @@ def _role(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tupl
     return (mixed or (pd if has_pd else [])), "no mixed worker and no complete prefill/decode pool"
 
 
-FILTERS: dict[str, FilterFn] = {
-    "healthy": _healthy,
-    "model_version": _model_version,
-    "region": _region,
-    "role": _role,
-}
+FILTERS: dict[str, FilterFn] = ROUTING_PLUGINS.implementations("filter")
+"""Every filter by name (the registry's live mapping)."""
 
 
 # ---- scorers: candidates -> {name: score in [0, 1]} ---------------------------------------------
@@ -140,6 +142,7 @@ FILTERS: dict[str, FilterFn] = {
 ScorerFn = Callable[[RouteRequest, Sequence[Candidate]], dict[str, float]]
 
 
+@ROUTING_PLUGINS.implements("scorer", "load")
 def score_load(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     """`min cost / cost`: 1 for the cheapest worker, 0.5 for one twice as expensive."""
     costs = [(c.load + c.own) * c.slowness for c in cs]  # `Candidate.cost`, once each
@@ -147,12 +150,14 @@ def score_load(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     return {c.view.name: _clamp01(best / k) if k > 0 else 1.0 for c, k in zip(cs, costs, strict=True)}
 
 
+@ROUTING_PLUGINS.implements("scorer", "requests")
 def score_requests(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     """`(min requests + 1) / (requests + 1)`: fewest outstanding requests scores 1."""
     best = min(c.requests for c in cs)
     return {c.view.name: _clamp01((best + 1) / (c.requests + 1)) for c in cs}
 
 
+@ROUTING_PLUGINS.implements("scorer", "prefix")
 def score_prefix(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     """Cached fraction of the prompt's blocks: `prefix_blocks / len(block_hashes)` (0 without)."""
     n = len(req.block_hashes)
@@ -161,24 +166,21 @@ def score_prefix(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]
     return {c.view.name: _clamp01(c.prefix_blocks / n) for c in cs}
 
 
+@ROUTING_PLUGINS.implements("scorer", "kv")
 def score_kv(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     """KV headroom: `1 - kv_usage`."""
     return {c.view.name: _clamp01(1.0 - c.view.kv_usage) for c in cs}
 
 
+@ROUTING_PLUGINS.implements("scorer", "feedback")
 def score_feedback(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
     """`min slowness / slowness`: the fastest-looking worker scores 1."""
     best = min(c.slowness for c in cs)
     return {c.view.name: _clamp01(best / c.slowness) for c in cs}
 
 
-SCORERS: dict[str, ScorerFn] = {
-    "load": score_load,
-    "requests": score_requests,
-    "prefix": score_prefix,
-    "kv": score_kv,
-    "feedback": score_feedback,
-}
+SCORERS: dict[str, ScorerFn] = ROUTING_PLUGINS.implementations("scorer")
+"""Every scorer by name (the registry's live mapping)."""
 
 
 # ---- bounded load ------------------------------------------------------------------------------
@@ -276,3 +278,53 @@ class PickerState:
         if len(tied) == 1:
             return tied[0], 1
         return tied[int(self.rng.integers(len(tied)))], len(tied)
+
+
+# ---- picker plugins: (state, names, totals, pool, tie_break) -> (name, reason, tied) ------------
+
+TotalsFn = Callable[[], dict[str, float]]
+"""The candidates' weighted totals, computed only when a picker reads them."""
+PickerFn = Callable[[PickerState, Sequence[str], TotalsFn, str, str], tuple[str, str, int]]
+"""A picker: chooses among `names` (pool `pool` keeps its own round-robin cursor); returns the
+name, the reason text ("" for `max`: the policy explains by its scorers) and how many tied."""
+
+PICKER_KINDS = {"round_robin": "round-robin", "random": "random", "power_of_two": "power-of-two", "max": ""}
+"""The decision kind each picker gives (`max`: the kind of its leading signal, see the policy)."""
+
+
+@ROUTING_PLUGINS.implements("picker", "round_robin")
+def pick_round_robin(state: PickerState, names: Sequence[str], totals: TotalsFn, pool: str,
+                     tie_break: str) -> tuple[str, str, int]:
+    """Next name after the pool's previous pick, in name order."""
+    name = state.round_robin(names, pool)
+    return name, f"round-robin {name} ({len(names)} eligible)", 1
+
+
+@ROUTING_PLUGINS.implements("picker", "random")
+def pick_random(state: PickerState, names: Sequence[str], totals: TotalsFn, pool: str,
+                tie_break: str) -> tuple[str, str, int]:
+    """A seeded uniform choice."""
+    name = state.random(names)
+    return name, f"random {name} of {len(names)}", 1
+
+
+@ROUTING_PLUGINS.implements("picker", "power_of_two")
+def pick_power_of_two(state: PickerState, names: Sequence[str], totals: TotalsFn, pool: str,
+                      tie_break: str) -> tuple[str, str, int]:
+    """Two seeded samples; the higher total wins."""
+    t = totals()
+    name, other = state.power_of_two(t)
+    vs = f" over {other} (score {t[name]:.2f} vs {t[other]:.2f})" if other else " (only one)"
+    return name, f"power-of-two {name}{vs}", 1
+
+
+@ROUTING_PLUGINS.implements("picker", "max")
+def pick_max(state: PickerState, names: Sequence[str], totals: TotalsFn, pool: str,
+             tie_break: str) -> tuple[str, str, int]:
+    """The highest total; exact ties broken by `tie_break`."""
+    name, tied = state.max(totals(), tie_break)
+    return name, "", tied
+
+
+PICKERS: dict[str, PickerFn] = ROUTING_PLUGINS.implementations("picker")
+"""Every picker by name (the registry's live mapping)."""

@@ -36,9 +36,10 @@ from fleetwise.core.feedback import (
 )
 from fleetwise.core.rng import RngStreams
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision, WorkerView
-from fleetwise.routing.base import reason_kind
 from fleetwise.routing.plugins import (
     FILTERS,
+    PICKER_KINDS,
+    PICKERS,
     SCORERS,
     Candidate,
     PickerState,
@@ -52,11 +53,6 @@ from fleetwise.routing.state import InFlight, LatencyFeedback, Pending
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
 
 __all__ = ["ComposedPolicy", "fmt_tokens"]
-
-REASON_KIND_MEMO = 4096
-"""Distinct decision reasons whose kind is memoised (round-robin repeats a few; scoring
-policies' reasons carry numbers and rarely repeat)."""
-
 
 class _Eligible:
     """The eligible workers of one view for one (model_version, region), and what every request
@@ -118,7 +114,6 @@ class ComposedPolicy:
         """The pick reads no candidate signal: only the chosen worker's is computed (O(1) per request)."""
         self._weights: dict[str, float] = {str(k): v for k, v in params.scorers.items()}
         self._score_keys: dict[str, _ScoreKeys] = {}
-        self._reason_kinds: dict[str, str] = {}
         self.wants_kv_events = any(wt > 0 for wt in params.scorers.values())
         """Scores read the prefix index (load through the cached prefix, prefix): a driver should
         report the engines' `KvStored`/`KvEvicted` events."""
@@ -131,11 +126,11 @@ class ComposedPolicy:
         e = self._eligible_cached(req, fleet)
         ws = e.ws
         if not ws:
-            return self._done(RoutingDecision(worker=None, reason=f"rejected: {e.why}"))
+            return self._done(RoutingDecision(worker=None, reason=f"rejected: {e.why}", kind="rejected"))
         safe = self.safe.update_sorted(now, e.reported)
         if safe and self.safe.spec.action == "reject":
             msg = f"safe-mode reject: fleet view stale ({self.safe.describe()}); shedding load"
-            return self._done(RoutingDecision(worker=None, reason=msg, safe_mode=True))
+            return self._done(RoutingDecision(worker=None, reason=msg, safe_mode=True, kind="safe-mode"))
         if ws[0].role == "mixed":
             if self._simple or (safe and self.safe.spec.action == "round_robin"):
                 d = self._route_mixed_simple(req, fleet, e, safe)
@@ -146,12 +141,7 @@ class ComposedPolicy:
         return self._done(d)
 
     def _done(self, d: RoutingDecision) -> RoutingDecision:
-        kind = self._reason_kinds.get(d.reason)
-        if kind is None:
-            kind = reason_kind(d.reason)
-            if len(self._reason_kinds) < REASON_KIND_MEMO:  # reasons repeat for simple pickers
-                self._reason_kinds[d.reason] = kind
-        self.by_reason[kind] += 1
+        self.by_reason[d.kind] += 1
         self.rejected += d.worker is None
         if d.worker is not None:
             self.by_worker[d.worker] += 1
@@ -273,12 +263,14 @@ class ComposedPolicy:
         `_route_mixed`, computing only the chosen worker's signals."""
         names = e.names
         scores: dict[str, float]
+        kind = "safe-mode"
         if safe and self.safe.spec.action == "round_robin":
             name = self.picker.round_robin_sorted(names, "mixed")
             reason = f"safe-mode round-robin {name} ({self.safe.describe()})"
             scores = {}
         else:
             scores = e.zero_scores.copy()  # every total is an empty sum: no scorer has weight
+            # The sorted-name fast paths of the round_robin and random pickers (same choices).
             if self.params.picker == "round_robin":
                 name = self.picker.round_robin_sorted(names, "mixed")
                 reason = f"round-robin {name} ({len(names)} eligible)"
@@ -287,10 +279,12 @@ class ComposedPolicy:
                 reason = f"random {name} of {len(names)}"
             if safe:
                 reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
+            else:
+                kind = PICKER_KINDS[self.params.picker]
         w = e.ws[bisect.bisect_left(names, name)]
         self._record("mixed", name)
         self._dispatch(req, self._candidate(req, w, "mixed", fleet.now_s), name, None, fleet.now_s)
-        return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe)
+        return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
     def _route_mixed(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool,
                      e: _Eligible | None = None) -> RoutingDecision:
@@ -300,48 +294,48 @@ class ComposedPolicy:
             name = self.picker.round_robin([c.name for c in cs], "mixed")
             reason = f"safe-mode round-robin {name} ({self.safe.describe()})"
             scores: dict[str, float] = {}
+            kind = "safe-mode"
         else:
-            name, scores, reason = self._pick_mixed(req, cs)
+            name, scores, reason, kind = self._pick_mixed(req, cs)
             if safe:
                 reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
+                kind = "safe-mode"
         self._record("mixed", name)
         self._dispatch(req, by_name[name], name, None, fleet.now_s)
-        return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe)
+        return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
-    def _pick_mixed(self, req: RouteRequest, cs: list[Candidate]) -> tuple[str, dict[str, float], str]:
+    def _pick_mixed(self, req: RouteRequest, cs: list[Candidate]) -> tuple[str, dict[str, float], str, str]:
+        """(worker, scores, reason, kind) by the configured picker over the bounded candidates."""
         kept, bound, excluded = self._bounded(cs, "mixed")
         per = self._scores(req, kept)
         totals = self._totals(kept, per)
         scores = self._rounded_scores(totals, per)
         kind = self.params.picker
         names = [c.name for c in kept]
-        if kind == "round_robin":
-            name = self.picker.round_robin(names, "mixed")
-            return name, scores, f"round-robin {name} ({len(names)} eligible)"
-        if kind == "random":
-            name = self.picker.random(names)
-            return name, scores, f"random {name} of {len(names)}"
-        if kind == "power_of_two":
-            if not per:
-                totals = self._totals(kept, {"requests": SCORERS["requests"](req, kept)})
-            name, other = self.picker.power_of_two(totals)
-            vs = f" over {other} (score {totals[name]:.2f} vs {totals[other]:.2f})" if other else " (only one)"
-            return name, scores, f"power-of-two {name}{vs}"
-        name, tied = self.picker.max(totals, self.params.tie_break)
+
+        def picker_totals() -> dict[str, float]:
+            # power-of-two with no weighted scorer compares outstanding requests
+            return totals if per or kind != "power_of_two" else self._totals(kept, {"requests": SCORERS["requests"](req, kept)})
+
+        name, reason, tied = PICKERS[kind](self.picker, names, picker_totals, "mixed", self.params.tie_break)
+        if kind != "max":
+            return name, scores, reason, PICKER_KINDS[kind]
         c = next(x for x in kept if x.name == name)
-        return name, scores, self._explain(req, c, per, bound, excluded, tied)
+        reason, lead = self._explain(req, c, per, bound, excluded, tied)
+        return name, scores, reason, lead
 
     def _explain(self, req: RouteRequest, c: Candidate, per: dict[str, dict[str, float]],
-                 bound: float | None, excluded: list[str], tied: int) -> str:
+                 bound: float | None, excluded: list[str], tied: int) -> tuple[str, str]:
+        """The reason of a `max` pick, and the decision kind: its leading signal."""
         n = len(req.block_hashes)
         if "prefix" in per and c.prefix_blocks > 0:
-            head = f"prefix {c.prefix_blocks}/{n} blocks on {c.name}"
+            lead, head = "prefix", f"prefix {c.prefix_blocks}/{n} blocks on {c.name}"
         elif "requests" in per and "load" not in per:
-            head = f"least-outstanding {c.name} ({c.requests} outstanding)"
+            lead, head = "least-outstanding", f"least-outstanding {c.name} ({c.requests} outstanding)"
         elif "load" in per:
-            head = f"least-cost {c.name} (cost {fmt_tokens(c.cost)} tok)"
+            lead, head = "least-cost", f"least-cost {c.name} (cost {fmt_tokens(c.cost)} tok)"
         else:
-            head = f"tie {c.name}"
+            lead, head = "tie", f"tie {c.name}"
         parts = [head]
         if bound is not None:
             limit = bound + c.own * c.slowness  # the bound plus this request's own cost (granularity)
@@ -352,7 +346,7 @@ class ComposedPolicy:
             parts.append(f"slowness x{c.slowness:.2f}")
         if tied > 1:
             parts.append(f"tie of {tied} broken {self.params.tie_break}")
-        return "; ".join(parts)
+        return "; ".join(parts), lead
 
     # ---- prefill/decode pairs ----------------------------------------------------------------
 
@@ -372,34 +366,37 @@ class ComposedPolicy:
         if simple != "max":
             p, d, reason = self._pick_pd_simple(req, pairs, simple)
             scores: dict[str, float] = {}
+            kind = PICKER_KINDS[simple]
         else:
             p, d, scores, reason = self._pick_pd_max(req, pairs, cp, cd, room, links)
+            kind = "pair"
         if safe:
             reason = f"safe-mode {self.safe.spec.action.replace('_', '-')} ({self.safe.describe()}); {reason}"
+            kind = "safe-mode"
         if no_link:
             reason += "; no healthy KV link, sent anyway"
         self._record("prefill", p.name)
         self._record("decode", d.name)
         self._dispatch(req, p, d.name, p.name, now)
-        return RoutingDecision(worker=d.name, prefill_worker=p.name, scores=scores, reason=reason, safe_mode=safe)
+        return RoutingDecision(worker=d.name, prefill_worker=p.name, scores=scores, reason=reason, safe_mode=safe,
+                               kind=kind)
 
     def _pick_pd_simple(self, req: RouteRequest, pairs: list[tuple[Candidate, Candidate]],
                         kind: str) -> tuple[Candidate, Candidate, str]:
+        """A picker that reads no scores (round-robin, random, power-of-two on outstanding
+        requests): the prefill side first, then a decode worker paired with it."""
+        pick = PICKERS[kind]
         ps = {p.name: p for p, _ in pairs}
-        if kind == "round_robin":
-            pn = self.picker.round_robin(list(ps), "prefill")
-        elif kind == "random":
-            pn = self.picker.random(list(ps))
-        else:
-            pn, _ = self.picker.power_of_two(self._totals(list(ps.values()), {"requests": SCORERS["requests"](req, list(ps.values()))}))
+        pn = pick(self.picker, list(ps), lambda: self._requests_totals(req, list(ps.values())), "prefill",
+                  self.params.tie_break)[0]
         ds = {d.name: d for p, d in pairs if p.name == pn}
-        if kind == "round_robin":
-            dn = self.picker.round_robin(list(ds), "decode")
-        elif kind == "random":
-            dn = self.picker.random(list(ds))
-        else:
-            dn, _ = self.picker.power_of_two(self._totals(list(ds.values()), {"requests": SCORERS["requests"](req, list(ds.values()))}))
+        dn = pick(self.picker, list(ds), lambda: self._requests_totals(req, list(ds.values())), "decode",
+                  self.params.tie_break)[0]
         return ps[pn], ds[dn], f"{kind.replace('_', '-')} pair {pn}->{dn}"
+
+    def _requests_totals(self, req: RouteRequest, cs: list[Candidate]) -> dict[str, float]:
+        """Totals by the `requests` scorer alone (what power-of-two compares without weights)."""
+        return self._totals(cs, {"requests": SCORERS["requests"](req, cs)})
 
     def _pick_pd_max(self, req, pairs, cp, cd, room, links):  # type: ignore[no-untyped-def]
         pdp = self.params.pd

@@ -19,14 +19,12 @@ from __future__ import annotations
 import difflib
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fleetwise.errors import SpecError
 from fleetwise.spec.base import Spec, validate
+from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
-FilterName = Literal["healthy", "model_version", "region", "role"]
-ScorerName = Literal["load", "requests", "prefix", "kv", "feedback"]
-PickerName = Literal["max", "round_robin", "random", "power_of_two"]
 SafeModeAction = Literal["round_robin", "last_known", "reject"]
 
 DEFAULT_POLICY = "fleetwise-default"
@@ -154,12 +152,12 @@ class SafeModeSpec(Spec):
 class PolicyParams(Spec):
     """A composed policy: filters -> weighted scorers (each clamped to [0, 1]) -> picker."""
 
-    filters: tuple[FilterName, ...] = ("healthy", "model_version", "region", "role")
+    filters: tuple[str, ...] = ("healthy", "model_version", "region", "role")
     """Filters applied in order; a request no worker passes is rejected with the filter's reason."""
-    scorers: dict[ScorerName, float] = Field(default_factory=dict)
+    scorers: dict[str, float] = Field(default_factory=dict)
     """Scorer name -> weight. `load`: min cost / cost; `requests`: fewest queued+running+pending;
     `prefix`: cached fraction of the prompt; `kv`: 1 - KV usage; `feedback`: fastest / slowness."""
-    picker: PickerName = "max"
+    picker: str = "max"
     """`max` (highest weighted score), `round_robin`, `random`, or `power_of_two` (two seeded
     samples, the higher score wins)."""
     tie_break: Literal["random", "lru"] = "random"
@@ -174,6 +172,23 @@ class PolicyParams(Spec):
     """The per-worker prefix index."""
     pd: PdParams = PdParams()
     """Pair selection for prefill/decode-disaggregated fleets."""
+
+    @field_validator("filters")
+    @classmethod
+    def _known_filters(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(ROUTING_PLUGINS.check("filter", f) for f in v)
+
+    @field_validator("scorers")
+    @classmethod
+    def _known_scorers(cls, v: dict[str, float]) -> dict[str, float]:
+        for name in v:
+            ROUTING_PLUGINS.check("scorer", name)
+        return v
+
+    @field_validator("picker")
+    @classmethod
+    def _known_picker(cls, v: str) -> str:
+        return ROUTING_PLUGINS.check("picker", v)
 
 
 PRESETS: dict[str, dict[str, Any]] = {

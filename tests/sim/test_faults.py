@@ -156,3 +156,21 @@ def test_fault_naming_an_unknown_replica_is_a_spec_error():
 def test_fault_file_validation():
     with pytest.raises(Exception, match="end_s"):
         FaultScenario(faults=[{"kind": "slowdown", "replica": "m-0", "start_s": 5, "end_s": 4, "factor": 2}])
+
+
+def test_every_fault_kind_of_the_spec_is_registered_and_faults_never_import_the_runner():
+    import ast
+    import typing
+    from pathlib import Path
+
+    from fleetwise.sim import faults as faults_module
+    from fleetwise.spec.faults import FaultScenario
+
+    union = typing.get_args(FaultScenario.model_fields["faults"].annotation)[0]
+    models = set(typing.get_args(typing.get_args(union)[0]) or typing.get_args(union))
+    assert models and models <= set(faults_module.FAULT_KINDS)
+    src = Path(faults_module.__file__).parent
+    for name in ("faults.py", "fault_kinds.py"):
+        tree = ast.parse((src / name).read_text(encoding="utf-8"))
+        mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "fleetwise.sim.runner" not in mods, name

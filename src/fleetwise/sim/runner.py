@@ -148,10 +148,35 @@ class Simulation:
 
     # ---- feedback ----------------------------------------------------------------------------
     def feedback(self, fb: Feedback) -> None:
+        """Report `fb` to the policy now (exact mode) or at the next view refresh (delayed mode)."""
         if self.delay > 0:
             self.fb_buffer.append(fb)
         else:
             self.policy.observe(fb)
+
+    # ---- what faults act on (`fleetwise.sim.faults.FaultTarget`) ---------------------------------
+    def request_id(self, i: int) -> str:
+        """The id of request index `i`."""
+        return self.reqs[i].request_id
+
+    def awaiting_kv(self, i: int) -> bool:
+        """Request `i` was routed to a decode replica whose KV has not landed yet."""
+        return math.isnan(self.rec.kv_end_s[i])
+
+    def lost(self, i: int, now_s: float, reason: str, streamed: int) -> None:
+        """Request `i` lost its replica after `streamed` output tokens: recovery decides."""
+        self.recovery.lost(i, now_s, reason, streamed)
+
+    def refuse_kv(self, replica: int, refusing: bool) -> None:
+        """Decode replica index `replica` starts (True) or stops refusing new KV."""
+        if refusing:
+            self.recovery.refusing.add(replica)
+        else:
+            self.recovery.refusing.discard(replica)
+
+    def freeze_view(self, frozen: bool) -> None:
+        """The router keeps its current fleet view (True) or refreshes it again."""
+        self.view_frozen = frozen
 
     # ---- arrivals and routing --------------------------------------------------------------------
     def start(self) -> None:

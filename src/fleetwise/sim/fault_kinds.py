@@ -1,0 +1,171 @@
+"""The built-in fault kinds of the simulator, one registered class each (see `fleetwise.sim.faults`).
+
+A new kind: a spec model in `fleetwise.spec.faults` (added to its `Fault` union), and a class
+here or in a new module imported by `fleetwise.sim.faults`, decorated `@fault_kind(Model)`, with
+`schedule` (push its events through `inj.push`) and `apply` (act through `inj.sim`, a
+`FaultTarget`). Every action is logged with `inj.note`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetwise.core.feedback import WorkerDown, WorkerUp
+from fleetwise.sim.events import FaultEvent
+from fleetwise.sim.faults import FaultInjector, fault_kind
+from fleetwise.sim.fleet import DOWN, DRAINING, UP, Replica
+from fleetwise.spec.faults import DecodeFull, KvLinkFault, ReplicaCrash, RollingUpgrade, Slowdown, StaleView
+
+CRASH_REASONS = {"prefill": "prefill_lost", "decode": "decode_lost"}
+"""Recovery reason of a request whose replica crashed, by the replica's role (else `replica_crashed`)."""
+
+
+class Interval:
+    """A fault active from `start_s` to `end_s`: `start` and `end` events."""
+
+    def schedule(self, inj: FaultInjector, k: int, fault: Any) -> None:
+        """Push the start and end of fault `k`."""
+        inj.push(fault.start_s, k, "start")
+        inj.push(fault.end_s, k, "end")
+
+
+def restart(inj: FaultInjector, rep: Replica, now_s: float, k: int, version: str | None) -> None:
+    """`rep` comes back up (empty) at `now_s`, with model `version` when given."""
+    if version is not None:
+        rep.model_version = version
+    rep.state = UP
+    rep.view_cache = None
+    inj.note(now_s, k, "restart", rep.name)
+    inj.sim.feedback(WorkerUp(now_s, rep.name, rep.model_version))
+    rep.kick(now_s)
+
+
+@fault_kind(ReplicaCrash)
+class Crash:
+    """The replica goes down at `at_s` (step discarded, engine aborted, KV ports failed); its
+    requests go to recovery with the tokens they had streamed; back after `restart_after_s`."""
+
+    def schedule(self, inj: FaultInjector, k: int, fault: ReplicaCrash) -> None:
+        """Push the crash of fault `k`."""
+        inj.push(fault.at_s, k, "crash", inj.sim.fleet.by_name[fault.replica])
+
+    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: ReplicaCrash, ev: FaultEvent) -> None:
+        """Crash, or restart, the target replica."""
+        rep = inj.reps[ev.target]
+        if ev.phase == "restart":
+            restart(inj, rep, now_s, k, None)
+            return
+        sim = inj.sim
+        if rep.state == DOWN:
+            return
+        inj.note(now_s, k, "crash", rep.name)
+        # Tokens each request had streamed from this replica when it died (passes of a fused step
+        # that ended before now count: a client receives every pass).
+        elapsed = now_s - rep.step_start_s if rep.busy else None
+        streamed = {i: rep.engine.outputs_of(sim.request_id(i), elapsed) for i in rep.inflight}
+        rep.state = DOWN
+        rep.stop(now_s)
+        rep.pending.clear()
+        if rep.port >= 0:
+            sim.net.fail_port(now_s, rep.port)
+        rep.engine.abort_all()
+        reason = CRASH_REASONS.get(rep.role, "replica_crashed")
+        for i in sorted(rep.inflight):
+            if i not in rep.inflight:
+                continue  # already failed or recovered through a failed transfer
+            if rep.role == "decode" and sim.awaiting_kv(i):
+                continue  # still prefilling elsewhere: its hand-off sees this replica down
+            sim.lost(i, now_s, reason, streamed.get(i, 0))
+        rep.inflight.clear()
+        sim.feedback(WorkerDown(now_s, rep.name, "crash"))
+        if fault.restart_after_s is not None:
+            inj.push(now_s + fault.restart_after_s, k, "restart", rep.idx)
+
+
+@fault_kind(Slowdown)
+class SlowdownKind(Interval):
+    """Every step of the replica takes `factor` times longer during the interval."""
+
+    def schedule(self, inj: FaultInjector, k: int, fault: Slowdown) -> None:
+        """Push start and end; steps must not straddle either."""
+        super().schedule(inj, k, fault)
+        inj.boundary(fault.start_s)
+        inj.boundary(fault.end_s)
+
+    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: Slowdown, ev: FaultEvent) -> None:
+        """Scale the replica's step time by `factor` (start) or back (end)."""
+        rep = inj.rep(fault.replica)
+        rep.slowdown = rep.slowdown * fault.factor if ev.phase == "start" else rep.slowdown / fault.factor
+        inj.note(now_s, k, ev.phase, rep.name)
+
+
+@fault_kind(KvLinkFault)
+class KvLinkKind(Interval):
+    """The KV port bandwidth of one replica (or all) is scaled; factor 0 fails transfers."""
+
+    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: KvLinkFault, ev: FaultEvent) -> None:
+        """Scale the ports' bandwidth (start) or restore it (end)."""
+        sim = inj.sim
+        if not sim.plan.disaggregated:
+            inj.note(now_s, k, ev.phase + " (no KV links in a colocated plan)")
+            return
+        ports = [inj.rep(fault.replica).port] if fault.replica else list(range(len(sim.net.ports)))
+        sim.net.set_factor(now_s, ports, fault.bandwidth_factor if ev.phase == "start" else 1.0)
+        inj.note(now_s, k, ev.phase, fault.replica or "all")
+
+
+@fault_kind(DecodeFull)
+class DecodeFullKind(Interval):
+    """Decode replicas refuse new KV during the interval (decode admission fails)."""
+
+    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: DecodeFull, ev: FaultEvent) -> None:
+        """Start or stop refusing KV on the replica (or every decode replica)."""
+        reps = [inj.rep(fault.replica)] if fault.replica else [r for r in inj.reps if r.role == "decode"]
+        for r in reps:
+            inj.sim.refuse_kv(r.idx, ev.phase == "start")
+        inj.note(now_s, k, ev.phase, fault.replica or "all decode")
+
+
+@fault_kind(StaleView)
+class StaleViewKind(Interval):
+    """The router keeps the view it had at the start of the interval."""
+
+    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: StaleView, ev: FaultEvent) -> None:
+        """Freeze (start) or thaw (end) the router's view."""
+        inj.sim.freeze_view(ev.phase == "start")
+        inj.note(now_s, k, ev.phase)
+
+
+@fault_kind(RollingUpgrade)
+class RollingUpgradeKind:
+    """One replica of the pool at a time drains, goes down for `restart_after_s`, and returns
+    with the new model version; then the next."""
+
+    def schedule(self, inj: FaultInjector, k: int, fault: RollingUpgrade) -> None:
+        """Push the first replica's turn."""
+        inj.push(fault.start_s, k, "upgrade_next")
+
+    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: RollingUpgrade, ev: FaultEvent) -> None:
+        """Drain the next replica, or bring the upgraded one back and go on."""
+        if ev.phase == "upgrade_back":
+            restart(inj, inj.reps[ev.target], now_s, k, fault.new_model_version)
+        todo = inj.upgrade.setdefault(k, [r.idx for r in inj.reps if r.pool.name == fault.pool])
+        if not todo:
+            inj.note(now_s, k, "done")
+            return
+        rep = inj.reps[todo.pop(0)]
+        rep.state = DRAINING
+        rep.view_cache = None
+        inj.note(now_s, k, "drain", rep.name)
+        inj.sim.feedback(WorkerDown(now_s, rep.name, "draining for upgrade"))
+        inj.on_replica_progress(rep, now_s)
+
+    def drained(self, inj: FaultInjector, rep: Replica, now_s: float, k: int) -> None:
+        """A draining replica has nothing left: it goes down and comes back upgraded later."""
+        fault = inj.faults[k]
+        assert isinstance(fault, RollingUpgrade)
+        rep.state = DOWN
+        rep.stop(now_s)
+        rep.engine.abort_all()
+        inj.note(now_s, k, "down", rep.name)
+        inj.push(now_s + fault.restart_after_s, k, "upgrade_back", rep.idx)

@@ -26,6 +26,8 @@ from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from fleetwise.core.request import Request
 from fleetwise.ledger.usage import Usage, billed
 from fleetwise.perf.types import BatchShape, SeqWork
@@ -211,25 +213,26 @@ class Recovery:
         """The failure-domain section of the summary (see docs/failure-domains.md)."""
         sim, rec = self.sim, self.sim.rec
         n = len(sim.reqs)
-        done = [i for i in range(n) if not math.isnan(rec.finish_s[i])]
-        failed = [i for i in range(n) if i in rec.failure]
-        delivered = sum(int(rec.tokens[i]) for i in range(n))
+        done = rec.completed_mask()
+        failed = np.zeros(n, dtype=bool)
+        failed[list(rec.failure)] = True
+        tokens = rec.column("tokens")
+        prompts = np.fromiter((r.prompt_tokens for r in sim.reqs), dtype=np.int64, count=n)
+        delivered = int(tokens.sum())
         # The billing rule is linear in the token counts: apply it once per status to the sums.
         billed_prompt = billed_gen = 0
-        for status, idx in (("completed", done), ("failed", failed)):
-            u = Usage("", "", "", "", "", "", status, "", sum(sim.reqs[i].prompt_tokens for i in idx), 0,  # type: ignore[arg-type]
-                      sum(int(rec.tokens[i]) for i in idx), 0.0, 0.0)
+        for status, mask in (("completed", done), ("failed", failed)):
+            u = Usage("", "", "", "", "", "", status, "", int(prompts[mask].sum()), 0,  # type: ignore[arg-type]
+                      int(tokens[mask].sum()), 0.0, 0.0)
             b = billed(u, self.d)
             billed_prompt += b.prompt_tokens
             billed_gen += b.generated_tokens
+        reprefilled = int(np.count_nonzero(np.frombuffer(self.reprefills, dtype=np.int64)))
+        migrated = int(np.count_nonzero(np.frombuffer(self.migrations, dtype=np.int64)))
         return {
             "decisions": self.d.model_dump(),
-            "requests": {
-                "completed": len(done),
-                "reprefilled": sum(1 for i in range(n) if self.reprefills[i]),
-                "migrated": sum(1 for i in range(n) if self.migrations[i]),
-                "failed": len(failed),
-            },
+            "requests": {"completed": int(done.sum()), "reprefilled": reprefilled, "migrated": migrated,
+                         "failed": int(failed.sum())},
             "reprefills": {"count": sum(self.reasons["reprefill"].values()),
                            "by_reason": dict(sorted(self.reasons["reprefill"].items()))},
             "migrations": {"count": sum(self.reasons["migration"].values()),

@@ -155,3 +155,10 @@ def test_disaggregation_breakdown_of_the_kept_default_plan(tmp_path):
     assert "interference removed" in svg and "transfer cost added" in svg
     for side in ("colocated", "disaggregated"):
         assert f"{dg[side]['slo_attainment']:.1%} attain." in svg
+
+
+def test_parquet_only_records_are_refused_with_the_fix(sim_run, tmp_path, capsys):
+    (tmp_path / "summary.json").write_text((sim_run / "summary.json").read_text())
+    (tmp_path / "requests.parquet").write_bytes(b"PAR1")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "rerun the simulation with --records csv" in capsys.readouterr().err

@@ -115,5 +115,5 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         from fleetwise.cli.report_cmd import write_document
 
-        write_document(doc, args.report, args.open)
+        write_document(doc, args.report, args.open, args.quiet)
     return 1 if search.infeasible else 0

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fleetwise.cli import progress
 from fleetwise.errors import SpecError
 
 
@@ -27,6 +28,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--out", default=None, metavar="FILE.html",
                    help="output file (default: RESULT/report.html, or <stem>.html beside a JSON file)")
     add_open_flag(p)
+    progress.add_quiet_flag(p)
     p.set_defaults(func=run)
 
 
@@ -51,22 +53,26 @@ def check_report_path(path: str | None) -> None:
         raise SpecError(f"--report={path} is a directory; give a file name such as {Path(path) / 'report.html'}")
 
 
-def write_document(doc: dict[str, Any], out: str | Path, open_it: bool) -> Path:
+def write_document(doc: dict[str, Any], out: str | Path, open_it: bool, quiet: bool = False) -> Path:
     """Write the report of a result document held in memory (a plan, a scenario run)."""
     from fleetwise.report import document_page
 
-    return _done(document_page(doc).write(out), open_it)
+    with progress.progress("drawing the report", None, quiet):
+        path = document_page(doc).write(out)
+    return _done(path, open_it)
 
 
 def default_out(result: Path) -> Path:
     return result / "report.html" if result.is_dir() else result.with_suffix(".html")
 
 
-def write(result: Path, out: str | Path, open_it: bool) -> Path:
+def write(result: Path, out: str | Path, open_it: bool, quiet: bool = False) -> Path:
     """Write the report of `result` to `out`, say where (stderr), and open it when asked."""
     from fleetwise.report import write_report
 
-    return _done(write_report(result, out), open_it)
+    with progress.progress("drawing the report", None, quiet):
+        path = write_report(result, out)
+    return _done(path, open_it)
 
 
 def _done(path: Path, open_it: bool) -> Path:
@@ -82,5 +88,5 @@ def run(args: argparse.Namespace) -> int:
     result = Path(args.result)
     out = Path(args.out) if args.out else default_out(result)
     check_report_path(str(out))
-    write(result, out, args.open)
+    write(result, out, args.open, args.quiet)
     return 0

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         from fleetwise.cli.report_cmd import write_document
 
-        write_document(doc, args.report, args.open)
+        write_document(doc, args.report, args.open, args.quiet)
     return 0 if doc["passed"] or args.no_fail else 1
 
 

@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         from fleetwise.cli.report_cmd import write
 
-        write(Path(args.out), args.report, args.open)
+        write(Path(args.out), args.report, args.open, quiet)
     return 0
 
 

@@ -64,6 +64,9 @@ def load_run(path: Path) -> RunData:
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
     records = d / "requests.csv"
     cols: dict[str, np.ndarray] = {}
+    if not records.is_file() and (d / "requests.parquet").is_file():
+        raise SpecError(f"{d / 'requests.parquet'}: the report reads the records as CSV; rerun the simulation "
+                        "with --records csv (the default)")
     if records.is_file():
         with records.open(newline="", encoding="utf-8") as f:
             reader = csv.reader(f)

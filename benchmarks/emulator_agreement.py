@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from emulator_loadgen import (  # noqa: E402
     Target,
     fetch_status,
+    pd_breakdown,
     percentiles,
     replay,
     server_side,
@@ -154,7 +155,10 @@ def run_case(wl_kind: str, plan_kind: str, n: int, rate: float, scale: float, se
             results, wall = asyncio.run(replay(reqs, targets, MODEL, scale))
             c1 = os.times()
             status = asyncio.run(fetch_status(list(url.values())))
-            served = server_side(asyncio.run(fetch_status(list(url.values()), "/fleetwise/requests")))
+            recs = asyncio.run(fetch_status(list(url.values()), "/fleetwise/requests"))
+            served = server_side(recs)
+            by_role = {e["role"]: r for e, r in zip(json.loads(eps_path.read_text()), recs, strict=True)}
+            legs = pd_breakdown(by_role["prefill"], by_role["decode"]) if "prefill" in by_role else {}
         finally:
             stop_fleet(proc)
         load1 = os.getloadavg()
@@ -185,6 +189,7 @@ def run_case(wl_kind: str, plan_kind: str, n: int, rate: float, scale: float, se
                      "mean_s": st["overrun_mean_s"], "max_s": st["overrun_max_s"]} for st in status],
         "load_average_before_after": [load0[0], load1[0]],
         "baseline_wakeup_lateness_wall_s": base,
+        "pd_legs_median_s": legs,
     }
 
 

@@ -207,6 +207,26 @@ async def fetch_status(urls: list[str], path: str = "/fleetwise/status") -> list
         return out
 
 
+def pd_breakdown(prefill: dict[str, Any], decode: dict[str, Any]) -> dict[str, float]:
+    """Medians (modelled seconds) of a PD request's legs from both replicas' records: the prefill
+    as modelled, the prefill's answer to the decode replica's intake (the client's hop), and
+    the decode intake to the first token (KV pull, its wait, the first decode pass)."""
+    legs: list[tuple[float, float, float]] = []
+    d_rows = {r[0]: r for r in decode["rows"]}
+    sp, sd = prefill["time_scale"], decode["time_scale"]
+    for r in prefill["rows"]:
+        q = d_rows.get(r[0])
+        if q is None or r[2] is None or q[2] is None:
+            continue
+        pa, pf = prefill["origin_unix_s"] + r[1] / sp, prefill["origin_unix_s"] + r[2] / sp
+        da, df = decode["origin_unix_s"] + q[1] / sd, decode["origin_unix_s"] + q[2] / sd
+        legs.append(((pf - pa) * sp, (da - pf) * sp, (df - da) * sp))
+    if not legs:
+        return {}
+    return {name: float(np.median([x[i] for x in legs])) for i, name in
+            enumerate(("prefill_s", "prefill_answer_to_decode_intake_s", "decode_intake_to_first_token_s"))}
+
+
 def server_side(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per request id, the emulators' own modelled times: {ttft_s, tpot_s}. A request seen by two
     replicas (PD) starts at its arrival on the first one (by wall time) and ends on the other;

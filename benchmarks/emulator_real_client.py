@@ -7,9 +7,12 @@ Run:  python3 benchmarks/emulator_real_client.py --aiperf /tmp/aiperf-venv/bin/a
 
 AIPerf lives in a throwaway venv outside the repository (`python3 -m venv /tmp/aiperf-venv &&
 /tmp/aiperf-venv/bin/pip install aiperf`). It needs a Hugging Face tokenizer directory to build
-prompts and count tokens; this script writes one with `tokenizers` (a WordLevel model over the
-emulator's vocabulary, whitespace pre-tokenizer), so a word of generated text is one token on
-both sides. No download: the directory is made here.
+prompts; this script writes one with `tokenizers` (a WordLevel model over the emulator's
+vocabulary, whitespace pre-tokenizer), so a word of generated text is one token on both sides,
+and AIPerf counts tokens from the server's `usage` (`--use-server-token-count`: its synthetic
+prompts are English words the emulator's tokenizer splits differently). No download: the
+directory is made here (a local path: AIPerf's offline mode expects a hub cache, so it runs
+online-mode and simply never needs the network).
 
 Compared (modelled seconds; the emulator runs at `--time-scale`, AIPerf measures wall time, so
 its figures are multiplied by the time scale): AIPerf's TTFT and inter-token latency (mean and
@@ -41,15 +44,24 @@ from fleetwise.emulator.tokenizer import WORDS  # noqa: E402
 START_TIMEOUT_S = 120.0
 
 
-def write_tokenizer(d: Path) -> None:
-    """A Hugging Face tokenizer directory whose tokens are the emulator's vocabulary words."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+_TOKENIZER_SCRIPT = """
+import json, sys
+from tokenizers import Tokenizer, models, pre_tokenizers
+d, words = sys.argv[1], json.load(open(sys.argv[2]))
+vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+tok.save(d + "/tokenizer.json")
+"""
 
-    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+
+def write_tokenizer(d: Path, python: str) -> None:
+    """A Hugging Face tokenizer directory whose tokens are the emulator's vocabulary words, built
+    with `tokenizers` by `python` (the client's throwaway venv has it; the project does not)."""
     d.mkdir(parents=True, exist_ok=True)
-    tok.save(str(d / "tokenizer.json"))
+    words = d / "words.json"
+    words.write_text(json.dumps(list(WORDS)))
+    subprocess.run([python, "-c", _TOKENIZER_SCRIPT, str(d), str(words)], check=True, timeout=120)
     (d / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "bos_token": "<s>",
         "eos_token": "</s>", "model_max_length": 131072}))
@@ -108,16 +120,15 @@ def main() -> None:
                 time.sleep(0.2)
         with tempfile.TemporaryDirectory() as tmp:
             tokdir, art = Path(tmp) / "tokenizer", Path(tmp) / "artifacts"
-            write_tokenizer(tokdir)
+            write_tokenizer(tokdir, str(Path(args.aiperf).parent / "python"))
             cmd = [args.aiperf, "profile", "--model", args.model, "--url", url, "--endpoint-type", "completions",
                    "--streaming", "--tokenizer", str(tokdir), "--concurrency", str(args.concurrency),
                    "--benchmark-duration", str(args.duration), "--synthetic-input-tokens-mean", str(args.input_tokens),
                    "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(args.output_tokens),
                    "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
-                   "--artifact-dir", str(art)]
+                   "--artifact-dir", str(art), "--ui", "none", "--use-server-token-count"]
             t0 = time.perf_counter()
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration * 4 + 300,
-                                 env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration * 4 + 300)
             wall = time.perf_counter() - t0
             if run.returncode != 0:
                 raise RuntimeError(f"aiperf failed ({run.returncode}): {run.stderr[-2000:]}")
@@ -144,7 +155,7 @@ def main() -> None:
         return {k: float(d[k]) * ms for k in ("avg", "p50", "p90", "p99") if k in d}
 
     reqs = stat(export, "request_count")
-    errors = export.get("error_summary") or stat(export, "error_request_count")
+    errors = {"error_summary": export.get("error_summary"), "error_request_count": export.get("error_request_count")}
     out = {
         "client": "aiperf", "model": args.model, "gpu": args.gpu, "time_scale": scale, "duration_s": args.duration,
         "concurrency": args.concurrency, "aiperf_wall_s": wall,

@@ -117,4 +117,4 @@ def bars_ci(ax: Any, labels: Sequence[str], means: Sequence[float], lo: Sequence
     err = np.vstack([m - np.asarray(lo, dtype=float), np.asarray(hi, dtype=float) - m]).clip(min=0)
     x = np.arange(len(labels))
     ax.bar(x, m, yerr=err, capsize=4, color=colors)
-    ax.set_xticks(x, labels, rotation=15, ha="right")
+    ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)

@@ -115,11 +115,12 @@ def test_fail_requests_then_clear_and_duration_clears_by_itself():
                 "fail_requests": {"kind": "fail_requests", "duration_s": None, "status": 503}}
             await c.post("/admin/faults", json={"kind": "clear"}, headers=AUTH)
             assert (await c.post("/v1/completions", json=OK)).status_code == 200
-            # 5 modelled seconds = 50 ms at the test time scale
-            await c.post("/admin/faults", json={"kind": "fail_requests", "duration_s": 5}, headers=AUTH)
+            # 60 modelled seconds = 0.6 s at the test time scale
+            await c.post("/admin/faults", json={"kind": "fail_requests", "duration_s": 60}, headers=AUTH)
             assert (await c.post("/v1/completions", json=OK)).status_code == 503
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(1.2)
             assert (await c.post("/v1/completions", json=OK)).status_code == 200
+            assert app.state.replica.faults.active == {}
     run(go())
 
 
@@ -151,8 +152,12 @@ def test_streamed_error_when_the_server_stops():
         async with serve() as (app, c):
             await c.post("/admin/faults", json={"kind": "hang"}, headers=AUTH)
             task = asyncio.create_task(c.post("/v1/completions", json={**OK, "stream": True}))
-            await asyncio.sleep(0.05)
-            await app.state.replica.stop()
+            rep = app.state.replica
+            for _ in range(1000):  # until the request is in (bounded: 10 s)
+                if rep.status.requests:
+                    break
+                await asyncio.sleep(0.01)
+            await rep.stop()
             r = await asyncio.wait_for(task, 10)
             events = sse_events(r.text)
             assert events[0]["error"]["code"] == 503 and events[-1] == "[DONE]"

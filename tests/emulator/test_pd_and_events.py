@@ -57,13 +57,13 @@ def test_prefill_to_decode_hand_off():
 
 def test_unpulled_kv_is_freed_when_the_lease_expires():
     async def go():
-        async with serve(cfg(role="prefill", kv_lease_s=2.0)) as (app, c):
+        async with serve(cfg(role="prefill", kv_lease_s=60.0)) as (app, c):  # 0.6 s of wall time
             r = await c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1,
                                                       "kv_transfer_params": {"do_remote_decode": True}})
             assert r.status_code == 200
             rep = app.state.replica
             assert rep.engine.pool.num_used > 0
-            await asyncio.sleep(0.1)  # 10 modelled seconds > the 2 s lease
+            await asyncio.sleep(1.2)  # 120 modelled seconds > the 60 s lease
             assert rep.engine.pool.num_used == 0 and not rep._leases
     run(go())
 

@@ -72,6 +72,21 @@ def test_live_streaming_cut_stream_and_crash():
         assert proc.wait(10) == 1
 
 
+def test_live_kv_events_stream():
+    import json
+
+    with emulator() as (proc, url), httpx.Client(base_url=url, timeout=10.0) as c, \
+            httpx.Client(base_url=url, timeout=10.0) as events:
+        with events.stream("GET", "/kv_events") as r:
+            lines = r.iter_lines()
+            assert json.loads(next(lines))["events"] == [{"type": "AllBlocksCleared"}]
+            prompt = "one two three four five six seven eight " * 8
+            assert c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2}).status_code == 200
+            batch = json.loads(next(lines))
+            stored = [e for e in batch["events"] if e["type"] == "BlockStored"]
+            assert stored and stored[0]["block_size"] == 16 and stored[0]["medium"] == "GPU"
+
+
 def test_bad_option_exits_2_with_one_line():
     r = subprocess.run([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", "llama-3.1-8b",
                         "--gpu", "h100-sxm", "--time-scale", "0"], capture_output=True, text=True, timeout=60)

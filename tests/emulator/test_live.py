@@ -148,6 +148,12 @@ def test_a_pd_fleet_from_a_plan_hands_off_over_tcp(tmp_path):
             assert c.get(eps["prefill-0"]["url"] + "/fleetwise/status").json()["leases"] == 0
             auth = {"Authorization": f"Bearer {TOKEN}"}  # the token reached the children
             assert c.get(eps["decode-0"]["url"] + "/admin/faults", headers=auth).status_code == 200
+            # A crashed replica leaves the rest of the fleet serving.
+            with contextlib.suppress(httpx.HTTPError):
+                c.post(eps["decode-0"]["url"] + "/admin/faults", json={"kind": "crash"}, headers=auth)
+            time.sleep(1.0)
+            assert proc.poll() is None
+            assert c.get(eps["prefill-0"]["url"] + "/health").status_code == 200
     finally:
         proc.send_signal(__import__("signal").SIGINT)
         try:

@@ -150,8 +150,9 @@ def fleet_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]
 
 
 def run_fleet(args: argparse.Namespace) -> int:
-    """Start every replica of `--plan` as its own process; stop them all on Ctrl-C or SIGTERM, or
-    when one exits."""
+    """Start every replica of `--plan` as its own process; stop them all on Ctrl-C or SIGTERM. A
+    replica that exits (a `crash` fault) is reported and the others keep serving; the command
+    ends (status 1) when none is left."""
     import urllib.request
 
     if args.model or args.gpu:
@@ -195,10 +196,14 @@ def run_fleet(args: argparse.Namespace) -> int:
             Path(args.endpoints).write_text(json.dumps(endpoints, indent=2) + "\n")
         for ep in endpoints:
             print(f"{ep['name']:>16}  {ep['role']:<8} {ep['url']}", flush=True)
-        while all(p.poll() is None for p in procs):
+        reported: set[int] = set()
+        while len(reported) < len(procs):  # a replica that exits (a crash fault) is reported, not fatal
+            for i, p in enumerate(procs):
+                if i not in reported and p.poll() is not None:
+                    reported.add(i)
+                    print(f"fleetwise emulate: replica {endpoints[i]['name']} exited with status {p.returncode}; "
+                          f"{len(procs) - len(reported)} still serving", file=sys.stderr, flush=True)
             time.sleep(0.5)
-        dead = next(e for e, p in zip(endpoints, procs, strict=True) if p.poll() is not None)
-        print(f"fleetwise emulate: replica {dead['name']} exited; stopping the fleet", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0

@@ -66,7 +66,8 @@ def finite_nonneg_times(doc: object, path: str = "") -> None:
 
 def _is_time(path: str) -> bool:
     parts = path.split(".")
-    return any(p.endswith("_s") or p in ("ttft_s", "tpot_s", "e2e_s") for p in parts) and "delta" not in path
+    signed = ("vs_", "delta", "diff", "error", "ci_")  # paired differences and errors may be negative
+    return any(p.endswith("_s") for p in parts) and not any(m in path for m in signed)
 
 
 def load_strict_json(text: str) -> object:

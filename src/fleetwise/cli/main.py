@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -25,6 +25,8 @@ EXIT_USER_ERROR = 2
 """Exit code of a mistake in a spec, a name, a file or a flag (as argparse uses)."""
 MAX_USAGE_ERROR_CHARS = 200
 """Longest argparse message kept (it would quote an 8 MB argument whole)."""
+MAX_ERROR_LINE_CHARS = 299
+"""Longest error line printed: one terminal line's worth, the field and fix come first."""
 EXIT_INTERNAL_ERROR = 70
 """Exit code of a fault in fleetwise itself (BSD sysexits EX_SOFTWARE)."""
 
@@ -36,11 +38,23 @@ SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "report_cmd",
 class OneLineParser(argparse.ArgumentParser):
     """argparse with its usage errors as one line (`fleetwise simulate: error: ...`), exit code 2."""
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # argparse drops a lone `--` given as an option's value (`--gpu=--`) and passes [] on
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected a value, got '--'")
+        return super()._get_values(action, arg_strings)
+
     def error(self, message: str) -> NoReturn:
         message = " ".join(message.split())
         if len(message) > MAX_USAGE_ERROR_CHARS:  # argparse quotes the whole value and every choice
             message = message[: MAX_USAGE_ERROR_CHARS - 3] + "..."
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
+def one_line(message: str) -> str:
+    """`message` on one line of at most MAX_ERROR_LINE_CHARS (a very long file path can push it over)."""
+    text = " ".join(message.split())
+    return text if len(text) <= MAX_ERROR_LINE_CHARS else text[: MAX_ERROR_LINE_CHARS - 3] + "..."
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,10 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except FleetwiseError as err:
-        print(f"fleetwise {args.command}: error: {err}", file=sys.stderr)
+        print(one_line(f"fleetwise {args.command}: error: {err}"), file=sys.stderr)
         return EXIT_USER_ERROR
     except ValidationError as err:
-        print(f"fleetwise {args.command}: error: {describe_validation_error(err, 'arguments')}", file=sys.stderr)
+        print(one_line(f"fleetwise {args.command}: error: {describe_validation_error(err, 'arguments')}"),
+              file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -25,7 +25,7 @@ class Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
 
-MAX_REPORTED_PROBLEMS = 2
+MAX_REPORTED_PROBLEMS = 1
 """Validation problems spelled out in one error line; the rest are counted."""
 
 
@@ -40,6 +40,10 @@ def describe_validation_error(err: ValidationError, where: str) -> str:
             msg = "unknown field; remove it or check its spelling"
         elif e["type"] == "finite_number":
             msg = "must be a finite number"
+        elif e["type"] == "union_tag_invalid":
+            ctx = e.get("ctx") or {}
+            msg = f"unknown kind {inputs.quote(ctx.get('tag'), 30)}; expected one of {ctx.get('expected_tags')}"
+            e = {**e, "type": "missing"}  # the tag is already quoted
         elif msg.startswith("Value error, "):
             msg = msg.removeprefix("Value error, ")
         got = e.get("input")

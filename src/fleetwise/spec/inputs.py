@@ -301,7 +301,10 @@ def _expanded_nodes(root: Any, where: str) -> int:
 
 def parse_yaml(text: str, where: str) -> Any:
     """Parse YAML text with the safe loader, bounded depth and alias expansion, no duplicate keys."""
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # the reader refuses control characters here
+    except yaml.YAMLError as err:
+        raise SpecError(f"{where}: not valid YAML: {_yaml_reason(err)}") from None
     try:
         node = loader.get_single_node()
         if node is None:

@@ -25,14 +25,15 @@ class Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
 
-MAX_REPORTED_PROBLEMS = 1
+MAX_REPORTED_PROBLEMS = 2
 """Validation problems spelled out in one error line; the rest are counted."""
 
 
 def describe_validation_error(err: ValidationError, where: str) -> str:
     """One line: `where: field.path: message (got value)` for the first problems, values quoted short."""
     parts = []
-    errors = err.errors()
+    # an unknown field first: it usually explains the "Field required" of its misspelt twin
+    errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
     for e in errors[:MAX_REPORTED_PROBLEMS]:
         loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"]

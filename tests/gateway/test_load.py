@@ -55,5 +55,6 @@ def test_load_with_a_backend_killed_halfway() -> None:
             assert outcome["ok"] >= REQUESTS * 0.95, outcome
             assert not f.gw.backends.live["b2"].available(f.gw.now())
             assert sum(b.in_flight for b in f.gw.backends.live.values()) == 0
+            assert all(b.own_prefill_tokens == b.own_decode_tokens == 0 for b in f.gw.backends.live.values())
             assert f.gw.policy.report()["in_flight"] == 0
     run(scenario, timeout_s=240)

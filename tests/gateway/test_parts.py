@@ -152,3 +152,21 @@ def test_cli_builds_config_from_flags(tmp_path) -> None:  # type: ignore[no-unty
     with pytest.raises(SpecError, match="duplicate name"):
         build_config(_args(config=str(path)))
 
+
+
+def test_view_carries_the_gateways_own_tokens_as_of_the_scrape() -> None:
+    from fleetwise.gateway.backends import Backend
+    from fleetwise.gateway.config import BackendSpec
+    from fleetwise.gateway.scrape import EngineLoad
+
+    b = Backend(spec=BackendSpec(url="http://h:1"), breaker=Breaker(BreakerSpec()))
+    first = b.work(100, 20)
+    b.scraped(EngineLoad(running=1, waiting=2), 5.0)
+    b.work(50, 10)  # sent after the scrape: the policy's own ledger counts it, not the view
+    v = b.view(6.0)
+    assert (v.queued_prefill_tokens, v.running_decode_tokens, v.queued_requests, v.reported_at_s) == (100, 20, 2, 5.0)
+    b.done(first[0], 0)  # first token
+    b.scraped(EngineLoad(running=2), 7.0)
+    assert (b.view(7.0).queued_prefill_tokens, b.view(7.0).running_decode_tokens) == (50, 30)
+    d = Backend(spec=BackendSpec(url="http://h:2", role="decode"), breaker=Breaker(BreakerSpec()))
+    assert d.work(100, 20) == (0, 20)

@@ -209,8 +209,7 @@ class Gateway:
             b.scrape_errors += 1
             self.telemetry.scrapes.labels("error").inc()
             return
-        b.load = parse_metrics(data.decode("utf-8", "replace"))
-        b.scraped_at_s = self.now()
+        b.scraped(parse_metrics(data.decode("utf-8", "replace")), self.now())
         self.telemetry.scrapes.labels("ok").inc()
 
     async def health_once(self) -> None:
@@ -587,6 +586,7 @@ class Gateway:
         """POST and read the whole answer; backend faults raise `_Retry`."""
         b.in_flight += 1
         b.breaker.attempt(self.now())
+        work = b.work(call.route.prompt_tokens, call.route.max_output_tokens)
         try:
             async with self.upstream.post(b.spec.url + call.path, payload, headers) as r:
                 data = await r.read()
@@ -596,6 +596,7 @@ class Gateway:
             self._fault(b, kind)
             raise _Retry(b, kind, str(err) or type(err).__name__) from None
         finally:
+            b.done(*work)
             b.in_flight -= 1
             self.backends.released(b)
         if status >= 500:
@@ -629,6 +630,7 @@ class Gateway:
                             send: Send, receive: Receive) -> None:
         b.in_flight += 1
         b.breaker.attempt(self.now())
+        pre_left, dec_left = b.work(call.route.prompt_tokens, call.route.max_output_tokens)
         sent_any = False
         held = b""
         gone: list[bool] = []
@@ -664,6 +666,8 @@ class Gateway:
                         self._fault(b, cause)
                     raise _Retry(b, cause, first[6:200].decode("utf-8", "replace").strip())
                 t_first = self.now()
+                b.done(pre_left, 0)
+                pre_left = 0
                 await send({"type": "http.response.start", "status": 200, "headers": [
                     (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                     (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", b.name.encode())]})
@@ -703,6 +707,7 @@ class Gateway:
         finally:
             if watcher is not None:
                 watcher.cancel()
+            b.done(pre_left, dec_left)
             b.in_flight -= 1
             self.backends.released(b)
         if gone:

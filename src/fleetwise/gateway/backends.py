@@ -85,6 +85,15 @@ class Backend:
     scraped_at_s: float | None = None
     scrape_errors: int = 0
     in_flight: int = 0
+    own_prefill_tokens: int = 0
+    """Prompt tokens of this gateway's requests on the backend still before their first token."""
+    own_decode_tokens: int = 0
+    """`max_tokens` of this gateway's requests on the backend not yet finished."""
+    view_prefill_tokens: int = 0
+    """`own_prefill_tokens` when the last scrape landed (what /metrics cannot say: the view's
+    queued prefill tokens, as of `scraped_at_s`; the policy adds what it sent since)."""
+    view_decode_tokens: int = 0
+    """`own_decode_tokens` when the last scrape landed (the view's remaining decode tokens)."""
     selected: int = 0
     faults: int = 0
     ttft_ewma_s: float | None = None
@@ -115,13 +124,35 @@ class Backend:
         s = self.spec
         if s.metrics_path is None:
             running, waiting, kv, at = self.in_flight, 0, 0.0, now_s
+            pre, dec = self.own_prefill_tokens, self.own_decode_tokens
         else:
             ld = self.load
             running, waiting, kv = ld.running, ld.waiting, ld.kv_usage
             at = self.scraped_at_s if self.scraped_at_s is not None else 0.0
+            pre, dec = self.view_prefill_tokens, self.view_decode_tokens
         return WorkerView(name=s.key, role=s.role, pool=s.pool, accelerator=s.accelerator,
                           model_version=s.model_version, region=s.region, healthy=self.available(now_s),
-                          queued_requests=waiting, running_requests=running, kv_usage=kv, reported_at_s=at)
+                          queued_requests=waiting, running_requests=running, queued_prefill_tokens=pre,
+                          running_decode_tokens=dec, kv_usage=kv, reported_at_s=at)
+
+    def scraped(self, load: EngineLoad, now_s: float) -> None:
+        """A scrape landed: the engine's load, and the gateway's own token counts as of now."""
+        self.load, self.scraped_at_s = load, now_s
+        self.view_prefill_tokens, self.view_decode_tokens = self.own_prefill_tokens, self.own_decode_tokens
+
+    def work(self, prompt_tokens: int, output_tokens: int) -> tuple[int, int]:
+        """Count a request's tokens as this backend's (prefill, decode) work; returns the amounts
+        to pass to `done` (a decode replica does no prefill, a prefill one no decode)."""
+        pre = 0 if self.spec.role == "decode" else prompt_tokens
+        dec = 0 if self.spec.role == "prefill" else output_tokens
+        self.own_prefill_tokens += pre
+        self.own_decode_tokens += dec
+        return pre, dec
+
+    def done(self, prefill_tokens: int, decode_tokens: int) -> None:
+        """Remove work counted by `work` (the prefill part at the first token, the rest at the end)."""
+        self.own_prefill_tokens -= prefill_tokens
+        self.own_decode_tokens -= decode_tokens
 
     def admin(self, now_s: float) -> dict[str, Any]:
         """The /admin/fleet entry of this backend (shape documented in docs/gateway.md)."""

@@ -190,3 +190,25 @@ def test_a_cancelled_dispatch_releases_its_reservation():
     policy.observe(Completed(0.5, "r2", second.worker or "", 10, 0.01, 0.3))
     policy.observe(Cancelled(0.5, "r3", third.worker or "", "connect error"))
     assert len(policy.inflight) == 0
+
+
+def test_views_without_token_backlogs_fall_back_to_the_policys_in_flight_ledger():
+    """A real vLLM /metrics gives request counts but no token backlogs: the load scorer then
+    counts the tokens of every request the policy dispatched there and has not seen finish."""
+    blind = (WorkerView("a", queued_prefill_tokens=None, running_decode_tokens=None),
+             WorkerView("b", queued_prefill_tokens=None, running_decode_tokens=None))
+    policy = make_policy("feedback", seed=1)
+    big = policy.route(RouteRequest("big", 8000, 10), FleetView(0.0, blind))
+    policy.observe(Dispatched(0.0, "big", big.worker or "", 8000))
+    # a later view (taken after the dispatch) still shows no backlog: only the ledger knows
+    later = tuple(WorkerView(w.name, queued_prefill_tokens=None, running_decode_tokens=None, queued_requests=1
+                             if w.name == big.worker else 0, reported_at_s=1.0) for w in blind)
+    small = policy.route(RouteRequest("small", 100, 10), FleetView(1.0, later))
+    assert small.worker != big.worker and small.kind == "least-cost"
+    cost = policy.params.cost
+    assert small.scores[f"{big.worker}.load"] < 1.0  # 8000 prompt tokens + decode still counted
+    policy.observe(Completed(2.0, "big", big.worker or "", 10, 0.01, 2.0))
+    policy.observe(Cancelled(2.0, "small", small.worker or "", "client gone"))
+    again = policy.route(RouteRequest("again", 100, 10), FleetView(3.0, blind))
+    assert again.scores["a"] == again.scores["b"] == 1.0  # nothing outstanding: both cheapest
+    assert cost.per_request_tokens > 0

@@ -27,10 +27,12 @@ class WorkerView:
     healthy: bool = True
     queued_requests: int = 0
     running_requests: int = 0
-    queued_prefill_tokens: int = 0
-    """Prompt tokens admitted or waiting but not yet prefilled."""
-    running_decode_tokens: int = 0
-    """Expected decode tokens still to generate for running requests."""
+    queued_prefill_tokens: int | None = 0
+    """Prompt tokens admitted or waiting but not yet prefilled; None when the source cannot tell
+    (a real vLLM `/metrics`): scorers then use the policy's own in-flight ledger instead."""
+    running_decode_tokens: int | None = 0
+    """Expected decode tokens still to generate for running requests; None when the source cannot
+    tell (vLLM does not know output lengths): scorers then use the policy's in-flight ledger."""
     kv_usage: float = 0.0
     """Fraction of KV blocks in use (0..1)."""
     kv_capacity_tokens: int = 0

@@ -30,6 +30,7 @@ __all__ = [
     "Candidate",
     "PickerState",
     "clamp01",
+    "has_token_backlog",
     "load_bound",
     "own_cost",
 ]
@@ -87,12 +88,20 @@ def own_cost(req: RouteRequest, cached_blocks: int, cost: CostParams) -> float:
 
 
 def view_load(w: WorkerView, cost: CostParams) -> float:
-    """Work a view reports: `queued_prefill + dw * running_decode + per_request * (queued + running)`."""
+    """Work a view reports: `queued_prefill + dw * running_decode + per_request * (queued + running)`
+    (a token backlog the view lacks counts 0: see `has_token_backlog`)."""
     return (
-        w.queued_prefill_tokens
-        + cost.decode_token_weight * w.running_decode_tokens
+        (w.queued_prefill_tokens or 0)
+        + cost.decode_token_weight * (w.running_decode_tokens or 0)
         + cost.per_request_tokens * (w.queued_requests + w.running_requests)
     )
+
+
+def has_token_backlog(w: WorkerView) -> bool:
+    """The view reports both token backlogs (the simulator's and the emulator's do; a real vLLM
+    `/metrics` does not). Without them the `load` scorer and the load bound count, in their
+    place, the tokens of every request the policy's in-flight ledger holds for the worker."""
+    return w.queued_prefill_tokens is not None and w.running_decode_tokens is not None
 
 
 # ---- filters: (request, workers) -> (kept, reason when nothing is kept) ----------------------

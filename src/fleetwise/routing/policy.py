@@ -43,6 +43,7 @@ from fleetwise.routing.plugins import (
     SCORERS,
     Candidate,
     PickerState,
+    has_token_backlog,
     load_bound,
     own_cost,
     view_load,
@@ -58,13 +59,15 @@ class _Eligible:
     """The eligible workers of one view for one (model_version, region), and what every request
     routed on that view reads of them: names, report times (sorted) and view loads."""
 
-    __slots__ = ("ws", "why", "names", "reported", "base", "zero_scores")
+    __slots__ = ("ws", "why", "names", "reported", "base", "backlog", "zero_scores")
 
     def __init__(self, ws: list[WorkerView], why: str) -> None:
         self.ws, self.why = ws, why
         self.names = [w.name for w in ws]
         self.reported = sorted(w.reported_at_s for w in ws)
         self.base: list[tuple[float, int]] | None = None
+        self.backlog = True
+        """Every view reports its token backlogs (else signals fall back to the ledger)."""
         self.zero_scores: dict[str, float] = dict.fromkeys(self.names, 0)
         """Every worker's total when no scorer has weight (each decision gets a copy)."""
 
@@ -175,14 +178,16 @@ class ComposedPolicy:
         n_pend, tok_pend = self.inflight.since(w.name, w.reported_at_s, cost.decode_token_weight)
         prefix = self.index.match(w.name, req.block_hashes) if side != "decode" else 0
         if side == "prefill":
-            load = w.queued_prefill_tokens + cost.per_request_tokens * w.queued_requests
+            load = (w.queued_prefill_tokens or 0) + cost.per_request_tokens * w.queued_requests
             own = own_cost(req, prefix, cost) - cost.decode_token_weight * req.max_output_tokens
         elif side == "decode":
-            load = cost.decode_token_weight * w.running_decode_tokens + cost.per_request_tokens * (
+            load = cost.decode_token_weight * (w.running_decode_tokens or 0) + cost.per_request_tokens * (
                 w.queued_requests + w.running_requests)
             own = cost.decode_token_weight * req.max_output_tokens + cost.per_request_tokens
         else:
             load, own = view_load(w, cost), own_cost(req, prefix, cost)
+        if not has_token_backlog(w):  # the ledger's tokens of everything outstanding stand in
+            load += self.inflight.outstanding(w.name, cost.decode_token_weight)[1] - tok_pend
         load += tok_pend + cost.per_request_tokens * n_pend
         requests = w.queued_requests + w.running_requests + n_pend
         return Candidate(w, requests, load, own, self.feedback.factor(w.name, now), prefix)
@@ -197,6 +202,9 @@ class ComposedPolicy:
         dw, per_req = cost.decode_token_weight, cost.per_request_tokens
         if e.base is None:
             e.base = [(view_load(w, cost), w.queued_requests + w.running_requests) for w in ws]
+            e.backlog = all(has_token_backlog(w) for w in ws)
+        if not e.backlog:  # a view without token backlogs: the ledger stands in (see `_candidate`)
+            return [self._candidate(req, w, side, now) for w in ws]
         since, match = self.inflight.since, self.index.match
         hashes = req.block_hashes
         own0 = own_cost(req, 0, cost)

@@ -131,6 +131,11 @@ class InFlight:
         self._since[worker] = (since_s, ver, decode_weight, out)
         return out
 
+    def outstanding(self, worker: str, decode_weight: float) -> tuple[int, float]:
+        """(requests, token-equivalent work) of every request on `worker` the ledger still holds:
+        the fallback for a view without token backlogs (not memoised: `since` keeps its memo)."""
+        return self._since_walk(worker, -math.inf, decode_weight)
+
     def _since_walk(self, worker: str, since_s: float, decode_weight: float) -> tuple[int, float]:
         n, tokens = 0, 0.0
         for p in reversed(self._serving.get(worker, _NONE).values()):

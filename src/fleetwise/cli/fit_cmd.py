@@ -22,6 +22,7 @@ from fleetwise.cli.common import (
     model_from_args,
 )
 from fleetwise.perf.memory import KV_DTYPES, WEIGHT_DTYPES, FitOptions, FitReport, LayoutFit, fit
+from fleetwise.spec import engine_defaults as ed
 
 
 def register(subparsers: Any) -> None:
@@ -33,8 +34,10 @@ def register(subparsers: Any) -> None:
     add_gpu_arg(p)
     p.add_argument("--dtype", default="bf16", choices=WEIGHT_DTYPES, help="weight storage format (default bf16)")
     p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV-cache format (default bf16)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="engine token budget per step")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.90, help="fraction of HBM the engine uses")
+    p.add_argument("--max-num-batched-tokens", type=int, default=ed.MAX_NUM_BATCHED_TOKENS,
+                   help=f"engine token budget per step (default {ed.MAX_NUM_BATCHED_TOKENS})")
+    p.add_argument("--gpu-memory-utilization", type=float, default=ed.GPU_MEMORY_UTILIZATION,
+                   help=f"fraction of HBM the engine uses (default {ed.GPU_MEMORY_UTILIZATION})")
     p.add_argument("--context-tokens", type=int, default=None,
                    help="KV to hold for one request (default: the model's max context)")
     p.add_argument("--max-gpus", type=int, default=256, help="largest replica the search considers")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import BatchShape
+from fleetwise.spec import engine_defaults as ed
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +24,12 @@ class EngineConfig:
     max_bundle_steps: most decode-only passes `Engine.schedule` may fuse into one `Step`.
     """
 
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    block_size: int = 16
+    max_num_batched_tokens: int = ed.MAX_NUM_BATCHED_TOKENS
+    max_num_seqs: int = ed.MAX_NUM_SEQS
+    block_size: int = ed.BLOCK_SIZE
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    max_bundle_steps: int = 64
+    max_bundle_steps: int = ed.MAX_BUNDLE_STEPS
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size", "max_bundle_steps"):

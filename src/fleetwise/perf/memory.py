@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import Deployment
+from fleetwise.spec import engine_defaults as ed
 from fleetwise.spec.dtypes import dtype_bytes
 from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.model import ModelSpec
@@ -49,11 +50,11 @@ LOGIT_BYTES = 4.0  # logits are materialised in fp32
 class FitOptions:
     """Engine knobs that decide the minimal runtime state beside the weights."""
 
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = ed.MAX_NUM_BATCHED_TOKENS
     """Token budget of one step (vLLM's max_num_batched_tokens): sizes the activation peak."""
-    max_num_seqs: int = 256
+    max_num_seqs: int = ed.MAX_NUM_SEQS
     """Most sequences in a step: rows of the fp32 logits."""
-    gpu_memory_utilization: float = 0.90
+    gpu_memory_utilization: float = ed.GPU_MEMORY_UTILIZATION
     """Fraction of HBM the engine may use (vLLM's gpu_memory_utilization)."""
     cuda_graph_bytes: float = 1.0e9
     """Memory held by captured CUDA graphs, per card."""

@@ -77,6 +77,9 @@ class SimOptions:
     policy: RoutingPolicy | None = None
     """A policy object to drive instead of building one from `plan.routing` (e.g. to record its
     decisions, or to run the very object a gateway uses)."""
+    perf: PerfModel | None = None
+    """The perf model every engine's step times come from (None: built from `plan.perf_profile`);
+    pass the planner's or the emulator's object to price steps with the very same model."""
     recorder: StepRecorder | None = None
     """Record every engine step and KV transfer (for a trace export); None = no recording cost."""
 
@@ -109,9 +112,9 @@ class Simulation:
         self.rec = Records(self.reqs)
         self.index = {r.request_id: i for i, r in enumerate(self.reqs)}
         self.loop = EventLoop()
-        profile = Profile.load(plan.perf_profile) if plan.perf_profile else None
+        perf = opts.perf if opts.perf is not None else plan_perf(plan)
         on_output = self._on_output if opts.recorder is None else self._on_output_recorded
-        self.fleet = Fleet(plan, self.loop, PerfModel(profile), on_output, self._horizon)
+        self.fleet = Fleet(plan, self.loop, perf, on_output, self._horizon)
         self.reps = self.fleet.replicas
         self.policy = opts.policy if opts.policy is not None else make_policy(plan.routing, seed=opts.seed)
         self.delay = opts.feedback_delay_s
@@ -471,6 +474,11 @@ class Simulation:
         # other event pending nothing can change any more (see `_fail_unfinished`).
         if len(self.loop) and (self.cursor < len(self.reqs) or any(r.inflight for r in self.reps)):
             self.loop.push(now_s + self.sample_s, Priority.SAMPLE, Sample())
+
+
+def plan_perf(plan: PlanSpec) -> PerfModel:
+    """The perf model a plan names: its `perf_profile` loaded, or the uncalibrated roofline."""
+    return PerfModel(Profile.load(plan.perf_profile) if plan.perf_profile else None)
 
 
 def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | None = None,

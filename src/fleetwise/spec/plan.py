@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from fleetwise.errors import SpecError, UnknownNameError
+from fleetwise.spec import engine_defaults as ed
 from fleetwise.spec.base import Spec, load_document
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
@@ -25,17 +26,17 @@ from fleetwise.spec.routing import PRESETS, RoutingSpec
 class EngineKnobs(Spec):
     """Scheduler settings of one replica (vLLM names; see `fleetwise.engine.EngineConfig`)."""
 
-    max_num_batched_tokens: int = Field(default=8192, gt=0, le=MAX_TOKENS)
+    max_num_batched_tokens: int = Field(default=ed.MAX_NUM_BATCHED_TOKENS, gt=0, le=MAX_TOKENS)
     """Token budget of one step (prefill chunks plus decodes)."""
-    max_num_seqs: int = Field(default=256, gt=0, le=MAX_ENGINE_SEQS)
+    max_num_seqs: int = Field(default=ed.MAX_NUM_SEQS, gt=0, le=MAX_ENGINE_SEQS)
     """Most sequences running at once."""
-    block_size: int = Field(default=16, gt=0, le=MAX_BLOCK_TOKENS)
+    block_size: int = Field(default=ed.BLOCK_SIZE, gt=0, le=MAX_BLOCK_TOKENS)
     """Tokens per KV block."""
     enable_prefix_caching: bool = True
     """Share KV blocks of equal prompt prefixes."""
     enable_chunked_prefill: bool = True
     """Split long prompts over steps, mixed with running decodes."""
-    max_bundle_steps: int = Field(default=64, gt=0)
+    max_bundle_steps: int = Field(default=ed.MAX_BUNDLE_STEPS, gt=0)
     """Most decode-only passes the simulator may fuse into one event (no effect on results)."""
 
 
@@ -60,7 +61,7 @@ class PoolSpec(Spec):
     region: str = "default"
     price_per_gpu_hour_usd: float | None = Field(default=None, ge=0)
     """Overrides the catalog price of the accelerator."""
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    gpu_memory_utilization: float = Field(default=ed.GPU_MEMORY_UTILIZATION, gt=0, le=1)
     """Fraction of HBM the engine may use for weights, activations and KV cache."""
     expert_imbalance: float = Field(default=1.0, ge=1)
     """MoE with ep > 1: busiest expert-parallel rank's routed tokens over the mean (1.0: even)."""

@@ -17,20 +17,21 @@ def _plan(prefill_versions: list[str], decode_version: str) -> PlanSpec:
     return PlanSpec(kv_link={"gbps": 100, "latency_s": 1e-3}, pools=pools)
 
 
-def test_skewed_handoff_is_refused_reprefilled_then_failed():
+def test_skewed_handoff_is_refused_and_reprefilled_on_the_refusing_version():
     reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
     res = simulate(_plan(["v1"], "v2"), reqs)
     s = res.summary
-    # Every hand-off v1 -> v2 is refused: no KV moves; prefilled again up to max_reprefills, then failed.
+    # Every hand-off v1 -> v2 is refused: no KV moves. The re-prefill is pinned to v2, the refusing
+    # replica's version, and no prefill replica serves v2: the router rejects it.
     assert s["kv_transfer"]["count"] == 0
     assert s["requests_retried"] == 4
-    assert s["failure_reasons"] == {"kv_version_skew": 4}
+    assert s["failure_reasons"] == {"rejected": 4}
     assert all(math.isnan(t) for t in res.records.kv_start_s)
 
 
 def test_reprefill_on_a_matching_version_completes():
-    # Two prefill replicas, one per version: round-robin sends each request to p0 (v1) first and
-    # its re-prefill to p1 (v2), whose version matches the decode replica: one refusal each, then done.
+    # Two prefill replicas, one per version: round-robin sends each request to p0 (v1) first; its
+    # re-prefill, pinned to v2, goes to p1, whose version matches the decode replica: done.
     reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
     res = simulate(_plan(["v1", "v2"], "v2"), reqs)
     s = res.summary

@@ -363,8 +363,10 @@ class Simulation:
             return
         if dec.model_version != rep.model_version:
             # KV of one model version is meaningless to another: the decode side refuses the
-            # hand-off, the KV is freed and recovery prefills the request again (or fails it).
+            # hand-off, the KV is freed and recovery prefills the request again (or fails it),
+            # pinned to the refusing replica's version so the new attempt lands on a matching pair.
             self.release_prefill(rep, i, now_s)
+            self.reqs[i] = dataclasses.replace(self.reqs[i], model_version=dec.model_version)
             self.recovery.lost(i, now_s, "kv_version_skew")
             return
         rec.kv_start_s[i] = now_s

@@ -45,3 +45,18 @@ def test_same_version_handoff_is_untouched():
     reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
     s = simulate(_plan(["v2"], "v2"), reqs).summary
     assert (s["requests_completed"], s["requests_retried"], s["kv_transfer"]["count"]) == (4, 0, 4)
+
+
+def test_a_draining_prefill_replica_goes_down_once_its_kv_is_released():
+    from fleetwise.spec.faults import FaultScenario, RollingUpgrade
+
+    # Requests are in flight on p0-0 when its upgrade starts: it must go down once the last KV it
+    # holds has been transferred and released, not stay draining for the rest of the run.
+    plan = _plan(["v1", "v1"], "v1")
+    reqs = [Request(i, i * 0.05, 2048, 64) for i in range(8)]
+    scen = FaultScenario(name="up", faults=[RollingUpgrade(pool="p0", start_s=0.06, new_model_version="v1",
+                                                           restart_after_s=1.0)])
+    s = simulate(plan, reqs, faults=scen).summary
+    phases = [(f["phase"], f["target"]) for f in s["faults"]]
+    assert phases[:3] == [("drain", "p0-0"), ("down", "p0-0"), ("restart", "p0-0")]
+    assert s["requests_completed"] == 8

@@ -382,6 +382,7 @@ class Simulation:
             rep.engine.release(self.reqs[i].request_id)
             rep.inflight.discard(i)
             self.fleet.kick(rep, now_s)
+            self.faults.on_replica_progress(rep, now_s)  # a draining prefill replica may now be empty
 
     def _first_token_at_prefill(self, i: int, rep: Replica, now_s: float) -> bool:
         """The prefill replica streams the first token now; True when that was the only token

@@ -97,3 +97,5 @@ def test_a_failed_claim_demotes_the_plan_with_its_reason(pd_search: Search) -> N
     assert row["demoted"] == ("demoted: claim(s) failed in simulation: KV transfer cost stays bounded; "
                               "the two pools' queues balance")
     assert row["explanation"][-1] == row["demoted"]
+    assert [r.candidate for r in again.rejected] == [cheap.key]
+    assert again.rejected[0].reason.endswith("meets the SLO but " + row["demoted"])

@@ -34,6 +34,9 @@ def run(search: Search) -> None:
     good.sort(key=lambda c: (bool(c.claims and c.claims.failed), c.cost_per_hour,
                              -_mean(c.refined.seeds, "goodput_rps") if c.refined else 0.0, c.key))
     search.ranked = good
+    for c in good:  # listed with the rejections too, so a demoted plan past top_k is never silent
+        if c.demoted:
+            search.rejected.append(Rejection(c.key, f"${c.cost_per_hour:.2f}/h, meets the SLO but {c.demoted}"))
     _reconcile(search)
     if not good and search.infeasible is None:
         search.infeasible = ("no candidate met the SLO in simulation within the limits; see `rejected` for each "

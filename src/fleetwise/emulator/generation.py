@@ -5,8 +5,10 @@ Owns two deterministic functions of the prompt:
   given the same prompt produces the same text, and a stream resumed elsewhere can be checked
   token by token;
 - `OutputLengthModel.draw(prompt_digest)`: the output length when the client gives no
-  `max_tokens`, drawn from a `LengthDist` with a generator seeded by (seed, prompt). The engine
-  is only told when the request has finished, exactly as a real engine only sees the EOS token.
+  `max_tokens`, drawn from a `LengthDist` with a generator seeded by (seed, prompt). Nothing a
+  client or router can read (metrics, views, responses) shows it before the last token; the
+  engine model uses it to end the request and, at admission, to check that the request's KV
+  footprint fits (where vLLM checks the prompt against max_model_len).
 """
 
 from __future__ import annotations

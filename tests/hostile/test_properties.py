@@ -46,6 +46,7 @@ HOSTILE_SCALARS: list[Any] = [
     math.nan, math.inf, -math.inf, -1, -0.5, 0, 0.0, 1e-300, 1e300, 10**9, 10**30, True, False,
     "100", "abc", "", None, [], {}, "x" * 3000, 2.5, 3, "h100-sxm", "llama-3.1-8b", "mixed-0", [1, "a"],
 ]
+HOSTILE = st.sampled_from(HOSTILE_SCALARS).map(copy.deepcopy)  # a fresh copy: later mutations never alias
 FLAG_VALUES = ["nan", "inf", "-inf", "-1", "0", "-0", "1e-300", "1e300", "1000000000", "abc", "", "0.5", "3",
                "1e999", "x" * 3000, "--", "1_000", " 7 ", "0x10"]
 
@@ -96,7 +97,7 @@ def mutated(draw: st.DrawFn, base: dict[str, Any]) -> tuple[dict[str, Any], tupl
             parent = parent[k]
         action = draw(st.sampled_from(["replace", "replace", "replace", "remove", "unknown"]))
         if action == "replace":
-            parent[path[-1]] = draw(st.sampled_from(HOSTILE_SCALARS))
+            parent[path[-1]] = draw(HOSTILE)
         elif action == "remove" and isinstance(parent, dict):
             del parent[path[-1]]
         elif isinstance(parent, dict):
@@ -155,10 +156,12 @@ def check(capsys: pytest.CaptureFixture[str], argv: list[Any], outputs: list[Pat
 
 
 @pytest.fixture(autouse=True)
-def _no_servers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A valid `emulate`/`gateway` command line would serve forever: stop at the bind."""
+def _contained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Relative paths a flag names (`--json 3`) land in the test's folder, never the checkout; a
+    valid `emulate`/`gateway` command line would serve forever: stop at the bind."""
     import uvicorn
 
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
 
 
@@ -217,13 +220,13 @@ def test_plan_with_a_mutated_spec(capsys, tmp_path, data):
 
 # ---- traces -------------------------------------------------------------------------------------
 
-TRACE_VALUES = st.one_of(st.sampled_from(HOSTILE_SCALARS), st.integers(-5, 3000), st.floats(allow_nan=True))
+TRACE_VALUES = st.one_of(HOSTILE, st.integers(-5, 3000), st.floats(allow_nan=True))
 
 
 @PROFILE
 @given(rows=st.lists(st.fixed_dictionaries(
     {"timestamp": TRACE_VALUES, "input_length": TRACE_VALUES, "output_length": TRACE_VALUES},
-    optional={"hash_ids": st.one_of(st.sampled_from(HOSTILE_SCALARS), st.lists(TRACE_VALUES, max_size=4))}),
+    optional={"hash_ids": st.one_of(HOSTILE, st.lists(TRACE_VALUES, max_size=4))}),
     min_size=1, max_size=6))
 def test_simulate_with_a_hostile_mooncake_trace(capsys, tmp_path, rows):
     tmp_path = fresh(tmp_path)

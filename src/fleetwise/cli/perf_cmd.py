@@ -21,6 +21,7 @@ from fleetwise.perf.calibrate import calibrate, predict, summarize
 from fleetwise.perf.groundtruth import load_groundtruth
 from fleetwise.perf.profile import Profile
 from fleetwise.spec.catalog import resolve_gpu
+from fleetwise.spec.inputs import check_writable_file
 
 
 def register(subparsers: Any) -> None:
@@ -46,6 +47,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    check_writable_file(args.output, "--output")
     files = [load_groundtruth(f) for f in args.files]
     gpu = resolve_gpu(args.gpu)
     engines = sorted({f.engine for f in files})

@@ -29,6 +29,12 @@ MAX_REPORTED_PROBLEMS = 2
 """Validation problems spelled out in one error line; the rest are counted."""
 
 
+def _is_size_limit(ctx: Any) -> bool:
+    """Upper bounds of 1000 and more are the size limits of `fleetwise.spec.inputs` (fractions are not)."""
+    bound = (ctx or {}).get("le", (ctx or {}).get("lt"))
+    return isinstance(bound, int | float) and bound >= 1000
+
+
 def describe_validation_error(err: ValidationError, where: str) -> str:
     """One line: `where: field.path: message (got value)` for the first problems, values quoted short."""
     parts = []
@@ -45,6 +51,8 @@ def describe_validation_error(err: ValidationError, where: str) -> str:
             ctx = e.get("ctx") or {}
             msg = f"unknown kind {inputs.quote(ctx.get('tag'), 30)}; expected one of {ctx.get('expected_tags')}"
             e = {**e, "type": "missing"}  # the tag is already quoted
+        elif e["type"] in ("less_than_equal", "less_than") and _is_size_limit(e.get("ctx")):
+            msg = f"{msg} (a limit, see docs/errors.md)"
         elif msg.startswith("Value error, "):
             msg = msg.removeprefix("Value error, ")
         got = e.get("input")

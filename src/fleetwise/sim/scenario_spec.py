@@ -1,0 +1,167 @@
+"""The scenario file format (a plan + workload + faults + SLO in one YAML, see docs/scenarios.md)
+and loading it, with the `small:` overrides and trace replacement."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from fleetwise.core.request import Request
+from fleetwise.errors import SpecError
+from fleetwise.sim.scenario_constants import SCENARIO_NAMES
+from fleetwise.spec.base import Spec, read_document, validate
+from fleetwise.spec.faults import FaultScenario
+from fleetwise.spec.plan import PlanSpec
+from fleetwise.spec.routing import deep_merge
+from fleetwise.spec.slo import SLOSpec
+from fleetwise.spec.workload import TraceArrival, WorkloadSpec
+from fleetwise.workload.generate import generate
+
+
+class ScenarioSpec(Spec):
+    """One scenario file: a fleet, its traffic, what goes wrong, and the SLO goodput counts."""
+
+    name: str
+    """Scenario name (the file is `<name>.yaml`)."""
+    description: str = ""
+    """One or two sentences: what the scenario exercises and why a policy should win."""
+    plan: PlanSpec
+    """The fleet; its `routing` is replaced by each policy under test."""
+    workload: WorkloadSpec
+    """The traffic. A relative trace path is resolved against the repo root, then the file's folder."""
+    fallback_workload: WorkloadSpec | None = None
+    """Used (with a printed note) when `workload` replays a trace file that is absent."""
+    faults: FaultScenario = Field(default_factory=FaultScenario)
+    """Faults applied to every run (same times for every seed and policy)."""
+    slo: SLOSpec = Field(default_factory=lambda: SLOSpec(ttft_max_s=2.0, tpot_max_s=0.1))
+    """Targets a request must meet to count toward goodput and SLO attainment."""
+    feedback_delay_s: float = Field(default=0.0, ge=0)
+    """Router view refresh period (0: every request routed on a fresh view); see `SimOptions`."""
+    seed_stride_s: float = Field(default=0.0, ge=0)
+    """Trace workloads: seed k replays from `arrival.start_s + k * seed_stride_s` (trace time)."""
+    small: dict[str, Any] = Field(default_factory=dict)
+    """Overrides deep-merged onto this document by `--small` (fewer requests, shorter faults)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A loaded scenario: the validated spec, where it came from, and any note for the user."""
+
+    spec: ScenarioSpec
+    path: str
+    notes: tuple[str, ...] = ()
+    workload_source: str = "generated"
+    """`generated`, `trace:<path>` (the scenario's trace) or `override:<path>` (--trace)."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def requests(self, seed: int) -> list[Request]:
+        """The requests of seed `seed` (deterministic)."""
+        wl = self.spec.workload
+        if isinstance(wl.arrival, TraceArrival) and self.spec.seed_stride_s > 0:
+            arrival = wl.arrival.model_copy(update={"start_s": wl.arrival.start_s + seed * self.spec.seed_stride_s})
+            wl = wl.model_copy(update={"arrival": arrival})
+        reqs = generate(wl, seed)
+        if not reqs:
+            raise SpecError(f"{self.path}: seed {seed}: the workload produced no requests "
+                            "(check num_requests/duration_s, or the trace window of this seed)")
+        return reqs
+
+
+def repo_root() -> Path:
+    """The checkout this package is installed from (src/fleetwise/sim -> repo)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def default_scenario_dir() -> Path:
+    """`examples/scenarios` of the current directory if it exists, else of the checkout."""
+    here = Path("examples") / "scenarios"
+    return here if here.is_dir() else repo_root() / "examples" / "scenarios"
+
+
+def _resolve_trace(path: str, base: Path) -> Path | None:
+    p = Path(path)
+    if p.is_absolute():
+        return p if p.is_file() else None
+    for root in (base.parent.parent, repo_root(), base, Path.cwd()):
+        if (root / p).is_file():
+            return (root / p).resolve()
+    return None
+
+
+def load_scenario(path: str | Path, small: bool = False, trace: str | None = None,
+                  trace_rate_rps: float | None = None, trace_requests: int | None = None,
+                  seeds: int = 5) -> Scenario:
+    """Read a scenario file; `small` applies its `small:` overrides; `trace` replaces its workload.
+
+    With `trace`, seed k replays the k-th of `seeds` consecutive windows of the file (each
+    `trace_requests` long, default: an equal share of the file), rescaled to `trace_rate_rps`
+    when given.
+    """
+    p = Path(path)
+    data = read_document(p)
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    if small:
+        data = deep_merge(data, data.get("small") or {})
+    spec = validate(ScenarioSpec, data, str(p))
+    notes: list[str] = []
+    source = "generated"
+    if trace is not None:
+        spec, source = _with_trace(spec, trace, trace_rate_rps, trace_requests, seeds)
+    elif isinstance(ta := spec.workload.arrival, TraceArrival):
+        found = _resolve_trace(ta.path, p.parent)
+        if found is not None:
+            arrival = ta.model_copy(update={"path": str(found)})
+            spec = spec.model_copy(update={"workload": spec.workload.model_copy(update={"arrival": arrival})})
+            source = f"trace:{ta.path}"
+        elif spec.fallback_workload is not None:
+            notes.append(f"{spec.name}: trace {ta.path} not found; using the generated "
+                         "fallback_workload instead")
+            spec = spec.model_copy(update={"workload": spec.fallback_workload, "seed_stride_s": 0.0})
+        else:
+            raise SpecError(f"{p}: workload.arrival.path={ta.path!r}: trace file not found "
+                            "(relative paths are resolved against the repo root and the scenario's folder)")
+    spec.plan.check(where=str(p))
+    return Scenario(spec, str(p), tuple(notes), source)
+
+
+def _with_trace(spec: ScenarioSpec, trace: str, rate_rps: float | None, max_requests: int | None,
+                seeds: int) -> tuple[ScenarioSpec, str]:
+    from fleetwise.workload.traces import read_trace
+
+    table = read_trace(trace)
+    n = max(1, len(table) // max(seeds, 1)) if max_requests is None else max_requests
+    stride = 0.0
+    if table.arrival_s is not None and len(table) > 1:
+        t = table.arrival_s - table.arrival_s[0]
+        k = min(n, len(t) - 1)
+        stride = float(t[k]) if seeds > 1 else 0.0
+    arrival = TraceArrival(path=str(Path(trace).resolve()), format=table.format, rate_rps=rate_rps,  # type: ignore[arg-type]
+                           max_requests=n)
+    wl = WorkloadSpec(arrival=arrival, lengths=None)
+    return spec.model_copy(update={"workload": wl, "seed_stride_s": stride}), f"override:{trace}"
+
+
+def load_scenarios(names: Iterable[str] | None = None, directory: str | Path | None = None,
+                   **kwargs: Any) -> list[Scenario]:
+    """Load the named scenarios (default: all of `SCENARIO_NAMES`) from `directory`."""
+    d = Path(directory) if directory is not None else default_scenario_dir()
+    wanted = list(names) if names else list(SCENARIO_NAMES)
+    out = []
+    for name in wanted:
+        path = d / f"{name}.yaml"
+        if not path.is_file():
+            known = sorted(q.stem for q in d.glob("*.yaml"))
+            raise SpecError(f"scenario {name!r}: no file {path}; known scenarios: {', '.join(known) or 'none'}")
+        out.append(load_scenario(path, **kwargs))
+    return out
+
+
+# ---- one run ---------------------------------------------------------------------------------

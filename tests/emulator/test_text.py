@@ -6,13 +6,12 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetwise.emulator.generation import OutputLengthModel, text_of, token_at
+from fleetwise.emulator.generation import OutputLengthModel, TokenStream, text_of
 from fleetwise.emulator.tokenizer import (
     NUM_WORDS,
     WORDS,
     block_hashes,
     decode,
-    digest,
     encode,
     words_text,
 )
@@ -52,12 +51,25 @@ def test_block_hashes_chain_equal_prefixes_only():
     assert block_hashes(p[:15], bs) == ()
 
 
-def test_generated_text_is_a_function_of_prompt_and_position():
-    d = digest(encode("a prompt"))
-    full = text_of(d, 0, 50)
-    assert text_of(d, 0, 20) + text_of(d, 20, 50) == full  # resumable at any position
-    assert encode(full) == [token_at(d, i) for i in range(50)]  # checkable token by token
-    assert text_of(digest(encode("another prompt")), 0, 50) != full
+def test_generated_text_is_a_function_of_the_context():
+    p = encode("a prompt")
+    full = text_of(p, 0, 50)
+    s = TokenStream(p)
+    assert s.text(0, 20) + s.text(20, 50) == full  # the incremental stream equals the reference
+    assert encode(full) == [s.token(i) for i in range(50)]  # checkable token by token
+    assert text_of(encode("another prompt"), 0, 50) != full
+    assert len(set(encode(full))) > 40  # no short cycle
+
+
+@given(st.text(max_size=40), st.integers(0, 30), st.integers(1, 20))
+def test_a_continuation_from_prompt_plus_streamed_text_continues_the_same_stream(prompt, cut, more):
+    p = encode(prompt)
+    if not p:
+        p = encode("x")
+        prompt = "x"
+    done = text_of(p, 0, cut)
+    assert encode(prompt + done) == p + encode(done)  # the context is the same token sequence
+    assert text_of(encode(prompt + done), 0, more) == text_of(p, cut, cut + more)
 
 
 def test_output_lengths_are_seeded_per_prompt():

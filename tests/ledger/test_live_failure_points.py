@@ -294,3 +294,52 @@ def test_decode_replica_lost_mid_stream_ends_cleanly_with_the_tokens_streamed(tm
             # Without a usage block the gateway counts the content events the client received.
             assert (bad.status, bad.delivered_tokens, bad.billed_generated_tokens) == ("failed", cut[0]["events"], 0)
     run(scenario())
+
+
+def test_decode_replica_lost_mid_stream_migrates_and_the_client_gets_the_fault_free_stream(tmp_path, reference,
+                                                                                          emulators) -> None:
+    async def scenario() -> None:
+        async with live(tmp_path, emulators) as f:  # default decisions: migrate, at most once
+            await f.fault("d0", {"kind": "drop_streams", "after_tokens": 7})
+            got = await _pair(f, _nothing, 0.0)
+            assert [g["texts"] for g in got] == [reference, reference]  # token by token, none lost or doubled
+            assert all(g["done"] and g["error"] is None and g["status"] == 200 for g in got)
+            rows = f.rows()
+            assert sorted(rows) == ["k0", "k1"]
+            assert [(r.status, r.delivered_tokens, r.billed_generated_tokens, r.attempts) for r in rows.values()] \
+                == [("completed", MAX_TOKENS, MAX_TOKENS, 1)] * 2  # one row each, billed once
+            prompt = rows["k0"].prompt_tokens
+            assert rows["k1"].prompt_tokens == prompt  # the continuation's longer prompt is not billed
+            moved = [k for k in ("k0", "k1") if any(w[0] == "migration" for w in f.work(k))]
+            assert len(moved) == 1
+            work = f.work(moved[0])
+            assert [w[:2] for w in work] == [("prefill", "first"), ("migration", "disconnect"), ("decode", "disconnect")]
+            assert work[2][2] == "d1"  # prompt + 7 tokens prefilled again, decoded on the other decode replica
+            with open_ledger(f.db, create=False) as led:
+                tokens = {w[3]: w[7] for w in led.work() if w[1] == moved[0]}
+            assert (tokens["migration"], tokens["decode"]) == (prompt + 7, MAX_TOKENS)  # the engine's prompt count
+            assert f.gw.telemetry.migrations._value.get() == 1
+    run(scenario())
+
+
+def test_a_broken_chat_stream_migrates_with_continue_final_message(tmp_path, emulators) -> None:
+    async def chat(f: Live, key: str) -> str:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS,
+                "stream": True, "ignore_eos": True}
+        async with f.client.post(f.url + "/v1/chat/completions", json=body, headers={"Idempotency-Key": key}) as r:
+            raw = (await r.read()).decode()
+        docs = [json.loads(b[6:]) for b in raw.split("\n\n") if b.startswith("data: {")]
+        assert all("error" not in d for d in docs) and raw.endswith("data: [DONE]\n\n")
+        return "".join(c["delta"].get("content") or "" for d in docs for c in d["choices"])
+
+    async def scenario() -> None:
+        async with live(tmp_path, emulators) as f:
+            want = await chat(f, "ref")
+            await f.fault("d0", {"kind": "drop_streams", "after_tokens": 5})
+            got = await asyncio.gather(chat(f, "c0"), chat(f, "c1"))  # one broken after 5 tokens, continued
+            assert got == [want, want] and len(want.split()) == MAX_TOKENS
+            rows = f.rows()
+            assert [(rows[k].status, rows[k].delivered_tokens, rows[k].billed_generated_tokens) for k in ("c0", "c1")] \
+                == [("completed", MAX_TOKENS, MAX_TOKENS)] * 2
+            assert sum(w[0] == "migration" for k in ("c0", "c1") for w in f.work(k)) == 1
+    run(scenario())

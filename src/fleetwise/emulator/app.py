@@ -155,16 +155,16 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             drop = faults.drop_after_tokens
             if drop is not None and n >= drop:
                 if drop > sent:
-                    yield w.delta(live.text(sent, drop))
+                    yield w.delta(live.text(sent, drop), None, drop)
                 raise StreamDropped(f"stream {live.rid} cut after {drop} tokens (injected fault)")
             if n > sent:
                 last = live.done and n >= live.target
-                yield w.delta(live.text(sent, n), live.finish_reason if last else None)
+                yield w.delta(live.text(sent, n), live.finish_reason if last else None, n)
                 sent = n
                 if last:
                     break
             elif live.done:
-                yield w.delta("", live.finish_reason)
+                yield w.delta("", live.finish_reason, sent)
                 break
             if live.emitted == sent and not live.done and live.error is None:
                 await live.wait()

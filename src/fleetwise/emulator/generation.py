@@ -1,9 +1,12 @@
 """What the emulated model "says": generated tokens and, when the client sets no limit, how many.
 
-Owns two deterministic functions of the prompt:
-- `token_at(prompt_digest, i)`: the i-th generated token id (a vocabulary word), so any server
-  given the same prompt produces the same text, and a stream resumed elsewhere can be checked
-  token by token;
+Owns two deterministic functions:
+- `next_token(context)`: the next token id (a vocabulary word) as a function of the last
+  `CONTEXT_TOKENS` ids of the context (prompt, then the tokens generated so far), as a greedy
+  model's next token is a function of its context. Any server given the same prompt produces
+  the same text, and a request whose prompt is the original prompt + the text already streamed
+  continues with exactly the tokens the uninterrupted stream would have produced (live decode
+  migration, checked token by token); `TokenStream` generates them incrementally;
 - `OutputLengthModel.draw(prompt_digest)`: the output length when the client gives no
   `max_tokens`, drawn from a `LengthDist` with a generator seeded by (seed, prompt). Nothing a
   client or router can read (metrics, views, responses) shows it before the last token; the
@@ -12,6 +15,8 @@ Owns two deterministic functions of the prompt:
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -31,14 +36,54 @@ def _splitmix64(x: int) -> int:
     return z ^ (z >> 31)
 
 
-def token_at(prompt_digest: int, position: int) -> int:
-    """Id of the generated token at `position` (0-based) after a prompt with `prompt_digest`."""
-    return NUM_SPECIAL + _splitmix64((prompt_digest + position * _GOLDEN) & _MASK64) % NUM_WORDS
+CONTEXT_TOKENS = 8
+"""Context ids the next emulated token depends on: long enough that distinct prompts give
+distinct streams (8000**8 windows), short enough to cost a few hashes per token."""
 
 
-def text_of(prompt_digest: int, start: int, stop: int) -> str:
-    """Generated text of positions [start, stop)."""
-    return "".join(decode_token(token_at(prompt_digest, i)) for i in range(start, stop))
+def next_token(context: Sequence[int]) -> int:
+    """Id of the token generated after `context` (uses its last CONTEXT_TOKENS ids)."""
+    h = len(context) if len(context) < CONTEXT_TOKENS else CONTEXT_TOKENS
+    for t in context[-CONTEXT_TOKENS:]:
+        h = _splitmix64((h ^ t) & _MASK64)
+    return NUM_SPECIAL + h % NUM_WORDS
+
+
+class TokenStream:
+    """The generated tokens after one prompt, produced on demand (each from its context window)."""
+
+    __slots__ = ("ids", "_window")
+
+    def __init__(self, prompt_ids: Sequence[int]) -> None:
+        self.ids: list[int] = []
+        self._window = list(prompt_ids[-CONTEXT_TOKENS:])
+
+    def _extend(self, stop: int) -> None:
+        ids, w = self.ids, self._window
+        while len(ids) < stop:
+            t = next_token(w)
+            ids.append(t)
+            w.append(t)
+            if len(w) > CONTEXT_TOKENS:
+                del w[0]
+
+    def token(self, position: int) -> int:
+        """Id of the generated token at `position` (0-based)."""
+        self._extend(position + 1)
+        return self.ids[position]
+
+    def text(self, start: int, stop: int) -> str:
+        """Generated text of positions [start, stop)."""
+        self._extend(stop)
+        return "".join(decode_token(t) for t in self.ids[start:stop])
+
+
+def text_of(prompt_ids: Sequence[int], start: int, stop: int) -> str:
+    """Generated text of positions [start, stop) after a prompt (the reference: whole context)."""
+    ctx = list(prompt_ids)
+    for _ in range(stop):
+        ctx.append(next_token(ctx))
+    return "".join(decode_token(t) for t in ctx[len(prompt_ids) + start:len(prompt_ids) + stop])
 
 
 DEFAULT_OUTPUT_LENGTHS = LognormalLength(median_tokens=200, p99_tokens=2000, max_tokens=8192)

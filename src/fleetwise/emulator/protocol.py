@@ -1,8 +1,10 @@
 """The OpenAI/vLLM wire format: request parsing with 4xx errors, and response/stream bodies.
 
 Owns what a client may send to `/v1/completions` and `/v1/chat/completions` (prompt or messages,
-`max_tokens` / `max_completion_tokens`, `stream`, `stream_options.include_usage`, `ignore_eos`,
-`n`, `kv_transfer_params`) and the JSON the server returns (OpenAI-style error bodies, full
+`max_tokens` / `max_completion_tokens`, `stream`, `stream_options.include_usage` and
+`.continuous_usage_stats` (usage on every chunk, as vLLM), `ignore_eos`, `n`, `kv_transfer_params`,
+and for chat vLLM's `add_generation_prompt` / `continue_final_message`, which continue a partial
+assistant message) and the JSON the server returns (OpenAI-style error bodies, full
 responses, SSE chunks). It does not run anything: `fleetwise.emulator.server` does.
 
 Errors follow vLLM's `ErrorResponse`: `{"error": {"message", "type", "param", "code"}}` with
@@ -52,6 +54,8 @@ class GenRequest:
     include_usage: bool
     ignore_eos: bool
     kv_transfer_params: dict[str, Any] | None
+    continuous_usage: bool = False
+    """`stream_options.continuous_usage_stats`: every chunk carries the usage so far."""
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -107,7 +111,12 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return v
 
 
-def _chat_prompt(messages: Any) -> str:
+def _chat_prompt(messages: Any, add_generation_prompt: bool = True, continue_final: bool = False) -> str:
+    """The chat template: `<|role|>\\n content \\n` per message, then `<|assistant|>\\n` (the
+    generation prompt); with `continue_final` the last (assistant) message is left open instead,
+    so the model continues it (vLLM's `continue_final_message`)."""
+    if continue_final and add_generation_prompt:
+        raise ApiError(400, "continue_final_message=true needs add_generation_prompt=false", "continue_final_message")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, f"messages={quote(messages)} must be a non-empty list of {{role, content}}", "messages")
     parts: list[str] = []
@@ -129,7 +138,13 @@ def _chat_prompt(messages: Any) -> str:
             raise ApiError(400, f"messages[{i}].content={quote(content)} must be a string or text parts",
                            "messages")
         parts.append(f"<|{m['role']}|>\n{content}\n")
-    parts.append("<|assistant|>\n")
+    if continue_final:
+        if messages[-1].get("role") != "assistant":
+            raise ApiError(400, "continue_final_message=true needs the last message to have role assistant",
+                           "messages")
+        parts[-1] = parts[-1][:-1]  # left open: the model continues it
+    elif add_generation_prompt:
+        parts.append("<|assistant|>\n")
     return "".join(parts)
 
 
@@ -159,7 +174,8 @@ def parse_request(kind: Kind, body: dict[str, Any], served_model: str) -> GenReq
     if n is not None and n != 1:
         raise ApiError(400, f"n={quote(n)}: only n=1 is supported", "n")
     if kind == "chat":
-        ids = encode(_chat_prompt(body.get("messages")))
+        ids = encode(_chat_prompt(body.get("messages"), _bool(body, "add_generation_prompt", True),
+                                  _bool(body, "continue_final_message")))
     else:
         if "prompt" not in body:
             raise ApiError(400, "prompt is missing; send a string prompt", "prompt")
@@ -168,18 +184,19 @@ def parse_request(kind: Kind, body: dict[str, Any], served_model: str) -> GenReq
         raise ApiError(400, "the prompt is empty; send at least one token", "prompt")
     stream = _bool(body, "stream")
     opts = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous = False
     if opts is not None:
         if not isinstance(opts, dict):
             raise ApiError(400, f"stream_options={quote(opts)} must be an object", "stream_options")
         if not stream:
             raise ApiError(400, "stream_options is only allowed with stream=true", "stream_options")
         include_usage = _bool(opts, "include_usage")
+        continuous = _bool(opts, "continuous_usage_stats")
     ktp = body.get("kv_transfer_params")
     if ktp is not None and not isinstance(ktp, dict):
         raise ApiError(400, f"kv_transfer_params={quote(ktp)} must be an object", "kv_transfer_params")
     return GenRequest(kind, served_model, ids, _max_tokens(body), stream, include_usage,
-                      _bool(body, "ignore_eos"), ktp)
+                      _bool(body, "ignore_eos"), ktp, continuous)
 
 
 # ---- responses ------------------------------------------------------------------------------------
@@ -217,8 +234,9 @@ class ChunkWriter:
                       + ',"model":' + json.dumps(req.model) + ',"choices":[')
         self._role_sent = False
 
-    def delta(self, text: str, finish_reason: str | None = None) -> bytes:
-        """One chunk carrying `text` (and the finish reason on the last one)."""
+    def delta(self, text: str, finish_reason: str | None = None, tokens_so_far: int | None = None) -> bytes:
+        """One chunk carrying `text` (and the finish reason on the last one); with
+        `continuous_usage_stats`, the usage after `tokens_so_far` generated tokens."""
         fr = json.dumps(finish_reason)
         if self.chat:
             if not self._role_sent:
@@ -229,6 +247,9 @@ class ChunkWriter:
             choice = '{"index":0,"delta":' + d + ',"logprobs":null,"finish_reason":' + fr + "}"
         else:
             choice = '{"index":0,"text":' + json.dumps(text) + ',"logprobs":null,"finish_reason":' + fr + "}"
+        if self.req.continuous_usage and tokens_so_far is not None:
+            u = json.dumps(usage(len(self.req.prompt_ids), tokens_so_far))
+            return (self._head + choice + '],"usage":' + u + "}\n\n").encode()
         return (self._head + choice + "]}\n\n").encode()
 
     def usage_chunk(self, completion_tokens: int) -> bytes:

@@ -27,7 +27,7 @@ from typing import Any
 from fleetwise.core.request import Request
 from fleetwise.emulator import faults as fault_kinds
 from fleetwise.emulator.config import EmulatorConfig
-from fleetwise.emulator.generation import OutputLengthModel, text_of
+from fleetwise.emulator.generation import OutputLengthModel, TokenStream
 from fleetwise.emulator.kv_events import KvEventPublisher
 from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.protocol import ApiError, GenRequest
@@ -77,6 +77,7 @@ class Live:
     done: bool = False
     error: ApiError | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    tokens: TokenStream | None = None
     _waiter: asyncio.Future[None] | None = None
 
     def notify(self) -> None:
@@ -92,7 +93,9 @@ class Live:
 
     def text(self, start: int, stop: int) -> str:
         """Generated text of positions [start, stop)."""
-        return text_of(self.digest, start, stop)
+        if self.tokens is None:
+            self.tokens = TokenStream(self.req.prompt_ids)
+        return self.tokens.text(start, stop)
 
 
 @dataclass(slots=True)

@@ -4,14 +4,16 @@ Owns turning prompt text into token ids, generated token ids back into text, and
 hashes of full KV blocks that make prefix caching real (equal text prefixes give equal token
 prefixes, hence equal block hashes, hence cache hits).
 
-Pieces: the text is cut into pieces by `PIECE_RE` (optional leading whitespace, then a run of
-non-space characters; or trailing whitespace). A piece that is a vocabulary word (one space plus
+Pieces: the text is cut into pieces by `PIECE_RE`: an optional single space then a run of
+non-space characters; or a run of whitespace, which stops before the space of a following word. A piece that is a vocabulary word (one space plus
 a word of `WORDS`) is one token. Any other piece is cut into chunks of `CHUNK_CHARS` characters,
 each one token whose id is a hash of the chunk. So English-like text costs about one token per
 word, as subword tokenizers do (about 4 characters per token, Llama/GPT BPE on English prose).
 
 Generated text is made of vocabulary words only, so `encode(decode(ids)) == ids` for generated
-ids: a stream resumed elsewhere can be re-tokenized and checked token by token.
+ids, and since a word's space is never absorbed by the piece before it, `encode(prompt +
+decode(ids)) == encode(prompt) + ids` for any prompt: a stream continued elsewhere from prompt +
+streamed text sees exactly the token context of the uninterrupted one (tested).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ HASH_BASE = NUM_SPECIAL + NUM_WORDS
 """First id of hashed chunks (pieces that are not vocabulary words)."""
 CHUNK_CHARS = 4
 """Characters per token for text outside the vocabulary (about 4 per token, BPE on English)."""
-PIECE_RE = re.compile(r"\s*\S+|\s+")
+PIECE_RE = re.compile(r" ?\S+|\s+?(?= \S)|\s+")
 
 _ONSETS = ("b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
            "br", "ch", "cl", "dr", "fl", "gr", "pl", "pr", "sh", "st", "th", "tr")

@@ -23,7 +23,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,13 @@ from fleetwise.errors import SpecError
 from fleetwise.gateway.backends import Backend, Backends, Decision
 from fleetwise.gateway.config import BackendSpec, GatewayConfig, TenantSpec
 from fleetwise.gateway.limits import Admission, TenantLimiter
+from fleetwise.gateway.migration import (
+    client_wants_continuous,
+    continuation,
+    counted_options,
+    relay_events,
+    streamed_text,
+)
 from fleetwise.gateway.openai import ClientError, error_body, parse_json_body, parse_request, prompt_blocks
 from fleetwise.gateway.scrape import parse_metrics
 from fleetwise.gateway.telemetry import Telemetry
@@ -99,6 +106,19 @@ class _Call:
     route: RouteRequest
     meter: Meter | None = None
     """Usage metering (None when the gateway has no ledger)."""
+    track: bool = False
+    """A migratable stream: upstream puts the usage so far on every chunk, the relayed events are kept."""
+    keep_chunk_usage: bool = False
+    """The client asked for usage on every chunk itself."""
+    events: list[bytes] = field(default_factory=list)
+    """Relayed events (kept when `track`): the text a continuation prompts with."""
+    delivered: int = 0
+    """Tokens the client has received (when `track`)."""
+    base: int = 0
+    """Tokens delivered before the attempt in flight (its continuation prompt holds them)."""
+    migrations: int = 0
+    resumed: bool = False
+    """The attempt in flight continues a stream the client already has (no new response start)."""
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -456,6 +476,9 @@ class Gateway:
                           block_hashes=hashes, tenant=spec.name, model_version=version, region=region,
                           arrival_s=arrival, hash_block_tokens=lm.hash_block_tokens)
         call = _Call(rid, endpoint, scope["path"], arrival, raw, body, pr.stream, pr.include_usage, rr)
+        fd = self.cfg.failure_domains
+        if pr.stream and fd.may_migrate(0):
+            call.track, call.keep_chunk_usage = True, client_wants_continuous(body)
         if self.ledger is not None:
             call.meter = Meter(self.ledger, key, rid, spec.name, pr.model, time.time(), pr.prompt_tokens)
         try:
@@ -533,16 +556,20 @@ class Gateway:
         self.policy.observe(Cancelled(self.now(), rid, worker, why))
 
     async def _dispatch(self, call: _Call, d: RoutingDecision, dec: Backend, pre: Backend | None,
-                        send: Send, receive: Receive) -> None:
+                        send: Send, receive: Receive, body: dict[str, Any] | None = None) -> None:
+        """Send `body` (default: the client's) to the pair or replica `d` chose and relay the answer."""
         headers = {"content-type": "application/json", "x-request-id": call.rid}
-        payload = call.raw
-        body = call.body
-        if call.meter is not None and call.stream and not call.include_usage:
+        payload = call.raw if body is None else json.dumps(body).encode()
+        body = call.body if body is None else body
+        if call.track:  # a migration needs the exact count of tokens delivered
+            body = counted_options(body)
+            payload = json.dumps(body).encode()
+        elif call.meter is not None and call.stream and not call.include_usage:
             # Metering bills the engine's token count: ask for it, and strip it from the relay.
             body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
             payload = json.dumps(body).encode()
         if pre is not None:
-            kv = await self._prefill(call, pre, headers, send)
+            kv = await self._prefill(call, pre, headers, send, body)
             if kv is None:
                 return  # the prefill leg's client error was relayed
             payload = json.dumps({**body, "kv_transfer_params": kv}).encode()
@@ -554,14 +581,17 @@ class Gateway:
             self._fault(pre, "handoff")  # the KV the prefill held is gone: try another pair
             raise _Retry(pre, r.cause, r.detail) from None
 
-    async def _prefill(self, call: _Call, b: Backend, headers: dict[str, str], send: Send) -> Any:
+    async def _prefill(self, call: _Call, b: Backend, headers: dict[str, str], send: Send,
+                       body: dict[str, Any]) -> Any:
         """The prefill leg: `max_tokens` 1, not streamed, `do_remote_decode`; returns the
         `kv_transfer_params` for the decode leg (None when a client error was relayed)."""
-        leg = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": dict(PD_PREFILL_PARAMS)}
+        leg = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": dict(PD_PREFILL_PARAMS)}
         if "max_completion_tokens" in leg:
             leg["max_completion_tokens"] = 1
         leg.pop("stream_options", None)
         status, data, ctype = await self._request_whole(b, call, json.dumps(leg).encode(), headers)
+        if status >= 400 and call.resumed:  # the client already has a stream: no error response now
+            raise _Retry(b, "continuation_refused", f"HTTP {status}")
         if status >= 400:
             await self._send_bytes(send, call, status, data, ctype, b.name)
             return None
@@ -633,6 +663,7 @@ class Gateway:
         pre_left, dec_left = b.work(call.route.prompt_tokens, call.route.max_output_tokens)
         sent_any = False
         held = b""
+        broken: str | None = None
         gone: list[bool] = []
         watcher: asyncio.Task[None] | None = None
         t_send = self.now()
@@ -644,6 +675,8 @@ class Gateway:
                     if r.status >= 500:
                         self._fault(b, "5xx")
                         raise _Retry(b, "5xx", f"HTTP {r.status}")
+                    if call.resumed:  # the client already has a stream: no error response now
+                        raise _Retry(b, "continuation_refused", f"HTTP {r.status}")
                     b.breaker.success()
                     self._release(call.rid, b.name, "client error")
                     await self._send_bytes(send, call, r.status, data,
@@ -668,12 +701,13 @@ class Gateway:
                 t_first = self.now()
                 b.done(pre_left, 0)
                 pre_left = 0
-                await send({"type": "http.response.start", "status": 200, "headers": [
-                    (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                    (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", b.name.encode())]})
+                if not call.resumed:
+                    await send({"type": "http.response.start", "status": 200, "headers": [
+                        (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                        (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", b.name.encode())]})
                 sent_any = True
-                if call.meter is not None:
-                    first, held = _hold_back(first, held, call.include_usage, call.meter)
+                if call.meter is not None or call.track:
+                    first, held = self._relayed(call, first, held)
                 await send({"type": "http.response.body", "body": first, "more_body": True})
                 self.telemetry.ttfb.labels(call.endpoint).observe(t_first - call.arrival_s)
                 self.policy.observe(FirstToken(t_first, call.rid, b.name, t_first - t_send))
@@ -685,8 +719,8 @@ class Gateway:
                     if not chunk:
                         break
                     out = framer.feed(chunk)
-                    if call.meter is not None:
-                        out, held = _hold_back(out, held, call.include_usage, call.meter)
+                    if call.meter is not None or call.track:
+                        out, held = self._relayed(call, out, held)
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
         except _Retry:
@@ -701,15 +735,16 @@ class Gateway:
             self._fault(b, kind)
             if not sent_any:
                 raise _Retry(b, kind, str(err) or type(err).__name__) from None
-            await self._meter_end(call, "failed", f"stream_broken_{kind}", framer.events)
-            await self._stream_broken(call, b, kind, send)
-            return
+            broken = kind
         finally:
             if watcher is not None:
                 watcher.cancel()
             b.done(pre_left, dec_left)
             b.in_flight -= 1
             self.backends.released(b)
+        if broken is not None:
+            await self._decode_failed(call, b, broken, send, receive, framer.events)
+            return
         if gone:
             await self._meter_end(call, "cancelled", "client_gone", framer.events)
             self._release(call.rid, b.name, "client gone")
@@ -719,8 +754,8 @@ class Gateway:
         now = self.now()
         n_out = _usage_tokens(framer.tail) or max(framer.events - 1 - call.include_usage, 0)
         if call.meter is not None:  # recorded before [DONE] leaves (docs/failure-domains.md)
-            await self._meter_end(call, "completed", "", call.meter.delivered_tokens if call.meter.usage_seen
-                                  else n_out)
+            await self._meter_end(call, "completed", "", call.delivered if call.track else
+                                  call.meter.delivered_tokens if call.meter.usage_seen else n_out)
         await send({"type": "http.response.body", "body": held + framer.buf, "more_body": False})
         tpot = (now - t_first) / (n_out - 1) if n_out > 1 else 0.0
         self.policy.observe(Completed(now, call.rid, b.name, n_out, tpot, now - call.arrival_s))
@@ -734,9 +769,71 @@ class Gateway:
             call.meter.delivered_tokens = delivered
             await call.meter.end(status, reason, time.time())
 
+    def _relayed(self, call: _Call, out: bytes, held: bytes) -> tuple[bytes, bytes]:
+        """Whole events from upstream -> (sent to the client now, held back): counts the tokens
+        delivered, keeps the events of a migratable stream, reads the usage for the meter."""
+        if call.track and not call.events and b'"usage"' not in out:
+            call.track = False  # the engine does not count per chunk: no exact count, no migration
+        if call.track:
+            call.events.append(out)
+            n = _usage_tokens(out)
+            if n:
+                call.delivered = call.base + n
+        out, held = _hold_back(out, held, call.include_usage, None if call.resumed else call.meter)
+        if call.track:
+            out = relay_events(out, call.keep_chunk_usage, call.base)
+        return out, held
+
+    async def _decode_failed(self, call: _Call, b: Backend, kind: str, send: Send, receive: Receive,
+                             events: int) -> None:
+        """A stream broke after its first byte: continue it on another replica when the failure
+        domains say `migrate` (prompt + the text delivered, the remaining budget), else (or when
+        no continuation can be sent) end it with an error event (docs/failure-domains.md)."""
+        self.policy.observe(Failed(self.now(), call.rid, b.name, kind))
+        tried = {b.name}
+        fd = self.cfg.failure_domains
+        while call.track and fd.may_migrate(call.migrations):
+            remaining = call.route.max_output_tokens - call.delivered
+            chat = call.endpoint == "chat"
+            body = continuation(call.body, chat, streamed_text(call.events, chat), remaining)
+            if body is None:
+                break
+            call.migrations += 1
+            if remaining <= 0:  # every token arrived; only the end of the stream was lost
+                await self._meter_end(call, "completed", "", call.delivered)
+                with contextlib.suppress(OSError):
+                    await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": False})
+                self.telemetry.answered(call.endpoint, 200)
+                return
+            now = self.now()
+            rr = replace(call.route, prompt_tokens=call.route.prompt_tokens + call.delivered,
+                         max_output_tokens=remaining)
+            d = self.policy.route(rr, self.fleet(now, frozenset(tried)))
+            dec = self.backends.get(d.worker) if d.worker else None
+            pre = self.backends.get(d.prefill_worker) if d.prefill_worker else None
+            if dec is None or (d.prefill_worker and pre is None):
+                break
+            self._note(dec, call.rid, now, d.kind or reason_kind(d.reason), d)
+            if call.meter is not None:
+                call.meter.attempt("migration", kind, (pre.spec.pool, pre.name) if pre is not None else None,
+                                   (dec.spec.pool, dec.name), call.meter.prompt_tokens + call.delivered)
+            self.policy.observe(Dispatched(now, call.rid, dec.name, rr.prompt_tokens, rr.block_hashes,
+                                           d.prefill_worker))
+            self.telemetry.migrations.inc()
+            call.resumed, call.base = True, call.delivered
+            try:
+                await self._dispatch(call, d, dec, pre, send, receive, body)
+                return
+            except _Retry as r:  # the continuation failed before its first token: another one
+                tried.add(r.backend.name)
+                ended = Cancelled if r.cause == "connect" else Failed
+                self.policy.observe(ended(self.now(), call.rid, r.backend.name, r.cause))
+                b, kind = r.backend, r.cause
+        await self._meter_end(call, "failed", f"stream_broken_{kind}", call.delivered if call.track else events)
+        await self._stream_broken(call, b, kind, send)
+
     async def _stream_broken(self, call: _Call, b: Backend, kind: str, send: Send) -> None:
         """End a stream that broke after its first byte: one error event, then [DONE]."""
-        self.policy.observe(Failed(self.now(), call.rid, b.name, kind))
         self.telemetry.stream_errors.inc()
         self.telemetry.answered(call.endpoint, 200)
         ev = json.dumps({"error": {"message": f"backend {b.name} failed mid-stream ({kind}); the answer is "
@@ -824,11 +921,11 @@ async def _watch_disconnect(receive: Receive, upstream: Any, gone: list[bool]) -
             return
 
 
-def _hold_back(out: bytes, held: bytes, client_wants_usage: bool, meter: Meter) -> tuple[bytes, bytes]:
+def _hold_back(out: bytes, held: bytes, client_wants_usage: bool, meter: Meter | None) -> tuple[bytes, bytes]:
     """Split relayed events into (sent now, held): `[DONE]` waits until the usage is recorded, and
     the usage-only event the gateway asked for is dropped unless the client asked for it; the
     meter reads the engine's counts from it."""
-    if b'"usage"' in out:
+    if meter is not None and b'"usage"' in out:
         meter.usage_from(out)
     if out.endswith(DONE_EVENT):
         out, held = out[:-len(DONE_EVENT)], held + DONE_EVENT

@@ -70,6 +70,8 @@ class Telemetry:
                                        registry=r)
         self.stream_errors = Counter("fleetwise_gateway_stream_errors",
                                      "Streams ended by an error event after bytes reached the client", registry=r)
+        self.migrations = Counter("fleetwise_gateway_migrations",
+                                  "Continuations sent for streams broken mid-way (decode migration)", registry=r)
         self.scrapes = Counter("fleetwise_gateway_scrapes", "Backend /metrics scrapes by outcome", ["outcome"],
                                registry=r)
         self.pd_handoffs = Counter("fleetwise_gateway_pd_handoffs", "Prefill legs completed and handed to decode",

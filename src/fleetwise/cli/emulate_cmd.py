@@ -21,7 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fleetwise.cli.common import SEED_MAX, float_flag, int_flag
 from fleetwise.errors import SpecError
+from fleetwise.spec.inputs import (
+    MAX_BLOCK_TOKENS,
+    MAX_DURATION_S,
+    MAX_ENGINE_SEQS,
+    MAX_TOKENS,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -41,39 +48,39 @@ def register(subparsers: Any) -> None:
                         "role, dtypes and engine knobs; its kv_link the KV path); ports count up from --port")
     p.add_argument("--endpoints", metavar="FILE", default=None,
                    help="with --plan: write the replicas' names, roles and URLs here as JSON")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree of the replica")
-    p.add_argument("--pp", type=int, default=1, help="pipeline parallel degree of the replica")
+    p.add_argument("--tp", type=int_flag(1, 1024), default=1, help="tensor parallel degree of the replica")
+    p.add_argument("--pp", type=int_flag(1, 1024), default=1, help="pipeline parallel degree of the replica")
     p.add_argument("--role", choices=("mixed", "prefill", "decode"), default="mixed",
                    help="mixed = colocated; prefill/decode = one half of a disaggregated pair "
                         "(vLLM's kv_transfer_params protocol)")
     p.add_argument("--profile", metavar="P.json", default=None, help="calibrated perf profile (default: built-in)")
     p.add_argument("--model-version", default="v1", help="version label the replica reports")
     p.add_argument("--served-model-name", default=None, help="model name clients send (default: --model)")
-    p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output (default: the "
+    p.add_argument("--max-model-len", type=int_flag(2, MAX_TOKENS), default=None, help="longest prompt + output (default: the "
                                                                    "model's context)")
     p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
                    help="modelled seconds per wall second: 10 runs ten times faster than the modelled hardware")
-    p.add_argument("--seed", type=int, default=0, help="seed of the output-length model")
+    p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="seed of the output-length model")
     p.add_argument("--output-lengths", default=None, metavar="JSON",
                    help='length distribution for requests without max_tokens, e.g. \'{"kind": "lognormal", '
                         '"median_tokens": 200, "p99_tokens": 2000}\' (default: that one, max 8192)')
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
-    p.add_argument("--port", type=int, default=8000, help="port to bind")
+    p.add_argument("--port", type=int_flag(0, 65535), default=8000, help="port to bind")
     p.add_argument("--admin-token", default=None,
                    help="bearer token for POST /admin/faults (default: $FLEETWISE_EMULATOR_ADMIN_TOKEN; "
                         "unset = admin disabled, every admin call gets 401)")
     p.add_argument("--weight-dtype", choices=("bf16", "fp8", "int4"), default="bf16", help="weight dtype")
     p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="KV cache dtype")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of HBM the engine may use")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="most running sequences (default 256)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step (default 8192)")
-    p.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default 16)")
+    p.add_argument("--gpu-memory-utilization", type=float_flag(positive=True, maximum=1.0), default=0.9, help="fraction of HBM the engine may use")
+    p.add_argument("--max-num-seqs", type=int_flag(1, MAX_ENGINE_SEQS), default=None, help="most running sequences (default 256)")
+    p.add_argument("--max-num-batched-tokens", type=int_flag(1, MAX_TOKENS), default=None, help="token budget per step (default 8192)")
+    p.add_argument("--block-size", type=int_flag(1, MAX_BLOCK_TOKENS), default=None, help="tokens per KV block (default 16)")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    p.add_argument("--kv-link-gbps", type=float, default=None,
+    p.add_argument("--kv-link-gbps", type=float_flag(positive=True), default=None,
                    help="per-GPU NIC of the KV path in Gbit/s (decode role pulls over it; default 400)")
-    p.add_argument("--kv-link-latency", type=float, default=None, metavar="S",
+    p.add_argument("--kv-link-latency", type=float_flag(0.0, MAX_DURATION_S), default=None, metavar="S",
                    help="one-way latency of a KV transfer in seconds (default 2e-05)")
-    p.add_argument("--kv-lease", type=float, default=480.0, metavar="S",
+    p.add_argument("--kv-lease", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=480.0, metavar="S",
                    help="prefill role: modelled seconds a prefilled request's KV waits to be pulled")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn log level")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import re
 from typing import Any
@@ -19,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetwise.cli.common import add_json_flag, emit_json
-from fleetwise.errors import SpecError
+from fleetwise.errors import SpecError, quote
 from fleetwise.ledger import load_run_records, open_ledger, verify
 
 LEDGER_ENV = "FLEETWISE_LEDGER"
@@ -66,9 +67,13 @@ def parse_since(text: str, now_s: float) -> float:
     if m:
         return now_s - float(m.group(1)) * _UNIT_S[m.group(2)]
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         pass
+    else:
+        if math.isfinite(value):
+            return value
+        raise SpecError(f"--since={quote(text)}: not a finite time; use ISO 8601, UNIX seconds or an age like 2h")
     try:
         t = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

@@ -156,7 +156,10 @@ def test_snapshot_fields():
     eng.complete()
     view = eng.snapshot(12.5)
     assert (view.name, view.role, view.queued_requests, view.running_requests) == ("e0", "mixed", 1, 1)
-    assert (view.queued_prefill_tokens, view.running_decode_tokens) == (2048 - 512 + 300, 10)
+    # What vLLM's /metrics reports: no token loads (the decode tokens left need the true outputs).
+    assert (view.queued_prefill_tokens, view.running_decode_tokens) == (None, None)
+    full = eng.snapshot(12.5, token_loads=True)
+    assert (full.queued_prefill_tokens, full.running_decode_tokens) == (2048 - 512 + 300, 10)
     assert (view.kv_usage, view.kv_capacity_tokens, view.block_size, view.reported_at_s) == (
         32 / 1000, 16000, 16, 12.5)
 

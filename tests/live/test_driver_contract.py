@@ -121,7 +121,7 @@ def run_live(p: PlanSpec, reqs: list[Request], policy: Recorder) -> None:
         def arrive(now_s: float, r: Request) -> None:
             nxt[0] += 1
             view = FleetView(now_s, tuple(d.view(now_s) for d in drivers))
-            rr = RouteRequest(r.request_id, r.prompt_tokens, r.output_tokens, r.block_hashes, r.tenant,
+            rr = RouteRequest(r.request_id, r.prompt_tokens, r.max_tokens, r.block_hashes, r.tenant,
                               r.model_version, r.region, r.arrival_s, r.hash_block_tokens)
             dec = policy.route(rr, view)
             assert dec.worker is not None

@@ -68,12 +68,13 @@ def test_scorers_exact():
 def test_own_cost_subtracts_cached_blocks():
     cost = CostParams(decode_token_weight=0.5, per_request_tokens=32)
     req = RouteRequest("r", 160, 10, block_hashes=(1, 2, 3, 4), hash_block_tokens=16)
-    assert own_cost(req, 0, cost) == 160 + 5 + 32
-    assert own_cost(req, 4, cost) == 96 + 5 + 32
-    assert own_cost(req, 20, cost) == 0 + 5 + 32
+    assert own_cost(req, 0, cost, 10) == 160 + 5 + 32
+    assert own_cost(req, 4, cost, 10) == 96 + 5 + 32
+    assert own_cost(req, 20, cost, 10) == 0 + 5 + 32
+    assert own_cost(req, 0, cost, 0) == 160 + 32  # a prefill-only worker: no decode work
     # a Mooncake-style entry covers 512 prompt tokens, not one 16-token KV block
     long = RouteRequest("m", 2000, 10, block_hashes=(1, 2, 3), hash_block_tokens=512)
-    assert own_cost(long, 3, cost) == (2000 - 1536) + 5 + 32
+    assert own_cost(long, 3, cost, 10) == (2000 - 1536) + 5 + 32
 
 
 def test_load_bound_tokens_and_share():

@@ -101,13 +101,13 @@ def test_prefix_affinity_prefers_the_cache_within_the_bound():
     p = make_policy(DEFAULT_POLICY)
     p.observe(KvStored(0.0, "w2", tuple(range(6))))
     big: dict[str, dict[str, int]] = {f"w{i}": {} for i in range(4)}
-    big["w2"] = {"queued_prefill_tokens": 400, "queued_requests": 1}
+    big["w2"] = {"queued_prefill_tokens": 400, "running_decode_tokens": 0, "queued_requests": 1}
     d = p.route(req(1, prompt=8000, hashes=range(8), hash_block_tokens=1000), fleet(**big))
     # cost w2 = 432 queued + 2000 uncached + 50 decode + 32 = 2514 vs 8082 elsewhere
     assert d.worker == "w2"
     assert d.reason == "prefix 6/8 blocks on w2; w2 load 432 within bound 2217"  # 1.25 * 108 + 2082
     assert d.scores["w2.prefix"] == 0.75
-    big["w2"] = {"queued_prefill_tokens": 40000, "queued_requests": 30}
+    big["w2"] = {"queued_prefill_tokens": 40000, "running_decode_tokens": 0, "queued_requests": 30}
     d = p.route(req(2, prompt=8000, hashes=range(8), hash_block_tokens=1000), fleet(**big))
     assert d.worker != "w2" and "over bound: w2" in d.reason
 
@@ -134,7 +134,7 @@ def test_safe_mode_enter_act_leave():
 
 def test_pd_pair_selection_link_and_kv_headroom():
     ws = (
-        WorkerView("p0", role="prefill", queued_prefill_tokens=8000, queued_requests=4),
+        WorkerView("p0", role="prefill", queued_prefill_tokens=8000, running_decode_tokens=0, queued_requests=4),
         WorkerView("p1", role="prefill"),
         WorkerView("d0", role="decode", kv_usage=0.97, kv_capacity_tokens=100000),
         WorkerView("d1", role="decode", kv_usage=0.2, kv_capacity_tokens=100000),

@@ -30,3 +30,6 @@ class Request:
     session_id: int | None = None
     model_version: str | None = None
     region: str | None = None
+    max_tokens: int | None = None
+    """The client's cap on output tokens (`max_tokens`), None when it sent none. A router sees
+    this, never `output_tokens` (which is what the engine will actually generate, <= the cap)."""

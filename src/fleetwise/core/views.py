@@ -71,7 +71,9 @@ class RouteRequest:
 
     request_id: str
     prompt_tokens: int
-    max_output_tokens: int
+    max_output_tokens: int | None
+    """The client's `max_tokens` (or a driver's configured default); None when absent. Never the
+    true output length: the policy predicts the decode work (`fleetwise.routing.predictor`)."""
     block_hashes: tuple[int, ...] = ()
     """Chained prefix-block hashes of the prompt (equal hash = equal prefix up to that block)."""
     tenant: str = "default"

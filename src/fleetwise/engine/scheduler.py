@@ -582,14 +582,21 @@ class Engine:
     def snapshot(self, now_s: float, elapsed_s: float | None = None, passes_done: int | None = None, *,
                  pool: str = "default", accelerator: str = "", model_version: str = "v1",
                  region: str = "default", healthy: bool = True,
-                 kv_capacity_tokens: int | None = None) -> WorkerView:
+                 kv_capacity_tokens: int | None = None, token_loads: bool = False) -> WorkerView:
         """The engine as a router sees it at `now_s`: the one place a `WorkerView` is built.
 
+        What a vLLM `/metrics` endpoint reports: waiting and running requests, KV usage and the
+        cache size. `token_loads=True` also fills queued prefill tokens and decode tokens left,
+        which no real engine reports (the decode tokens left need the true output lengths); the
+        simulator never asks for them, so its policies see what a gateway's would.
         With `elapsed_s` (time since the in-flight step started), a fused step shows the state
         single passes would have then: the passes ended so far and the blocks of the pass
         running now. The keyword arguments are the identity a driver knows (capacity in tokens;
         default: blocks times block size)."""
         waiting, running, queued, decode_left, usage = self.load(elapsed_s, passes_done)
         cap = self.pool.capacity * self._bs if kv_capacity_tokens is None else kv_capacity_tokens
+        if not token_loads:
+            return WorkerView(self.name, self.role, pool, accelerator, model_version, region, healthy, waiting,
+                              running, None, None, usage, cap, self._bs, now_s)
         return WorkerView(self.name, self.role, pool, accelerator, model_version, region, healthy, waiting,
                           running, queued, decode_left, usage, cap, self._bs, now_s)

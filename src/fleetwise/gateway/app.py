@@ -616,7 +616,7 @@ class Gateway:
         """POST and read the whole answer; backend faults raise `_Retry`."""
         b.in_flight += 1
         b.breaker.attempt(self.now())
-        work = b.work(call.route.prompt_tokens, call.route.max_output_tokens)
+        work = b.work(call.route.prompt_tokens, call.route.max_output_tokens or 0)
         try:
             async with self.upstream.post(b.spec.url + call.path, payload, headers) as r:
                 data = await r.read()
@@ -660,7 +660,7 @@ class Gateway:
                             send: Send, receive: Receive) -> None:
         b.in_flight += 1
         b.breaker.attempt(self.now())
-        pre_left, dec_left = b.work(call.route.prompt_tokens, call.route.max_output_tokens)
+        pre_left, dec_left = b.work(call.route.prompt_tokens, call.route.max_output_tokens or 0)
         sent_any = False
         held = b""
         broken: str | None = None

@@ -77,14 +77,15 @@ def _clamp01(x: float) -> float:
     return 0.0 if not x > 0 else (x if x < 1.0 else 1.0)
 
 
-def own_cost(req: RouteRequest, cached_blocks: int, cost: CostParams) -> float:
-    """`max(prompt - cached_blocks * hash_block_tokens, 0) + decode_token_weight * max_output + per_request`.
+def own_cost(req: RouteRequest, cached_blocks: int, cost: CostParams, decode_tokens: float) -> float:
+    """`max(prompt - cached_blocks * hash_block_tokens, 0) + decode_token_weight * decode_tokens + per_request`.
 
     `cached_blocks` counts matched entries of `req.block_hashes`, each covering
-    `req.hash_block_tokens` prompt tokens (not the engine's KV block size).
+    `req.hash_block_tokens` prompt tokens (not the engine's KV block size); `decode_tokens` is
+    the expected output (the policy's prediction; 0 on a prefill-only worker).
     """
     uncached = max(req.prompt_tokens - cached_blocks * req.hash_block_tokens, 0)
-    return uncached + cost.decode_token_weight * req.max_output_tokens + cost.per_request_tokens
+    return uncached + cost.decode_token_weight * decode_tokens + cost.per_request_tokens
 
 
 def view_load(w: WorkerView, cost: CostParams) -> float:

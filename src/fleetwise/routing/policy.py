@@ -48,6 +48,7 @@ from fleetwise.routing.plugins import (
     own_cost,
     view_load,
 )
+from fleetwise.routing.predictor import OutputPredictor
 from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.routing.safe_mode import SafeModeTracker
 from fleetwise.routing.state import InFlight, LatencyFeedback, Pending
@@ -102,6 +103,9 @@ class ComposedPolicy:
         self.picker = PickerState(RngStreams(seed).get(f"routing:{name}"))
         self.index = PrefixIndex(params.prefix_index.max_blocks_per_worker)
         self.inflight = InFlight()
+        self.predictor = OutputPredictor(params.output_predictor)
+        self._expected = 0
+        """Expected output tokens of the request being routed (set at the start of `route`)."""
         self.feedback = LatencyFeedback(params.feedback)
         self.down: dict[str, float] = {}
         self.recent: dict[str, deque[str]] = {}
@@ -126,6 +130,11 @@ class ComposedPolicy:
     def route(self, req: RouteRequest, fleet: FleetView) -> RoutingDecision:
         now = fleet.now_s
         self.last_now_s = max(self.last_now_s, now)
+        # The decode work this request is expected to bring: predicted from what a router knows
+        # (tenant, prompt length, the client's cap), never its true output length. Pickers that
+        # read no signal skip it (their in-flight ledger is never read).
+        self._expected = 0 if self._simple else self.predictor.expect(
+            req.request_id, req.tenant, req.prompt_tokens, req.max_output_tokens)
         e = self._eligible_cached(req, fleet)
         ws = e.ws
         if not ws:
@@ -179,13 +188,13 @@ class ComposedPolicy:
         prefix = self.index.match(w.name, req.block_hashes) if side != "decode" else 0
         if side == "prefill":
             load = (w.queued_prefill_tokens or 0) + cost.per_request_tokens * w.queued_requests
-            own = own_cost(req, prefix, cost) - cost.decode_token_weight * req.max_output_tokens
+            own = own_cost(req, prefix, cost, 0)
         elif side == "decode":
             load = cost.decode_token_weight * (w.running_decode_tokens or 0) + cost.per_request_tokens * (
                 w.queued_requests + w.running_requests)
-            own = cost.decode_token_weight * req.max_output_tokens + cost.per_request_tokens
+            own = cost.decode_token_weight * self._expected + cost.per_request_tokens
         else:
-            load, own = view_load(w, cost), own_cost(req, prefix, cost)
+            load, own = view_load(w, cost), own_cost(req, prefix, cost, self._expected)
         if not has_token_backlog(w):  # the ledger's tokens of everything outstanding stand in
             load += self.inflight.outstanding(w.name, cost.decode_token_weight)[1] - tok_pend
         load += tok_pend + cost.per_request_tokens * n_pend
@@ -207,14 +216,15 @@ class ComposedPolicy:
             return [self._candidate(req, w, side, now) for w in ws]
         since, match = self.inflight.since, self.index.match
         hashes = req.block_hashes
-        own0 = own_cost(req, 0, cost)
+        exp = self._expected
+        own0 = own_cost(req, 0, cost, exp)
         slowness = self.feedback.factors(e.names, now)
         out = []
         for w, (base, reqs), slow in zip(ws, e.base, slowness, strict=True):
             name = w.name
             n_pend, tok_pend = since(name, w.reported_at_s, dw)
             prefix = match(name, hashes) if hashes else 0
-            own = own_cost(req, prefix, cost) if prefix else own0
+            own = own_cost(req, prefix, cost, exp) if prefix else own0
             load = base + tok_pend + per_req * n_pend
             out.append(Candidate(w, reqs + n_pend, load, own, slow, prefix))
         return out
@@ -260,7 +270,7 @@ class ComposedPolicy:
 
     def _dispatch(self, req: RouteRequest, c: Candidate, worker: str, prefill: str | None, now: float) -> None:
         uncached = max(req.prompt_tokens - c.prefix_blocks * req.hash_block_tokens, 0)
-        self.inflight.add(Pending(req.request_id, worker, prefill, now, uncached, req.max_output_tokens, c.load + c.own))
+        self.inflight.add(Pending(req.request_id, worker, prefill, now, uncached, self._expected, c.load + c.own))
         if self.params.prefix_index.record_dispatch and req.block_hashes:
             self.index.insert(prefill or worker, req.block_hashes)
 
@@ -363,7 +373,7 @@ class ComposedPolicy:
         links = {(lk.src, lk.dst): lk for lk in fleet.links}
         cp = self._candidates(req, [w for w in ws if w.role == "prefill"], "prefill", now)
         cd_all = self._candidates(req, [w for w in ws if w.role == "decode"], "decode", now)
-        need = req.prompt_tokens + req.max_output_tokens
+        need = req.prompt_tokens + self._expected
         room = {c.name: _headroom(c.view, need) for c in cd_all}
         cd = [c for c in cd_all if room[c.name] >= pdp.kv_reserve] or cd_all
         pairs = [(p, d) for p in cp for d in cd if links.get((p.name, d.name)) is None or links[(p.name, d.name)].healthy]
@@ -442,12 +452,15 @@ class ComposedPolicy:
                 self.inflight.prefill_done(fb.request_id)
         elif isinstance(fb, Completed):
             self.inflight.pop(fb.request_id)
+            self.predictor.completed(fb.request_id, fb.output_tokens)
             self.feedback.completed(fb.worker, fb.tpot_s, fb.output_tokens, fb.now_s)
         elif isinstance(fb, Failed):
             self.inflight.pop(fb.request_id)
+            self.predictor.forget(fb.request_id)
             self.feedback.failed(fb.worker, fb.now_s)
         elif isinstance(fb, Cancelled):
             self.inflight.pop(fb.request_id)
+            self.predictor.forget(fb.request_id)
         elif isinstance(fb, WorkerDown):
             self._down_version += 1
             self.down[fb.worker] = fb.now_s
@@ -482,6 +495,7 @@ class ComposedPolicy:
             "safe_mode": self.safe.report(),
             "slowness": self.feedback.snapshot(self.last_now_s),
             "in_flight": len(self.inflight),
+            "output_predictor": self.predictor.report(),
         }
 
 

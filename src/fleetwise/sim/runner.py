@@ -228,7 +228,7 @@ class Simulation:
         r = self.recovery.request(i)
         if self.delay == 0 and not self.view_frozen:
             self._refresh_view(now_s)
-        rr = RouteRequest(r.request_id, r.prompt_tokens, r.output_tokens, r.block_hashes, r.tenant,
+        rr = RouteRequest(r.request_id, r.prompt_tokens, r.max_tokens, r.block_hashes, r.tenant,
                           r.model_version, r.region, r.arrival_s, r.hash_block_tokens)
         d = self.policy.route(rr, FleetView(now_s, self.view, self.links))
         w = self.fleet.by_name.get(d.worker) if d.worker is not None else None

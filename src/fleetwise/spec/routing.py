@@ -34,9 +34,13 @@ class CostParams(Spec):
     """Predicted cost of sending a request to a worker, in prefill-token equivalents.
 
     `cost = (queued_prefill + decode_token_weight * running_decode + pending_since_view
-    + uncached_prompt(req) + decode_token_weight * max_output(req)) * slowness`, where
+    + uncached_prompt(req) + decode_token_weight * expected_output(req)) * slowness`, where
     `pending_since_view` is the router's own estimate for requests it dispatched after the
-    worker's view was taken, and `slowness` is the feedback factor (1 without feedback).
+    worker's view was taken, `expected_output` the output predictor's estimate (never the true
+    length) and `slowness` the feedback factor (1 without feedback). A view without token loads
+    (a real engine's metrics) replaces the first three terms by the router's in-flight ledger:
+    every request it dispatched there and has not seen complete, prompt tokens until the first
+    token plus `decode_token_weight` times its expected output.
     """
 
     decode_token_weight: float = Field(default=0.5, ge=0.0)
@@ -172,6 +176,8 @@ class PolicyParams(Spec):
     """The per-worker prefix index."""
     pd: PdParams = PdParams()
     """Pair selection for prefill/decode-disaggregated fleets."""
+    output_predictor: OutputPredictorParams = OutputPredictorParams()
+    """Expected output tokens of a request (its decode work), learned from completions."""
 
     @field_validator("filters")
     @classmethod

@@ -314,6 +314,9 @@ class WorkloadSpec(Spec):
     """Optional pin of some sessions to a model version."""
     hash_block_tokens: int = Field(default=512, ge=1, le=MAX_TOKENS)
     """Tokens per hashed prefix block (Mooncake uses 512)."""
+    client_max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    """`max_tokens` every client sends (outputs are clipped to it); None: clients send no cap,
+    so a router knows nothing of a request's output length but what it predicts."""
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:

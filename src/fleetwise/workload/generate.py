@@ -77,7 +77,16 @@ class _Turns:
 
 
 def generate(spec: WorkloadSpec, seed: int) -> list[Request]:
-    """Requests sorted by arrival_s, request_id "0".."n-1"; the same (spec, seed) gives the same list."""
+    """Requests sorted by arrival_s, request_id "0".."n-1"; the same (spec, seed) gives the same list.
+    With `client_max_tokens`, every request carries that cap and its output is clipped to it."""
+    reqs = _generate(spec, seed)
+    cap = spec.client_max_tokens
+    if cap is None:
+        return reqs
+    return [replace(r, output_tokens=min(r.output_tokens, cap), max_tokens=cap) for r in reqs]
+
+
+def _generate(spec: WorkloadSpec, seed: int) -> list[Request]:
     if isinstance(spec.arrival, TraceArrival) and spec.trace_lengths:
         return _from_trace(spec, seed)
     return _synthetic(spec, seed)

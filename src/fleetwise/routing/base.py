@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from fleetwise.core.feedback import Feedback
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
 
-__all__ = ["RoutingPolicy", "reason_kind"]
+__all__ = ["RoutingPolicy", "reason_kind", "winning_scores"]
 
 
 @runtime_checkable
@@ -45,3 +45,21 @@ def reason_kind(reason: str) -> str:
     empty (the composed policy always sets it)."""
     head = reason.split(";", 1)[0].strip()
     return head.split(" ", 1)[0] if head else "none"
+
+
+def winning_scores(d: RoutingDecision, scorers: tuple[str, ...]) -> dict[str, float]:
+    """The chosen worker's scores in `d.scores`: `total` (the worker's, or the
+    `prefill->decode` pair's), then each of `scorers` with a `<worker>.<scorer>` entry."""
+    if d.worker is None:
+        return {}
+    sc = d.scores
+    key = d.worker if d.prefill_worker is None else f"{d.prefill_worker}->{d.worker}"
+    out: dict[str, float] = {}
+    total = sc.get(key)
+    if total is not None:
+        out["total"] = total
+    for s in scorers:
+        v = sc.get(f"{d.worker}.{s}")
+        if v is not None:
+            out[s] = v
+    return out

@@ -35,6 +35,7 @@ TIME_COLUMNS = (
 CSV_COLUMNS = (
     "request_id", "arrival_s", "tenant", "prompt_tokens", "output_tokens", "prefill_worker", "worker",
     "queue_s", *TIME_COLUMNS, "ttft_s", "tpot_s", "e2e_s", "tokens_generated", "retries", "failure",
+    "decision", "decision_scores",
 )
 
 
@@ -51,6 +52,10 @@ class Records:
         self.tokens = array("q", [0]) * n
         self.retries = array("q", [0]) * n
         self.failure: dict[int, str] = {}
+        self.decision: list[str] = [""] * n
+        """Kind of the (last) routing decision: `least-cost`, `prefix`, `round-robin`, `pair`..."""
+        self.decision_scores: list[dict[str, float] | None] = [None] * n
+        """The chosen worker's scores (`routing.base.winning_scores`): why it won."""
 
     # typed attribute declarations for mypy (set dynamically above)
     dispatch_s: array[float]
@@ -234,9 +239,15 @@ def record_rows(rec: Records, names: list[str]) -> list[list[Any]]:
         row = [r.request_id, r.arrival_s, r.tenant, r.prompt_tokens, r.output_tokens,
                names[pw] if pw >= 0 else "", names[w] if w >= 0 else "", ps - r.arrival_s,
                *(cols[c][i] for c in TIME_COLUMNS), ttft[i], tpot[i], e2e[i],
-               rec.tokens[i], rec.retries[i], rec.failure.get(i, "")]
+               rec.tokens[i], rec.retries[i], rec.failure.get(i, ""), rec.decision[i],
+               _scores_cell(rec.decision_scores[i])]
         rows.append([_cell(v) for v in row])
     return rows
+
+
+def _scores_cell(scores: dict[str, float] | None) -> str:
+    """`total=1.05;load=1;prefix=0.75` (empty when there was no decision or no score)."""
+    return ";".join(f"{k}={v:g}" for k, v in scores.items()) if scores else ""
 
 
 def _cell(v: Any) -> Any:

@@ -43,7 +43,8 @@ from fleetwise.engine.api import StepOutput
 from fleetwise.perf.kv import kv_shards
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
-from fleetwise.routing.base import RoutingPolicy
+from fleetwise.routing.base import RoutingPolicy, winning_scores
+from fleetwise.routing.plugins import SCORERS
 from fleetwise.routing.registry import make_policy
 from fleetwise.sim.events import Arrival, EventLoop, Priority, RoutedArrival, RouteTick, Sample
 from fleetwise.sim.faults import FaultInjector
@@ -132,6 +133,8 @@ class Simulation:
                            for d in self.reps if d.role == "decode"]
         """Every prefill -> decode KV path the router may pick, as `KvNetwork.link_views` takes them."""
         self.links: tuple[KvLinkView, ...] = ()
+        self.scorer_names = tuple(SCORERS)
+        """Scorers whose per-worker parts a decision may carry (for the records' decision column)."""
         self.cursor = 0  # next request to arrive (exact mode) or to route (delayed mode)
         self.next_tick_s = math.inf
         self.view: tuple[Any, ...] = ()
@@ -236,10 +239,13 @@ class Simulation:
         if w is None or (self.disaggregated and p < 0):
             if d.worker is not None:  # a decision this fleet cannot carry out: release its reservation
                 self.feedback(Cancelled(now_s, rr.request_id, d.worker, "unknown worker"))
+            self.rec.decision[i] = d.kind
             self.fail(i, now_s, f"rejected: {d.reason or 'no worker'}", None)
             return None
         self.rec.dispatch_s[i] = now_s
         self.rec.worker[i], self.rec.prefill_worker[i] = w, p
+        self.rec.decision[i] = d.kind
+        self.rec.decision_scores[i] = winning_scores(d, self.scorer_names)
         self.recovery.routed(i)
         self.feedback(Dispatched(now_s, rr.request_id, self.reps[w].name, r.prompt_tokens, r.block_hashes,
                                  self.reps[p].name if p >= 0 else None))

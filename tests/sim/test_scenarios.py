@@ -175,3 +175,8 @@ def test_small_scenarios_pass_the_rule(small_results):
     assert doc["passed"] is True
     md = sc.render_markdown(doc)
     assert "| heterogeneous | fleetwise-default |" in md and "## Verdicts" in md
+    # hot-tenant: a per-tenant latency table answers "did the hot tenant hurt the others?"
+    hot = doc["scenarios"]["hot-tenant"]["fleetwise-default"][0]["per_tenant"]
+    assert set(hot) == {"hot", *(f"cold-{i}" for i in range(10))}
+    assert sum(v["requests"] for v in hot.values()) == doc["scenarios"]["hot-tenant"]["fleetwise-default"][0]["requests"]
+    assert "| fleetwise-default | hot |" in md and "| round-robin | cold-0 |" in md

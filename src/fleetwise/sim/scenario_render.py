@@ -88,4 +88,19 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 reasons = ", ".join(f"{k} {v}" for k, v in (runs[0]["router"].get("by_reason") or {}).items())
                 out.append(f"- {pol} selection reasons: {reasons}")
         out.append("")
+        out += _tenant_table(by_pol)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _tenant_table(by_pol: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Per-tenant latency of seed 0 for every policy (only when the scenario has 2+ tenants)."""
+    runs = {pol: r[0].get("per_tenant") or {} for pol, r in by_pol.items() if r}
+    if not runs or max(len(t) for t in runs.values()) < 2:
+        return []
+    out = ["| policy | tenant | requests | completed | TTFT p50 s | TTFT p99 s | TPOT p99 ms | E2E p50 s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for pol, tenants in runs.items():
+        for t, v in tenants.items():
+            out.append(f"| {pol} | {t} | {v['requests']} | {v['completed']} | {v['ttft_p50_s']:.3f} | "
+                       f"{v['ttft_p99_s']:.3f} | {v['tpot_p99_s'] * 1e3:.1f} | {v['e2e_p50_s']:.3f} |")
+    return out + [""]

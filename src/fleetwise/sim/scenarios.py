@@ -105,8 +105,24 @@ def run_one(job: Job) -> dict[str, Any]:
         "failure_reasons": s["failure_reasons"],
         "duration_s": s["duration_s"],
         "per_replica": _per_replica(plan, res.records, s["per_replica"]),
+        "per_tenant": per_tenant(res.records),
         "router": {k: s["router"].get(k) for k in ("decisions", "rejected", "by_reason", "by_worker", "safe_mode")},
     }
+
+
+def per_tenant(rec: Any) -> dict[str, dict[str, Any]]:
+    """Per tenant: requests, completed, TTFT p50/p99, TPOT p99 and E2E p50 of its completed
+    requests (did a hot tenant hurt the others?)."""
+    ttft, tpot, e2e, done = request_metrics(rec)
+    tenants = np.array([r.tenant for r in rec.requests])
+    out = {}
+    for t in sorted(set(tenants.tolist())):
+        mine = tenants == t
+        ok = mine & done
+        out[t] = {"requests": int(mine.sum()), "completed": int(ok.sum()),
+                  "ttft_p50_s": _q(ttft[ok], 50), "ttft_p99_s": _q(ttft[ok], 99),
+                  "tpot_p99_s": _q(tpot[ok], 99), "e2e_p50_s": _q(e2e[ok], 50)}
+    return out
 
 
 def _per_replica(plan: PlanSpec, rec: Any, reps: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -793,7 +793,7 @@ class Gateway:
         tried = {b.name}
         fd = self.cfg.failure_domains
         while call.track and fd.may_migrate(call.migrations):
-            remaining = call.route.max_output_tokens - call.delivered
+            remaining = (call.route.max_output_tokens or 0) - call.delivered
             chat = call.endpoint == "chat"
             body = continuation(call.body, chat, streamed_text(call.events, chat), remaining)
             if body is None:

@@ -133,3 +133,36 @@ def test_emulator_fault_is_retried_on_another_replica() -> None:
                         for _ in range(4)]
             assert backends == ["e1"] * 4
     run(scenario)
+
+
+def test_colocated_stream_cut_mid_way_is_continued_on_the_other_replica() -> None:
+    async def scenario() -> None:
+        roles = ("mixed", "mixed")
+        async with emulators(roles) as emus, gateway([u for _, u in emus], roles,
+                                                     routing={"policy": "round-robin"}) as gw, \
+                aiohttp.ClientSession() as c:
+            async with c.post(emus[0][1] + "/admin/faults", json={"kind": "drop_streams", "after_tokens": 5},
+                              headers={"authorization": f"Bearer {TOKEN}"}) as r:
+                assert r.status == 200
+            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 16, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            for _ in range(2):  # round-robin: one starts on the faulty replica
+                async with c.post(gw + "/v1/completions", json=body) as r:
+                    raw = (await r.read()).decode()
+                events = [json.loads(b[6:]) for b in raw.split("\n\n") if b.startswith("data: {")]
+                assert raw.endswith("data: [DONE]\n\n") and not any("error" in e for e in events), raw[-300:]
+                assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == text_of(encode(PROMPT), 0, 16)
+                assert all("usage" not in e for e in events if e["choices"])  # per-chunk usage was the gateway's
+                assert events[-1]["usage"]["prompt_tokens"] == 400  # the whole request's counts
+                assert events[-1]["usage"]["completion_tokens"] == 16
+            async with c.get(gw + "/metrics") as r:
+                page = await r.text()
+            moved = parse_counter(page, "fleetwise_gateway_migrations_total")
+            cut = parse_counter(page, 'fleetwise_gateway_upstream_errors_total{backend="e0",kind="disconnect"}')
+            assert moved == cut >= 1  # every cut stream was continued (the continuation takes e1's turn)
+    run(scenario)
+
+
+def parse_counter(page: str, name: str) -> float:
+    """The value of one sample line of a Prometheus text page (0 when absent)."""
+    return next((float(ln.rsplit(" ", 1)[1]) for ln in page.splitlines() if ln.startswith(name + " ")), 0.0)

@@ -353,3 +353,8 @@ def test_binary_and_utf16_traces(capsys, tmp_path, content):
 def test_deeply_nested_trace_row(capsys, tmp_path):
     rows = ['{"timestamp": 0, "input_length": 100, "output_length": 5, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"]
     assert_user_error(_trace_sim(capsys, tmp_path, _mooncake(tmp_path, rows)), "m.jsonl:1")
+
+
+def test_csv_length_beyond_int64_is_refused_not_wrapped(capsys, tmp_path):
+    rows = ["2023-11-16 18:15:00.0000000,1e30,10"]
+    assert_user_error(_trace_sim(capsys, tmp_path, _azure(tmp_path, rows)), "azure.csv:2", "ContextTokens", "1e30")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from hostile_cli import PLANS, ROOT, Outcome, finite_nonneg_times, load_strict_json, run_cli
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 HANG_LIMIT_S = 60
@@ -95,8 +95,12 @@ def mutated(draw: st.DrawFn, base: dict[str, Any]) -> tuple[dict[str, Any], tupl
         parent = doc
         for k in path[:-1]:
             parent = parent[k]
-        action = draw(st.sampled_from(["replace", "replace", "replace", "remove", "unknown"]))
-        if action == "replace":
+        action = draw(st.sampled_from(["replace", "replace", "replace", "remove", "unknown", "scale", "scale"]))
+        value = parent[path[-1]]
+        if action == "scale" and isinstance(value, int | float) and not isinstance(value, bool):
+            # a plausible edit (often still valid), so the success path is exercised too
+            parent[path[-1]] = type(value)(value * draw(st.sampled_from([0.5, 2, 3])))
+        elif action == "replace":
             parent[path[-1]] = draw(HOSTILE)
         elif action == "remove" and isinstance(parent, dict):
             del parent[path[-1]]
@@ -139,6 +143,7 @@ def check(capsys: pytest.CaptureFixture[str], argv: list[Any], outputs: list[Pat
     """Run `argv` and assert the hostile-input contract; returns the outcome."""
     with hang_guard():
         o = run_cli(capsys, argv)
+    event(f"exit {o.rc}")  # `--hypothesis-show-statistics` shows how often each outcome was reached
     if o.rc == 2:
         lines = o.err.strip().splitlines()
         assert len(lines) == 1, o.err[:2000]

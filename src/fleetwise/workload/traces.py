@@ -135,18 +135,19 @@ def _int_column(p: Path, name: str, values: list[str], lines: list[int]) -> np.n
     """Parse non-negative integer tokens counts (`"12"` or `"12.0"`), naming file:line on a bad one."""
     try:
         a = np.asarray(values, dtype=np.float64)
-        ok = np.isfinite(a) & (a >= 0) & (a == np.floor(a))
+        ok = np.isfinite(a) & (a >= 0) & (a <= MAX_TOKENS) & (a == np.floor(a))
     except ValueError:
         a, ok = None, None
     if a is None or ok is None or not ok.all():
         for v, ln in zip(values, lines, strict=True):
             try:
                 x = float(v)
-                good = x >= 0 and x == int(x)
+                good = 0 <= x <= MAX_TOKENS and x == int(x)
             except (ValueError, OverflowError):
                 good = False
             if not good:
-                raise SpecError(f"{p}:{ln}: column {name!r} must be a non-negative integer, got {v!r}")
+                raise SpecError(f"{p}:{ln}: column {name!r} must be a non-negative integer, got {quote(v)} "
+                                f"(at most {MAX_TOKENS:,})")
     assert a is not None
     return a.astype(np.int64)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from fleetwise.cli.common import SEED_MAX, float_flag, int_flag
 from fleetwise.errors import SpecError
+from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from fleetwise.spec.inputs import (
     MAX_BLOCK_TOKENS,
     MAX_DURATION_S,
@@ -71,9 +72,9 @@ def register(subparsers: Any) -> None:
                         "unset = admin disabled, every admin call gets 401)")
     p.add_argument("--weight-dtype", choices=("bf16", "fp8", "int4"), default="bf16", help="weight dtype")
     p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="KV cache dtype")
-    p.add_argument("--gpu-memory-utilization", type=float_flag(positive=True, maximum=1.0), default=0.9, help="fraction of HBM the engine may use")
-    p.add_argument("--max-num-seqs", type=int_flag(1, MAX_ENGINE_SEQS), default=None, help="most running sequences (default 256)")
-    p.add_argument("--max-num-batched-tokens", type=int_flag(1, MAX_TOKENS), default=None, help="token budget per step (default 8192)")
+    p.add_argument("--gpu-memory-utilization", type=float_flag(positive=True, maximum=1.0), default=GPU_MEMORY_UTILIZATION, help=f"fraction of HBM the engine may use (default {GPU_MEMORY_UTILIZATION})")
+    p.add_argument("--max-num-seqs", type=int_flag(1, MAX_ENGINE_SEQS), default=None, help=f"most running sequences (default {MAX_NUM_SEQS})")
+    p.add_argument("--max-num-batched-tokens", type=int_flag(1, MAX_TOKENS), default=None, help=f"token budget per step (default {MAX_NUM_BATCHED_TOKENS})")
     p.add_argument("--block-size", type=int_flag(1, MAX_BLOCK_TOKENS), default=None, help="tokens per KV block (default 16)")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument("--kv-link-gbps", type=float_flag(positive=True), default=None,

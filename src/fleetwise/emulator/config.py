@@ -15,6 +15,7 @@ from typing import Literal
 from fleetwise.emulator.generation import DEFAULT_OUTPUT_LENGTHS
 from fleetwise.errors import SpecError
 from fleetwise.spec.base import validate
+from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION
 from fleetwise.spec.inputs import MAX_FACTOR, MIN_FACTOR
 from fleetwise.spec.plan import KvLinkSpec, PoolSpec
 from fleetwise.spec.workload import LengthDist
@@ -47,7 +48,7 @@ class EmulatorConfig:
     """Longest prompt + output (default: the model's context)."""
     weight_dtype: Literal["bf16", "fp8", "int4"] = "bf16"
     kv_dtype: Literal["bf16", "fp8"] = "bf16"
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     block_size: int | None = None

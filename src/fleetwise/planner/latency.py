@@ -30,12 +30,13 @@ from fleetwise.perf.types import BatchShape, Deployment, SeqWork
 from fleetwise.planner.fit import Layout, Rejection, fit_line, kv_link, nothing_fits
 from fleetwise.planner.state import Search
 from fleetwise.planner.workload import LengthStats
+from fleetwise.spec.engine_defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from fleetwise.spec.planning import PlanningSpec, PlanSLOSpec
 
-TOKEN_BUDGET = 8192  # engine max_num_batched_tokens (PoolSpec default)
-
-
-MAX_SEQS = 256  # engine max_num_seqs (PoolSpec default)
+TOKEN_BUDGET = MAX_NUM_BATCHED_TOKENS
+"""Step token budget a plan's engines run with (the engine default, declared in spec.engine_defaults)."""
+MAX_SEQS = MAX_NUM_SEQS
+"""Most running sequences a plan's engines admit (the engine default, declared in spec.engine_defaults)."""
 
 
 TPOT_MARGIN = 0.9  # plan decode batches to 90% of the TPOT target
@@ -289,5 +290,5 @@ def latency_line(e: LayoutEstimate, spec: PlanningSpec, stats: LengthStats) -> s
     return (f"latency floor: one replica prefills the median prompt ({stats.prompt_p50:,.0f} tokens) in "
             f"{e.ttft_alone_p50_s * 1e3:.0f} ms and the p{pct} prompt ({stats.percentile_prompt(pct):,.0f}) in "
             f"{e.ttft_alone_slo_s * 1e3:.0f} ms (TTFT target {spec.slo.ttft_s * 1e3:.0f} ms); a decode step takes "
-            f"{e.tpot_floor_s * 1e3:.1f} ms at batch 1 and stays under {0.9 * spec.slo.tpot_s * 1e3:.0f} ms up to "
+            f"{e.tpot_floor_s * 1e3:.1f} ms at batch 1 and stays under {TPOT_MARGIN * spec.slo.tpot_s * 1e3:.0f} ms up to "
             f"{e.decode_batch} sequences ({e.decode_bound}-bound at batch 1)")

@@ -268,6 +268,18 @@ def test_lease_expiry_on_the_prefill_side_is_a_failed_hand_off_then_prefilled_ag
     run(scenario())
 
 
+def test_a_lost_hand_off_is_not_prefilled_again_when_max_reprefills_is_zero(tmp_path, reference, emulators) -> None:
+    expired = ("--kv-lease", "0.000001")  # every prefill replica's KV is gone before the decode pulls it
+    async def scenario() -> None:
+        async with live(tmp_path, emulators, extra={"p0": expired, "p1": expired},
+                        failure_domains={"max_reprefills": 0}, retries={"max_retries": 4}) as f:
+            got = await f.stream("k0")
+            assert got["status"] == 502 and got["texts"] == []
+            assert [w[0] for w in f.work("k0")] == ["prefill"]  # no re-prefill on the other pair
+            assert f.rows()["k0"].status == "failed"
+    run(scenario())
+
+
 def test_kv_transfer_broken_mid_way_is_prefilled_again(tmp_path, reference, emulators) -> None:
     slow = ("--kv-link-gbps", "0.02")  # the decode side pulls the KV for about a modelled minute
     async def scenario() -> None:

@@ -502,6 +502,7 @@ class Gateway:
     async def _route_and_send(self, call: _Call, send: Send, receive: Receive) -> None:
         tried: set[str] = set()
         last: _Retry | None = None
+        reprefills = 0  # hand-offs lost after a finished prefill, bounded by failure_domains.max_reprefills
         for attempt in range(self.cfg.retries.max_retries + 1):
             now = self.now()
             d = self.policy.route(call.route, self.fleet(now, frozenset(tried)))
@@ -538,6 +539,10 @@ class Gateway:
                 # never reached the backend: release; reached it and failed: a failure on its record
                 ended = Cancelled if r.cause == "connect" else Failed
                 self.policy.observe(ended(self.now(), call.rid, r.backend.name, r.cause))
+                if r.cause == "handoff":  # the prefill ran and its KV is gone: another try is a re-prefill
+                    if not self.cfg.failure_domains.may_reprefill(reprefills, 0):
+                        break
+                    reprefills += 1
                 if attempt < self.cfg.retries.max_retries:
                     self.telemetry.retries.labels(r.cause).inc()
         detail = f"{last.cause} on {last.backend.name}: {last.detail}" if last else "no attempt"

@@ -76,3 +76,14 @@ def test_simulate_replays_a_mapped_trace(tmp_path, capsys):
     assert main(["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", str(f), "--trace-columns",
                  "arrival=ts", "--out", str(out)]) == 2
     assert "missing prompt, output" in capsys.readouterr().err
+
+
+def test_errors_quote_long_values_short(tmp_path):
+    with pytest.raises(SpecError) as bad_flag:
+        ColumnMap.parse("arrival=" + "x" * 5000)
+    wide = tmp_path / "wide.jsonl"
+    wide.write_text(json.dumps({f"field_{i}": i for i in range(2000)}) + "\n")
+    with pytest.raises(SpecError) as bad_row:
+        load_trace(str(wide), columns=ColumnMap.parse("arrival=t,prompt=p,output=o"))
+    for err in (bad_flag.value, bad_row.value):
+        assert len(str(err)) < 300 and "..." in str(err)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fleetwise.errors import SpecError
+from fleetwise.errors import SpecError, quote
 from fleetwise.workload import traces as tr
 
 ROLES = ("arrival", "prompt", "output")
@@ -39,14 +39,14 @@ class ColumnMap:
             key, sep, name = part.partition("=")
             key, name = key.strip(), name.strip()
             if not sep or key not in ROLES or not name:
-                raise SpecError(f"{flag}={text!r}: expected {','.join(r + '=COLUMN' for r in ROLES)}, "
+                raise SpecError(f"{flag}={quote(text)}: expected {','.join(r + '=COLUMN' for r in ROLES)}, "
                                 f"e.g. {flag} {EXAMPLE}")
             if key in found:
-                raise SpecError(f"{flag}={text!r}: {key} is given twice")
+                raise SpecError(f"{flag}={quote(text)}: {key} is given twice")
             found[key] = name
         missing = [r for r in ROLES if r not in found]
         if missing:
-            raise SpecError(f"{flag}={text!r}: missing {', '.join(missing)}; e.g. {flag} {EXAMPLE}")
+            raise SpecError(f"{flag}={quote(text)}: missing {', '.join(missing)}; e.g. {flag} {EXAMPLE}")
         return ColumnMap(found["arrival"], found["prompt"], found["output"])
 
     def names(self) -> tuple[str, str, str]:
@@ -65,11 +65,11 @@ def _read_jsonl(p: Path, cols: ColumnMap) -> tuple[dict[str, list[str]], list[in
             except json.JSONDecodeError as err:
                 raise SpecError(f"{p}:{ln}: not valid JSON ({err.msg})") from None
             if not isinstance(row, dict):
-                raise SpecError(f"{p}:{ln}: expected a JSON object per line, got {line.strip()[:80]}")
+                raise SpecError(f"{p}:{ln}: expected a JSON object per line, got {quote(line.strip())}")
             for c in cols.names():
                 if c not in row:
-                    raise SpecError(f"{p}:{ln}: field {c!r} missing (--trace-columns maps it); "
-                                    f"fields here: {sorted(row)}")
+                    raise SpecError(f"{p}:{ln}: field {quote(c)} missing (--trace-columns maps it); "
+                                    f"fields here: {quote(sorted(row))}")
                 out[c].append(str(row[c]))
             lines.append(ln)
     return out, lines

@@ -39,6 +39,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent))
 from emulator_loadgen import percentiles, prompt_text, wakeup_lateness  # noqa: E402
+from emulator_real_client import wait_healthy  # noqa: E402
 
 from fleetwise.core.request import Request  # noqa: E402
 
@@ -147,17 +148,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     levels: list[dict[str, Any]] = []
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                import urllib.request
-
-                with urllib.request.urlopen(url + "/health", timeout=1.0):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("emulator did not start") from None
-                time.sleep(0.2)
+        wait_healthy(url, proc, START_TIMEOUT_S)
         prompt = prompt_text(Request(0, 0.0, args.prompt_tokens, args.output_tokens))
         prev_status, _, _ = asyncio.run(scrape(url))
         prev_text = ""

@@ -89,6 +89,36 @@ def stat(export: dict[str, Any], *names: str) -> dict[str, Any]:
     return {}
 
 
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Poll `url`/health until it answers; fail when `proc` exits or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{url} did not start") from None
+            time.sleep(0.2)
+
+
+def run_aiperf(aiperf: str, model: str, url: str, tokdir: Path, art: Path, concurrency: int, duration_s: int,
+               input_tokens: int, output_tokens: int) -> float:
+    """One streamed `aiperf profile` run of fixed-length completions; returns its wall seconds."""
+    cmd = [aiperf, "profile", "--model", model, "--url", url, "--endpoint-type", "completions",
+           "--streaming", "--tokenizer", str(tokdir), "--concurrency", str(concurrency),
+           "--benchmark-duration", str(duration_s), "--synthetic-input-tokens-mean", str(input_tokens),
+           "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(output_tokens),
+           "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
+           "--artifact-dir", str(art), "--ui", "none", "--use-server-token-count"]
+    t0 = time.perf_counter()
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s * 4 + 300)
+    wall = time.perf_counter() - t0
+    if run.returncode != 0:
+        raise RuntimeError(f"aiperf failed ({run.returncode}): {run.stderr[-1500:]} {run.stdout[-2500:]}")
+    return wall
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--aiperf", required=True, help="the aiperf executable (throwaway venv)")
@@ -109,29 +139,12 @@ def main() -> None:
                              "--gpu", args.gpu, "--port", str(port), "--time-scale", str(args.time_scale)],
                             stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1.0):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("emulator did not start") from None
-                time.sleep(0.2)
+        wait_healthy(url, proc)
         with tempfile.TemporaryDirectory() as tmp:
             tokdir, art = Path(tmp) / "tokenizer", Path(tmp) / "artifacts"
             write_tokenizer(tokdir, str(Path(args.aiperf).parent / "python"))
-            cmd = [args.aiperf, "profile", "--model", args.model, "--url", url, "--endpoint-type", "completions",
-                   "--streaming", "--tokenizer", str(tokdir), "--concurrency", str(args.concurrency),
-                   "--benchmark-duration", str(args.duration), "--synthetic-input-tokens-mean", str(args.input_tokens),
-                   "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(args.output_tokens),
-                   "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
-                   "--artifact-dir", str(art), "--ui", "none", "--use-server-token-count"]
-            t0 = time.perf_counter()
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration * 4 + 300)
-            wall = time.perf_counter() - t0
-            if run.returncode != 0:
-                raise RuntimeError(f"aiperf failed ({run.returncode}): {run.stderr[-2000:]}")
+            wall = run_aiperf(args.aiperf, args.model, url, tokdir, art, args.concurrency, args.duration,
+                              args.input_tokens, args.output_tokens)
             export = find_export(art)
         with urllib.request.urlopen(url + "/metrics") as r:
             metrics = r.read().decode()

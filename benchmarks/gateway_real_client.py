@@ -14,15 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from emulator_real_client import find_export, stat, write_tokenizer  # noqa: E402
+from emulator_real_client import find_export, run_aiperf, stat, write_tokenizer  # noqa: E402
 from gateway_overhead import free_port, start, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,17 +51,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             tokdir, art = Path(tmp) / "tokenizer", Path(tmp) / "artifacts"
             write_tokenizer(tokdir, str(Path(a.aiperf).parent / "python"))
-            run_cmd = [a.aiperf, "profile", "--model", a.model, "--url", url, "--endpoint-type", "completions",
-                       "--streaming", "--tokenizer", str(tokdir), "--concurrency", str(a.concurrency),
-                       "--benchmark-duration", str(a.duration), "--synthetic-input-tokens-mean", str(a.input_tokens),
-                       "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(a.output_tokens),
-                       "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true", "--artifact-dir", str(art),
-                       "--ui", "none", "--use-server-token-count"]
-            t0 = time.perf_counter()
-            run = subprocess.run(run_cmd, capture_output=True, text=True, timeout=a.duration * 4 + 300)
-            wall = time.perf_counter() - t0
-            if run.returncode != 0:
-                raise RuntimeError(f"aiperf failed ({run.returncode}): {run.stderr[-1500:]} {run.stdout[-2500:]}")
+            wall = run_aiperf(a.aiperf, a.model, url, tokdir, art, a.concurrency, a.duration, a.input_tokens,
+                              a.output_tokens)
             export = find_export(art)
         with urllib.request.urlopen(url + "/metrics") as r:
             metrics = r.read().decode()

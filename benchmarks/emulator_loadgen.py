@@ -35,7 +35,7 @@ import aiohttp
 import numpy as np
 
 from fleetwise.core.request import Request
-from fleetwise.emulator.tokenizer import NUM_WORDS, words_text
+from fleetwise.core.tokens import NUM_WORDS, words_text
 
 REQUEST_TIMEOUT_S = 600.0
 """Wall seconds one request may take before it counts as an error."""

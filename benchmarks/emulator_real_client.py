@@ -39,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from emulator_loadgen import percentiles  # noqa: E402
 
-from fleetwise.emulator.tokenizer import WORDS  # noqa: E402
+from fleetwise.core.tokens import WORDS  # noqa: E402
 
 START_TIMEOUT_S = 120.0
 

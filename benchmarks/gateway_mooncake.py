@@ -35,7 +35,7 @@ import aiohttp
 from gateway_overhead import PEER_VENVS, free_port, start, stop
 
 from fleetwise.core.request import Request
-from fleetwise.emulator.tokenizer import NUM_WORDS, words_text
+from fleetwise.core.tokens import NUM_WORDS, words_text
 from fleetwise.routing import make_policy
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.base import load_document

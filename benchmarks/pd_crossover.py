@@ -42,12 +42,12 @@ import numpy as np
 
 from fleetwise.perf import Deployment, PerfModel, SeqWork
 from fleetwise.sim.runner import SimOptions, SimResult, simulate
-from fleetwise.workload.generate import generate
 from fleetwise.spec import catalog
 from fleetwise.spec.parallel import ParallelismSpec
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.slo import SLOSpec
 from fleetwise.spec.workload import WorkloadSpec
+from fleetwise.workload.generate import generate
 
 MODEL = "llama-3.1-70b"
 GPU = "h200-sxm"

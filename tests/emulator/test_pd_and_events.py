@@ -8,8 +8,8 @@ import json
 import pytest
 from emu_helpers import asgi_post, cfg, metric, run, serve
 
+from fleetwise.core.tokens import block_hashes, encode, words_text
 from fleetwise.emulator.generation import text_of
-from fleetwise.emulator.tokenizer import block_hashes, encode, words_text
 from fleetwise.perf.kv import kv_transfer_s
 from fleetwise.spec.hardware import LinkSpec
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from emu_helpers import TEST_TIME_SCALE, cfg, metric, run, serve, sse_events
 
+from fleetwise.core.tokens import digest, encode, words_text
 from fleetwise.emulator.generation import OutputLengthModel, text_of
-from fleetwise.emulator.tokenizer import digest, encode, words_text
 
 PROMPT = "Tell me about the emulator."
 

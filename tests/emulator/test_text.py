@@ -6,8 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetwise.emulator.generation import OutputLengthModel, TokenStream, text_of
-from fleetwise.emulator.tokenizer import (
+from fleetwise.core.tokens import (
     NUM_WORDS,
     WORDS,
     block_hashes,
@@ -15,6 +14,7 @@ from fleetwise.emulator.tokenizer import (
     encode,
     words_text,
 )
+from fleetwise.emulator.generation import OutputLengthModel, TokenStream, text_of
 from fleetwise.spec.workload import FixedLength, LognormalLength, UniformLength
 
 

@@ -14,10 +14,10 @@ import aiohttp
 import uvicorn
 from gw_harness import FAST_SCRAPE, run
 
+from fleetwise.core.tokens import encode, words_text
 from fleetwise.emulator.app import create_app
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.generation import text_of
-from fleetwise.emulator.tokenizer import encode, words_text
 from fleetwise.gateway import Gateway, GatewayConfig
 from fleetwise.gateway.scrape import parse_metrics
 from fleetwise.gateway.server import listening_socket, uvicorn_server

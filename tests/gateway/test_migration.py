@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from fleetwise.core.tokens import encode
 from fleetwise.emulator.protocol import parse_request
-from fleetwise.emulator.tokenizer import encode
 from fleetwise.gateway.migration import continuation, counted_options, relay_events, streamed_text
 
 CHUNK = b'data: {"id":"c","choices":[{"index":0,"text":" ba be","finish_reason":null}],' \

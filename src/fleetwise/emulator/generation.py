@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fleetwise.emulator.tokenizer import NUM_SPECIAL, NUM_WORDS, decode_token
+from fleetwise.core.tokens import NUM_SPECIAL, NUM_WORDS, decode_token
 from fleetwise.spec.workload import FixedLength, LengthDist, LognormalLength
 from fleetwise.workload.generate import _draw_lengths
 

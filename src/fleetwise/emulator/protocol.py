@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fleetwise.emulator.tokenizer import VOCAB_SIZE, encode
+from fleetwise.core.tokens import VOCAB_SIZE, encode
 from fleetwise.errors import SpecError
 from fleetwise.spec import inputs
 from fleetwise.spec.inputs import MAX_BODY_BYTES, MAX_NESTING_DEPTH, parse_json, quote

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwise.core.request import Request
+from fleetwise.core.tokens import block_hashes, digest
 from fleetwise.emulator import faults as fault_kinds
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.generation import OutputLengthModel, TokenStream
 from fleetwise.emulator.kv_events import KvEventPublisher
 from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.protocol import ApiError, GenRequest
-from fleetwise.emulator.tokenizer import block_hashes, digest
 from fleetwise.engine.driver import DOWN, UP, EngineDriver
 from fleetwise.engine.pools import build_pool
 from fleetwise.engine.records import StepOutput

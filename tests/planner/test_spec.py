@@ -37,7 +37,7 @@ def test_default_spec_is_valid():
 
 BAD = [
     ({"accelerators": [{"name": "h100-sxm", "pric": 2}]}, "accelerators.0.pric: unknown field"),
-    ({"workload": {"rate_rps": 1}}, "give exactly one length source"),
+    ({"workload": {"rate_rps": 1}}, "workload: lengths: give the request lengths"),
     ({"workload": {"rate_rps": 0, "preset": "sharegpt"}}, "workload.rate_rps: Input should be greater than 0"),
     ({"slo": {"ttft_s": 1, "tpot_s": 0.05, "percentile": 95}}, "slo.percentile"),
     ({"weight_dtypes": ["fp16"]}, "weight_dtypes.0"),

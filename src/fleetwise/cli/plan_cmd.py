@@ -22,7 +22,8 @@ from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError
 from fleetwise.spec.catalog import resolve_model
 from fleetwise.spec.inputs import check_writable_file, request_tokens_problem, strict_json_dumps
-from fleetwise.spec.planning import LENGTH_PRESETS, LengthDist, PlanningSpec
+from fleetwise.spec.planning import PlanningSpec
+from fleetwise.spec.workload import IndependentLengths, PresetLengths, longest_tokens
 
 MAX_TOP = 1_000
 """Most plans `--top` may ask to report (a search rarely finds more than a few dozen)."""
@@ -54,31 +55,21 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _longest(dist: LengthDist) -> int:
-    """The largest token count a planning length distribution can draw."""
-    if dist.kind == "fixed":
-        return dist.tokens
-    if dist.kind == "empirical":
-        return dist.points[-1][1]
-    return dist.max_tokens
-
-
 def check_planning_context(spec: PlanningSpec, where: str) -> None:
     """SpecError when the workload's longest prompt plus longest output exceed the model's context."""
-    wl = spec.workload
-    if wl.trace is not None:
+    lengths = spec.workload.lengths
+    if isinstance(lengths, PresetLengths):
+        lengths = lengths.resolve()
+    if not isinstance(lengths, IndependentLengths):
         return
-    if wl.preset is not None:
-        prompt, output = (_longest(d) for d in LENGTH_PRESETS[wl.preset])
-    elif wl.prompt_tokens is not None and wl.output_tokens is not None:
-        prompt, output = _longest(wl.prompt_tokens), _longest(wl.output_tokens)
-    else:
+    prompt, output = longest_tokens(lengths.input), longest_tokens(lengths.output)
+    if prompt is None or output is None:
         return
     ctx = resolve_model(spec.model).max_context_tokens
     problem = request_tokens_problem(prompt, output, ctx)
     if problem:
         raise SpecError(f"{where}: workload: the longest request's {problem} of {spec.model}; cap "
-                        "workload.prompt_tokens/output_tokens (max_tokens) to fit")
+                        "workload.lengths.input/output (max_tokens) to fit")
 
 
 def run(args: argparse.Namespace) -> int:

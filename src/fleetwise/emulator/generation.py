@@ -22,7 +22,7 @@ import numpy as np
 
 from fleetwise.core.tokens import NUM_SPECIAL, NUM_WORDS, decode_token
 from fleetwise.spec.workload import FixedLength, LengthDist, LognormalLength
-from fleetwise.workload.generate import _draw_lengths
+from fleetwise.workload.sample import draw_lengths
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -103,4 +103,4 @@ class OutputLengthModel:
         if isinstance(self.dist, FixedLength):
             return self.dist.tokens
         rng = np.random.default_rng([self.seed, prompt_digest])
-        return max(int(_draw_lengths(self.dist, rng, 1)[0]), 1)
+        return max(int(draw_lengths(self.dist, rng, 1)[0]), 1)

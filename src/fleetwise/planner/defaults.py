@@ -15,7 +15,7 @@ DEFAULT_SPEC: dict[str, Any] = {
     "name": "chat-70b-h100-vs-h200",
     "model": "llama-3.1-70b",
     "accelerators": [{"name": "h100-sxm"}, {"name": "h200-sxm"}],
-    "workload": {"rate_rps": 10.0, "preset": "sharegpt", "burstiness_cv": 1.0},
+    "workload": {"rate_rps": 10.0, "arrival": {"kind": "poisson"}, "lengths": {"kind": "preset", "name": "sharegpt"}},
     "slo": {"ttft_s": 2.0, "tpot_s": 0.05, "percentile": 90, "attainment": 0.9},
     "weight_dtypes": ["bf16", "fp8"],
     "headroom": {"failures_to_survive": 1, "cold_start_s": 120.0, "upgrade_batch_replicas": 1},

@@ -1,8 +1,9 @@
 """The planner's view of the traffic: request samples at a given rate, length statistics, burstiness.
 
-Owns turning a `PlanWorkloadSpec` (preset, distributions or trace) into `Request` lists for the
-simulator, seeded by named streams, at any rate (the goodput bisection replays the same length
-mix at many rates), and the statistics the analytical estimate needs. Does not simulate.
+Owns turning a `PlanWorkloadSpec` (a `WorkloadSpec` at a target rate) into a length mix and
+`Request` lists for the simulator at any rate (the goodput bisection replays the same length mix
+at many rates), and the statistics the analytical estimate needs. Lengths and gaps are drawn by
+`fleetwise.workload.sample`, from the planner's own named streams. Does not simulate.
 """
 
 from __future__ import annotations
@@ -14,15 +15,10 @@ import numpy as np
 
 from fleetwise.core.request import Request
 from fleetwise.core.rng import RngStreams
-from fleetwise.spec.planning import (
-    LENGTH_PRESETS,
-    EmpiricalLengths,
-    FixedLengths,
-    LengthDist,
-    LognormalLengths,
-    PlanWorkloadSpec,
-    UniformLengths,
-)
+from fleetwise.spec.planning import PlanWorkloadSpec
+from fleetwise.spec.workload import IndependentLengths, LengthsSpec, PresetLengths, TraceArrival
+from fleetwise.workload.sample import LengthStreams, draw_gaps, draw_request_lengths
+from fleetwise.workload.traces import read_trace, replay_arrivals
 
 
 @dataclass(frozen=True)
@@ -67,59 +63,41 @@ class LengthStats:
         return {50: self.prompt_p50, 90: self.prompt_p90, 99: self.prompt_p99}[pct]
 
 
-def _draw(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
-    if isinstance(dist, FixedLengths):
-        return np.full(n, dist.tokens, dtype=np.int64)
-    if isinstance(dist, UniformLengths):
-        return rng.integers(dist.min_tokens, dist.max_tokens + 1, size=n)
-    if isinstance(dist, LognormalLengths):
-        x = np.exp(rng.normal(math.log(dist.median_tokens), dist.sigma, size=n))
-        return np.clip(np.rint(x), dist.min_tokens, dist.max_tokens).astype(np.int64)
-    assert isinstance(dist, EmpiricalLengths)
-    ps = np.array([p for p, _ in dist.points]) / 100.0
-    ts = np.array([t for _, t in dist.points], dtype=np.float64)
-    return np.maximum(1, np.rint(np.interp(rng.random(n), ps, ts))).astype(np.int64)
-
-
-def _gamma_gaps(cv: float, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Unit-mean Gamma gaps with coefficient of variation `cv` (shape 1/cv^2)."""
-    shape = 1.0 / (cv * cv)
-    return rng.gamma(shape, 1.0 / shape, size=n)
+PLANNER_STREAMS = LengthStreams(input="planner.prompt", output="planner.output", pairs="planner.lengths")
+"""The planner's own random streams for lengths (arrival gaps come from `planner.arrivals`)."""
 
 
 def build_mix(spec: PlanWorkloadSpec, n: int, seed: int = 0) -> LengthMix:
-    """`n` requests' lengths and unit arrival gaps from the spec, reproducible from `seed`."""
+    """`n` requests' lengths and unit arrival gaps from the spec, reproducible from `seed`, drawn by the
+    workload package's samplers from the planner's own streams."""
     streams = RngStreams(seed)
-    if spec.trace is not None:
-        return _mix_from_trace(spec, n, seed)
-    prompt_d: LengthDist
-    output_d: LengthDist
-    if spec.preset is not None:
-        prompt_d, output_d = LENGTH_PRESETS[spec.preset]
-        source = f"preset {spec.preset}"
+    a = spec.arrival
+    if isinstance(a, TraceArrival):
+        table = replay_arrivals(read_trace(a.path, a.format), rate_rps=1.0, start_s=a.start_s,
+                                max_requests=min(n, a.max_requests or n), seed=seed)
+        assert table.arrival_s is not None
+        t = table.arrival_s
+        gaps = np.diff(t, prepend=0.0)[1:] if len(t) > 1 else np.ones(1)
+        gaps = np.append(gaps, gaps.mean() if len(gaps) else 1.0)
+        if spec.trace_lengths:
+            prompt, output = table.prompt_tokens.astype(np.int64), np.maximum(1, table.output_tokens).astype(np.int64)
+            mean = gaps.mean() if gaps.mean() > 0 else 1.0
+            return LengthMix(prompt, output, gaps / mean, f"trace {a.path}")
+        source = f"trace {a.path} arrivals"
     else:
-        assert spec.prompt_tokens is not None and spec.output_tokens is not None
-        prompt_d, output_d = spec.prompt_tokens, spec.output_tokens
-        source = f"prompt {prompt_d.kind}, output {output_d.kind}"
-    prompt = _draw(prompt_d, n, streams.get("planner.prompt"))
-    output = _draw(output_d, n, streams.get("planner.output"))
-    gaps = _gamma_gaps(spec.burstiness_cv, n, streams.get("planner.arrivals"))
-    return LengthMix(prompt, output, gaps / gaps.mean(), source)
+        gaps = draw_gaps(a, 1.0, streams.get("planner.arrivals"), n)
+        source = f"{a.kind} arrivals"
+    assert spec.lengths is not None
+    prompt, output = draw_request_lengths(spec.lengths, streams, len(gaps), PLANNER_STREAMS)
+    return LengthMix(prompt, output, gaps / gaps.mean(), f"{source}, {_describe(spec.lengths)} lengths")
 
 
-def _mix_from_trace(spec: PlanWorkloadSpec, n: int, seed: int) -> LengthMix:
-    from fleetwise.workload.traces import load_trace
-
-    assert spec.trace is not None
-    fmt = None if spec.trace.format == "auto" else spec.trace.format
-    reqs = load_trace(spec.trace.path, format=fmt, rate_rps=1.0, max_requests=n, seed=seed)
-    prompt = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
-    output = np.array([max(1, r.output_tokens) for r in reqs], dtype=np.int64)
-    t = np.array([r.arrival_s for r in reqs])
-    gaps = np.diff(t, prepend=0.0)[1:] if len(t) > 1 else np.ones(1)
-    gaps = np.append(gaps, gaps.mean() if len(gaps) else 1.0)
-    mean = gaps.mean() if gaps.mean() > 0 else 1.0
-    return LengthMix(prompt, output, gaps / mean, f"trace {spec.trace.path}")
+def _describe(lengths: LengthsSpec) -> str:
+    if isinstance(lengths, PresetLengths):
+        return f"preset {lengths.name}"
+    if isinstance(lengths, IndependentLengths):
+        return f"input {lengths.input.kind}, output {lengths.output.kind}"
+    return lengths.kind
 
 
 def requests_at(mix: LengthMix, rate_rps: float, count: int | None = None) -> list[Request]:

@@ -1,8 +1,8 @@
 """`PlanningSpec`: the input of `fleetwise plan` (SPEC.yaml), validated once at the edge.
 
 Owns the declared question: which model, which accelerators may be used (how many, at what
-price, in which node shape), the traffic (a trace or length distributions with a rate and a
-burstiness), the SLOs, the precisions to consider, the headroom policy and the search limits.
+price, in which node shape), the traffic (the simulator's `WorkloadSpec` at a target rate), the
+SLOs, the precisions to consider, the headroom policy and the search limits.
 Does not resolve catalog names or compute anything: the planner (`fleetwise.planner`) does.
 `planning_json_schema()` exports the JSON Schema kept in docs/schema/planning-spec.schema.json.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -19,83 +19,11 @@ from fleetwise.errors import UnknownNameError
 from fleetwise.spec.base import Spec, load_document, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
-from fleetwise.spec.inputs import MAX_GPUS, MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS, MAX_TOKENS
+from fleetwise.spec.inputs import MAX_GPUS, MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS
 from fleetwise.spec.routing import PRESETS
+from fleetwise.spec.workload import PrefixSpec, TraceArrival, WorkloadSpec
 
 SCHEMA_PATH = Path("docs/schema/planning-spec.schema.json")
-
-
-# ---- length distributions ------------------------------------------------------------------
-class FixedLengths(Spec):
-    """Every request has the same number of tokens."""
-
-    kind: Literal["fixed"] = "fixed"
-    tokens: int = Field(gt=0, le=MAX_TOKENS)
-    """Tokens per request."""
-
-
-class LognormalLengths(Spec):
-    """Lognormal token counts, clipped to [min_tokens, max_tokens]."""
-
-    kind: Literal["lognormal"] = "lognormal"
-    median_tokens: float = Field(gt=0, le=MAX_TOKENS)
-    """Median of the distribution (exp(mu))."""
-    sigma: float = Field(default=0.8, ge=0)
-    """Standard deviation of log(tokens)."""
-    min_tokens: int = Field(default=1, gt=0, le=MAX_TOKENS)
-    """Lower clip."""
-    max_tokens: int = Field(default=32768, gt=0, le=MAX_TOKENS)
-    """Upper clip."""
-
-
-class UniformLengths(Spec):
-    """Token counts uniform on [min_tokens, max_tokens]."""
-
-    kind: Literal["uniform"] = "uniform"
-    min_tokens: int = Field(gt=0, le=MAX_TOKENS)
-    """Smallest value."""
-    max_tokens: int = Field(gt=0, le=MAX_TOKENS)
-    """Largest value."""
-
-
-class EmpiricalLengths(Spec):
-    """Piecewise-linear quantile function: `points` are (percentile 0..100, tokens), increasing."""
-
-    kind: Literal["empirical"] = "empirical"
-    points: list[tuple[float, int]] = Field(min_length=2)
-    """(percentile, tokens) pairs; the first percentile must be 0 and the last 100."""
-
-    @model_validator(mode="after")
-    def _check(self) -> EmpiricalLengths:
-        ps = [p for p, _ in self.points]
-        ts = [t for _, t in self.points]
-        if ps[0] != 0 or ps[-1] != 100 or ps != sorted(ps) or ts != sorted(ts) or ts[0] < 1:
-            raise ValueError("points must run from percentile 0 to 100 with tokens >= 1, both non-decreasing")
-        return self
-
-
-LengthDist = Annotated[
-    FixedLengths | LognormalLengths | UniformLengths | EmpiricalLengths, Field(discriminator="kind")
-]
-
-# Quantiles of ShareGPT (sharegpt_8k_filtered_stats_llama2_tokenizer.csv, 30,731 conversations).
-SHAREGPT_PROMPT = EmpiricalLengths(points=[
-    (0, 1), (5, 29), (10, 74), (20, 382), (30, 777), (40, 1203), (50, 1730), (60, 2401), (70, 3235),
-    (80, 4278), (90, 5696), (95, 6563), (99, 7433), (100, 8141)])
-SHAREGPT_OUTPUT = EmpiricalLengths(points=[
-    (0, 2), (5, 44), (10, 84), (20, 181), (30, 271), (40, 346), (50, 415), (60, 493), (70, 581),
-    (80, 683), (90, 834), (95, 920), (99, 998), (100, 1024)])
-# Quantiles of arXiv summarisation (arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv).
-ARXIV_PROMPT = EmpiricalLengths(points=[
-    (0, 1), (5, 748), (10, 1242), (20, 1802), (30, 2150), (40, 2453), (50, 2730), (60, 2996), (70, 3249),
-    (80, 3490), (90, 3702), (95, 3813), (99, 3933), (100, 4054)])
-ARXIV_OUTPUT = EmpiricalLengths(points=[
-    (0, 5), (5, 60), (10, 78), (20, 104), (30, 125), (40, 145), (50, 167), (60, 192), (70, 222),
-    (80, 268), (90, 372), (95, 736), (99, 3271), (100, 4056)])
-LENGTH_PRESETS: dict[str, tuple[EmpiricalLengths, EmpiricalLengths]] = {
-    "sharegpt": (SHAREGPT_PROMPT, SHAREGPT_OUTPUT),
-    "arxiv-summarization": (ARXIV_PROMPT, ARXIV_OUTPUT),
-}
 
 
 # ---- sections --------------------------------------------------------------------------------
@@ -116,43 +44,108 @@ class AcceleratorChoice(Spec):
     """Scale-out network bandwidth per GPU (used across nodes and for KV transfer); None: catalog."""
 
 
-class TraceSource(Spec):
-    """A request trace replayed at the target rate (lengths and arrival pattern kept)."""
+class PlanWorkloadSpec(WorkloadSpec):
+    """The traffic to serve: the simulator's `WorkloadSpec` (arrival shape and lengths) at a target rate.
 
-    path: str
-    """Azure LLM inference CSV, Mooncake JSONL or a length-statistics CSV."""
-    format: Literal["auto", "azure", "mooncake", "burstgpt", "length_stats"] = "auto"
-    """File format; `auto` decides from the header."""
-
-
-class PlanWorkloadSpec(Spec):
-    """The traffic to serve: a length mix (preset, distributions or a trace) at a target rate."""
+    The planner replays the same length mix at many rates, so the rate is its own field and the
+    arrival only gives the shape: `poisson` (the default), `gamma` with its `cv`, or a `trace`
+    whose gaps are rescaled to `rate_rps`. The planner draws `search.sample_requests` requests
+    itself and sizes for independent requests (no shared prefixes, sessions, tenants or pins).
+    """
 
     rate_rps: float = Field(gt=0, le=MAX_RATE_RPS)
-    """Target mean arrival rate, requests per second."""
-    burstiness_cv: float = Field(default=1.0, gt=0)
-    """Coefficient of variation of inter-arrival gaps (Gamma arrivals; 1 = Poisson). Ignored for traces."""
-    preset: Literal["sharegpt", "arxiv-summarization"] | None = None
-    """Built-in length mix (quantiles of the public length-statistics files)."""
-    prompt_tokens: LengthDist | None = None
-    """Prompt length distribution (with output_tokens, instead of a preset)."""
-    output_tokens: LengthDist | None = None
-    """Output length distribution."""
-    trace: TraceSource | None = None
-    """Replay a trace instead: its lengths and arrival pattern, rescaled to rate_rps."""
+    """Target mean arrival rate, requests per second (the arrival's own rate_rps is set to it)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _at_rate(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = _from_length_source_form(data)
+        arrival = data.get("arrival", {"kind": "poisson"})
+        rate = data.get("rate_rps")
+        if isinstance(arrival, dict) and rate is not None:
+            given = arrival.get("rate_rps")
+            if given is not None and given != rate:
+                raise ValueError(f"arrival.rate_rps ({given}) differs from rate_rps ({rate}); the planner's "
+                                 "target rate is workload.rate_rps: remove arrival.rate_rps")
+            if arrival.get("kind") == "trace" and arrival.get("time_scale", 1.0) != 1.0:
+                raise ValueError("arrival.time_scale: the planner replays a trace at rate_rps; remove time_scale")
+            arrival = {**arrival, "rate_rps": rate}
+        return {**data, "arrival": arrival}
 
     @model_validator(mode="after")
-    def _one_source(self) -> PlanWorkloadSpec:
-        dists = self.prompt_tokens is not None or self.output_tokens is not None
-        given = [n for n, on in (("preset", self.preset), ("trace", self.trace), ("prompt_tokens", dists)) if on]
-        if len(given) != 1:
-            raise ValueError(
-                "give exactly one length source: `preset`, `trace`, or `prompt_tokens` + `output_tokens`"
-                f" (got {given or 'none'})"
-            )
-        if dists and (self.prompt_tokens is None or self.output_tokens is None):
-            raise ValueError("prompt_tokens and output_tokens go together; set both")
+    def _check(self) -> PlanWorkloadSpec:  # replaces WorkloadSpec's bound check: the planner picks the count
+        if not isinstance(self.arrival, TraceArrival) and self.trace_lengths:
+            raise ValueError("lengths: give the request lengths, e.g. `{kind: preset, name: sharegpt}`, or "
+                             "`independent`/`empirical` lengths; `trace` lengths come only with arrival.kind=trace")
+        unused = [name for name, on in (
+            ("num_requests", self.num_requests is not None), ("duration_s", self.duration_s is not None),
+            ("prefix", self.prefix != PrefixSpec()), ("tenants", bool(self.tenants)),
+            ("model_version_pin", self.model_version_pin is not None),
+            ("client_max_tokens", self.client_max_tokens is not None)) if on]
+        if unused:
+            raise ValueError(f"{unused[0]}: the planner draws search.sample_requests independent requests and "
+                             f"sizes for their lengths alone; remove {', '.join(unused)}")
         return self
+
+
+OLD_LOGNORMAL_DEFAULTS = {"sigma": 0.8, "min_tokens": 1, "max_tokens": 32768}
+"""Defaults of the former planning `lognormal` form, kept so its files draw the same lengths."""
+
+
+def _old_dist(d: Any) -> Any:
+    """One former planning length distribution as a `LengthDist` mapping."""
+    if not isinstance(d, dict):
+        return d
+    kind = d.get("kind")
+    if kind == "uniform":
+        renamed = {"min_tokens": "low_tokens", "max_tokens": "high_tokens"}
+        return {renamed.get(k, k): v for k, v in d.items()}
+    if kind == "lognormal":
+        return {**OLD_LOGNORMAL_DEFAULTS, **d}
+    if kind == "empirical":
+        return {**d, "kind": "quantiles"}
+    return d
+
+
+def _from_length_source_form(data: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite the former planning workload form (`preset`, `prompt_tokens` + `output_tokens`, `trace`,
+    `burstiness_cv`) as WorkloadSpec fields, so existing SPEC.yaml files keep working."""
+    old = [k for k in ("preset", "prompt_tokens", "output_tokens", "trace", "burstiness_cv") if k in data]
+    if not old:
+        return data
+    new = [k for k in ("arrival", "lengths") if k in data]
+    if new:
+        raise ValueError(f"{old[0]}: the former form cannot be mixed with `{new[0]}`; move {', '.join(old)} into "
+                         "`lengths`/`arrival` (docs/planner.md)")
+    out = {k: v for k, v in data.items() if k not in old}
+    sources: list[str] = [k for k in ("preset", "trace", "prompt_tokens") if k in data]
+    if "output_tokens" in data and "prompt_tokens" not in data:
+        sources.append("output_tokens")
+    if len(sources) != 1:
+        raise ValueError("give exactly one length source: `lengths: {kind: preset, name: sharegpt}`, "
+                         f"`lengths: {{kind: independent, input: ..., output: ...}}` or `arrival: {{kind: trace, path: ...}}`"
+                         f" (got {sources or 'none'})")
+    if "preset" in data:
+        out["lengths"] = {"kind": "preset", "name": data["preset"]}
+    elif "trace" in data:
+        trace = data["trace"]
+        if isinstance(trace, dict):
+            trace = {k: v for k, v in trace.items() if not (k == "format" and v == "auto")}
+            out["arrival"] = {**trace, "kind": "trace"}
+        else:
+            out["arrival"] = trace
+    else:
+        if "prompt_tokens" not in data or "output_tokens" not in data:
+            raise ValueError("prompt_tokens and output_tokens go together; set both (or write "
+                             "`lengths: {kind: independent, input: ..., output: ...}`)")
+        out["lengths"] = {"kind": "independent", "input": _old_dist(data["prompt_tokens"]),
+                          "output": _old_dist(data["output_tokens"])}
+    if "burstiness_cv" in data and "trace" not in data:
+        cv = data["burstiness_cv"]
+        out["arrival"] = {"kind": "poisson"} if cv == 1 else {"kind": "gamma", "cv": cv}
+    return out
 
 
 class PlanSLOSpec(Spec):

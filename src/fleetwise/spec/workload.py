@@ -189,7 +189,35 @@ class LognormalLength(_Clipped):
         return math.log(mean) - s * s / 2, s
 
 
-LengthDist = Annotated[FixedLength | UniformLength | LognormalLength, Field(discriminator="kind")]
+class QuantileLength(Spec):
+    """Lengths drawn from a piecewise-linear quantile function: `points` are (percentile 0..100, tokens)."""
+
+    kind: Literal["quantiles"] = "quantiles"
+    points: list[tuple[float, int]] = Field(min_length=2)
+    """(percentile, tokens) pairs, both non-decreasing, from percentile 0 to 100, tokens >= 1."""
+
+    @model_validator(mode="after")
+    def _check(self) -> QuantileLength:
+        ps = [p for p, _ in self.points]
+        ts = [t for _, t in self.points]
+        if ps[0] != 0 or ps[-1] != 100 or ps != sorted(ps) or ts != sorted(ts) or ts[0] < 1 or ts[-1] > MAX_TOKENS:
+            raise ValueError("points must run from percentile 0 to 100 with tokens in [1, MAX_TOKENS], "
+                             "both non-decreasing")
+        return self
+
+
+LengthDist = Annotated[FixedLength | UniformLength | LognormalLength | QuantileLength, Field(discriminator="kind")]
+
+
+def longest_tokens(dist: LengthDist) -> int | None:
+    """The largest length, in tokens, `dist` can draw; None when it has no upper bound."""
+    if isinstance(dist, FixedLength):
+        return dist.tokens
+    if isinstance(dist, UniformLength):
+        return dist.high_tokens
+    if isinstance(dist, QuantileLength):
+        return dist.points[-1][1]
+    return dist.max_tokens
 
 
 class IndependentLengths(Spec):
@@ -220,7 +248,42 @@ class TraceLengths(Spec):
     kind: Literal["trace"] = "trace"
 
 
-LengthsSpec = Annotated[IndependentLengths | EmpiricalLengths | TraceLengths, Field(discriminator="kind")]
+# Quantiles of ShareGPT (sharegpt_8k_filtered_stats_llama2_tokenizer.csv, 30,731 conversations).
+SHAREGPT_PROMPT = QuantileLength(points=[
+    (0, 1), (5, 29), (10, 74), (20, 382), (30, 777), (40, 1203), (50, 1730), (60, 2401), (70, 3235),
+    (80, 4278), (90, 5696), (95, 6563), (99, 7433), (100, 8141)])
+SHAREGPT_OUTPUT = QuantileLength(points=[
+    (0, 2), (5, 44), (10, 84), (20, 181), (30, 271), (40, 346), (50, 415), (60, 493), (70, 581),
+    (80, 683), (90, 834), (95, 920), (99, 998), (100, 1024)])
+# Quantiles of arXiv summarisation (arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv).
+ARXIV_PROMPT = QuantileLength(points=[
+    (0, 1), (5, 748), (10, 1242), (20, 1802), (30, 2150), (40, 2453), (50, 2730), (60, 2996), (70, 3249),
+    (80, 3490), (90, 3702), (95, 3813), (99, 3933), (100, 4054)])
+ARXIV_OUTPUT = QuantileLength(points=[
+    (0, 5), (5, 60), (10, 78), (20, 104), (30, 125), (40, 145), (50, 167), (60, 192), (70, 222),
+    (80, 268), (90, 372), (95, 736), (99, 3271), (100, 4056)])
+LENGTH_PRESETS: dict[str, IndependentLengths] = {
+    "sharegpt": IndependentLengths(input=SHAREGPT_PROMPT, output=SHAREGPT_OUTPUT),
+    "arxiv-summarization": IndependentLengths(input=ARXIV_PROMPT, output=ARXIV_OUTPUT),
+}
+"""Built-in length mixes: input and output quantiles of the public length-statistics files."""
+
+LengthPresetName = Literal["sharegpt", "arxiv-summarization"]
+
+
+class PresetLengths(Spec):
+    """A built-in length mix (`LENGTH_PRESETS`): independent input and output quantiles of a public dataset."""
+
+    kind: Literal["preset"] = "preset"
+    name: LengthPresetName
+    """`sharegpt` (chat) or `arxiv-summarization` (long prompts, short answers)."""
+
+    def resolve(self) -> IndependentLengths:
+        """The preset's input and output distributions."""
+        return LENGTH_PRESETS[self.name]
+
+
+LengthsSpec = Annotated[IndependentLengths | EmpiricalLengths | PresetLengths | TraceLengths, Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +387,7 @@ class WorkloadSpec(Spec):
         if not is_trace and self.num_requests is None and self.duration_s is None:
             raise ValueError("give num_requests or duration_s (or both) to bound a synthetic workload")
         if not is_trace and (self.lengths is None or isinstance(self.lengths, TraceLengths)):
-            raise ValueError("lengths: a synthetic arrival needs `independent` or `empirical` lengths; "
+            raise ValueError("lengths: a synthetic arrival needs `independent`, `empirical` or `preset` lengths; "
                              "`trace` lengths come only with arrival.kind=trace")
         if is_trace and self.prefix.sessions is not None:
             raise ValueError("prefix.sessions: a trace arrival replays requests, not sessions; remove "

@@ -32,25 +32,9 @@ import numpy as np
 from fleetwise.core.request import Request
 from fleetwise.core.rng import RngStreams
 from fleetwise.errors import SpecError
-from fleetwise.spec.workload import (
-    EmpiricalLengths,
-    FixedLength,
-    GammaArrival,
-    IndependentLengths,
-    LengthDist,
-    PoissonArrival,
-    TraceArrival,
-    UniformLength,
-    WorkloadSpec,
-)
-from fleetwise.workload.traces import (
-    TraceTable,
-    gc_paused,
-    read_length_stats,
-    read_trace,
-    replay_arrivals,
-    to_requests,
-)
+from fleetwise.spec.workload import GammaArrival, PoissonArrival, TraceArrival, WorkloadSpec
+from fleetwise.workload.sample import draw_gaps, draw_request_lengths
+from fleetwise.workload.traces import TraceTable, gc_paused, read_trace, replay_arrivals, to_requests
 
 _MAX_GROWTH_ROUNDS = 10  # at most 1024x the first guess of sessions
 
@@ -100,14 +84,8 @@ def _generate(spec: WorkloadSpec, seed: int) -> list[Request]:
 def _draw_starts(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndarray:
     """Arrival times of the first n sessions (first one after one inter-arrival gap from 0)."""
     a = spec.arrival
-    if isinstance(a, PoissonArrival):
-        gaps = rng.exponential(1.0 / a.rate_rps, size=n)
-    elif isinstance(a, GammaArrival):
-        shape = 1.0 / (a.cv * a.cv)  # mean shape*scale = 1/rate, CV = 1/sqrt(shape)
-        gaps = rng.gamma(shape, 1.0 / (a.rate_rps * shape), size=n)
-    else:
-        raise AssertionError(f"not a synthetic arrival: {a.kind}")
-    return np.cumsum(gaps)
+    assert isinstance(a, PoissonArrival | GammaArrival), f"not a synthetic arrival: {a.kind}"
+    return np.cumsum(draw_gaps(a, a.rate_rps, rng, n))
 
 
 def _initial_sessions(spec: WorkloadSpec) -> int:
@@ -182,41 +160,6 @@ def _draw_sessions(spec: WorkloadSpec, streams: RngStreams, starts: np.ndarray) 
     return _Sessions(starts, turns, tenant, _draw_groups(spec, streams, tenant), pinned)
 
 
-def _draw_lengths(dist: LengthDist, rng: np.random.Generator, n: int) -> np.ndarray:
-    if isinstance(dist, FixedLength):
-        return np.full(n, dist.tokens, dtype=np.int64)
-    if isinstance(dist, UniformLength):
-        return rng.integers(dist.low_tokens, dist.high_tokens + 1, size=n, dtype=np.int64)
-    mu, sigma = dist.mu_sigma()
-    x = np.rint(rng.lognormal(mu, sigma, size=n))
-    hi = dist.max_tokens if dist.max_tokens is not None else np.iinfo(np.int64).max // 4
-    return np.clip(x, dist.min_tokens, hi).astype(np.int64)
-
-
-def _draw_user_and_output(spec: WorkloadSpec, streams: RngStreams, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """New user tokens and output tokens per request."""
-    lengths = spec.lengths
-    if isinstance(lengths, IndependentLengths):
-        return (_draw_lengths(lengths.input, streams.get("workload.input_tokens"), n),
-                _draw_lengths(lengths.output, streams.get("workload.output_tokens"), n))
-    assert isinstance(lengths, EmpiricalLengths)
-    inp, out = _empirical_table(lengths.path)
-    idx = streams.get("workload.lengths").integers(0, len(inp), size=n)
-    u, o = np.maximum(inp[idx], 1), np.maximum(out[idx], 1)
-    if lengths.max_input_tokens is not None:
-        u = np.minimum(u, lengths.max_input_tokens)
-    if lengths.max_output_tokens is not None:
-        o = np.minimum(o, lengths.max_output_tokens)
-    return u, o
-
-
-def _empirical_table(path: str) -> tuple[np.ndarray, np.ndarray]:
-    inp, out = read_length_stats(path)
-    if len(inp) == 0:
-        raise SpecError(f"lengths.path: {path} has no rows; give a length-statistics CSV with data")
-    return inp, out
-
-
 def _with_none(per_group: np.ndarray) -> np.ndarray:
     """Append a 0 entry so that group -1 (no shared prefix) indexes it."""
     return np.concatenate([per_group, [0]]).astype(np.int64)
@@ -231,7 +174,7 @@ def _expand(spec: WorkloadSpec, streams: RngStreams, s: _Sessions) -> _Turns:
     n = int(s.turns.sum())
     session = np.repeat(np.arange(len(s.turns)), s.turns)
     first = _segment_starts(s.turns)
-    u, o = _draw_user_and_output(spec, streams, n)
+    u, o = draw_request_lengths(spec.lengths, streams, n)  # type: ignore[arg-type]  # synthetic: checked by the spec
     arrival = s.start_s[session]
     prefix = _with_none(prefix_groups(spec))[s.group]  # group -1 -> the appended 0
     prompt = prefix[session] + u

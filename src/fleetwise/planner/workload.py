@@ -17,6 +17,7 @@ from fleetwise.core.request import Request
 from fleetwise.core.rng import RngStreams
 from fleetwise.spec.planning import PlanWorkloadSpec
 from fleetwise.spec.workload import IndependentLengths, LengthsSpec, PresetLengths, TraceArrival
+from fleetwise.workload.formats import get_format
 from fleetwise.workload.sample import LengthStreams, draw_gaps, draw_request_lengths
 from fleetwise.workload.traces import read_trace, replay_arrivals
 
@@ -73,6 +74,8 @@ def build_mix(spec: PlanWorkloadSpec, n: int, seed: int = 0) -> LengthMix:
     streams = RngStreams(seed)
     a = spec.arrival
     if isinstance(a, TraceArrival):
+        if a.format is not None:
+            get_format(a.format, "workload.arrival.format")
         table = replay_arrivals(read_trace(a.path, a.format), rate_rps=1.0, start_s=a.start_s,
                                 max_requests=min(n, a.max_requests or n), seed=seed)
         assert table.arrival_s is not None

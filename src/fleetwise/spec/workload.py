@@ -35,9 +35,6 @@ from fleetwise.spec.inputs import (
     MIN_FACTOR,
 )
 
-TraceFormat = Literal["azure", "mooncake", "burstgpt", "length_stats"]
-"""Trace file formats `fleetwise.workload.traces` can read (auto-detected from the header when unset)."""
-
 _Z99 = NormalDist().inv_cdf(0.99)
 LOGNORMAL_MAX_SIGMA = 4.0
 """Largest log-normal sigma: at 4 the p99 is already 11,000x the median (measured prompt lengths
@@ -73,8 +70,9 @@ class TraceArrival(Spec):
     kind: Literal["trace"] = "trace"
     path: str
     """Trace file: Azure CSV, Mooncake JSONL, BurstGPT CSV or a length-statistics CSV."""
-    format: TraceFormat | None = None
-    """File format; detected from the header (column or field names) when unset."""
+    format: str | None = Field(default=None, min_length=1, max_length=64)
+    """A registered trace format (`fleetwise.workload.formats`: azure, burstgpt, length_stats,
+    mooncake); detected from the header (column or field names) when unset."""
     time_scale: float = Field(default=1.0, ge=MIN_FACTOR, le=MAX_FACTOR)
     """Multiply the trace's inter-arrival times by this (0.5 replays twice as fast)."""
     rate_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)

@@ -16,7 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from fleetwise.errors import SpecError, quote
-from fleetwise.workload import traces as tr
+from fleetwise.workload.parse import (
+    TraceTable,
+    check_path,
+    datetime_column,
+    float_column,
+    header_names,
+    int_column,
+    read_csv,
+)
 
 ROLES = ("arrival", "prompt", "output")
 """What a mapping names: the arrival time, the prompt length and the output length columns."""
@@ -80,22 +88,22 @@ def _arrivals(p: Path, name: str, values: list[str], lines: list[int]) -> np.nda
     try:
         np.asarray(values, dtype=np.float64)
     except ValueError:
-        return tr._datetime_column(p, name, values, lines)
-    t = tr._float_column(p, name, values, lines)  # names the line of a NaN or inf
+        return datetime_column(p, name, values, lines)
+    t = float_column(p, name, values, lines)  # names the line of a NaN or inf
     return t - (t.min() if len(t) else 0.0)
 
 
-def read_mapped(path: str | Path, cols: ColumnMap) -> tr.TraceTable:
+def read_mapped(path: str | Path, cols: ColumnMap) -> TraceTable:
     """A CSV or JSONL trace read through `cols` (arrivals from 0, rows in file order)."""
-    p = tr._check_path(path)
-    is_json, _names = tr._header_names(p)
+    p = check_path(path)
+    is_json, _names = header_names(p)
     if is_json:
         raw, lines = _read_jsonl(p, cols)
     else:
-        raw, lines = tr._read_csv(p, cols.names(), f"--trace-columns {cols.arrival},{cols.prompt},{cols.output}")
-    return tr.TraceTable(
+        raw, lines = read_csv(p, cols.names(), f"--trace-columns {cols.arrival},{cols.prompt},{cols.output}")
+    return TraceTable(
         str(p), "columns",
         _arrivals(p, cols.arrival, raw[cols.arrival], lines),
-        tr._int_column(p, cols.prompt, raw[cols.prompt], lines),
-        tr._int_column(p, cols.output, raw[cols.output], lines),
+        int_column(p, cols.prompt, raw[cols.prompt], lines),
+        int_column(p, cols.output, raw[cols.output], lines),
     )

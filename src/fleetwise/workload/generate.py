@@ -33,8 +33,10 @@ from fleetwise.core.request import Request
 from fleetwise.core.rng import RngStreams
 from fleetwise.errors import SpecError
 from fleetwise.spec.workload import GammaArrival, PoissonArrival, TraceArrival, WorkloadSpec
+from fleetwise.workload.formats import get_format
+from fleetwise.workload.parse import TraceTable
 from fleetwise.workload.sample import draw_gaps, draw_request_lengths
-from fleetwise.workload.traces import TraceTable, gc_paused, read_trace, replay_arrivals, to_requests
+from fleetwise.workload.traces import gc_paused, read_trace, replay_arrivals, to_requests
 
 _MAX_GROWTH_ROUNDS = 10  # at most 1024x the first guess of sessions
 
@@ -313,6 +315,8 @@ def _versions(spec: WorkloadSpec, pinned: np.ndarray) -> list[str | None]:
 def _trace_table(spec: WorkloadSpec, seed: int) -> TraceTable:
     a = spec.arrival
     assert isinstance(a, TraceArrival)
+    if a.format is not None:
+        get_format(a.format, "arrival.format")
     table = replay_arrivals(read_trace(a.path, a.format), time_scale=a.time_scale, rate_rps=a.rate_rps,
                             start_s=a.start_s, max_requests=a.max_requests, seed=seed)
     assert table.arrival_s is not None

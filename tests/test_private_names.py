@@ -1,0 +1,50 @@
+"""No module reaches into another module's private names: what layers share is public and documented."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "fleetwise"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_uses(path: Path) -> list[str]:
+    """`from fleetwise.x import _y`, and `mod._y` where `mod` is an imported fleetwise module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    modules: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fleetwise"):
+            for alias in node.names:
+                if _private(alias.name):
+                    found.append(f"{path.name}:{node.lineno}: from {node.module} import {alias.name}")
+                else:
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("fleetwise"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
+                and _private(node.attr) and node.value.id[0].islower():
+            found.append(f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+KNOWN = {"protocol.py:87: inputs._unique_pairs", "protocol.py:87: inputs._no_constant",
+         "protocol.py:88: inputs._finite_float", "protocol.py:88: inputs._bounded_int"}
+"""Uses that predate this check (the emulator's request validation reading spec.inputs' helpers)."""
+
+
+def test_no_module_imports_private_names_of_another():
+    found = [u for p in sorted(SRC.rglob("*.py")) for u in private_uses(p)]
+    assert set(found) <= KNOWN, sorted(set(found) - KNOWN)
+
+
+def test_the_check_sees_both_forms(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("from fleetwise.workload import traces as tr\nfrom fleetwise.workload.parse import _x\n"
+                 "tr._read_csv(1)\n")
+    assert private_uses(p) == ["m.py:2: from fleetwise.workload.parse import _x", "m.py:3: tr._read_csv"]

@@ -51,6 +51,8 @@ class Candidate:
     """Feedback factor relative to the fleet (1 = average)."""
     prefix_blocks: int = 0
     """Leading prompt blocks the prefix index says this worker holds."""
+    kv_room: float = 0.0
+    """KV fraction left after admitting the request (decode candidates of a P/D fleet; 0 elsewhere)."""
 
     @property
     def name(self) -> str:

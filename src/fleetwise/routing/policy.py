@@ -13,7 +13,9 @@ Per request:
 4. the load bound drops workers too far above the fleet mean (if enabled);
 5. scorers in [0, 1], summed by weight; the picker chooses.
 
-In a P/D fleet the same steps run per side and pairs are scored together with their KV link.
+In a P/D fleet the same steps run per side, each side scored by its own profile (`PdProfile`:
+the same scorers, weighted), and each prefill->decode pair adds its pair scorers (`handoff`: the
+KV link's load); the picker chooses a pair.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from fleetwise.core.feedback import (
     WorkerUp,
 )
 from fleetwise.core.rng import RngStreams
-from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision, WorkerView
+from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, RoutingDecision, WorkerView
+from fleetwise.routing.pd_scorers import PAIR_SCORERS, pair_key
 from fleetwise.routing.plugins import (
     FILTERS,
     PICKER_KINDS,
@@ -121,7 +124,9 @@ class ComposedPolicy:
         """The pick reads no candidate signal: only the chosen worker's is computed (O(1) per request)."""
         self._weights: dict[str, float] = {str(k): v for k, v in params.scorers.items()}
         self._score_keys: dict[str, _ScoreKeys] = {}
-        self.wants_kv_events = any(wt > 0 for wt in params.scorers.values())
+        self._profiles = {side: params.pd_profile(side) for side in ("prefill", "decode")}
+        """Scorer weights of the P/D prefill and decode profiles (`PolicyParams.pd_profile`)."""
+        self.wants_kv_events = any(wt > 0 for wt in (*params.scorers.values(), *self._profiles["prefill"].values()))
         """Scores read the prefix index (load through the cached prefix, prefix): a driver should
         report the engines' `KvStored`/`KvEvicted` events."""
 
@@ -199,7 +204,8 @@ class ComposedPolicy:
             load += self.inflight.outstanding(w.name, cost.decode_token_weight)[1] - tok_pend
         load += tok_pend + cost.per_request_tokens * n_pend
         requests = w.queued_requests + w.running_requests + n_pend
-        return Candidate(w, requests, load, own, self.feedback.factor(w.name, now), prefix)
+        room = _headroom(w, req.prompt_tokens + self._expected) if side == "decode" else 0.0
+        return Candidate(w, requests, load, own, self.feedback.factor(w.name, now), prefix, room)
 
     def _candidates(self, req: RouteRequest, ws: list[WorkerView], side: str, now: float,
                     e: _Eligible | None = None) -> list[Candidate]:
@@ -234,11 +240,15 @@ class ComposedPolicy:
             return cs, None, []
         return load_bound(cs, self.recent.get(pool, ()), self.params.load_bound)
 
-    def _scores(self, req: RouteRequest, cs: list[Candidate], skip: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
-        return {s: SCORERS[s](req, cs) for s, wt in self.params.scorers.items() if wt > 0 and s not in skip}
+    def _scores(self, req: RouteRequest, cs: list[Candidate],
+                weights: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+        """Each weighted scorer's scores of `cs`: the policy's scorers, or a profile's `weights`."""
+        return {s: SCORERS[s](req, cs) for s, wt in (weights or self.params.scorers).items() if wt > 0}
 
-    def _totals(self, cs: list[Candidate], per: dict[str, dict[str, float]], normalise: bool = False) -> dict[str, float]:
-        weights = self._weights
+    def _totals(self, cs: list[Candidate], per: dict[str, dict[str, float]], normalise: bool = False,
+                weights: dict[str, float] | None = None) -> dict[str, float]:
+        """Weighted sum of the scores per candidate (divided by the weights' sum when `normalise`)."""
+        weights = weights or self._weights
         wsum = sum(weights[s] for s in per) or 1.0
         terms = [(weights[s], vals) for s, vals in per.items()]
         tot: dict[str, float] = {}
@@ -366,16 +376,14 @@ class ComposedPolicy:
             parts.append(f"tie of {tied} broken {self.params.tie_break}")
         return "; ".join(parts), lead
 
-    # ---- prefill/decode pairs ----------------------------------------------------------------
+    # ---- prefill/decode pairs: a prefill profile, a decode profile, pair scorers --------------
 
     def _route_pd(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool) -> RoutingDecision:
         now, pdp = fleet.now_s, self.params.pd
         links = {(lk.src, lk.dst): lk for lk in fleet.links}
         cp = self._candidates(req, [w for w in ws if w.role == "prefill"], "prefill", now)
         cd_all = self._candidates(req, [w for w in ws if w.role == "decode"], "decode", now)
-        need = req.prompt_tokens + self._expected
-        room = {c.name: _headroom(c.view, need) for c in cd_all}
-        cd = [c for c in cd_all if room[c.name] >= pdp.kv_reserve] or cd_all
+        cd = [c for c in cd_all if c.kv_room >= pdp.kv_reserve] or cd_all
         pairs = [(p, d) for p in cp for d in cd if links.get((p.name, d.name)) is None or links[(p.name, d.name)].healthy]
         no_link = not pairs
         if no_link:  # soft, like the region filter: the prefill takes a while, a link may be back by then
@@ -386,7 +394,7 @@ class ComposedPolicy:
             scores: dict[str, float] = {}
             kind = PICKER_KINDS[simple]
         else:
-            p, d, scores, reason = self._pick_pd_max(req, pairs, cp, cd, room, links)
+            p, d, scores, reason = self._pick_pd_max(req, pairs, cp, cd, links)
             kind = "pair"
         if safe:
             reason = f"safe-mode {self.safe.spec.action.replace('_', '-')} ({self.safe.describe()}); {reason}"
@@ -416,26 +424,37 @@ class ComposedPolicy:
         """Totals by the `requests` scorer alone (what power-of-two compares without weights)."""
         return self._totals(cs, {"requests": SCORERS["requests"](req, cs)})
 
-    def _pick_pd_max(self, req, pairs, cp, cd, room, links):  # type: ignore[no-untyped-def]
+    def _profile_totals(self, req: RouteRequest, cs: list[Candidate], side: str) -> dict[str, float]:
+        """Each candidate's score in [0, 1] by the P/D profile of `side` (weighted mean of its scorers)."""
+        weights = self._profiles[side]
+        return self._totals(cs, self._scores(req, cs, weights), normalise=True, weights=weights)
+
+    def _pick_pd_max(self, req: RouteRequest, pairs: list[tuple[Candidate, Candidate]], cp: list[Candidate],
+                     cd: list[Candidate], links: dict[tuple[str, str], KvLinkView],
+                     ) -> tuple[Candidate, Candidate, dict[str, float], str]:
+        """The best pair: `prefill.weight * prefill score + decode.weight * decode score + weighted
+        pair scorers`, over the pairs both sides' load bounds keep (all pairs if none)."""
         pdp = self.params.pd
         kp, _, _ = self._bounded(cp, "prefill")
         kd, _, _ = self._bounded(cd, "decode")
         kpn, kdn = {c.name for c in kp}, {c.name for c in kd}
         pairs = [(p, d) for p, d in pairs if p.name in kpn and d.name in kdn] or pairs
-        sp = self._totals(cp, self._scores(req, cp), normalise=True)
-        sd = self._totals(cd, self._scores(req, cd, skip=("prefix",)), normalise=True)
-        sd = {k: (v + pdp.decode_kv_weight * max(room[k], 0.0)) / (1 + pdp.decode_kv_weight) for k, v in sd.items()}
+        sp = self._profile_totals(req, cp, "prefill")
+        sd = self._profile_totals(req, cd, "decode")
+        pair_terms = [(wt, PAIR_SCORERS[s](req, pairs, links)) for s, wt in pdp.pair_scorers.items() if wt > 0]
         totals: dict[str, float] = {}
         for p, d in pairs:
-            lk = links.get((p.name, d.name))
-            link = 1.0 / (1 + lk.active_transfers) if lk is not None else 1.0
-            totals[f"{p.name}->{d.name}"] = pdp.prefill_weight * sp[p.name] + pdp.decode_weight * sd[d.name] + pdp.link_weight * link
+            key = pair_key(p, d)
+            t = pdp.prefill.weight * sp[p.name] + pdp.decode.weight * sd[d.name]
+            for wt, vals in pair_terms:
+                t += wt * vals[key]
+            totals[key] = t
         key, _ = self.picker.max(totals, self.params.tie_break)
-        p, d = next((p, d) for p, d in pairs if f"{p.name}->{d.name}" == key)
+        p, d = next((p, d) for p, d in pairs if pair_key(p, d) == key)
         lk = links.get((p.name, d.name))
         pre = f"prefix {p.prefix_blocks}/{len(req.block_hashes)} blocks" if p.prefix_blocks else "no prefix"
         reason = (f"pair {p.name}->{d.name}: prefill {pre}, cost {fmt_tokens(p.cost)} tok; "
-                  f"decode kv headroom {room[d.name]:.2f}; link {lk.active_transfers if lk else 0} active")
+                  f"decode kv headroom {d.kv_room:.2f}; link {lk.active_transfers if lk else 0} active")
         return p, d, {k: round(v, 6) for k, v in totals.items()}, reason
 
     # ---- feedback ----------------------------------------------------------------------------

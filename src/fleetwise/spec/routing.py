@@ -124,19 +124,75 @@ class OutputPredictorParams(Spec):
     """Completions after which an observation weighs half (per key)."""
 
 
-class PdParams(Spec):
-    """Prefill/decode pair selection weights (pair score = sum of weighted parts in [0, 1])."""
+class PdProfile(Spec):
+    """One side of a prefill/decode pair: the weighted scorers that rank that side's workers."""
 
-    prefill_weight: float = Field(default=1.0, ge=0.0)
-    """Weight of the prefill side (its load score, prefix overlap blended in)."""
-    decode_weight: float = Field(default=1.0, ge=0.0)
-    """Weight of the decode side (KV headroom and load)."""
-    link_weight: float = Field(default=0.25, ge=0.0)
-    """Weight of the link score `1 / (1 + active_transfers)`; unhealthy links are excluded."""
+    weight: float = Field(default=1.0, ge=0.0)
+    """Weight of this side's normalised score (weighted mean of its scorers, in [0, 1]) in the pair score."""
+    scorers: dict[str, float] | None = None
+    """Scorer -> weight over this side's candidates. None: the policy's `scorers`; the decode side
+    drops `prefix` (a decode worker reuses no prompt cache) and adds `kv_room` at
+    `decode_kv_weight` times their summed weight."""
+
+    @field_validator("scorers")
+    @classmethod
+    def _known_scorers(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for name, wt in (v or {}).items():
+            ROUTING_PLUGINS.check("scorer", name)
+            if wt < 0:
+                raise ValueError(f"scorer {name!r}: weight {wt} is negative; weights are >= 0")
+        return v
+
+
+PD_FORMER_FIELDS = {"prefill_weight": ("prefill", "weight"), "decode_weight": ("decode", "weight"),
+                    "link_weight": ("pair_scorers", "handoff")}
+"""The former flat pair weights, read as the profile weights and the `handoff` pair scorer's weight."""
+
+
+class PdParams(Spec):
+    """Prefill/decode pair selection: a prefill profile, a decode profile and pair scorers.
+
+    Each side's candidates are scored by its profile (the same scorers as a colocated fleet,
+    weighted mean in [0, 1]); a pair's score is `prefill.weight * prefill score + decode.weight *
+    decode score + sum of weighted pair scorers` (the KV hand-off), and the policy's picker
+    chooses. Pickers that read no scores pick the prefill side, then a decode worker linked to it.
+    """
+
+    prefill: PdProfile = PdProfile()
+    """The prefill side (default: the policy's scorers, prefix overlap included)."""
+    decode: PdProfile = PdProfile()
+    """The decode side (default: the policy's scorers without `prefix`, plus `kv_room`)."""
+    pair_scorers: dict[str, float] = Field(default_factory=lambda: {"handoff": 0.25})
+    """Pair scorer -> weight, scoring a prefill->decode pair as a whole; pairs over an unhealthy
+    link are excluded before scoring (kept, all of them, when no link is healthy)."""
     decode_kv_weight: float = Field(default=0.5, ge=0.0)
-    """Weight of KV headroom after the request, blended into the decode side's score."""
+    """Weight of `kv_room` in the default decode profile, relative to the profile's other scorers together."""
     kv_reserve: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Decode workers whose KV headroom after the request would drop below this are skipped."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_fields(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not any(k in data for k in PD_FORMER_FIELDS):
+            return data
+        out = {k: v for k, v in data.items() if k not in PD_FORMER_FIELDS}
+        for old, (section, key) in PD_FORMER_FIELDS.items():
+            if old in data:
+                given = out.get(section)
+                if given is not None and not isinstance(given, dict):
+                    return data  # let field validation name the bad section
+                base = dict(given) if given is not None else ({"handoff": 0.25} if section == "pair_scorers" else {})
+                out[section] = {**base, key: data[old]}
+        return out
+
+    @field_validator("pair_scorers")
+    @classmethod
+    def _known_pair_scorers(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, wt in v.items():
+            ROUTING_PLUGINS.check("pair_scorer", name)
+            if wt < 0:
+                raise ValueError(f"pair scorer {name!r}: weight {wt} is negative; weights are >= 0")
+        return v
 
 
 class SafeModeSpec(Spec):
@@ -195,6 +251,16 @@ class PolicyParams(Spec):
     @classmethod
     def _known_picker(cls, v: str) -> str:
         return ROUTING_PLUGINS.check("picker", v)
+
+    def pd_profile(self, side: Literal["prefill", "decode"]) -> dict[str, float]:
+        """Scorer -> weight (all > 0) of the P/D profile of `side`, defaults resolved (see `PdProfile`)."""
+        prof = self.pd.prefill if side == "prefill" else self.pd.decode
+        if prof.scorers is not None:
+            return {s: wt for s, wt in prof.scorers.items() if wt > 0}
+        weights = {s: wt for s, wt in self.scorers.items() if wt > 0 and not (side == "decode" and s == "prefix")}
+        if side == "decode" and self.pd.decode_kv_weight > 0:
+            weights["kv_room"] = self.pd.decode_kv_weight * (sum(weights.values()) or 1.0)
+        return weights
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -1,4 +1,4 @@
-"""`ROUTING_PLUGINS`: the one registry of routing plugins (filters, scorers, pickers).
+"""`ROUTING_PLUGINS`: the one registry of routing plugins (filters, scorers, pickers, pair scorers).
 
 A plugin is declared here by kind and name with a one-line summary: that is what a plan file
 may name, and what `PolicyParams` validation reads. The routing layer (`fleetwise.routing`)
@@ -16,8 +16,10 @@ from typing import Any, Literal, TypeVar
 
 from fleetwise.errors import SpecError
 
-PluginKind = Literal["filter", "scorer", "picker"]
-KINDS: tuple[PluginKind, ...] = ("filter", "scorer", "picker")
+PluginKind = Literal["filter", "scorer", "picker", "pair_scorer"]
+KINDS: tuple[PluginKind, ...] = ("filter", "scorer", "picker", "pair_scorer")
+"""Filters keep workers, scorers rank one side's candidates, pickers choose, pair scorers rank a
+prefill->decode pair as a whole (the hand-off between the two profiles of a P/D fleet)."""
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -91,9 +93,11 @@ for _kind, _name, _summary in (
     ("scorer", "prefix", "Fraction of the prompt's hashed blocks the prefix index says are cached."),
     ("scorer", "kv", "KV headroom: 1 - kv_usage."),
     ("scorer", "feedback", "min slowness / slowness from observed latency."),
+    ("scorer", "kv_room", "KV fraction a decode worker has left after admitting the request (P/D decode profile)."),
     ("picker", "max", "Highest weighted total; exact ties broken by tie_break (seeded random or LRU)."),
     ("picker", "round_robin", "Next worker after the previous pick, in name order."),
     ("picker", "random", "Seeded uniform choice."),
     ("picker", "power_of_two", "Two seeded samples; the higher total wins (requests when no scorer is weighted)."),
+    ("pair_scorer", "handoff", "KV hand-off over the pair's link: 1 / (1 + transfers active on it); 1 without a link."),
 ):
     ROUTING_PLUGINS.declare(_kind, _name, _summary)  # type: ignore[arg-type]

@@ -68,6 +68,9 @@ class Result:
     tokens: int = 0
     chunks: int = 0
     itl_s: list[float] = field(default_factory=list)
+    stamps: dict[str, float] = field(default_factory=dict)
+    """Unix times of the client's stages: `send` (first byte of the first request), `prefill_answer`
+    and `decode_send` (PD), `first` (first content chunk), `last`."""
 
 
 @dataclass
@@ -102,6 +105,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
                 continue
             if n_chunks == 0:
                 t_first = now
+                res.stamps["first"] = time.time()
             elif keep_itl:
                 res.itl_s.append((now - t_last) * scale)
             t_last = now
@@ -109,6 +113,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
         if not done:
             res.error = "stream ended without [DONE]"
             return
+    res.stamps["last"] = res.stamps["send"] + (t_last - t_send)
     res.chunks, res.tokens = n_chunks, usage_tokens
     res.ttft_s = (t_first - t_send) * scale
     res.e2e_s = (t_last - t_send) * scale
@@ -122,6 +127,7 @@ async def _one(session: aiohttp.ClientSession, req: Request, text: str, target: 
     res = Result(req.request_id)
     body: dict[str, Any] = {"model": model, "prompt": text, "max_tokens": req.output_tokens, "ignore_eos": True,
                             "stream": True, "stream_options": {"include_usage": True}}
+    res.stamps["send"] = time.time() - (time.perf_counter() - t_send)
     try:
         if target.prefill_url is not None:
             async with session.post(target.prefill_url + "/v1/completions", json={
@@ -132,6 +138,8 @@ async def _one(session: aiohttp.ClientSession, req: Request, text: str, target: 
                     res.error = f"prefill HTTP {r.status}: {(await r.text())[:200]}"
                     return res
                 body["kv_transfer_params"] = (await r.json())["kv_transfer_params"]
+                res.stamps["prefill_answer"] = time.time()
+            res.stamps["decode_send"] = time.time()
         await _stream(session, target.url, body, res, t_send, scale, keep_itl)
     except (TimeoutError, aiohttp.ClientError, OSError) as err:
         res.error = f"{type(err).__name__}: {err}"[:200]
@@ -207,35 +215,68 @@ async def fetch_status(urls: list[str], path: str = "/fleetwise/status") -> list
         return out
 
 
-def pd_breakdown(prefill: dict[str, Any], decode: dict[str, Any]) -> dict[str, float]:
-    """Medians (modelled seconds) of a PD request's legs from both replicas' records: the prefill
-    as modelled, the prefill's answer to the decode replica's intake (the client's hop), and
-    the decode intake to the first token (KV pull, its wait, the first decode pass)."""
-    legs: list[tuple[float, float, float]] = []
-    d_rows = {r[0]: r for r in decode["rows"]}
-    sp, sd = prefill["time_scale"], decode["time_scale"]
-    for r in prefill["rows"]:
-        q = d_rows.get(r[0])
-        if q is None or r[2] is None or q[2] is None:
-            continue
-        pa, pf = prefill["origin_unix_s"] + r[1] / sp, prefill["origin_unix_s"] + r[2] / sp
-        da, df = decode["origin_unix_s"] + q[1] / sd, decode["origin_unix_s"] + q[2] / sd
-        legs.append(((pf - pa) * sp, (da - pf) * sp, (df - da) * sp))
-    if not legs:
-        return {}
-    return {name: float(np.median([x[i] for x in legs])) for i, name in
-            enumerate(("prefill_s", "prefill_answer_to_decode_intake_s", "decode_intake_to_first_token_s"))}
+def _rows_unix(rec: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """A replica's records by request id, every `*_s` column as a Unix time (None stays None)."""
+    o, sc, cols = rec["origin_unix_s"], rec["time_scale"], rec["columns"]
+    out = {}
+    for row in rec["rows"]:
+        d = dict(zip(cols, row, strict=True))
+        out[d["id"]] = {k: (None if v is None else o + v / sc) for k, v in d.items() if k.endswith("_s")}
+    return out
+
+
+EMULATOR_STAGES = {
+    "mixed": (("client_to_server", "c.send", "m.arrival_s"), ("queue", "m.arrival_s", "m.scheduled_s"),
+              ("prefill", "m.scheduled_s", "m.first_token_s"), ("server_to_client", "m.first_token_s", "c.first")),
+    "pd": (("client_to_prefill", "c.send", "p.arrival_s"), ("queue", "p.arrival_s", "p.scheduled_s"),
+           ("prefill", "p.scheduled_s", "p.first_token_s"), ("prefill_overrun", "p.first_token_s", "p.finish_seen_s"),
+           ("prefill_answer_to_client", "p.finish_seen_s", "c.prefill_answer"),
+           ("client_to_decode", "c.prefill_answer", "d.arrival_s"), ("decode_to_pull", "d.arrival_s", "d.kv_pull_start_s"),
+           ("kv_pull", "d.kv_pull_start_s", "d.kv_pull_end_s"), ("kv_to_first_token", "d.kv_pull_end_s", "d.first_token_s"),
+           ("server_to_client", "d.first_token_s", "c.first")),
+}
+"""Stages of a request's way to its first token, each (name, from, to): `c.` = the client's
+stamps, `m.`/`p.`/`d.` = the mixed, prefill or decode replica's record."""
+
+
+def stage_timeline(results: list[Result], by_role: dict[str, list[dict[str, Any]]], scale: float) -> dict[str, Any]:
+    """Per-stage medians and means (modelled seconds) of every request's way to its first token,
+    from the client's stamps and the replicas' records lined up on Unix time."""
+    kind = "pd" if "prefill" in by_role else "mixed"
+    rows = {r: {k: v for rec in recs for k, v in _rows_unix(rec).items()} for r, recs in by_role.items()}
+    stages = EMULATOR_STAGES[kind]
+    vals: dict[str, list[float]] = {name: [] for name, _, _ in stages}
+    for res in results:
+        rid = f"r{res.request_id}"
+        src: dict[str, dict[str, float | None]] = {"c": dict(res.stamps)}
+        for role, key in (("mixed", "m"), ("prefill", "p"), ("decode", "d")):
+            if role in rows:
+                src[key] = rows[role].get(rid, {})
+        for name, a, b in stages:
+            ta = src[a[0]].get(a[2:])
+            tb = src[b[0]].get(b[2:])
+            if ta is not None and tb is not None:
+                vals[name].append((tb - ta) * scale)
+    return {name: {"p50": float(np.median(v)), "mean": float(np.mean(v)), "p99": float(np.percentile(v, 99))}
+            for name, v in vals.items() if v}
 
 
 def server_side(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per request id, the emulators' own modelled times: {ttft_s, tpot_s}. A request seen by two
-    replicas (PD) starts at its arrival on the first one (by wall time) and ends on the other;
-    replicas' clocks are lined up through their `origin_unix_s`."""
+    """Per request id, the emulators' own modelled times: {ttft_s, ttft_engine_s, tpot_s}. A
+    request seen by two replicas (PD) starts at its arrival on the first one (by wall time) and
+    ends on the other; replicas' clocks are lined up through their `origin_unix_s`. `ttft_s` is
+    that span, the client's hop between the two replicas included; `ttft_engine_s` sums each
+    replica's own leg (arrival to first token: the prefill, then the KV transfer and the first
+    decode pass), the span without the hop, which is where the simulator, having no proxy,
+    measures TTFT. For a colocated request the two are equal."""
     seen: dict[str, list[tuple[float, float | None, float, int]]] = {}
     for rec in records:
         o, scale = rec["origin_unix_s"], rec["time_scale"]
+        cols = rec["columns"]
+        ia, ir, iff, ifi, io = (cols.index(c) for c in ("arrival_s", "id", "first_token_s", "finish_s",
+                                                         "output_tokens"))
         for row in rec["rows"]:
-            rid, arr, first, fin, _, out, _ = row
+            rid, arr, first, fin, out = row[ir], row[ia], row[iff], row[ifi], row[io]
             seen.setdefault(rid, []).append((o + arr / scale, None if first is None else o + first / scale,
                                              o + fin / scale, out))
     scale = records[0]["time_scale"] if records else 1.0
@@ -246,7 +287,10 @@ def server_side(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         _, first, fin, out = max(parts, key=lambda p: p[3])  # the replica that generated the output
         if first is None:
             continue
-        res[rid] = {"ttft_s": (first - arrival) * scale,
+        if any(p[1] is None for p in parts):
+            continue
+        legs = sum(p[1] - p[0] for p in parts if p[1] is not None)
+        res[rid] = {"ttft_s": (first - arrival) * scale, "ttft_engine_s": legs * scale,
                     "tpot_s": (fin - first) * scale / (out - 1) if out > 1 else float("nan")}
     return res
 

@@ -14,6 +14,7 @@ it in-process through an ASGI transport. Routes:
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 import uuid
@@ -31,7 +32,7 @@ from fleetwise import __version__
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.faults import FaultError
 from fleetwise.emulator.protocol import ApiError, ChunkWriter, Kind, full_response, parse_body, parse_request
-from fleetwise.emulator.replica import EmulatedReplica, Live
+from fleetwise.emulator.replica import RECORD_COLUMNS, EmulatedReplica, Live
 from fleetwise.perf.roofline import PerfModel
 
 CRASH_EXIT_CODE = 1
@@ -130,11 +131,20 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         except ApiError as err:
             replica.metrics.reject(err.status)
             return _error(err)
+        if live.error is not None:  # refused while admitted (a decode replica's KV pull)
+            replica.metrics.reject(live.error.status)
+            return _error(live.error)
+        watcher = asyncio.create_task(_abort_on_disconnect(request, live))
         if req.stream:
-            return StreamingResponse(_stream(live), media_type="text/event-stream",
+            return StreamingResponse(_stream(live, watcher), media_type="text/event-stream",
                                      headers={"x-request-id": live.rid})
-        while not live.done:
-            await live.wait()
+        try:
+            while not live.done:
+                await live.wait()
+        finally:
+            watcher.cancel()
+        if live.finish_reason == "abort":
+            return Response(status_code=499)  # nobody is listening (nginx's "client closed request")
         if live.error is not None:
             replica.metrics.reject(live.error.status)
             return _error(live.error)
@@ -142,7 +152,23 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         return JSONResponse(full_response(req, live.rid, replica.created, text, live.finish_reason, live.emitted,
                                           live.kv_transfer_params), headers={"x-request-id": live.rid})
 
-    async def _stream(live: Live) -> AsyncIterator[bytes]:
+    async def _abort_on_disconnect(request: Request, live: Live) -> None:
+        """Wait for the client to go away (`http.disconnect`); abort the request if it was still
+        running. The body has been read, so the next message is the disconnect (servers send
+        it at the latest when the response is complete)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        replica.abort(live)
+
+    async def _stream(live: Live, watcher: asyncio.Task[None]) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in _chunks(live):
+                yield chunk
+        finally:  # the stream ended, failed, or was cancelled because the client went away
+            watcher.cancel()
+            replica.abort(live)
+
+    async def _chunks(live: Live) -> AsyncIterator[bytes]:
         w = ChunkWriter(live.req, live.rid, replica.created)
         sent = 0
         faults = replica.faults
@@ -244,8 +270,7 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         return JSONResponse(replica.report())
 
     async def records(request: Request) -> Response:
-        cols = ("id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens", "finish_reason")
-        return JSONResponse({"columns": cols, "rows": list(replica.records), "origin_unix_s": replica.origin_unix_s,
+        return JSONResponse({"columns": RECORD_COLUMNS, "rows": list(replica.records), "origin_unix_s": replica.origin_unix_s,
                              "time_scale": cfg.time_scale})
 
     routes = [

@@ -30,14 +30,16 @@ from fleetwise.emulator import faults as fault_kinds
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.generation import OutputLengthModel, TokenStream
 from fleetwise.emulator.kv_events import KvEventPublisher
+from fleetwise.emulator.kv_link import KvIngress
 from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.protocol import ApiError, GenRequest
+from fleetwise.engine.clock import ORDER_ARRIVAL
 from fleetwise.engine.driver import DOWN, UP, EngineDriver
 from fleetwise.engine.pools import build_pool
 from fleetwise.engine.records import StepOutput
 from fleetwise.errors import SpecError
 from fleetwise.live import AsyncioClock
-from fleetwise.perf.kv import kv_transfer_s
+from fleetwise.perf.kv import kv_shards, kv_transfer_bytes, kv_transfer_s
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.perf.types import Deployment
@@ -48,8 +50,28 @@ MAX_DST_KINDS = 64
 """Decode-side deployments remembered by a prefill replica (more are rebuilt on demand)."""
 MAX_RECORDS = 100_000
 """Finished requests kept for `GET /fleetwise/requests` (about 10 MB)."""
+RECORD_COLUMNS = ("id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
+                  "finish_reason", "scheduled_s", "kv_pull_start_s", "kv_pull_end_s", "finish_seen_s")
+"""Columns of `GET /fleetwise/requests`: arrival = when the request reached the server; first
+token and finish = the step ends that produced them (scheduled times); scheduled = the start of
+the step that first ran it; KV pull start and end (decode role) = when the pull was sent and
+answered; finish seen = when the process handled the finishing step (its deadline overrun is
+finish seen - finish). A stage that did not happen is null."""
 WHERE = "emulator"
 """How errors in the emulator's options name their source."""
+
+
+def output_length(req: GenRequest, room: int, eos: Callable[[], int]) -> tuple[int, str]:
+    """Tokens a request generates and its finish reason, as vLLM decides them: `max_tokens` (else
+    the `room` left in the context) is a cap; without `ignore_eos` the output ends earlier at the
+    model's EOS (`eos()`: the seeded length model's draw for this prompt), reason `stop`; a request
+    that reaches its cap ends with `length` (vLLM checks the cap before the EOS)."""
+    cap = room if req.max_tokens is None else min(req.max_tokens, room)
+    if not req.ignore_eos:
+        n = eos()
+        if n < cap:
+            return n, "stop"
+    return cap, "length"
 
 
 def single_passes(driver: EngineDriver, now_s: float) -> tuple[float, float]:
@@ -74,6 +96,13 @@ class Live:
     first_token_s: float | None = None
     last_token_s: float = 0.0
     finish_s: float | None = None
+    pull_start_s: float | None = None
+    """Decode role: when the KV pull was sent, and when it came back (modelled s)."""
+    pull_end_s: float | None = None
+    pull_id: int | None = None
+    """Decode role: the pull on the KV port until it lands."""
+    admitted: bool = False
+    """The engine holds the request (it reached the engine at its arrival on the clock)."""
     done: bool = False
     error: ApiError | None = None
     kv_transfer_params: dict[str, Any] | None = None
@@ -152,14 +181,17 @@ class EmulatedReplica:
         self._next_eid = 0
         self._fault_timers: dict[str, asyncio.TimerHandle] = {}
         self._dst_cache: dict[str, Deployment] = {}
+        self._aborts: list[Live] = []
+        """Requests to drop from the engine at the end of the step in flight."""
+        self.ingress: KvIngress | None = None
         self.clock: AsyncioClock | None = None
         self.driver: EngineDriver | None = None
         self.created = int(time.time())
         self.origin_unix_s = 0.0
         """Unix time of modelled second 0 (lets a client line up several replicas' records)."""
-        self.records: deque[tuple[str, float, float | None, float, int, int, str]] = deque(maxlen=MAX_RECORDS)
-        """Finished requests: (id, arrival, first token, finish, prompt tokens, output tokens,
-        finish reason), modelled seconds; the most recent MAX_RECORDS."""
+        self.records: deque[tuple[Any, ...]] = deque(maxlen=MAX_RECORDS)
+        """Finished requests, one tuple of `RECORD_COLUMNS` each (modelled seconds); the most
+        recent MAX_RECORDS."""
 
     # ---- clock -------------------------------------------------------------------------------
     def now_s(self) -> float:
@@ -177,6 +209,8 @@ class EmulatedReplica:
             return
         self.clock = AsyncioClock(1.0 / self.cfg.time_scale)
         self.origin_unix_s = time.time()
+        link = self.cfg.kv_link
+        self.ingress = KvIngress(self.clock, link.bytes_per_s * kv_shards(self.deployment), link.latency_s)
         self.driver = EngineDriver(self.engine, self.clock, self._on_output, single_passes, self.build.perf,
                                    pool_name=self.pool.name, accelerator=self.deployment.accelerator.name,
                                    model_version=self.pool.model_version, region=self.pool.region,
@@ -234,36 +268,70 @@ class EmulatedReplica:
         d = digest(req.prompt_ids)
         if self.pool.role == "prefill":
             target, reason = 1, "length"
-        elif req.max_tokens is not None:
-            target, reason = req.max_tokens, "length"
         else:
-            target = self.lengths.draw(d)
-            reason = "stop"
-            if target >= self.max_model_len - p:
-                target, reason = self.max_model_len - p, "length"
+            target, reason = output_length(req, self.max_model_len - p, lambda: self.lengths.draw(d))
         eid = str(self._next_eid)
         self._next_eid += 1
-        er = Request(eid, self.now_s(), p, target, block_hashes(req.prompt_ids, self.block_size),
-                     self.block_size)
+        clock = self.clock
+        if clock is None:
+            raise ApiError(503, "the engine is not running yet; retry")
+        now = self.now_s()
+        er = Request(eid, now, p, target, block_hashes(req.prompt_ids, self.block_size), self.block_size)
         if not self.engine.fits(er):
             raise ApiError(400, f"prompt ({p} tokens) plus output ({target} tokens) never fit this replica's KV "
                                 f"cache ({self.kv_capacity_tokens} tokens); send a shorter prompt or max_tokens",
                            "prompt")
-        live = Live(rid, eid, req, d, target, reason, er.arrival_s)
+        live = Live(rid, eid, req, d, target, reason, now)
         self.metrics.req_max_tokens.observe(req.max_tokens or target)
         self.status.requests += 1
         self.events.remember(req.prompt_ids, er.block_hashes)
+        self._live[eid] = live
         if self.pool.role == "decode":
-            await self._pull(live, req.kv_transfer_params or {})
-            if live.done:
-                return live
-            self._live[eid] = live
+            await self._pull(live, er, req.kv_transfer_params or {})
+        else:
+            # The request reaches the engine at its arrival on the clock: a step that ends then,
+            # or ended before it while the process was late, runs first (as in the simulator).
+            clock.call_at(now, ORDER_ARRIVAL, self._admit, (live, er))
+        return live
+
+    def _admit(self, t: float, arg: tuple[Live, Request]) -> None:
+        live, er = arg
+        if live.done:
+            return
+        live.admitted = True
+        if self.pool.role == "decode":
             self.engine.add_transferred(er)
         else:
-            self._live[eid] = live
             self.engine.add_request(er)
-        self._kick()
-        return live
+        if self.driver is not None:
+            self.driver.kick(t)
+
+    def abort(self, live: Live) -> None:
+        """The client went away: drop the request (vLLM aborts it and frees its KV). The engine
+        lets go of it between steps: now when idle, else at the end of the step in flight."""
+        if live.done:
+            return
+        live.finish_reason = "abort"
+        self._drop(live)
+        self._live.pop(live.eid, None)
+        live.done = True
+        self.metrics.success["abort"].inc()
+        live.notify()
+
+    def _drop(self, live: Live) -> None:
+        """Take `live` out of the KV port and the engine (between steps)."""
+        if live.pull_id is not None and self.ingress is not None:
+            self.ingress.cancel(self.now_s(), live.pull_id)
+            live.pull_id = None
+        if not live.admitted:
+            live.done = True  # a pending admission finds it done
+            return
+        live.admitted = False
+        if self.engine.busy:
+            self._aborts.append(live)
+        else:
+            self.engine.abort(live.eid)
+            self._kick()
 
     def _on_output(self, driver: EngineDriver, end: float, start: float, out: StepOutput) -> None:
         """A step ended at `end` (modelled s): stream its tokens, finish and hand off requests."""
@@ -310,6 +378,10 @@ class EmulatedReplica:
             if lv is not None:
                 self._handoff(lv, end)
         eng = self.engine
+        if self._aborts:
+            for lv in self._aborts:
+                eng.abort(lv.eid)
+            self._aborts.clear()
         m.running.set(eng.num_running)
         m.waiting.set(eng.num_waiting)
         m.kv_usage.set(eng.kv_usage)
@@ -344,7 +416,7 @@ class EmulatedReplica:
     def _finish(self, lv: Live, t: float) -> None:
         m = self.metrics
         self.records.append((lv.rid, lv.arrival_s, lv.first_token_s, t, len(lv.req.prompt_ids), lv.emitted,
-                             lv.finish_reason))
+                             lv.finish_reason, lv.sched_s, lv.pull_start_s, lv.pull_end_s, self.now_s()))
         lv.finish_s = t
         lv.done = True
         m.e2e.observe(t - lv.arrival_s)
@@ -360,6 +432,8 @@ class EmulatedReplica:
         lv.notify()
 
     def _fail(self, lv: Live, err: ApiError) -> None:
+        if not lv.done:
+            self._drop(lv)
         self._live.pop(lv.eid, None)
         lv.error = err
         lv.done = True
@@ -374,7 +448,7 @@ class EmulatedReplica:
             "do_remote_prefill": True, "do_remote_decode": False,
             "remote_block_ids": list(range(n_blocks)), "remote_engine_id": self.cfg.engine_id,
             "remote_host": self.cfg.host, "remote_port": self.cfg.port, "remote_request_id": lv.rid,
-            "tp_size": self.pool.parallelism.tp,
+            "tp_size": self.pool.parallelism.tp, "pp_size": self.pool.parallelism.pp,
         }
         lease = _Lease(lv, len(lv.req.prompt_ids))
         self._leases[lv.rid] = lease
@@ -392,8 +466,9 @@ class EmulatedReplica:
             self._kick()
 
     async def serve_pull(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Prefill role: a decode replica pulls a leased request's KV. Waits the modelled transfer
-        time (`perf.kv.kv_transfer_s` over the decode side's link), then frees the blocks."""
+        """Prefill role: a decode replica pulls a leased request's KV. Answers at once (the
+        decode side models the transfer on its KV port) and frees the blocks when a transfer
+        alone would have landed (`perf.kv.kv_transfer_s` over the decode side's link)."""
         rid = body.get("remote_request_id")
         if not isinstance(rid, str) or rid not in self._leases:
             raise ApiError(404, f"no KV lease for remote_request_id={rid!r} (expired, pulled already, or "
@@ -414,11 +489,15 @@ class EmulatedReplica:
         self.metrics.kv_leases.set(len(self._leases))
         if lease.expires is not None:
             lease.expires.cancel()
-        await asyncio.sleep(self._wall_s(seconds))
-        self.engine.release(lease.live.eid)
-        self._kick()
+        asyncio.get_running_loop().call_later(self._wall_s(seconds), self._release, lease.live.eid)
         return {"remote_request_id": rid, "prompt_tokens": lease.prompt_tokens, "transfer_s": seconds,
                 "remote_engine_id": self.cfg.engine_id}
+
+    def _release(self, eid: str) -> None:
+        if self.driver is not None and self.driver.state == DOWN and self.engine.busy:
+            return  # stopped with a step in flight: nothing to free any more
+        self.engine.release(eid)
+        self._kick()
 
     def _dst_deployment(self, dst: dict[str, Any]) -> Deployment:
         """The decode side's deployment named in a pull (memoised: a fleet has few kinds)."""
@@ -435,9 +514,21 @@ class EmulatedReplica:
             dep = self._dst_cache[key] = build_pool(pool, self._perf_model, "KV pull dst").deployment
         return dep
 
-    async def _pull(self, lv: Live, ktp: dict[str, Any]) -> None:
-        """Decode role: pull the prompt's KV from the prefill replica named in `ktp`."""
-        if self._kv_pull is None:
+    def _src_deployment(self, ktp: dict[str, Any]) -> Deployment:
+        """The prefill side's deployment as its kv_transfer_params name it (same model and card)."""
+        tp, pp = ktp.get("tp_size", 1), ktp.get("pp_size", 1)
+        return self._dst_deployment({"model": self.cfg.model, "accelerator": self.cfg.gpu, "tp": tp, "pp": pp,
+                                     "kv_dtype": self.cfg.kv_dtype})
+
+    async def _pull(self, lv: Live, er: Request, ktp: dict[str, Any]) -> None:
+        """Decode role: the prompt's KV moves over this replica's KV port (`KvIngress`, shared
+        with the other pulls in flight) from the moment the request arrived; when it lands the
+        request reaches the engine. The pull message to the prefill replica runs alongside: it
+        checks and ends the lease, and its answer gates the response (a refused pull drops the
+        request and answers with the prefill side's error). The message's own wall-clock round
+        trip is the emulation's, not the modelled transfer's (vLLM's NIXL reads the remote
+        blocks directly), so it is not on the modelled path."""
+        if self._kv_pull is None or self.ingress is None:
             self._fail(lv, ApiError(503, "this replica cannot reach prefill replicas (no KV client)"))
             return
         dst = {"model": self.cfg.model, "accelerator": self.cfg.gpu, "tp": self.cfg.tp, "pp": self.cfg.pp,
@@ -446,12 +537,27 @@ class EmulatedReplica:
                "dst": dst, "link_bytes_per_s": self.cfg.kv_link.bytes_per_s,
                "link_latency_s": self.cfg.kv_link.latency_s}
         try:
+            src_bw = self.cfg.kv_link.bytes_per_s * kv_shards(self._src_deployment(ktp))
+        except (SpecError, ValueError, TypeError) as err:
+            self._fail(lv, ApiError(400, f"kv_transfer_params: {str(err)[:200]}", "kv_transfer_params"))
+            return
+        src = f"{ktp.get('remote_engine_id')}@{ktp.get('remote_host')}:{ktp.get('remote_port')}"
+
+        def landed(t: float, seconds: float) -> None:
+            lv.pull_id = None
+            lv.pull_end_s = t
+            self.metrics.kv_transfer.observe(seconds)
+            self._admit(t, (lv, er))
+
+        lv.pull_start_s = lv.arrival_s
+        lv.pull_id = self.ingress.start(lv.arrival_s, src, src_bw, kv_transfer_bytes(er.prompt_tokens, self.deployment),
+                                        landed)
+        try:
             res = await self._kv_pull(ktp, req)
         except ApiError as err:
             self._fail(lv, ApiError(503 if err.status >= 500 else err.status, f"KV pull failed: {err.message}",
                                     "kv_transfer_params"))
             return
-        self.metrics.kv_transfer.observe(float(res.get("transfer_s", 0.0)))
         if int(res.get("prompt_tokens", -1)) != len(lv.req.prompt_ids):
             self._fail(lv, ApiError(400, f"KV pull: the prefill replica holds {res.get('prompt_tokens')} prompt "
                                          f"tokens, this request has {len(lv.req.prompt_ids)}; send the same prompt "

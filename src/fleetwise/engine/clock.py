@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["ORDER_KICK", "ORDER_STEP_END", "Callback", "Clock"]
+__all__ = ["ORDER_ARRIVAL", "ORDER_KICK", "ORDER_STEP_END", "Callback", "Clock"]
 
 ORDER_STEP_END = 1
 """Tie order of a step's end: completions free resources before routing and arrivals at the same time."""
+ORDER_ARRIVAL = 5
+"""Tie order of a request reaching its engine: after the step that ends at the same time, so it
+joins the next step, never one that started before it arrived."""
 ORDER_KICK = 6
 """Tie order of a kick (an idle engine schedules): after every arrival at the same time, so all join one step."""
 

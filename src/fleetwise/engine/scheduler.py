@@ -495,9 +495,19 @@ class Engine:
     def _preempt(self, st: SeqState) -> None:
         """Recompute preemption: free blocks, keep outputs, requeue at the front of waiting."""
         if st.phase == DECODE:
-            g = self._passes
-            context = st.a + g
-            st.outputs = st.req.output_tokens - (st.f - g)
+            st.outputs = st.req.output_tokens - (st.f - self._passes)
+        self._drop_running(st)
+        st.computed, st.transferred, st.phase = 0, False, WAITING
+        st.target = st.req.prompt_tokens + st.outputs
+        self._waiting.appendleft(st)
+        self._waiting_prefill_tokens += st.target
+        self.stats.preemptions += 1
+
+    def _drop_running(self, st: SeqState) -> None:
+        """Take a running request out of the batch and free its private blocks (computed prompt
+        blocks stay in the prefix cache)."""
+        if st.phase == DECODE:
+            context = st.a + self._passes
             self._decoders.leave(st)
             private = cdiv(context, self._bs) - st.shared
         else:
@@ -505,11 +515,28 @@ class Engine:
             private = st.private
         del self._running[st.req.request_id]
         st.free_blocks(self.pool, private)
-        st.computed, st.transferred, st.phase = 0, False, WAITING
-        st.target = st.req.prompt_tokens + st.outputs
-        self._waiting.appendleft(st)
-        self._waiting_prefill_tokens += st.target
-        self.stats.preemptions += 1
+
+    def abort(self, request_id: str) -> bool:
+        """Drop one request between steps (its client went away), wherever it is: waiting,
+        running, or a prefill's KV awaiting release; its blocks are freed as a finish frees them.
+        False when this engine does not hold it. vLLM applies aborts between steps too."""
+        if self._inflight is not None:
+            raise RuntimeError(f"engine {self.name!r}: abort() while a step is in flight; abort between steps")
+        st = self._running.get(request_id)
+        if st is not None:
+            self._drop_running(st)
+        elif request_id in self._awaiting_release:
+            self.release(request_id)
+        else:
+            for st in self._waiting:
+                if st.req.request_id == request_id:
+                    break
+            else:
+                return False
+            self._waiting.remove(st)
+            self._waiting_prefill_tokens -= 0 if st.transferred else st.target
+        self._blocked_key = None
+        return True
 
     # -- prefill role, crashes, views ---------------------------------------------------------------
     def release(self, request_id: str) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from fleetwise.engine.clock import ORDER_KICK, ORDER_STEP_END
+from fleetwise.engine.clock import ORDER_ARRIVAL, ORDER_KICK, ORDER_STEP_END
 
 
 class Priority(IntEnum):
@@ -34,7 +34,7 @@ class Priority(IntEnum):
     """The router's delayed fleet view is refreshed (snapshots taken after completions)."""
     ROUTE = 4
     """A batch of arrivals is routed (delayed-feedback mode)."""
-    ARRIVAL = 5
+    ARRIVAL = ORDER_ARRIVAL
     """A request reaches the router or its engine."""
     KICK = ORDER_KICK
     """An idle engine with new work schedules its next step."""

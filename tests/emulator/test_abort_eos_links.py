@@ -1,0 +1,203 @@
+"""Client disconnects abort requests; `ignore_eos` and `max_tokens` as vLLM reads them; concurrent
+KV pulls share the port as the simulator's network does; arrivals never join an earlier step."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from typing import Any
+
+import pytest
+from emu_helpers import asgi_post, cfg, metric, run, serve
+
+from fleetwise.core.tokens import words_text
+from fleetwise.emulator.app import create_app
+from fleetwise.emulator.kv_link import KvIngress
+from fleetwise.emulator.protocol import parse_request
+from fleetwise.engine.clock import ORDER_ARRIVAL
+from fleetwise.sim.events import EventLoop
+from fleetwise.sim.network import KvNetwork
+from fleetwise.spec.plan import KvLinkSpec
+from fleetwise.spec.workload import FixedLength
+
+PROMPT = words_text(list(range(300)))
+
+
+async def _call_then_disconnect(app: Any, body: dict[str, Any], after_chunks: int) -> list[dict[str, Any]]:
+    """Drive one POST /v1/completions at the ASGI level; the client goes away (`http.disconnect`)
+    once `after_chunks` body chunks have arrived (0: right after the response starts, or, for a
+    non-streaming request, at once)."""
+    sent: list[dict[str, Any]] = []
+    gone = asyncio.Event()
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(msg: dict[str, Any]) -> None:
+        sent.append(msg)
+        if msg["type"] == "http.response.body" and msg.get("body"):
+            if sum(1 for m in sent if m["type"] == "http.response.body" and m.get("body")) >= after_chunks:
+                gone.set()
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+    if after_chunks == 0:
+        gone.set()
+    await app(scope, receive, send)
+    return sent
+
+
+def test_a_stream_whose_client_disconnects_is_aborted_and_frees_its_kv():
+    async def go():
+        app = create_app(cfg(time_scale=20.0))
+        async with app.router.lifespan_context(app):
+            rep = app.state.replica
+            body = {"prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+            sent = await asyncio.wait_for(_call_then_disconnect(app, body, after_chunks=3), 30)
+            chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
+            assert len(chunks) < 50  # cut short: 2,000 tokens would take ~20 s of wall time
+            await asyncio.sleep(0.2)  # a few steps: the abort lands at a step boundary
+            assert rep.engine.num_running == 0 and rep.engine.num_waiting == 0
+            assert rep.engine.pool.num_used == 0  # KV freed (prompt blocks stay as evictable cache)
+            assert not rep._live
+            assert re.search(r'finished_reason="abort"[^}]*} 1\.0', rep.metrics.render().decode())
+    run(go())
+
+
+def test_a_non_streaming_request_whose_client_disconnects_is_aborted():
+    async def go():
+        app = create_app(cfg(time_scale=20.0))
+        async with app.router.lifespan_context(app):
+            rep = app.state.replica
+            body = {"prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True}
+            t0 = time.monotonic()
+            sent = await asyncio.wait_for(_call_then_disconnect(app, body, after_chunks=0), 30)
+            assert time.monotonic() - t0 < 5.0  # did not run the 2,000 tokens
+            assert sent[0]["status"] == 499
+            await asyncio.sleep(0.2)
+            assert rep.engine.num_running == 0 and rep.engine.pool.num_used == 0 and not rep._live
+            assert re.search(r'finished_reason="abort"[^}]*} 1\.0', rep.metrics.render().decode())
+    run(go())
+
+
+# ---- ignore_eos and max_tokens ------------------------------------------------------------------
+EOS_AT = 7
+"""The seeded length model's EOS for every prompt in these tests (a fixed length)."""
+
+
+@pytest.mark.parametrize(("extra", "tokens", "reason"), [
+    ({"max_tokens": 20}, EOS_AT, "stop"),  # max_tokens is a cap: the model stops at its EOS first
+    ({"max_tokens": 5}, 5, "length"),  # the cap comes first
+    ({"max_tokens": EOS_AT}, EOS_AT, "length"),  # both at once: vLLM checks the cap first
+    ({"max_tokens": 20, "ignore_eos": True}, 20, "length"),  # runs to max_tokens
+    ({}, EOS_AT, "stop"),  # no cap: the EOS
+    ({"ignore_eos": True}, 64 - 40, "length"),  # no cap, no EOS: to the context limit
+])
+def test_max_tokens_is_a_cap_and_ignore_eos_runs_to_it(extra, tokens, reason):
+    async def go():
+        async with serve(cfg(output_lengths=FixedLength(tokens=EOS_AT), max_model_len=64)) as (_, c):
+            r = await c.post("/v1/completions", json={"prompt": words_text(list(range(40))), **extra})
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] == tokens
+            assert r.json()["choices"][0]["finish_reason"] == reason
+            s = await c.post("/v1/completions", json={"prompt": words_text(list(range(40))), "stream": True,
+                                                      "stream_options": {"include_usage": True}, **extra})
+            events = [json.loads(b[6:]) for b in s.text.split("\n\n") if b.startswith("data: {")]
+            assert events[-1]["usage"]["completion_tokens"] == tokens
+            assert [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1] == reason
+    run(go())
+
+
+# ---- KV pulls share the port ------------------------------------------------------------------------
+def test_concurrent_pulls_land_when_the_simulators_network_delivers():
+    """Pulls from two sources into one decode port, starting at various times, land exactly when
+    the simulator's processor-shared network delivers the same transfers."""
+    bw_src, bw_dst, lat = 4e9, 6e9, 2e-5
+    starts = [(0.0, "p0", 3e8), (0.01, "p0", 1e8), (0.02, "p1", 2e8), (0.021, "p0", 5e7), (0.2, "p1", 1e8)]
+    loop = EventLoop()
+    ing = KvIngress(loop, bw_dst, lat)
+    got: dict[int, float] = {}
+
+    def start(now: float, a: tuple[int, str, float]) -> None:
+        ing.start(now, a[1], bw_src, a[2], lambda t, _s: got.__setitem__(a[0], t))
+
+    for k, (t, src, nbytes) in enumerate(starts):
+        loop.call_at(t, ORDER_ARRIVAL, start, (k, src, nbytes))
+    loop.run()
+    ref_loop = EventLoop()
+    want: dict[int, float] = {}
+    net = KvNetwork(ref_loop, lat, lambda now, tag, rec: want.__setitem__(tag, now))
+    ports = {"p0": net.add_port("p0", bw_src), "p1": net.add_port("p1", bw_src), "d": net.add_port("d", bw_dst)}
+    for k, (t, src, nbytes) in enumerate(starts):
+        ref_loop.call_at(t, ORDER_ARRIVAL, lambda now, a: net.start(now, a[0], ports[a[1]], ports["d"], a[2]), (k, src, nbytes))
+    ref_loop.run()
+    assert sorted(got) == list(range(len(starts)))
+    for k in got:
+        assert got[k] == pytest.approx(want[k], rel=1e-9, abs=1e-12)
+    alone = 3e8 / min(bw_src, bw_dst) + lat
+    assert got[0] > alone * 1.2  # shared, not priced alone
+
+
+def test_two_decode_requests_pulling_at_once_share_the_link():
+    async def go():
+        async with serve(cfg(role="prefill", port=9111)) as (papp, pc):
+            async with serve(cfg(role="decode", port=9112, time_scale=10.0, kv_link=KvLinkSpec(gbps=1.0, latency_s=0.0)),
+                             kv_post=asgi_post({"http://127.0.0.1:9111": papp})) as (dapp, dc):
+                prompts = [words_text(list(range(i, i + 2000))) for i in (0, 5000)]
+                ktps = []
+                for p in prompts:
+                    r = await pc.post("/v1/completions", json={"prompt": p, "max_tokens": 1,
+                                                               "kv_transfer_params": {"do_remote_decode": True}})
+                    ktps.append(r.json()["kv_transfer_params"])
+                drep = dapp.state.replica
+                alone_one = 2000 * drep.deployment.model.kv_bytes_per_token("bf16") / drep.ingress.bandwidth_bytes_per_s
+                rs = await asyncio.gather(*[dc.post("/v1/completions", json={"prompt": p, "max_tokens": 2,
+                                                                             "kv_transfer_params": k},
+                                                    headers={"x-request-id": f"pull{i}"})
+                                            for i, (p, k) in enumerate(zip(prompts, ktps, strict=True))])
+                assert all(r.status_code == 200 for r in rs)
+                rec = (await dc.get("/fleetwise/requests")).json()
+                rows = sorted((dict(zip(rec["columns"], r, strict=True)) for r in rec["rows"]),
+                              key=lambda r: r["kv_pull_start_s"])
+                delta = rows[1]["kv_pull_start_s"] - rows[0]["kv_pull_start_s"]
+                assert 0.0 <= delta < alone_one / 2
+                # Equal pulls started delta apart share the port from then on: each takes
+                # 2 x alone - delta (one at a time, each would take `alone`).
+                for r in rows:
+                    assert r["kv_pull_end_s"] - r["kv_pull_start_s"] == pytest.approx(2 * alone_one - delta, rel=1e-6)
+                total = metric((await dc.get("/metrics")).text, "fleetwise:kv_transfer_seconds_sum")
+                assert total == pytest.approx(4 * alone_one - 2 * delta, rel=1e-6)
+    run(go(), 120)
+
+
+# ---- arrivals and step boundaries -------------------------------------------------------------------
+def test_a_request_reaching_a_late_process_never_joins_a_step_that_started_before_it():
+    async def go():
+        async with serve(cfg(time_scale=10.0)) as (app, c):
+            rep = app.state.replica
+            first = asyncio.create_task(c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 200,
+                                                                       "ignore_eos": True}))
+            await asyncio.sleep(0.05)
+            time.sleep(0.1)  # the process is late: several step deadlines pass while it is blocked
+            # ... and the request is handled before the overdue step ends are (no await between)
+            req = parse_request("completion", {"prompt": words_text(list(range(400, 700))), "max_tokens": 2,
+                                               "ignore_eos": True}, rep.cfg.name)
+            live = await rep.submit(req, "late")
+            while not live.done:
+                await live.wait()
+            await first
+            rec = (await c.get("/fleetwise/requests")).json()
+            row = next(dict(zip(rec["columns"], r, strict=True)) for r in rec["rows"] if r[0] == "late")
+            assert row["scheduled_s"] >= row["arrival_s"]
+            assert rep.status.overrun_max_s > 0.0
+    run(go())

@@ -131,9 +131,6 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         except ApiError as err:
             replica.metrics.reject(err.status)
             return _error(err)
-        if live.error is not None:  # refused while admitted (a decode replica's KV pull)
-            replica.metrics.reject(live.error.status)
-            return _error(live.error)
         watcher = asyncio.create_task(_abort_on_disconnect(request, live))
         if req.stream:
             return StreamingResponse(_stream(live, watcher), media_type="text/event-stream",

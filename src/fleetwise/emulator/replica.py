@@ -466,9 +466,10 @@ class EmulatedReplica:
             self._kick()
 
     async def serve_pull(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Prefill role: a decode replica pulls a leased request's KV. Answers at once (the
-        decode side models the transfer on its KV port) and frees the blocks when a transfer
-        alone would have landed (`perf.kv.kv_transfer_s` over the decode side's link)."""
+        """Prefill role: a decode replica pulls a leased request's KV. Holds the pull open for
+        as long as the transfer alone takes (`perf.kv.kv_transfer_s` over the decode side's
+        link: a crash in that time breaks the pull), then frees the blocks and answers. The
+        decode side times the transfer itself, on its shared KV port."""
         rid = body.get("remote_request_id")
         if not isinstance(rid, str) or rid not in self._leases:
             raise ApiError(404, f"no KV lease for remote_request_id={rid!r} (expired, pulled already, or "
@@ -489,7 +490,8 @@ class EmulatedReplica:
         self.metrics.kv_leases.set(len(self._leases))
         if lease.expires is not None:
             lease.expires.cancel()
-        asyncio.get_running_loop().call_later(self._wall_s(seconds), self._release, lease.live.eid)
+        await asyncio.sleep(self._wall_s(seconds))
+        self._release(lease.live.eid)
         return {"remote_request_id": rid, "prompt_tokens": lease.prompt_tokens, "transfer_s": seconds,
                 "remote_engine_id": self.cfg.engine_id}
 
@@ -524,8 +526,8 @@ class EmulatedReplica:
         """Decode role: the prompt's KV moves over this replica's KV port (`KvIngress`, shared
         with the other pulls in flight) from the moment the request arrived; when it lands the
         request reaches the engine. The pull message to the prefill replica runs alongside: it
-        checks and ends the lease, and its answer gates the response (a refused pull drops the
-        request and answers with the prefill side's error). The message's own wall-clock round
+        checks and ends the lease, and its answer gates the response (a refused or broken pull
+        drops the request and answers with the error). The message's own wall-clock round
         trip is the emulation's, not the modelled transfer's (vLLM's NIXL reads the remote
         blocks directly), so it is not on the modelled path."""
         if self._kv_pull is None or self.ingress is None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Dispatched:
+    """The driver sent a routed request (confirms the policy's reservation), or placed one itself; seconds."""
+
     now_s: float
     request_id: str
     worker: str
@@ -26,6 +28,8 @@ class Dispatched:
 
 @dataclass(frozen=True, slots=True)
 class FirstToken:
+    """A request's first token left `worker`, `ttft_s` seconds after its arrival."""
+
     now_s: float
     request_id: str
     worker: str
@@ -34,6 +38,8 @@ class FirstToken:
 
 @dataclass(frozen=True, slots=True)
 class Completed:
+    """A request finished on `worker`: its output tokens, mean seconds per output token and end-to-end seconds."""
+
     now_s: float
     request_id: str
     worker: str
@@ -44,6 +50,8 @@ class Completed:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
+    """A request failed on `worker` (a crash, a lost hand-off, an engine error); `reason` says which."""
+
     now_s: float
     request_id: str
     worker: str
@@ -63,6 +71,8 @@ class Cancelled:
 
 @dataclass(frozen=True, slots=True)
 class WorkerUp:
+    """`worker` (re)joined the fleet at `now_s`, serving `model_version`, with an empty cache."""
+
     now_s: float
     worker: str
     model_version: str = "v1"
@@ -70,6 +80,8 @@ class WorkerUp:
 
 @dataclass(frozen=True, slots=True)
 class WorkerDown:
+    """`worker` left the fleet at `now_s` (crash, drain); its cached blocks are gone."""
+
     now_s: float
     worker: str
     reason: str = ""
@@ -77,6 +89,8 @@ class WorkerDown:
 
 @dataclass(frozen=True, slots=True)
 class KvStored:
+    """`worker`'s engine cached these chained block hashes (an engine's `BlockStored` KV event)."""
+
     now_s: float
     worker: str
     block_hashes: tuple[int, ...]
@@ -84,6 +98,8 @@ class KvStored:
 
 @dataclass(frozen=True, slots=True)
 class KvEvicted:
+    """`worker`'s engine evicted these block hashes (an engine's `BlockRemoved` KV event)."""
+
     now_s: float
     worker: str
     block_hashes: tuple[int, ...]

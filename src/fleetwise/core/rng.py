@@ -15,6 +15,7 @@ class RngStreams:
         self._streams: dict[str, np.random.Generator] = {}
 
     def get(self, name: str) -> np.random.Generator:
+        """The generator of stream `name`, seeded from (seed, name) on first use."""
         g = self._streams.get(name)
         if g is None:
             digest = hashlib.sha256(f"{self.seed}:{name}".encode()).digest()

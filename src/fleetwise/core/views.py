@@ -62,6 +62,7 @@ class FleetView:
     links: tuple[KvLinkView, ...] = ()
 
     def by_name(self) -> dict[str, WorkerView]:
+        """Worker name -> its view."""
         return {w.name: w for w in self.workers}
 
 
@@ -104,4 +105,5 @@ class RoutingDecision:
 
     @property
     def rejected(self) -> bool:
+        """True when no worker was chosen (the request is refused with `reason`)."""
         return self.worker is None

@@ -78,6 +78,7 @@ class FitOptions:
 
     @property
     def reserve_bytes(self) -> float:
+        """Bytes per card kept off the KV cache: CUDA graphs plus the runtime's workspace."""
         return self.cuda_graph_bytes + self.workspace_bytes
 
 
@@ -103,6 +104,7 @@ class LayoutFit:
 
     @property
     def gpus(self) -> int:
+        """GPUs of one replica: TP x PP (EP reuses them)."""
         return self.tp * self.pp
 
     @property
@@ -112,9 +114,11 @@ class LayoutFit:
 
     @property
     def label(self) -> str:
+        """`TP=.. PP=..` (and `EP=..` when used), as reports print a layout."""
         return f"TP={self.tp} PP={self.pp}" + (f" EP={self.ep}" if self.ep > 1 else "")
 
     def as_dict(self) -> dict[str, object]:
+        """The layout's fit as a JSON-ready mapping (bytes per card, KV tokens per replica)."""
         return {"tp": self.tp, "pp": self.pp, "ep": self.ep, "gpus": self.gpus, "fits": self.fits,
                 "usable_bytes": self.usable_bytes, "weight_bytes": self.weight_bytes,
                 "activation_bytes": self.activation_bytes, "reserve_bytes": self.reserve_bytes,
@@ -141,6 +145,7 @@ class FitReport:
 
     @property
     def fits_one_card(self) -> bool:
+        """The model fits on a single card (TP=PP=1)."""
         return self.single.fits
 
     @property
@@ -149,6 +154,8 @@ class FitReport:
         return self.params_active / self.params_total
 
     def as_dict(self) -> dict[str, object]:
+        """The report as a JSON-ready mapping (what `fleetwise fit --json` writes)."""
+
         def opt(x: LayoutFit | None) -> dict[str, object] | None:
             return None if x is None else x.as_dict()
 

@@ -50,6 +50,7 @@ class BatchShape:
 
     @staticmethod
     def of(batch: Iterable[SeqWork]) -> BatchShape:
+        """The aggregates of a batch of sequences (the reference the engine's incremental sums must equal)."""
         n = t = kv = pre = mx = mdk = 0
         pairs = 0.0
         for s in batch:
@@ -110,6 +111,7 @@ class Deployment:
 
     @property
     def gpus(self) -> int:
+        """GPUs of one replica (TP x PP)."""
         return self.parallelism.gpus
 
 

@@ -64,6 +64,9 @@ class LengthStats:
         return {50: self.prompt_p50, 90: self.prompt_p90, 99: self.prompt_p99}[pct]
 
 
+Z99 = 2.326
+"""99th percentile of the standard normal (2.3263...), to 3 places: the burst factor's counting-noise bound."""
+
 PLANNER_STREAMS = LengthStreams(input="planner.prompt", output="planner.output", pairs="planner.lengths")
 """The planner's own random streams for lengths (arrival gaps come from `planner.arrivals`)."""
 
@@ -125,7 +128,6 @@ def burst_factor(mix: LengthMix, rate_rps: float, window_s: float) -> float:
     t = np.cumsum(mix.unit_gaps) / rate_rps
     if t[-1] < 2 * window_s:
         mean = rate_rps * window_s
-        z99 = 2.326
-        return max(1.0, 1.0 + z99 * mix.stats.interarrival_cv / math.sqrt(max(mean, 1e-9)))
+        return max(1.0, 1.0 + Z99 * mix.stats.interarrival_cv / math.sqrt(max(mean, 1e-9)))
     counts = np.bincount((t // window_s).astype(np.int64))[:-1]
     return max(1.0, float(np.percentile(counts, 99) / counts.mean()))

@@ -87,6 +87,8 @@ class SimOptions:
 
 @dataclass
 class SimResult:
+    """A finished run: the summary document, the per-request records and the replicas by name."""
+
     summary: dict[str, Any]
     records: Records
     replica_names: list[str]

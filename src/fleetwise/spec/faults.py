@@ -127,6 +127,7 @@ class FaultScenario(Spec):
 
     @staticmethod
     def load(path: str | Path) -> FaultScenario:
+        """Read and validate a faults file (SpecError naming the field on a bad one)."""
         return load_document(FaultScenario, path)
 
 

@@ -56,4 +56,5 @@ class AcceleratorSpec(Spec):
 
     @property
     def bf16_flops(self) -> float:
+        """Dense bf16 tensor throughput, FLOP/s per GPU."""
         return self.flops_per_s["bf16"]

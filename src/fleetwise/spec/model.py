@@ -72,6 +72,7 @@ class MoESpec(Spec):
 
     @property
     def shared_ffn(self) -> int:
+        """Intermediate size of a shared expert (the routed experts' when not given)."""
         return self.shared_expert_ffn_size or self.expert_ffn_size
 
 
@@ -118,6 +119,7 @@ class ModelSpec(Spec):
     # ---- per-layer parameter counts -------------------------------------------------------
     @cached_property
     def attn_params_per_layer(self) -> int:
+        """Attention weights of one layer (q, k, v, o projections; MLA's low-rank ones), in parameters."""
         h, nh = self.hidden_size, self.num_attention_heads
         if self.attention == "mla":
             m = self.mla
@@ -135,14 +137,17 @@ class ModelSpec(Spec):
 
     @property
     def num_moe_layers(self) -> int:
+        """Layers with routed experts (0 for a dense model)."""
         return 0 if self.moe is None else self.num_layers - self.moe.first_dense_layers
 
     @property
     def num_dense_layers(self) -> int:
+        """Layers with a dense FFN."""
         return self.num_layers - self.num_moe_layers
 
     @cached_property
     def dense_ffn_params(self) -> int:
+        """Weights of one dense gated FFN (gate, up, down: 3 x hidden x ffn), in parameters."""
         return 3 * self.hidden_size * self.ffn_size
 
     @cached_property
@@ -164,11 +169,13 @@ class ModelSpec(Spec):
 
     @cached_property
     def embedding_params(self) -> int:
+        """Input embedding plus LM head (one matrix when tied), in parameters."""
         e = self.vocab_size * self.hidden_size
         return e if self.tie_embeddings else 2 * e
 
     @cached_property
     def norm_params(self) -> int:
+        """RMSNorm weights: two per layer plus the final one, in parameters."""
         return (2 * self.num_layers + 1) * self.hidden_size
 
     # ---- totals ----------------------------------------------------------------------------
@@ -190,6 +197,7 @@ class ModelSpec(Spec):
 
     @property
     def is_moe(self) -> bool:
+        """True for a mixture-of-experts model."""
         return self.moe is not None
 
     def weight_bytes(self, dtype: str = "bf16") -> float:

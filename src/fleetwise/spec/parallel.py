@@ -22,6 +22,7 @@ class ParallelismSpec(Spec):
 
     @property
     def gpus(self) -> int:
+        """GPUs of one replica: TP x PP."""
         return self.tp * self.pp
 
     def check(self, model: ModelSpec, gpu: AcceleratorSpec) -> None:

@@ -67,6 +67,10 @@ class PoolSpec(Spec):
     """MoE with ep > 1: busiest expert-parallel rank's routed tokens over the mean (1.0: even)."""
 
 
+DEFAULT_KV_LINK_GBPS = 400.0
+"""Per-GPU NIC bandwidth of a KV link that gives none, Gb/s: one NDR InfiniBand (ConnectX-7) NIC."""
+
+
 class KvLinkSpec(Spec):
     """Prefill-to-decode KV path: each prefill replica's egress and each decode replica's ingress.
 
@@ -91,9 +95,10 @@ class KvLinkSpec(Spec):
 
     @property
     def bytes_per_s(self) -> float:
+        """Bandwidth, bytes/s one direction: `bandwidth_bytes_per_s`, else `gbps`, else `DEFAULT_KV_LINK_GBPS`."""
         if self.bandwidth_bytes_per_s is not None:
             return self.bandwidth_bytes_per_s
-        return (self.gbps if self.gbps is not None else 400.0) * 1e9 / 8
+        return (self.gbps if self.gbps is not None else DEFAULT_KV_LINK_GBPS) * 1e9 / 8
 
 
 class PlanSpec(Spec):
@@ -153,10 +158,12 @@ class PlanSpec(Spec):
 
     @property
     def disaggregated(self) -> bool:
+        """True when the pools are prefill and decode (P/D), not mixed."""
         return self.pools[0].role != "mixed"
 
     @staticmethod
     def load(path: str | Path) -> PlanSpec:
+        """Read, validate and check a plan file (SpecError naming the field on a bad one)."""
         plan = load_document(PlanSpec, path)
         plan.check(where=str(path))
         return plan

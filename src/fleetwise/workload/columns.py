@@ -58,6 +58,7 @@ class ColumnMap:
         return ColumnMap(found["arrival"], found["prompt"], found["output"])
 
     def names(self) -> tuple[str, str, str]:
+        """(arrival, prompt, output) column names, in that order."""
         return self.arrival, self.prompt, self.output
 
 

@@ -39,6 +39,13 @@ from fleetwise.workload.sample import draw_gaps, draw_request_lengths
 from fleetwise.workload.traces import gc_paused, read_trace, replay_arrivals, to_requests
 
 _MAX_GROWTH_ROUNDS = 10  # at most 1024x the first guess of sessions
+SESSION_GUESS_MARGIN = 1.1
+"""First guess of sessions for `num_requests`: 10% above requests / mean turns (turn counts vary)."""
+SESSION_GUESS_SIGMAS = 6
+"""First guess of arrivals in `duration_s`: the mean plus 6 standard deviations (cv * sqrt(mean)),
+so the doubling retry is practically never needed."""
+SESSION_GUESS_SLACK = 16
+"""Sessions added to either guess, for small counts where the margins round to nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +102,13 @@ def _initial_sessions(spec: WorkloadSpec) -> int:
     turns = spec.prefix.sessions.mean_turns if spec.prefix.sessions else 1.0
     guesses = []
     if spec.num_requests is not None:
-        guesses.append(spec.num_requests if turns == 1.0 else math.ceil(spec.num_requests / turns * 1.1) + 16)
+        guesses.append(spec.num_requests if turns == 1.0
+                       else math.ceil(spec.num_requests / turns * SESSION_GUESS_MARGIN) + SESSION_GUESS_SLACK)
     if spec.duration_s is not None:
         rate = getattr(spec.arrival, "rate_rps", 1.0)
         cv = getattr(spec.arrival, "cv", 1.0)
         mean = rate * spec.duration_s
-        guesses.append(math.ceil(mean + 6 * cv * math.sqrt(mean) + 16))
+        guesses.append(math.ceil(mean + SESSION_GUESS_SIGMAS * cv * math.sqrt(mean) + SESSION_GUESS_SLACK))
     return max(1, min(guesses))
 
 

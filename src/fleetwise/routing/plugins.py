@@ -107,6 +107,11 @@ def has_token_backlog(w: WorkerView) -> bool:
     return w.queued_prefill_tokens is not None and w.running_decode_tokens is not None
 
 
+TIE_TOLERANCE = 1e-9
+"""Totals (and loads against the load bound) this close count as equal: the same scores summed in
+another order differ by about 1e-16 relative, far below it; real differences are far above."""
+
+
 # ---- filters: (request, workers) -> (kept, reason when nothing is kept) ----------------------
 
 FilterFn = Callable[[RouteRequest, list[WorkerView], frozenset[str]], tuple[list[WorkerView], str]]
@@ -212,7 +217,7 @@ def load_bound(
     current = [c.load * c.slowness for c in cs]  # `Candidate.current`, once each
     mean = sum(current) / len(cs)
     bound = p.c * mean
-    by_tokens = [c for c, cur in zip(cs, current, strict=True) if cur <= bound + c.own * c.slowness + 1e-9]
+    by_tokens = [c for c, cur in zip(cs, current, strict=True) if cur <= bound + c.own * c.slowness + TIE_TOLERANCE]
     kept = by_tokens
     if p.share_window > 0 and recent:
         window = list(recent)[-p.share_window :]
@@ -283,7 +288,7 @@ class PickerState:
     def max(self, totals: dict[str, float], tie_break: str) -> tuple[str, int]:
         """Highest total; exact ties (within 1e-9) broken seeded-randomly, or LRU then seeded."""
         best = max(totals.values())
-        tied = sorted(n for n, t in totals.items() if t >= best - 1e-9)
+        tied = sorted(n for n, t in totals.items() if t >= best - TIE_TOLERANCE)
         if len(tied) > 1 and tie_break == "lru":
             oldest = min(self.last_chosen.get(n, 0) for n in tied)
             tied = [n for n in tied if self.last_chosen.get(n, 0) == oldest]

@@ -370,7 +370,7 @@ class ComposedPolicy:
             parts.append(f"{c.name} load {fmt_tokens(c.current)} within bound {fmt_tokens(limit)}")
         if excluded:
             parts.append(f"over bound: {', '.join(excluded)}")
-        if abs(c.slowness - 1.0) > 0.05:
+        if abs(c.slowness - 1.0) > self.params.feedback.deadband:  # a factor the feedback did not round to 1
             parts.append(f"slowness x{c.slowness:.2f}")
         if tied > 1:
             parts.append(f"tie of {tied} broken {self.params.tie_break}")

@@ -14,9 +14,10 @@ import copy
 import json
 import math
 import os
+import re
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -83,10 +84,11 @@ def paths_of(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 
 @st.composite
-def mutated(draw: st.DrawFn, base: dict[str, Any]) -> tuple[dict[str, Any], tuple[Any, ...]]:
-    """`base` with one to three values replaced, removed, or given an unknown sibling."""
+def mutated(draw: st.DrawFn, base: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`base` with one to three values replaced, removed, or given an unknown sibling, and the
+    names an error may cite for it: every key on a touched path (`bogus_field` for an unknown one)."""
     doc = copy.deepcopy(base)
-    touched: tuple[Any, ...] = ()
+    touched: list[str] = []
     for _ in range(draw(st.integers(1, 3))):
         paths = paths_of(doc)
         if not paths:  # an earlier step replaced the whole tree with a scalar
@@ -106,7 +108,8 @@ def mutated(draw: st.DrawFn, base: dict[str, Any]) -> tuple[dict[str, Any], tupl
             del parent[path[-1]]
         elif isinstance(parent, dict):
             parent["bogus_field"] = 1
-        touched = path
+            touched.append("bogus_field")
+        touched.extend(str(k) for k in path if isinstance(k, str))
     return doc, touched
 
 
@@ -138,9 +141,16 @@ def hang_guard() -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def check(capsys: pytest.CaptureFixture[str], argv: list[Any], outputs: list[Path] = (),
-          json_stdout: bool = False, ok_codes: tuple[int, ...] = (0,)) -> Outcome:
-    """Run `argv` and assert the hostile-input contract; returns the outcome."""
+def names_one_of(line: str, names: Sequence[str]) -> bool:
+    """Whether `line` cites one of `names` as a whole word: a flag (`--rate`, `-o`), a field name
+    (`rate_rps` in `arrival.rate_rps: ...`) or a file name."""
+    return any(re.search(rf"(?<![\w-]){re.escape(n)}(?![\w])", line) for n in names)
+
+
+def check(capsys: pytest.CaptureFixture[str], argv: list[Any], outputs: Sequence[Path] = (),
+          json_stdout: bool = False, ok_codes: tuple[int, ...] = (0,), names: Sequence[str] = ()) -> Outcome:
+    """Run `argv` and assert the hostile-input contract: exit 2 with one line under 300 characters
+    citing one of `names` (the touched fields, the flags given, the file), or a valid result."""
     with hang_guard():
         o = run_cli(capsys, argv)
     event(f"exit {o.rc}")  # `--hypothesis-show-statistics` shows how often each outcome was reached
@@ -150,6 +160,7 @@ def check(capsys: pytest.CaptureFixture[str], argv: list[Any], outputs: list[Pat
         assert len(lines[0]) < 300, lines[0]
         assert ": error: " in lines[0], lines[0]
         assert "Traceback" not in o.err and "internal error" not in o.err
+        assert names_one_of(lines[0], names), f"the error names none of {sorted(set(names))}: {lines[0]}"
         return o
     assert o.rc in ok_codes, (o.rc, o.err[-2000:])
     for p in outputs:
@@ -161,13 +172,19 @@ def check(capsys: pytest.CaptureFixture[str], argv: list[Any], outputs: list[Pat
 
 
 @pytest.fixture(autouse=True)
-def _contained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
     """Relative paths a flag names (`--json 3`) land in the test's folder, never the checkout; a
-    valid `emulate`/`gateway` command line would serve forever: stop at the bind."""
+    valid `emulate`/`gateway` command line would serve forever: each stops where it would bind
+    its port, noted in the returned list (a refused flag must come before that point)."""
     import uvicorn
 
+    import fleetwise.gateway
+
+    calls: list[str] = []
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: calls.append("emulate"))
+    monkeypatch.setattr(fleetwise.gateway, "serve", lambda *a, **k: calls.append("gateway"))
+    return calls
 
 
 # ---- simulate: plan, workload and fault documents ------------------------------------------------
@@ -178,36 +195,37 @@ def _contained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_simulate_with_a_mutated_plan(capsys, tmp_path, data, as_json):
     tmp_path = fresh(tmp_path)
     base = data.draw(st.sampled_from([BASE_PLAN, BASE_PD_PLAN]))
-    doc, _ = data.draw(mutated(base))
+    doc, touched = data.draw(mutated(base))
     plan = write_doc(tmp_path, "plan", doc, as_json)
     wl = write_doc(tmp_path, "w", {**BASE_WORKLOAD, "num_requests": 6}, False)
     out = tmp_path / "out"
-    check(capsys, ["simulate", plan, "--workload", wl, "--out", out, "--no-progress"], [out / "summary.json"])
+    check(capsys, ["simulate", plan, "--workload", wl, "--out", out, "--no-progress"], [out / "summary.json"],
+          names=touched)
 
 
 @PROFILE
 @given(data=st.data(), as_json=st.booleans())
 def test_simulate_with_a_mutated_workload(capsys, tmp_path, data, as_json):
     tmp_path = fresh(tmp_path)
-    doc, _ = data.draw(mutated(BASE_WORKLOAD))
+    doc, touched = data.draw(mutated(BASE_WORKLOAD))
     wl = write_doc(tmp_path, "w", doc, as_json)
     out = tmp_path / "out"
     over = data.draw(st.sampled_from(["reject", "truncate", "skip"]))
     check(capsys, ["simulate", PLANS / "colocated-8b.yaml", "--workload", wl, "--requests", "30",
-                   "--over-context", over, "--out", out, "--no-progress"], [out / "summary.json"])
+                   "--over-context", over, "--out", out, "--no-progress"], [out / "summary.json"], names=touched)
 
 
 @PROFILE
 @given(data=st.data(), as_json=st.booleans())
 def test_simulate_with_mutated_faults(capsys, tmp_path, data, as_json):
     tmp_path = fresh(tmp_path)
-    doc, _ = data.draw(mutated(BASE_FAULTS))
+    doc, touched = data.draw(mutated(BASE_FAULTS))
     faults = write_doc(tmp_path, "f", doc, as_json)
     plan = write_doc(tmp_path, "plan", BASE_PLAN, False)
     wl = write_doc(tmp_path, "w", {**BASE_WORKLOAD, "num_requests": 8}, False)
     out = tmp_path / "out"
     check(capsys, ["simulate", plan, "--workload", wl, "--faults", faults, "--out", out, "--no-progress"],
-          [out / "summary.json"])
+          [out / "summary.json"], names=touched)
 
 
 # ---- plan: the planning spec --------------------------------------------------------------------
@@ -217,14 +235,17 @@ def test_simulate_with_mutated_faults(capsys, tmp_path, data, as_json):
 @given(data=st.data())
 def test_plan_with_a_mutated_spec(capsys, tmp_path, data):
     tmp_path = fresh(tmp_path)
-    doc, _ = data.draw(mutated(BASE_PLANNING))
+    doc, touched = data.draw(mutated(BASE_PLANNING))
     spec = write_doc(tmp_path, "spec", doc, data.draw(st.booleans()))
     out = tmp_path / "plan.json"
-    check(capsys, ["plan", spec, "--workers", "1", "--json", out], [out], ok_codes=(0, 1))
+    check(capsys, ["plan", spec, "--workers", "1", "--json", out], [out], ok_codes=(0, 1), names=touched)
 
 
 # ---- traces -------------------------------------------------------------------------------------
 
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+REQUEST_FIELDS = ("prompt", "output")
+"""What a trace error may name besides a column: a request's prompt or output (the context check)."""
 TRACE_VALUES = st.one_of(HOSTILE, st.integers(-5, 3000), st.floats(allow_nan=True))
 
 
@@ -239,7 +260,7 @@ def test_simulate_with_a_hostile_mooncake_trace(capsys, tmp_path, rows):
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     check(capsys, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", trace,
-                   "--out", out, "--no-progress"], [out / "summary.json"])
+                   "--out", out, "--no-progress"], [out / "summary.json"], names=(*MOONCAKE_FIELDS, *REQUEST_FIELDS))
 
 
 CSV_CELLS = st.one_of(st.sampled_from(["2023-11-16 18:15:00.0000000", "2300-01-01 00:00:00", "NaT", "1677-01-01",
@@ -265,7 +286,7 @@ def test_simulate_with_a_hostile_csv_trace(capsys, tmp_path, rows, fmt):
     out = tmp_path / "out"
     extra = ["--rate", "2"] if width == 2 else []
     check(capsys, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", trace, *extra,
-                   "--out", out, "--no-progress"], [out / "summary.json"])
+                   "--out", out, "--no-progress"], [out / "summary.json"], names=(*fmt.split(","), *REQUEST_FIELDS))
 
 
 # ---- raw bytes in place of any file --------------------------------------------------------------
@@ -281,7 +302,7 @@ BYTES = st.one_of(
 
 @settings(PROFILE, max_examples=examples(40))
 @given(content=BYTES, slot=st.sampled_from(["plan", "workload", "faults", "trace", "spec", "model", "gpu",
-                                            "profile", "groundtruth", "scenario-dir"]),
+                                            "profile", "groundtruth", "scenario-dir", "records", "gateway-config"]),
        suffix=st.sampled_from([".yaml", ".json", ".csv", ".jsonl"]))
 def test_any_bytes_in_any_file_slot(capsys, tmp_path, content, slot, suffix):
     tmp_path = fresh(tmp_path)
@@ -305,12 +326,26 @@ def test_any_bytes_in_any_file_slot(capsys, tmp_path, content, slot, suffix):
         "groundtruth": ["calibrate", bad, "-o", tmp_path / "p.json"],
         "scenario-dir": ["scenarios", "--dir", tmp_path / "scen", "--scenario", "s", "--small", "--seeds", "1",
                          "--out", out],
+        "records": ["ledger", "verify", "--ledger", _ledger(tmp_path), "--records", bad, "--json"],
+        "gateway-config": ["gateway", "--config", bad, "--port", "0"],
     }[slot]
     check(capsys, [*argv, "--no-progress"] if argv[0] == "simulate" else argv, [out / "summary.json"],
-          json_stdout=slot in ("model", "gpu"), ok_codes=(0, 1))
+          json_stdout=slot in ("model", "gpu", "records"), ok_codes=(0, 1), names=[bad.name, "s.yaml"])
 
 
 # ---- flags of every command ----------------------------------------------------------------------
+
+
+def _ledger(tmp: Path) -> Path:
+    """A small ledger a gateway could have written: two tenants' requests."""
+    from fleetwise.ledger import Usage, open_ledger
+
+    db = tmp / "ledger.db"
+    with open_ledger(str(db)) as led:
+        for i in range(3):
+            led.record(Usage(f"k{i}", f"r{i}", ("acme", "beta")[i % 2], "m", "p", "d", "completed", "", 10, 0, 4,
+                             1_700_000_000.0 + i, 1_700_000_001.0 + i))
+    return db
 
 
 def _commands(tmp: Path) -> dict[str, tuple[list[Any], list[str]]]:
@@ -321,33 +356,62 @@ def _commands(tmp: Path) -> dict[str, tuple[list[Any], list[str]]]:
                      "2023-11-16 18:15:01.5,120,12\n2023-11-16 18:15:02.0,90,8\n")
     spec = write_doc(tmp, "spec", BASE_PLANNING, False)
     gt = ROOT.parent / "shared" / "ground_truth" / "h200_dense.json"
+    records = tmp / "requests.csv"
+    records.write_text("request_id,tenant,status\nr0,acme,completed\n")
     return {
         "simulate-workload": (["simulate", PLANS / "colocated-8b.yaml", "--workload", wl, "--no-progress",
                                "--out", tmp / "o"],
                               ["--seed", "--requests", "--feedback-delay", "--ttft-slo", "--tpot-slo", "--e2e-slo",
-                               "--over-context", "--records", "--rate", "--time-scale"]),
+                               "--over-context", "--records", "--rate", "--time-scale", "--policy", "--faults",
+                               "--trace-events", "--report"]),
         "simulate-trace": (["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", trace,
                             "--no-progress", "--out", tmp / "o"],
                            ["--seed", "--requests", "--rate", "--time-scale", "--replicas", "--tp", "--model", "--gpu",
-                            "--trace-requests", "--trace-window", "--out"]),
-        "plan": (["plan", spec, "--workers", "1", "--json", tmp / "p.json"], ["--top", "--workers", "--json"]),
+                            "--trace-requests", "--trace-window", "--out", "--trace-columns", "--over-context"]),
+        "plan": (["plan", spec, "--workers", "1", "--json", tmp / "p.json"],
+                 ["--top", "--workers", "--json", "--profile", "--report"]),
         "fit": (["fit", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--json"],
                 ["--max-num-batched-tokens", "--gpu-memory-utilization", "--context-tokens", "--max-gpus",
                  "--dtype", "--kv-dtype", "--model", "--gpu"]),
         "catalog": (["catalog", "models", "--json"], []),
         "emulate": (["emulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--port", "0"],
                     ["--tp", "--max-model-len", "--time-scale", "--seed", "--port", "--gpu-memory-utilization",
-                     "--max-num-seqs", "--block-size", "--kv-lease", "--kv-link-gbps", "--output-lengths", "--role"]),
-        "predict": (["predict", "--profile", tmp / "prof.json", "--against", gt, "--json"], ["--gpu"]),
+                     "--max-num-seqs", "--block-size", "--kv-lease", "--kv-link-gbps", "--output-lengths", "--role",
+                     "--host", "--profile", "--max-num-batched-tokens", "--kv-link-latency", "--pp", "--model",
+                     "--gpu", "--served-model-name"]),
+        "gateway": (["gateway", "--backend", "http://127.0.0.1:9", "--port", "0"],
+                    ["--backend", "--prefill", "--decode", "--policy", "--model", "--host", "--port",
+                     "--backends-file", "--ledger", "--config", "--log-level"]),
+        "ledger-summary": (["ledger", "summary", "--ledger", _ledger(tmp), "--json"], ["--ledger", "--tenant", "--since"]),
+        "ledger-verify": (["ledger", "verify", "--ledger", tmp / "ledger.db", "--records", records, "--json"],
+                          ["--ledger", "--records"]),
+        "predict": (["predict", "--profile", tmp / "prof.json", "--against", gt, "--json"], ["--gpu", "--profile"]),
         "calibrate": (["calibrate", gt, "-o", tmp / "prof.json", "--json"], ["--gpu", "-o"]),
         "scenarios": (["scenarios", "--small", "--scenario", "heterogeneous", "--seeds", "1", "--out", tmp / "s"],
-                      ["--trace-rate", "--trace-requests", "--policy", "--scenario"]),
+                      ["--trace-rate", "--trace-requests", "--policy", "--scenario", "--trace", "--jobs", "--seeds",
+                       "--over-context", "--dir", "--report"]),
     }
 
 
-@settings(PROFILE, max_examples=examples(60))
+FLAG_ALIASES = {"-o": "--output"}
+FILE_FLAGS = {"--profile", "--faults", "--records", "--ledger", "--config", "--trace", "--backends-file", "--dir",
+              "--model", "--gpu"}
+"""Flags naming an input file (`--model`/`--gpu`: a name or a file): an error in the file's content
+names the file (`nan:3: column ...`)."""
+
+
+def flag_names(flag: str, value: str) -> list[str]:
+    """What an error about `flag` may cite: the flag as given, its long form, its field spelling,
+    and for an input file its path."""
+    long = FLAG_ALIASES.get(flag, flag)
+    return [flag, long, long.lstrip("-").replace("-", "_"), *([value] if flag in FILE_FLAGS and value else [])]
+
+
+@settings(PROFILE, max_examples=examples(90))
 @given(data=st.data())
-def test_hostile_flags_for_every_command(capsys, tmp_path, data):
+def test_hostile_flags_for_every_command(capsys, tmp_path, data, served):
+    """Every command's flags, hostile values included: exit 0, or exit 2 naming a flag given;
+    a server command refuses a bad flag before it binds its port."""
     tmp_path = fresh(tmp_path)
     cmds = _commands(tmp_path)
     name = data.draw(st.sampled_from(sorted(cmds)))
@@ -355,9 +419,17 @@ def test_hostile_flags_for_every_command(capsys, tmp_path, data):
     if name == "predict":
         run_cli(capsys, cmds["calibrate"][0])  # a valid profile to predict with
     extra: list[Any] = []
+    names: list[str] = []
     for _ in range(data.draw(st.integers(1, 2))):
         if flags:
             flag, value = data.draw(st.sampled_from(flags)), data.draw(st.sampled_from(FLAG_VALUES))
             extra += [f"{flag}={value}"] if data.draw(st.booleans()) else [flag, value]
+            names += flag_names(flag, value)
+    served.clear()
     outputs = [tmp_path / "o" / "summary.json", tmp_path / "p.json", tmp_path / "s" / "scenarios.json"]
-    check(capsys, [*argv, *extra], outputs, json_stdout=name in ("fit", "catalog"), ok_codes=(0, 1))
+    o = check(capsys, [*argv, *extra], outputs, json_stdout=name in ("fit", "catalog") or name.startswith("ledger"),
+              ok_codes=(0, 1), names=names or ["(none)"])
+    if o.rc == 2:
+        assert not served, f"{name} bound its port before refusing a flag: {o.line}"
+    elif name in ("emulate", "gateway"):
+        assert served == [name], (name, o.rc, o.err[-500:])

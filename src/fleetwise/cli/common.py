@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -25,6 +27,7 @@ from fleetwise.spec.catalog import resolve_gpu, resolve_model
 from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.inputs import (
     OVER_CONTEXT_POLICIES,
+    check_file,
     fit_to_context,
     request_tokens_problem,
     strict_json_dumps,
@@ -76,6 +79,48 @@ def float_flag(minimum: float | None = None, maximum: float | None = None,
 
     parse.__name__ = "number"
     return parse
+
+
+def input_file(what: str = "file") -> Callable[[str], str]:
+    """argparse type: the path of an existing readable file (a typo is a usage line naming the flag,
+    before any work); the file's content is read and checked later by `fleetwise.spec.inputs`."""
+
+    def parse(text: str) -> str:
+        try:
+            check_file(text, what)
+        except SpecError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return text
+
+    parse.__name__ = what
+    return parse
+
+
+def input_dir(text: str) -> str:
+    """argparse type: the path of an existing directory."""
+    p = Path(text)
+    try:
+        ok = p.is_dir()
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{quote(text, 200)}: not a directory; check the path")
+    return text
+
+
+def check_listen_address(host: str, where: str = "--host") -> None:
+    """SpecError naming `where` unless a server can bind `host` (an address of this machine or a
+    name resolving to one); checked with a throw-away socket on an ephemeral port, before the
+    server builds anything or binds its own port."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind(addr)
+    except (OSError, UnicodeError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise SpecError(f"{where}={quote(host)}: cannot listen on this address ({quote(reason, 80)}); "
+                        "give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
 
 
 def add_seed_arg(parser: argparse.ArgumentParser, help: str = "seed (default 0)") -> None:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetwise.cli.common import SEED_MAX, float_flag, int_flag
+from fleetwise.cli.common import SEED_MAX, check_listen_address, float_flag, input_file, int_flag
 from fleetwise.errors import SpecError
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from fleetwise.spec.inputs import (
@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", metavar="M", help="catalog model name or model spec file (required without --plan)")
     p.add_argument("--gpu", metavar="G", help="catalog accelerator name or accelerator spec file (required "
                                                "without --plan)")
-    p.add_argument("--plan", metavar="PLAN.yaml", default=None,
+    p.add_argument("--plan", metavar="PLAN.yaml", default=None, type=input_file("plan file"),
                    help="start one emulator process per replica of this plan (its pools give model, gpu, tp, pp, "
                         "role, dtypes and engine knobs; its kv_link the KV path); ports count up from --port")
     p.add_argument("--endpoints", metavar="FILE", default=None,
@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--role", choices=("mixed", "prefill", "decode"), default="mixed",
                    help="mixed = colocated; prefill/decode = one half of a disaggregated pair "
                         "(vLLM's kv_transfer_params protocol)")
-    p.add_argument("--profile", metavar="P.json", default=None, help="calibrated perf profile (default: built-in)")
+    p.add_argument("--profile", metavar="P.json", default=None, type=input_file("perf profile"), help="calibrated perf profile (default: built-in)")
     p.add_argument("--model-version", default="v1", help="version label the replica reports")
     p.add_argument("--served-model-name", default=None, help="model name clients send (default: --model)")
     p.add_argument("--max-model-len", type=int_flag(2, MAX_TOKENS), default=None, help="longest prompt + output (default: the "
@@ -229,6 +229,7 @@ def run_fleet(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    check_listen_address(args.host)  # a bad --host is refused before any replica is built or bound
     if args.plan:
         return run_fleet(args)
     if not (args.model and args.gpu):

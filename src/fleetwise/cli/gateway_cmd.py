@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from fleetwise.cli.common import check_listen_address, input_file, int_flag
 from fleetwise.errors import SpecError
 from fleetwise.routing import policy_names
 from fleetwise.spec.base import load_document, validate
@@ -24,7 +25,7 @@ def register(subparsers: Any) -> None:
                     "admin) that routes each request with the simulator's policies, scrapes the engines' "
                     "/metrics, retries before the first byte, orchestrates vLLM prefill/decode pairs and "
                     "enforces tenant limits. See docs/gateway.md.")
-    p.add_argument("--config", metavar="G.yaml", help="gateway config file (flags below override it)")
+    p.add_argument("--config", metavar="G.yaml", type=input_file("gateway config"), help="gateway config file (flags below override it)")
     p.add_argument("--backend", action="append", default=[], metavar="URL", help="a mixed backend (repeatable)")
     p.add_argument("--prefill", action="append", default=[], metavar="URL", help="a prefill backend (repeatable)")
     p.add_argument("--decode", action="append", default=[], metavar="URL", help="a decode backend (repeatable)")
@@ -32,7 +33,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", action="append", default=[], metavar="NAME",
                    help="model name clients may ask for (default: what the backends' /v1/models report)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="listen port (default 8000)")
+    p.add_argument("--port", type=int_flag(0, 65535), help="listen port (default 8000)")
     p.add_argument("--backends-file", metavar="FILE", help="watched YAML list of backends")
     p.add_argument("--ledger", metavar="URL", help="usage ledger: SQLite file or postgresql://... (metering)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
@@ -41,14 +42,16 @@ def register(subparsers: Any) -> None:
 
 def build_config(args: argparse.Namespace) -> Any:
     """The `GatewayConfig` from `--config` with flags applied on top."""
-    from fleetwise.gateway.config import GatewayConfig
+    from fleetwise.gateway.config import BackendSpec, GatewayConfig
 
     cfg = load_document(GatewayConfig, args.config) if args.config else GatewayConfig()
     doc = cfg.model_dump(exclude_unset=True)
-    flags = [(u, "mixed") for u in args.backend] + [(u, "prefill") for u in args.prefill] + \
-        [(u, "decode") for u in args.decode]
+    flags = [(u, "mixed", "--backend") for u in args.backend] + [(u, "prefill", "--prefill") for u in args.prefill] + \
+        [(u, "decode", "--decode") for u in args.decode]
+    for url, role, flag in flags:  # a bad URL is named by its flag, not by its place in the merged list
+        validate(BackendSpec, {"url": url, "role": role}, flag)
     if flags:
-        doc["backends"] = [*doc.get("backends", []), *({"url": u, "role": r} for u, r in flags)]
+        doc["backends"] = [*doc.get("backends", []), *({"url": u, "role": r} for u, r, _ in flags)]
     if args.policy:
         doc["routing"] = {**doc.get("routing", {}), "policy": args.policy}
     for key, val in (("host", args.host), ("port", args.port), ("backends_file", args.backends_file),
@@ -68,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetwise.report.dashboard import render_dashboard
 
     cfg = build_config(args)
+    check_listen_address(cfg.host, "--host" if args.host is not None else f"{args.config}: host")
     gw = Gateway(cfg, dashboard=render_dashboard)  # live page at /dashboard?token=ADMIN_TOKEN
     print(f"fleetwise gateway on http://{cfg.host}:{cfg.port} -> {len(cfg.backends)} backend(s), "
           f"policy {cfg.routing.policy}", flush=True)

@@ -19,9 +19,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fleetwise.cli.common import add_json_flag, emit_json
+from fleetwise.cli.common import add_json_flag, emit_json, input_file
 from fleetwise.errors import SpecError, quote
 from fleetwise.ledger import load_run_records, open_ledger, verify
+from fleetwise.spec.inputs import check_file
 
 LEDGER_ENV = "FLEETWISE_LEDGER"
 """Environment variable naming the ledger when --ledger is not given."""
@@ -43,7 +44,7 @@ def register(subparsers: Any) -> None:
     s.set_defaults(func=run_summary)
     v = subs.add_parser("verify", help="check the ledger against a run's request records (exit 1 on mismatch)")
     _ledger_arg(v)
-    v.add_argument("--records", required=True, metavar="FILE",
+    v.add_argument("--records", required=True, metavar="FILE", type=input_file("records file"),
                    help="the run's request records: requests.csv or a request log (.csv or .jsonl)")
     add_json_flag(v)
     v.set_defaults(func=run_verify)
@@ -58,6 +59,12 @@ def _ledger_url(args: argparse.Namespace) -> str:
     url = args.ledger or os.environ.get(LEDGER_ENV)
     if not url:
         raise SpecError(f"no ledger: pass --ledger URL or set {LEDGER_ENV}")
+    flag = "--ledger" if args.ledger else LEDGER_ENV
+    if "://" not in url or url.startswith("sqlite:///"):  # a SQLite file a reader needs to exist
+        try:
+            check_file(url.removeprefix("sqlite:///"), "ledger file")
+        except SpecError as err:
+            raise SpecError(f"{flag}: {err}; pass the ledger a gateway wrote to") from None
     return str(url)
 
 
@@ -77,7 +84,7 @@ def parse_since(text: str, now_s: float) -> float:
     try:
         t = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise SpecError(f"--since={text!r} is not a time; use ISO 8601 (2026-12-01T03:00:00Z), UNIX seconds "
+        raise SpecError(f"--since={quote(text)} is not a time; use ISO 8601 (2026-12-01T03:00:00Z), UNIX seconds "
                         "or an age such as 15m, 2h, 1d") from None
     if t.tzinfo is None:
         t = t.replace(tzinfo=dt.UTC)

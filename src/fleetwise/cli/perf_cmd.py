@@ -15,7 +15,7 @@ from typing import Any
 from rich.table import Table
 
 from fleetwise.cli.common import console as _console
-from fleetwise.cli.common import emit_json
+from fleetwise.cli.common import emit_json, input_file
 from fleetwise.errors import SpecError
 from fleetwise.perf.calibrate import calibrate, predict, summarize
 from fleetwise.perf.groundtruth import load_groundtruth
@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
         "calibrate", help="fit perf-model efficiency factors to measured step times",
         description="Fit the shared efficiency/overhead factors of the roofline to ground-truth files "
                     "(fleetwise-groundtruth/1) and write a profile JSON.")
-    c.add_argument("files", nargs="+", metavar="GROUND_TRUTH.json", help="measured step timings")
+    c.add_argument("files", nargs="+", metavar="GROUND_TRUTH.json", type=input_file("ground-truth file"), help="measured step timings")
     c.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
     c.add_argument("--gpu", default="h200-sxm", metavar="G", help="accelerator the files were measured on")
     c.add_argument("--json", action="store_true", help="print the profile as JSON")
@@ -39,8 +39,9 @@ def register(subparsers: Any) -> None:
         "predict", help="compare a profile's predictions with measured step times",
         description="Predict every point of a ground-truth file with a profile; print measured vs "
                     "predicted and the median/max absolute % error per kind.")
-    p.add_argument("--profile", required=True, metavar="PROFILE.json", help="profile from `fleetwise calibrate`")
-    p.add_argument("--against", required=True, nargs="+", metavar="GROUND_TRUTH.json", help="measured step timings")
+    p.add_argument("--profile", required=True, metavar="PROFILE.json", type=input_file("perf profile"), help="profile from `fleetwise calibrate`")
+    p.add_argument("--against", required=True, nargs="+", metavar="GROUND_TRUTH.json",
+                   type=input_file("ground-truth file"), help="measured step timings")
     p.add_argument("--gpu", default=None, metavar="G", help="accelerator (default: the profile's)")
     p.add_argument("--json", action="store_true", help="print {points, summary} as JSON")
     p.set_defaults(func=run_predict)

@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from fleetwise.cli import progress
-from fleetwise.cli.common import int_flag
+from fleetwise.cli.common import input_file, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError
 from fleetwise.spec.catalog import resolve_model
@@ -37,14 +37,14 @@ def register(subparsers: Any) -> None:
         description="Enumerate layouts that fit, estimate latency floors, measure effective goodput in the "
                     "simulator, size replicas with headroom, compare colocated and PD plans, rank by cost.",
     )
-    p.add_argument("spec", nargs="?", default=None, help="SPEC.yaml (default: the built-in 70B chat question)")
+    p.add_argument("spec", nargs="?", default=None, type=input_file("planning spec"), help="SPEC.yaml (default: the built-in 70B chat question)")
     p.add_argument("--json", dest="json_out", metavar="OUT", default=None,
                    help="write the plan document (JSON) to OUT; `-` prints it instead of the report")
     p.add_argument("--top", type=int_flag(1, MAX_TOP), default=None, metavar="K",
                    help="plans to report (default: spec.search.top_k)")
     p.add_argument("--workers", type=int_flag(1, MAX_WORKERS), default=None, metavar="N",
                    help="worker processes for simulations (default: CPU count)")
-    p.add_argument("--profile", default=None, metavar="PROFILE.json",
+    p.add_argument("--profile", default=None, metavar="PROFILE.json", type=input_file("perf profile"),
                    help="perf profile (`fleetwise calibrate`) pricing the estimate and the simulations; "
                         "overrides the spec's `profile`")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="run simulations on a Ray cluster (fleetwise[ray])")

@@ -22,7 +22,7 @@ from typing import Any
 from rich.table import Table
 
 from fleetwise.cli import progress
-from fleetwise.cli.common import console, float_flag, int_flag
+from fleetwise.cli.common import console, float_flag, input_dir, input_file, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError, UnknownNameError
 from fleetwise.routing.registry import DEFAULT_POLICY, policy_names
@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seeds", type=int_flag(1, MAX_SEEDS), default=5, metavar="N", help="seeds per scenario and policy (default 5)")
     p.add_argument("--scenario", action="append", default=None, metavar="NAME",
                    help=f"run only this scenario (repeatable; known: {', '.join(sc.SCENARIO_NAMES)})")
-    p.add_argument("--trace", metavar="FILE",
+    p.add_argument("--trace", metavar="FILE", type=input_file("trace file"),
                    help="replace each selected scenario's workload by this trace (Azure CSV, Mooncake JSONL, "
                         "BurstGPT CSV, length statistics); seed k replays the k-th window")
     p.add_argument("--trace-rate", type=float_flag(positive=True, maximum=MAX_RATE_RPS), default=None, metavar="RPS",
@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--trace-requests", type=int_flag(1, MAX_REQUESTS), default=None, metavar="N",
                    help="with --trace: requests per seed window (default: the file split evenly over the seeds)")
     p.add_argument("--small", action="store_true", help="use each scenario's small: overrides (fast check)")
-    p.add_argument("--dir", default=None, metavar="DIR", help="scenario folder (default examples/scenarios)")
+    p.add_argument("--dir", default=None, metavar="DIR", type=input_dir, help="scenario folder (default examples/scenarios)")
     p.add_argument("--jobs", type=int_flag(1, MAX_JOBS), default=1, metavar="J", help="parallel worker processes (default 1)")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even when a verdict fails")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")

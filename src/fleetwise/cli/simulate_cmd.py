@@ -23,6 +23,7 @@ from fleetwise.cli.common import (
     add_seed_arg,
     apply_context_limit,
     float_flag,
+    input_file,
     int_flag,
     spec_from_flags,
 )
@@ -54,11 +55,11 @@ def register(subparsers: Any) -> None:
         description="Discrete-event simulation of a plan (pools, KV link, routing) on a workload or trace, "
                     "optionally under faults. Writes DIR/summary.json and DIR/requests.csv.",
     )
-    p.add_argument("plan", nargs="?", help="plan file (YAML/JSON); omit for the --model/--gpu quick start")
+    p.add_argument("plan", nargs="?", type=input_file("plan file"), help="plan file (YAML/JSON); omit for the --model/--gpu quick start")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", metavar="W.yaml", help="workload spec file")
-    src.add_argument("--trace", metavar="FILE", help="trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, ...)")
-    p.add_argument("--faults", metavar="F.yaml", help="fault scenario file")
+    src.add_argument("--workload", metavar="W.yaml", type=input_file("workload file"), help="workload spec file")
+    src.add_argument("--trace", metavar="FILE", type=input_file("trace file"), help="trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, ...)")
+    p.add_argument("--faults", metavar="F.yaml", type=input_file("fault file"), help="fault scenario file")
     p.add_argument("--policy", default=None, metavar="P",
                    help=f"routing policy preset (known: {', '.join(policy_names())}); replaces the plan's "
                         f"routing; quick start default {QUICK_START_POLICY}")

@@ -17,7 +17,7 @@ empty = completed). Rules, per (tenant, key):
 from __future__ import annotations
 
 import csv
-import json
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Any
 
 from fleetwise.errors import SpecError
 from fleetwise.ledger.store import LedgerRow
+from fleetwise.spec.inputs import parse_json_line, read_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,26 +96,30 @@ def verify(rows: Sequence[LedgerRow], records: Sequence[RunRecord]) -> VerifyRep
 
 
 # ---- reading a run's records ------------------------------------------------------------------------
+MAX_RECORDS_BYTES = 4 * 1024**3
+"""Largest records file `load_run_records` reads (held in memory): ~20M request rows of ~200 bytes."""
+
+
 def load_run_records(path: str | Path) -> list[RunRecord]:
     """Read a run's request records from CSV or JSON Lines (columns in the module docstring)."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"records file {str(p)!r} not found; pass a run's requests.csv or request log")
+    text = read_text(p, MAX_RECORDS_BYTES, "records file")  # UTF-8, bounded; a binary file is one line
     if p.suffix in (".jsonl", ".ndjson"):
         rows: list[dict[str, Any]] = []
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise SpecError(f"{p}:{n}: not valid JSON ({err.msg}); one JSON object per line") from None
+            obj = parse_json_line(line, f"{p}:{n}")
             if not isinstance(obj, dict):
                 raise SpecError(f"{p}:{n}: expected a JSON object, got {type(obj).__name__}")
             rows.append(obj)
     else:
-        with p.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
+        try:
+            rows = list(csv.DictReader(io.StringIO(text, newline="")))
+        except csv.Error as err:
+            raise SpecError(f"{p}: not a CSV file ({err}); pass a run's requests.csv") from None
     return [_record(row, f"{p}:{n}") for n, row in enumerate(rows, 2 if p.suffix == ".csv" else 1)]
 
 

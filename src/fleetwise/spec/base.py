@@ -35,13 +35,22 @@ def _is_size_limit(ctx: Any) -> bool:
     return isinstance(bound, int | float) and bound >= 1000
 
 
+_UNION_MEMBER_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "tuple", "none", "bytes"})
+
+
+def _is_union_member(part: Any) -> bool:
+    """Whether a location part is pydantic's name of a union member (`str`, `function-after[...]`),
+    not a field: the user's path is the fields only."""
+    return isinstance(part, str) and (part in _UNION_MEMBER_TAGS or "[" in part)
+
+
 def describe_validation_error(err: ValidationError, where: str) -> str:
     """One line: `where: field.path: message (got value)` for the first problems, values quoted short."""
     parts = []
     # an unknown field first: it usually explains the "Field required" of its misspelt twin
     errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
     for e in errors[:MAX_REPORTED_PROBLEMS]:
-        loc = ".".join(str(p) for p in e["loc"])
+        loc = ".".join(str(p) for p in e["loc"] if not _is_union_member(p))
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field; remove it or check its spelling"

@@ -50,6 +50,8 @@ def list_gpus() -> list[AcceleratorSpec]:
 
 
 def _is_path_like(value: str) -> bool:
+    if not value.strip():  # '' is the current directory to Path, never a model or accelerator
+        return False
     if "/" in value or "\\" in value or value.lower().endswith(_FILE_SUFFIXES):
         return True
     try:

@@ -28,7 +28,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -172,11 +172,26 @@ def json_depth(text: str, stop_above: int | None = None) -> int:
     return deepest
 
 
+class _Refused:
+    """A number JSON may spell but a document may not hold (NaN, an infinity, an overflowing
+    literal, an integer of too many digits), kept with its spelling so the error can name the
+    field it sits in (`_check_finite_tree`) rather than just the file."""
+
+    def __init__(self, text: str, reason: str) -> None:
+        self.text, self.reason = text, reason
+
+    def __repr__(self) -> str:
+        return quote_text(self.text)
+
+
 def _no_constant(name: str) -> Any:
+    """`parse_constant` that refuses NaN and infinities outright (where no field can be named)."""
     raise ValueError(f"{name} is not a finite number; JSON numbers must be finite")
 
 
 def _finite_float(text: str) -> float:
+    """`parse_float` that refuses an overflowing literal outright (a fast path's hook: it falls
+    back to `parse_json` for the error naming the field)."""
     x = float(text)
     if not math.isfinite(x):
         raise ValueError(f"{text[:MAX_QUOTE_CHARS]} overflows a float; numbers must be finite")
@@ -184,10 +199,37 @@ def _finite_float(text: str) -> float:
 
 
 def _bounded_int(text: str) -> int:
+    """`parse_int` that refuses an integer of more than MAX_INT_DIGITS digits outright."""
     digits = len(text.lstrip("-"))
     if digits > MAX_INT_DIGITS:
         raise ValueError(f"an integer of {digits} digits; numbers must have at most {MAX_INT_DIGITS}")
     return int(text)
+
+
+def _number_hooks() -> tuple[list[str], Callable[[str], Any], Callable[[str], Any], Callable[[str], Any]]:
+    """`json.loads` hooks (constants, floats, ints) that read NaN, infinities, overflowing
+    literals and over-long integers as `_Refused` and note them, so the caller walks the tree for
+    the field's path only when there is one."""
+    bad: list[str] = []
+
+    def refuse(text: str, reason: str) -> _Refused:
+        bad.append(text)
+        return _Refused(text, reason)
+
+    def constant(text: str) -> Any:
+        return refuse(text, "is not a finite number; give a finite value")
+
+    def number(text: str) -> Any:
+        x = float(text)
+        return x if math.isfinite(x) else refuse(text, "overflows a float; give a finite value")
+
+    def integer(text: str) -> Any:
+        digits = len(text.lstrip("-"))
+        if digits > MAX_INT_DIGITS:
+            return refuse(text, f"is an integer of {digits} digits; give at most {MAX_INT_DIGITS}")
+        return int(text)
+
+    return bad, constant, number, integer
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -208,26 +250,34 @@ def parse_json(data: bytes | str, where: str, max_bytes: int = MAX_BODY_BYTES,
     text = decode_text(data, where, "JSON") if isinstance(data, (bytes, bytearray)) else data
     if json_depth(text, stop_above=max_depth) > max_depth:
         raise SpecError(f"{where}: nested more than {max_depth} levels deep; flatten the document")
+    bad, constant, number, integer = _number_hooks()
     try:
-        return json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_no_constant,
-                          parse_float=_finite_float, parse_int=_bounded_int)
+        data = json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=constant,
+                          parse_float=number, parse_int=integer)
     except json.JSONDecodeError as err:
         raise SpecError(f"{where}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     except ValueError as err:
         raise SpecError(f"{where}: not accepted: {err}") from None
+    if bad:
+        _check_finite_tree(data, where)
+    return data
 
 
 def parse_json_line(line: str, where: str) -> Any:
     """Parse one JSONL row (a trace line) fast: the C decoder, NaN/Infinity and huge integers
     refused, nesting beyond the interpreter's stack a SpecError instead of a RecursionError."""
+    bad, constant, number, integer = _number_hooks()
     try:
-        return json.loads(line, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
+        row = json.loads(line, parse_constant=constant, parse_float=number, parse_int=integer)
     except json.JSONDecodeError as err:
         raise SpecError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
     except RecursionError:
         raise SpecError(f"{where}: nested too deep to be a trace row") from None
     except ValueError as err:
         raise SpecError(f"{where}: {err}") from None
+    if bad:
+        _check_finite_tree(row, where)
+    return row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,8 +390,11 @@ def _check_finite_tree(data: Any, where: str) -> None:
     stack: list[tuple[Any, str]] = [(data, "")]
     while stack:
         v, path = stack.pop()
+        if isinstance(v, _Refused):
+            raise SpecError(f"{where}: {quote_text(path or '(document)', 80)}: {v!r} {v.reason}")
         if isinstance(v, float) and not math.isfinite(v):
-            raise SpecError(f"{where}: {path or '(document)'}: {v} is not a finite number; give a finite value")
+            raise SpecError(f"{where}: {quote_text(path or '(document)', 80)}: {v} is not a finite number; "
+                            "give a finite value")
         if isinstance(v, dict):
             stack.extend((x, f"{path}.{k}" if path else str(k)) for k, x in v.items())
         elif isinstance(v, list):

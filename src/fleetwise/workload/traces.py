@@ -78,7 +78,8 @@ def _check_span(table: TraceTable) -> None:
     t = table.arrival_s
     if t is not None and len(t) and float(t.max() - t.min()) > MAX_DURATION_S:
         i = int(np.argmax(t))
-        column = FORMATS.get(table.format, ("arrival time",))[0]
+        fmt = TRACE_FORMATS.get(table.format)
+        column = fmt.columns[0] if fmt is not None and fmt.columns else "arrival time"
         raise SpecError(f"{table.path}: row {i + 1}: {column} arrives {float(t[i] - t.min()):.3g} s after the first; a trace "
                         f"may span at most {MAX_DURATION_S:.3g} s (one year); fix or drop the row")
 

@@ -17,7 +17,7 @@ PREDICTED_KEYS = {"ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "goodp
 def test_top_level_keys(small_search):
     doc = to_json(small_search)
     assert set(doc) == {"schema", "name", "model", "workload", "slo", "plans", "disaggregation", "rejected",
-                        "infeasible", "search"}
+                        "candidates", "pd_sweep", "infeasible", "search"}
     assert doc["schema"] == SCHEMA
     assert doc["infeasible"] is None
     json.dumps(doc)  # serialisable as is
@@ -36,3 +36,25 @@ def test_rejected_entries_name_candidate_and_reason(small_search):
     rejected = to_json(small_search)["rejected"]
     assert rejected, "a larger-TP layout is outranked, so something is always rejected here"
     assert all(set(r) == {"candidate", "reason"} and r["reason"] for r in rejected)
+
+
+def test_every_candidate_is_recorded_with_cost_goodput_and_verdict(small_search):
+    from fleetwise.planner.candidates import VERDICTS
+
+    doc = to_json(small_search)
+    cands = doc["candidates"]
+    by_key = {c["candidate"]: c for c in cands}
+    # Every sized fleet is there, plus the colocated layouts the goodput phase left unsimulated.
+    assert {c.key for c in small_search.sized} <= set(by_key)
+    assert [c["cost_per_hour"] for c in cands] == sorted(c["cost_per_hour"] for c in cands)
+    rejected = {r["candidate"]: r["reason"] for r in doc["rejected"]}
+    for c in cands:
+        assert c["verdict"] in VERDICTS and c["cost_per_hour"] > 0 and c["goodput_rps"] > 0
+        if c["reason"] is not None and c["verdict"] != "ranked":
+            assert rejected[c["candidate"]] == c["reason"]
+    for p in doc["plans"]:  # a reported plan is its candidate, ranked, with its simulated goodput
+        c = next(c for c in cands if c["rank"] == p["rank"])
+        assert c["verdict"] == "ranked" and c["reason"] is None and c["goodput_source"] == "simulated"
+        assert (c["cost_per_hour"], c["gpus"], c["goodput_rps"]) == (p["cost_per_hour"], p["gpus"],
+                                                                       round(p["predicted"]["goodput_rps"], 4))
+    assert doc["pd_sweep"] == []  # disaggregation is off in this spec

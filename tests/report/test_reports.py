@@ -4,8 +4,10 @@ self-contained, and what it states matches the result document."""
 from __future__ import annotations
 
 import base64
+import csv
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 
 from fleetwise.cli.main import main
 from fleetwise.report import document_page, write_report
+from fleetwise.report.plan_report import VERDICT_LOOK
 from fleetwise.report.plots import CDF_POINTS, cdf_points
 from fleetwise.report.sim_report import fault_spans
 
@@ -65,7 +68,32 @@ def test_simulation_report_holds_every_figure_and_the_summary_numbers(sim_run):
     for r in s["per_replica"]:
         assert f"<td>{r['name']}</td>" in page and r["name"] in figs["replica-timelines"]
     assert "crash decode-0" in figs["replica-timelines"]  # fault periods are marked
+    with (sim_run / "requests.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in s["per_replica"]:  # a PD request's decision counts on its prefill and its decode replica
+        mine = Counter(row["decision"] for row in rows if r["name"] in (row["worker"], row["prefill_worker"]))
+        assert r["decisions"] == dict(sorted(mine.items())) and sum(mine.values()) > 0
     assert "n=" + str(s["requests_completed"]) in figs["latency-by-pool"]
+
+
+def test_routing_report_shows_selection_reasons_per_replica_and_safe_mode(routing_run):
+    figs = check_figures(routing_run / "report.html",
+                         {"latency-by-pool", "latency-by-tenant", "replica-timelines", "routing"})
+    s = json.loads((routing_run / "summary.json").read_text())
+    periods = s["router"]["safe_mode"]["periods"]
+    # The view goes stale at 10 s; safe mode starts once it is older than stale_after_s and ends with the fault.
+    assert len(periods) == 1 and 15.0 <= periods[0][0] <= 16.0 and 25.0 <= periods[0][1] <= 26.0
+    with (routing_run / "requests.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in s["per_replica"]:  # each replica's decision kinds, as the records say
+        mine = Counter(row["decision"] for row in rows if row["worker"] == r["name"])
+        assert r["decisions"] == dict(sorted(mine.items()))
+    assert {k for r in s["per_replica"] for k in r["decisions"]} == {"least-cost", "safe-mode"}
+    for kind in ("least-cost", "safe-mode"):
+        assert kind in figs["routing"]
+    assert "safe mode (stale fleet view)" in figs["replica-timelines"] and "crash mixed-1" in figs["replica-timelines"]
+    page = (routing_run / "report.html").read_text()
+    assert f"<td class=\"num\">{round(periods[0][0], 3)}</td>" in page  # the period is listed under the timelines
 
 
 def test_scenario_report_shows_policies_side_by_side_and_the_verdicts(scenario_run):
@@ -80,14 +108,36 @@ def test_scenario_report_shows_policies_side_by_side_and_the_verdicts(scenario_r
 def test_plan_report_holds_ranking_steps_frontier_pd_and_verdict(plan_run):
     doc = json.loads((plan_run / "plan.json").read_text())
     assert {p["kind"] for p in doc["plans"]} == {"colocated", "disaggregated"}
-    check_figures(plan_run / "report.html", {"frontier", "pd-ratio"})
+    figs = check_figures(plan_run / "report.html", {"frontier", "pd-ratio", "disaggregation"})
     page = (plan_run / "report.html").read_text()
     for p in doc["plans"]:
         for step in p["explanation"]:
-            assert f"<li>{step.replace('&', '&amp;').replace('<', '&lt;').replace('>', '&gt;')}</li>".replace(
-                "'", "&#x27;").replace('"', "&quot;") in page
-    assert page.count('<tr class="grey">') == len(doc["rejected"])
+            assert f"<li>{_esc(step)}</li>" in page
+    greyed = [c for c in doc["candidates"] if c["reason"]]
+    assert page.count('<tr class="grey">') == len(doc["rejected"]) + len(greyed)
     assert doc["disaggregation"]["reason"].replace("'", "&#x27;") in page
+    # Every candidate is in the table; the rejected ones are on the frontier, marked by their reason.
+    for c in doc["candidates"]:
+        assert f"<td>{_esc(c['candidate'])}</td>" in page
+    verdicts = {c["verdict"] for c in greyed}
+    assert {"not_refined", "over_limits", "not_simulated"} <= verdicts
+    for v in verdicts:
+        assert VERDICT_LOOK[v][1].replace("&", "&amp;") in figs["frontier"]
+    # The P:D ratios tried: the refined PD plan's confirmation and full plan, and the equal-cost split.
+    pd = next(p for p in doc["plans"] if p["kind"] == "disaggregated")
+    stages = {s["stage"] for s in doc["pd_sweep"] if s["ratio"] == pd["pd_ratio"]}
+    assert "full plan at target rate, seed 0" in stages
+    split = doc["disaggregation"]["pd_split"]
+    assert any(s["stage"] == "equal-cost split" and [s["prefill"], s["decode"]] == split for s in doc["pd_sweep"])
+    for s in doc["pd_sweep"]:
+        assert (s["passed"] is None) == (s["stage"] == "sized")
+    assert "P:D tried" in figs["pd-ratio"] and "equal-cost split" in figs["pd-ratio"]
+    assert "interference removed" in figs["disaggregation"] and "transfer cost added" in figs["disaggregation"]
+
+
+def _esc(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("'", "&#x27;").replace(
+        '"', "&quot;")
 
 
 def test_report_command_defaults_and_document_reports_match(plan_run, tmp_path, capsys):

@@ -122,6 +122,7 @@ def test_safe_mode_enter_act_leave():
     assert not rej.route(req(2), fleet(now=23.0, age=0.0)).rejected  # fresh views: leaves safe mode
     rep = rej.report()["safe_mode"]
     assert rep["entries"] == 1 and rep["time_s"] == 3.0 and rep["action"] == "reject" and not rep["active"]
+    assert rep["periods"] == [[20.0, 23.0]]  # entered at the stale view, left at the fresh one
     rr = make_policy(spec("round_robin"))
     stale = fleet(now=20.0, age=9.0, w0={"queued_requests": 50})
     ds = [rr.route(req(i), stale) for i in range(4)]

@@ -187,12 +187,13 @@ def _verdict(search: Search, lay: Layout, n: int, p: int, vc: SimVerdict, vp: Si
     }
     return {
         "verdict": "disaggregate" if pd_better else "colocate",
+        "pd_split": [p, n - p],
         "equal_cost": f"{n} x {lay.label}: colocated vs {p} prefill + {n - p} decode, at "
                       f"{search.spec.workload.rate_rps * search.burst:.2f} req/s (peak)",
         "colocated": {"slo_attainment": vc.attainment, "goodput_rps": vc.goodput_rps,
-                      "ttft_p99_s": vc.ttft["p99"], "tpot_p99_s": vc.tpot["p99"]},
+                      "ttft_p99_s": vc.ttft["p99"], "tpot_p99_s": vc.tpot["p99"], "passed": vc.passed},
         "disaggregated": {"slo_attainment": vp.attainment, "goodput_rps": vp.goodput_rps,
-                          "ttft_p99_s": vp.ttft["p99"], "tpot_p99_s": vp.tpot["p99"]},
+                          "ttft_p99_s": vp.ttft["p99"], "tpot_p99_s": vp.tpot["p99"], "passed": vp.passed},
         "terms": terms,
         "reason": (f"at equal cost the PD split {'beats' if pd_better else 'does not beat'} colocation: attainment "
                    f"{vp.attainment:.1%} vs {vc.attainment:.1%} (target {slo.attainment:.0%}), goodput "

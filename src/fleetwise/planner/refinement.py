@@ -34,6 +34,8 @@ class Refined:
     headroom: list[HeadroomCheck] = field(default_factory=list)
     """Each headroom term simulated against the sized plan (and what was added when one missed)."""
     runs: int = 0
+    tried: list[tuple[FleetShape, SimVerdict]] = field(default_factory=list)
+    """Each fleet the confirmation ran at peak rate, in order (the P:D ratios tried, for PD plans)."""
 
     @property
     def passed(self) -> bool:
@@ -64,6 +66,7 @@ def refine_plan(ctx: Context, key: str, serving: FleetShape, spare: dict[str, in
     for _ in range(MAX_CORRECTIONS + 1):
         out.confirm = run_fleet(ctx.spec, ctx.mix, fleet, ctx.prices, ctx.peak_rps, seed=0)
         out.runs += 1
+        out.tried.append((fleet, out.confirm))
         if out.confirm.passed:
             break
         fix = _correct(ctx, out.confirm, fleet)

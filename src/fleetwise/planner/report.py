@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fleetwise.planner.candidates import candidate_records, pd_sweep
 from fleetwise.planner.simulate import SimVerdict
 from fleetwise.planner.state import Candidate, Search
 
@@ -124,6 +125,8 @@ def to_json(search: Search) -> dict[str, Any]:
         "plans": [_plan_json(search, c, i + 1) for i, c in enumerate(search.ranked[: search.top_k])],
         "disaggregation": search.disaggregation or None,
         "rejected": [r.as_dict() for r in search.rejected],
+        "candidates": candidate_records(search),
+        "pd_sweep": pd_sweep(search),
         "infeasible": search.infeasible,
         "search": {"layouts_estimated": len(search.estimates), "candidates_sized": len(search.candidates),
                    "simulations": search.simulations, "wall_s": _r(search.wall_s, 2)},

@@ -205,6 +205,7 @@ def run(search: Search) -> None:
         if c is None:
             continue
         c.cost_per_hour = fleet_cost(search, c.fleet, spares(c.sizings))
+        search.sized.append(c)
         why = _within_limits(search, c)
         if why:
             search.rejected.append(Rejection(c.key, why))

@@ -97,6 +97,8 @@ class Search:
     measured: dict[tuple[str, Layout], str] = field(default_factory=dict)
     """Goodputs taken from a load test instead of the simulator, with the evidence."""
     candidates: list[Candidate] = field(default_factory=list)
+    sized: list[Candidate] = field(default_factory=list)
+    """Every fleet the sizing phase built, within the GPU limits or not (the plan document's `candidates`)."""
     ranked: list[Candidate] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     disaggregation: dict[str, object] = field(default_factory=dict)

@@ -1,10 +1,11 @@
 """Report of a plan (`fleetwise plan --json`, schema `fleetwise-plan/1`).
 
-The ranked table; each plan's decision steps with their numbers and its claims; the cost vs
-goodput frontier (candidates the document scores but rejected greyed with their reason, and
-every rejection listed); the P:D sizing of the PD plans (load vs serving replicas per phase, and
-the document's P:D sweep when it carries one); and the disaggregation verdict's breakdown
-(decode interference removed vs KV transfer cost added, at equal cost).
+The ranked table; each plan's decision steps with their numbers and its claims; every candidate
+the planner evaluated (`candidates`) in a table and on the cost vs goodput frontier (rejected
+ones greyed, marked by their reason); the P:D sizing of the PD plans (load vs serving replicas
+per phase) and every P:D ratio tried with its outcome (`pd_sweep`); and the disaggregation
+verdict's breakdown (decode interference removed vs KV transfer cost added, at equal cost).
+Documents written before `candidates`/`pd_sweep` existed still render, without those parts.
 """
 
 from __future__ import annotations
@@ -57,10 +58,14 @@ def build(doc: dict[str, Any]) -> Page:
                 sec.heading("claims checked in simulation")
                 sec.table(["claim", "holds", "evidence"],
                           [[c["claim"], "yes" if c["holds"] else "NO", c["evidence"]] for c in p["claims"]])
+        if doc.get("candidates"):
+            _candidates(page.section(f"Every candidate evaluated ({len(doc['candidates'])})"), doc["candidates"])
         pd = [p for p in doc["plans"] if p.get("pd_ratio")]
         if pd or doc.get("pd_sweep"):
             sec = page.section("P:D ratio")
             page.add_figure(sec, _pd(doc, pd))
+            if doc.get("pd_sweep"):
+                _sweep_table(sec, doc["pd_sweep"])
         dg = doc.get("disaggregation")
         if dg:
             sec = page.section("Disaggregate or not")
@@ -100,33 +105,85 @@ def _ranked(sec: Section, plans: list[dict[str, Any]]) -> None:
                "attainment (95% CI)"], rows)
 
 
+VERDICT_LOOK = {  # verdict -> (marker, legend label) of a candidate that is not a reported plan
+    "missed_slo": ("X", "missed the SLO in simulation"),
+    "over_limits": ("s", "over the GPU limits"),
+    "not_refined": ("o", "not refined: costlier than those refined"),
+    "not_simulated": ("^", "not simulated: analytical cost per req/s above the best"),
+    "demoted": ("D", "demoted: a PD claim failed"),
+    "ranked": ("P", "meets the SLO, beyond the plans reported"),
+}
+
+
+def _candidates(sec: Section, cands: list[dict[str, Any]]) -> None:
+    sec.table(["candidate", "fleet", "GPUs", "$/h", "goodput req/s", "source", "sustainable req/s", "verdict",
+               "reason"],
+              [[c["candidate"], c["fleet"], c["gpus"], c["cost_per_hour"], c["goodput_rps"], c["goodput_source"],
+                c["capacity_rps"], c["verdict"] + (f" #{c['rank']}" if c.get("rank") else ""), c.get("reason") or ""]
+               for c in cands],
+              grey=[bool(c.get("reason")) for c in cands])
+
+
 def _frontier(doc: dict[str, Any]) -> plots.Rendered:
-    fig, axes = plots.figure(1, 1, width=8.0, height=4.2)
+    """Cost vs goodput of every candidate (the frontier: the most goodput for each cost), rejected
+    ones grey and marked by their reason; documents without `candidates` show the ranked plans."""
+    cands = [c for c in doc.get("candidates") or [] if c.get("cost_per_hour") is not None]
+    fig, axes = plots.figure(1, 1, width=10.0 if cands else 8.0, height=4.4)
     ax = axes[0, 0]
-    for c in doc.get("candidates", []):  # every scored candidate, when the document lists them
-        if c.get("cost_per_hour") is None or c.get("goodput_rps") is None:
+    plans = {p["rank"]: p for p in doc["plans"]}
+    key = "capacity_rps" if cands else None
+    seen: set[str] = set()
+    for c in cands:
+        if c["verdict"] == "ranked" and c.get("rank") in plans:
             continue
-        ok = not c.get("reason")
-        ax.plot(c["cost_per_hour"], c["goodput_rps"], "o", color="C0" if ok else plots.GREY, ms=5, alpha=0.8)
-        if not ok:
-            ax.annotate(str(c["reason"])[:40], (c["cost_per_hour"], c["goodput_rps"]), fontsize=6,
-                        color="#8a90a0", xytext=(3, -8), textcoords="offset points")
-    pts = sorted((p["cost_per_hour"], p["predicted"]["goodput_rps"], p) for p in doc["plans"]) if doc["plans"] else []
-    for i, (x, y, p) in enumerate(pts):
-        ax.plot(x, y, "o", ms=8, color=f"C{(p['rank'] - 1) % 10}", label=f"#{p['rank']} {p['kind']} ({p['gpus']} GPUs)")
-        ax.annotate(f"#{p['rank']}", (x, y), xytext=(5, 4 + 6 * (i % 2)), textcoords="offset points")
+        marker, label = VERDICT_LOOK.get(c["verdict"], ("o", c["verdict"]))
+        ax.plot(c["cost_per_hour"], c["capacity_rps"], marker, ms=6, color=plots.GREY, alpha=0.9,
+                mfc="none" if c.get("goodput_source") != "simulated" else plots.GREY,
+                label=None if label in seen else label)
+        seen.add(label)
+    for p in doc["plans"]:
+        c = next((c for c in cands if c.get("rank") == p["rank"]), None)
+        y = c["capacity_rps"] if c is not None and key else p["predicted"]["goodput_rps"]
+        ax.plot(p["cost_per_hour"], y, "o", ms=9, color=f"C{(p['rank'] - 1) % 10}",
+                label=f"#{p['rank']} {p['kind']} ({p['gpus']} GPUs)")
+        ax.annotate(f"#{p['rank']}", (p["cost_per_hour"], y), xytext=(7, -3 + 9 * (p["rank"] - 1)),
+                    textcoords="offset points", fontsize=8)
+    if cands:
+        front, best = [], -1.0
+        for c in sorted(cands, key=lambda c: (c["cost_per_hour"], -c["capacity_rps"])):
+            if c["capacity_rps"] > best:
+                best = c["capacity_rps"]
+                front.append((c["cost_per_hour"], best))
+        ax.step([x for x, _ in front], [y for _, y in front], where="post", color="black", lw=0.8, alpha=0.6,
+                label="frontier: most goodput for the cost")
+        ax.set_ylabel("sustainable goodput (req/s meeting the SLO)")
+    else:
+        ax.set_ylabel("goodput (req/s meeting the SLO)")
     ax.axhline(doc["workload"]["rate_rps"], color="#c62828", ls="--", lw=1, label="target rate")
-    ax.set_xlabel("cost ($/h)")
-    ax.set_ylabel("goodput (req/s meeting the SLO)")
-    ax.legend(loc="lower right")
-    return plots.render(fig, "frontier", "Cost vs goodput of the ranked plans (grey: candidates rejected, with "
-                                         "their reason); dashed: the target rate")
+    ax.set_xlabel("cost with spares ($/h)")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside right center", fontsize=7)
+    return plots.render(fig, "frontier", "Cost vs goodput of every candidate the planner evaluated: serving replicas "
+                                         "x goodput per replica (filled: measured in simulation, hollow: estimated); "
+                                         "coloured: the ranked plans, grey: rejected, marked by the reason")
+
+
+SWEEP_LOOK = {True: ("o", "#2ca02c", "met the SLO"), False: ("X", "#d62728", "missed the SLO"),
+              None: ("o", plots.GREY, "sized, not simulated")}
 
 
 def _pd(doc: dict[str, Any], pd: list[dict[str, Any]]) -> plots.Rendered:
     sweep = doc.get("pd_sweep") or []
-    fig, axes = plots.figure(1, 2 if sweep else 1, width=10.0 if sweep else 7.0, height=3.4)
-    ax = axes[0, 0]
+    ncols = (1 if pd else 0) + (2 if sweep else 0)
+    fig, axes = plots.figure(1, ncols, width=min(12.0, 4.2 * ncols + 1.0), height=3.6)
+    if pd:
+        _pd_sizing(axes[0, 0], pd)
+    if sweep:
+        _pd_sweep(axes[0, ncols - 2], axes[0, ncols - 1], sweep, doc["slo"]["attainment"])
+    return plots.render(fig, "pd-ratio", "P:D ratio: the work each phase needs vs the replicas planned, and every "
+                                         "prefill:decode replica count the planner tried with its outcome")
+
+
+def _pd_sizing(ax: Any, pd: list[dict[str, Any]]) -> None:
     labels, load, serving, total = [], [], [], []
     for p in pd:
         for role in ("prefill", "decode"):
@@ -143,17 +200,70 @@ def _pd(doc: dict[str, Any], pd: list[dict[str, Any]]) -> plots.Rendered:
     ax.bar([i + 0.27 for i in x], total, width=0.27, label="with failure/upgrade spares", color=plots.GREY)
     ax.set_xticks(x, labels, rotation=20, ha="right")
     ax.set_ylabel("replicas")
-    ax.set_title("P:D sizing of the PD plans: " + ", ".join(f"#{p['rank']} {p['pd_ratio']}" for p in pd))
+    ax.set_title("P:D sizing: " + ", ".join(f"#{p['rank']} {p['pd_ratio']}" for p in pd))
     ax.legend(loc="upper right")
-    if sweep:
-        ax2 = axes[0, 1]
-        xs = [str(s.get("ratio", "")) for s in sweep]
-        ax2.plot(xs, [s.get("goodput_rps", 0.0) for s in sweep], "o-", label="goodput req/s")
-        ax2.set_xlabel("P:D")
-        ax2.set_ylabel("goodput (req/s)")
-        ax2.set_title("P:D sweep")
-    return plots.render(fig, "pd-ratio", "P:D ratio: the work each phase needs (replicas at the target load) vs the "
-                                         "replicas planned")
+
+
+def sweep_refs(sweep: list[dict[str, Any]]) -> dict[str, str]:
+    """Short names (PD1, PD2, ...) of the candidates in the sweep, in order of first appearance."""
+    refs: dict[str, str] = {}
+    for s in sweep:
+        refs.setdefault(s["candidate"], "split" if s["stage"] == "equal-cost split" else f"PD{len(refs) + 1}")
+    return refs
+
+
+def _pd_sweep(grid: Any, bars: Any, sweep: list[dict[str, Any]], required: float) -> None:
+    """Left: each (prefill, decode) replica count tried, by outcome (x n: tried n times); right:
+    attainment per simulated run."""
+    seen: set[str] = set()
+    groups: dict[tuple[int, int, object, bool], int] = {}
+    for s in sweep:
+        k = (s["prefill"], s["decode"], s.get("passed"), s["stage"] == "equal-cost split")
+        groups[k] = groups.get(k, 0) + 1
+    for (pre, dec, passed, split), n in groups.items():
+        marker, color, label = SWEEP_LOOK[passed]  # type: ignore[index]
+        if split:
+            marker, label = "D", f"equal-cost split ({label})"
+        dx = {None: -0.15, True: 0.0, False: 0.15}[passed] if not split else 0.0  # type: ignore[index]
+        grid.plot(pre + dx, dec, marker, ms=8, color=color, alpha=0.85, mfc="none" if passed is None else color,
+                  label=None if label in seen else label)
+        if n > 1:
+            grid.annotate(f"x{n}", (pre + dx, dec), xytext=(5, 5), textcoords="offset points", fontsize=7)
+        seen.add(label)
+    top = max(max(s["prefill"], s["decode"]) for s in sweep) + 1
+    grid.set_xlim(0, top)
+    grid.set_ylim(0, top)
+    grid.set_xlabel("prefill replicas")
+    grid.set_ylabel("decode replicas")
+    grid.set_title("P:D tried (every PD candidate)")
+    grid.legend(loc="upper right", fontsize=7)
+    refs = sweep_refs(sweep)
+    runs = [s for s in sweep if s.get("attainment") is not None]
+    names = [f"{refs[s['candidate']]} {s['ratio']} {_stage_short(s['stage'])}" for s in runs]
+    bars.barh(range(len(runs)), [s["attainment"] for s in runs],
+              color=[SWEEP_LOOK[s.get("passed")][1] for s in runs])
+    bars.set_yticks(range(len(runs)), names, fontsize=7)
+    bars.invert_yaxis()
+    bars.axvline(required, color="#c62828", ls="--", lw=1)
+    bars.set_xlim(0, 1.02)
+    bars.set_xlabel("SLO attainment in simulation")
+    bars.set_title(f"P:D runs (dashed: {required:.0%} required)")
+
+
+def _sweep_table(sec: Section, sweep: list[dict[str, Any]]) -> None:
+    refs = sweep_refs(sweep)
+    outcome = {True: "met the SLO", False: "missed the SLO", None: "sized, not simulated"}
+    sec.table(["ref", "candidate", "stage", "P:D", "req/s", "attainment", "TTFT p99 ms", "TPOT p99 ms", "outcome"],
+              [[refs[s["candidate"]], s["candidate"], s["stage"], s["ratio"], s["rate_rps"],
+                "" if s["attainment"] is None else f"{s['attainment']:.1%}",
+                "" if s["ttft_p99_s"] is None else round(s["ttft_p99_s"] * 1e3),
+                "" if s["tpot_p99_s"] is None else round(s["tpot_p99_s"] * 1e3, 1), outcome[s.get("passed")]]
+               for s in sweep])
+
+
+def _stage_short(stage: str) -> str:
+    return {"confirmed at peak": "at peak", "missed at peak": "at peak", "equal-cost split": "equal cost"}.get(
+        stage, stage.replace("full plan at target rate", "full plan"))
 
 
 def _disaggregation(dg: dict[str, Any]) -> plots.Rendered:

@@ -14,6 +14,7 @@ from typing import Any
 from fleetwise.report import plots
 from fleetwise.report.page import Page, Section
 from fleetwise.report.registry import report_kind
+from fleetwise.report.sim_report import decision_bars, safe_mode_spans
 
 METRICS = (("ttft_p99_s", "P99 TTFT (s)"), ("tpot_p99_s", "P99 TPOT (s)"), ("goodput_rps", "goodput (req/s)"),
            ("slo_attainment", "SLO attainment"))
@@ -91,13 +92,13 @@ def _policies(name: str, stats: dict[str, Any], policies: list[str]) -> plots.Re
 def _replicas(name: str, runs: dict[str, list[dict[str, Any]]], policies: list[str],
               spans: list[tuple[float, float, str, str]]) -> plots.Rendered:
     pols = [p for p in policies if p in runs]
-    fig, axes = plots.figure(2, len(pols), height=5.4, width=max(11.0, 3.6 * len(pols)))
+    fig, axes = plots.figure(3, len(pols), height=8.0, width=max(11.0, 3.6 * len(pols)))
     for j, p in enumerate(pols):
         first = runs[p][0]
         ax = axes[0, j]
         for r in first["per_replica"]:
             ax.step(r["queue_length"]["t_s"], r["queue_length"]["value"], where="post", lw=1, label=r["name"])
-        plots.mark_spans(ax, spans)
+        plots.mark_spans(ax, sorted(spans + safe_mode_spans(first["router"])))
         ax.set_title(f"{p}: waiting requests (seed {first['seed']})")
         ax.set_xlabel("simulated time (s)")
         if j == 0:
@@ -119,8 +120,18 @@ def _replicas(name: str, runs: dict[str, list[dict[str, Any]]], policies: list[s
         ax2.set_title(f"{p}: per replica, all seeds")
         if j == 0:
             ax2.legend(loc="upper left")
-    return plots.render(fig, f"{_slug(name)}-replicas", f"{name}: per-replica queue over time, traffic share "
-                                                        "and prefix hit rate, per policy")
+        decided: dict[str, dict[str, int]] = {n: {} for n in names}
+        for run in runs[p]:
+            for r in run["per_replica"]:
+                mine = decided.setdefault(r["name"], {})
+                for k, v in (r.get("decisions") or {}).items():
+                    mine[k] = mine.get(k, 0) + v
+        decision_bars(axes[2, j], [{"name": n, "decisions": decided[n]} for n in names])
+        axes[2, j].set_title(f"{p}: selection reasons, all seeds")
+        axes[2, j].tick_params(axis="x", rotation=30)
+    return plots.render(fig, f"{_slug(name)}-replicas", f"{name}: per-replica queue over time (faults and safe "
+                                                        "mode shaded), traffic share, prefix hit rate and the "
+                                                        "routing decisions by kind per replica, per policy")
 
 
 def _reasons(sec: Section, runs: dict[str, list[dict[str, Any]]], policies: list[str]) -> None:

@@ -103,6 +103,12 @@ def fault_spans(faults: list[dict[str, Any]], end_s: float) -> list[tuple[float,
     return sorted(spans)
 
 
+def safe_mode_spans(router: dict[str, Any]) -> list[tuple[float, float, str, str]]:
+    """The router's safe-mode periods as spans (kind `safe_mode`)."""
+    periods = (router.get("safe_mode") or {}).get("periods") or []
+    return [(float(a), float(b), "safe_mode", "safe mode (stale fleet view)") for a, b in periods]
+
+
 def _span_label(f: dict[str, Any]) -> str:
     target = f.get("target") or ""
     return f"{f['kind']} {target}".strip()
@@ -122,11 +128,12 @@ def build(run: RunData) -> Page:
             page.add_figure(lat, _latency_cdfs(run, run.columns["tenant"], "tenant", "latency-by-tenant"))
         else:
             lat.text("requests.csv not found next to summary.json: distributions need the per-request records.")
-        spans = fault_spans(s.get("faults", []), _end_s(s))
+        spans = sorted(fault_spans(s.get("faults", []), _end_s(s)) + safe_mode_spans(s["router"]))
         tl = page.section("Replicas over time")
         page.add_figure(tl, _timelines(s, spans))
         if spans:
-            tl.table(["start s", "end s", "fault"], [[round(a, 3), round(b, 3), t] for a, b, _, t in spans])
+            tl.table(["start s", "end s", "fault or safe mode"],
+                     [[round(a, 3), round(b, 3), t] for a, b, _, t in spans])
         rt = page.section("Routing")
         page.add_figure(rt, _routing(s))
         _replica_table(rt, s)
@@ -196,25 +203,58 @@ def _latency_cdfs(run: RunData, groups: np.ndarray, what: str, name: str) -> plo
 
 
 def _timelines(s: dict[str, Any], spans: list[tuple[float, float, str, str]]) -> plots.Rendered:
-    fig, axes = plots.figure(3, 1, height=6.6, sharex=True)
-    series = (("queue_length", "waiting requests"), ("running", "running sequences"),
-              ("kv_usage_series", "KV usage (fraction)"))
-    for ax, (key, label) in zip(axes[:, 0], series, strict=True):
-        for r in s["per_replica"]:
+    reps = s["per_replica"]
+    fig, axes = plots.figure(len(reps), 3, width=12.0, height=max(3.0, 1.35 * len(reps) + 0.8), sharex=True)
+    series = (("queue_length", "waiting"), ("running", "running"), ("kv_usage_series", "KV usage"))
+    for i, r in enumerate(reps):
+        for j, (key, label) in enumerate(series):
+            ax = axes[i, j]
             if key in r:
-                ax.step(r[key]["t_s"], r[key]["value"], where="post", lw=1, label=r["name"])
-        plots.mark_spans(ax, spans, label=ax is axes[0, 0])
-        ax.set_ylabel(label)
-    axes[2, 0].set_xlabel("simulated time (s)")
-    axes[0, 0].legend(loc="upper left", ncol=4)
+                ax.step(r[key]["t_s"], r[key]["value"], where="post", lw=1, color=f"C{j}")
+            plots.mark_spans(ax, _mine(spans, r), label=False)
+            if i == 0:
+                ax.set_title(label)
+            if j == 0:
+                ax.set_ylabel(r["name"], rotation=0, ha="right", va="center")
+            if key == "kv_usage_series":
+                ax.set_ylim(0, 1.02)
+    for j in range(3):
+        axes[-1, j].set_xlabel("simulated time (s)")
+    if spans:
+        fig.legend(*_legend(spans), loc="outside upper right", ncol=6, fontsize=7)
     return plots.render(fig, "replica-timelines", "Per replica over time: waiting queue, running batch and KV "
-                                                  "cache usage; shaded: fault periods")
+                                                  "cache usage; shaded: its faults (crash to restart, slowdown, "
+                                                  "KV link, upgrade) and the router's safe-mode periods")
+
+
+def _mine(spans: list[tuple[float, float, str, str]], rep: dict[str, Any]) -> list[tuple[float, float, str, str]]:
+    """The periods that concern replica `rep`: faults aimed at it, its pool, a link it ends, or the
+    whole fleet (no target), and the router's safe mode."""
+    out = []
+    for sp in spans:
+        target = sp[3][len(sp[2]):].strip()
+        if sp[2] == "safe_mode" or not target or target in (rep["name"], rep["pool"]) or rep["name"] in target:
+            out.append(sp)
+    return out
+
+
+LEGEND_SPANS = 12
+"""Periods named in the timeline legend (the table under the figure lists them all)."""
+
+
+def _legend(spans: list[tuple[float, float, str, str]]) -> tuple[list[Any], list[str]]:
+    """One legend entry per distinct period label (`crash decode-0`), coloured by its kind."""
+    from matplotlib.patches import Patch
+
+    labels = dict((sp[3], sp[2]) for sp in spans)
+    shown = list(labels.items())[:LEGEND_SPANS]
+    return ([Patch(color=plots.SPAN_COLORS.get(k, plots.GREY), alpha=0.3) for _, k in shown], [t for t, _ in shown])
 
 
 def _routing(s: dict[str, Any]) -> plots.Rendered:
     reps = s["per_replica"]
     names = [r["name"] for r in reps]
-    fig, axes = plots.figure(1, 3, height=3.0)
+    fig, axes = plots.figure(1, 3, height=3.2)
     by_role: dict[str, int] = {}
     for r in reps:
         by_role[r["role"]] = by_role.get(r["role"], 0) + r["requests"]
@@ -224,13 +264,29 @@ def _routing(s: dict[str, Any]) -> plots.Rendered:
     axes[0, 1].bar(names, [r["prefix_hit_rate"] for r in reps], color="#2ca02c")
     axes[0, 1].set_ylabel("prefix cache hit rate (tokens)")
     axes[0, 1].set_ylim(0, 1)
-    reasons = s["router"].get("by_reason", {})
-    axes[0, 2].barh(list(reasons), list(reasons.values()), color="#9467bd")
-    axes[0, 2].set_xlabel("routing decisions")
+    decision_bars(axes[0, 2], reps)
     axes[0, 2].set_title(f"selection reasons ({s['router'].get('policy', '')})")
-    for ax in axes[0, :2]:
+    for ax in axes[0, :]:
         ax.tick_params(axis="x", rotation=30)
-    return plots.render(fig, "routing", "Traffic share and prefix hit rate per replica; routing decisions by reason")
+    return plots.render(fig, "routing", "Traffic share, prefix hit rate and the routing decisions (by kind) that "
+                                        "placed requests on each replica")
+
+
+def decision_bars(ax: Any, reps: list[dict[str, Any]]) -> None:
+    """Stacked bars: per replica, requests placed by each decision kind (`per_replica[].decisions`)."""
+    names = [r["name"] for r in reps]
+    kinds = sorted({k for r in reps for k in (r.get("decisions") or {})})
+    bottom = np.zeros(len(reps))
+    for i, k in enumerate(kinds):
+        v = np.array([float((r.get("decisions") or {}).get(k, 0)) for r in reps])
+        ax.bar(names, v, bottom=bottom, label=k, color=f"C{i % 10}")
+        bottom += v
+    ax.set_ylabel("requests placed")
+    if kinds:
+        ax.set_ylim(0, max(float(bottom.max()), 1.0) * (1.12 + 0.09 * len(kinds)))  # room for the legend
+        ax.legend(loc="upper right", fontsize=7, ncol=2)
+    else:
+        ax.text(0.5, 0.5, "no decision kinds recorded", ha="center", transform=ax.transAxes)
 
 
 def _replica_table(sec: Section, s: dict[str, Any]) -> None:

@@ -16,6 +16,10 @@ from fleetwise.spec.routing import SafeModeSpec
 
 __all__ = ["SafeModeTracker"]
 
+MAX_PERIODS = 1_000
+"""Safe-mode periods kept for the report (the first ones; `entries` still counts them all), so a
+view that flaps for hours keeps a bounded list."""
+
 
 class SafeModeTracker:
     """Tracks whether the policy is in safe mode and for how long (virtual seconds)."""
@@ -28,6 +32,8 @@ class SafeModeTracker:
         self.entries = 0
         self.last_now_s = 0.0
         self.last_age_s = 0.0
+        self.periods: list[tuple[float, float]] = []
+        """Closed safe-mode periods (enter, leave) in the driver's seconds, the first MAX_PERIODS."""
 
     def update(self, now_s: float, workers: Sequence[WorkerView]) -> bool:
         """Re-evaluate from the eligible workers' ages; return whether safe mode is on."""
@@ -67,6 +73,8 @@ class SafeModeTracker:
         elif not on and self.active:
             self.active = False
             self.total_s += max(0.0, now_s - self.entered_at_s)
+            if len(self.periods) < MAX_PERIODS:
+                self.periods.append((self.entered_at_s, now_s))
         return self.active
 
     def time_in_safe_mode_s(self) -> float:
@@ -86,4 +94,12 @@ class SafeModeTracker:
             "active": self.active,
             "entries": self.entries,
             "time_s": self.time_in_safe_mode_s(),
+            "periods": self.period_list(),
         }
+
+    def period_list(self) -> list[list[float]]:
+        """[enter, leave] of each period kept; an open one ends at the latest time seen."""
+        out = [[a, b] for a, b in self.periods]
+        if self.active and len(out) < MAX_PERIODS:
+            out.append([self.entered_at_s, max(self.entered_at_s, self.last_now_s)])
+        return out

@@ -172,12 +172,29 @@ def summarize(
         "goodput_rps": _r(good.sum() / span),
         "slo": slo.model_dump(),
         "slo_attainment": _r(good.sum() / n) if n else 0.0,
-        "per_replica": [_replica(r, span) for r in replicas],
+        "per_replica": [{**_replica(r, span), "decisions": d}
+                        for r, d in zip(replicas, decisions_by_replica(rec, len(replicas)), strict=True)],
         "kv_transfer": _transfers(transfers),
         "cost": _cost(replicas, out_tokens, span),
         "router": router_report,
         **extra,
     }
+
+
+def decisions_by_replica(rec: Records, n_replicas: int) -> list[dict[str, int]]:
+    """Per replica, its requests' (last) routing decisions by kind; a PD request counts on its
+    prefill and its decode replica."""
+    n = len(rec.decision)
+    if n == 0 or n_replicas == 0:
+        return [{} for _ in range(n_replicas)]
+    kinds, code = np.unique(np.asarray(rec.decision, dtype=object).astype(str), return_inverse=True)
+    counts = np.zeros((n_replicas, len(kinds)), dtype=np.int64)
+    decode = np.frombuffer(rec.worker, dtype=np.int64)
+    prefill = np.frombuffer(rec.prefill_worker, dtype=np.int64)
+    for w in (decode, np.where(prefill == decode, -1, prefill)):
+        ok = (w >= 0) & (w < n_replicas)
+        np.add.at(counts, (w[ok], code[ok]), 1)
+    return [{str(k): int(c) for k, c in zip(kinds, row, strict=True) if k and c} for row in counts]
 
 
 def _finite(x: np.ndarray) -> np.ndarray:

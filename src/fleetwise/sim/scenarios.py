@@ -148,6 +148,7 @@ def _per_replica(plan: PlanSpec, rec: Any, reps: list[dict[str, Any]]) -> list[d
             "queue_mean": round(float(np.mean(q_v)), 6) if q_v else 0.0,
             "queue_max": int(max(q_v)) if q_v else 0,
             "queue_length": {"t_s": q_t[::step], "value": q_v[::step]},
+            "decisions": r.get("decisions", {}),
         })
     return out
 

@@ -97,8 +97,14 @@ def test_routing_report_shows_selection_reasons_per_replica_and_safe_mode(routin
 
 
 def test_scenario_report_shows_policies_side_by_side_and_the_verdicts(scenario_run):
-    check_figures(scenario_run / "report.html", {"slowdown-policies", "slowdown-replicas"})
+    figs = check_figures(scenario_run / "report.html", {"slowdown-policies", "slowdown-replicas"})
     doc = json.loads((scenario_run / "scenarios.json").read_text())
+    kinds = set()
+    for runs in doc["scenarios"]["slowdown"].values():
+        for run in runs:  # every request placed is counted once per replica it ran on (mixed fleet: once)
+            assert sum(sum(r["decisions"].values()) for r in run["per_replica"]) == run["requests"]
+            kinds |= {k for r in run["per_replica"] for k in r["decisions"]}
+    assert kinds and all(k in figs["slowdown-replicas"] for k in kinds)
     page = (scenario_run / "report.html").read_text()
     for v in doc["verdicts"]:
         assert v[4:].replace("'", "&#x27;") in page

@@ -4,7 +4,8 @@ Owns argument parsing and output of the planner (`fleetwise.planner.api.plan`): 
 report on stdout, the JSON document to a file (`--json -` prints it instead of the report), and
 `--write-schema` to refresh docs/schema/planning-spec.schema.json, and `--report FILE.html`. With no SPEC it answers the
 built-in question (Llama-3.1-70B chat on H100 vs H200). An infeasible question prints its
-explanation (and writes the JSON) and exits 1; a bad spec is one line and exit 2.
+explanation (and writes the JSON) and exits 1; a bad spec is one line and exit 2. On a terminal
+a progress bar shows the share of the search done and the time left (`--quiet` hides it).
 """
 
 from __future__ import annotations
@@ -93,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
         Profile.load(args.profile)  # a bad file is one line naming it, before any work
         spec = spec.model_copy(update={"profile": args.profile})
     workers = args.workers if args.workers is not None else max(1, os.cpu_count() or 1)
-    # The planner reports no progress of its own: a spinner with the elapsed time.
-    with progress.progress("planning", None, args.quiet or args.json_out == "-"):
-        search = plan(spec, PlanOptions(workers=workers, top_k=args.top, ray_address=args.ray))
+    quiet = args.quiet or args.json_out == "-"
+    with progress.progress("planning", 1.0, quiet) as update:
+        search = plan(spec, PlanOptions(workers=workers, top_k=args.top, ray_address=args.ray,
+                                        progress=update if progress.wanted(quiet) else None))
     doc = to_json(search)
     if args.json_out == "-":
         print(strict_json_dumps(doc))

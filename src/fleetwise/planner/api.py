@@ -14,6 +14,7 @@ import time
 from fleetwise.errors import InfeasibleError
 from fleetwise.planner import disaggregation, fit, goodput, latency, ranking, refinement, sizing
 from fleetwise.planner.executor import Executor
+from fleetwise.planner.progress import PhaseMeter
 from fleetwise.planner.state import PlanOptions, Search
 from fleetwise.spec.planning import PlanningSpec
 
@@ -21,22 +22,29 @@ from fleetwise.spec.planning import PlanningSpec
 def plan(spec: PlanningSpec, options: PlanOptions | None = None) -> Search:
     """Run every phase; catches InfeasibleError of the early phases into `search.infeasible`."""
     o = options or PlanOptions()
+    meter = PhaseMeter(o.progress or (lambda f: None))
     t0 = time.perf_counter()
     search = fit.prepare(spec)
     search.top_k = o.top_k or spec.search.top_k
     try:
+        meter.phase("latency")
         latency.run(search)
     except InfeasibleError as err:
         search.infeasible = str(err)
         search.wall_s = time.perf_counter() - t0
+        meter.finish()
         return search
-    with Executor(o.workers, o.ray_address) as ex:
+    with Executor(o.workers, o.ray_address, on_task=meter.tasks if o.progress else None) as ex:
+        meter.phase("goodput")
         goodput.run(search, ex)
         sizing.run(search)
+        meter.phase("refinement")
         refinement.run(search, ex)
+        meter.phase("disaggregation")
         disaggregation.run(search, ex)
         ranking.run(search)
     search.wall_s = time.perf_counter() - t0
+    meter.finish()
     return search
 
 

@@ -14,7 +14,7 @@ Ray runs one task per item, in whatever processes the cluster has; `--workers` d
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
@@ -28,11 +28,14 @@ R = TypeVar("R")
 class Executor:
     """Runs `fn(ctx, item)` for each item; `workers` 1 runs inline."""
 
-    def __init__(self, workers: int = 1, ray_address: str | None = None) -> None:
+    def __init__(self, workers: int = 1, ray_address: str | None = None,
+                 on_task: Callable[[int, int], None] | None = None) -> None:
         if workers < 1:
             raise SpecError(f"--workers={workers}: must be at least 1")
         self.workers = workers
         self.ray_address = ray_address
+        self.on_task = on_task
+        """Called with (tasks done, tasks in the batch) as each result comes back, in order."""
         self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> Executor:
@@ -46,12 +49,21 @@ class Executor:
         if not items:
             return []
         if self.ray_address:
-            return _ray_map(self.ray_address, fn, ctx, items)
+            return self._counted(_ray_map(self.ray_address, fn, ctx, items), len(items))
         if self.workers == 1 or len(items) == 1:
-            return [fn(ctx, it) for it in items]
+            return self._counted((fn(ctx, it) for it in items), len(items))
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=self.workers)
-        return list(self._pool.map(partial(fn, ctx), items))
+        return self._counted(self._pool.map(partial(fn, ctx), items), len(items))
+
+    def _counted(self, results: Iterable[R], total: int) -> list[R]:
+        """The results as a list, telling `on_task` after each one."""
+        out: list[R] = []
+        for r in results:
+            out.append(r)
+            if self.on_task is not None:
+                self.on_task(len(out), total)
+        return out
 
 
 def _ray_map(address: str, fn: Callable[[Any, T], R], ctx: Any, items: Sequence[T]) -> list[R]:

@@ -8,6 +8,7 @@ worker processes. Does not compute anything.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,8 @@ class PlanOptions:
     """Plans to report; None uses spec.search.top_k."""
     ray_address: str | None = None
     """Fan simulations out over a Ray cluster instead (needs the `fleetwise[ray]` extra)."""
+    progress: Callable[[float], None] | None = None
+    """Told the fraction of the search done (0..1) as phases and simulation tasks finish."""
 
 
 @dataclass

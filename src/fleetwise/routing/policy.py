@@ -98,14 +98,18 @@ def fmt_tokens(x: float) -> str:
 class ComposedPolicy:
     """A routing policy assembled from `PolicyParams`; see the module docstring for the steps."""
 
-    def __init__(self, name: str, params: PolicyParams, safe_mode: SafeModeSpec, seed: int = 0) -> None:
+    def __init__(self, name: str, params: PolicyParams, safe_mode: SafeModeSpec, seed: int = 0,
+                 reference: bool = False) -> None:
         self.name = name
         self.params = params
         self.seed = seed
+        self.reference = reference
+        """Route by the readable per-worker reference (`_candidate`, the ledger walked) instead of
+        the hoisted fast paths: the same decisions, slower; tests compare the two."""
         self.safe = SafeModeTracker(safe_mode)
         self.picker = PickerState(RngStreams(seed).get(f"routing:{name}"))
         self.index = PrefixIndex(params.prefix_index.max_blocks_per_worker)
-        self.inflight = InFlight()
+        self.inflight = InFlight(reference=reference)
         self.predictor = OutputPredictor(params.output_predictor)
         self._expected = 0
         """Expected output tokens of the request being routed (set at the start of `route`)."""
@@ -211,21 +215,32 @@ class ComposedPolicy:
                     e: _Eligible | None = None) -> list[Candidate]:
         """Every worker's signals; the same numbers as `_candidate`, with what depends only on the
         view (mixed side: `e.base`) or only on the request (own cost without a prefix) hoisted."""
-        if side != "mixed" or e is None:
+        if side != "mixed" or e is None or self.reference:
             return [self._candidate(req, w, side, now) for w in ws]
         cost = self.params.cost
         dw, per_req = cost.decode_token_weight, cost.per_request_tokens
         if e.base is None:
             e.base = [(view_load(w, cost), w.queued_requests + w.running_requests) for w in ws]
             e.backlog = all(has_token_backlog(w) for w in ws)
-        if not e.backlog:  # a view without token backlogs: the ledger stands in (see `_candidate`)
-            return [self._candidate(req, w, side, now) for w in ws]
         since, match = self.inflight.since, self.index.match
         hashes = req.block_hashes
         exp = self._expected
         own0 = own_cost(req, 0, cost, exp)
         slowness = self.feedback.factors(e.names, now)
         out = []
+        if not e.backlog:  # a view without token backlogs: the ledger stands in (see `_candidate`)
+            outstanding = self.inflight.outstanding
+            for w, (base, reqs), slow in zip(ws, e.base, slowness, strict=True):
+                name = w.name
+                n_pend, tok_pend = since(name, w.reported_at_s, dw)
+                prefix = match(name, hashes) if hashes else 0
+                own = own_cost(req, prefix, cost, exp) if prefix else own0
+                load = base
+                if not has_token_backlog(w):
+                    load += outstanding(name, dw)[1] - tok_pend
+                load += tok_pend + per_req * n_pend
+                out.append(Candidate(w, reqs + n_pend, load, own, slow, prefix))
+            return out
         for w, (base, reqs), slow in zip(ws, e.base, slowness, strict=True):
             name = w.name
             n_pend, tok_pend = since(name, w.reported_at_s, dw)

@@ -23,6 +23,9 @@ __all__ = ["InFlight", "LatencyFeedback", "Pending"]
 
 MAX_TRACKED = 1 << 17
 """In-flight entries kept at most (the oldest are dropped: a driver that never reports back)."""
+EXACT_FLOAT_INT = 1 << 53
+"""Integers below this are exact in an IEEE-754 double (53-bit significand): a sum of terms that
+are all multiples of 1/den stays exact while its total, counted in 1/den units, is below it."""
 
 
 @dataclass(slots=True)
@@ -53,11 +56,10 @@ def _per_worker(maps: dict[str, OrderedDict[str, Pending]], worker: str) -> Orde
     return m
 
 
-def _drop(maps: dict[str, OrderedDict[str, Pending]], worker: str, request_id: str) -> None:
-    """Remove `request_id` from `worker`'s map, if there."""
+def _drop(maps: dict[str, OrderedDict[str, Pending]], worker: str, request_id: str) -> bool:
+    """Remove `request_id` from `worker`'s map; whether it was there."""
     m = maps.get(worker)
-    if m is not None:
-        m.pop(request_id, None)
+    return m is not None and m.pop(request_id, None) is not None
 
 
 class InFlight:
@@ -67,13 +69,34 @@ class InFlight:
     `since()` walks back from the newest entry only as far as the view's age.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reference: bool = False) -> None:
+        self.reference = reference
+        """`outstanding` walks the entries (the reference) instead of reading the sums."""
         self._by_id: OrderedDict[str, Pending] = OrderedDict()
         self._serving: dict[str, OrderedDict[str, Pending]] = {}
         self._prefilling: dict[str, OrderedDict[str, Pending]] = {}
         self._version: dict[str, int] = {}
         """Bumped per worker whenever its entries change (keys the `since` memo)."""
         self._since: dict[str, tuple[float, int, float, tuple[int, float]]] = {}
+        self._sums: dict[str, list[int]] = {}
+        """Per worker, kept as entries come and go: [requests, expected decode tokens of those it
+        serves, prompt tokens it still carries]; `outstanding` reads them in O(1)."""
+        self._ratios: dict[float, tuple[int, int]] = {}
+
+    def _sum(self, worker: str, n: int, decode: int, prefill: int) -> None:
+        s = self._sums.get(worker)
+        if s is None:
+            s = self._sums[worker] = [0, 0, 0]
+        s[0] += n
+        s[1] += decode
+        s[2] += prefill
+
+    def _account(self, p: Pending, sign: int) -> None:
+        """Add (`sign` 1) or remove (-1) `p`'s share of the per-worker sums."""
+        colocated = p.prefill_worker is None
+        self._sum(p.worker, sign, sign * p.decode_tokens, sign * p.prefill_tokens if colocated else 0)
+        if not colocated:
+            self._sum(p.prefill_worker, sign, 0, sign * p.prefill_tokens)  # type: ignore[arg-type]
 
     def _touch(self, p: Pending) -> None:
         v = self._version
@@ -87,6 +110,7 @@ class InFlight:
         _per_worker(self._serving, p.worker)[p.request_id] = p
         if p.prefill_worker is not None:
             _per_worker(self._prefilling, p.prefill_worker)[p.request_id] = p
+        self._account(p, 1)
         self._touch(p)
         while len(self._by_id) > MAX_TRACKED:
             self.pop(next(iter(self._by_id)))
@@ -98,18 +122,21 @@ class InFlight:
         """The first token arrived: the prompt no longer weighs on any worker."""
         p = self._by_id.get(request_id)
         if p is not None:
+            if p.prefill_worker is None:
+                self._sum(p.worker, 0, 0, -p.prefill_tokens)
+            elif _drop(self._prefilling, p.prefill_worker, request_id):
+                self._sum(p.prefill_worker, -1, 0, -p.prefill_tokens)
             p.prefill_tokens = 0
             self._touch(p)
-            if p.prefill_worker is not None:
-                _drop(self._prefilling, p.prefill_worker, request_id)
 
     def pop(self, request_id: str) -> Pending | None:
         p = self._by_id.pop(request_id, None)
         if p is not None:
             self._touch(p)
             _drop(self._serving, p.worker, request_id)
-            if p.prefill_worker is not None:
-                _drop(self._prefilling, p.prefill_worker, request_id)
+            self._sum(p.worker, -1, -p.decode_tokens, -p.prefill_tokens if p.prefill_worker is None else 0)
+            if p.prefill_worker is not None and _drop(self._prefilling, p.prefill_worker, request_id):
+                self._sum(p.prefill_worker, -1, 0, -p.prefill_tokens)
         return p
 
     def __len__(self) -> int:
@@ -133,7 +160,28 @@ class InFlight:
 
     def outstanding(self, worker: str, decode_weight: float) -> tuple[int, float]:
         """(requests, token-equivalent work) of every request on `worker` the ledger still holds:
-        the fallback for a view without token backlogs (not memoised: `since` keeps its memo)."""
+        the fallback for a view without token backlogs.
+
+        Read in O(1) from the per-worker sums; the same float as `outstanding_walk` (the
+        readable reference) whenever that walk's arithmetic is exact: `decode_weight = num/den`
+        (a binary fraction) makes every term a multiple of 1/den, and while the total in 1/den
+        units stays below `EXACT_FLOAT_INT` every partial sum is exact, in any order. Otherwise
+        it walks."""
+        s = self._sums.get(worker)
+        if s is None or self.reference:
+            return self.outstanding_walk(worker, decode_weight)
+        ratio = self._ratios.get(decode_weight)
+        if ratio is None:
+            ratio = self._ratios[decode_weight] = (
+                float(decode_weight).as_integer_ratio() if math.isfinite(decode_weight) else (0, 0))
+        num, den = ratio
+        units = num * s[1] + den * s[2]
+        if den and units < EXACT_FLOAT_INT:
+            return s[0], units / den
+        return self.outstanding_walk(worker, decode_weight)
+
+    def outstanding_walk(self, worker: str, decode_weight: float) -> tuple[int, float]:
+        """`outstanding` by walking every entry (the reference)."""
         return self._since_walk(worker, -math.inf, decode_weight)
 
     def _since_walk(self, worker: str, since_s: float, decode_weight: float) -> tuple[int, float]:

@@ -24,6 +24,8 @@ import bisect
 from collections import Counter, deque
 from typing import Any
 
+import numpy as np
+
 from fleetwise.core.feedback import (
     Cancelled,
     Completed,
@@ -55,6 +57,7 @@ from fleetwise.routing.predictor import OutputPredictor
 from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.routing.safe_mode import SafeModeTracker
 from fleetwise.routing.state import InFlight, LatencyFeedback, Pending
+from fleetwise.routing.vector import VECTOR_SCORERS, Columns, round_scores
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
 
 __all__ = ["ComposedPolicy", "fmt_tokens"]
@@ -63,7 +66,7 @@ class _Eligible:
     """The eligible workers of one view for one (model_version, region), and what every request
     routed on that view reads of them: names, report times (sorted) and view loads."""
 
-    __slots__ = ("ws", "why", "names", "reported", "base", "backlog", "zero_scores")
+    __slots__ = ("ws", "why", "names", "reported", "base", "backlog", "zero_scores", "vec")
 
     def __init__(self, ws: list[WorkerView], why: str) -> None:
         self.ws, self.why = ws, why
@@ -74,6 +77,28 @@ class _Eligible:
         """Every view reports its token backlogs (else signals fall back to the ledger)."""
         self.zero_scores: dict[str, float] = dict.fromkeys(self.names, 0)
         """Every worker's total when no scorer has weight (each decision gets a copy)."""
+        self.vec: _ViewColumns | None = None
+        """The array fast path's per-view state (built on first use)."""
+
+
+class _ViewColumns:
+    """What the array fast path (`ComposedPolicy._pick_mixed_vector`) keeps per view: each
+    worker's load and outstanding requests as `_candidate` computes them, recomputed only for the
+    workers whose in-flight entries changed (`InFlight.version`), plus what depends only on the
+    view (KV usage, score keys, positions)."""
+
+    __slots__ = ("load", "requests", "versions", "base", "reqs0", "backlog", "kv_usage", "keys")
+
+    def __init__(self, e: _Eligible, cost: Any, scorers: list[str]) -> None:
+        ws = e.ws
+        self.base = [view_load(w, cost) for w in ws]
+        self.reqs0 = [w.queued_requests + w.running_requests for w in ws]
+        self.backlog = [has_token_backlog(w) for w in ws]
+        self.kv_usage = np.array([w.kv_usage for w in ws], dtype=np.float64)
+        self.keys = {s: [f"{name}.{s}" for name in e.names] for s in scorers}
+        self.load = np.zeros(len(ws))
+        self.requests = np.zeros(len(ws), dtype=np.int64)
+        self.versions: list[int | None] = [None] * len(ws)
 
 
 class _ScoreKeys(dict[str, str]):
@@ -130,6 +155,10 @@ class ComposedPolicy:
         self._score_keys: dict[str, _ScoreKeys] = {}
         self._profiles = {side: params.pd_profile(side) for side in ("prefill", "decode")}
         """Scorer weights of the P/D prefill and decode profiles (`PolicyParams.pd_profile`)."""
+        self._vector_scorers = [str(k) for k, wt in params.scorers.items() if wt > 0]
+        self._vector = (not reference and params.picker == "max" and bool(self._vector_scorers)
+                        and all(k in VECTOR_SCORERS for k in self._vector_scorers))
+        """Scored colocated picks take the array fast path (`_pick_mixed_vector`)."""
         self.wants_kv_events = any(wt > 0 for wt in (*params.scorers.values(), *self._profiles["prefill"].values()))
         """Scores read the prefix index (load through the cached prefix, prefix): a driver should
         report the engines' `KvStored`/`KvEvicted` events."""
@@ -331,6 +360,8 @@ class ComposedPolicy:
 
     def _route_mixed(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool,
                      e: _Eligible | None = None) -> RoutingDecision:
+        if self._vector and e is not None and not (safe and self.safe.spec.action == "round_robin"):
+            return self._route_mixed_vector(req, fleet.now_s, e, safe)
         cs = self._candidates(req, ws, "mixed", fleet.now_s, e)
         by_name = {c.name: c for c in cs}
         if safe and self.safe.spec.action == "round_robin":
@@ -346,6 +377,16 @@ class ComposedPolicy:
         self._record("mixed", name)
         self._dispatch(req, by_name[name], name, None, fleet.now_s)
         return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
+
+    def _route_mixed_vector(self, req: RouteRequest, now: float, e: _Eligible, safe: bool) -> RoutingDecision:
+        """`_route_mixed` by the array fast path (a `max` pick, not safe-mode round-robin)."""
+        c, scores, reason, kind = self._pick_mixed_vector(req, now, e)
+        if safe:
+            reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
+            kind = "safe-mode"
+        self._record("mixed", c.name)
+        self._dispatch(req, c, c.name, None, now)
+        return RoutingDecision(worker=c.name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
     def _pick_mixed(self, req: RouteRequest, cs: list[Candidate]) -> tuple[str, dict[str, float], str, str]:
         """(worker, scores, reason, kind) by the configured picker over the bounded candidates."""
@@ -366,6 +407,101 @@ class ComposedPolicy:
         c = next(x for x in kept if x.name == name)
         reason, lead = self._explain(req, c, per, bound, excluded, tied)
         return name, scores, reason, lead
+
+    def _view_columns(self, e: _Eligible) -> _ViewColumns:
+        """`e`'s fast-path state with every worker's load and requests brought up to date: those
+        whose in-flight entries changed since last asked are recomputed as `_candidate` does."""
+        v = e.vec
+        if v is None:
+            v = e.vec = _ViewColumns(e, self.params.cost, self._vector_scorers)
+        cost = self.params.cost
+        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
+        inflight = self.inflight
+        ver_of, since, outstanding = inflight.versions.get, inflight.since, inflight.outstanding
+        versions, load, requests = v.versions, v.load, v.requests
+        for i, w in enumerate(e.ws):
+            name = w.name
+            ver = ver_of(name, 0)
+            if versions[i] == ver:
+                continue
+            versions[i] = ver
+            n_pend, tok_pend = since(name, w.reported_at_s, dw)
+            x = v.base[i]
+            if not v.backlog[i]:
+                x += outstanding(name, dw)[1] - tok_pend
+            x += tok_pend + per_req * n_pend
+            load[i] = x
+            requests[i] = v.reqs0[i] + n_pend
+        return v
+
+    def _pick_mixed_vector(self, req: RouteRequest, now: float,
+                           e: _Eligible) -> tuple[Candidate, dict[str, float], str, str]:
+        """`_candidates` + `_pick_mixed` for a `max` picker over array-twinned scorers, on arrays
+        (`fleetwise.routing.vector`): the same candidate, scores, reason and kind."""
+        v = self._view_columns(e)
+        cost, names, n = self.params.cost, e.names, len(e.names)
+        exp, hashes = self._expected, req.block_hashes
+        own0 = own_cost(req, 0, cost, exp)
+        own = np.full(n, own0)
+        prefix = np.zeros(n, dtype=np.int64)
+        if hashes:
+            match = self.index.match
+            for i, name in enumerate(names):
+                k = match(name, hashes)
+                if k:
+                    prefix[i] = k
+                    own[i] = own_cost(req, k, cost, exp)
+        slow = self.feedback.factor_array(names, now)
+        load = v.load
+        bound: float | None = None
+        excluded: list[str] = []
+        idx: np.ndarray | None = None
+        lb = self.params.load_bound
+        if lb.enabled and n >= 2:  # `plugins.load_bound`, on arrays
+            current = load * slow
+            bound = lb.c * (sum(current.tolist()) / n)
+            kept = current <= bound + own * slow + 1e-9
+            recent = self.recent.get("mixed")
+            if lb.share_window > 0 and recent:
+                seen = Counter(list(recent)[-lb.share_window:])
+                counts = np.fromiter(map(seen.__getitem__, names), np.int64, n)  # 0 for a name not seen
+                speed = 1.0 / slow
+                share = lb.c * (int(counts.sum()) + 1)
+                both = kept & (counts + 1 <= np.ceil(share * speed / sum(speed.tolist())))
+                if both.any():
+                    kept = both
+            if not kept.all():
+                idx = np.flatnonzero(kept)
+                excluded = [names[i] for i in np.flatnonzero(~kept).tolist()]
+        if idx is None:
+            cols = Columns(load, own, slow, v.requests, prefix, v.kv_usage, len(hashes))
+            kept_names = names
+        else:
+            cols = Columns(load[idx], own[idx], slow[idx], v.requests[idx], prefix[idx], v.kv_usage[idx],
+                           len(hashes))
+            kept_names = [names[i] for i in idx.tolist()]
+        weights = self._weights
+        per = {s: VECTOR_SCORERS[s](cols) for s in self._vector_scorers}
+        totals: Any = 0.0
+        for s, vals in per.items():  # as `_totals`: 0 + w1*v1 + w2*v2 ..., in scorer order
+            totals = totals + weights[s] * vals
+        rounded = round_scores(np.concatenate([totals, *per.values()]))  # one pass for every score
+        m = len(kept_names)
+        scores = dict(zip(kept_names, rounded[:m], strict=True))
+        for k, s in enumerate(per, start=1):
+            keys = v.keys[s] if idx is None else [v.keys[s][i] for i in idx.tolist()]
+            scores.update(zip(keys, rounded[k * m:(k + 1) * m], strict=True))
+        best = totals.max()
+        tied = np.flatnonzero(totals >= best - 1e-9).tolist()
+        if len(tied) == 1:
+            j, n_tied = tied[0], 1
+        else:
+            pick, n_tied = self.picker.max({kept_names[t]: float(totals[t]) for t in tied}, self.params.tie_break)
+            j = kept_names.index(pick)
+        i = j if idx is None else int(idx[j])
+        c = Candidate(e.ws[i], int(v.requests[i]), float(load[i]), float(own[i]), float(slow[i]), int(prefix[i]))
+        reason, lead = self._explain(req, c, per, bound, excluded, n_tied)  # type: ignore[arg-type]
+        return c, scores, reason, lead
 
     def _explain(self, req: RouteRequest, c: Candidate, per: dict[str, dict[str, float]],
                  bound: float | None, excluded: list[str], tied: int) -> tuple[str, str]:

@@ -15,7 +15,10 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
+
+import numpy as np
 
 from fleetwise.spec.routing import FeedbackParams
 
@@ -114,6 +117,12 @@ class InFlight:
         self._touch(p)
         while len(self._by_id) > MAX_TRACKED:
             self.pop(next(iter(self._by_id)))
+
+    @property
+    def versions(self) -> dict[str, int]:
+        """Changes so far to each worker's entries (absent: 0); while a worker's number stays
+        the same, `since` and `outstanding` give the same answers. Read only."""
+        return self._version
 
     def get(self, request_id: str) -> Pending | None:
         return self._by_id.get(request_id)
@@ -230,6 +239,32 @@ class _Terms(NamedTuple):
     """`1 + failure_penalty * failure EWMA`, or None without failure observations."""
 
 
+class _TermArrays:
+    """A list of `_Terms | None` (one per worker) as arrays for `LatencyFeedback.factor_array`:
+    `timed` indexes the workers with a TTFT or TPOT term; the term arrays hold those workers
+    only (an absent term: mask False, ratio 1 = 1 + 0 * decay); `failure` is every worker's
+    failure factor (1, the identity of `*`, where there is none)."""
+
+    def __init__(self, terms: list[_Terms | None]) -> None:
+        self.terms = terms
+        self.known = np.array([t is not None for t in terms], dtype=bool)
+        """Observed at all (a worker never observed has factor 1, unclamped)."""
+        timed = [i for i, t in enumerate(terms) if t is not None and (t.ttft is not None or t.tpot is not None)]
+        self.timed = np.array(timed, dtype=np.int64)
+        sub = [terms[i] for i in timed]
+        self.last_obs = np.array([t.last_obs_s for t in sub if t is not None], dtype=np.float64)
+        ttft = [t.ttft if t is not None else None for t in sub]
+        tpot = [t.tpot if t is not None else None for t in sub]
+        self.has_ttft = np.array([x is not None for x in ttft], dtype=bool)
+        self.ttft_ref = np.array([x[0] if x is not None else 1.0 for x in ttft], dtype=np.float64)
+        self.ttft_dev = np.array([x[1] if x is not None else 0.0 for x in ttft], dtype=np.float64)
+        self.has_tpot = np.array([x is not None for x in tpot], dtype=bool)
+        self.tpot_ref = np.array([x[0] if x is not None else 1.0 for x in tpot], dtype=np.float64)
+        self.tpot_dev = np.array([x[1] if x is not None else 0.0 for x in tpot], dtype=np.float64)
+        self.failure = np.array([t.failure_factor if t is not None and t.failure_factor is not None else 1.0
+                                 for t in terms], dtype=np.float64)
+
+
 class LatencyFeedback:
     """Per-worker latency EWMAs -> slowness factor relative to the fleet."""
 
@@ -244,6 +279,7 @@ class LatencyFeedback:
         self._terms_version = -1
         self._terms_list: list[_Terms | None] = []
         self._terms_list_key: tuple[list[str], int] | None = None
+        self._arrays: _TermArrays | None = None
 
     def _stats(self, worker: str) -> _WorkerStats:
         self._version += 1
@@ -399,6 +435,47 @@ class LatencyFeedback:
             f = min(max(f, lo), hi)
             out.append(1.0 if abs(f - 1.0) < band else f)
         return out
+
+    def _term_arrays(self, workers: list[str]) -> _TermArrays:
+        """`_terms_of(workers)` as arrays, memoised alongside it."""
+        terms = self._terms_of(workers)
+        a = self._arrays
+        if a is not None and a.terms is terms:
+            return a
+        a = self._arrays = _TermArrays(terms)
+        return a
+
+    def factor_array(self, workers: list[str], now_s: float) -> np.ndarray:
+        """`[factor(w, now_s) for w in workers]` as an array: the same doubles. Arithmetic that
+        rounds once (+, -, *, /, min, max) runs on arrays; `0.5 ** x`, `log` and `exp` are the
+        scalar functions `raw_factor` calls, mapped over the workers that need them."""
+        p = self.p
+        n = len(workers)
+        if not p.enabled:
+            return np.ones(n)
+        a = self._term_arrays(workers)
+        f = np.ones(n)
+        s = a.timed
+        if len(s):
+            age = now_s - a.last_obs
+            age = np.where(age > 0.0, age, 0.0)
+            decay = np.fromiter(map(pow, repeat(0.5), (age / p.half_life_s).tolist()), np.float64, len(s))
+            acc = np.zeros(len(s))
+            count = np.zeros(len(s))
+            for has, ref, dev in ((a.has_ttft, a.ttft_ref, a.ttft_dev), (a.has_tpot, a.tpot_ref, a.tpot_dev)):
+                r = (ref + dev * decay) / ref
+                use = has & (r != 0)
+                if use.any():
+                    acc[use] += np.fromiter(map(math.log, r[use].tolist()), np.float64)
+                    count += use
+            some = count > 0
+            if some.any():
+                f_s = np.ones(len(s))
+                f_s[some] = np.fromiter(map(math.exp, (acc[some] / count[some]).tolist()), np.float64)
+                f[s] = f_s
+        f *= a.failure
+        f = np.minimum(np.maximum(f, p.min_factor), p.max_factor)
+        return np.where(a.known & ~(np.abs(f - 1.0) < p.deadband), f, 1.0)
 
     def snapshot(self, now_s: float) -> dict[str, float]:
         """Every known worker's current factor (for reports)."""

@@ -9,10 +9,10 @@ import pytest
 
 from fleetwise.cli.main import main
 from fleetwise.errors import SpecError
-from fleetwise.workload.columns import ColumnMap
+from fleetwise.spec.workload import TraceColumns
 from fleetwise.workload.traces import load_trace, read_trace
 
-MAP = ColumnMap("t", "in", "out")
+MAP = TraceColumns(arrival="t", prompt="in", output="out")
 
 
 def test_csv_with_seconds_loads_sorted_from_zero(tmp_path):
@@ -40,7 +40,7 @@ def test_jsonl_with_timestamps_loads_to_the_nanosecond(tmp_path):
 ])
 def test_bad_mappings_say_what_is_expected(text, msg):
     with pytest.raises(SpecError, match=msg):
-        ColumnMap.parse(text)
+        TraceColumns.parse(text)
 
 
 def test_bad_rows_name_file_line_and_column(tmp_path):
@@ -80,10 +80,10 @@ def test_simulate_replays_a_mapped_trace(tmp_path, capsys):
 
 def test_errors_quote_long_values_short(tmp_path):
     with pytest.raises(SpecError) as bad_flag:
-        ColumnMap.parse("arrival=" + "x" * 5000)
+        TraceColumns.parse("arrival=" + "x" * 5000)
     wide = tmp_path / "wide.jsonl"
     wide.write_text(json.dumps({f"field_{i}": i for i in range(2000)}) + "\n")
     with pytest.raises(SpecError) as bad_row:
-        load_trace(str(wide), columns=ColumnMap.parse("arrival=t,prompt=p,output=o"))
+        load_trace(str(wide), columns=TraceColumns.parse("arrival=t,prompt=p,output=o"))
     for err in (bad_flag.value, bad_row.value):
         assert len(str(err)) < 300 and "..." in str(err)

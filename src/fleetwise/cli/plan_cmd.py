@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from fleetwise.cli import progress
+from fleetwise.cli import progress, trace_columns
 from fleetwise.cli.common import input_file, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError
@@ -51,6 +51,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="run simulations on a Ray cluster (fleetwise[ray])")
     p.add_argument("--write-schema", nargs="?", const="docs/schema/planning-spec.schema.json", default=None,
                    metavar="PATH", help="write the SPEC.yaml JSON Schema and exit")
+    trace_columns.add_flag(p, "when the spec's workload replays a trace")
     add_report_flag(p)
     progress.add_quiet_flag(p)
     p.set_defaults(func=run)
@@ -87,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         check_writable_file(args.json_out, "--json")
     check_report_path(args.report)
     spec = load_planning_spec(args.spec) if args.spec else default_spec()
+    columns = trace_columns.parse(args.trace_columns)
+    if columns is not None:
+        arrival = trace_columns.apply(spec.workload.arrival, columns, f"{args.spec or 'the built-in question'}: workload")
+        spec = spec.model_copy(update={"workload": spec.workload.model_copy(update={"arrival": arrival})})
     check_planning_context(spec, args.spec or "the built-in question")
     if args.profile:
         from fleetwise.perf.profile import Profile

@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.table import Table
 
-from fleetwise.cli import progress
+from fleetwise.cli import progress, trace_columns
 from fleetwise.cli.common import console, float_flag, input_dir, input_file, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError, UnknownNameError
@@ -53,6 +53,7 @@ def register(subparsers: Any) -> None:
                    help="with --trace: rescale arrivals to this mean rate (needed for length statistics)")
     p.add_argument("--trace-requests", type=int_flag(1, MAX_REQUESTS), default=None, metavar="N",
                    help="with --trace: requests per seed window (default: the file split evenly over the seeds)")
+    trace_columns.add_flag(p, "with --trace")
     p.add_argument("--small", action="store_true", help="use each scenario's small: overrides (fast check)")
     p.add_argument("--dir", default=None, metavar="DIR", type=input_dir, help="scenario folder (default examples/scenarios)")
     p.add_argument("--jobs", type=int_flag(1, MAX_JOBS), default=1, metavar="J", help="parallel worker processes (default 1)")
@@ -80,12 +81,13 @@ def run(args: argparse.Namespace) -> int:
     for name in args.policy or []:
         if name not in policy_names():
             raise UnknownNameError("routing policy", name, policy_names())
-    if args.trace is None and (args.trace_rate is not None or args.trace_requests is not None):
-        raise SpecError("--trace-rate/--trace-requests apply only with --trace FILE")
+    if args.trace is None and (args.trace_rate is not None or args.trace_requests is not None
+                               or args.trace_columns is not None):
+        raise SpecError("--trace-rate/--trace-requests/--trace-columns apply only with --trace FILE")
     con = console()
     scenarios = sc.load_scenarios(args.scenario, args.dir, small=args.small, trace=args.trace,
                                   trace_rate_rps=args.trace_rate, trace_requests=args.trace_requests,
-                                  seeds=args.seeds)
+                                  trace_columns=trace_columns.parse(args.trace_columns), seeds=args.seeds)
     for s in scenarios:
         for note in s.notes:
             con.print(f"note: {note}")

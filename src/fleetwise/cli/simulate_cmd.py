@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from fleetwise.cli import progress
+from fleetwise.cli import progress, trace_columns
 from fleetwise.cli.common import (
     add_over_context_arg,
     add_seed_arg,
@@ -66,9 +66,7 @@ def register(subparsers: Any) -> None:
     add_seed_arg(p, "seed for workload, routing and replay (default 0)")
     p.add_argument("--requests", type=int_flag(1, MAX_REQUESTS), default=None, metavar="N",
                    help="keep only the first N requests (generated lazily: a bigger workload is cut, not built)")
-    p.add_argument("--trace-columns", default=None, metavar="arrival=C,prompt=C,output=C",
-                   help="with --trace: the file's own column (CSV) or field (JSONL) names; arrivals in seconds "
-                        "or as timestamps")
+    trace_columns.add_flag(p, "with --trace, or a workload file replaying a trace")
     p.add_argument("--rate", type=float, default=None, metavar="RPS", help="replay the trace at this mean rate")
     p.add_argument("--time-scale", type=float, default=None, help="multiply trace inter-arrival times (default 1)")
     p.add_argument("--feedback-delay", type=float_flag(0.0, MAX_DURATION_S), default=0.0, metavar="S",
@@ -133,25 +131,25 @@ def load_plan(args: argparse.Namespace) -> PlanSpec:
 def load_requests(args: argparse.Namespace) -> list[Request]:
     if args.workload:
         from fleetwise.spec.workload import WorkloadSpec
-
-        if args.trace_columns:
-            raise SpecError("--trace-columns applies only with --trace FILE; a workload file names its trace format")
         from fleetwise.workload.generate import generate
 
         if args.rate is not None or args.time_scale is not None:
             raise SpecError("--rate/--time-scale apply only with --trace; set the rate in the workload file")
         spec = load_document(WorkloadSpec, args.workload)
+        columns = trace_columns.parse(args.trace_columns)
+        if columns is not None:
+            arrival = trace_columns.apply(spec.arrival, columns, args.workload)
+            spec = spec.model_copy(update={"arrival": arrival})
         if args.requests and (spec.num_requests is None or spec.num_requests > args.requests):
             spec = spec.model_copy(update={"num_requests": args.requests})  # generate only what is kept
         reqs = generate(spec, seed=args.seed)
         return reqs[: args.requests] if args.requests else reqs
-    from fleetwise.workload.columns import ColumnMap
     from fleetwise.workload.traces import load_trace
 
     arrival = spec_from_flags(TraceArrival, {"path": ("--trace", args.trace), "rate_rps": ("--rate", args.rate),
                                              "time_scale": ("--time-scale", args.time_scale),
                                              "max_requests": ("--requests", args.requests)})
-    columns = ColumnMap.parse(args.trace_columns) if args.trace_columns else None
+    columns = trace_columns.parse(args.trace_columns)
     return load_trace(arrival.path, time_scale=arrival.time_scale, rate_rps=arrival.rate_rps,
                       max_requests=arrival.max_requests, seed=args.seed, columns=columns)
 

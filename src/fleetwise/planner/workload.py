@@ -79,7 +79,7 @@ def build_mix(spec: PlanWorkloadSpec, n: int, seed: int = 0) -> LengthMix:
     if isinstance(a, TraceArrival):
         if a.format is not None:
             get_format(a.format, "workload.arrival.format")
-        table = replay_arrivals(read_trace(a.path, a.format), rate_rps=1.0, start_s=a.start_s,
+        table = replay_arrivals(read_trace(a.path, a.format, a.columns), rate_rps=1.0, start_s=a.start_s,
                                 max_requests=min(n, a.max_requests or n), seed=seed)
         assert table.arrival_s is not None
         t = table.arrival_s

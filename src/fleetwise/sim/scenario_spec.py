@@ -18,7 +18,7 @@ from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.routing import deep_merge
 from fleetwise.spec.slo import SLOSpec
-from fleetwise.spec.workload import TraceArrival, WorkloadSpec
+from fleetwise.spec.workload import TraceArrival, TraceColumns, WorkloadSpec
 from fleetwise.workload.generate import generate
 
 
@@ -97,7 +97,7 @@ def _resolve_trace(path: str, base: Path) -> Path | None:
 
 def load_scenario(path: str | Path, small: bool = False, trace: str | None = None,
                   trace_rate_rps: float | None = None, trace_requests: int | None = None,
-                  seeds: int = 5) -> Scenario:
+                  seeds: int = 5, trace_columns: TraceColumns | None = None) -> Scenario:
     """Read a scenario file; `small` applies its `small:` overrides; `trace` replaces its workload.
 
     With `trace`, seed k replays the k-th of `seeds` consecutive windows of the file (each
@@ -114,7 +114,7 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
     notes: list[str] = []
     source = "generated"
     if trace is not None:
-        spec, source = _with_trace(spec, trace, trace_rate_rps, trace_requests, seeds)
+        spec, source = _with_trace(spec, trace, trace_rate_rps, trace_requests, seeds, trace_columns)
     elif isinstance(ta := spec.workload.arrival, TraceArrival):
         found = _resolve_trace(ta.path, p.parent)
         if found is not None:
@@ -133,18 +133,18 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
 
 
 def _with_trace(spec: ScenarioSpec, trace: str, rate_rps: float | None, max_requests: int | None,
-                seeds: int) -> tuple[ScenarioSpec, str]:
+                seeds: int, columns: TraceColumns | None = None) -> tuple[ScenarioSpec, str]:
     from fleetwise.workload.traces import read_trace
 
-    table = read_trace(trace)
+    table = read_trace(trace, columns=columns)
     n = max(1, len(table) // max(seeds, 1)) if max_requests is None else max_requests
     stride = 0.0
     if table.arrival_s is not None and len(table) > 1:
         t = table.arrival_s - table.arrival_s[0]
         k = min(n, len(t) - 1)
         stride = float(t[k]) if seeds > 1 else 0.0
-    arrival = TraceArrival(path=str(Path(trace).resolve()), format=table.format, rate_rps=rate_rps,  # type: ignore[arg-type]
-                           max_requests=n)
+    arrival = TraceArrival(path=str(Path(trace).resolve()), format=None if columns else table.format,
+                           columns=columns, rate_rps=rate_rps, max_requests=n)
     wl = WorkloadSpec(arrival=arrival, lengths=None)
     return spec.model_copy(update={"workload": wl, "seed_stride_s": stride}), f"override:{trace}"
 

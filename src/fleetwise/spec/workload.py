@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from fleetwise.errors import SpecError, quote
 from fleetwise.spec.base import Spec
 from fleetwise.spec.inputs import (
     MAX_DURATION_S,
@@ -64,6 +65,48 @@ class GammaArrival(Spec):
     """Coefficient of variation of inter-arrival times (burstiness); 1 is Poisson."""
 
 
+TRACE_COLUMN_ROLES = ("arrival", "prompt", "output")
+"""What a column mapping names: the arrival time, the prompt length and the output length columns."""
+TRACE_COLUMNS_EXAMPLE = "arrival=ts,prompt=input_tokens,output=output_tokens"
+MAX_COLUMN_NAME = 200
+"""Longest column (JSON field) name a mapping may give."""
+
+
+class TraceColumns(Spec):
+    """A trace's own column (JSON field) names for the arrival, prompt and output: read any CSV or
+    JSONL trace (`--trace-columns arrival=...,prompt=...,output=...`; `fleetwise.workload.columns`)."""
+
+    arrival: str = Field(min_length=1, max_length=MAX_COLUMN_NAME)
+    """Arrival times: seconds (any origin) or timestamps (ISO 8601 or `2024-05-01 12:00:03.25`)."""
+    prompt: str = Field(min_length=1, max_length=MAX_COLUMN_NAME)
+    """Prompt length in tokens."""
+    output: str = Field(min_length=1, max_length=MAX_COLUMN_NAME)
+    """Output length in tokens."""
+
+    @staticmethod
+    def parse(text: str, flag: str = "--trace-columns") -> TraceColumns:
+        """From `arrival=NAME,prompt=NAME,output=NAME` (any order)."""
+        found: dict[str, str] = {}
+        for part in text.split(","):
+            key, sep, name = part.partition("=")
+            key, name = key.strip(), name.strip()
+            if not sep or key not in TRACE_COLUMN_ROLES or not name or len(name) > MAX_COLUMN_NAME:
+                raise SpecError(f"{flag}={quote(text)}: expected "
+                                f"{','.join(r + '=COLUMN' for r in TRACE_COLUMN_ROLES)} (names of at most "
+                                f"{MAX_COLUMN_NAME} characters), e.g. {flag} {TRACE_COLUMNS_EXAMPLE}")
+            if key in found:
+                raise SpecError(f"{flag}={quote(text)}: {key} is given twice")
+            found[key] = name
+        missing = [r for r in TRACE_COLUMN_ROLES if r not in found]
+        if missing:
+            raise SpecError(f"{flag}={quote(text)}: missing {', '.join(missing)}; e.g. {flag} {TRACE_COLUMNS_EXAMPLE}")
+        return TraceColumns(**found)
+
+    def names(self) -> tuple[str, str, str]:
+        """(arrival, prompt, output) column names, in that order."""
+        return self.arrival, self.prompt, self.output
+
+
 class TraceArrival(Spec):
     """Replay the arrival times (and by default the lengths) of a trace file."""
 
@@ -82,9 +125,14 @@ class TraceArrival(Spec):
     """Skip the trace's first seconds (in trace time, from its first request)."""
     max_requests: int | None = Field(default=None, gt=0, le=MAX_REQUESTS)
     """Keep at most this many requests (after `start_s`)."""
+    columns: TraceColumns | None = None
+    """The file's own column names, for a trace in no registered format (instead of `format`)."""
 
     @model_validator(mode="after")
     def _check(self) -> TraceArrival:
+        if self.columns is not None and self.format is not None:
+            raise ValueError(f"give either format ({self.format!r}) or columns, not both: columns read a file in "
+                             "no registered format")
         if self.rate_rps is not None and self.time_scale != 1.0:
             raise ValueError(
                 f"give either time_scale ({self.time_scale}) or rate_rps ({self.rate_rps}), not both: "

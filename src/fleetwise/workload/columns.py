@@ -1,5 +1,5 @@
 """Traces with their own column names: a mapping `arrival=...,prompt=...,output=...` onto a CSV
-header or JSONL fields.
+header or JSONL fields (the mapping is `spec.workload.TraceColumns`, a trace arrival's `columns`).
 
 Arrivals may be seconds (any numbers: the first arrival becomes 0) or timestamps
 (`2024-05-01 12:00:03.25`, ISO 8601, a trailing `Z` or UTC offset ignored), detected from the
@@ -10,12 +10,12 @@ and the fix, like the built-in formats'.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fleetwise.errors import SpecError, quote
+from fleetwise.spec.workload import TraceColumns
 from fleetwise.workload.parse import (
     TraceTable,
     check_path,
@@ -26,43 +26,8 @@ from fleetwise.workload.parse import (
     read_csv,
 )
 
-ROLES = ("arrival", "prompt", "output")
-"""What a mapping names: the arrival time, the prompt length and the output length columns."""
-EXAMPLE = "arrival=ts,prompt=input_tokens,output=output_tokens"
 
-
-@dataclass(frozen=True)
-class ColumnMap:
-    """Which of a trace's columns (or JSON fields) hold the arrival, prompt and output."""
-
-    arrival: str
-    prompt: str
-    output: str
-
-    @staticmethod
-    def parse(text: str, flag: str = "--trace-columns") -> ColumnMap:
-        """From `arrival=NAME,prompt=NAME,output=NAME` (any order)."""
-        found: dict[str, str] = {}
-        for part in text.split(","):
-            key, sep, name = part.partition("=")
-            key, name = key.strip(), name.strip()
-            if not sep or key not in ROLES or not name:
-                raise SpecError(f"{flag}={quote(text)}: expected {','.join(r + '=COLUMN' for r in ROLES)}, "
-                                f"e.g. {flag} {EXAMPLE}")
-            if key in found:
-                raise SpecError(f"{flag}={quote(text)}: {key} is given twice")
-            found[key] = name
-        missing = [r for r in ROLES if r not in found]
-        if missing:
-            raise SpecError(f"{flag}={quote(text)}: missing {', '.join(missing)}; e.g. {flag} {EXAMPLE}")
-        return ColumnMap(found["arrival"], found["prompt"], found["output"])
-
-    def names(self) -> tuple[str, str, str]:
-        """(arrival, prompt, output) column names, in that order."""
-        return self.arrival, self.prompt, self.output
-
-
-def _read_jsonl(p: Path, cols: ColumnMap) -> tuple[dict[str, list[str]], list[int]]:
+def _read_jsonl(p: Path, cols: TraceColumns) -> tuple[dict[str, list[str]], list[int]]:
     out: dict[str, list[str]] = {c: [] for c in cols.names()}
     lines: list[int] = []
     with p.open(encoding="utf-8-sig") as f:
@@ -94,7 +59,7 @@ def _arrivals(p: Path, name: str, values: list[str], lines: list[int]) -> np.nda
     return t - (t.min() if len(t) else 0.0)
 
 
-def read_mapped(path: str | Path, cols: ColumnMap) -> TraceTable:
+def read_mapped(path: str | Path, cols: TraceColumns) -> TraceTable:
     """A CSV or JSONL trace read through `cols` (arrivals from 0, rows in file order)."""
     p = check_path(path)
     is_json, _names = header_names(p)

@@ -325,7 +325,7 @@ def _trace_table(spec: WorkloadSpec, seed: int) -> TraceTable:
     assert isinstance(a, TraceArrival)
     if a.format is not None:
         get_format(a.format, "arrival.format")
-    table = replay_arrivals(read_trace(a.path, a.format), time_scale=a.time_scale, rate_rps=a.rate_rps,
+    table = replay_arrivals(read_trace(a.path, a.format, a.columns), time_scale=a.time_scale, rate_rps=a.rate_rps,
                             start_s=a.start_s, max_requests=a.max_requests, seed=seed)
     assert table.arrival_s is not None
     n = len(table)

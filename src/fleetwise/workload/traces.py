@@ -7,7 +7,7 @@ arrivals and `read_length_stats` for `empirical` lengths).
 
 Formats are registered, one module each, in `fleetwise.workload.formats` (Azure, BurstGPT,
 length statistics, Mooncake); the format is detected from the header line unless `format=` names
-it. Any other CSV or JSONL is read through a column mapping (`columns=ColumnMap(...)`, the CLI's
+it. Any other CSV or JSONL is read through a column mapping (`columns=TraceColumns(...)`, the CLI's
 `--trace-columns arrival=...,prompt=...,output=...`; `fleetwise.workload.columns`).
 """
 
@@ -32,7 +32,7 @@ from fleetwise.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
 from fleetwise.workload.parse import TraceTable, check_path, header_names
 
 if TYPE_CHECKING:
-    from fleetwise.workload.columns import ColumnMap
+    from fleetwise.spec.workload import TraceColumns
 
 def detect_format(path: str | Path) -> str:
     """The first registered format whose needed columns the file's header has; SpecError naming what it found."""
@@ -41,13 +41,14 @@ def detect_format(path: str | Path) -> str:
     for fmt in TRACE_FORMATS.values():
         if fmt.json == is_json and set(fmt.columns) <= set(names):
             return fmt.name
-    raise SpecError(
-        f"{p}: unknown trace format; found {'fields' if is_json else 'columns'} {names}; "
-        f"supported formats and the columns they need: {supported()}; or pass format= explicitly, {COLUMNS_HINT}"
+    found = repr(names) if len(repr(names)) <= 100 else repr(names)[:97] + "..."
+    raise SpecError(  # the fix before the list of formats: the CLI cuts an error at one terminal line
+        f"{p}: unknown trace format (found {'fields' if is_json else 'columns'} {found}); {COLUMNS_HINT}; "
+        f"or a registered format (format=), with the columns it needs: {supported()}"
     )
 
 
-def read_trace(path: str | Path, format: str | None = None, columns: ColumnMap | None = None) -> TraceTable:
+def read_trace(path: str | Path, format: str | None = None, columns: TraceColumns | None = None) -> TraceTable:
     """Read a trace file as columns, sorted by arrival (stable), arrivals relative to the first;
     `columns` maps a file's own column names (see `fleetwise.workload.columns`)."""
     p = check_path(path)
@@ -176,7 +177,7 @@ def load_trace(
     max_requests: int | None = None,
     seed: int = 0,
     start_s: float = 0.0,
-    columns: ColumnMap | None = None,
+    columns: TraceColumns | None = None,
 ) -> list[Request]:
     """Load a trace as `Request`s sorted by arrival, arrivals starting at 0 (see `replay_arrivals`)."""
     table = replay_arrivals(read_trace(path, format, columns), time_scale=time_scale, rate_rps=rate_rps,

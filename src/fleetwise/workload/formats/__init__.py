@@ -20,7 +20,8 @@ from fleetwise.workload.parse import TraceTable
 
 Reader = Callable[[Path], TraceTable]
 
-COLUMNS_HINT = "or map your own columns with --trace-columns arrival=COL,prompt=COL,output=COL (columns= in Python)"
+COLUMNS_HINT = ("map your own columns with --trace-columns arrival=COL,prompt=COL,output=COL (in a workload or "
+                "planning file: the trace arrival's columns: {arrival: COL, prompt: COL, output: COL})")
 """How a file in no registered format can still be read (`fleetwise.workload.columns`)."""
 
 
@@ -60,7 +61,7 @@ def get_format(name: str, field: str = "format") -> TraceFormat:
     """The registered format `name`; SpecError naming `field`, the registered names and `--trace-columns`."""
     f = TRACE_FORMATS.get(name)
     if f is None:
-        raise SpecError(f"{field} {quote(name, 40)} is not a trace format; supported: {supported()}; {COLUMNS_HINT}")
+        raise SpecError(f"{field} {quote(name, 40)} is not a trace format; supported: {supported()}; or {COLUMNS_HINT}")
     return f
 
 

@@ -92,7 +92,9 @@ def _policies(name: str, stats: dict[str, Any], policies: list[str]) -> plots.Re
 def _replicas(name: str, runs: dict[str, list[dict[str, Any]]], policies: list[str],
               spans: list[tuple[float, float, str, str]]) -> plots.Rendered:
     pols = [p for p in policies if p in runs]
-    fig, axes = plots.figure(3, len(pols), height=8.0, width=max(11.0, 3.6 * len(pols)))
+    decided = any("decisions" in r for rs in runs.values() for run in rs for r in run["per_replica"])
+    fig, axes = plots.figure(3 if decided else 2, len(pols), height=8.0 if decided else 5.4,
+                             width=max(11.0, 3.6 * len(pols)))
     for j, p in enumerate(pols):
         first = runs[p][0]
         ax = axes[0, j]
@@ -120,18 +122,23 @@ def _replicas(name: str, runs: dict[str, list[dict[str, Any]]], policies: list[s
         ax2.set_title(f"{p}: per replica, all seeds")
         if j == 0:
             ax2.legend(loc="upper left")
-        decided: dict[str, dict[str, int]] = {n: {} for n in names}
-        for run in runs[p]:
-            for r in run["per_replica"]:
-                mine = decided.setdefault(r["name"], {})
-                for k, v in (r.get("decisions") or {}).items():
-                    mine[k] = mine.get(k, 0) + v
-        decision_bars(axes[2, j], [{"name": n, "decisions": decided[n]} for n in names])
-        axes[2, j].set_title(f"{p}: selection reasons, all seeds")
-        axes[2, j].tick_params(axis="x", rotation=30)
+        if decided:  # documents written before per-replica decisions were recorded have none
+            _decisions(axes[2, j], p, names, runs[p])
     return plots.render(fig, f"{_slug(name)}-replicas", f"{name}: per-replica queue over time (faults and safe "
                                                         "mode shaded), traffic share, prefix hit rate and the "
                                                         "routing decisions by kind per replica, per policy")
+
+
+def _decisions(ax: Any, policy: str, names: list[str], runs: list[dict[str, Any]]) -> None:
+    by_name: dict[str, dict[str, int]] = {n: {} for n in names}
+    for run in runs:
+        for r in run["per_replica"]:
+            mine = by_name.setdefault(r["name"], {})
+            for k, v in (r.get("decisions") or {}).items():
+                mine[k] = mine.get(k, 0) + v
+    decision_bars(ax, [{"name": n, "decisions": by_name[n]} for n in names])
+    ax.set_title(f"{policy}: selection reasons, all seeds")
+    ax.tick_params(axis="x", rotation=30)
 
 
 def _reasons(sec: Section, runs: dict[str, list[dict[str, Any]]], policies: list[str]) -> None:

@@ -218,3 +218,15 @@ def test_parquet_only_records_are_refused_with_the_fix(sim_run, tmp_path, capsys
     (tmp_path / "requests.parquet").write_bytes(b"PAR1")
     assert main(["report", str(tmp_path)]) == 2
     assert "rerun the simulation with --records csv" in capsys.readouterr().err
+
+
+def test_an_infeasible_plan_still_shows_every_candidate_tried(plan_run, tmp_path):
+    doc = json.loads((plan_run / "plan.json").read_text())
+    doc["plans"], doc["infeasible"] = [], "no candidate met the SLO in simulation within the limits"
+    for c in doc["candidates"]:
+        if c["verdict"] in ("ranked", "demoted"):
+            c["verdict"], c["rank"], c["reason"] = "missed_slo", None, "missed the SLO in simulation at the target rate"
+    src = tmp_path / "inf.json"
+    src.write_text(json.dumps(doc))
+    figs = check_figures(write_report(src, tmp_path / "inf.html"), {"frontier", "pd-ratio", "disaggregation"})
+    assert VERDICT_LOOK["missed_slo"][1] in figs["frontier"]

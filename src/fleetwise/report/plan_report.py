@@ -45,6 +45,7 @@ def build(doc: dict[str, Any]) -> Page:
                     w["burst_source"]]])
         if doc["plans"]:
             _ranked(top, doc["plans"])
+        if doc["plans"] or doc.get("candidates"):  # an infeasible answer still shows what was tried
             fr = page.section("Cost vs goodput")
             page.add_figure(fr, _frontier(doc))
         for p in doc["plans"]:

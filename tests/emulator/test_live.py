@@ -1,5 +1,5 @@
 """Emulators as real processes on 127.0.0.1: streaming over TCP, a cut stream, a crash that exits,
-and `fleetwise emulate --help` documenting every option."""
+client disconnects aborting requests, and `fleetwise emulate --help` documenting every option."""
 
 from __future__ import annotations
 
@@ -70,6 +70,31 @@ def test_live_streaming_cut_stream_and_crash():
         with contextlib.suppress(httpx.HTTPError):
             c.post("/admin/faults", json={"kind": "crash"}, headers=auth)
         assert proc.wait(10) == 1
+
+
+def _metric_value(text: str, prefix: str) -> float:
+    line = next(ln for ln in text.splitlines() if ln.startswith(prefix))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_live_client_disconnects_abort_their_requests():
+    with emulator() as (proc, url), httpx.Client(base_url=url, timeout=10.0) as c:
+        long = {"prompt": "hi there " * 50, "max_tokens": 20000, "ignore_eos": True}  # ~3 s of wall time
+        with c.stream("POST", "/v1/completions", json={**long, "stream": True}) as r:
+            lines = r.iter_lines()
+            assert sum(1 for _, ln in zip(range(6), lines, strict=False) if ln.startswith("data: ")) >= 2
+        with pytest.raises(httpx.TimeoutException):  # a non-streaming client that gives up
+            c.post("/v1/completions", json=long, timeout=0.3)
+        deadline = time.monotonic() + 10
+        while True:
+            text = c.get("/metrics").text
+            aborted = _metric_value(text, 'vllm:request_success_total{engine="0",finished_reason="abort"')
+            if aborted == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert aborted == 2
+        assert _metric_value(text, "vllm:num_requests_running{") == 0
+        assert _metric_value(text, "vllm:kv_cache_usage_perc{") == 0
 
 
 def test_live_kv_events_stream():

@@ -331,7 +331,14 @@ class EmulatedReplica:
             self._aborts.append(live)
         else:
             self.engine.abort(live.eid)
+            self._update_gauges()
             self._kick()
+
+    def _update_gauges(self) -> None:
+        eng, m = self.engine, self.metrics
+        m.running.set(eng.num_running)
+        m.waiting.set(eng.num_waiting)
+        m.kv_usage.set(eng.kv_usage)
 
     def _on_output(self, driver: EngineDriver, end: float, start: float, out: StepOutput) -> None:
         """A step ended at `end` (modelled s): stream its tokens, finish and hand off requests."""
@@ -382,9 +389,7 @@ class EmulatedReplica:
             for lv in self._aborts:
                 eng.abort(lv.eid)
             self._aborts.clear()
-        m.running.set(eng.num_running)
-        m.waiting.set(eng.num_waiting)
-        m.kv_usage.set(eng.kv_usage)
+        self._update_gauges()
         if out.kv_events:
             self.events.publish(end, out.kv_events)
         if self.faults.hung:

@@ -556,9 +556,16 @@ class EmulatedReplica:
             self.metrics.kv_transfer.observe(seconds)
             self._admit(t, (lv, er))
 
+        ingress, nbytes = self.ingress, kv_transfer_bytes(er.prompt_tokens, self.deployment)
+
+        def start(t: float, _: Any) -> None:
+            # On the clock, as arrivals are: a late process first ends the pulls that were due.
+            if not lv.done:
+                lv.pull_id = ingress.start(t, src, src_bw, nbytes, landed)
+
         lv.pull_start_s = lv.arrival_s
-        lv.pull_id = self.ingress.start(lv.arrival_s, src, src_bw, kv_transfer_bytes(er.prompt_tokens, self.deployment),
-                                        landed)
+        if self.clock is not None:
+            self.clock.call_at(lv.arrival_s, ORDER_ARRIVAL, start)
         try:
             res = await self._kv_pull(ktp, req)
         except ApiError as err:

@@ -39,6 +39,10 @@ class WorkerView:
     block_size: int = 16
     reported_at_s: float = 0.0
     """When this view was taken (virtual or wall seconds, same clock as FleetView.now_s)."""
+    weight: float = 1.0
+    """Relative capacity (1 = nominal): round-robin and random picks are proportional to it, and
+    scored picks divide the worker's predicted cost and outstanding requests by it. The last
+    field, so views built positionally (the simulator's hot path) stay valid."""
 
 
 @dataclass(frozen=True, slots=True)

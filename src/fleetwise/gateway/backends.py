@@ -133,7 +133,7 @@ class Backend:
         return WorkerView(name=s.key, role=s.role, pool=s.pool, accelerator=s.accelerator,
                           model_version=s.model_version, region=s.region, healthy=self.available(now_s),
                           queued_requests=waiting, running_requests=running, queued_prefill_tokens=pre,
-                          running_decode_tokens=dec, kv_usage=kv, reported_at_s=at)
+                          running_decode_tokens=dec, kv_usage=kv, weight=s.weight, reported_at_s=at)
 
     def scraped(self, load: EngineLoad, now_s: float) -> None:
         """A scrape landed: the engine's load, and the gateway's own token counts as of now."""

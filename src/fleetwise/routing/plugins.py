@@ -13,6 +13,7 @@ models live in `fleetwise.spec.routing` (each plugin's `Params`).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ class Candidate:
     own: float
     """This request's token-equivalent cost on this worker (uncached prompt, decode, overhead)."""
     slowness: float = 1.0
-    """Feedback factor relative to the fleet (1 = average)."""
+    """Feedback factor relative to the fleet (1 = average), divided by the worker's weight."""
     prefix_blocks: int = 0
     """Leading prompt blocks the prefix index says this worker holds."""
     kv_room: float = 0.0
@@ -169,9 +170,11 @@ def score_load(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
 
 @ROUTING_PLUGINS.implements("scorer", "requests")
 def score_requests(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
-    """`(min requests + 1) / (requests + 1)`: fewest outstanding requests scores 1."""
-    best = min(c.requests for c in cs)
-    return {c.view.name: _clamp01((best + 1) / (c.requests + 1)) for c in cs}
+    """`min r / r` with `r = (requests + 1) / weight`: fewest outstanding requests per unit of
+    weight scores 1 (with equal weights, `(min requests + 1) / (requests + 1)`)."""
+    rs = [(c.requests + 1) / c.view.weight for c in cs]
+    best = min(rs)
+    return {c.view.name: _clamp01(best / r) for c, r in zip(cs, rs, strict=True)}
 
 
 @ROUTING_PLUGINS.implements("scorer", "prefix")
@@ -247,13 +250,21 @@ class PickerState:
         self.rr_last: dict[str, str] = {}
         self.seq = 0
         self.last_chosen: dict[str, int] = {}
+        self.weights: dict[str, float] | None = None
+        """Weights of the workers being picked from, set by the policy per view (None: all equal);
+        round-robin and random picks are then proportional to them."""
+        self._credit: dict[str, dict[str, float]] = {}
+        """Per pool: smooth weighted round-robin credit of each worker."""
 
     def chosen(self, name: str) -> None:
         self.seq += 1
         self.last_chosen[name] = self.seq
 
     def round_robin(self, names: Sequence[str], pool: str = "") -> str:
-        """Next name after the previous pick in sorted order (stable when membership changes)."""
+        """Next name after the previous pick in sorted order (stable when membership changes);
+        with unequal `weights`, smooth weighted round-robin."""
+        if self.weights is not None:
+            return self.weighted_round_robin(sorted(names), self.weights, pool)
         order = sorted(names)
         last = self.rr_last.get(pool)
         nxt = next((n for n in order if last is None or n > last), order[0])
@@ -262,19 +273,48 @@ class PickerState:
 
     def round_robin_sorted(self, order: Sequence[str], pool: str = "") -> str:
         """`round_robin` over names already sorted (bisection instead of a scan)."""
+        if self.weights is not None:
+            return self.weighted_round_robin(order, self.weights, pool)
         last = self.rr_last.get(pool)
         i = 0 if last is None else bisect.bisect_right(order, last)
         nxt = order[i] if i < len(order) else order[0]
         self.rr_last[pool] = nxt
         return nxt
 
+    def weighted_round_robin(self, order: Sequence[str], weights: dict[str, float], pool: str) -> str:
+        """Smooth weighted round-robin (nginx's): every worker gains its weight in credit, the
+        richest (first in name order on a tie) is picked and pays the total. Over any run of
+        picks each worker's share is within one pick of its weight's share, evenly interleaved."""
+        credit = self._credit.setdefault(pool, {})
+        total = 0.0
+        best, best_c = order[0], -math.inf
+        for n in order:
+            w = weights.get(n, 1.0)
+            total += w
+            c = credit[n] = credit.get(n, 0.0) + w
+            if c > best_c:
+                best, best_c = n, c
+        credit[best] -= total
+        self.rr_last[pool] = best
+        return best
+
     def random_sorted(self, order: Sequence[str]) -> str:
         """`random` over names already sorted."""
+        if self.weights is not None:
+            return self._weighted_random(order, self.weights)
         return order[int(self.rng.integers(len(order)))]
 
     def random(self, names: Sequence[str]) -> str:
+        """A seeded choice, uniform or (with unequal `weights`) proportional to weight."""
         order = sorted(names)
+        if self.weights is not None:
+            return self._weighted_random(order, self.weights)
         return order[int(self.rng.integers(len(order)))]
+
+    def _weighted_random(self, order: Sequence[str], weights: dict[str, float]) -> str:
+        cum = list(itertools.accumulate(weights.get(n, 1.0) for n in order))
+        i = bisect.bisect_right(cum, float(self.rng.random()) * cum[-1])
+        return order[min(i, len(order) - 1)]
 
     def power_of_two(self, totals: dict[str, float]) -> tuple[str, str | None]:
         """Two distinct seeded samples; the higher total wins (the first sampled on a tie)."""

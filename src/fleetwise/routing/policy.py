@@ -9,7 +9,7 @@ Per request:
    `last_known`, `reject`);
 3. each candidate's signals: outstanding work from the view plus the router's own in-flight
    estimate since the view was taken, this request's own cost after its cached prefix, the
-   feedback slowness factor;
+   feedback slowness factor over the worker's weight (relative capacity);
 4. the load bound drops workers too far above the fleet mean (if enabled);
 5. scorers in [0, 1], summed by weight; the picker chooses.
 
@@ -66,7 +66,7 @@ class _Eligible:
     """The eligible workers of one view for one (model_version, region), and what every request
     routed on that view reads of them: names, report times (sorted) and view loads."""
 
-    __slots__ = ("ws", "why", "names", "reported", "base", "backlog", "zero_scores", "vec")
+    __slots__ = ("ws", "why", "names", "reported", "base", "backlog", "zero_scores", "vec", "weights")
 
     def __init__(self, ws: list[WorkerView], why: str) -> None:
         self.ws, self.why = ws, why
@@ -79,6 +79,9 @@ class _Eligible:
         """Every worker's total when no scorer has weight (each decision gets a copy)."""
         self.vec: _ViewColumns | None = None
         """The array fast path's per-view state (built on first use)."""
+        self.weights: dict[str, float] | None = (
+            {w.name: w.weight for w in ws} if len({w.weight for w in ws}) > 1 else None)
+        """The workers' weights, or None when they are all equal (picks are then unweighted)."""
 
 
 class _ViewColumns:
@@ -175,6 +178,7 @@ class ComposedPolicy:
             req.request_id, req.tenant, req.prompt_tokens, req.max_output_tokens)
         e = self._eligible_cached(req, fleet)
         ws = e.ws
+        self.picker.weights = e.weights
         if not ws:
             return self._done(RoutingDecision(worker=None, reason=f"rejected: {e.why}", kind="rejected"))
         safe = self.safe.update_sorted(now, e.reported)
@@ -238,7 +242,7 @@ class ComposedPolicy:
         load += tok_pend + cost.per_request_tokens * n_pend
         requests = w.queued_requests + w.running_requests + n_pend
         room = _headroom(w, req.prompt_tokens + self._expected) if side == "decode" else 0.0
-        return Candidate(w, requests, load, own, self.feedback.factor(w.name, now), prefix, room)
+        return Candidate(w, requests, load, own, self.feedback.factor(w.name, now) / w.weight, prefix, room)
 
     def _candidates(self, req: RouteRequest, ws: list[WorkerView], side: str, now: float,
                     e: _Eligible | None = None) -> list[Candidate]:
@@ -268,7 +272,7 @@ class ComposedPolicy:
                 if not has_token_backlog(w):
                     load += outstanding(name, dw)[1] - tok_pend
                 load += tok_pend + per_req * n_pend
-                out.append(Candidate(w, reqs + n_pend, load, own, slow, prefix))
+                out.append(Candidate(w, reqs + n_pend, load, own, slow / w.weight, prefix))
             return out
         for w, (base, reqs), slow in zip(ws, e.base, slowness, strict=True):
             name = w.name
@@ -276,7 +280,7 @@ class ComposedPolicy:
             prefix = match(name, hashes) if hashes else 0
             own = own_cost(req, prefix, cost, exp) if prefix else own0
             load = base + tok_pend + per_req * n_pend
-            out.append(Candidate(w, reqs + n_pend, load, own, slow, prefix))
+            out.append(Candidate(w, reqs + n_pend, load, own, slow / w.weight, prefix))
         return out
 
     def _bounded(self, cs: list[Candidate], pool: str) -> tuple[list[Candidate], float | None, list[str]]:
@@ -360,7 +364,8 @@ class ComposedPolicy:
 
     def _route_mixed(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool,
                      e: _Eligible | None = None) -> RoutingDecision:
-        if self._vector and e is not None and not (safe and self.safe.spec.action == "round_robin"):
+        if self._vector and e is not None and e.weights is None and not (
+                safe and self.safe.spec.action == "round_robin"):  # unequal weights: the reference path
             return self._route_mixed_vector(req, fleet.now_s, e, safe)
         cs = self._candidates(req, ws, "mixed", fleet.now_s, e)
         by_name = {c.name: c for c in cs}

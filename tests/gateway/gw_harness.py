@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import uvicorn
 from responder import Responder
 
+from fleetwise.emulator.app import create_app
+from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.gateway import BackendSpec, Gateway, GatewayConfig
 from fleetwise.gateway.server import listening_socket, uvicorn_server
 
@@ -26,6 +29,12 @@ FAST_SCRAPE = {"interval_s": 0.05, "timeout_s": 0.5, "health_interval_s": 0.05, 
                "watch_interval_s": 0.05}
 """Scrape and health periods for tests (fast, so state changes show within a few tenths of a second)."""
 ADMIN = "test-admin-token"
+MODEL = "llama-3.1-8b"
+"""The model emulated replicas serve."""
+TIME_SCALE = 100.0
+"""Emulated hardware runs 100x faster than real time."""
+TOKEN = "emu-admin"
+"""Admin token of emulated replicas."""
 
 
 def run(scenario: Callable[[], Awaitable[None]], timeout_s: float = SCENARIO_TIMEOUT_S) -> None:
@@ -122,3 +131,49 @@ async def running_fleet(n: int = 2, *, roles: tuple[str, ...] | None = None, ver
             await asyncio.wait_for(task, 10)
         for r in rs:
             await r.stop()
+
+
+@contextlib.asynccontextmanager
+async def emulators(roles: tuple[str, ...], **emu: Any) -> AsyncIterator[list[tuple[Any, str]]]:
+    """One emulator app per role, each on its own 127.0.0.1 port (real sockets); `emu` sets
+    further EmulatorConfig fields."""
+    socks = [listening_socket("127.0.0.1", 0) for _ in roles]
+    servers, tasks, out = [], [], []
+    for role, sock in zip(roles, socks, strict=True):
+        port = sock.getsockname()[1]
+        cfg = EmulatorConfig(model=MODEL, gpu="h100-sxm", role=role, time_scale=TIME_SCALE,  # type: ignore[arg-type]
+                             admin_token=TOKEN, port=port, engine_id=f"{role}-{port}", **emu)
+        app = create_app(cfg)
+        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+        servers.append(server)
+        tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
+        out.append((app, f"http://127.0.0.1:{port}"))
+    try:
+        while not all(s.started for s in servers):
+            await asyncio.sleep(0.01)
+        yield out
+    finally:
+        for s in servers:
+            s.should_exit = True
+        for t in tasks:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(t, 10)
+
+
+@contextlib.asynccontextmanager
+async def served_gateway(doc: dict[str, Any]) -> AsyncIterator[tuple[Gateway, str]]:
+    """A gateway built from config document `doc`, serving on a free 127.0.0.1 port."""
+    gw = Gateway(GatewayConfig.model_validate(doc), admin_token=ADMIN)
+    sock = listening_socket("127.0.0.1", 0)
+    server = uvicorn_server(gw)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                raise AssertionError("gateway did not start")
+            await asyncio.sleep(0.01)
+        yield gw, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)

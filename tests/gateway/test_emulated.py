@@ -4,55 +4,19 @@ hand-off pulls KV from the prefill replica, and an injected fault is retried els
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import uvicorn
-from gw_harness import FAST_SCRAPE, run
+from gw_harness import FAST_SCRAPE, MODEL, TOKEN, emulators, run, served_gateway
 
 from fleetwise.core.tokens import encode, words_text
-from fleetwise.emulator.app import create_app
-from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.generation import text_of
-from fleetwise.gateway import Gateway, GatewayConfig
 from fleetwise.gateway.scrape import parse_metrics
-from fleetwise.gateway.server import listening_socket, uvicorn_server
 
-MODEL = "llama-3.1-8b"
-TIME_SCALE = 100.0
-"""Emulated hardware runs 100x faster than real time."""
-TOKEN = "emu-admin"
 PROMPT = words_text(list(range(400)))
-
-
-@contextlib.asynccontextmanager
-async def emulators(roles: tuple[str, ...]) -> AsyncIterator[list[tuple[Any, str]]]:
-    """One emulator app per role, each on its own 127.0.0.1 port (real sockets)."""
-    socks = [listening_socket("127.0.0.1", 0) for _ in roles]
-    servers, tasks, out = [], [], []
-    for role, sock in zip(roles, socks, strict=True):
-        port = sock.getsockname()[1]
-        cfg = EmulatorConfig(model=MODEL, gpu="h100-sxm", role=role, time_scale=TIME_SCALE,  # type: ignore[arg-type]
-                             admin_token=TOKEN, port=port, engine_id=f"{role}-{port}")
-        app = create_app(cfg)
-        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-        servers.append(server)
-        tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
-        out.append((app, f"http://127.0.0.1:{port}"))
-    try:
-        while not all(s.started for s in servers):
-            await asyncio.sleep(0.01)
-        yield out
-    finally:
-        for s in servers:
-            s.should_exit = True
-        for t in tasks:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(t, 10)
 
 
 @contextlib.asynccontextmanager
@@ -60,18 +24,8 @@ async def gateway(urls: list[str], roles: tuple[str, ...], **cfg: Any) -> AsyncI
     doc = {"backends": [{"url": u, "name": f"e{i}", "role": r} for i, (u, r) in enumerate(zip(urls, roles,
                                                                                               strict=True))],
            "scrape": FAST_SCRAPE, **cfg}
-    gw = Gateway(GatewayConfig.model_validate(doc), admin_token="gw")
-    sock = listening_socket("127.0.0.1", 0)
-    server = uvicorn_server(gw)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)
+    async with served_gateway(doc) as (_, url):
+        yield url
 
 
 async def stream(c: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[str, str]:

@@ -17,6 +17,9 @@ from fleetwise.errors import SpecError
 from fleetwise.routing import policy_names
 from fleetwise.spec.base import load_document, validate
 
+MAX_HASH_BLOCK_TOKENS = 1 << 20
+"""Largest --hash-block-tokens accepted (a million-token block: far beyond any engine's)."""
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -35,6 +38,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int_flag(0, 65535), help="listen port (default 8000)")
     p.add_argument("--backends-file", metavar="FILE", help="watched YAML list of backends")
+    p.add_argument("--tokenizer", metavar="T",
+                   help="tokenize prompts for routing: 'fleetwise' (the emulator's tokenizer) or a HuggingFace "
+                        "tokenizer.json (needs `tokenizers`); default: estimate from characters")
+    p.add_argument("--kv-events", metavar="PATH",
+                   help="follow each --backend/--prefill/--decode's KV-event stream at PATH (e.g. /kv_events "
+                        "of `fleetwise emulate`; needs --tokenizer fleetwise)")
+    p.add_argument("--hash-block-tokens", type=int_flag(1, MAX_HASH_BLOCK_TOKENS), metavar="N",
+                   help="prompt tokens per prefix-hash block (default 64; with --kv-events the engine's "
+                        "KV block size, 16 for `fleetwise emulate`)")
     p.add_argument("--ledger", metavar="URL", help="usage ledger: SQLite file or postgresql://... (metering)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
@@ -51,15 +63,18 @@ def build_config(args: argparse.Namespace) -> Any:
     for url, role, flag in flags:  # a bad URL is named by its flag, not by its place in the merged list
         validate(BackendSpec, {"url": url, "role": role}, flag)
     if flags:
-        doc["backends"] = [*doc.get("backends", []), *({"url": u, "role": r} for u, r, _ in flags)]
+        ev = {"kv_events_path": args.kv_events} if getattr(args, "kv_events", None) else {}
+        doc["backends"] = [*doc.get("backends", []), *({"url": u, "role": r, **ev} for u, r, _ in flags)]
     if args.policy:
         doc["routing"] = {**doc.get("routing", {}), "policy": args.policy}
     for key, val in (("host", args.host), ("port", args.port), ("backends_file", args.backends_file),
-                     ("ledger", getattr(args, "ledger", None))):
+                     ("ledger", getattr(args, "ledger", None)), ("tokenizer", getattr(args, "tokenizer", None))):
         if val is not None:
             doc[key] = val
     if args.model:
         doc["models"] = args.model
+    if getattr(args, "hash_block_tokens", None) is not None:
+        doc["limits"] = {**doc.get("limits", {}), "hash_block_tokens": args.hash_block_tokens}
     out = validate(GatewayConfig, doc, args.config or "command line")
     if not out.backends and not out.backends_file:
         raise SpecError("no backends: pass --backend URL (or --prefill/--decode), or list `backends:` in --config")

@@ -106,8 +106,17 @@ class KvEvicted:
 
 
 @dataclass(frozen=True, slots=True)
+class KvCleared:
+    """The worker's cache contents are unknown from here on (an engine's `AllBlocksCleared`, or a
+    KV-event subscription that starts over): forget every block recorded for it."""
+
+    now_s: float
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     now_s: float
 
 
-Feedback = Dispatched | FirstToken | Completed | Failed | Cancelled | WorkerUp | WorkerDown | KvStored | KvEvicted | Tick
+Feedback = Dispatched | FirstToken | Completed | Failed | Cancelled | WorkerUp | WorkerDown | KvStored | KvEvicted | KvCleared | Tick

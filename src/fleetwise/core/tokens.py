@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 from array import array
+from collections.abc import Sequence
 from functools import lru_cache
 
 VOCAB_SIZE = 32_000
@@ -35,6 +36,8 @@ HASH_BASE = NUM_SPECIAL + NUM_WORDS
 """First id of hashed chunks (pieces that are not vocabulary words)."""
 CHUNK_CHARS = 4
 """Characters per token for text outside the vocabulary (about 4 per token, BPE on English)."""
+GENERATION_PROMPT = "<|assistant|>\n"
+"""What the chat template appends so the model answers as the assistant."""
 PIECE_RE = re.compile(r" ?\S+|\s+?(?= \S)|\s+")
 
 _ONSETS = ("b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
@@ -106,6 +109,19 @@ def words_text(word_indices: list[int]) -> str:
     """Text of exactly len(word_indices) tokens: the vocabulary words at those indices (mod
     NUM_WORDS), each with its leading space. Load generators build prompts of known length with it."""
     return "".join(" " + WORDS[i % NUM_WORDS] for i in word_indices)
+
+
+def chat_text(turns: Sequence[tuple[str, str]], add_generation_prompt: bool = True,
+              continue_final: bool = False) -> str:
+    """The chat template over validated `(role, content)` turns: `<|role|>\\n content \\n` per
+    turn, then `<|assistant|>\\n` (the generation prompt); with `continue_final` the last turn is
+    left open instead, so the model continues it (vLLM's `continue_final_message`)."""
+    parts = [f"<|{role}|>\n{content}\n" for role, content in turns]
+    if continue_final and parts:
+        parts[-1] = parts[-1][:-1]
+    elif add_generation_prompt:
+        parts.append(GENERATION_PROMPT)
+    return "".join(parts)
 
 
 def block_hashes(ids: list[int], block_size: int) -> tuple[int, ...]:

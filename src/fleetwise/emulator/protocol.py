@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fleetwise.core.tokens import VOCAB_SIZE, encode
+from fleetwise.core.tokens import VOCAB_SIZE, chat_text, encode
 from fleetwise.errors import SpecError
 from fleetwise.spec import inputs
 from fleetwise.spec.inputs import MAX_BODY_BYTES, MAX_NESTING_DEPTH, parse_json, quote
@@ -112,14 +112,13 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
 
 
 def _chat_prompt(messages: Any, add_generation_prompt: bool = True, continue_final: bool = False) -> str:
-    """The chat template: `<|role|>\\n content \\n` per message, then `<|assistant|>\\n` (the
-    generation prompt); with `continue_final` the last (assistant) message is left open instead,
-    so the model continues it (vLLM's `continue_final_message`)."""
+    """The prompt text of validated `messages` (`fleetwise.core.tokens.chat_text`: the template
+    a router tokenizing chat prompts applies too)."""
     if continue_final and add_generation_prompt:
         raise ApiError(400, "continue_final_message=true needs add_generation_prompt=false", "continue_final_message")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, f"messages={quote(messages)} must be a non-empty list of {{role, content}}", "messages")
-    parts: list[str] = []
+    turns: list[tuple[str, str]] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages[{i}]={quote(m)} needs a string `role`", "messages")
@@ -137,15 +136,11 @@ def _chat_prompt(messages: Any, add_generation_prompt: bool = True, continue_fin
         elif not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content={quote(content)} must be a string or text parts",
                            "messages")
-        parts.append(f"<|{m['role']}|>\n{content}\n")
-    if continue_final:
-        if messages[-1].get("role") != "assistant":
-            raise ApiError(400, "continue_final_message=true needs the last message to have role assistant",
-                           "messages")
-        parts[-1] = parts[-1][:-1]  # left open: the model continues it
-    elif add_generation_prompt:
-        parts.append("<|assistant|>\n")
-    return "".join(parts)
+        turns.append((m["role"], content))
+    if continue_final and messages[-1].get("role") != "assistant":
+        raise ApiError(400, "continue_final_message=true needs the last message to have role assistant",
+                       "messages")
+    return chat_text(turns, add_generation_prompt, continue_final)
 
 
 def _completion_prompt(prompt: Any) -> list[int]:

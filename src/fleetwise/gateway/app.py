@@ -34,10 +34,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from fleetwise.core.feedback import Cancelled, Completed, Dispatched, Failed, FirstToken, WorkerDown, WorkerUp
+from fleetwise.core.tokens import block_hashes
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
 from fleetwise.errors import SpecError
 from fleetwise.gateway.backends import Backend, Backends, Decision
 from fleetwise.gateway.config import BackendSpec, GatewayConfig, TenantSpec
+from fleetwise.gateway.kv_events import KvEventFeed
 from fleetwise.gateway.limits import Admission, TenantLimiter
 from fleetwise.gateway.migration import (
     client_wants_continuous,
@@ -47,6 +49,7 @@ from fleetwise.gateway.migration import (
     streamed_text,
 )
 from fleetwise.gateway.openai import ClientError, error_body, parse_json_body, parse_request, prompt_blocks
+from fleetwise.gateway.prompt_tokens import make_tokenizer, request_ids
 from fleetwise.gateway.scrape import parse_metrics
 from fleetwise.gateway.telemetry import Telemetry
 from fleetwise.gateway.upstream import FAULT_ERRORS, SseFramer, Upstream, fault_kind
@@ -166,6 +169,10 @@ class Gateway:
         self.ledger = open_ledger(cfg.ledger, cfg.failure_domains) if cfg.ledger else None
         self.wants_hashes = bool(getattr(self.policy, "wants_kv_events", True))
         """Prompt prefix hashes are computed only for policies that read the prefix index."""
+        self.tokenizer = make_tokenizer(cfg.tokenizer)
+        """Prompt -> token ids for exact lengths and id hashes (None: estimate from characters)."""
+        self.kv_feeds: dict[str, tuple[KvEventFeed, asyncio.Task[None]]] = {}
+        """Each followed backend's KV-event subscription and the task running it."""
 
     # ---- clock, models, lifecycle --------------------------------------------------------------
 
@@ -188,6 +195,8 @@ class Gateway:
         if self.cfg.backends_file:
             self.reload_backends_file()
         await asyncio.gather(self.scrape_once(), self.health_once())
+        for b in self.backends.live.values():
+            self._follow_kv(b)
         self._tasks = [asyncio.create_task(self._every(self.cfg.scrape.interval_s, self.scrape_once)),
                        asyncio.create_task(self._every(self.cfg.scrape.health_interval_s, self.health_once))]
         if self.cfg.backends_file:
@@ -201,6 +210,8 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        for name in list(self.kv_feeds):
+            await self._unfollow_kv(name)
         await self.upstream.close()
         if self.ledger is not None:
             self.ledger.close()
@@ -256,6 +267,9 @@ class Gateway:
                 b.healthy = True
                 b.breaker.success()
                 self.policy.observe(WorkerUp(now, b.name, b.spec.model_version))
+                feed = self.kv_feeds.get(b.name)
+                if feed is not None:  # WorkerUp emptied its prefix index: take the engine's contents again
+                    feed[0].resubscribe()
         else:
             b.health_failures += 1
             if b.healthy and b.health_failures >= self.cfg.scrape.health_failures:
@@ -266,9 +280,35 @@ class Gateway:
         """Add or update a backend (config file, admin API); True when new. A new one is routable
         at once; its view is stale until its first scrape."""
         b, new = self.backends.upsert(spec)
-        if new and self.upstream.session is not None:
-            asyncio.get_running_loop().create_task(self._first_look(b))
+        if self.upstream.session is not None:
+            if new:
+                asyncio.get_running_loop().create_task(self._first_look(b))
+            self._follow_kv(b)
         return new
+
+    def _follow_kv(self, b: Backend) -> None:
+        """Subscribe to `b`'s KV events when it publishes them and the policy reads a prefix index
+        (a changed `kv_events_path` starts a new subscription)."""
+        path = b.spec.kv_events_path
+        feed = self.kv_feeds.get(b.name)
+        url = None if path is None or not self.wants_hashes else b.spec.url + path
+        if feed is not None and feed[0].url == url:
+            return
+        if feed is not None:
+            feed[1].cancel()
+            del self.kv_feeds[b.name]
+        if url is None:
+            return
+        f = KvEventFeed(b.name, url, self.cfg.limits.hash_block_tokens, lambda: self.upstream.session,
+                        self.policy.observe, self.now, self.cfg.timeouts.connect_s)
+        self.kv_feeds[b.name] = (f, asyncio.get_running_loop().create_task(f.run()))
+
+    async def _unfollow_kv(self, name: str) -> None:
+        feed = self.kv_feeds.pop(name, None)
+        if feed is not None:
+            feed[1].cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feed[1]
 
     async def _first_look(self, b: Backend) -> None:
         await asyncio.gather(self._health(b), self._scrape(b) if b.spec.metrics_path else asyncio.sleep(0))
@@ -277,6 +317,9 @@ class Gateway:
         """Stop routing to a backend; its in-flight requests finish (drain)."""
         b = self.backends.remove(name)
         self.discovered_models.pop(name, None)
+        feed = self.kv_feeds.pop(name, None)
+        if feed is not None:
+            feed[1].cancel()
         if b is not None:
             self.policy.observe(WorkerDown(self.now(), name, "removed"))
         return b is not None
@@ -392,11 +435,15 @@ class Gateway:
             "by_reason": rep.get("by_reason"),
             "slowness": rep.get("slowness"),
             "models": sorted(self.known_models()),
-            "backends": [b.admin(now) for b in self.backends.live.values()],
+            "backends": [{**b.admin(now), "kv_events": self._kv_admin(b.name)} for b in self.backends.live.values()],
             "draining": [b.admin(now) for b in self.backends.draining.values()],
             "tenants": {n: {"active": t.active, "admitted": t.admitted, "refused": t.refused}
                         for n, t in {"default": self.default_limiter, **self.limiters}.items()},
         }
+
+    def _kv_admin(self, name: str) -> dict[str, Any] | None:
+        feed = self.kv_feeds.get(name)
+        return None if feed is None else feed[0].admin()
 
     async def _dashboard_page(self, request: Request) -> Response:
         """The live fleet page; a browser cannot set headers, so `?token=` stands for the bearer token."""
@@ -460,8 +507,10 @@ class Gateway:
             region = _header(scope, REGION_HEADER) or spec.region
             self._check_labels(version, region)
             max_out = pr.max_tokens or lm.default_max_tokens
+            ids = pr.prompt_ids if self.tokenizer is None else self._tokenize(body, chat)
+            prompt_tokens = pr.prompt_tokens if ids is None else max(len(ids), 1)
             key = idempotency_key(_header(scope, IDEMPOTENCY_HEADER)) if self.ledger is not None else ""
-            admission = lim.admit(pr.prompt_tokens + max_out, arrival)
+            admission = lim.admit(prompt_tokens + max_out, arrival)
         except ClientError as err:
             await self._send_error(send, endpoint, err.status, err.message, err.type, err.param, err.code,
                                    err.retry_after_s)
@@ -471,8 +520,11 @@ class Gateway:
                                    "invalid_idempotency_key", None)
             return
         rid = f"{self._id_prefix}{next(self._ids):x}"
-        hashes = prompt_blocks(pr.prompt_text, self.block_bytes) if self.wants_hashes else ()
-        rr = RouteRequest(request_id=rid, prompt_tokens=pr.prompt_tokens, max_output_tokens=max_out,
+        hashes: tuple[int, ...] = ()
+        if self.wants_hashes:
+            hashes = prompt_blocks(pr.prompt_text, self.block_bytes) if ids is None else \
+                block_hashes(ids, lm.hash_block_tokens)
+        rr = RouteRequest(request_id=rid, prompt_tokens=prompt_tokens, max_output_tokens=max_out,
                           block_hashes=hashes, tenant=spec.name, model_version=version, region=region,
                           arrival_s=arrival, hash_block_tokens=lm.hash_block_tokens)
         call = _Call(rid, endpoint, scope["path"], arrival, raw, body, pr.stream, pr.include_usage, rr)
@@ -480,13 +532,22 @@ class Gateway:
         if pr.stream and fd.may_migrate(0):
             call.track, call.keep_chunk_usage = True, client_wants_continuous(body)
         if self.ledger is not None:
-            call.meter = Meter(self.ledger, key, rid, spec.name, pr.model, time.time(), pr.prompt_tokens)
+            call.meter = Meter(self.ledger, key, rid, spec.name, pr.model, time.time(), prompt_tokens)
         try:
             await self._route_and_send(call, send, receive)
         finally:
             admission.release()
             if call.meter is not None and not call.meter.ended:  # every other ending: no answer
                 await asyncio.shield(call.meter.end("failed", "no_answer", time.time()))
+
+    def _tokenize(self, body: dict[str, Any], chat: bool) -> list[int]:
+        """The prompt's token ids by the configured tokenizer; a prompt it cannot encode is a 400."""
+        assert self.tokenizer is not None
+        try:
+            return request_ids(self.tokenizer, body, chat)
+        except (ValueError, TypeError, UnicodeError) as err:  # e.g. a lone surrogate from a JSON escape
+            raise ClientError(400, f"{'messages' if chat else 'prompt'}: cannot be tokenized ({err})",
+                              param="messages" if chat else "prompt") from None
 
     def _check_labels(self, version: str | None, region: str | None) -> None:
         bs = [b.spec for b in self.backends.live.values()]

@@ -29,11 +29,13 @@ from fleetwise.spec.inputs import MAX_BODY_BYTES
 from fleetwise.spec.routing import RoutingSpec
 
 __all__ = [
-    "BackendSpec", "BreakerSpec", "GatewayConfig", "LimitsSpec", "RetrySpec", "ScrapeSpec", "TenantSpec",
+    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "LimitsSpec", "RetrySpec", "ScrapeSpec", "TenantSpec",
     "TimeoutSpec", "backend_name",
 ]
 
 Role = Literal["mixed", "prefill", "decode"]
+FLEETWISE_TOKENIZER = "fleetwise"
+"""The `tokenizer:` value naming fleetwise's own deterministic tokenizer (`fleetwise.core.tokens`)."""
 
 
 def backend_name(url: str) -> str:
@@ -60,12 +62,17 @@ class BackendSpec(Spec):
     accelerator: str = ""
     """Accelerator label (reported)."""
     weight: float = Field(default=1.0, gt=0.0)
-    """Relative capacity, reported in /admin/fleet (the built-in policies weigh by scraped load)."""
+    """Relative capacity: round-robin and random picks are proportional to it, and scored policies
+    divide a backend's predicted cost by it (2 = takes twice the work of a weight-1 backend)."""
     metrics_path: str | None = "/metrics"
     """Prometheus endpoint scraped for load; null when the server has none (the view then holds
     only the gateway's own in-flight counts and is always fresh)."""
     health_path: str = "/health"
     """Liveness endpoint polled by the health checker."""
+    kv_events_path: str | None = None
+    """HTTP stream of the engine's KV events (vLLM `KVEventBatch`es as JSON lines, what
+    `fleetwise emulate` serves at /kv_events), followed for prefix-aware policies; null: none
+    (the prefix index then learns from this gateway's own dispatches)."""
 
     @field_validator("url")
     @classmethod
@@ -133,7 +140,8 @@ class LimitsSpec(Spec):
     chars_per_token: float = Field(default=4.0, gt=0.0)
     """Prompt-token estimate when the backend's tokenizer is not local (characters per token)."""
     hash_block_tokens: int = Field(default=64, gt=0)
-    """Prompt tokens per prefix-hash block used for prefix-aware routing."""
+    """Prompt tokens per prefix-hash block used for prefix-aware routing; with KV events, the
+    engine's KV block size (`fleetwise emulate --block-size`, 16 by default), so hashes match."""
     default_max_tokens: int = Field(default=256, gt=0)
     """`max_tokens` assumed for routing when a request sets none."""
 
@@ -169,6 +177,10 @@ class GatewayConfig(Spec):
     backends_file: str | None = None
     """A YAML/JSON list of backends (or `{backends: [...]}`), watched and reconciled on change."""
     routing: RoutingSpec = RoutingSpec()
+    tokenizer: str | None = None
+    """How prompts are tokenized for routing: null (estimate from `limits.chars_per_token`),
+    `fleetwise` (the emulator's tokenizer: exact lengths, block hashes equal to its KV events'),
+    or the path of a HuggingFace tokenizer.json (needs the `tokenizers` package)."""
     seed: int = 0
     """Seed of the policy's random choices."""
     scrape: ScrapeSpec = ScrapeSpec()
@@ -199,6 +211,11 @@ class GatewayConfig(Spec):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"backends: duplicate name(s) {', '.join(dup)}; give each a distinct `name`")
+        events = [b.key for b in self.backends if b.kv_events_path is not None]
+        if events and self.tokenizer != FLEETWISE_TOKENIZER:
+            raise ValueError(f"backends: {events[0]} has kv_events_path but tokenizer is {self.tokenizer!r}; an "
+                             "engine's KV events name blocks by hashes of its token ids, so set tokenizer: "
+                             "fleetwise (the emulator's) or drop kv_events_path")
         keys = [k for t in self.tenants for k in t.api_keys]
         dupk = len(keys) - len(set(keys))
         if dupk:

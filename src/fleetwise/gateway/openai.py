@@ -79,11 +79,15 @@ class ParsedRequest:
     stream: bool
     chat: bool
     prompt_tokens: int
-    """Exact when the prompt is token ids, else estimated from characters."""
+    """Exact when the prompt is token ids, else estimated from characters (the gateway replaces
+    it with the tokenizer's count when one is configured)."""
     max_tokens: int | None
     """As the client asked (None: not set)."""
     prompt_text: str
+    """The text prefix hashes are cut from ("" for a token-id prompt)."""
     include_usage: bool
+    prompt_ids: list[int] | None = None
+    """The prompt's token ids when the client sent ids (hashed as ids, counted exactly)."""
 
 
 def _int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
@@ -105,18 +109,18 @@ def _q(v: Any) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def _prompt_text(prompt: Any) -> tuple[str, int | None]:
-    """(text to hash, exact token count if the prompt is token ids)."""
+def _prompt_text(prompt: Any) -> tuple[str, list[int] | None]:
+    """(text to hash, the token ids when the prompt is token ids)."""
     if isinstance(prompt, str):
         return prompt, None
     if isinstance(prompt, list) and prompt:
         if all(isinstance(x, str) for x in prompt):
             return "\x00".join(prompt), None
         if all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
-            return " ".join(map(str, prompt)), len(prompt)
+            return "", prompt
         if all(isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
                for x in prompt):
-            return "\x00".join(" ".join(map(str, x)) for x in prompt), sum(len(x) for x in prompt)
+            return "", [t for x in prompt for t in x]
     raise ClientError(400, f"prompt: expected a string, a list of strings or token ids, got {_q(prompt)}",
                       param="prompt")
 
@@ -165,15 +169,15 @@ def parse_request(body: dict[str, Any], chat: bool, known_models: frozenset[str]
     n = _int_field(body, "n", 1, 1)
     del n
     if chat:
-        text, exact = _messages_text(body.get("messages")), None
+        text, ids = _messages_text(body.get("messages")), None
     else:
         if "prompt" not in body:
             raise ClientError(400, "prompt: missing; send the text to complete", param="prompt")
-        text, exact = _prompt_text(body["prompt"])
-    tokens = exact if exact is not None else max(1, math.ceil(len(text) / chars_per_token))
+        text, ids = _prompt_text(body["prompt"])
+    tokens = len(ids) if ids is not None else max(1, math.ceil(len(text) / chars_per_token))
     return ParsedRequest(body=body, model=model, stream=bool(stream), chat=chat, prompt_tokens=tokens,
                          max_tokens=mct if mct is not None else mt, prompt_text=text,
-                         include_usage=bool((opts or {}).get("include_usage")))
+                         include_usage=bool((opts or {}).get("include_usage")), prompt_ids=ids)
 
 
 def prompt_blocks(text: str, block_chars: int) -> tuple[int, ...]:

@@ -33,6 +33,7 @@ from fleetwise.core.feedback import (
     Failed,
     Feedback,
     FirstToken,
+    KvCleared,
     KvEvicted,
     KvStored,
     WorkerDown,
@@ -649,6 +650,8 @@ class ComposedPolicy:
             self.index.insert(fb.worker, fb.block_hashes)
         elif isinstance(fb, KvEvicted):
             self.index.evict(fb.worker, fb.block_hashes)
+        elif isinstance(fb, KvCleared):
+            self.index.drop_worker(fb.worker)
 
     def _observe_dispatch(self, fb: Dispatched) -> None:
         """Confirm a routed request, or adopt one the driver placed itself."""

@@ -57,6 +57,10 @@ class PrefixIndex:
             n += 1
         return n
 
+    def blocks(self, worker: str) -> frozenset[int]:
+        """The block hashes remembered for `worker` (for reports and comparing two routers' views)."""
+        return frozenset(self._blocks.get(worker, ()))
+
     def size(self, worker: str) -> int:
         """Blocks currently remembered for `worker`."""
         return len(self._blocks.get(worker, ()))

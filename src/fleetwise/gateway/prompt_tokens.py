@@ -1,0 +1,133 @@
+"""Tokenising prompts for routing: the exact prompt length and token-id prefix hashes.
+
+The gateway's `tokenizer:` option picks how a request's prompt becomes token ids:
+
+- `null` (default): no tokenizer is local. The length is estimated as characters /
+  `limits.chars_per_token`, and prefix hashes are of the prompt's bytes (`openai.prompt_blocks`).
+- `fleetwise`: the deterministic tokenizer of `fleetwise emulate` (`fleetwise.core.tokens`), with
+  its chat template. Lengths are exact for emulated backends, and the chained block hashes are
+  the ones the emulator's KV events carry, so the prefix index can be fed from those events.
+- a path to a HuggingFace `tokenizer.json` (needs the `tokenizers` package). Lengths are exact for
+  completions; chat prompts are counted through fleetwise's chat template, not the model's own
+  (a Jinja template needs the model's `transformers` config), so a chat prompt's length is exact
+  up to a few template tokens per message.
+
+A token-id prompt needs no tokenizer: its ids are used as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from fleetwise.core import tokens
+from fleetwise.errors import SpecError
+from fleetwise.gateway.config import FLEETWISE_TOKENIZER
+
+__all__ = ["PromptTokenizer", "chat_turns", "make_tokenizer", "request_ids"]
+
+
+
+class PromptTokenizer(Protocol):
+    """Text -> token ids, the way the backends' engines see it."""
+
+    name: str
+
+    def completion_ids(self, text: str) -> list[int]:
+        """Token ids of a completion prompt (special tokens as the engine adds them)."""
+        ...
+
+    def chat_ids(self, text: str) -> list[int]:
+        """Token ids of a chat prompt already rendered by the chat template."""
+        ...
+
+
+class FleetwiseTokenizer:
+    """`fleetwise.core.tokens`: what `fleetwise emulate` tokenizes with."""
+
+    name = FLEETWISE_TOKENIZER
+
+    def completion_ids(self, text: str) -> list[int]:
+        """`tokens.encode(text)`."""
+        return tokens.encode(text)
+
+    def chat_ids(self, text: str) -> list[int]:
+        """`tokens.encode(text)` (the emulator adds no special tokens)."""
+        return tokens.encode(text)
+
+
+class HfTokenizer:
+    """A HuggingFace `tokenizer.json`, loaded with the `tokenizers` library (no download)."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise SpecError(f"tokenizer: {path!r} needs the `tokenizers` package; pip install tokenizers, "
+                            "or set tokenizer: null to estimate lengths from characters") from None
+        if not Path(path).is_file():
+            raise SpecError(f"tokenizer: {path!r} is not a file; give a HuggingFace tokenizer.json, "
+                            f"{FLEETWISE_TOKENIZER!r}, or null")
+        try:
+            self._tok: Any = Tokenizer.from_file(path)
+        except Exception as err:  # the library raises its own exception type for a bad file
+            raise SpecError(f"tokenizer: {path!r} is not a tokenizer.json the `tokenizers` library can "
+                            f"read ({err}); give a HuggingFace tokenizer.json") from None
+        self.name = path
+
+    def completion_ids(self, text: str) -> list[int]:
+        """Ids with the model's special tokens (vLLM's completions add BOS)."""
+        return self._encode(text, True)
+
+    def chat_ids(self, text: str) -> list[int]:
+        """Ids without special tokens added (a chat template writes its own)."""
+        return self._encode(text, False)
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        try:
+            return list(self._tok.encode(text, add_special_tokens=special).ids)
+        except Exception as err:  # the library's own errors (e.g. a lone surrogate it cannot take)
+            raise ValueError(str(err)) from None
+
+
+def make_tokenizer(spec: str | None) -> PromptTokenizer | None:
+    """The tokenizer the `tokenizer:` option names (None: estimate from characters)."""
+    if spec is None:
+        return None
+    if spec == FLEETWISE_TOKENIZER:
+        return FleetwiseTokenizer()
+    return HfTokenizer(spec)
+
+
+def chat_turns(messages: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """`(role, text)` of messages that `openai.parse_request` accepted (text parts joined)."""
+    out = []
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, list):
+            c = "".join(p["text"] for p in c if isinstance(p.get("text"), str))
+        out.append((str(m["role"]), c if isinstance(c, str) else ""))
+    return out
+
+
+def request_ids(tok: PromptTokenizer, body: dict[str, Any], chat: bool) -> list[int]:
+    """Token ids of an accepted request's prompt: chat messages through fleetwise's chat template
+    (`add_generation_prompt` and `continue_final_message` as vLLM reads them), a completion
+    prompt as text, a list of texts, or token ids (kept as they are)."""
+    if chat:
+        add_gen = body.get("add_generation_prompt", True) is not False
+        cont = body.get("continue_final_message", False) is True
+        return tok.chat_ids(tokens.chat_text(chat_turns(body["messages"]), add_gen and not cont, cont))
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        return tok.completion_ids(prompt)
+    ids: list[int] = []
+    for p in prompt:
+        if isinstance(p, str):
+            ids += tok.completion_ids(p)
+        elif isinstance(p, list):
+            ids += p
+        else:
+            ids.append(p)
+    return ids

@@ -775,7 +775,7 @@ class Gateway:
                 if call.meter is not None or call.track:
                     first, held = self._relayed(call, first, held)
                 await send({"type": "http.response.body", "body": first, "more_body": True})
-                self.telemetry.ttfb.labels(call.endpoint).observe(t_first - call.arrival_s)
+                self.telemetry.first_byte(call.endpoint, t_first - call.arrival_s)
                 self.policy.observe(FirstToken(t_first, call.rid, b.name, t_first - t_send))
                 content = r.content
                 idle = self.cfg.timeouts.idle_s
@@ -826,7 +826,7 @@ class Gateway:
         tpot = (now - t_first) / (n_out - 1) if n_out > 1 else 0.0
         self.policy.observe(Completed(now, call.rid, b.name, n_out, tpot, now - call.arrival_s))
         b.observe_latency(t_first - t_send, tpot if n_out > 1 else None)
-        self.telemetry.latency.labels(call.endpoint).observe(now - call.arrival_s)
+        self.telemetry.request_done(call.endpoint, now - call.arrival_s)
         self.telemetry.answered(call.endpoint, 200)
 
     async def _meter_end(self, call: _Call, status: Any, reason: str, delivered: int) -> None:
@@ -915,8 +915,8 @@ class Gateway:
             (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", backend.encode())]})
         await send({"type": "http.response.body", "body": data})
         now = self.now()
-        self.telemetry.ttfb.labels(call.endpoint).observe(now - call.arrival_s)
-        self.telemetry.latency.labels(call.endpoint).observe(now - call.arrival_s)
+        self.telemetry.first_byte(call.endpoint, now - call.arrival_s)
+        self.telemetry.request_done(call.endpoint, now - call.arrival_s)
         self.telemetry.answered(call.endpoint, status)
 
     async def _send_error(self, send: Send, endpoint: str, status: int, message: str, type_: str,

@@ -79,6 +79,22 @@ class Telemetry:
         r.register(_StateCollector(backends, now, policy_report))
         self._status_children: dict[tuple[str, int], Any] = {}
         self._kind_children: dict[str, Any] = {}
+        self._ttfb_children: dict[str, Any] = {}
+        self._latency_children: dict[str, Any] = {}
+
+    def first_byte(self, endpoint: str, seconds: float) -> None:
+        """Observe one request's arrival-to-first-byte time (labelled child cached)."""
+        c = self._ttfb_children.get(endpoint)
+        if c is None:
+            c = self._ttfb_children[endpoint] = self.ttfb.labels(endpoint)
+        c.observe(seconds)
+
+    def request_done(self, endpoint: str, seconds: float) -> None:
+        """Observe one request's arrival-to-last-byte time (labelled child cached)."""
+        c = self._latency_children.get(endpoint)
+        if c is None:
+            c = self._latency_children[endpoint] = self.latency.labels(endpoint)
+        c.observe(seconds)
 
     def decided(self, kind: str) -> None:
         """Count one routing decision of `kind`."""

@@ -4,7 +4,10 @@ Same backends (two minimal responders, tests/gateway/responder.py, each in its o
 same load generator (this process, aiohttp), one router at a time:
 
 - latency: sequential streamed requests on a pooled connection; time to first byte and to the
-  last byte, p50/p99; "added" = router minus direct, medians of the same run;
+  last byte, p50/p99. Each router's requests alternate one by one with requests straight to the
+  backends (its own pooled client), so both see the same host load: "added" = router minus
+  direct of the same interleaved run (quantile differences, and the median of the per-pair
+  differences);
 - throughput: a closed loop of C concurrent streams for N requests; requests/s, and the router
   process's CPU seconds per request (utime + stime from /proc, children included).
 
@@ -37,6 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESPONDER = ROOT / "tests/gateway/responder.py"
 PEER_VENVS = {"vllm-router": Path("/tmp/peer-vllm-router"), "sglang-router": Path("/tmp/peer-sglang-router")}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+TOKENIZER = "fleetwise"
+"""fleetwise's prefix-aware row tokenizes prompts (exact lengths, token-id block hashes), as a
+prefix-aware router with the model's tokenizer would."""
 
 
 def free_port() -> int:
@@ -115,6 +121,36 @@ async def latency(urls: list[str], n: int, tokens: int) -> dict[str, float]:
             "e2e_p50_ms": statistics.median(e2e) * 1e3, "e2e_p99_ms": q(e2e, n=100)[98] * 1e3}
 
 
+async def paired_latency(direct_urls: list[str], url: str, n: int, tokens: int) -> dict[str, float]:
+    """Sequential requests alternating router / direct (pooled clients each), so both see the
+    same host load: quantiles of each, their differences and the median per-pair difference."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as via, \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as direct:
+        for i in range(20):
+            await one(via, url, body(tokens, i))
+            await one(direct, direct_urls[i % len(direct_urls)], body(tokens, i))
+        t_via, t_dir, e_via, e_dir = [], [], [], []
+        for i in range(n):
+            a, b = await one(via, url, body(tokens, i))
+            c, d = await one(direct, direct_urls[i % len(direct_urls)], body(tokens, i))
+            t_via.append(a)
+            e_via.append(b)
+            t_dir.append(c)
+            e_dir.append(d)
+    q = statistics.quantiles
+    med = statistics.median
+    out = {"ttfb_p50_ms": med(t_via) * 1e3, "ttfb_p99_ms": q(t_via, n=100)[98] * 1e3,
+           "e2e_p50_ms": med(e_via) * 1e3, "e2e_p99_ms": q(e_via, n=100)[98] * 1e3,
+           "direct_ttfb_p50_ms": med(t_dir) * 1e3, "direct_ttfb_p99_ms": q(t_dir, n=100)[98] * 1e3,
+           "direct_e2e_p50_ms": med(e_dir) * 1e3, "direct_e2e_p99_ms": q(e_dir, n=100)[98] * 1e3,
+           "paired_added_ttfb_p50_ms": med([a - c for a, c in zip(t_via, t_dir, strict=True)]) * 1e3}
+    out["added_ttfb_p50_ms"] = out["ttfb_p50_ms"] - out["direct_ttfb_p50_ms"]
+    out["added_ttfb_p99_ms"] = out["ttfb_p99_ms"] - out["direct_ttfb_p99_ms"]
+    out["added_e2e_p50_ms"] = out["e2e_p50_ms"] - out["direct_e2e_p50_ms"]
+    out["added_e2e_p99_ms"] = out["e2e_p99_ms"] - out["direct_e2e_p99_ms"]
+    return out
+
+
 async def throughput(urls: list[str], n: int, conc: int, tokens: int, pid: int | None) -> dict[str, float]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conc)) as s:
         for i in range(conc):
@@ -142,6 +178,8 @@ def router_cmds(name: str, policy: str, port: int, workers: list[str]) -> list[s
     if name == "fleetwise":
         cmd = [sys.executable, "-m", "fleetwise.cli.main", "gateway", "--policy", policy, "--port", str(port),
                "--model", "m"]
+        if policy == "prefix-affinity":
+            cmd += ["--tokenizer", TOKENIZER]
         for w in workers:
             cmd += ["--backend", w]
         return cmd
@@ -162,8 +200,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--peers", action="store_true", help="also run vllm-router and sglang-router")
     ap.add_argument("--routers", default="", help="comma list overriding which routers run")
+    ap.add_argument("--policies", default="round-robin,prefix-affinity", help="comma list of policies")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gateway_overhead.json"))
     a = ap.parse_args()
+    load0 = os.getloadavg()
     ports = [free_port() for _ in range(2)]
     backends = [start([sys.executable, str(RESPONDER), "--port", str(p)], p) for p in ports]
     workers = [f"http://127.0.0.1:{p}" for p in ports]
@@ -178,7 +218,7 @@ def main() -> None:
         rows.append({"router": "direct", "policy": "client round-robin", **lat, **thr})
         print(json.dumps(rows[-1]), flush=True)
         for name in routers:
-            for policy in ("round-robin", "prefix-affinity"):
+            for policy in a.policies.split(","):
                 port = free_port()
                 try:
                     proc = start(router_cmds(name, policy, port, workers), port)
@@ -188,7 +228,7 @@ def main() -> None:
                     continue
                 try:
                     url = [f"http://127.0.0.1:{port}/v1/completions"]
-                    lat = asyncio.run(latency(url, a.latency_requests, a.tokens))
+                    lat = asyncio.run(paired_latency(direct_urls, url[0], a.latency_requests, a.tokens))
                     thr = asyncio.run(throughput(url, a.requests, a.concurrency, a.tokens, proc.pid))
                 finally:
                     stop(proc)
@@ -197,16 +237,12 @@ def main() -> None:
     finally:
         for p in backends:
             stop(p)
-    base = rows[0]
-    for r in rows[1:]:
-        if "error" not in r:
-            r["added_ttfb_p50_ms"] = r["ttfb_p50_ms"] - base["ttfb_p50_ms"]
-            r["added_e2e_p50_ms"] = r["e2e_p50_ms"] - base["e2e_p50_ms"]
-            r["added_e2e_p99_ms"] = r["e2e_p99_ms"] - base["e2e_p99_ms"]
     doc = {"what": "router overhead on streamed completions over loopback, two responder backends",
            "requests": a.requests, "latency_requests": a.latency_requests, "concurrency": a.concurrency,
            "tokens_per_stream": a.tokens, "cpu_count": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
-           "note": "2 shared cores: load generator, responders and router compete; compare rows of one run",
+           "note": "2 shared cores: load generator, responders and router compete; added = router minus "
+                   "direct of the same interleaved run",
+           "load_avg_at_start": load0,
            "rows": rows}
     Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
 

@@ -15,7 +15,13 @@ the router's own latency is magnified by the same factor); prefix hit rate and p
 read from the emulators' /metrics. The simulator runs the same requests on the same plan
 (examples/plans/colocated-8b.yaml: 4 x Llama-3.1-8B on H100) with the same policy.
 
-    python benchmarks/gateway_mooncake.py [--requests 300] [--time-scale 10]
+By default fleetwise's gateway tokenizes prompts as the emulators do (`--tokenizer fleetwise`)
+and follows their KV events (`--kv-events /kv_events`, `--hash-block-tokens 16`), so its prefix
+index holds what the replicas cache; `--no-kv-events` routes on text hashes of its own dispatches.
+`--repeat N` replays every live row N times, policies interleaved, to show run-to-run spread.
+A policy may carry routing params: `NAME:{"feedback": {"enabled": false}}` (JSON after the colon).
+
+    python benchmarks/gateway_mooncake.py [--requests 300] [--time-scale 10] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from fleetwise.routing import make_policy
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.base import load_document
 from fleetwise.spec.plan import PlanSpec
+from fleetwise.spec.routing import RoutingSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
@@ -49,6 +56,8 @@ TRACE_BLOCK_TOKENS = 512
 MODEL, GPU = "llama-3.1-8b", "h100-sxm"
 WORD_STRIDE = 7919
 """A prime stride spreading one hash id's words over the vocabulary."""
+EMULATOR_BLOCK_TOKENS = 16
+"""`fleetwise emulate`'s KV block size (its default): the gateway hashes prompts by it."""
 
 
 def load_slice(n: int, block_tokens: int, output_divisor: int, arrival_scale: float) -> list[dict[str, Any]]:
@@ -127,6 +136,12 @@ async def engine_stats(urls: list[str]) -> dict[str, Any]:
     return {"prefix_hit_rate": hits / queries if queries else 0.0, "share": [round(x / total, 3) for x in share]}
 
 
+def split_policy(spec: str) -> tuple[str, dict[str, Any]]:
+    """`NAME` or `NAME:{json params}` -> (preset, params)."""
+    name, _, params = spec.partition(":")
+    return name, (json.loads(params) if params else {})
+
+
 def run_live(router: str, policy: str, rows: list[dict[str, Any]], a: argparse.Namespace) -> dict[str, Any]:
     ports = [free_port() for _ in range(4)]
     emus = [start([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", MODEL, "--gpu", GPU,
@@ -136,10 +151,16 @@ def run_live(router: str, policy: str, rows: list[dict[str, Any]], a: argparse.N
     port = free_port()
     try:
         if router == "fleetwise":
+            name, params = split_policy(policy)
+            doc: dict[str, Any] = {"scrape": {"interval_s": a.scrape_interval},
+                                   "routing": {"policy": name, "params": params}}
+            if not a.no_kv_events:
+                doc.update(tokenizer="fleetwise", limits={"hash_block_tokens": EMULATOR_BLOCK_TOKENS})
             cfg = Path(f"/tmp/gateway-mooncake-{port}.json")
-            cfg.write_text(json.dumps({"scrape": {"interval_s": a.scrape_interval}}))
-            cmd = [sys.executable, "-m", "fleetwise.cli.main", "gateway", "--config", str(cfg), "--policy", policy,
-                   "--port", str(port)]
+            cfg.write_text(json.dumps(doc))
+            cmd = [sys.executable, "-m", "fleetwise.cli.main", "gateway", "--config", str(cfg), "--port", str(port)]
+            if not a.no_kv_events:
+                cmd += ["--kv-events", "/kv_events"]
             for u in urls:
                 cmd += ["--backend", u]
         else:
@@ -154,15 +175,18 @@ def run_live(router: str, policy: str, rows: list[dict[str, Any]], a: argparse.N
     finally:
         for e in emus:
             stop(e)
-    return {"where": "live", "router": router, "policy": policy, **res}
+    return {"where": "live", "router": router, "policy": policy,
+            "kv_events": router == "fleetwise" and not a.no_kv_events, "load_avg_1m": os.getloadavg()[0], **res}
 
 
 def run_sim(policy: str, rows: list[dict[str, Any]], view_delay_s: float = 0.0) -> dict[str, Any]:
     """The slice in the simulator; `view_delay_s` > 0 refreshes the router's view that often
     (modelled seconds), as the gateway's scrape interval does live."""
     plan = load_document(PlanSpec, PLAN)
-    plan = plan.model_copy(update={"routing": policy})
-    res = simulate(plan, [r["req"] for r in rows], options=SimOptions(policy=make_policy(policy),
+    name, params = split_policy(policy)
+    spec = RoutingSpec(policy=name, params=params)
+    plan = plan.model_copy(update={"routing": name})
+    res = simulate(plan, [r["req"] for r in rows], options=SimOptions(policy=make_policy(spec),
                                                                    feedback_delay_s=view_delay_s))
     s = res.summary
     ttft = s["ttft_s"]
@@ -187,24 +211,32 @@ def main() -> None:
     ap.add_argument("--scrape-interval", type=float, default=1.0,
                     help="gateway metrics scrape period (wall s); the simulator's view delay matches it")
     ap.add_argument("--sim-only", action="store_true")
+    ap.add_argument("--live-only", action="store_true")
+    ap.add_argument("--no-kv-events", action="store_true", help="gateway without tokenizer and KV events")
+    ap.add_argument("--repeat", type=int, default=1, help="live replays per policy (interleaved)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gateway_mooncake.json"))
     a = ap.parse_args()
+    load0 = os.getloadavg()
     rows = load_slice(a.requests, a.block_tokens, a.output_divisor, a.arrival_scale)
     out: list[dict[str, Any]] = []
-    for policy in a.policies.split(","):
-        for delay in (0.0, a.scrape_interval * a.time_scale):
-            out.append(run_sim(policy, rows, delay))
+    policies = a.policies.split(";") if ";" in a.policies else a.policies.split(",")
+    if not a.live_only:
+        for policy in policies:
+            for delay in (0.0, a.scrape_interval * a.time_scale):
+                out.append(run_sim(policy, rows, delay))
+                print(json.dumps(out[-1]), flush=True)
+    for rep_i in range(0 if a.sim_only else a.repeat):
+        for policy in policies:
+            out.append({**run_live("fleetwise", policy, rows, a), "repeat": rep_i})
             print(json.dumps(out[-1]), flush=True)
-        if not a.sim_only:
-            out.append(run_live("fleetwise", policy, rows, a))
+        if not a.no_peers and (PEER_VENVS["sglang-router"] / "bin/python").exists():
+            out.append({**run_live("sglang-router", "cache_aware", rows, a), "repeat": rep_i})
             print(json.dumps(out[-1]), flush=True)
-    if not a.sim_only and not a.no_peers and (PEER_VENVS["sglang-router"] / "bin/python").exists():
-        out.append(run_live("sglang-router", "cache_aware", rows, a))
-        print(json.dumps(out[-1]), flush=True)
     doc = {"what": "Mooncake conversation slice, 4 emulated Llama-3.1-8B/H100 replicas, live vs simulator",
            "requests": a.requests, "block_tokens": a.block_tokens, "output_divisor": a.output_divisor,
            "arrival_scale": a.arrival_scale, "time_scale": a.time_scale, "cpu_count": os.cpu_count(),
+           "scrape_interval_s": a.scrape_interval, "load_avg_at_start": load0,
            "load_avg_at_end": os.getloadavg(), "rows": out}
     Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
 

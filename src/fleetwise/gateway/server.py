@@ -99,8 +99,8 @@ def uvicorn_server(gw: Gateway, log_level: str = "warning", coalesce: bool = Tru
     return uvicorn.Server(config)
 
 
-def serve(gw: Gateway, host: str, port: int, log_level: str = "warning") -> None:
-    """Serve until interrupted (blocking)."""
+def serve(gw: Gateway, host: str, port: int, log_level: str = "warning", coalesce: bool = True) -> None:
+    """Serve until interrupted (blocking); `coalesce=False`: uvicorn's own protocol."""
     sock = listening_socket(host, port)
-    server = uvicorn_server(gw, log_level)
+    server = uvicorn_server(gw, log_level, coalesce)
     server.run(sockets=[sock])

@@ -91,6 +91,7 @@ def pct(xs: list[float], q: float) -> float:
 async def replay(url: str, rows: list[dict[str, Any]], time_scale: float) -> dict[str, Any]:
     ttft: list[float] = []
     errors = 0
+    samples: list[str] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=600)) as s:
         t0 = time.perf_counter()
@@ -107,17 +108,21 @@ async def replay(url: str, rows: list[dict[str, Any]], time_scale: float) -> dic
                 async with s.post(url + "/v1/completions", json=body) as resp:
                     if resp.status != 200:
                         errors += 1
-                        await resp.read()
+                        samples.append(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
                         return
                     await resp.content.readany()
                     ttft.append((time.perf_counter() - ts) * time_scale)
                     raw = await resp.read()
                     if b'"error"' in raw:
                         errors += 1
-            except aiohttp.ClientError:
+                        at = raw.find(b'{"error"')
+                        samples.append(f"error event: {raw[at:at + 200]!r}")
+            except aiohttp.ClientError as err:
                 errors += 1
+                samples.append(f"client: {err!r}"[:200])
         await asyncio.gather(*(one(r) for r in rows))
-    return {"ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "answered": len(ttft), "errors": errors}
+    return {"ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "answered": len(ttft), "errors": errors,
+            "error_samples": sorted(set(samples))[:5]}
 
 
 async def engine_stats(urls: list[str]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import re
 import time
 from typing import Any
 
+import httpx
 import pytest
 from emu_helpers import asgi_post, cfg, metric, run, serve
 
@@ -25,12 +26,12 @@ from fleetwise.spec.workload import FixedLength
 PROMPT = words_text(list(range(300)))
 
 
-async def _call_then_disconnect(app: Any, body: dict[str, Any], after_chunks: int) -> list[dict[str, Any]]:
+async def _call_then_disconnect(app: Any, body: dict[str, Any], after_chunks: int,
+                                gone: asyncio.Event | None = None) -> list[dict[str, Any]]:
     """Drive one POST /v1/completions at the ASGI level; the client goes away (`http.disconnect`)
-    once `after_chunks` body chunks have arrived (0: right after the response starts, or, for a
-    non-streaming request, at once)."""
+    once `after_chunks` body chunks have arrived (0: at once), or when `gone` is set."""
     sent: list[dict[str, Any]] = []
-    gone = asyncio.Event()
+    gone = gone or asyncio.Event()
     delivered = False
 
     async def receive() -> dict[str, Any]:
@@ -53,6 +54,8 @@ async def _call_then_disconnect(app: Any, body: dict[str, Any], after_chunks: in
              "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
     if after_chunks == 0:
         gone.set()
+    elif after_chunks < 0:
+        after_chunks = 1 << 30
     await app(scope, receive, send)
     return sent
 
@@ -87,6 +90,42 @@ def test_a_non_streaming_request_whose_client_disconnects_is_aborted():
             await asyncio.sleep(0.2)
             assert rep.engine.num_running == 0 and rep.engine.pool.num_used == 0 and not rep._live
             assert re.search(r'finished_reason="abort"[^}]*} 1\.0', rep.metrics.render().decode())
+    run(go())
+
+
+async def _get(app: Any, path: str) -> str:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://emulator") as c:
+        return (await c.get(path)).text
+
+
+def test_a_decode_request_whose_client_disconnects_during_its_kv_pull_is_dropped():
+    async def go():
+        async with serve(cfg(role="prefill", port=9121)) as (papp, pc):
+            dapp = create_app(cfg(role="decode", port=9122, kv_link=KvLinkSpec(gbps=0.05, latency_s=0.0)),
+                              kv_post=asgi_post({"http://127.0.0.1:9121": papp}))
+            async with dapp.router.lifespan_context(dapp):
+                drep = dapp.state.replica
+                prompt = words_text(list(range(2000)))  # about 40 modelled seconds on the slow link
+                r = await pc.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1,
+                                                           "kv_transfer_params": {"do_remote_decode": True}})
+                body = {"prompt": prompt, "max_tokens": 500, "ignore_eos": True, "stream": True,
+                        "kv_transfer_params": r.json()["kv_transfer_params"]}
+                await asyncio.sleep(0)
+                gone = asyncio.Event()
+                pulling = asyncio.create_task(_call_then_disconnect(dapp, body, -1, gone))
+                for _ in range(400):
+                    await asyncio.sleep(0.005)
+                    if drep.ingress is not None and drep.ingress.active:
+                        break
+                assert drep.ingress is not None and drep.ingress.active == 1  # the KV is on its way
+                gone.set()  # the client goes away while the pull is in flight (0.4 s of wall time)
+                await asyncio.sleep(0.05)
+                assert drep.ingress.active == 0  # the pull was cancelled, not run to its end
+                assert not drep._live and drep.engine.num_waiting == 0
+                await asyncio.wait_for(pulling, 30)
+                assert metric((await _get(dapp, "/metrics")), "fleetwise:kv_transfer_seconds_count") == 0
+                assert drep.engine.num_running == 0 and drep.engine.pool.num_used == 0 and not drep._live
+                assert not papp.state.replica._leases  # the lease was pulled, the prefill side freed it
     run(go())
 
 

@@ -127,11 +127,13 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             req = parse_request(kind, body, cfg.name)
             prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
             rid = request.headers.get("x-request-id") or prefix + uuid.uuid4().hex
-            live = await replica.submit(req, rid)
+            watchers: list[asyncio.Task[None]] = []
+            live = await replica.submit(req, rid, lambda lv: watchers.append(
+                asyncio.create_task(_abort_on_disconnect(request, lv))))
         except ApiError as err:
             replica.metrics.reject(err.status)
             return _error(err)
-        watcher = asyncio.create_task(_abort_on_disconnect(request, live))
+        watcher = watchers[0]
         if req.stream:
             return StreamingResponse(_stream(live, watcher), media_type="text/event-stream",
                                      headers={"x-request-id": live.rid})

@@ -261,8 +261,10 @@ class EmulatedReplica:
                                 "Please reduce the length of the prompt or max_tokens.",
                            "max_tokens" if req.max_tokens and p < limit else "prompt")
 
-    async def submit(self, req: GenRequest, rid: str) -> Live:
-        """Admit a parsed request (ApiError if refused); tokens then arrive on the returned Live."""
+    async def submit(self, req: GenRequest, rid: str, on_live: Callable[[Live], None] | None = None) -> Live:
+        """Admit a parsed request (ApiError if refused); tokens then arrive on the returned Live.
+        `on_live(live)` runs as soon as the request is accepted, before a decode replica's KV
+        pull is answered (so a caller can watch for its client going away meanwhile)."""
         self.check_intake(req)
         p = len(req.prompt_ids)
         d = digest(req.prompt_ids)
@@ -286,6 +288,8 @@ class EmulatedReplica:
         self.status.requests += 1
         self.events.remember(req.prompt_ids, er.block_hashes)
         self._live[eid] = live
+        if on_live is not None:
+            on_live(live)
         if self.pool.role == "decode":
             await self._pull(live, er, req.kv_transfer_params or {})
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetwise.routing.state import InFlight, Pending
+from fleetwise.routing.state import CHANGE_LOG_MAX, InFlight, Pending
 
 WORKERS = ("a", "b", "c")
 op = st.one_of(
@@ -20,7 +20,9 @@ op = st.one_of(
 @given(st.lists(op, max_size=60), st.sampled_from((0.5, 0.3, 1.0, 0.0, 0.125, 2.0)))
 def test_sums_equal_the_walk_after_every_change(ops, weight):
     f = InFlight()
+    mark = 0
     for t, o in enumerate(ops):
+        before = {w: f.outstanding_walk(w, weight) for w in WORKERS}
         rid = f"r{o[1]}"
         if o[0] == "add":
             f.add(Pending(rid, o[2], o[3], float(t), o[4], o[5], 0.0))
@@ -30,6 +32,19 @@ def test_sums_equal_the_walk_after_every_change(ops, weight):
             f.pop(rid)
         for w in WORKERS:
             assert f.outstanding(w, weight) == f.outstanding_walk(w, weight)
+        changed, mark = f.changes_since(mark)
+        assert changed is not None
+        assert {w for w in WORKERS if f.outstanding_walk(w, weight) != before[w]} <= set(changed)
+
+
+def test_the_change_log_is_bounded_and_says_when_it_no_longer_reaches_back():
+    f = InFlight()
+    for i in range(CHANGE_LOG_MAX + 10):
+        f.add(Pending(f"r{i}", "a", None, float(i), 10, 1, 0.0))
+    changed, end = f.changes_since(0)
+    assert changed is None and end == CHANGE_LOG_MAX + 10
+    f.pop("r3")
+    assert f.changes_since(end) == (["a"], end + 1)
 
 
 def test_a_weight_without_an_exact_sum_walks():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, deque
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -91,7 +92,7 @@ class _ViewColumns:
     workers whose in-flight entries changed (`InFlight.version`), plus what depends only on the
     view (KV usage, score keys, positions)."""
 
-    __slots__ = ("load", "requests", "versions", "base", "reqs0", "backlog", "kv_usage", "keys")
+    __slots__ = ("load", "requests", "mark", "base", "reqs0", "backlog", "kv_usage", "keys", "pos")
 
     def __init__(self, e: _Eligible, cost: Any, scorers: list[str]) -> None:
         ws = e.ws
@@ -102,7 +103,9 @@ class _ViewColumns:
         self.keys = {s: [f"{name}.{s}" for name in e.names] for s in scorers}
         self.load = np.zeros(len(ws))
         self.requests = np.zeros(len(ws), dtype=np.int64)
-        self.versions: list[int | None] = [None] * len(ws)
+        self.mark = -1
+        """`InFlight.changes_since` position of the last update (-1: never updated)."""
+        self.pos = {name: i for i, name in enumerate(e.names)}
 
 
 class _ScoreKeys(dict[str, str]):
@@ -145,6 +148,8 @@ class ComposedPolicy:
         self.feedback = LatencyFeedback(params.feedback)
         self.down: dict[str, float] = {}
         self.recent: dict[str, deque[str]] = {}
+        self._recent_counts: dict[str, Counter[str]] = {}
+        """Per pool, how often each worker appears in `recent` (the share check's counts)."""
         self.by_reason: Counter[str] = Counter()
         self.by_worker: Counter[str] = Counter()
         self.last_now_s = 0.0
@@ -325,7 +330,12 @@ class ComposedPolicy:
         dq = self.recent.get(pool)
         if dq is None:
             dq = self.recent[pool] = deque(maxlen=max(1, self.params.load_bound.share_window))
+            self._recent_counts[pool] = Counter()
+        counts = self._recent_counts[pool]
+        if len(dq) == dq.maxlen:
+            counts[dq[0]] -= 1  # about to fall out of the window
         dq.append(name)
+        counts[name] += 1
 
     def _dispatch(self, req: RouteRequest, c: Candidate, worker: str, prefill: str | None, now: float) -> None:
         uncached = max(req.prompt_tokens - c.prefix_blocks * req.hash_block_tokens, 0)
@@ -423,14 +433,14 @@ class ComposedPolicy:
         cost = self.params.cost
         dw, per_req = cost.decode_token_weight, cost.per_request_tokens
         inflight = self.inflight
-        ver_of, since, outstanding = inflight.versions.get, inflight.since, inflight.outstanding
-        versions, load, requests = v.versions, v.load, v.requests
-        for i, w in enumerate(e.ws):
+        since, outstanding = inflight.since, inflight.outstanding
+        load, requests = v.load, v.requests
+        changed, mark = inflight.changes_since(v.mark) if v.mark >= 0 else (None, inflight.changes_since(0)[1])
+        v.mark = mark
+        todo: Any = range(len(e.ws)) if changed is None else sorted({v.pos[n] for n in changed if n in v.pos})
+        for i in todo:
+            w = e.ws[i]
             name = w.name
-            ver = ver_of(name, 0)
-            if versions[i] == ver:
-                continue
-            versions[i] = ver
             n_pend, tok_pend = since(name, w.reported_at_s, dw)
             x = v.base[i]
             if not v.backlog[i]:
@@ -469,7 +479,7 @@ class ComposedPolicy:
             kept = current <= bound + own * slow + 1e-9
             recent = self.recent.get("mixed")
             if lb.share_window > 0 and recent:
-                seen = Counter(list(recent)[-lb.share_window:])
+                seen = self._recent_counts["mixed"]  # = Counter(list(recent)[-share_window:]), kept by `_record`
                 counts = np.fromiter(map(seen.__getitem__, names), np.int64, n)  # 0 for a name not seen
                 speed = 1.0 / slow
                 share = lb.c * (int(counts.sum()) + 1)
@@ -478,14 +488,15 @@ class ComposedPolicy:
                     kept = both
             if not kept.all():
                 idx = np.flatnonzero(kept)
-                excluded = [names[i] for i in np.flatnonzero(~kept).tolist()]
+                excluded = _pick(names, np.flatnonzero(~kept).tolist())
         if idx is None:
             cols = Columns(load, own, slow, v.requests, prefix, v.kv_usage, len(hashes))
             kept_names = names
         else:
             cols = Columns(load[idx], own[idx], slow[idx], v.requests[idx], prefix[idx], v.kv_usage[idx],
                            len(hashes))
-            kept_names = [names[i] for i in idx.tolist()]
+            kept_idx = idx.tolist()
+            kept_names = _pick(names, kept_idx)
         weights = self._weights
         per = {s: VECTOR_SCORERS[s](cols) for s in self._vector_scorers}
         totals: Any = 0.0
@@ -495,7 +506,7 @@ class ComposedPolicy:
         m = len(kept_names)
         scores = dict(zip(kept_names, rounded[:m], strict=True))
         for k, s in enumerate(per, start=1):
-            keys = v.keys[s] if idx is None else [v.keys[s][i] for i in idx.tolist()]
+            keys = v.keys[s] if idx is None else _pick(v.keys[s], kept_idx)
             scores.update(zip(keys, rounded[k * m:(k + 1) * m], strict=True))
         best = totals.max()
         tied = np.flatnonzero(totals >= best - 1e-9).tolist()
@@ -675,6 +686,13 @@ class ComposedPolicy:
             "in_flight": len(self.inflight),
             "output_predictor": self.predictor.report(),
         }
+
+
+def _pick(items: list[str], at: list[int]) -> list[str]:
+    """`[items[i] for i in at]` (by `operator.itemgetter`)."""
+    if len(at) == 1:
+        return [items[at[0]]]
+    return list(itemgetter(*at)(items)) if at else []
 
 
 def _headroom(w: WorkerView, need_tokens: int) -> float:

@@ -26,6 +26,8 @@ __all__ = ["InFlight", "LatencyFeedback", "Pending"]
 
 MAX_TRACKED = 1 << 17
 """In-flight entries kept at most (the oldest are dropped: a driver that never reports back)."""
+CHANGE_LOG_MAX = 1 << 12
+"""Changed-worker log entries kept (`InFlight.changes_since`); the older half is dropped past it."""
 EXACT_FLOAT_INT = 1 << 53
 """Integers below this are exact in an IEEE-754 double (53-bit significand): a sum of terms that
 are all multiples of 1/den stays exact while its total, counted in 1/den units, is below it."""
@@ -79,6 +81,10 @@ class InFlight:
         self._serving: dict[str, OrderedDict[str, Pending]] = {}
         self._prefilling: dict[str, OrderedDict[str, Pending]] = {}
         self._version: dict[str, int] = {}
+        self._log: list[str] = []
+        """Workers in the order their entries changed (`changes_since`); `_log_base` is the
+        position of its first element since the ledger began."""
+        self._log_base = 0
         """Bumped per worker whenever its entries change (keys the `since` memo)."""
         self._since: dict[str, tuple[float, int, float, tuple[int, float]]] = {}
         self._sums: dict[str, list[int]] = {}
@@ -102,10 +108,25 @@ class InFlight:
             self._sum(p.prefill_worker, sign, 0, sign * p.prefill_tokens)  # type: ignore[arg-type]
 
     def _touch(self, p: Pending) -> None:
-        v = self._version
+        v, log = self._version, self._log
         v[p.worker] = v.get(p.worker, 0) + 1
+        log.append(p.worker)
         if p.prefill_worker is not None:
             v[p.prefill_worker] = v.get(p.prefill_worker, 0) + 1
+            log.append(p.prefill_worker)
+        if len(log) > CHANGE_LOG_MAX:
+            half = len(log) // 2
+            del log[:half]
+            self._log_base += half
+
+    def changes_since(self, mark: int) -> tuple[list[str] | None, int]:
+        """Workers whose entries changed since `mark` (a position an earlier call returned; 0 at
+        first), with repeats, and the position to pass next time. None: the log no longer
+        reaches back that far (the caller must treat every worker as changed)."""
+        end = self._log_base + len(self._log)
+        if mark < self._log_base:
+            return None, end
+        return self._log[mark - self._log_base:], end
 
     def add(self, p: Pending) -> None:
         self.pop(p.request_id)
@@ -117,12 +138,6 @@ class InFlight:
         self._touch(p)
         while len(self._by_id) > MAX_TRACKED:
             self.pop(next(iter(self._by_id)))
-
-    @property
-    def versions(self) -> dict[str, int]:
-        """Changes so far to each worker's entries (absent: 0); while a worker's number stays
-        the same, `since` and `outstanding` give the same answers. Read only."""
-        return self._version
 
     def get(self, request_id: str) -> Pending | None:
         return self._by_id.get(request_id)

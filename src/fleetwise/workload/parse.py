@@ -120,13 +120,18 @@ def float_column(p: Path, name: str, values: list[str], lines: list[int]) -> np.
     raise AssertionError("unreachable")
 
 
+UTC_OFFSET_FORM = "+HH:MM"
+"""The ISO 8601 offset suffix `strip_offset` removes (its length: 6 characters)."""
+
+
 def strip_offset(s: str) -> str:
     """A timestamp without its trailing `Z` or UTC offset (`+00:00`)."""
     s = s.strip()
     if s.endswith("Z"):
         return s[:-1]
-    if len(s) > 6 and s[-6] in "+-" and s[-3] == ":":
-        return s[:-6]
+    n = len(UTC_OFFSET_FORM)
+    if len(s) > n and s[-n] in "+-" and s[-3] == ":":  # `+HH:MM`: sign 6 from the end, colon 3
+        return s[:-n]
     return s
 
 

@@ -1,5 +1,6 @@
-"""Every public class and function one package calls from another has a docstring, as do the
-public methods of those classes: the cross-layer API says what it is for, in the project's units."""
+"""Every public class, function and constant one package uses from another has a docstring, as do
+the public methods of those classes: the cross-layer API says what it is for, in the project's
+units, and a shared constant says where its value comes from."""
 
 from __future__ import annotations
 
@@ -31,14 +32,29 @@ def _is_setter(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return any(isinstance(d, ast.Attribute) and d.attr in ("setter", "deleter") for d in fn.decorator_list)
 
 
+def _constants(tree: ast.Module) -> dict[str, bool]:
+    """UPPER_CASE module constants -> whether an attribute docstring (a string right after) names them."""
+    out = {}
+    for i, n in enumerate(tree.body):
+        target = n.targets[0] if isinstance(n, ast.Assign) else n.target if isinstance(n, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id.isupper():
+            nxt = tree.body[i + 1] if i + 1 < len(tree.body) else None
+            out[target.id] = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) \
+                and isinstance(nxt.value.value, str)
+    return out
+
+
 def undocumented_api(root: Path) -> list[str]:
-    """`module.name` (or `module.Class.method`) of each undocumented definition another package imports."""
+    """`module.name` (or `module.Class.method`) of each undocumented definition or UPPER_CASE
+    constant another package imports."""
     trees = {module_name(p, root): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(root.rglob("*.py"))}
     defs: dict[str, Defs] = {}
+    constants: dict[str, dict[str, bool]] = {}
     reexports: dict[str, dict[str, str]] = {}
     for mod, tree in trees.items():
         defs[mod] = {n.name: n for n in tree.body
                      if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and _public(n.name)}
+        constants[mod] = _constants(tree)
         reexports[mod] = {a.asname or a.name: n.module for n in tree.body if isinstance(n, ast.ImportFrom)
                           and n.module in trees for a in n.names}
 
@@ -57,6 +73,8 @@ def undocumented_api(root: Path) -> list[str]:
             if not (isinstance(node, ast.ImportFrom) and node.module in trees):
                 continue
             for alias in node.names:
+                if package(node.module) != package(mod) and constants[node.module].get(alias.name) is False:
+                    missing.add(f"{node.module}.{alias.name}")
                 found = resolve(node.module, alias.name)
                 if found is None or package(found[0]) == package(mod):
                     continue
@@ -82,10 +100,13 @@ def test_the_check_finds_what_another_package_imports_undocumented(tmp_path):
         (root / pkg / "__init__.py").write_text("")
     (root / "__init__.py").write_text("")
     (root / "core" / "api.py").write_text(
+        'LIMIT = 3\nSAID = 4\n"""Four."""\n\n'
         'def used(): pass\n\ndef unused(): pass\n\ndef documented():\n    """Said."""\n\n'
         'class Thing:\n    """A thing."""\n\n    def run(self): pass\n\n    @property\n    def x(self):\n'
         '        """Seconds."""\n\n    @x.setter\n    def x(self, v): pass\n\n    def _private(self): pass\n')
     (root / "core" / "__init__.py").write_text("from fleetwise.core.api import used\n")
     (root / "core" / "same.py").write_text("from fleetwise.core.api import unused\n")
-    (root / "sim" / "user.py").write_text("from fleetwise.core import used\nfrom fleetwise.core.api import Thing, documented\n")
-    assert undocumented_api(root) == ["fleetwise.core.api.Thing.run", "fleetwise.core.api.used"]
+    (root / "sim" / "user.py").write_text("from fleetwise.core import used\n"
+                                         "from fleetwise.core.api import LIMIT, SAID, Thing, documented\n")
+    assert undocumented_api(root) == ["fleetwise.core.api.LIMIT", "fleetwise.core.api.Thing.run",
+                                      "fleetwise.core.api.used"]

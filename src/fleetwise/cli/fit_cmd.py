@@ -21,8 +21,9 @@ from fleetwise.cli.common import (
     gpu_from_args,
     model_from_args,
 )
-from fleetwise.perf.memory import KV_DTYPES, WEIGHT_DTYPES, FitOptions, FitReport, LayoutFit, fit
+from fleetwise.perf.memory import FitOptions, FitReport, LayoutFit, fit
 from fleetwise.spec import engine_defaults as ed
+from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 
 
 def register(subparsers: Any) -> None:

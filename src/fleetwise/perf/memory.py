@@ -34,13 +34,11 @@ from dataclasses import dataclass, field
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import Deployment
 from fleetwise.spec import engine_defaults as ed
-from fleetwise.spec.dtypes import dtype_bytes
+from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES, dtype_bytes
 from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.model import ModelSpec
 from fleetwise.spec.parallel import ParallelismSpec
 
-WEIGHT_DTYPES = ("bf16", "fp8", "int4")
-KV_DTYPES = ("bf16", "fp8")
 ACT_BYTES = 2.0  # activations run in bf16 whatever the weight format
 KEPT_BYTES = 2.0  # embeddings, LM head and norms stay bf16 under fp8/int4
 LOGIT_BYTES = 4.0  # logits are materialised in fp32

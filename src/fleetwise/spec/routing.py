@@ -28,6 +28,7 @@ from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 SafeModeAction = Literal["round_robin", "last_known", "reject"]
 
 DEFAULT_POLICY = "fleetwise-default"
+"""The preset a plan, a gateway or a simulation routes with when it names none."""
 
 
 class CostParams(Spec):

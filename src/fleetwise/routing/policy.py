@@ -48,6 +48,7 @@ from fleetwise.routing.plugins import (
     PICKER_KINDS,
     PICKERS,
     SCORERS,
+    TIE_TOLERANCE,
     Candidate,
     PickerState,
     has_token_backlog,
@@ -476,7 +477,7 @@ class ComposedPolicy:
         if lb.enabled and n >= 2:  # `plugins.load_bound`, on arrays
             current = load * slow
             bound = lb.c * (sum(current.tolist()) / n)
-            kept = current <= bound + own * slow + 1e-9
+            kept = current <= bound + own * slow + TIE_TOLERANCE
             recent = self.recent.get("mixed")
             if lb.share_window > 0 and recent:
                 seen = self._recent_counts["mixed"]  # = Counter(list(recent)[-share_window:]), kept by `_record`
@@ -509,7 +510,7 @@ class ComposedPolicy:
             keys = v.keys[s] if idx is None else _pick(v.keys[s], kept_idx)
             scores.update(zip(keys, rounded[k * m:(k + 1) * m], strict=True))
         best = totals.max()
-        tied = np.flatnonzero(totals >= best - 1e-9).tolist()
+        tied = np.flatnonzero(totals >= best - TIE_TOLERANCE).tolist()
         if len(tied) == 1:
             j, n_tied = tied[0], 1
         else:

@@ -68,6 +68,7 @@ class GammaArrival(Spec):
 TRACE_COLUMN_ROLES = ("arrival", "prompt", "output")
 """What a column mapping names: the arrival time, the prompt length and the output length columns."""
 TRACE_COLUMNS_EXAMPLE = "arrival=ts,prompt=input_tokens,output=output_tokens"
+"""A `--trace-columns` value that errors quote as the form to follow."""
 MAX_COLUMN_NAME = 200
 """Longest column (JSON field) name a mapping may give."""
 

@@ -174,21 +174,7 @@ async def throughput(urls: list[str], n: int, conc: int, tokens: int, pid: int |
             "errors": errors}
 
 
-REFERENCE_PROTOCOL = """
-import sys
-from fleetwise.cli.main import build_parser
-from fleetwise.cli.gateway_cmd import build_config
-from fleetwise.gateway import Gateway
-from fleetwise.gateway.server import serve
-cfg = build_config(build_parser().parse_args(sys.argv[1:]))
-serve(Gateway(cfg), cfg.host, cfg.port, coalesce=False)
-"""
-"""The gateway served with uvicorn's own httptools protocol (the reference of the coalescing one)."""
-
-
 def router_cmds(name: str, policy: str, port: int, workers: list[str]) -> list[str]:
-    if name == "fleetwise-uvicorn-protocol":
-        return [sys.executable, "-c", REFERENCE_PROTOCOL, *router_cmds("fleetwise", policy, port, workers)[3:]]
     if name == "fleetwise":
         cmd = [sys.executable, "-m", "fleetwise.cli.main", "gateway", "--policy", policy, "--port", str(port),
                "--model", "m"]

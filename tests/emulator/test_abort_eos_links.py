@@ -101,11 +101,11 @@ async def _get(app: Any, path: str) -> str:
 def test_a_decode_request_whose_client_disconnects_during_its_kv_pull_is_dropped():
     async def go():
         async with serve(cfg(role="prefill", port=9121)) as (papp, pc):
-            dapp = create_app(cfg(role="decode", port=9122, kv_link=KvLinkSpec(gbps=0.05, latency_s=0.0)),
+            dapp = create_app(cfg(role="decode", port=9122, kv_link=KvLinkSpec(gbps=0.02, latency_s=0.0)),
                               kv_post=asgi_post({"http://127.0.0.1:9121": papp}))
             async with dapp.router.lifespan_context(dapp):
                 drep = dapp.state.replica
-                prompt = words_text(list(range(2000)))  # about 40 modelled seconds on the slow link
+                prompt = words_text(list(range(2000)))  # about 100 modelled seconds on the slow link
                 r = await pc.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1,
                                                            "kv_transfer_params": {"do_remote_decode": True}})
                 body = {"prompt": prompt, "max_tokens": 500, "ignore_eos": True, "stream": True,
@@ -118,7 +118,7 @@ def test_a_decode_request_whose_client_disconnects_during_its_kv_pull_is_dropped
                     if drep.ingress is not None and drep.ingress.active:
                         break
                 assert drep.ingress is not None and drep.ingress.active == 1  # the KV is on its way
-                gone.set()  # the client goes away while the pull is in flight (0.4 s of wall time)
+                gone.set()  # the client goes away while the pull is in flight (1 s of wall time)
                 await asyncio.sleep(0.05)
                 assert drep.ingress.active == 0  # the pull was cancelled, not run to its end
                 assert not drep._live and drep.engine.num_waiting == 0
@@ -209,7 +209,7 @@ def test_two_decode_requests_pulling_at_once_share_the_link():
                 rows = sorted((dict(zip(rec["columns"], r, strict=True)) for r in rec["rows"]),
                               key=lambda r: r["kv_pull_start_s"])
                 delta = rows[1]["kv_pull_start_s"] - rows[0]["kv_pull_start_s"]
-                assert 0.0 <= delta < alone_one / 2
+                assert 0.0 <= delta < alone_one  # the two overlap
                 # Equal pulls started delta apart share the port from then on: each takes
                 # 2 x alone - delta (one at a time, each would take `alone`).
                 for r in rows:

@@ -4,6 +4,7 @@ ground-truth loading, and the calibrate/predict CLI (bad files: one line, exit 2
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,8 @@ def test_loader_reads_every_point_and_config(files):
 def test_in_sample_accuracy(files, profile):
     s = summarize(predict(profile, files, H200))
     assert s["points"] == 88
-    assert s["median_abs_pct"] <= 3.0  # measured: 1.6
-    assert s["max_abs_pct"] <= 15.0  # measured: 11.5
+    assert s["median_abs_pct"] <= 3.0  # measured: 1.45
+    assert s["max_abs_pct"] <= 15.0  # measured: 10.9
     for kind in ("prefill", "decode", "mixed"):
         assert s["by_kind"][kind]["median_abs_pct"] <= 5.0
 
@@ -68,10 +69,34 @@ def test_factors_are_physical_and_within_bounds(files, profile):
 def test_leave_one_model_out(files):
     cv = cross_validate(files, H200)
     assert set(cv) == {"llama-3.1-8b", "qwen3-30b-a3b"}
-    # measured: dense from MoE median 6.4% (max 16.5%); MoE from dense median 7.4% (max 34.7%)
+    # measured: dense from MoE median 3.9% (max 15.3%); MoE from dense median 4.8% (max 17.3%).
+    # The held-out model's points never reach the fit (calibrate(models=rest)); with only dense
+    # points, the MoE-only factors stay at their defaults (the grouped-GEMM prior is a public
+    # measurement of another MoE shape).
     for held, s in cv.items():
-        assert s["median_abs_pct"] <= 10.0, held
-        assert s["max_abs_pct"] <= 40.0, held
+        assert s["median_abs_pct"] <= 5.0, held
+        assert s["max_abs_pct"] <= 20.0, held
+    assert cv["qwen3-30b-a3b"]["points"] == 30 + 14 and cv["llama-3.1-8b"]["points"] == 30 + 14
+
+
+@needs_shared
+def test_fit_never_sees_the_held_out_model(files):
+    """Leave-one-model-out honesty: a fit on llama alone is identical whether or not the MoE
+    model's points are in the files, and leaves every MoE-only factor at its default."""
+    dense_only = [replace(f, models={n: m for n, m in f.models.items() if m.moe is None},
+                          points=[p for p in f.points if p.model == "llama-3.1-8b"]) for f in (files[0], files[2])]
+    alone = calibrate(dense_only, H200)
+    beside = calibrate(files, H200, models={"llama-3.1-8b"})
+    assert alone.factors() == beside.factors()
+    for name in ("grouped_compute_eff", "expert_group_s", "moe_kernel_weight"):
+        assert alone.factors()[name] == pytest.approx(getattr(Profile(), name), rel=1e-6), name
+
+
+def test_old_profile_schema_asks_for_recalibration(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"schema": "fleetwise-profile/1", "moe_row_passes": 30.0}))
+    with pytest.raises(SpecError, match=r"fleetwise-profile/1.*recalibrate it with `fleetwise calibrate"):
+        Profile.load(path)
 
 
 def test_bounds_cover_every_factor():

@@ -114,7 +114,8 @@ def calibrate(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, *, base: P
         raise SpecError("calibrate: no measured points to fit (check the files and model names)")
     names = list(factors)
     x0 = _to_x(base, names)
-    bounds = fit_bounds(files, gpu)
+    # Ceilings only from files that contribute fitted points: a held-out model's file says nothing.
+    bounds = fit_bounds([f for f in files if any(models is None or p.model in models for p in f.points)], gpu)
     lo = [math.log(bounds[n][0]) for n in names]
     hi = [math.log(bounds[n][1]) for n in names]
     x0 = [min(max(v, a + 1e-9), b - 1e-9) for v, a, b in zip(x0, lo, hi, strict=True)]

@@ -13,13 +13,19 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
       t = max(2*W*T / (P*eff_c(T)), (W*wb + T*A*ab) / (B*gemm_mem_eff)),
       eff_c(M) = gemm_compute_eff * M / (M + gemm_m_half_tokens).
   LM head: the same roofline with M = S rows (logits of each sequence's last position only).
-- Routed experts, per MoE layer and GPU: expected experts touched by T tokens
-  X = E*(1-(1-k/E)^T), X/ep per rank; routed rows per rank R = min(T*k, T*k*imbalance/ep);
-  m = R/(X/ep) tokens per touched expert;
-      t = max(2*R*3*h*f/etp / (P*gemm_compute_eff*grouped_compute_eff*m/(m+grouped_m_half_tokens)),
+- Routed experts, per MoE layer and GPU, from what physically drives them: expected experts
+  touched by T tokens X = E*(1-(1-k/E)^T), X/ep per rank; routed rows per rank
+  R = min(T*k, T*k*imbalance/ep); m = R/(X/ep) tokens per touched expert; expert size 3*h*f/etp;
+      t = max(2*3*h*f/etp*(R + (X/ep)*gemm_m_half_tokens) / (P*gemm_compute_eff*grouped_compute_eff),
               (X/ep)*(3*h*f/etp*wb/(B*gemm_mem_eff) + expert_group_s) + R*(2h+3f/etp)*ab/(B*gemm_mem_eff))
-          + moe_row_passes*R*(h+f/etp)*ab/(B*kv_mem_eff)      (gather, SiLU*mul, weights, scatter-add),
-  etp = max(1, tp//ep) shards each expert when tp exceeds ep. Only touched experts are read.
+          + (moe_row_hidden_passes*h + moe_row_ffn_passes*f/etp)*R*ab/(B*kv_mem_eff).
+  Compute: each touched expert's GEMM runs at the dense small-M efficiency m/(m+gemm_m_half_tokens),
+  i.e. every touched expert pays about a tensor-core tile of rows on top of its m (the same tile
+  physics as the dense GEMMs, no MoE-only constant); grouped_compute_eff is the grouped kernel's
+  large-group efficiency. Memory: only touched experts' weights are read, so small decode steps
+  are weight-bound on X. Row traffic: the routed rows' passes outside the GEMMs (gather,
+  SiLU*mul, routing weights, scatter-add), counted from the implementation, not fitted.
+  etp = max(1, tp//ep) shards each expert when tp exceeds ep.
 - Attention per layer and GPU: prompt rows (chunks) are compute-bound flash attention,
       t_pre = 2*(H/tp)*(d_qk+d_v)*pairs_pre / (P_bf16*attn_compute_eff)
   (4*H*d*pairs for GQA); decode rows are bandwidth-bound on the KV they read,
@@ -166,10 +172,11 @@ class BoundPerf:
         self.imbalance = max(1.0, float(getattr(d, "expert_load_imbalance", 1.0)))
         L = m.num_moe_layers
         self.c_exp = L * 2 * 3 * h * f / etp / (peak * p.gemm_compute_eff * p.grouped_compute_eff)
-        self.g_half = p.grouped_m_half_tokens
+        self.g_half = p.gemm_m_half_tokens  # rows each touched expert's GEMM wastes (small-M tiles)
         self.w_exp = L * (3 * h * f / etp * wb / (bw * p.gemm_mem_eff) + p.expert_group_s)
         self.a_exp = L * (2 * h + 3 * f / etp) * ACT_BYTES / (bw * p.gemm_mem_eff)
-        self.r_exp = L * p.moe_row_passes * (h + f / etp) * ACT_BYTES / (bw * p.kv_mem_eff)
+        row_bytes = (p.moe_row_hidden_passes * h + p.moe_row_ffn_passes * f / etp) * ACT_BYTES
+        self.r_exp = L * row_bytes / (bw * p.kv_mem_eff)
 
     def _bind_attention(self, d: Deployment, p: Profile, bw: float, kvb: float) -> None:
         m, tp = d.model, d.parallelism.tp
@@ -264,8 +271,7 @@ class BoundPerf:
             touched = self.n_exp * (1.0 - self.miss ** T) / self.ep
             rows = T * self.topk
             rows = min(rows, rows * self.imbalance / self.ep)
-            per = rows / touched
-            x_c = self.c_exp * rows * (per + self.g_half) / per
+            x_c = self.c_exp * (rows + touched * self.g_half)
             x_m = self.w_exp * touched + self.a_exp * rows
             x_r = self.r_exp * rows
         return d_c, d_m, l_c, l_m, x_c, x_m, x_r
@@ -281,6 +287,12 @@ class BoundPerf:
         head = max(d_c, d_m) + max(l_c, l_m) + max(x_c, x_m) + x_r + 0.0
         return (head, self.e_tok * T, self.tp_tok * T + self.tp_fix, self.pp_tok * T + self.pp_fix,
                 self.ep_tok * T + self.ep_fix)
+
+    def routed_experts_s(self, tokens: float) -> float:
+        """Seconds of the routed-expert work of `tokens` new tokens (grouped GEMMs and row traffic,
+        all MoE layers of this GPU); 0.0 for a dense model."""
+        *_, x_c, x_m, x_r = self._gemm_terms(tokens, 1.0)
+        return max(x_c, x_m) + x_r
 
     def step_cost(self, shape: BatchShape) -> StepCost:
         """The step's seconds with the breakdown that explains them."""

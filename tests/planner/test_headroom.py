@@ -4,39 +4,129 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from fleetwise.planner.fit import Layout, prepare
-from fleetwise.planner.refinement import Refined, check_headroom
+from fleetwise.planner.refinement import Refined, check_headroom, headroom_runs
 from fleetwise.planner.report import to_json
-from fleetwise.planner.simulate import FleetShape, PoolShape
-from fleetwise.planner.workload import build_mix, burst_factor
+from fleetwise.planner.simulate import FleetShape, PoolShape, burst_requests, requests_over
+from fleetwise.planner.workload import LengthMix, build_mix, burst_factor
+
+
+def _two_replicas_checked(spec_factory, headroom: dict) -> Refined:
+    """Two H100 replicas (they carry 14 req/s of 2048/128-token requests; one alone cannot) with
+    their headroom checked under `headroom`."""
+    spec = spec_factory(workload={"rate_rps": 14.0, "prompt_tokens": {"kind": "fixed", "tokens": 2048},
+                                  "output_tokens": {"kind": "fixed", "tokens": 128}}, headroom=headroom)
+    full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 2),))
+    out = Refined("two", full, full)
+    check_headroom(prepare(spec).ctx, out)
+    return out
 
 
 def test_every_term_is_simulated_against_the_sized_plan(small_search) -> None:
+    # 0.2 req/s, 200-request runs: a standard run spans S = 1,000 s. Each term runs long enough
+    # for its whole event plus S: the upgrade of 2 replicas at 120 s each 1,240 s (248 requests),
+    # the cold join 120 + 1,000 s (224 requests). The burst factor is 1 (given): no burst run.
     lines = [s for s in to_json(small_search)["plans"][0]["explanation"] if s.startswith("headroom checked")]
     assert [ln.split(": ")[1] for ln in lines] == [
         "1 mixed replica(s) down for the whole run",
-        "a rolling upgrade of the mixed pool (one replica out at a time, 120 s each)",
+        "a rolling upgrade of the mixed pool (2 replicas, one out at a time, 120 s each)",
         "a mixed replica joining cold (empty cache) after 120 s of loading",
     ]
+    assert [ln.split(": ")[2].split(",")[0] for ln in lines] == [
+        "200 requests over 1000 s", "248 requests over 1240 s", "224 requests over 1120 s"]
     assert all("-> holds" in ln and "added" not in ln for ln in lines)
+
+
+def test_each_run_covers_its_whole_event(spec_factory) -> None:
+    spec = spec_factory(headroom={"burst_factor": 1.5, "burst_window_s": 100.0, "cold_start_s": 300.0})
+    ctx = prepare(spec).ctx
+    full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 3),))
+    runs = headroom_runs(ctx, full)
+    assert [(r.term, r.role, r.span_s, len(r.requests)) for r in runs] == [
+        ("1 mixed replica(s) down for the whole run", "mixed", 1000.0, 200),
+        ("a rolling upgrade of the mixed pool (3 replicas, one out at a time, 300 s each)", "mixed", 1900.0, 380),
+        ("a mixed replica joining cold (empty cache) after 300 s of loading", "mixed", 1300.0, 260),
+        # S/2 at 0.2 req/s, 100 s at 0.3 req/s, S/2 at 0.2 req/s: 100 + 30 + 100 requests
+        ("a burst of x1.50 the target rate for 100 s (the workload's burst factor)", None, 1100.0, 230),
+    ]
+    upgrade, cold = runs[1].faults, runs[2].faults
+    assert upgrade is not None and upgrade.faults[0].restart_after_s == 300.0
+    assert cold is not None and cold.faults[0].restart_after_s == 300.0  # the full load time, never cut
+    # the runs are longer than the mix holds: the mix is repeated
+    assert [r.prompt_tokens for r in runs[1].requests[-3:]] == [256, 256, 256]
+    assert runs[1].requests[-1].arrival_s < 1900.0 <= runs[1].requests[-1].arrival_s + 5 / 0.2 * 2
+
+
+def test_the_burst_run_uses_the_derived_factor(spec_factory) -> None:
+    spec = spec_factory(headroom={"burst_factor": None})
+    ctx = prepare(spec).ctx
+    derived = burst_factor(ctx.mix, 0.2, 60.0)
+    assert ctx.burst == derived and 1.5 < derived < 2.5
+    full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 3),))
+    burst = headroom_runs(ctx, full)[-1]
+    assert burst.term == f"a burst of x{derived:.2f} the target rate for 60 s (the workload's burst factor)"
+    assert (burst.span_s, len(burst.requests)) == (1060.0, math.ceil(0.2 * 1000 + 0.2 * derived * 60 - 1e-9))
+    # the window holds the arrivals whose cumulative count at the constant rate falls in
+    # [0.2 x 500, 0.2 x 500 + 0.2 x derived x 60): derived times a mean window's 12
+    u = np.array([r.arrival_s * 0.2 for r in requests_over(ctx.mix, 0.2, 1000 + derived * 60)])
+    t = np.array([r.arrival_s for r in burst.requests])
+    in_window = int(((t >= 500.0) & (t < 560.0)).sum())
+    assert in_window == int(((u >= 100) & (u < 100 + 0.2 * derived * 60)).sum())
+    assert in_window / 12 == pytest.approx(derived, abs=0.25)
+
+
+def test_burst_arrivals_hold_factor_times_the_mean_in_the_window() -> None:
+    n = 100
+    even = LengthMix(np.full(n, 256), np.full(n, 64), np.ones(n), "even")
+    reqs = burst_requests(even, 2.0, 3.0, start_s=10.0, window_s=5.0, after_s=10.0)
+    t = np.array([r.arrival_s for r in reqs])
+    assert len(reqs) == 70  # 2/s x 10 s + 6/s x 5 s + 2/s x 10 s
+    assert [int(((t >= a) & (t < b)).sum()) for a, b in ((0, 10), (10, 15), (15, 25))] == [20, 30, 20]
+    assert t[20] == 10.0 and t[21] == pytest.approx(10.0 + 1 / 6) and t[50] == 15.0
+    assert np.all(np.diff(t) > 0)
+
+
+def test_a_missed_burst_adds_capacity_and_says_so(spec_factory) -> None:
+    # Two replicas carry 14 req/s of 2048/128-token requests; a 20 s burst at x2 (28 req/s) is too
+    # much for them: the burst run misses, replicas are added until it holds.
+    out = _two_replicas_checked(spec_factory, {"failures_to_survive": 0, "upgrade_batch_replicas": 0, "cold_start_s": 0,
+                                  "burst_factor": 2.0, "burst_window_s": 20.0})
+    (check,) = out.headroom
+    assert check.term == "a burst of x2.00 the target rate for 20 s (the workload's burst factor)"
+    assert (check.requests, check.span_s) == (1400, 80.0)  # 14/s x 30 s + 28/s x 20 s + 14/s x 30 s
+    # 2 replicas miss the burst, 3 hold it
+    assert (check.added, check.verdict.passed, out.full.pool("mixed").replicas) == (1, True, 3)
+    assert check.line(90, 1.0, 0.05).endswith(
+        "-> holds; missed first (as sized: attainment 57.1%, TTFT p90 600 ms, TPOT p90 117.3 ms), so 1 mixed "
+        "replica(s) were added")
 
 
 def test_a_missed_failure_check_adds_a_replica(spec_factory) -> None:
     # Two replicas carry 14 req/s of 2048/128-token requests; one alone cannot (TTFT p90 3.4 s).
     # Sized with no failure spare, the failure check misses and adds one replica, then holds.
-    spec = spec_factory(workload={"rate_rps": 14.0, "prompt_tokens": {"kind": "fixed", "tokens": 2048},
-                                  "output_tokens": {"kind": "fixed", "tokens": 128}},
-                        headroom={"failures_to_survive": 1, "upgrade_batch_replicas": 0, "cold_start_s": 0})
-    ctx = prepare(spec).ctx
-    full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 2),))
-    out = Refined("two", full, full)
-    check_headroom(ctx, out)
+    out = _two_replicas_checked(spec_factory, {"failures_to_survive": 1, "upgrade_batch_replicas": 0, "cold_start_s": 0})
     (check,) = out.headroom
     assert check.term == "1 mixed replica(s) down for the whole run"
     assert (check.added, check.verdict.passed, out.full.pool("mixed").replicas) == (1, True, 3)
-    assert "missed first, so 1 mixed replica(s) were added" in check.line(90, 1.0, 0.05)
+    assert check.line(90, 1.0, 0.05).endswith(
+        "-> holds; missed first (as sized: attainment 0.0%, TTFT p90 3378 ms, TPOT p90 125.4 ms), so 1 mixed "
+        "replica(s) were added")
+
+
+def test_a_missed_upgrade_is_rerun_in_full_for_the_larger_pool(spec_factory) -> None:
+    # 14 req/s of 2048/128-token requests: one replica out of two for 60 s during an upgrade misses;
+    # with a third replica the upgrade takes one more 60 s outage, and the rerun covers it (3 x 60 s + S).
+    out = _two_replicas_checked(spec_factory, {"failures_to_survive": 0, "upgrade_batch_replicas": 1, "cold_start_s": 60.0})
+    upgrade, cold = out.headroom
+    assert (upgrade.term, upgrade.span_s, upgrade.requests, upgrade.added, upgrade.verdict.passed) == (
+        "a rolling upgrade of the mixed pool (3 replicas, one out at a time, 60 s each)", 240.0, 3360, 1, True)
+    # the cold join then runs against the three replicas the upgrade left
+    assert (cold.term, cold.span_s, cold.requests, cold.added) == (
+        "a mixed replica joining cold (empty cache) after 60 s of loading", 120.0, 1680, 0)
+    assert out.full.pool("mixed").replicas == 3
 
 
 def test_derived_burst_factor_is_the_p99_window_count_over_the_mean(spec_factory) -> None:
@@ -47,8 +137,6 @@ def test_derived_burst_factor_is_the_p99_window_count_over_the_mean(spec_factory
     cv = mix.stats.interarrival_cv
     assert burst_factor(mix, 10.0, 60.0) == pytest.approx(1 + 2.326 * cv / math.sqrt(600))
     # Over 1 s windows there are enough: p99 of the per-window counts over their mean.
-    import numpy as np
-
     t = np.cumsum(mix.unit_gaps) / 10.0
     counts = np.bincount((t // 1.0).astype(np.int64))[:-1]
     assert burst_factor(mix, 10.0, 1.0) == pytest.approx(float(np.percentile(counts, 99) / counts.mean()))

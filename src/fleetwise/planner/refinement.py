@@ -1,19 +1,29 @@
 """Phase 5, refinement: the cheapest candidates confirmed, corrected and checked in simulation.
 
 Owns choosing what to refine (cost order; while nothing passes, the next batch), confirming a
-sized fleet at peak rate (the burst term) and correcting it where the evidence points, the runs
-at the target rate over several seeds, and each headroom term simulated against the full plan (a
-failure and a rolling upgrade per pool, a cold replica joining), adding a replica when one
-misses. Does not rank (ranking).
+sized fleet at peak rate and correcting it where the evidence points, the runs at the target
+rate over several seeds, and each headroom term simulated in full against the sized plan (a
+failure and a whole rolling upgrade per pool, a cold replica joining after its load time, a
+burst at the workload's factor, each its own run), adding a replica when one misses. Does not
+rank (ranking).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fleetwise.core.request import Request
 from fleetwise.planner.executor import Executor
 from fleetwise.planner.fit import Rejection
-from fleetwise.planner.simulate import FleetShape, SimVerdict, crash_scenario, requests_for, run_fleet
+from fleetwise.planner.simulate import (
+    FleetShape,
+    SimVerdict,
+    burst_requests,
+    crash_scenario,
+    requests_over,
+    run_fleet,
+    run_span_s,
+)
 from fleetwise.planner.sizing import fleet_cost, spares
 from fleetwise.planner.state import Candidate, Context, Search
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash, RollingUpgrade
@@ -42,19 +52,25 @@ class Refined:
         return bool(self.seeds) and all(v.passed for v in self.seeds)
 
 
+def _role_to_grow(ctx: Context, v: SimVerdict, fleet: FleetShape) -> str:
+    """The pool a missed run points to: TPOT -> decode; TTFT -> the pool whose wait is longer."""
+    spec, key = ctx.spec, f"p{ctx.spec.slo.percentile}"
+    if not fleet.disaggregated:
+        return fleet.pools[0].role
+    if v.tpot[key] > spec.slo.tpot_s:
+        return "decode"
+    if v.ttft[key] > spec.slo.ttft_s:
+        # TTFT is the prefill queue plus the decode admission wait: add where the wait is.
+        return "decode" if v.waits.get("decode_wait", 0.0) > v.waits.get("prefill_queue", 0.0) else "prefill"
+    return "prefill" if fleet.pool("prefill").replicas <= fleet.pool("decode").replicas else "decode"
+
+
 def _correct(ctx: Context, v: SimVerdict, fleet: FleetShape) -> tuple[FleetShape, str] | None:
     """One replica more where the failing target points (TTFT -> prefill, TPOT -> decode)."""
-    spec, key = ctx.spec, f"p{ctx.spec.slo.percentile}"
     if not fleet.disaggregated:
         p = fleet.pools[0]
         return fleet.with_replicas(mixed=p.replicas + 1), f"added a mixed replica ({p.replicas} -> {p.replicas + 1})"
-    if v.tpot[key] > spec.slo.tpot_s:
-        role = "decode"
-    elif v.ttft[key] > spec.slo.ttft_s:
-        # TTFT is the prefill queue plus the decode admission wait: add where the wait is.
-        role = "decode" if v.waits.get("decode_wait", 0.0) > v.waits.get("prefill_queue", 0.0) else "prefill"
-    else:
-        role = "prefill" if fleet.pool("prefill").replicas <= fleet.pool("decode").replicas else "decode"
+    role = _role_to_grow(ctx, v, fleet)
     n = fleet.pool(role).replicas
     return fleet.with_replicas(**{role: n + 1}), f"added a {role} replica ({n} -> {n + 1}) after the check missed"
 
@@ -88,6 +104,20 @@ MAX_HEADROOM_ADDS = 2
 """Replicas one headroom check may add to its pool before it is reported as still missing."""
 
 
+@dataclass(frozen=True)
+class HeadroomRun:
+    """One headroom term as a simulation: its arrivals (long enough for the whole event) and faults.
+    `role` is the pool a miss adds to; None: the pool the missed run points to (a burst)."""
+
+    key: str
+    """The term's identity across pool sizes (`failure:<role>`, `upgrade:<role>`, `cold`, `burst`)."""
+    term: str
+    role: str | None
+    requests: list[Request]
+    span_s: float
+    faults: FaultScenario | None = None
+
+
 @dataclass
 class HeadroomCheck:
     """One headroom term simulated at the target rate against the full plan."""
@@ -96,54 +126,92 @@ class HeadroomCheck:
     role: str
     verdict: SimVerdict
     added: int = 0
+    requests: int = 0
+    """Requests in the run."""
+    span_s: float = 0.0
+    """Seconds of arrivals in the run."""
+    first: SimVerdict | None = None
+    """The run against the plan as sized, when it missed and replicas were added."""
 
     def line(self, pct: int, slo_ttft_s: float, slo_tpot_s: float) -> str:
         v, k = self.verdict, f"p{pct}"
-        fix = (f"; missed first, so {self.added} {self.role} replica(s) were added" if self.added and v.passed else
-               f"; STILL MISSES after adding {self.added} {self.role} replica(s)" if self.added else "")
-        return (f"headroom checked in simulation: {self.term}: attainment {v.attainment:.1%}, TTFT {k} "
-                f"{v.ttft[k] * 1e3:.0f} ms (target {slo_ttft_s * 1e3:.0f}), TPOT {k} {v.tpot[k] * 1e3:.1f} ms "
-                f"(target {slo_tpot_s * 1e3:.0f}) -> {'holds' if v.passed else 'misses'}{fix}")
+        f = self.first
+        was = (f" (as sized: attainment {f.attainment:.1%}, TTFT {k} {f.ttft[k] * 1e3:.0f} ms, TPOT {k} "
+               f"{f.tpot[k] * 1e3:.1f} ms)" if f is not None else "")
+        fix = (f"; missed first{was}, so {self.added} {self.role} replica(s) were added" if self.added and v.passed
+               else f"; STILL MISSES after adding {self.added} {self.role} replica(s){was}" if self.added else "")
+        return (f"headroom checked in simulation: {self.term}: {self.requests} requests over {self.span_s:.0f} s, "
+                f"attainment {v.attainment:.1%}, TTFT {k} {v.ttft[k] * 1e3:.0f} ms (target {slo_ttft_s * 1e3:.0f}), "
+                f"TPOT {k} {v.tpot[k] * 1e3:.1f} ms (target {slo_tpot_s * 1e3:.0f}) -> "
+                f"{'holds' if v.passed else 'misses'}{fix}")
 
 
-def _headroom_scenarios(ctx: Context, full: FleetShape) -> list[tuple[str, str, FaultScenario]]:
-    """(term, pool, faults): a failure in each pool, a rolling upgrade of each pool, a cold replica
-    joining the largest pool. The burst term is the confirmation at peak rate (`refine_plan`)."""
-    h, rate = ctx.spec.headroom, ctx.spec.workload.rate_rps
-    span = requests_for(rate, ctx.spec.search.sample_requests) / rate
-    out: list[tuple[str, str, FaultScenario]] = []
+def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
+    """Each headroom term as its own run against the sized plan at the target rate, each long
+    enough for the whole event plus a standard run's span S after it:
+
+    - per pool, `failures_to_survive` replicas down for the whole run (S);
+    - per pool, a rolling upgrade, one replica out at a time for `cold_start_s` each
+      (replicas x cold_start_s + S);
+    - a replica of the largest pool joining cold, with an empty cache, after `cold_start_s` of
+      loading (cold_start_s + S);
+    - a burst at the workload's burst factor for `burst_window_s`, between S/2 of the target
+      rate before and after (when the factor exceeds 1).
+    """
+    spec, mix = ctx.spec, ctx.mix
+    h, rate = spec.headroom, spec.workload.rate_rps
+    span = run_span_s(spec, rate)
+    out: list[HeadroomRun] = []
+
+    def over(key: str, term: str, role: str, seconds: float, faults: FaultScenario) -> None:
+        out.append(HeadroomRun(key, term, role, requests_over(mix, rate, seconds), seconds, faults))
+
     for p in full.pools:
         n = h.failures_to_survive
         if n > 0 and p.replicas > n:
-            out.append((f"{n} {p.role} replica(s) down for the whole run", p.role, crash_scenario(full, p.role, n)))
+            over(f"failure:{p.role}", f"{n} {p.role} replica(s) down for the whole run", p.role, span, crash_scenario(full, p.role, n))
         if h.upgrade_batch_replicas > 0 and p.replicas > 1:
-            out.append((f"a rolling upgrade of the {p.role} pool (one replica out at a time, {h.cold_start_s:g} s "
-                        "each)", p.role, FaultScenario(name=f"{p.role} upgrade", faults=[RollingUpgrade(
-                            pool=p.role, start_s=0.0, new_model_version="v1", restart_after_s=h.cold_start_s)])))
+            over(f"upgrade:{p.role}", f"a rolling upgrade of the {p.role} pool ({p.replicas} replicas, one out at a time, "
+                 f"{h.cold_start_s:g} s each)", p.role, p.replicas * h.cold_start_s + span,
+                 FaultScenario(name=f"{p.role} upgrade", faults=[RollingUpgrade(
+                     pool=p.role, start_s=0.0, new_model_version="v1", restart_after_s=h.cold_start_s)]))
     big = max(full.pools, key=lambda p: p.gpus)
     if h.cold_start_s > 0 and big.replicas > 1:
-        back = round(min(h.cold_start_s, span / 2), 3)
-        out.append((f"a {big.role} replica joining cold (empty cache) after {back:g} s of loading"
-                    f"{'' if back == h.cold_start_s else f' (cold_start_s {h.cold_start_s:g} s, cut to half the run)'}",
-                    big.role, FaultScenario(name="cold join", faults=[ReplicaCrash(
-                        replica=f"{big.role}-0", at_s=0.0, restart_after_s=back)])))
+        over("cold", f"a {big.role} replica joining cold (empty cache) after {h.cold_start_s:g} s of loading", big.role,
+             h.cold_start_s + span, FaultScenario(name="cold join", faults=[ReplicaCrash(
+                 replica=f"{big.role}-0", at_s=0.0, restart_after_s=h.cold_start_s)]))
+    if ctx.burst > 1.0:
+        w = h.burst_window_s
+        out.append(HeadroomRun(
+            "burst", f"a burst of x{ctx.burst:.2f} the target rate for {w:g} s (the workload's burst factor)", None,
+            burst_requests(mix, rate, ctx.burst, span / 2, w, span / 2), span + w))
     return out
 
 
 def check_headroom(ctx: Context, out: Refined) -> None:
-    """Simulate each headroom term against the sized plan; a miss adds a replica to its pool."""
+    """Simulate each headroom term against the sized plan; a miss adds a replica to its pool and
+    the term is run again as it stands for the larger pool (an upgrade of one replica more lasts
+    one `cold_start_s` longer). Later terms run against the plan with what earlier ones added."""
     rate = ctx.spec.workload.rate_rps
-    for term, role, scen in _headroom_scenarios(ctx, out.full):
-        v = run_fleet(ctx.spec, ctx.mix, out.full, ctx.prices, rate, seed=0, faults=scen)
+
+    def sim(run: HeadroomRun) -> SimVerdict:
         out.runs += 1
-        check = HeadroomCheck(term, role, v)
-        while not check.verdict.passed and check.added < MAX_HEADROOM_ADDS:
-            n = out.full.pool(role).replicas
-            out.full = out.full.with_replicas(**{role: n + 1})
-            check.added += 1
-            check.verdict = run_fleet(ctx.spec, ctx.mix, out.full, ctx.prices, rate, seed=0, faults=scen)
-            out.runs += 1
-        out.headroom.append(check)
+        return run_fleet(ctx.spec, ctx.mix, out.full, ctx.prices, rate, seed=0, faults=run.faults,
+                         requests=run.requests)
+
+    done: set[str] = set()
+    while (run := next((r for r in headroom_runs(ctx, out.full) if r.key not in done), None)) is not None:
+        done.add(run.key)
+        v = first = sim(run)
+        role = run.role or _role_to_grow(ctx, v, out.full)
+        added = 0
+        while not v.passed and added < MAX_HEADROOM_ADDS:
+            out.full = out.full.with_replicas(**{role: out.full.pool(role).replicas + 1})
+            added += 1
+            run = next((r for r in headroom_runs(ctx, out.full) if r.key == run.key), run)
+            v = sim(run)
+        out.headroom.append(HeadroomCheck(run.term, role, v, added, len(run.requests), run.span_s,
+                                          first if added else None))
 
 
 def _refine_task(ctx: Context, item: tuple[str, FleetShape, dict[str, int]]) -> Refined:

@@ -7,7 +7,7 @@ rounded for stability; the document holds no wall-clock figure except `search.wa
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -16,6 +16,9 @@ from rich.table import Table
 from fleetwise.planner.candidates import candidate_records, pd_sweep
 from fleetwise.planner.simulate import SimVerdict
 from fleetwise.planner.state import Candidate, Search
+
+if TYPE_CHECKING:
+    from fleetwise.planner.refinement import HeadroomCheck
 
 SCHEMA = "fleetwise-plan/1"
 
@@ -72,6 +75,13 @@ def _evidence(search: Search, c: Candidate) -> list[str]:
     return out
 
 
+def _check_json(h: HeadroomCheck, pct: int) -> dict[str, Any]:
+    v, k = h.verdict, f"p{pct}"
+    return {"term": h.term, "role": h.role, "requests": h.requests, "span_s": _r(h.span_s, 3),
+            "attainment": _r(v.attainment, 4), f"ttft_{k}_s": _r(v.ttft[k], 4), f"tpot_{k}_s": _r(v.tpot[k], 4),
+            "holds": v.passed, "added": h.added}
+
+
 def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
     assert c.refined is not None
     full = c.refined.full
@@ -96,6 +106,7 @@ def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
                             "added_in_simulation": sum(h.added for h in c.refined.headroom if h.role == role),
                             "goodput_per_replica_rps": _r(s.goodput_per_replica_rps, 4)}
                      for role, s in c.sizings.items()},
+        "headroom_checks": [_check_json(h, search.spec.slo.percentile) for h in c.refined.headroom],
         "explanation": [*c.steps, *_evidence(search, c),
                         f"cost: {full.gpus} GPUs -> ${c.cost_per_hour:.2f}/h, ${c.cost_per_hour / rate_out:.2f} per 1M "
                         f"output tokens at {search.spec.workload.rate_rps:g} req/s"],

@@ -11,10 +11,12 @@ choose what to measure (goodput) or how many replicas to buy (sizing).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from fleetwise.core.request import Request
 from fleetwise.planner.workload import LengthMix, requests_at
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash
 from fleetwise.spec.plan import KvLinkSpec, PlanSpec, PoolSpec
@@ -179,16 +181,59 @@ def _judge(summary: dict[str, Any], spec: PlanningSpec, check: Check, rate: floa
 
 
 def run_fleet(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,
-              seed: int, check: Check = "both", faults: FaultScenario | None = None) -> SimVerdict:
-    """Simulate `fleet` under the mix at `rate_rps` with one seed and judge the run."""
+              seed: int, check: Check = "both", faults: FaultScenario | None = None,
+              requests: list[Request] | None = None) -> SimVerdict:
+    """Simulate `fleet` under the mix at `rate_rps` with one seed and judge the run (`requests`:
+    arrivals built by the caller instead of the standard run's, e.g. a longer run or a burst)."""
     from fleetwise.sim.runner import SimOptions, simulate
 
-    reqs = requests_at(mix, rate_rps, requests_for(rate_rps, spec.search.sample_requests))
-    if seed:
-        reqs = _shift_seed(mix, rate_rps, len(reqs), seed)
+    if requests is not None:
+        reqs = requests
+    else:
+        reqs = requests_at(mix, rate_rps, requests_for(rate_rps, spec.search.sample_requests))
+        if seed:
+            reqs = _shift_seed(mix, rate_rps, len(reqs), seed)
     plan = to_plan_spec(spec, fleet, prices)
     result = simulate(plan, reqs, faults=faults, options=SimOptions(seed=seed, slo=_sim_slo(spec, check)))
     return _judge(result.summary, spec, check, rate_rps, seed, result.records)
+
+
+def run_span_s(spec: PlanningSpec, rate_rps: float) -> float:
+    """Seconds of arrivals in a standard run at `rate_rps`."""
+    return requests_for(rate_rps, spec.search.sample_requests) / rate_rps
+
+
+def requests_over(mix: LengthMix, rate_rps: float, duration_s: float) -> list[Request]:
+    """Arrivals at mean `rate_rps` for `duration_s` seconds: the mix repeated as often as needed
+    (the mix's lengths and gap shape; ceil(rate x duration) requests)."""
+    import numpy as np
+
+    n = max(1, math.ceil(rate_rps * duration_s - 1e-9))
+    if n > len(mix.prompt):
+        mix = LengthMix(np.resize(mix.prompt, n), np.resize(mix.output, n), np.resize(mix.unit_gaps, n), mix.source)
+    return requests_at(mix, rate_rps, n)
+
+
+def burst_requests(mix: LengthMix, rate_rps: float, factor: float, start_s: float, window_s: float,
+                   after_s: float) -> list[Request]:
+    """Arrivals at `rate_rps` with a burst: from `start_s` for `window_s` seconds the rate is
+    `factor` x `rate_rps`, then `rate_rps` again for `after_s`. The mix's arrivals at one rate are
+    re-timed through the piecewise rate (inverse of the cumulative arrival count), so the window
+    holds `factor` times the arrivals of a window at the mean rate."""
+    base_n = rate_rps * start_s
+    burst_n = rate_rps * factor * window_s
+    reqs = requests_over(mix, rate_rps, start_s + factor * window_s + after_s)
+    out = []
+    for r in reqs:
+        u = r.arrival_s * rate_rps  # cumulative expected arrivals at the constant rate
+        if u < base_n:
+            t = u / rate_rps
+        elif u < base_n + burst_n:
+            t = start_s + (u - base_n) / (rate_rps * factor)
+        else:
+            t = start_s + window_s + (u - base_n - burst_n) / rate_rps
+        out.append(replace(r, arrival_s=t))
+    return out
 
 
 def _shift_seed(mix: LengthMix, rate_rps: float, n: int, seed: int) -> list[Any]:

@@ -7,7 +7,8 @@ import json
 from fleetwise.planner.report import SCHEMA, to_json
 
 PLAN_KEYS = {"rank", "kind", "pools", "gpus", "cost_per_hour", "cost_per_1m_tokens", "predicted", "routing_policy",
-             "engine", "headroom", "explanation"}
+             "engine", "headroom", "headroom_checks", "explanation"}
+CHECK_KEYS = {"term", "role", "requests", "span_s", "attainment", "ttft_p90_s", "tpot_p90_s", "holds", "added"}
 POOL_KEYS = {"role", "accelerator", "replicas", "tp", "pp", "ep", "weight_dtype", "kv_dtype", "gpus",
              "serving_replicas"}
 PREDICTED_KEYS = {"ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "goodput_rps", "slo_attainment",
@@ -28,6 +29,7 @@ def test_plan_pool_and_predicted_keys(small_search):
         assert set(p) == PLAN_KEYS
         assert all(set(q) == POOL_KEYS for q in p["pools"])
         assert set(p["predicted"]) == PREDICTED_KEYS
+        assert [set(h) for h in p["headroom_checks"]] == [CHECK_KEYS] * 3  # a failure, an upgrade, a cold join
         lo, hi = p["predicted"]["slo_attainment_ci95"]
         assert 0.0 <= lo <= p["predicted"]["slo_attainment"] <= hi <= 1.0
 

@@ -230,3 +230,13 @@ def test_an_infeasible_plan_still_shows_every_candidate_tried(plan_run, tmp_path
     src.write_text(json.dumps(doc))
     figs = check_figures(write_report(src, tmp_path / "inf.html"), {"frontier", "pd-ratio", "disaggregation"})
     assert VERDICT_LOOK["missed_slo"][1] in figs["frontier"]
+
+
+def test_drawing_tells_its_progress_figure_by_figure_up_to_one(sim_run, scenario_run, plan_run, routing_run):
+    from fleetwise.report import report_page
+
+    for result in (sim_run, scenario_run, plan_run / "plan.json", routing_run):
+        got: list[float] = []
+        page = report_page(result, progress=got.append)
+        n = len(page.figures)
+        assert got == pytest.approx([(i + 1) / n for i in range(n)]), result  # the builder said how many

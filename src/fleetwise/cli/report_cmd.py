@@ -57,8 +57,8 @@ def write_document(doc: dict[str, Any], out: str | Path, open_it: bool, quiet: b
     """Write the report of a result document held in memory (a plan, a scenario run)."""
     from fleetwise.report import document_page
 
-    with progress.progress("drawing the report", None, quiet):
-        path = document_page(doc).write(out)
+    with progress.progress("drawing the report", 1.0, quiet) as update:
+        path = document_page(doc, progress=update if progress.wanted(quiet) else None).write(out)
     return _done(path, open_it)
 
 
@@ -70,8 +70,8 @@ def write(result: Path, out: str | Path, open_it: bool, quiet: bool = False) -> 
     """Write the report of `result` to `out`, say where (stderr), and open it when asked."""
     from fleetwise.report import write_report
 
-    with progress.progress("drawing the report", None, quiet):
-        path = write_report(result, out)
+    with progress.progress("drawing the report", 1.0, quiet) as update:
+        path = write_report(result, out, update if progress.wanted(quiet) else None)
     return _done(path, open_it)
 
 

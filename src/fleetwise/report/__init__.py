@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fleetwise.errors import SpecError
 
 if TYPE_CHECKING:
-    from fleetwise.report.page import Page
+    from fleetwise.report.page import Page, Progress
 
 RESULT_FILES = ("summary.json", "scenarios.json")
 """What a result directory holds: a simulation run or a scenario run."""
@@ -35,17 +35,18 @@ def _result_file(path: Path) -> Path:
     return path
 
 
-def report_page(result: str | Path) -> Page:
-    """The report page of a result: a run directory, summary.json, scenarios.json or a plan JSON."""
+def report_page(result: str | Path, progress: Progress | None = None) -> Page:
+    """The report page of a result: a run directory, summary.json, scenarios.json or a plan JSON
+    (`progress`: told the share of its figures drawn, 0..1)."""
     path = _result_file(Path(result))
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise SpecError(f"{path}: not JSON ({err}); give a result written by fleetwise") from None
-    return document_page(doc, path)
+    return document_page(doc, path, progress)
 
 
-def document_page(doc: Any, path: Path | None = None) -> Page:
+def document_page(doc: Any, path: Path | None = None, progress: Progress | None = None) -> Page:
     """The report page of a result document already in memory (`path`: where it was read from)."""
     from fleetwise.report import plan_report, scenario_report, sim_report  # noqa: F401  (register kinds)
     from fleetwise.report.registry import KINDS
@@ -53,11 +54,11 @@ def document_page(doc: Any, path: Path | None = None) -> Page:
     schema = doc.get("schema", "") if isinstance(doc, dict) else ""
     for prefix, build in KINDS.items():
         if isinstance(schema, str) and schema.startswith(prefix):
-            return build(path, doc)
+            return build(path, doc, progress)
     raise SpecError(f"{path or 'document'}: schema={schema!r} is not a fleetwise result; known: "
                     f"{', '.join(k + '*' for k in KINDS)}")
 
 
-def write_report(result: str | Path, out_html: str | Path) -> Path:
+def write_report(result: str | Path, out_html: str | Path, progress: Progress | None = None) -> Path:
     """Write the HTML report of `result` to `out_html` (figures as PNG/SVG beside it); returns the path."""
-    return report_page(result).write(out_html)
+    return report_page(result, progress).write(out_html)

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fleetwise.report.plots import Rendered
+
+Progress = Callable[[float], None]
+"""Told the share of a report drawn so far (0..1)."""
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -78,6 +82,10 @@ class Page:
     subtitle: str = ""
     sections: list[Section] = field(default_factory=list)
     figures: list[Rendered] = field(default_factory=list)
+    progress: Progress | None = None
+    """Told the share of the figures drawn (0..1) after each one, out of `expected`."""
+    expected: int = 0
+    """Figures the builder will draw (it says so before drawing them)."""
 
     def section(self, title: str) -> Section:
         anchor = "s" + str(len(self.sections) + 1)
@@ -88,6 +96,8 @@ class Page:
     def add_figure(self, section: Section, fig: Rendered) -> None:
         self.figures.append(fig)
         section.figure(fig)
+        if self.progress is not None and self.expected:
+            self.progress(min(1.0, len(self.figures) / self.expected))
 
     def html(self) -> str:
         nav = " ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in self.sections)

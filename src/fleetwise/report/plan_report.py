@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from fleetwise.report import plots
-from fleetwise.report.page import Page, Section
+from fleetwise.report.page import Page, Progress, Section
 from fleetwise.report.registry import report_kind
 
 
 @report_kind("fleetwise-plan/")
-def build_from_file(path: Path | None, doc: dict[str, Any]) -> Page:
-    return build(doc)
+def build_from_file(path: Path | None, doc: dict[str, Any], progress: Progress | None = None) -> Page:
+    return build(doc, progress)
 
 
 def _pools(p: dict[str, Any]) -> str:
@@ -29,14 +29,18 @@ def _pools(p: dict[str, Any]) -> str:
                       for q in p["pools"])
 
 
-def build(doc: dict[str, Any]) -> Page:
-    """The report page of a plan document."""
+def build(doc: dict[str, Any], progress: Progress | None = None) -> Page:
+    """The report page of a plan document (`progress`: told the share of its figures drawn)."""
     w, slo = doc["workload"], doc["slo"]
+    pd = [p for p in doc["plans"] if p.get("pd_ratio")]
+    dg = doc.get("disaggregation")
+    draw = {"frontier": bool(doc["plans"] or doc.get("candidates")), "pd": bool(pd or doc.get("pd_sweep")),
+            "disaggregation": bool(dg and dg.get("colocated") and dg.get("disaggregated"))}
     with plots.style():
         page = Page(f"Plan: {doc['name']}",
                     f"{doc['model']} at {w['rate_rps']:g} req/s (burst x{w['burst_factor']:.2f}); SLO TTFT "
                     f"{slo['ttft_s']:g} s and TPOT {slo['tpot_s']:g} s at p{slo['percentile']} for "
-                    f"{slo['attainment']:.0%} of requests")
+                    f"{slo['attainment']:.0%} of requests", progress=progress, expected=sum(draw.values()))
         top = page.section("Answer")
         if doc.get("infeasible"):
             top.parts.append(f'<p class="fail">infeasible: {_esc(doc["infeasible"])}</p>')
@@ -45,7 +49,7 @@ def build(doc: dict[str, Any]) -> Page:
                     w["burst_source"]]])
         if doc["plans"]:
             _ranked(top, doc["plans"])
-        if doc["plans"] or doc.get("candidates"):  # an infeasible answer still shows what was tried
+        if draw["frontier"]:  # an infeasible answer still shows what was tried
             fr = page.section("Cost vs goodput")
             page.add_figure(fr, _frontier(doc))
         for p in doc["plans"]:
@@ -61,19 +65,17 @@ def build(doc: dict[str, Any]) -> Page:
                           [[c["claim"], "yes" if c["holds"] else "NO", c["evidence"]] for c in p["claims"]])
         if doc.get("candidates"):
             _candidates(page.section(f"Every candidate evaluated ({len(doc['candidates'])})"), doc["candidates"])
-        pd = [p for p in doc["plans"] if p.get("pd_ratio")]
-        if pd or doc.get("pd_sweep"):
+        if draw["pd"]:
             sec = page.section("P:D ratio")
             page.add_figure(sec, _pd(doc, pd))
             if doc.get("pd_sweep"):
                 _sweep_table(sec, doc["pd_sweep"])
-        dg = doc.get("disaggregation")
         if dg:
             sec = page.section("Disaggregate or not")
             sec.parts.append(f"<p><b>{_esc(dg['verdict'])}</b>: {_esc(dg['reason'])}</p>")
             if dg.get("equal_cost"):
                 sec.text(f"compared at equal cost: {dg['equal_cost']}")
-            if dg.get("colocated") and dg.get("disaggregated"):
+            if draw["disaggregation"]:
                 page.add_figure(sec, _disaggregation(dg))
             terms = dg.get("terms") or {}
             if terms:

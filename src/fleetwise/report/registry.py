@@ -10,15 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleetwise.report.page import Page
+from fleetwise.report.page import Page, Progress
 
-Builder = Callable[[Path | None, dict[str, Any]], Page]
-"""(where the document was read from, or None; the document) -> page."""
+Builder = Callable[[Path | None, dict[str, Any], Progress | None], Page]
+"""(where the document was read from, or None; the document; told the share drawn) -> page."""
 KINDS: dict[str, Builder] = {}
 
 
 def report_kind(schema_prefix: str) -> Callable[[Builder], Builder]:
-    """Register `fn(path, document) -> Page` for documents whose schema starts with `schema_prefix`."""
+    """Register `fn(path, document, progress) -> Page` for documents whose schema starts with `schema_prefix`."""
 
     def deco(fn: Builder) -> Builder:
         if schema_prefix in KINDS:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetwise.report import plots
-from fleetwise.report.page import Page, Section
+from fleetwise.report.page import Page, Progress, Section
 from fleetwise.report.registry import report_kind
 from fleetwise.report.sim_report import decision_bars, safe_mode_spans
 
@@ -21,17 +21,18 @@ METRICS = (("ttft_p99_s", "P99 TTFT (s)"), ("tpot_p99_s", "P99 TPOT (s)"), ("goo
 
 
 @report_kind("fleetwise-scenarios/")
-def build_from_file(path: Path | None, doc: dict[str, Any]) -> Page:
-    return build(doc)
+def build_from_file(path: Path | None, doc: dict[str, Any], progress: Progress | None = None) -> Page:
+    return build(doc, progress)
 
 
-def build(doc: dict[str, Any]) -> Page:
-    """The report page of a scenario run."""
+def build(doc: dict[str, Any], progress: Progress | None = None) -> Page:
+    """The report page of a scenario run (`progress`: told the share of its figures drawn)."""
     with plots.style():
         verdict = "all pass-rule checks pass" if doc["passed"] else "a pass-rule check FAILS"
         page = Page(f"Routing scenarios: {doc['default_policy']} vs {doc['baseline_policy']}",
                     f"{len(doc['scenarios'])} scenarios, policies {', '.join(doc['policies'])}, "
-                    f"{len(doc['seeds'])} seeds{' (small)' if doc.get('small') else ''}: {verdict}")
+                    f"{len(doc['seeds'])} seeds{' (small)' if doc.get('small') else ''}: {verdict}",
+                    progress=progress, expected=2 * len(doc["scenarios"]))  # policies and replicas per scenario
         v = page.section("Verdicts")
         v.parts.append("<ul>" + "".join(
             f'<li><span class="{"pass" if line.startswith("PASS") else "fail"}">{line[:4]}</span>'

@@ -19,7 +19,7 @@ import numpy as np
 
 from fleetwise.errors import SpecError
 from fleetwise.report import plots
-from fleetwise.report.page import Page, Section
+from fleetwise.report.page import Page, Progress, Section
 from fleetwise.report.registry import report_kind
 
 SCHEMA_PREFIX = "fleetwise-sim-summary/"
@@ -79,8 +79,8 @@ def load_run(path: Path) -> RunData:
 
 
 @report_kind(SCHEMA_PREFIX)
-def build_from_file(path: Path | None, doc: dict[str, Any]) -> Page:
-    return build(load_run(path) if path is not None else RunData(doc, {}))
+def build_from_file(path: Path | None, doc: dict[str, Any], progress: Progress | None = None) -> Page:
+    return build(load_run(path) if path is not None else RunData(doc, {}), progress)
 
 
 def fault_spans(faults: list[dict[str, Any]], end_s: float) -> list[tuple[float, float, str, str]]:
@@ -114,13 +114,15 @@ def _span_label(f: dict[str, Any]) -> str:
     return f"{f['kind']} {target}".strip()
 
 
-def build(run: RunData) -> Page:
-    """The report page of one simulation run."""
+def build(run: RunData, progress: Progress | None = None) -> Page:
+    """The report page of one simulation run (`progress`: told the share of its figures drawn)."""
     s = run.summary
+    transfers = bool(s.get("disaggregated") and run.has_records)
     with plots.style():
         page = Page(f"Simulation: {s.get('plan', 'run')}",
                     f"{s['requests_completed']}/{s['requests_total']} requests completed, {s['requests_failed']} "
-                    f"failed, {s['duration_s']:.1f} s simulated, seed {s['seed']}, routing {s['router'].get('policy', '')}")
+                    f"failed, {s['duration_s']:.1f} s simulated, seed {s['seed']}, routing {s['router'].get('policy', '')}",
+                    progress=progress, expected=2 + 2 * run.has_records + transfers)  # timelines, routing, CDFs, KV
         _headline(page.section("Summary"), s)
         lat = page.section("Latency distributions")
         if run.has_records:
@@ -137,7 +139,7 @@ def build(run: RunData) -> Page:
         rt = page.section("Routing")
         page.add_figure(rt, _routing(s))
         _replica_table(rt, s)
-        if s.get("disaggregated") and run.has_records:
+        if transfers:
             kv = page.section("KV transfers")
             page.add_figure(kv, _transfers(run, spans))
             t = s["kv_transfer"]

@@ -140,3 +140,12 @@ def test_the_context_check_reads_the_longest_draw():
     assert longest_tokens(UniformLength(low_tokens=3, high_tokens=9)) == 9
     assert longest_tokens(LognormalLength(median_tokens=5, sigma=1.0)) is None
     assert longest_tokens(LENGTH_PRESETS["sharegpt"].input) == 8141
+
+
+def test_the_schema_lets_the_arrival_omit_the_rate_the_planner_sets():
+    from fleetwise.spec.planning import planning_json_schema
+
+    defs = planning_json_schema()["$defs"]
+    assert "required" not in defs["PoissonArrival"] and defs["GammaArrival"]["required"] == ["cv"]
+    assert defs["TraceArrival"]["required"] == ["path"]
+    assert "rate_rps" in defs["PlanWorkloadSpec"]["required"]

@@ -296,6 +296,12 @@ def planning_spec_from_dict(data: dict[str, Any], where: str = "spec") -> Planni
 def planning_json_schema() -> dict[str, Any]:
     """The JSON Schema of SPEC.yaml (what docs/schema/planning-spec.schema.json holds)."""
     schema = PlanningSpec.model_json_schema()
+    for arrival in ("PoissonArrival", "GammaArrival"):  # the planner sets their rate (PlanWorkloadSpec)
+        d = schema["$defs"][arrival]
+        d["required"] = [f for f in d.get("required", []) if f != "rate_rps"] or None
+        if d["required"] is None:
+            del d["required"]
+        d["properties"]["rate_rps"]["description"] = "In a planning spec: optional, set from workload.rate_rps."
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = "https://fleetwise.dev/schema/planning-spec.schema.json"
     return schema

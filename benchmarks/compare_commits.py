@@ -2,7 +2,8 @@
 `benchmarks/sim_speed.py`, alternating between the commits so both see the same machine load.
 
 Run:  python3 benchmarks/compare_commits.py BASE [HEAD] [--rr 200000:64] [--default 50000:64]
-                                            [--repeats 3] [--out benchmarks/results/compare_commits.json]
+                                            [--repeats 3] [--load light|busy]
+                                            [--out benchmarks/results/compare_commits.json]
 
 Each commit is exported with `git archive` into a temporary directory and every row runs in a
 fresh subprocess with that tree's `src` first on `PYTHONPATH` (HEAD defaults to the working
@@ -27,9 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ROW = """
 import json, sys
 sys.path.insert(0, {bench!r})
-from sim_speed import run_one
+from sim_speed import BUSY, LIGHT, run_one
 n, reps = {size!r}
-print(json.dumps(run_one(n, reps, 2.0, 0.25, 0, policy={policy!r})))
+load = BUSY if {load!r} == "busy" else LIGHT
+print(json.dumps(run_one(n, reps, load.rate_per_replica, 0.25, 0, policy={policy!r}, load=load)))
 """
 
 
@@ -41,10 +43,11 @@ def export(commit: str, into: Path) -> Path:
     return into / "src"
 
 
-def run_row(src: Path, size: tuple[int, int], policy: str) -> dict[str, Any]:
-    """One `sim_speed.run_one` row in a fresh interpreter importing fleetwise from `src`."""
+def run_row(src: Path, size: tuple[int, int], policy: str, load: str = "light") -> dict[str, Any]:
+    """One `sim_speed.run_one` row (`load`: sim_speed's light or busy workload) in a fresh
+    interpreter importing fleetwise from `src`."""
     env = {**os.environ, "PYTHONPATH": str(src)}
-    code = ROW.format(bench=str(ROOT / "benchmarks"), size=size, policy=policy)
+    code = ROW.format(bench=str(ROOT / "benchmarks"), size=size, policy=policy, load=load)
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -56,6 +59,9 @@ def main() -> None:
     ap.add_argument("--rr", default="200000:64", help="requests:replicas of the round-robin row")
     ap.add_argument("--default", default="50000:64", help="requests:replicas of the default-policy row")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--load", choices=("light", "busy"), default="light",
+                    help="sim_speed's workload: light (2 req/s per replica, H100) or busy (10 req/s per replica, "
+                         "H200, Azure-like lengths)")
     ap.add_argument("--out", default="benchmarks/results/compare_commits.json")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,7 +74,7 @@ def main() -> None:
             results: dict[str, dict[str, Any]] = {}
             for _ in range(a.repeats):
                 for which, src in trees.items():
-                    r = run_row(src, size, policy)  # type: ignore[arg-type]
+                    r = run_row(src, size, policy, a.load)  # type: ignore[arg-type]
                     cpu[which].append(r["cpu_s"])
                     results[which] = r
                     print(policy, which, r["cpu_s"], flush=True)
@@ -79,7 +85,7 @@ def main() -> None:
                 "same_results": all(results["base"][k] == results["head"][k]
                                     for k in ("events_processed", "simulated_s", "requests_completed", "ttft_p50_s")),
             }
-    doc = {"base": a.base, "head": a.head or "working tree", "rows": rows}
+    doc = {"base": a.base, "head": a.head or "working tree", "load": a.load, "rows": rows}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))

@@ -135,6 +135,58 @@ def test_json_outputs_are_strict(capsys, tmp_path):
         load_strict_json(o.out)
 
 
+# Spec files are read strictly: a count written "100", 100.7 or true, a rate written "5" or true,
+# is an error naming the field, never coerced (the trace-row rule, for every spec file).
+
+_PLAN = "name: p\npools: [{name: mixed, accelerator: h100-sxm, model: llama-3.1-8b, replicas: %s}]\n"
+_WL = ("arrival: {kind: poisson, rate_rps: %s}\nlengths: {kind: independent, input: {kind: fixed, tokens: 50}, "
+       "output: {kind: fixed, tokens: 4}}\nnum_requests: %s\n")
+
+
+@pytest.mark.parametrize("value,fix", [('"2"', "without quotes"), ("2.5", "whole number"), ("true", "true/false"),
+                                       ("2.0", "whole number")])
+def test_plan_counts_are_not_coerced(capsys, tmp_path, value, fix):
+    plan = workload(tmp_path, _PLAN % value, "plan.yaml")
+    line = assert_user_error(simulate(capsys, tmp_path, plan, "--workload", small_workload(tmp_path)),
+                             "plan.yaml", "pools.0.replicas", "valid integer", fix)
+    assert f"(got {value.strip(chr(34))}" in line.replace("'", "").lower()  # the value as read, quoted
+
+
+@pytest.mark.parametrize("rate,count,field", [("5", '"100"', "num_requests"), ("5", "100.7", "num_requests"),
+                                              ("5", "true", "num_requests"), ('"5"', "10", "arrival.poisson.rate_rps"),
+                                              ("true", "10", "arrival.poisson.rate_rps")])
+def test_workload_numbers_are_not_coerced(capsys, tmp_path, rate, count, field):
+    wl = workload(tmp_path, _WL % (rate, count))
+    assert_user_error(simulate(capsys, tmp_path, COLOCATED, "--workload", wl), "w.yaml", field)
+
+
+def test_workload_numbers_in_json_are_not_coerced(capsys, tmp_path):
+    wl = workload(tmp_path, json.dumps({"arrival": {"kind": "poisson", "rate_rps": 5},
+                                        "lengths": {"kind": "independent", "input": {"kind": "fixed", "tokens": "50"},
+                                                    "output": {"kind": "fixed", "tokens": 4}},
+                                        "num_requests": 10}), "w.json")
+    assert_user_error(simulate(capsys, tmp_path, COLOCATED, "--workload", wl), "w.json", "lengths", "tokens",
+                      "without quotes")
+
+
+def test_fault_times_and_planning_counts_are_not_coerced(capsys, tmp_path):
+    faults = workload(tmp_path, 'faults: [{kind: crash, replica: mixed-0, at_s: "1"}]\n', "f.yaml")
+    o = simulate(capsys, tmp_path, COLOCATED, "--workload", small_workload(tmp_path), "--faults", faults)
+    assert_user_error(o, "f.yaml", "at_s", "without quotes")
+    spec = workload(tmp_path, "model: llama-3.1-8b\naccelerators: [{name: h100-sxm}]\n"
+                              "workload: {rate_rps: 1, preset: sharegpt}\nslo: {ttft_s: 2, tpot_s: 0.05}\n"
+                              "search: {seeds: '2'}\n", "s.yaml")
+    assert_user_error(run_cli(capsys, ["plan", spec]), "s.yaml", "search.seeds", "without quotes")
+
+
+def test_an_integer_is_still_a_valid_float_and_flags_still_parse_text(capsys, tmp_path):
+    wl = workload(tmp_path, _WL % ("5", "6"))  # rate_rps: 5 (an integer) is a float field
+    o = simulate(capsys, tmp_path, COLOCATED, "--workload", wl, "--requests", "4", "--ttft-slo", "2")
+    assert o.rc == 0, o.err
+    summary = load_strict_json((tmp_path / "out" / "summary.json").read_text())
+    assert summary["requests_total"] == 4
+
+
 # ---- flags that skip the specs' validation ------------------------------------------------------
 
 

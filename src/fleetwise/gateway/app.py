@@ -333,7 +333,7 @@ class Gateway:
             items = doc.get("backends", []) if isinstance(doc, dict) else doc
             if not isinstance(items, list):
                 raise SpecError(f"{path}: expected a list of backends or {{backends: [...]}}")
-            specs = [validate(BackendSpec, it, f"{path}: backends[{i}]") for i, it in enumerate(items)]
+            specs = [validate(BackendSpec, it, f"{path}: backends[{i}]", strict=True) for i, it in enumerate(items)]
         except (SpecError, OSError) as err:
             log.error("backends file not applied, keeping the previous fleet: %s", err)
             return

@@ -127,7 +127,7 @@ class Profile(Spec):
                 f"{path}: not a fleetwise profile (expected \"schema\": \"{PROFILE_SCHEMA}\"); "
                 "create one with `fleetwise calibrate GROUND_TRUTH.json -o PROFILE.json`"
             )
-        return validate(Profile, data, str(path))
+        return validate(Profile, data, str(path), strict=True)
 
     def factors(self) -> dict[str, float]:
         """The fittable factors by name."""

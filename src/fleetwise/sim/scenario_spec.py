@@ -110,7 +110,7 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
         raise SpecError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
     if small:
         data = deep_merge(data, data.get("small") or {})
-    spec = validate(ScenarioSpec, data, str(p))
+    spec = validate(ScenarioSpec, data, str(p), strict=True)
     notes: list[str] = []
     source = "generated"
     if trace is not None:

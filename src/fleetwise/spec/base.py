@@ -8,6 +8,8 @@ of `fleetwise.spec.inputs`.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,6 +64,8 @@ def describe_validation_error(err: ValidationError, where: str) -> str:
             e = {**e, "type": "missing"}  # the tag is already quoted
         elif e["type"] in ("less_than_equal", "less_than") and _is_size_limit(e.get("ctx")):
             msg = f"{msg} (a limit, see docs/errors.md)"
+        elif e["type"] in _STRICT_TYPES and isinstance(e.get("input"), str | bool | float):
+            msg = f"{msg}; {_strict_fix(e['type'], e['input'])}"
         elif msg.startswith("Value error, "):
             msg = msg.removeprefix("Value error, ")
         got = e.get("input")
@@ -72,9 +76,50 @@ def describe_validation_error(err: ValidationError, where: str) -> str:
     return f"{where}: " + "; ".join(parts) + (f"; and {more} more problem(s)" if more > 0 else "")
 
 
-def validate(model: type[T], data: Any, where: str) -> T:
-    """Validate `data` as `model`, raising SpecError with a readable one-line message."""
+_STRICT_TYPES = frozenset({"int_type", "float_type", "bool_type", "string_type"})
+"""Error types of strict validation whose input was of the wrong kind (`"100"` for a count)."""
+
+
+def _strict_fix(kind: str, got: Any) -> str:
+    """The fix for a value of the wrong kind in a file (strict validation)."""
+    if kind == "int_type" and isinstance(got, float) and not isinstance(got, bool):
+        return "give a whole number"
+    if kind in ("int_type", "float_type"):
+        return "write a number, without quotes" if isinstance(got, str) else "give a number, not true/false"
+    if kind == "bool_type":
+        return "write true or false"
+    return "write it as text (in quotes)"
+
+
+def _json_default(obj: Any) -> Any:
+    """What a parsed document may hold beyond JSON: YAML dates (as their ISO text), sets, specs."""
+    if isinstance(obj, dt.date):
+        return obj.isoformat()
+    if isinstance(obj, set | frozenset):
+        return sorted(obj, key=repr)
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    raise SpecError(f"a value of type {type(obj).__name__} ({inputs.quote(obj)}) has no place in a spec")
+
+
+def validate(model: type[T], data: Any, where: str, strict: bool = False) -> T:
+    """Validate `data` as `model`, raising SpecError with a readable one-line message.
+
+    `strict` is for documents read from a file or a request body: values are taken as JSON types
+    and never coerced, so a count written `"100"`, `100.7` or `true` and a rate written `"5"` are
+    errors naming the field (pydantic's strict mode on JSON input: an integer is still a valid
+    float, a string still a valid enum, tuple or path). Values built by code or parsed from flags
+    use the default (lax) mode.
+    """
     try:
+        if strict:
+            try:
+                text = json.dumps(data, default=_json_default, allow_nan=False)
+            except (TypeError, ValueError):  # a key JSON cannot hold, a non-finite number
+                inputs.check_finite_tree(data, where)
+                raise SpecError(f"{where}: holds a value a spec cannot (a mapping key that is not text?); "
+                                "check the document") from None
+            return model.model_validate_json(text, strict=True)
         return model.model_validate(data)
     except ValidationError as err:
         raise SpecError(describe_validation_error(err, where)) from None
@@ -90,4 +135,4 @@ def load_document(model: type[T], path: str | Path) -> T:
     data = read_document(path)
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return validate(model, data, str(path))
+    return validate(model, data, str(path), strict=True)

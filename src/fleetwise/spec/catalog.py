@@ -84,7 +84,7 @@ def resolve_model(name_or_path: str) -> ModelSpec:
         raise SpecError(f"{p}: expected a mapping (a ModelSpec) at the top level, got {type(data).__name__}")
     if looks_like_hf_config(data):
         return model_from_hf_config(data, default_name(p), source=f"config at {p}")
-    return validate(ModelSpec, data, str(p))
+    return validate(ModelSpec, data, str(p), strict=True)
 
 
 def _model_from_json(p: Path) -> ModelSpec:
@@ -93,7 +93,7 @@ def _model_from_json(p: Path) -> ModelSpec:
     data = read_hf_config(p)
     if looks_like_hf_config(data):
         return model_from_hf_config(data, default_name(p), source=f"config.json at {p}")
-    return validate(ModelSpec, data, str(p))
+    return validate(ModelSpec, data, str(p), strict=True)
 
 
 def resolve_gpu(name_or_path: str) -> AcceleratorSpec:
@@ -106,4 +106,4 @@ def resolve_gpu(name_or_path: str) -> AcceleratorSpec:
     data = read_document(name_or_path)
     if not isinstance(data, dict):
         raise SpecError(f"{name_or_path}: expected a mapping (an AcceleratorSpec), got {type(data).__name__}")
-    return validate(AcceleratorSpec, data, str(name_or_path))
+    return validate(AcceleratorSpec, data, str(name_or_path), strict=True)

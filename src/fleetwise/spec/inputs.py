@@ -175,7 +175,7 @@ def json_depth(text: str, stop_above: int | None = None) -> int:
 class _Refused:
     """A number JSON may spell but a document may not hold (NaN, an infinity, an overflowing
     literal, an integer of too many digits), kept with its spelling so the error can name the
-    field it sits in (`_check_finite_tree`) rather than just the file."""
+    field it sits in (`check_finite_tree`) rather than just the file."""
 
     def __init__(self, text: str, reason: str) -> None:
         self.text, self.reason = text, reason
@@ -259,7 +259,7 @@ def parse_json(data: bytes | str, where: str, max_bytes: int = MAX_BODY_BYTES,
     except ValueError as err:
         raise SpecError(f"{where}: not accepted: {err}") from None
     if bad:
-        _check_finite_tree(data, where)
+        check_finite_tree(data, where)
     return data
 
 
@@ -276,7 +276,7 @@ def parse_json_line(line: str, where: str) -> Any:
     except ValueError as err:
         raise SpecError(f"{where}: {err}") from None
     if bad:
-        _check_finite_tree(row, where)
+        check_finite_tree(row, where)
     return row
 
 
@@ -368,7 +368,7 @@ def parse_yaml(text: str, where: str) -> Any:
         raise SpecError(f"{where}: not valid YAML: {_yaml_reason(err)}") from None
     finally:
         loader.dispose()
-    _check_finite_tree(data, where)
+    check_finite_tree(data, where)
     return data
 
 
@@ -385,7 +385,7 @@ def quote_text(text: str, limit: int = MAX_QUOTE_CHARS) -> str:
     return one if len(one) <= limit else one[: limit - 3] + "..."
 
 
-def _check_finite_tree(data: Any, where: str) -> None:
+def check_finite_tree(data: Any, where: str) -> None:
     """SpecError naming the path of the first NaN or infinite float in a parsed document."""
     stack: list[tuple[Any, str]] = [(data, "")]
     while stack:

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from fleetwise.cli.common import SEED_MAX, check_listen_address, float_flag, input_file, int_flag
@@ -29,6 +27,7 @@ from fleetwise.spec.inputs import (
     MAX_DURATION_S,
     MAX_ENGINE_SEQS,
     MAX_TOKENS,
+    write_json,
 )
 
 
@@ -201,7 +200,7 @@ def run_fleet(args: argparse.Namespace) -> int:
                                     f"{FLEET_START_TIMEOUT_S:g} s")
                 time.sleep(0.2)
         if args.endpoints:
-            Path(args.endpoints).write_text(json.dumps(endpoints, indent=2) + "\n")
+            write_json(args.endpoints, endpoints)
         for ep in endpoints:
             print(f"{ep['name']:>16}  {ep['role']:<8} {ep['url']}", flush=True)
         reported: set[int] = set()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -22,7 +21,7 @@ from fleetwise.cli.common import input_file, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError
 from fleetwise.spec.catalog import resolve_model
-from fleetwise.spec.inputs import check_writable_file, request_tokens_problem, strict_json_dumps
+from fleetwise.spec.inputs import check_writable_file, request_tokens_problem, strict_json_dumps, write_json
 from fleetwise.spec.planning import PlanningSpec
 from fleetwise.spec.workload import IndependentLengths, PresetLengths, longest_tokens
 
@@ -109,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         render(search, Console(highlight=False))
         if args.json_out:
-            Path(args.json_out).write_text(strict_json_dumps(doc) + "\n", encoding="utf-8")
+            write_json(args.json_out, doc)
     if args.report:
         from fleetwise.cli.report_cmd import write_document
 

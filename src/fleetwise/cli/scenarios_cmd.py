@@ -12,7 +12,6 @@ the process pool and printing; the runs are `fleetwise.sim.scenarios`.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -27,7 +26,7 @@ from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError, UnknownNameError
 from fleetwise.routing.registry import DEFAULT_POLICY, policy_names
 from fleetwise.sim import scenarios as sc
-from fleetwise.spec.inputs import MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS, check_writable_dir
+from fleetwise.spec.inputs import MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS, check_writable_dir, strict_json_dumps
 
 MAX_JOBS = 1_024
 """Most worker processes `--jobs` may start."""
@@ -121,7 +120,7 @@ _NUMBER_LIST = re.compile(r"\[\s*(-?[0-9][0-9.e+-]*(?:,\s*-?[0-9][0-9.e+-]*)*)\s
 
 def dumps(doc: dict[str, Any]) -> str:
     """Indented JSON with lists of numbers (queue series) kept on one line."""
-    text = json.dumps(doc, indent=1)
+    text = strict_json_dumps(doc, indent=1)
     return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text) + "\n"
 
 

@@ -11,13 +11,13 @@ shared by every model: there are no per-model constants.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import Field
 
 from fleetwise.errors import SpecError
 from fleetwise.spec.base import Spec, read_document, validate
+from fleetwise.spec.inputs import write_json
 
 PROFILE_SCHEMA = "fleetwise-profile/2"
 # Profiles of the schema before the MoE cost was rebuilt on its physical drivers (the fitted
@@ -111,7 +111,7 @@ class Profile(Spec):
 
     def save(self, path: str | Path) -> None:
         """Write the profile as JSON."""
-        Path(path).write_text(json.dumps(self.model_dump(by_alias=True), indent=1) + "\n", encoding="utf-8")
+        write_json(path, self.model_dump(by_alias=True), indent=1)
 
     @staticmethod
     def load(path: str | Path) -> Profile:

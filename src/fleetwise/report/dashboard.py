@@ -12,8 +12,9 @@ only, so a server can serve it without pulling in the report figures.
 from __future__ import annotations
 
 import html
-import json
 from typing import Any
+
+from fleetwise.spec.inputs import strict_json_dumps
 
 POLL_INTERVAL_S = 1.0
 """How often the page refreshes the fleet state (seconds)."""
@@ -110,8 +111,8 @@ _SCRIPT = """
 
 def _json_for_script(doc: Any) -> str:
     """JSON safe inside a <script> element (no `</script>` or `<!--` can appear)."""
-    return json.dumps(doc, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e").replace(
-        "&", "\\u0026")
+    text = strict_json_dumps(doc, indent=None, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def render_dashboard(fleet: dict[str, Any], poll_path: str = "/admin/fleet",

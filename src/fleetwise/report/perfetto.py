@@ -18,7 +18,6 @@ the time the selected requests span.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from fleetwise.errors import SpecError
 from fleetwise.sim.recording import StepRecorder
 from fleetwise.sim.runner import SimResult
+from fleetwise.spec.inputs import write_json
 
 US = 1e6
 """Trace-event timestamps are microseconds."""
@@ -220,5 +220,5 @@ def write_trace(res: SimResult, rec: StepRecorder, window: Window, path: str | P
     """Write the trace of `res` (recorded by `rec`) for `window` to `path` as JSON."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(trace_events(res, rec, window), separators=(",", ":")) + "\n", encoding="utf-8")
+    write_json(out, trace_events(res, rec, window), indent=None, separators=(",", ":"))
     return out

@@ -95,12 +95,13 @@ class SimResult:
 
     def write(self, out_dir: Any, records_format: str = "csv") -> dict[str, str]:
         """Write summary.json and requests.csv (or .parquet) into `out_dir`."""
-        import json
         from pathlib import Path
+
+        from fleetwise.spec.inputs import write_json
 
         d = Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=False) + "\n")
+        write_json(d / "summary.json", self.summary, indent=2)
         rec_path = write_records(self.records, self.replica_names, d / f"requests.{records_format}")
         return {"summary": str(d / "summary.json"), "records": str(rec_path)}
 

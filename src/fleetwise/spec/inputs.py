@@ -489,6 +489,14 @@ def strict_json_dumps(obj: Any, indent: int | None = 2, **kwargs: Any) -> str:
     return json.dumps(jsonable(obj), indent=indent, allow_nan=False, **kwargs)
 
 
+def write_json(path: str | Path, obj: Any, indent: int | None = 2, **kwargs: Any) -> Path:
+    """Write `obj` to `path` as strict JSON (`strict_json_dumps`) in UTF-8 with a final newline:
+    the one writer of every JSON file the tools produce, so none holds NaN or Infinity."""
+    p = Path(path)
+    p.write_text(strict_json_dumps(obj, indent=indent, **kwargs) + "\n", encoding="utf-8")
+    return p
+
+
 def check_writable_dir(path: str | Path, what: str = "--out") -> Path:
     """`path` as a directory that exists or can be created and written; checked before any work."""
     p = Path(path)

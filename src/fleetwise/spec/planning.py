@@ -9,7 +9,6 @@ Does not resolve catalog names or compute anything: the planner (`fleetwise.plan
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +18,7 @@ from fleetwise.errors import UnknownNameError
 from fleetwise.spec.base import Spec, load_document, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
-from fleetwise.spec.inputs import MAX_GPUS, MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS
+from fleetwise.spec.inputs import MAX_GPUS, MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS, strict_json_dumps
 from fleetwise.spec.routing import PRESETS
 from fleetwise.spec.workload import PrefixSpec, TraceArrival, WorkloadSpec
 
@@ -309,7 +308,7 @@ def planning_json_schema() -> dict[str, Any]:
 
 def planning_schema_text() -> str:
     """The schema as the file stores it (sorted keys, 2-space indent, final newline)."""
-    return json.dumps(planning_json_schema(), indent=2, sort_keys=True) + "\n"
+    return strict_json_dumps(planning_json_schema(), indent=2, sort_keys=True) + "\n"
 
 
 def write_planning_schema(path: str | Path = SCHEMA_PATH) -> Path:

@@ -272,6 +272,57 @@ def test_fault_on_a_replica_the_plan_lacks(capsys, tmp_path):
     assert_user_error(o, "replica='mixed-7' is not in the plan")
 
 
+def _long_trace(tmp_path, prompts=(120, 200_000, 90, 300_000, 80)):
+    """A Mooncake trace whose 2nd and 4th prompts exceed the 131,072-token context of llama-3.1-8b."""
+    rows = [json.dumps({"timestamp": 1000 * i, "input_length": p, "output_length": 8}) for i, p in enumerate(prompts)]
+    return workload(tmp_path, "\n".join(rows) + "\n", "long.jsonl")
+
+
+def test_scenarios_trace_beyond_the_context_is_rejected_before_any_run(capsys, tmp_path):
+    o = run_cli(capsys, ["scenarios", "--small", "--scenario", "heterogeneous", "--seeds", "1",
+                         "--trace", _long_trace(tmp_path), "--out", tmp_path / "o"])
+    assert_user_error(o, "long.jsonl", "seed 0", "request 1 (of 2 such)", "prompt 200,000 + output 8",
+                      "131,072", "--over-context truncate|skip")
+    assert not (tmp_path / "o" / "scenarios.json").exists()
+
+
+@pytest.mark.parametrize("policy,truncated,skipped", [("truncate", 2, 0), ("skip", 0, 2)])
+def test_scenarios_trace_over_context_is_counted(capsys, tmp_path, policy, truncated, skipped):
+    o = run_cli(capsys, ["scenarios", "--small", "--scenario", "heterogeneous", "--seeds", "1", "--no-fail",
+                         "--trace", _long_trace(tmp_path), "--over-context", policy, "--out", tmp_path / "o"])
+    assert o.rc == 0, o.err
+    doc = load_strict_json((tmp_path / "o" / "scenarios.json").read_text())
+    assert doc["info"]["heterogeneous"]["over_context"] == policy
+    for runs in doc["scenarios"]["heterogeneous"].values():
+        assert runs[0]["over_context"] == {"truncated": truncated, "skipped": skipped}
+        assert runs[0]["requests"] == 5 - skipped
+
+
+def _trace_planning_spec(tmp_path, over_context=None):
+    extra = f", over_context: {over_context}" if over_context else ""
+    return workload(tmp_path, "model: llama-3.1-8b\naccelerators: [{name: h100-sxm}]\n"
+                              f"workload: {{rate_rps: 0.2, arrival: {{kind: trace, path: {_long_trace(tmp_path)}}}{extra}}}\n"
+                              "slo: {ttft_s: 5.0, tpot_s: 0.2}\nweight_dtypes: [bf16]\nheadroom: {burst_factor: 1.0}\n"
+                              "search: {max_gpus: 1, top_k: 1, refine_top: 1, seeds: 1, sample_requests: 50, "
+                              "disaggregation: 'off', bisect_steps: 1}\n", "spec.yaml")
+
+
+def test_planning_trace_beyond_the_context_is_rejected(capsys, tmp_path):
+    o = run_cli(capsys, ["plan", _trace_planning_spec(tmp_path), "--workers", "1"])
+    assert_user_error(o, "workload.arrival.path=", "request 1 (of 2 such)", "prompt 200,000 + output 8",
+                      "workload.over_context: truncate|skip")
+
+
+@pytest.mark.parametrize("policy,truncated,skipped", [("truncate", 2, 0), ("skip", 0, 2)])
+def test_planning_trace_over_context_is_counted_in_the_plan(capsys, tmp_path, policy, truncated, skipped):
+    out = tmp_path / "plan.json"
+    o = run_cli(capsys, ["plan", _trace_planning_spec(tmp_path, policy), "--workers", "1", "--json", out])
+    assert o.rc in (0, 1), o.err
+    doc = load_strict_json(out.read_text())
+    assert doc["workload"]["over_context"] == {"policy": policy, "max_context_tokens": 131_072,
+                                               "truncated": truncated, "skipped": skipped}
+
+
 # ---- sizes that exhaust the machine --------------------------------------------------------------
 
 

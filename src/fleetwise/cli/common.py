@@ -14,22 +14,18 @@ import math
 import socket
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
-from fleetwise.core.request import Request
 from fleetwise.errors import SpecError, quote
 from fleetwise.spec.catalog import resolve_gpu, resolve_model
 from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.inputs import (
     OVER_CONTEXT_POLICIES,
     check_file,
-    fit_to_context,
-    request_tokens_problem,
     strict_json_dumps,
 )
 from fleetwise.spec.model import ModelSpec
@@ -194,31 +190,3 @@ def add_over_context_arg(parser: argparse.ArgumentParser) -> None:
                         help="a request whose prompt + output exceeds the model's context, or with an empty prompt "
                              "or output: reject the run (default, like vLLM's 400), truncate it to fit, or skip it; "
                              "the summary counts truncated and skipped requests")
-
-
-def apply_context_limit(requests: list[Request], max_context_tokens: int, policy: str,
-                        where: str) -> tuple[list[Request], dict[str, int]]:
-    """Requests that fit the model's context, per `policy` (see `OVER_CONTEXT_POLICIES`), and the
-    counts {truncated, skipped}. `reject` raises SpecError naming the first offending request."""
-    counts = {"max_context_tokens": max_context_tokens, "truncated": 0, "skipped": 0}
-    bad = [i for i, r in enumerate(requests)
-           if r.prompt_tokens < 1 or r.output_tokens < 1 or r.prompt_tokens + r.output_tokens > max_context_tokens]
-    if not bad:
-        return requests, counts
-    if policy == "reject":
-        r = requests[bad[0]]
-        problem = request_tokens_problem(r.prompt_tokens, r.output_tokens, max_context_tokens)
-        raise SpecError(f"{where}: request {r.request_id} (of {len(bad):,} such): {problem}; "
-                        "fix the workload or pass --over-context truncate|skip")
-    out = list(requests)
-    for i in reversed(bad):
-        r = out[i]
-        if policy == "skip" or r.prompt_tokens < 1 or r.output_tokens < 1:
-            del out[i]
-            counts["skipped"] += 1
-            continue
-        prompt, output = fit_to_context(r.prompt_tokens, r.output_tokens, max_context_tokens)
-        blocks = -(-prompt // r.hash_block_tokens)
-        out[i] = replace(r, prompt_tokens=prompt, output_tokens=output, block_hashes=r.block_hashes[:blocks])
-        counts["truncated"] += 1
-    return out, counts

@@ -21,7 +21,7 @@ from typing import Any
 from rich.table import Table
 
 from fleetwise.cli import progress, trace_columns
-from fleetwise.cli.common import console, float_flag, input_dir, input_file, int_flag
+from fleetwise.cli.common import add_over_context_arg, console, float_flag, input_dir, input_file, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError, UnknownNameError
 from fleetwise.routing.registry import DEFAULT_POLICY, policy_names
@@ -53,6 +53,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--trace-requests", type=int_flag(1, MAX_REQUESTS), default=None, metavar="N",
                    help="with --trace: requests per seed window (default: the file split evenly over the seeds)")
     trace_columns.add_flag(p, "with --trace")
+    add_over_context_arg(p)
     p.add_argument("--small", action="store_true", help="use each scenario's small: overrides (fast check)")
     p.add_argument("--dir", default=None, metavar="DIR", type=input_dir, help="scenario folder (default examples/scenarios)")
     p.add_argument("--jobs", type=int_flag(1, MAX_JOBS), default=1, metavar="J", help="parallel worker processes (default 1)")
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     con = console()
     scenarios = sc.load_scenarios(args.scenario, args.dir, small=args.small, trace=args.trace,
                                   trace_rate_rps=args.trace_rate, trace_requests=args.trace_requests,
-                                  trace_columns=trace_columns.parse(args.trace_columns), seeds=args.seeds)
+                                  trace_columns=trace_columns.parse(args.trace_columns), seeds=args.seeds,
+                                  over_context=args.over_context)
     for s in scenarios:
         for note in s.notes:
             con.print(f"note: {note}")

@@ -21,7 +21,6 @@ from fleetwise.cli import progress, trace_columns
 from fleetwise.cli.common import (
     add_over_context_arg,
     add_seed_arg,
-    apply_context_limit,
     float_flag,
     input_file,
     int_flag,
@@ -41,9 +40,10 @@ from fleetwise.spec.inputs import (
     check_writable_dir,
     check_writable_file,
 )
-from fleetwise.spec.plan import PlanSpec, resolve_pool
+from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.slo import SLOSpec
 from fleetwise.spec.workload import TraceArrival
+from fleetwise.workload.context import apply_context_limit, plan_context_tokens
 
 QUICK_START_POLICY = "round-robin"
 """Routing of the `--model/--gpu` quick start when no `--policy` is given."""
@@ -154,11 +154,6 @@ def load_requests(args: argparse.Namespace) -> list[Request]:
                       max_requests=arrival.max_requests, seed=args.seed, columns=columns)
 
 
-def max_context_tokens(plan: PlanSpec) -> int:
-    """The smallest context window over the plan's models (every replica must fit a request)."""
-    return min(resolve_pool(pool, f"pools.{i}")[0].max_context_tokens for i, pool in enumerate(plan.pools))
-
-
 def run(args: argparse.Namespace) -> int:
     slo = spec_from_flags(SLOSpec, {"ttft_max_s": ("--ttft-slo", args.ttft_slo),
                                     "tpot_max_s": ("--tpot-slo", args.tpot_slo),
@@ -174,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     reqs = load_requests(args)
     if not reqs:
         raise SpecError("the workload produced no requests; check num_requests/duration_s or the trace file")
-    reqs, over_context = apply_context_limit(reqs, max_context_tokens(plan), args.over_context,
+    reqs, over_context = apply_context_limit(reqs, plan_context_tokens(plan), args.over_context,
                                              args.workload or args.trace)
     if not reqs:
         raise SpecError(f"--over-context={args.over_context}: every request was skipped; none fits the model's "

@@ -194,7 +194,7 @@ def _nothing_fits_text(hw: Hardware, spec: PlanningSpec) -> str:
 def prepare(spec: PlanningSpec) -> Search:
     """The state every later phase fills: request mix, burst factor, hardware, perf model, layouts."""
     n = MAX_REQUESTS_PER_RUN + 500
-    mix = build_mix(spec.workload, n, seed=0)
+    mix = build_mix(spec.workload, n, seed=0, max_context_tokens=resolve_model(spec.model).max_context_tokens)
     stats = mix.stats
     hw = resolve_hardware(spec, stats.prompt_max + stats.output_max)
     if spec.headroom.burst_factor is not None:

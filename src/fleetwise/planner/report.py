@@ -131,7 +131,9 @@ def to_json(search: Search) -> dict[str, Any]:
         "workload": {"rate_rps": spec.workload.rate_rps, "burst_factor": _r(search.burst, 4),
                      "burst_source": search.burst_source, "prompt_mean": _r(st.prompt_mean, 2),
                      "prompt_p50": _r(st.prompt_p50, 2), "prompt_p99": _r(st.prompt_p99, 2),
-                     "output_mean": _r(st.output_mean, 2), "output_p99": _r(st.output_p99, 2)},
+                     "output_mean": _r(st.output_mean, 2), "output_p99": _r(st.output_p99, 2),
+                     "over_context": None if search.ctx.mix.over_context is None else
+                     {"policy": spec.workload.over_context, **search.ctx.mix.over_context}},
         "slo": spec.slo.model_dump(),
         "plans": [_plan_json(search, c, i + 1) for i, c in enumerate(search.ranked[: search.top_k])],
         "disaggregation": search.disaggregation or None,

@@ -15,8 +15,10 @@ import numpy as np
 
 from fleetwise.core.request import Request
 from fleetwise.core.rng import RngStreams
+from fleetwise.errors import SpecError
 from fleetwise.spec.planning import PlanWorkloadSpec
 from fleetwise.spec.workload import IndependentLengths, LengthsSpec, PresetLengths, TraceArrival
+from fleetwise.workload.context import limit_lengths
 from fleetwise.workload.formats import get_format
 from fleetwise.workload.sample import LengthStreams, draw_gaps, draw_request_lengths
 from fleetwise.workload.traces import read_trace, replay_arrivals
@@ -31,6 +33,8 @@ class LengthMix:
     unit_gaps: np.ndarray
     """Inter-arrival gaps scaled to mean 1; multiply by 1/rate."""
     source: str
+    over_context: dict[str, int] | None = None
+    """Trace lengths fitted to the model's context: {max_context_tokens, truncated, skipped}."""
 
     @property
     def stats(self) -> LengthStats:
@@ -71,9 +75,10 @@ PLANNER_STREAMS = LengthStreams(input="planner.prompt", output="planner.output",
 """The planner's own random streams for lengths (arrival gaps come from `planner.arrivals`)."""
 
 
-def build_mix(spec: PlanWorkloadSpec, n: int, seed: int = 0) -> LengthMix:
+def build_mix(spec: PlanWorkloadSpec, n: int, seed: int = 0, max_context_tokens: int | None = None) -> LengthMix:
     """`n` requests' lengths and unit arrival gaps from the spec, reproducible from `seed`, drawn by the
-    workload package's samplers from the planner's own streams."""
+    workload package's samplers from the planner's own streams. Trace lengths are fitted to
+    `max_context_tokens` (when given) per `spec.over_context`."""
     streams = RngStreams(seed)
     a = spec.arrival
     if isinstance(a, TraceArrival):
@@ -83,12 +88,20 @@ def build_mix(spec: PlanWorkloadSpec, n: int, seed: int = 0) -> LengthMix:
                                 max_requests=min(n, a.max_requests or n), seed=seed)
         assert table.arrival_s is not None
         t = table.arrival_s
-        gaps = np.diff(t, prepend=0.0)[1:] if len(t) > 1 else np.ones(1)
-        gaps = np.append(gaps, gaps.mean() if len(gaps) else 1.0)
+        gaps = _trace_gaps(t)
         if spec.trace_lengths:
-            prompt, output = table.prompt_tokens.astype(np.int64), np.maximum(1, table.output_tokens).astype(np.int64)
+            prompt, output = table.prompt_tokens.astype(np.int64), table.output_tokens.astype(np.int64)
+            counts = None
+            if max_context_tokens is not None:
+                keep, prompt, output, counts = limit_lengths(
+                    prompt, output, max_context_tokens, spec.over_context, f"workload.arrival.path={a.path}",
+                    "set workload.over_context: truncate|skip")
+                if not keep.any():
+                    raise SpecError(f"workload.over_context={spec.over_context}: every trace request was skipped; "
+                                    f"none fits the model's context of {max_context_tokens:,} tokens")
+                gaps = gaps if keep.all() else _trace_gaps(t[keep])  # a skipped request's gap joins the next
             mean = gaps.mean() if gaps.mean() > 0 else 1.0
-            return LengthMix(prompt, output, gaps / mean, f"trace {a.path}")
+            return LengthMix(prompt, output, gaps / mean, f"trace {a.path}", counts)
         source = f"trace {a.path} arrivals"
     else:
         gaps = draw_gaps(a, 1.0, streams.get("planner.arrivals"), n)
@@ -96,6 +109,12 @@ def build_mix(spec: PlanWorkloadSpec, n: int, seed: int = 0) -> LengthMix:
     assert spec.lengths is not None
     prompt, output = draw_request_lengths(spec.lengths, streams, len(gaps), PLANNER_STREAMS)
     return LengthMix(prompt, output, gaps / gaps.mean(), f"{source}, {_describe(spec.lengths)} lengths")
+
+
+def _trace_gaps(t: np.ndarray) -> np.ndarray:
+    """Inter-arrival gaps of trace arrival times `t` (the last one the mean, so there is one per request)."""
+    gaps = np.diff(t, prepend=0.0)[1:] if len(t) > 1 else np.ones(1)
+    return np.append(gaps, gaps.mean() if len(gaps) else 1.0)
 
 
 def _describe(lengths: LengthsSpec) -> str:

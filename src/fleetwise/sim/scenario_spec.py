@@ -19,6 +19,7 @@ from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.routing import deep_merge
 from fleetwise.spec.slo import SLOSpec
 from fleetwise.spec.workload import TraceArrival, TraceColumns, WorkloadSpec
+from fleetwise.workload.context import apply_context_limit, plan_context_tokens
 from fleetwise.workload.generate import generate
 
 
@@ -56,13 +57,20 @@ class Scenario:
     notes: tuple[str, ...] = ()
     workload_source: str = "generated"
     """`generated`, `trace:<path>` (the scenario's trace) or `override:<path>` (--trace)."""
+    over_context: str = "reject"
+    """What a request beyond the plan's context (or an empty one) does: `OVER_CONTEXT_POLICIES`."""
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     def requests(self, seed: int) -> list[Request]:
-        """The requests of seed `seed` (deterministic)."""
+        """The requests of seed `seed` (deterministic), fitted to the plan's context."""
+        return self.requests_and_counts(seed)[0]
+
+    def requests_and_counts(self, seed: int) -> tuple[list[Request], dict[str, int]]:
+        """The requests of seed `seed` and the over-context counts {max_context_tokens, truncated,
+        skipped}; `reject` raises SpecError naming the first request that does not fit."""
         wl = self.spec.workload
         if isinstance(wl.arrival, TraceArrival) and self.spec.seed_stride_s > 0:
             arrival = wl.arrival.model_copy(update={"start_s": wl.arrival.start_s + seed * self.spec.seed_stride_s})
@@ -71,7 +79,14 @@ class Scenario:
         if not reqs:
             raise SpecError(f"{self.path}: seed {seed}: the workload produced no requests "
                             "(check num_requests/duration_s, or the trace window of this seed)")
-        return reqs
+        where = self.workload_source.removeprefix("override:") if self.workload_source.startswith("override:") \
+            else self.path
+        reqs, counts = apply_context_limit(reqs, plan_context_tokens(self.spec.plan), self.over_context,
+                                           f"{where}: seed {seed}")
+        if not reqs:
+            raise SpecError(f"{where}: seed {seed}: --over-context={self.over_context} skipped every request; "
+                            f"none fits the model's context of {counts['max_context_tokens']:,} tokens")
+        return reqs, counts
 
 
 def repo_root() -> Path:
@@ -97,12 +112,13 @@ def _resolve_trace(path: str, base: Path) -> Path | None:
 
 def load_scenario(path: str | Path, small: bool = False, trace: str | None = None,
                   trace_rate_rps: float | None = None, trace_requests: int | None = None,
-                  seeds: int = 5, trace_columns: TraceColumns | None = None) -> Scenario:
+                  seeds: int = 5, trace_columns: TraceColumns | None = None,
+                  over_context: str = "reject") -> Scenario:
     """Read a scenario file; `small` applies its `small:` overrides; `trace` replaces its workload.
 
     With `trace`, seed k replays the k-th of `seeds` consecutive windows of the file (each
     `trace_requests` long, default: an equal share of the file), rescaled to `trace_rate_rps`
-    when given.
+    when given. `over_context` is what a request beyond the plan's context does (`Scenario`).
     """
     p = Path(path)
     data = read_document(p)
@@ -129,7 +145,7 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
             raise SpecError(f"{p}: workload.arrival.path={ta.path!r}: trace file not found "
                             "(relative paths are resolved against the repo root and the scenario's folder)")
     spec.plan.check(where=str(p))
-    return Scenario(spec, str(p), tuple(notes), source)
+    return Scenario(spec, str(p), tuple(notes), source, over_context)
 
 
 def _with_trace(spec: ScenarioSpec, trace: str, rate_rps: float | None, max_requests: int | None,

@@ -87,7 +87,7 @@ def run_one(job: Job) -> dict[str, Any]:
     """Simulate one job and return its per-seed record (see docs/scenarios.md)."""
     sc = job.scenario.spec
     plan = sc.plan.model_copy(update={"routing": job.policy})
-    reqs = job.scenario.requests(job.seed)
+    reqs, over_context = job.scenario.requests_and_counts(job.seed)
     opts = SimOptions(seed=job.seed, slo=sc.slo, feedback_delay_s=sc.feedback_delay_s)
     res = simulate(plan, reqs, sc.faults, opts)
     s = res.summary
@@ -104,6 +104,7 @@ def run_one(job: Job) -> dict[str, Any]:
         "failed": s["requests_failed"],
         "failure_reasons": s["failure_reasons"],
         "duration_s": s["duration_s"],
+        "over_context": {k: over_context[k] for k in ("truncated", "skipped")},
         "per_replica": _per_replica(plan, res.records, s["per_replica"]),
         "per_tenant": per_tenant(res.records),
         "router": {k: s["router"].get(k) for k in ("decisions", "rejected", "by_reason", "by_worker", "safe_mode")},
@@ -185,6 +186,10 @@ def run_scenarios(scenarios: Sequence[Scenario], policies: Iterable[str] | None 
     if seeds < 1:
         raise SpecError(f"--seeds={seeds}: need at least one seed (five or more for meaningful intervals)")
     pols = with_baseline(policies)
+    for sc in scenarios:  # a request beyond the context is refused before any run (`reject`)
+        if sc.over_context == "reject":
+            for k in range(seeds):
+                sc.requests(k)
     jobs = [Job(sc, p, k) for sc in scenarios for p in pols for k in range(seeds)]
     runner = mapper or (lambda fn, js: map(fn, js))
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {sc.name: {p: [] for p in pols} for sc in scenarios}
@@ -220,4 +225,5 @@ def _info(sc: Scenario) -> dict[str, Any]:
         "slo": s.slo.model_dump(exclude_none=True),
         "faults": [f.model_dump() for f in s.faults.faults],
         "feedback_delay_s": s.feedback_delay_s,
+        "over_context": sc.over_context,
     }

@@ -54,6 +54,10 @@ class PlanWorkloadSpec(WorkloadSpec):
 
     rate_rps: float = Field(gt=0, le=MAX_RATE_RPS)
     """Target mean arrival rate, requests per second (the arrival's own rate_rps is set to it)."""
+    over_context: Literal["reject", "truncate", "skip"] = "reject"
+    """Trace lengths: what a request whose prompt + output exceeds the model's context (or with an
+    empty prompt or output) does: `reject` the spec naming it, `truncate` it to fit, or `skip` it;
+    the plan document counts them (`workload.over_context`). Drawn lengths are checked whole."""
 
     @model_validator(mode="before")
     @classmethod

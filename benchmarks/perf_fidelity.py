@@ -12,6 +12,8 @@ decode, mixed) and the fitted factors.
   held out the fit sees dense points only, so the MoE-only factors (`grouped_compute_eff`,
   `expert_group_s`, `moe_kernel_weight`) stay at their defaults; the grouped-GEMM default is a
   public measurement of another MoE shape (`GROUPED_COMPUTE_EFF_PRIOR`).
+- `held_out_kinds`: leave-one-kind-out. Fit on two kinds of step (both models), predict every
+  point of the third: shapes the fit never saw (eager prefill, graph decode, mixed chunks).
 - `prior_sensitivity`: the MoE-from-dense check again with that prior moved by -0.10 to +0.10,
   to show how much of the held-out figure rests on it.
 - `worst_points`: the five largest held-out errors of each held-out model.
@@ -25,6 +27,7 @@ import argparse
 import json
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +71,16 @@ def main() -> int:
         doc["held_out"][held] = {"fitted_on": sorted(rest), **_fit_record(prof, preds)}
         worst = sorted(preds, key=lambda p: -abs(p.error_pct))[:5]
         doc["worst_points"][held] = [p.as_dict() for p in worst]
+    doc["held_out_kinds"] = {}
+    for kind in ("prefill", "decode", "mixed"):
+        fit_on = [f for f in (replace(f, points=[p for p in f.points if p.kind != kind]) for f in files) if f.points]
+        held = [f for f in (replace(f, points=[p for p in f.points if p.kind == kind]) for f in files) if f.points]
+        prof = calibrate(fit_on, gpu)
+        preds = predict(prof, held, gpu)
+        rec = _fit_record(prof, preds)
+        rec["by_model"] = {n: {k: v for k, v in summarize([p for p in preds if p.point.model == n]).items()
+                               if k != "by_kind"} for n in sorted(names)}
+        doc["held_out_kinds"][kind] = rec
     moe = sorted(n for n, m in model_names(files).items() if m.moe is not None)
     dense = names - set(moe)
     for shift in PRIOR_SHIFTS:
@@ -84,6 +97,10 @@ def main() -> int:
         kinds = "  ".join(f"{k} {v['median_abs_pct']}/{v['max_abs_pct']}" for k, v in s["by_kind"].items())
         print(f"held out {held} (fit on {', '.join(s['fitted_on'])}): median {s['median_abs_pct']}%  "
               f"max {s['max_abs_pct']}%  [{kinds}]")
+    for kind, s in doc["held_out_kinds"].items():
+        models = "  ".join(f"{n} {v['median_abs_pct']}/{v['max_abs_pct']}" for n, v in s["by_model"].items())
+        print(f"held out {kind} steps (fit on the other kinds): median {s['median_abs_pct']}%  "
+              f"max {s['max_abs_pct']}%  [{models}]")
     print("MoE from dense vs grouped prior:", doc["prior_sensitivity"])
     print(f"wrote {args.out}")
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+import uuid
 
 from gw_harness import ADMIN, run, running_fleet
 
@@ -27,6 +28,8 @@ def test_streaming_completion_relays_every_chunk_and_round_robins() -> None:
                 assert texts(events) == ["t0 ", "t1 ", "t2 ", "t3 ", "t4 "]
                 assert events[-1] == "[DONE]"
                 seen.append(headers["x-fleetwise-backend"])
+                rid = next(v for k, v in headers.items() if k.lower() == "x-request-id")
+                assert str(uuid.UUID(rid)).replace("-", "") == rid  # a UUID's form: servers validating it accept it
             assert sorted(seen) == ["b0", "b0", "b1", "b1"]
             status, doc, _ = await f.post("/v1/completions", {**COMPLETION, "stream": False})
             assert status == 200 and doc["choices"][0]["text"] == "t0 t1 t2 t3 t4 "

@@ -90,6 +90,21 @@ def test_sse_framer_forwards_whole_events_only() -> None:
     assert f.events == 3 and f.buf == b""
 
 
+def test_sse_framer_relays_crlf_and_cr_streams_as_lf() -> None:
+    """SSE lines may end with CRLF (sse-starlette's default) or CR: every split of such a stream
+    into two chunks relays the same LF events as the LF stream, never an early boundary."""
+    lf = b'data: {"a": 1}\n\ndata: {"b":\ndata: 2}\n\ndata: [DONE]\n\n'
+    crlf, cr = lf.replace(b"\n", b"\r\n"), lf.replace(b"\n", b"\r")
+    for cut in range(len(crlf) + 1):
+        f = SseFramer()
+        out = f.feed(crlf[:cut]) + f.feed(crlf[cut:])
+        assert out == lf and f.events == 4 and f.buf == b"", cut
+    for cut in range(len(cr) + 1):  # a CR ending the stream may still be half a CRLF: it waits
+        f = SseFramer()
+        out = f.feed(cr[:cut]) + f.feed(cr[cut:])
+        assert out == lf[:-len(b"data: [DONE]\n\n")] and f.buf == b"data: [DONE]\n\r", cut
+
+
 def test_prompt_blocks_are_chained_and_stable() -> None:
     a = prompt_blocks("x" * 100 + "y" * 100, 50)
     b = prompt_blocks("x" * 100 + "z" * 100, 50)

@@ -159,7 +159,9 @@ class Gateway:
         self.upstream = Upstream(cfg.timeouts.connect_s, cfg.timeouts.first_byte_s, cfg.timeouts.idle_s)
         self.discovered_models: dict[str, frozenset[str]] = {}
         self._ids = itertools.count()
-        self._id_prefix = f"fw-{os.getpid():x}-"
+        self._id_prefix = f"{os.getpid() & 0xFFFFFFFF:08x}"
+        """Request ids are this process's id then a counter, 32 hex digits in all: a UUID's form,
+        which some servers require of `X-Request-Id` (llama-cpp-python's answers 400 otherwise)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._file_backends: set[str] = set()
         self._file_mtime: float | None = None
@@ -519,7 +521,7 @@ class Gateway:
             await self._send_error(send, endpoint, 400, str(err), "invalid_request_error", "Idempotency-Key",
                                    "invalid_idempotency_key", None)
             return
-        rid = f"{self._id_prefix}{next(self._ids):x}"
+        rid = f"{self._id_prefix}{next(self._ids):024x}"
         hashes: tuple[int, ...] = ()
         if self.wants_hashes:
             hashes = prompt_blocks(pr.prompt_text, self.block_bytes) if ids is None else \

@@ -93,7 +93,11 @@ class SseFramer:
         """The last whole events forwarded (searched for the final usage block)."""
 
     def feed(self, chunk: bytes) -> bytes:
-        """The whole events completed by `chunk` (possibly empty)."""
+        """The whole events completed by `chunk` (possibly empty). Line ends are relayed as LF:
+        SSE also allows CRLF and CR (sse-starlette, which several OpenAI-compatible servers build
+        on, writes CRLF unless told otherwise), and the relay reads events by their LF blank line."""
+        if b"\r" in chunk or self.buf.endswith(b"\r"):
+            chunk = self._lf(chunk)
         buf = self.buf + chunk if self.buf else chunk
         cut = buf.rfind(b"\n\n")
         if cut < 0:
@@ -103,3 +107,19 @@ class SseFramer:
         self.events += out.count(b"data:")
         self.tail = out[-2048:]
         return out
+
+    def _lf(self, chunk: bytes) -> bytes:
+        """`chunk` with CRLF and CR line ends as LF; a CR ending the chunk waits in `buf` for the
+        next chunk (it may be the first half of a CRLF)."""
+        if self.buf.endswith(b"\r"):
+            self.buf = self.buf[:-1]
+            chunk = b"\r" + chunk
+        hold = chunk.endswith(b"\r")
+        if hold:
+            chunk = chunk[:-1]
+        chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if hold:
+            self.buf += chunk
+            self.buf += b"\r"
+            return b""
+        return chunk

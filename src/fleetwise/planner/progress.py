@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-PHASE_SHARES: dict[str, float] = {"latency": 0.01, "goodput": 0.72, "refinement": 0.20, "disaggregation": 0.07}
+PHASE_SHARES: dict[str, float] = {"latency": 0.01, "goodput": 0.52, "refinement": 0.42, "disaggregation": 0.05}
 """Share of a search's time per phase (fit, sizing and ranking take milliseconds): the mean of
-per-phase CPU time, one worker, on the built-in question (goodput 62%, refinement 30%,
-disaggregation 8% of 19.1 s) and the small PD plan of tests/report (86%, 9%, 5% of 7.2 s)."""
+per-phase CPU time, one worker, on the built-in question (goodput 35%, refinement 60%,
+disaggregation 5% of 30.5 s) and the small PD plan of tests/report (69%, 25%, 5% of 7.2 s)."""
 
 
 class PhaseMeter:

@@ -14,10 +14,11 @@ import pytest
 from emu_helpers import asgi_post, cfg, metric, run, serve
 
 from fleetwise.core.tokens import words_text
-from fleetwise.emulator.app import create_app
-from fleetwise.emulator.kv_link import KvIngress
+from fleetwise.emulator.app import KvPost, create_app
+from fleetwise.emulator.kv_link import KvPort
 from fleetwise.emulator.protocol import parse_request
 from fleetwise.engine.clock import ORDER_ARRIVAL
+from fleetwise.perf.kv import kv_shards, kv_transfer_bytes
 from fleetwise.sim.events import EventLoop
 from fleetwise.sim.network import KvNetwork
 from fleetwise.spec.plan import KvLinkSpec
@@ -115,12 +116,12 @@ def test_a_decode_request_whose_client_disconnects_during_its_kv_pull_is_dropped
                 pulling = asyncio.create_task(_call_then_disconnect(dapp, body, -1, gone))
                 for _ in range(400):
                     await asyncio.sleep(0.005)
-                    if drep.ingress is not None and drep.ingress.active:
+                    if drep.kv_port is not None and drep.kv_port.active:
                         break
-                assert drep.ingress is not None and drep.ingress.active == 1  # the KV is on its way
+                assert drep.kv_port is not None and drep.kv_port.active == 1  # the KV is on its way
                 gone.set()  # the client goes away while the pull is in flight (1 s of wall time)
                 await asyncio.sleep(0.05)
-                assert drep.ingress.active == 0  # the pull was cancelled, not run to its end
+                assert drep.kv_port.active == 0  # the pull was cancelled, not run to its end
                 assert not drep._live and drep.engine.num_waiting == 0
                 await asyncio.wait_for(pulling, 30)
                 assert metric((await _get(dapp, "/metrics")), "fleetwise:kv_transfer_seconds_count") == 0
@@ -164,7 +165,7 @@ def test_concurrent_pulls_land_when_the_simulators_network_delivers():
     bw_src, bw_dst, lat = 4e9, 6e9, 2e-5
     starts = [(0.0, "p0", 3e8), (0.01, "p0", 1e8), (0.02, "p1", 2e8), (0.021, "p0", 5e7), (0.2, "p1", 1e8)]
     loop = EventLoop()
-    ing = KvIngress(loop, bw_dst, lat)
+    ing = KvPort(loop, bw_dst, lat)
     got: dict[int, float] = {}
 
     def start(now: float, a: tuple[int, str, float]) -> None:
@@ -187,36 +188,105 @@ def test_concurrent_pulls_land_when_the_simulators_network_delivers():
     assert got[0] > alone * 1.2  # shared, not priced alone
 
 
+def _recording(post: KvPost, answers: dict[str, dict[str, Any]]) -> KvPost:
+    """`post`, keeping each KV pull's answer by its remote_request_id."""
+    async def rec(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+        status, data = await post(url, body)
+        if status == 200:
+            answers[data["remote_request_id"]] = data
+        return status, data
+    return rec
+
+
+async def _prefill(pc: httpx.AsyncClient, prompt: str) -> dict[str, Any]:
+    r = await pc.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1,
+                                               "kv_transfer_params": {"do_remote_decode": True}})
+    assert r.status_code == 200
+    return r.json()["kv_transfer_params"]
+
+
+async def _rows(c: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
+    rec = (await c.get("/fleetwise/requests")).json()
+    return {r[0]: dict(zip(rec["columns"], r, strict=True)) for r in rec["rows"]}
+
+
 def test_two_decode_requests_pulling_at_once_share_the_link():
     async def go():
+        answers: dict[str, dict[str, Any]] = {}
         async with serve(cfg(role="prefill", port=9111)) as (papp, pc):
             async with serve(cfg(role="decode", port=9112, time_scale=10.0, kv_link=KvLinkSpec(gbps=1.0, latency_s=0.0)),
-                             kv_post=asgi_post({"http://127.0.0.1:9111": papp})) as (dapp, dc):
+                             kv_post=_recording(asgi_post({"http://127.0.0.1:9111": papp}), answers)) as (dapp, dc):
                 prompts = [words_text(list(range(i, i + 2000))) for i in (0, 5000)]
-                ktps = []
-                for p in prompts:
-                    r = await pc.post("/v1/completions", json={"prompt": p, "max_tokens": 1,
-                                                               "kv_transfer_params": {"do_remote_decode": True}})
-                    ktps.append(r.json()["kv_transfer_params"])
+                ktps = [await _prefill(pc, p) for p in prompts]
                 drep = dapp.state.replica
-                alone_one = 2000 * drep.deployment.model.kv_bytes_per_token("bf16") / drep.ingress.bandwidth_bytes_per_s
+                alone_one = 2000 * drep.deployment.model.kv_bytes_per_token("bf16") / drep.kv_port.bandwidth_bytes_per_s
                 rs = await asyncio.gather(*[dc.post("/v1/completions", json={"prompt": p, "max_tokens": 2,
                                                                              "kv_transfer_params": k},
                                                     headers={"x-request-id": f"pull{i}"})
                                             for i, (p, k) in enumerate(zip(prompts, ktps, strict=True))])
                 assert all(r.status_code == 200 for r in rs)
-                rec = (await dc.get("/fleetwise/requests")).json()
-                rows = sorted((dict(zip(rec["columns"], r, strict=True)) for r in rec["rows"]),
-                              key=lambda r: r["kv_pull_start_s"])
-                delta = rows[1]["kv_pull_start_s"] - rows[0]["kv_pull_start_s"]
+                rows = await _rows(dc)
+                delta = abs(rows["pull1"]["kv_pull_start_s"] - rows["pull0"]["kv_pull_start_s"])
                 assert 0.0 <= delta < alone_one  # the two overlap
                 # Equal pulls started delta apart share the port from then on: each takes
-                # 2 x alone - delta (one at a time, each would take `alone`).
-                for r in rows:
-                    assert r["kv_pull_end_s"] - r["kv_pull_start_s"] == pytest.approx(2 * alone_one - delta, rel=1e-6)
-                total = metric((await dc.get("/metrics")).text, "fleetwise:kv_transfer_seconds_sum")
-                assert total == pytest.approx(4 * alone_one - 2 * delta, rel=1e-6)
+                # 2 x alone - delta (one at a time, each would take `alone`). Both ends price it
+                # so; each sees the starts on its own clock, and the pull lands at the later end.
+                total = 0.0
+                for i, k in enumerate(ktps):
+                    r, egress_s = rows[f"pull{i}"], answers[k["remote_request_id"]]["transfer_s"]
+                    assert egress_s == pytest.approx(2 * alone_one - delta, rel=0.05)
+                    took = r["kv_pull_end_s"] - r["kv_pull_start_s"]
+                    assert took == pytest.approx(max(2 * alone_one - delta, egress_s), rel=1e-6)
+                    total += took
+                assert metric((await dc.get("/metrics")).text, "fleetwise:kv_transfer_seconds_sum") == \
+                    pytest.approx(total, rel=1e-6)
     run(go(), 120)
+
+
+def test_one_prefill_feeding_two_decode_replicas_lands_when_the_simulators_network_delivers():
+    """Fan-out: one prefill replica's egress port carries pulls to two decode replicas at once.
+    Each pull lands when the simulator's network (egress and ingress ports shared) delivers the
+    same transfers started at the same times, not at the faster price of the decode port alone."""
+    link = KvLinkSpec(gbps=1.0, latency_s=1e-3)
+    sizes = {"d1": 2000, "d2": 1200}
+
+    async def go():
+        answers: dict[str, dict[str, Any]] = {}
+        async with serve(cfg(role="prefill", port=9131, time_scale=10.0, kv_link=link)) as (papp, pc):
+            post = _recording(asgi_post({"http://127.0.0.1:9131": papp}), answers)
+            async with serve(cfg(role="decode", port=9132, time_scale=10.0, kv_link=link), kv_post=post) as (d1, c1), \
+                    serve(cfg(role="decode", port=9133, time_scale=10.0, kv_link=link), kv_post=post) as (d2, c2):
+                prompts = {d: words_text(list(range(7000 * i, 7000 * i + n))) for i, (d, n) in enumerate(sizes.items())}
+                ktps = {d: await _prefill(pc, p) for d, p in prompts.items()}
+                clients = {"d1": c1, "d2": c2}
+                rs = await asyncio.gather(*[clients[d].post("/v1/completions", headers={"x-request-id": f"fan-{d}"},
+                                                            json={"prompt": prompts[d], "max_tokens": 2,
+                                                                  "kv_transfer_params": ktps[d]})
+                                            for d in sizes])
+                assert all(r.status_code == 200 for r in rs), [r.text for r in rs]
+                rows = {d: (await _rows(clients[d]))[f"fan-{d}"] for d in sizes}
+                reps = {"p": papp.state.replica, "d1": d1.state.replica, "d2": d2.state.replica}
+        return {d: answers[ktps[d]["remote_request_id"]] for d in sizes}, rows, reps
+
+    got, rows, reps = run(go(), 120)
+    # The simulator's network, the same ports, the same transfers started when the egress port saw them.
+    ref_loop = EventLoop()
+    want: dict[int, float] = {}
+    net = KvNetwork(ref_loop, link.latency_s, lambda now, tag, rec: want.__setitem__(tag, now))
+    ports = {k: net.add_port(k, link.bytes_per_s * kv_shards(r.deployment)) for k, r in reps.items()}
+    for k, d in enumerate(sizes):
+        nbytes = kv_transfer_bytes(sizes[d], reps["p"].deployment)
+        ref_loop.call_at(got[d]["transfer_start_s"], ORDER_ARRIVAL,
+                         lambda now, a: net.start(now, a[0], ports["p"], ports[a[1]], a[2]), (k, d, nbytes))
+    ref_loop.run()
+    for k, d in enumerate(sizes):
+        sim_s = want[k] - got[d]["transfer_start_s"]
+        assert got[d]["transfer_s"] == pytest.approx(sim_s, rel=1e-9)  # priced on the egress as the sim does
+        took = rows[d]["kv_pull_end_s"] - rows[d]["kv_pull_start_s"]
+        assert took == pytest.approx(sim_s, rel=1e-9)  # and the decode replica lands it then
+        alone = net.alone_s(ports["p"], ports[d], kv_transfer_bytes(sizes[d], reps["p"].deployment))
+        assert took > 1.3 * alone  # the two shared the prefill's port (alone: one decode port's price)
+    assert abs(got["d1"]["transfer_start_s"] - got["d2"]["transfer_start_s"]) < 0.2  # they overlapped
 
 
 # ---- arrivals and step boundaries -------------------------------------------------------------------

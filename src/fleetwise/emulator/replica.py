@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from fleetwise.emulator import faults as fault_kinds
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.generation import OutputLengthModel, TokenStream
 from fleetwise.emulator.kv_events import KvEventPublisher
-from fleetwise.emulator.kv_link import KvIngress
+from fleetwise.emulator.kv_link import KvPort
 from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.protocol import ApiError, GenRequest
 from fleetwise.engine.clock import ORDER_ARRIVAL
@@ -39,11 +40,10 @@ from fleetwise.engine.pools import build_pool
 from fleetwise.engine.records import StepOutput
 from fleetwise.errors import SpecError
 from fleetwise.live import AsyncioClock
-from fleetwise.perf.kv import kv_shards, kv_transfer_bytes, kv_transfer_s
+from fleetwise.perf.kv import kv_shards, kv_transfer_bytes
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.perf.types import Deployment
-from fleetwise.spec.hardware import LinkSpec
 from fleetwise.spec.plan import PoolSpec
 
 MAX_DST_KINDS = 64
@@ -183,7 +183,8 @@ class EmulatedReplica:
         self._dst_cache: dict[str, Deployment] = {}
         self._aborts: list[Live] = []
         """Requests to drop from the engine at the end of the step in flight."""
-        self.ingress: KvIngress | None = None
+        self.kv_port: KvPort | None = None
+        """The replica's KV port: a prefill replica's egress, a decode replica's ingress."""
         self.clock: AsyncioClock | None = None
         self.driver: EngineDriver | None = None
         self.created = int(time.time())
@@ -210,7 +211,7 @@ class EmulatedReplica:
         self.clock = AsyncioClock(1.0 / self.cfg.time_scale)
         self.origin_unix_s = time.time()
         link = self.cfg.kv_link
-        self.ingress = KvIngress(self.clock, link.bytes_per_s * kv_shards(self.deployment), link.latency_s)
+        self.kv_port = KvPort(self.clock, link.bytes_per_s * kv_shards(self.deployment), link.latency_s)
         self.driver = EngineDriver(self.engine, self.clock, self._on_output, single_passes, self.build.perf,
                                    pool_name=self.pool.name, accelerator=self.deployment.accelerator.name,
                                    model_version=self.pool.model_version, region=self.pool.region,
@@ -324,8 +325,8 @@ class EmulatedReplica:
 
     def _drop(self, live: Live) -> None:
         """Take `live` out of the KV port and the engine (between steps)."""
-        if live.pull_id is not None and self.ingress is not None:
-            self.ingress.cancel(self.now_s(), live.pull_id)
+        if live.pull_id is not None and self.kv_port is not None:
+            self.kv_port.cancel(self.now_s(), live.pull_id)
             live.pull_id = None
         if not live.admitted:
             live.done = True  # a pending admission finds it done
@@ -475,10 +476,12 @@ class EmulatedReplica:
             self._kick()
 
     async def serve_pull(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Prefill role: a decode replica pulls a leased request's KV. Holds the pull open for
-        as long as the transfer alone takes (`perf.kv.kv_transfer_s` over the decode side's
-        link: a crash in that time breaks the pull), then frees the blocks and answers. The
-        decode side times the transfer itself, on its shared KV port."""
+        """Prefill role: a decode replica pulls a leased request's KV. The transfer runs on this
+        replica's egress port (`KvPort`, shared with every pull in flight to any decode replica)
+        from the moment the pull arrives; the pull is held open until it lands (a crash in that
+        time breaks it), then the blocks are freed and the answer says how long the transfer
+        took as priced on this port (`transfer_s`, modelled seconds; the decode side lands it at
+        the later of that and its own ingress pricing)."""
         rid = body.get("remote_request_id")
         if not isinstance(rid, str) or rid not in self._leases:
             raise ApiError(404, f"no KV lease for remote_request_id={rid!r} (expired, pulled already, or "
@@ -489,20 +492,40 @@ class EmulatedReplica:
         dst = body.get("dst") or {}
         try:
             dst_dep = self._dst_deployment(dst)
-            link = LinkSpec(bandwidth_bytes_per_s=float(body.get("link_bytes_per_s", self.cfg.kv_link.bytes_per_s)),
-                            latency_s=float(body.get("link_latency_s", self.cfg.kv_link.latency_s)))
-            lease = self._leases[rid]
-            seconds = kv_transfer_s(lease.prompt_tokens, self.deployment, dst_dep, link)
+            dst_bw = float(body.get("link_bytes_per_s", self.cfg.kv_link.bytes_per_s)) * kv_shards(dst_dep)
+            if not (math.isfinite(dst_bw) and dst_bw > 0):
+                raise ValueError(f"link_bytes_per_s={body.get('link_bytes_per_s')!r} must be a positive number")
         except (SpecError, ValueError, TypeError) as err:
             raise ApiError(400, f"KV pull: {str(err)[:200]}", "dst") from None
+        # The decode replica's port; a pull that does not name it shares no port but ours.
+        dst_port = str(body.get("dst_port") or f"pull:{rid}")
         lease = self._leases.pop(rid)
         self.metrics.kv_leases.set(len(self._leases))
         if lease.expires is not None:
             lease.expires.cancel()
-        await asyncio.sleep(self._wall_s(seconds))
+        port, clock = self.kv_port, self.clock
+        assert port is not None and clock is not None  # serving means started
+        nbytes = kv_transfer_bytes(lease.prompt_tokens, self.deployment)
+        landed: asyncio.Future[tuple[float, float]] = asyncio.get_running_loop().create_future()
+        pid: list[int] = []
+
+        def on_landed(t: float, seconds: float) -> None:
+            if not landed.done():
+                landed.set_result((t, seconds))
+
+        def start(t: float, _: Any) -> None:
+            # On the clock, as arrivals are: a late process first ends the transfers that were due.
+            pid.append(port.start(t, dst_port, dst_bw, nbytes, on_landed))
+
+        clock.call_at(self.now_s(), ORDER_ARRIVAL, start)
+        try:
+            end_s, seconds = await landed
+        finally:
+            if not landed.done() and pid:
+                port.cancel(self.now_s(), pid[0])  # the pull was broken off: the others speed up
         self._release(lease.live.eid)
         return {"remote_request_id": rid, "prompt_tokens": lease.prompt_tokens, "transfer_s": seconds,
-                "remote_engine_id": self.cfg.engine_id}
+                "transfer_start_s": end_s - seconds, "remote_engine_id": self.cfg.engine_id}
 
     def _release(self, eid: str) -> None:
         if self.driver is not None and self.driver.state == DOWN and self.engine.busy:
@@ -531,45 +554,62 @@ class EmulatedReplica:
         return self._dst_deployment({"model": self.cfg.model, "accelerator": self.cfg.gpu, "tp": tp, "pp": pp,
                                      "kv_dtype": self.cfg.kv_dtype})
 
+    def kv_port_name(self) -> str:
+        """This replica's KV port as its peers name it (`engine_id@host:port`)."""
+        return f"{self.cfg.engine_id}@{self.cfg.host}:{self.cfg.port}"
+
     async def _pull(self, lv: Live, er: Request, ktp: dict[str, Any]) -> None:
-        """Decode role: the prompt's KV moves over this replica's KV port (`KvIngress`, shared
-        with the other pulls in flight) from the moment the request arrived; when it lands the
-        request reaches the engine. The pull message to the prefill replica runs alongside: it
-        checks and ends the lease, and its answer gates the response (a refused or broken pull
-        drops the request and answers with the error). The message's own wall-clock round
-        trip is the emulation's, not the modelled transfer's (vLLM's NIXL reads the remote
-        blocks directly), so it is not on the modelled path."""
-        if self._kv_pull is None or self.ingress is None:
+        """Decode role: the prompt's KV moves over this replica's ingress port (`KvPort`, shared
+        with the other pulls in flight) from the moment the request arrived, and over the
+        prefill replica's egress port, which prices it there and answers the pull message with
+        how long it took (`transfer_s`). The request reaches the engine when both have landed it:
+        at `arrival + max(ingress, egress)`, the simulator's two-port sharing as far as the two
+        ends see it (see `kv_link`). A refused or broken pull drops the request and answers with
+        the error. The message's own wall-clock round trip is the emulation's, not the modelled
+        transfer's (vLLM's NIXL reads the remote blocks directly), so it is not on the modelled
+        path."""
+        if self._kv_pull is None or self.kv_port is None or self.clock is None:
             self._fail(lv, ApiError(503, "this replica cannot reach prefill replicas (no KV client)"))
             return
         dst = {"model": self.cfg.model, "accelerator": self.cfg.gpu, "tp": self.cfg.tp, "pp": self.cfg.pp,
                "kv_dtype": self.cfg.kv_dtype}
         req = {"remote_request_id": ktp.get("remote_request_id"), "remote_engine_id": ktp.get("remote_engine_id"),
-               "dst": dst, "link_bytes_per_s": self.cfg.kv_link.bytes_per_s,
-               "link_latency_s": self.cfg.kv_link.latency_s}
+               "dst": dst, "dst_port": self.kv_port_name(), "link_bytes_per_s": self.cfg.kv_link.bytes_per_s}
         try:
             src_bw = self.cfg.kv_link.bytes_per_s * kv_shards(self._src_deployment(ktp))
         except (SpecError, ValueError, TypeError) as err:
             self._fail(lv, ApiError(400, f"kv_transfer_params: {str(err)[:200]}", "kv_transfer_params"))
             return
         src = f"{ktp.get('remote_engine_id')}@{ktp.get('remote_host')}:{ktp.get('remote_port')}"
+        port, clock, start_s = self.kv_port, self.clock, lv.arrival_s
+        ends: dict[str, float] = {}
+        """When each end has landed the pull: "ingress" (this port), "egress" (the prefill's)."""
 
-        def landed(t: float, seconds: float) -> None:
-            lv.pull_id = None
+        def landed_on(end: str, t: float) -> None:
+            ends[end] = t
+            if len(ends) == 2 and not lv.done:
+                clock.call_at(max(ends.values()), ORDER_ARRIVAL, reach_engine)
+
+        def reach_engine(t: float, _: Any) -> None:
+            if lv.done:
+                return
             lv.pull_end_s = t
-            self.metrics.kv_transfer.observe(seconds)
+            self.metrics.kv_transfer.observe(t - start_s)
             self._admit(t, (lv, er))
 
-        ingress, nbytes = self.ingress, kv_transfer_bytes(er.prompt_tokens, self.deployment)
+        def ingress_landed(t: float, _seconds: float) -> None:
+            lv.pull_id = None
+            landed_on("ingress", t)
+
+        nbytes = kv_transfer_bytes(er.prompt_tokens, self.deployment)
 
         def start(t: float, _: Any) -> None:
             # On the clock, as arrivals are: a late process first ends the pulls that were due.
             if not lv.done:
-                lv.pull_id = ingress.start(t, src, src_bw, nbytes, landed)
+                lv.pull_id = port.start(t, src, src_bw, nbytes, ingress_landed)
 
-        lv.pull_start_s = lv.arrival_s
-        if self.clock is not None:
-            self.clock.call_at(lv.arrival_s, ORDER_ARRIVAL, start)
+        lv.pull_start_s = start_s
+        clock.call_at(start_s, ORDER_ARRIVAL, start)
         try:
             res = await self._kv_pull(ktp, req)
         except ApiError as err:
@@ -580,6 +620,14 @@ class EmulatedReplica:
             self._fail(lv, ApiError(400, f"KV pull: the prefill replica holds {res.get('prompt_tokens')} prompt "
                                          f"tokens, this request has {len(lv.req.prompt_ids)}; send the same prompt "
                                          "to both", "prompt"))
+            return
+        egress_s = res.get("transfer_s")
+        if isinstance(egress_s, bool) or not isinstance(egress_s, int | float) or not math.isfinite(egress_s) \
+                or egress_s < 0:
+            self._fail(lv, ApiError(502, f"KV pull: the prefill replica answered transfer_s={egress_s!r}, not a "
+                                         "non-negative number of seconds", "kv_transfer_params"))
+            return
+        landed_on("egress", start_s + float(egress_s))
 
     # ---- faults ---------------------------------------------------------------------------------
     def inject(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -77,7 +77,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--block-size", type=int_flag(1, MAX_BLOCK_TOKENS), default=None, help="tokens per KV block (default 16)")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument("--kv-link-gbps", type=float_flag(positive=True), default=None,
-                   help="per-GPU NIC of the KV path in Gbit/s (decode role pulls over it; default 400)")
+                   help="per-GPU NIC of the KV path in Gbit/s (the KV port: a prefill replica sends, a decode replica pulls over it; default 400)")
     p.add_argument("--kv-link-latency", type=float_flag(0.0, MAX_DURATION_S), default=None, metavar="S",
                    help="one-way latency of a KV transfer in seconds (default 2e-05)")
     p.add_argument("--kv-lease", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=480.0, metavar="S",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, WorkerView
@@ -102,6 +104,8 @@ def test_the_former_flat_weights_read_as_profiles():
     ({"pd": {"pair_scorers": {"handof": 1.0}}}, "unknown pair_scorer 'handof'; closest: handoff"),
     ({"pd": {"decode": {"scorers": {"kvroom": 1.0}}}}, "unknown scorer 'kvroom'; closest: kv_room"),
     ({"pd": {"decode": {"scorers": {"kv": -1.0}}}}, "scorer 'kv': weight -1.0 is negative"),
+    ({"pd": {"decode": {"filters": ["healty"]}}}, "unknown filter 'healty'; closest: healthy"),
+    ({"pd": {"prefill": {"picker": "roundrobin"}}}, "unknown picker 'roundrobin'; closest: round_robin"),
 ])
 def test_bad_profile_names_and_weights_name_the_field(params, msg):
     with pytest.raises(SpecError, match=msg):
@@ -112,3 +116,49 @@ def test_profile_and_pair_plugins_are_registered_once():
     assert ROUTING_PLUGINS.names("pair_scorer") == ("handoff",)
     assert set(PAIR_SCORERS) == {"handoff"} and "kv_room" in SCORERS
     assert ROUTING_PLUGINS.missing() == []
+
+
+def test_each_side_defaults_to_the_policy_filters_and_picker():
+    params = preset_params(DEFAULT_POLICY)
+    assert params.pd_filters("prefill") is None and params.pd_filters("decode") is None
+    assert params.pd_picker("prefill") == params.pd_picker("decode") == "max"
+    rr = preset_params("round-robin", {"pd": {"decode": {"picker": "max", "filters": ["role", "healthy"]}}})
+    assert rr.pd_picker("prefill") == "round_robin" and rr.pd_picker("decode") == "max"
+    assert rr.pd_filters("decode") == ("healthy",)  # the side is one role already
+
+
+def test_a_decode_side_filter_list_decides_which_decode_workers_compete():
+    """d0 (the best decode pair without the filter) is unhealthy: the policy's filters drop it; a
+    decode profile with no filters keeps it; one naming `healthy` drops it again."""
+    ws = tuple(dataclasses.replace(w, healthy=False) if w.name == "d0" else w for w in WORKERS)
+
+    def pick(params: dict | None) -> str:
+        pol = make_policy(RoutingSpec(params={"load_bound": {"enabled": False}, **(params or {})}), seed=0)
+        d = pol.route(REQ, FleetView(0.0, ws, LINKS))
+        return f"{d.prefill_worker}->{d.worker}"
+
+    assert pick(None) == "p1->d1"
+    assert pick({"pd": {"decode": {"filters": []}}}) == "p1->d0"
+    assert pick({"pd": {"decode": {"filters": ["healthy"]}}}) == "p1->d1"
+
+
+def test_a_side_with_no_worker_left_is_rejected_with_its_filter_reason():
+    """The policy's filters (role only) keep every worker; the prefill side's `healthy` keeps none."""
+    ws = tuple(dataclasses.replace(w, healthy=False) if w.role == "prefill" else w for w in WORKERS)
+    pol = make_policy(RoutingSpec(params={"filters": ["role"], "pd": {"prefill": {"filters": ["healthy"]}}}), seed=0)
+    d = pol.route(REQ, FleetView(0.0, ws, LINKS))
+    assert d.worker is None and d.prefill_worker is None and d.kind == "rejected"
+    assert d.reason == "rejected: prefill side: no healthy worker"
+    assert make_policy(RoutingSpec(params={"filters": ["role"]}), seed=0).route(
+        REQ, FleetView(0.0, ws, LINKS)).prefill_worker == "p1"
+
+
+def test_a_decode_side_round_robin_picker_cycles_while_the_prefill_side_scores():
+    """Prefill by its profile's max (p1 is cheaper, then p0 once p1 holds the first request),
+    decode round-robin in name order whatever the scores."""
+    pol = make_policy(RoutingSpec(params={"load_bound": {"enabled": False},
+                                          "pd": {"decode": {"picker": "round_robin"}}}), seed=0)
+    got = [pol.route(RouteRequest(f"r{i}", 2000, 100), FleetView(0.0, WORKERS, LINKS)) for i in range(3)]
+    assert [f"{d.prefill_worker}->{d.worker}" for d in got] == ["p1->d0", "p0->d1", "p1->d0"]
+    assert all(d.kind == "round-robin" and d.scores == {} for d in got)
+    assert got[0].reason == "max/round-robin pair p1->d0"

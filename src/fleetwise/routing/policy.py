@@ -13,9 +13,10 @@ Per request:
 4. the load bound drops workers too far above the fleet mean (if enabled);
 5. scorers in [0, 1], summed by weight; the picker chooses.
 
-In a P/D fleet the same steps run per side, each side scored by its own profile (`PdProfile`:
-the same scorers, weighted), and each prefill->decode pair adds its pair scorers (`handoff`: the
-KV link's load); the picker chooses a pair.
+In a P/D fleet the same steps run per side, each side by its own profile (`PdProfile`: the same
+filters, scorers and pickers, by default the policy's), and each prefill->decode pair adds its pair
+scorers (`handoff`: the KV link's load); with `max` on both sides the best pair wins, otherwise
+each side's picker chooses in turn (prefill first).
 """
 
 from __future__ import annotations
@@ -158,13 +159,18 @@ class ComposedPolicy:
         self._down_version = 0
         self._elig_key: tuple[Any, ...] | None = None
         self._elig: dict[tuple[str | None, str | None], _Eligible] = {}
-        self._simple = params.picker in ("round_robin", "random") and not params.load_bound.enabled and not any(
-            wt > 0 for wt in params.scorers.values())
+        self._simple = all(params.pd_picker(side) in ("round_robin", "random") for side in ("prefill", "decode")) and (
+            params.picker in ("round_robin", "random") and not params.load_bound.enabled and not any(
+                wt > 0 for wt in params.scorers.values()))
         """The pick reads no candidate signal: only the chosen worker's is computed (O(1) per request)."""
         self._weights: dict[str, float] = {str(k): v for k, v in params.scorers.items()}
         self._score_keys: dict[str, _ScoreKeys] = {}
         self._profiles = {side: params.pd_profile(side) for side in ("prefill", "decode")}
         """Scorer weights of the P/D prefill and decode profiles (`PolicyParams.pd_profile`)."""
+        self._pd_filters = {side: params.pd_filters(side) for side in ("prefill", "decode")}
+        """Filters of each P/D side (None: the policy's eligible workers of that role)."""
+        self._pd_pickers = (params.pd_picker("prefill"), params.pd_picker("decode"))
+        """Pickers of the P/D prefill and decode sides (`PolicyParams.pd_picker`)."""
         self._vector_scorers = [str(k) for k, wt in params.scorers.items() if wt > 0]
         self._vector = (not reference and params.picker == "max" and bool(self._vector_scorers)
                         and all(k in VECTOR_SCORERS for k in self._vector_scorers))
@@ -550,18 +556,26 @@ class ComposedPolicy:
     def _route_pd(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool) -> RoutingDecision:
         now, pdp = fleet.now_s, self.params.pd
         links = {(lk.src, lk.dst): lk for lk in fleet.links}
-        cp = self._candidates(req, [w for w in ws if w.role == "prefill"], "prefill", now)
-        cd_all = self._candidates(req, [w for w in ws if w.role == "decode"], "decode", now)
+        sides: dict[str, list[WorkerView]] = {}
+        for side in ("prefill", "decode"):
+            sides[side], why = self._side_workers(req, fleet, ws, side)
+            if not sides[side]:
+                return RoutingDecision(worker=None, reason=f"rejected: {side} side: {why}", kind="rejected")
+        cp = self._candidates(req, sides["prefill"], "prefill", now)
+        cd_all = self._candidates(req, sides["decode"], "decode", now)
         cd = [c for c in cd_all if c.kv_room >= pdp.kv_reserve] or cd_all
         pairs = [(p, d) for p in cp for d in cd if links.get((p.name, d.name)) is None or links[(p.name, d.name)].healthy]
         no_link = not pairs
         if no_link:  # soft, like the region filter: the prefill takes a while, a link may be back by then
             pairs = [(p, d) for p in cp for d in cd]
-        simple = "round_robin" if safe and self.safe.spec.action == "round_robin" else self.params.picker
-        if simple != "max":
-            p, d, reason = self._pick_pd_simple(req, pairs, simple)
+        if safe and self.safe.spec.action == "round_robin":
+            kp = kd = "round_robin"
+        else:
+            kp, kd = self._pd_pickers
+        if kp != "max" or kd != "max":
+            p, d, reason = self._pick_pd_simple(req, pairs, kp, kd)
             scores: dict[str, float] = {}
-            kind = PICKER_KINDS[simple]
+            kind = PICKER_KINDS[kp if kp != "max" else kd]
         else:
             p, d, scores, reason = self._pick_pd_max(req, pairs, cp, cd, links)
             kind = "pair"
@@ -576,18 +590,37 @@ class ComposedPolicy:
         return RoutingDecision(worker=d.name, prefill_worker=p.name, scores=scores, reason=reason, safe_mode=safe,
                                kind=kind)
 
+    def _side_workers(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView],
+                      side: str) -> tuple[list[WorkerView], str]:
+        """The workers of `side` its profile's filters keep (the policy's eligible ones when the
+        profile names no filters), and the reason when none is kept."""
+        filters = self._pd_filters[side]
+        if filters is None:
+            return [w for w in ws if w.role == side], ""
+        down = frozenset(w.name for w in fleet.workers if self.down.get(w.name, -1.0) >= w.reported_at_s)
+        kept = sorted((w for w in fleet.workers if w.role == side), key=lambda w: w.name)
+        for f in filters:
+            kept, why = FILTERS[f](req, kept, down)
+            if not kept:
+                return [], why
+        return kept, ""
+
     def _pick_pd_simple(self, req: RouteRequest, pairs: list[tuple[Candidate, Candidate]],
-                        kind: str) -> tuple[Candidate, Candidate, str]:
-        """A picker that reads no scores (round-robin, random, power-of-two on outstanding
-        requests): the prefill side first, then a decode worker paired with it."""
-        pick = PICKERS[kind]
+                        kind_p: str, kind_d: str) -> tuple[Candidate, Candidate, str]:
+        """Side by side, when a side's picker is not `max`: the prefill side first, then a decode
+        worker paired with it; each by its own picker (`max` over its profile scores, the others
+        over outstanding requests: round-robin, random, power-of-two)."""
+        def totals(cs: list[Candidate], side: str, kind: str) -> dict[str, float]:
+            return self._profile_totals(req, cs, side) if kind == "max" else self._requests_totals(req, cs)
+
         ps = {p.name: p for p, _ in pairs}
-        pn = pick(self.picker, list(ps), lambda: self._requests_totals(req, list(ps.values())), "prefill",
-                  self.params.tie_break)[0]
+        pn = PICKERS[kind_p](self.picker, list(ps), lambda: totals(list(ps.values()), "prefill", kind_p), "prefill",
+                             self.params.tie_break)[0]
         ds = {d.name: d for p, d in pairs if p.name == pn}
-        dn = pick(self.picker, list(ds), lambda: self._requests_totals(req, list(ds.values())), "decode",
-                  self.params.tie_break)[0]
-        return ps[pn], ds[dn], f"{kind.replace('_', '-')} pair {pn}->{dn}"
+        dn = PICKERS[kind_d](self.picker, list(ds), lambda: totals(list(ds.values()), "decode", kind_d), "decode",
+                             self.params.tie_break)[0]
+        kinds = kind_p.replace("_", "-") if kind_p == kind_d else f"{kind_p.replace('_', '-')}/{kind_d.replace('_', '-')}"
+        return ps[pn], ds[dn], f"{kinds} pair {pn}->{dn}"
 
     def _requests_totals(self, req: RouteRequest, cs: list[Candidate]) -> dict[str, float]:
         """Totals by the `requests` scorer alone (what power-of-two compares without weights)."""

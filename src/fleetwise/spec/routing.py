@@ -126,7 +126,15 @@ class OutputPredictorParams(Spec):
 
 
 class PdProfile(Spec):
-    """One side of a prefill/decode pair: the weighted scorers that rank that side's workers."""
+    """One side of a prefill/decode pair: the filters, weighted scorers and picker for that side's workers."""
+
+    filters: tuple[str, ...] | None = None
+    """Filters applied in order to this side's workers (`role` is implied: the side is one role).
+    None: the policy's `filters`. A side no worker passes is rejected with the filter's reason."""
+    picker: str | None = None
+    """This side's picker. None: the policy's `picker`. When both sides pick `max`, the pair with the
+    highest pair score wins; otherwise the prefill side is picked first, then a decode worker linked
+    to it (a `max` side by its profile score, `power_of_two` by outstanding requests)."""
 
     weight: float = Field(default=1.0, ge=0.0)
     """Weight of this side's normalised score (weighted mean of its scorers, in [0, 1]) in the pair score."""
@@ -143,6 +151,16 @@ class PdProfile(Spec):
             if wt < 0:
                 raise ValueError(f"scorer {name!r}: weight {wt} is negative; weights are >= 0")
         return v
+
+    @field_validator("filters")
+    @classmethod
+    def _known_filters(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if v is None else tuple(ROUTING_PLUGINS.check("filter", f) for f in v)
+
+    @field_validator("picker")
+    @classmethod
+    def _known_picker(cls, v: str | None) -> str | None:
+        return None if v is None else ROUTING_PLUGINS.check("picker", v)
 
 
 PD_FORMER_FIELDS = {"prefill_weight": ("prefill", "weight"), "decode_weight": ("decode", "weight"),
@@ -262,6 +280,16 @@ class PolicyParams(Spec):
         if side == "decode" and self.pd.decode_kv_weight > 0:
             weights["kv_room"] = self.pd.decode_kv_weight * (sum(weights.values()) or 1.0)
         return weights
+
+    def pd_filters(self, side: Literal["prefill", "decode"]) -> tuple[str, ...] | None:
+        """Filter names of the P/D profile of `side`, without `role`; None when it uses the policy's."""
+        prof = self.pd.prefill if side == "prefill" else self.pd.decode
+        return None if prof.filters is None else tuple(f for f in prof.filters if f != "role")
+
+    def pd_picker(self, side: Literal["prefill", "decode"]) -> str:
+        """Picker name of the P/D profile of `side` (the policy's `picker` when it names none)."""
+        prof = self.pd.prefill if side == "prefill" else self.pd.decode
+        return prof.picker or self.picker
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -61,6 +61,9 @@ def measure_goodput(ctx: Context, task: MeasureTask) -> MeasureResult:
 
 
 STAGE_SHORTLIST = 3  # prefill and decode layouts measured per stage
+MIXED_GUESS_DECODE_SHARE = 0.25
+"""First rate tried for a mixed layout without an analytical mixed capacity, as a share of its
+decode capacity (a rough start; the bisection measures the real goodput)."""
 
 
 def _cost_rate(search: Search, lay: Layout, mu: float) -> float:
@@ -118,7 +121,7 @@ def _measure_tasks(search: Search, lists: dict[str, list[Layout]]) -> list[Measu
     for lay in lists["mixed"]:
         e = est[lay]
         tasks.append(MeasureTask(f"mixed|{lay.label}", "mixed", FleetShape((PoolShape("mixed", lay, 1),)),
-                                 e.mu_mixed_rps or e.mu_decode_rps / 4))
+                                 e.mu_mixed_rps or e.mu_decode_rps * MIXED_GUESS_DECODE_SHARE))
     best_dec = lists["decode"][0] if lists["decode"] else None
     best_pre = lists["prefill"][0] if lists["prefill"] else None
     for lay in lists["prefill"] if best_dec else []:

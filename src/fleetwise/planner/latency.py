@@ -41,6 +41,15 @@ MAX_SEQS = MAX_NUM_SEQS
 
 TPOT_MARGIN = 0.9  # plan decode batches to 90% of the TPOT target
 
+MAX_UTILISATION = 0.98
+"""Highest utilisation the load bisection tries: M/D/1 waits diverge as rho -> 1."""
+MIN_UTILISATION = 1e-6
+"""Lowest utilisation the load bisection tries; a layout failing even this has no capacity."""
+BISECT_STEPS = 30
+"""Halvings of the load bisection: a resolution of 2**-30 of the range."""
+MIXED_PREFILL_UTILISATION = 0.95
+"""Most of a mixed replica's time prefills may take; decode steps stall behind the rest."""
+
 
 @dataclass(frozen=True)
 class LayoutEstimate:
@@ -110,13 +119,13 @@ def _wait_quantile(rho: float, service_s: float, pct: float) -> float:
     return 0.0 if rho <= tail else (mean / rho) * math.log(rho / tail)
 
 
-def _max_load(ok: object, hi: float = 0.98) -> float:
+def _max_load(ok: object, hi: float = MAX_UTILISATION) -> float:
     """Largest value in (0, hi] with ok(value) true, by bisection (0 when even a tiny one fails)."""
     check = ok  # callable[[float], bool]
     lo_v, hi_v = 0.0, hi
-    if not check(1e-6):  # type: ignore[operator]
+    if not check(MIN_UTILISATION):  # type: ignore[operator]
         return 0.0
-    for _ in range(30):
+    for _ in range(BISECT_STEPS):
         mid = (lo_v + hi_v) / 2
         if check(mid):  # type: ignore[operator]
             lo_v = mid
@@ -163,7 +172,7 @@ def _mixed_capacity(dep: BoundPerf, stats: LengthStats, slo: PlanSLOSpec, s_p: f
                     ctx: int, kv_cap: int, seq_tokens: float) -> float:
     def ok(lam: float) -> bool:
         rho_p = lam * s_p
-        if rho_p >= 0.95:
+        if rho_p >= MIXED_PREFILL_UTILISATION:
             return False
         batch = max(1, math.ceil(lam * stats.output_mean * slo.tpot_s))
         if batch > MAX_SEQS or batch * seq_tokens > kv_cap:
@@ -172,7 +181,7 @@ def _mixed_capacity(dep: BoundPerf, stats: LengthStats, slo: PlanSLOSpec, s_p: f
             return False
         return t_alone + _wait_quantile(rho_p, s_p, slo.percentile) <= slo.ttft_s
 
-    hi = 0.95 / s_p
+    hi = MIXED_PREFILL_UTILISATION / s_p
     return _max_load(lambda x: ok(x * hi), hi=1.0) * hi
 
 

@@ -33,6 +33,12 @@ RC: dict[str, Any] = {
 SPAN_COLORS = {"crash": "#d62728", "slowdown": "#ff7f0e", "kv_link": "#9467bd", "stale_view": "#8c564b",
                "rolling_upgrade": "#17becf", "safe_mode": "#7f7f7f"}
 GREY = "#b0b4bd"
+LOG_SCALE_SPAN = 100.0
+"""max/min ratio (two decades) above which a CDF's x axis is drawn log-scaled."""
+SPAN_ALPHA = 0.12
+"""Opacity of a shaded fault/safe-mode period (light enough to read the curves through)."""
+MARK_ALPHA = 0.6
+"""Opacity of the dotted line marking an instantaneous event."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,7 @@ def cdf(ax: Any, values: np.ndarray, label: str, **kw: Any) -> None:
 def log_if_wide(ax: Any, values: np.ndarray) -> None:
     """Log x-scale when positive samples span more than two decades."""
     v = values[np.isfinite(values) & (values > 0)]
-    if v.size and v.max() / v.min() > 100:
+    if v.size and v.max() / v.min() > LOG_SCALE_SPAN:
         ax.set_xscale("log")
 
 
@@ -104,9 +110,9 @@ def mark_spans(ax: Any, spans: Sequence[tuple[float, float, str, str]], label: b
     for start, end, kind, text in spans:
         color = SPAN_COLORS.get(kind, GREY)
         if end > start:
-            ax.axvspan(start, end, color=color, alpha=0.12, lw=0, label=None if kind in seen or not label else text)
+            ax.axvspan(start, end, color=color, alpha=SPAN_ALPHA, lw=0, label=None if kind in seen or not label else text)
         else:
-            ax.axvline(start, color=color, alpha=0.6, lw=1, ls=":", label=None if kind in seen or not label else text)
+            ax.axvline(start, color=color, alpha=MARK_ALPHA, lw=1, ls=":", label=None if kind in seen or not label else text)
         seen.add(kind)
 
 

@@ -24,9 +24,15 @@ _T975 = (
     2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922, 2.093024, 2.085963,
     2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272,
 )
-"""t_{0.975, df} for df = 1..30."""
+"""t_{0.975, df} for df = 1..30 (NIST/SEMATECH e-Handbook of Statistical Methods, section
+1.3.6.7.2, critical values of Student's t, rounded to six decimals)."""
 
 _Z975 = 1.959963984540054
+"""z_{0.975}, the standard normal 97.5% quantile; the Cornish-Fisher coefficients below are the
+series of Abramowitz & Stegun 26.7.5 (t quantile in powers of 1/df)."""
+
+_DECIMALS = 9
+"""Decimals kept in an interval's JSON form (well below any seed-to-seed difference)."""
 
 
 def t_quantile_975(df: int) -> float:
@@ -62,7 +68,7 @@ class Interval:
 
 
 def _round(x: float | None) -> float | None:
-    return None if x is None else round(float(x), 9)
+    return None if x is None else round(float(x), _DECIMALS)
 
 
 def mean_ci(values: Sequence[float]) -> Interval:

@@ -30,13 +30,25 @@ def score_kv_room(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float
     return {c.view.name: clamp01(c.kv_room) for c in cs}
 
 
+def healthy_bandwidth(links: Links) -> float:
+    """The best bandwidth of a healthy link in bytes/s (0 when none is)."""
+    return max((lk.bandwidth_bytes_per_s for lk in links.values() if lk.healthy), default=0.0)
+
+
 @ROUTING_PLUGINS.implements("pair_scorer", "handoff")
 def score_handoff(req: RouteRequest, pairs: Sequence[Pair], links: Links) -> dict[str, float]:
-    """`1 / (1 + active_transfers)` on the pair's KV link (a busy link delays the hand-off); 1 without one."""
+    """The share of the best healthy link's bandwidth a new transfer on the pair's KV link would get,
+    `(bandwidth / best) / (1 + active_transfers)`: a busy link or a degraded one (a fault leaves it
+    healthy at a fraction of its bandwidth) delays the hand-off; 1 without a link view."""
+    best = healthy_bandwidth(links)
     out = {}
     for p, d in pairs:
         lk = links.get((p.view.name, d.view.name))
-        out[pair_key(p, d)] = 1.0 / (1 + lk.active_transfers) if lk is not None else 1.0
+        if lk is None:
+            out[pair_key(p, d)] = 1.0
+            continue
+        rel = min(lk.bandwidth_bytes_per_s / best, 1.0) if best > 0 else 1.0
+        out[pair_key(p, d)] = rel / (1 + lk.active_transfers)
     return out
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, deque
+from dataclasses import replace
 from operator import itemgetter
 from typing import Any
 
@@ -43,7 +44,8 @@ from fleetwise.core.feedback import (
 )
 from fleetwise.core.rng import RngStreams
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, RoutingDecision, WorkerView
-from fleetwise.routing.pd_scorers import PAIR_SCORERS, pair_key
+from fleetwise.routing.incoming import IncomingKv
+from fleetwise.routing.pd_scorers import PAIR_SCORERS, healthy_bandwidth, pair_key
 from fleetwise.routing.plugins import (
     FILTERS,
     PICKER_KINDS,
@@ -144,6 +146,7 @@ class ComposedPolicy:
         self.picker = PickerState(RngStreams(seed).get(f"routing:{name}"))
         self.index = PrefixIndex(params.prefix_index.max_blocks_per_worker)
         self.inflight = InFlight(reference=reference)
+        self.incoming = IncomingKv()
         self.predictor = OutputPredictor(params.output_predictor)
         self._expected = 0
         """Expected output tokens of the request being routed (set at the start of `route`)."""
@@ -587,6 +590,7 @@ class ComposedPolicy:
         self._record("prefill", p.name)
         self._record("decode", d.name)
         self._dispatch(req, p, d.name, p.name, now)
+        self.incoming.add(req.request_id, d.name, req.prompt_tokens + self._expected)
         return RoutingDecision(worker=d.name, prefill_worker=p.name, scores=scores, reason=reason, safe_mode=safe,
                                kind=kind)
 
@@ -637,8 +641,22 @@ class ComposedPolicy:
         """The best pair: `prefill.weight * prefill score + decode.weight * decode score + weighted
         pair scorers`, over the pairs both sides' load bounds keep (all pairs if none)."""
         pdp = self.params.pd
-        kp, _, _ = self._bounded(cp, "prefill")
-        kd, _, _ = self._bounded(cd, "decode")
+        # KV headroom net of the hand-offs this policy sent that the view cannot show yet (their
+        # prefill or KV transfer is still running): the reserve applies to it, kv_room scores it.
+        need = req.prompt_tokens + self._expected
+        cd = [replace(c, kv_room=_headroom(c.view, need + self.incoming.tokens(c.name))) for c in cd]
+        by_name = {c.name: c for c in cd}
+        pairs = [(p, by_name[d.name]) for p, d in pairs]
+        pairs = [(p, d) for p, d in pairs if d.kv_room >= pdp.kv_reserve] or pairs
+        # Links degraded below a fraction of the best healthy bandwidth are skipped while another
+        # pair is left, before the load bound, so the bound shares work among the workers still
+        # reachable instead of pushing it back onto the degraded link.
+        floor = pdp.degraded_link_fraction * healthy_bandwidth(links)
+        pairs = [(p, d) for p, d in pairs if (lk := links.get((p.name, d.name))) is None
+                 or lk.bandwidth_bytes_per_s >= floor] or pairs
+        pn, dn = {p.name for p, _ in pairs}, {d.name for _, d in pairs}
+        kp, _, _ = self._bounded([c for c in cp if c.name in pn], "prefill")
+        kd, _, _ = self._bounded([c for c in cd if c.name in dn], "decode")
         kpn, kdn = {c.name for c in kp}, {c.name for c in kd}
         pairs = [(p, d) for p, d in pairs if p.name in kpn and d.name in kdn] or pairs
         sp = self._profile_totals(req, cp, "prefill")
@@ -671,16 +689,20 @@ class ComposedPolicy:
             if p is not None:
                 self.feedback.first_token(p.prefill_worker or fb.worker, fb.ttft_s, p.predicted_cost, fb.now_s)
                 self.inflight.prefill_done(fb.request_id)
+            self.incoming.landed(fb.request_id)
         elif isinstance(fb, Completed):
             self.inflight.pop(fb.request_id)
+            self.incoming.landed(fb.request_id)
             self.predictor.completed(fb.request_id, fb.output_tokens)
             self.feedback.completed(fb.worker, fb.tpot_s, fb.output_tokens, fb.now_s)
         elif isinstance(fb, Failed):
             self.inflight.pop(fb.request_id)
+            self.incoming.landed(fb.request_id)
             self.predictor.forget(fb.request_id)
             self.feedback.failed(fb.worker, fb.now_s)
         elif isinstance(fb, Cancelled):
             self.inflight.pop(fb.request_id)
+            self.incoming.landed(fb.request_id)
             self.predictor.forget(fb.request_id)
         elif isinstance(fb, WorkerDown):
             self._down_version += 1

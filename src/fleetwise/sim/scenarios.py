@@ -12,8 +12,8 @@ starting `seed_stride_s * k` into the trace) and seeds the policy with k, so eve
 exactly the same requests and faults per seed and differences are paired.
 
 Pass rule (`pass_rule`): the default policy beats round-robin on P99 TTFT with the 95% CI of
-the paired difference below zero in `heterogeneous`, `cache-mix`, `long-short`, `slowdown` and
-`hot-tenant`, and in every scenario its mean goodput is at least 95% of round-robin's.
+the paired difference below zero in the scenarios of `TTFT_RULE_SCENARIOS`, and in every
+scenario its mean goodput is at least 95% of round-robin's.
 """
 
 from __future__ import annotations

@@ -188,6 +188,9 @@ class PdParams(Spec):
     """Weight of `kv_room` in the default decode profile, relative to the profile's other scorers together."""
     kv_reserve: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Decode workers whose KV headroom after the request would drop below this are skipped."""
+    degraded_link_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Scored pair selection skips pairs whose link bandwidth is below this fraction of the best
+    healthy link's while another pair is left (a degraded link stays healthy; 0 disables)."""
 
     @model_validator(mode="before")
     @classmethod

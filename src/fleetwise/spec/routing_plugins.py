@@ -98,6 +98,6 @@ for _kind, _name, _summary in (
     ("picker", "round_robin", "Next worker after the previous pick, in name order."),
     ("picker", "random", "Seeded uniform choice."),
     ("picker", "power_of_two", "Two seeded samples; the higher total wins (requests when no scorer is weighted)."),
-    ("pair_scorer", "handoff", "KV hand-off over the pair's link: 1 / (1 + transfers active on it); 1 without a link."),
+    ("pair_scorer", "handoff", "KV hand-off over the pair's link: (bandwidth / best healthy bandwidth) / (1 + transfers active on it); 1 without a link."),
 ):
     ROUTING_PLUGINS.declare(_kind, _name, _summary)  # type: ignore[arg-type]

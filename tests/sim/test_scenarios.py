@@ -180,3 +180,43 @@ def test_small_scenarios_pass_the_rule(small_results):
     assert set(hot) == {"hot", *(f"cold-{i}" for i in range(10))}
     assert sum(v["requests"] for v in hot.values()) == doc["scenarios"]["hot-tenant"]["fleetwise-default"][0]["requests"]
     assert "| fleetwise-default | hot |" in md and "| round-robin | cold-0 |" in md
+
+
+def test_stale_control_plane_runs_each_safe_mode_action_side_by_side(small_results):
+    doc = small_results
+    name = "stale-control-plane"
+    assert doc["variants"] == {name: {
+        "safe-mode round-robin": {"policy": "fleetwise-default", "safe_mode": {"action": "round_robin"}},
+        "safe-mode reject": {"policy": "fleetwise-default", "safe_mode": {"action": "reject"}},
+        "safe-mode off": {"policy": "fleetwise-default", "safe_mode": {"enabled": False}},
+    }}
+    runs = doc["scenarios"][name]
+    assert list(runs) == ["fleetwise-default", "round-robin", "safe-mode round-robin", "safe-mode reject",
+                          "safe-mode off"]
+    assert all(lbl not in doc["scenarios"]["slowdown"] for lbl in doc["variants"][name])
+    for label, action in (("fleetwise-default", "last_known"), ("safe-mode round-robin", "round_robin"),
+                          ("safe-mode reject", "reject")):
+        assert [r["seed"] for r in runs[label]] == [0, 1, 2, 3, 4]
+        assert all(r["router"]["safe_mode"]["action"] == action and r["router"]["safe_mode"]["entries"] >= 1
+                   for r in runs[label])
+    # the view freezes for 10 s and safe mode starts 5 s in: only `reject` sheds requests
+    assert all(r["router"]["rejected"] > 0 for r in runs["safe-mode reject"])
+    assert all(r["router"]["rejected"] == 0 for r in runs["safe-mode round-robin"] + runs["fleetwise-default"])
+    assert all(not r["router"]["safe_mode"]["enabled"] and r["router"]["safe_mode"]["entries"] == 0
+               for r in runs["safe-mode off"])
+    assert set(doc["stats"][name]) == set(runs) and "vs_baseline" in doc["stats"][name]["safe-mode off"]
+    md = sc.render_markdown(doc)
+    assert "## stale-control-plane: variants side by side" in md
+    assert "| safe-mode reject | safe_mode.action=reject | reject |" in md
+    assert "| safe-mode off | safe_mode.enabled=False | off | 0.0 | 0 |" in md
+
+
+def test_a_variant_label_must_not_be_a_policy_name(tmp_path):
+    text = (SCEN_DIR / "stale-control-plane.yaml").read_text().replace("safe-mode off:", "round-robin:")
+    (tmp_path / "stale-control-plane.yaml").write_text(text)
+    with pytest.raises(SpecError, match=r"variants.*round-robin.*must differ from every policy name"):
+        sc.load_scenario(tmp_path / "stale-control-plane.yaml")
+    text = (SCEN_DIR / "stale-control-plane.yaml").read_text().replace("action: reject", "action: shed")
+    (tmp_path / "stale-control-plane.yaml").write_text(text)
+    with pytest.raises(SpecError, match="action"):
+        sc.load_scenario(tmp_path / "stale-control-plane.yaml")

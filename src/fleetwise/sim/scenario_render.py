@@ -67,6 +67,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     for r in table_rows(doc):
         out.append(f"| {r.scenario} | {r.policy} | " + " | ".join(r.cells[c] for c in TABLE_COLUMNS) + " |")
     out += ["", "## Verdicts", ""] + [f"- {v}" for v in doc["verdicts"]]
+    out += _variant_tables(doc)
     out += ["", "## Per replica (seed 0)", ""]
     for name, by_pol in doc["scenarios"].items():
         info = doc.get("info", {}).get(name, {})
@@ -104,3 +105,39 @@ def _tenant_table(by_pol: dict[str, list[dict[str, Any]]]) -> list[str]:
             out.append(f"| {pol} | {t} | {v['requests']} | {v['completed']} | {v['ttft_p50_s']:.3f} | "
                        f"{v['ttft_p99_s']:.3f} | {v['tpot_p99_s'] * 1e3:.1f} | {v['e2e_p50_s']:.3f} |")
     return out + [""]
+
+
+def _variant_tables(doc: dict[str, Any]) -> list[str]:
+    """Per scenario with variants: the default policy, each variant and round-robin side by side,
+    with each run's safe-mode action, time in safe mode and rejected requests (means over seeds)."""
+    out: list[str] = []
+    for name, variants in (doc.get("variants") or {}).items():
+        runs, stats = doc["scenarios"][name], doc["stats"][name]
+        labels = [doc["default_policy"], *variants, doc["baseline_policy"]]
+        out += ["", f"## {name}: variants side by side", "",
+                "| run | routing | safe mode | time in safe mode s | rejected | TTFT p99 s | dP99 vs RR s | "
+                "goodput rps | dGoodput | SLO att. |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for label in labels:
+            if not runs.get(label):
+                continue
+            st, vs, ratio = stats[label], stats[label].get("vs_baseline"), stats[label].get("goodput_ratio")
+            sm = [r["router"].get("safe_mode") or {} for r in runs[label]]
+            action = sm[0].get("action", "-") if sm[0].get("enabled", False) else "off"
+            t_safe = sum(x.get("time_s", 0.0) for x in sm) / len(sm)
+            rejected = sum(r["router"].get("rejected") or 0 for r in runs[label]) / len(runs[label])
+            routing = variants.get(label)
+            desc = ", ".join(f"{k}={v}" for k, v in _flat(routing)) if routing else label
+            out.append(f"| {label} | {desc} | {action} | {t_safe:.1f} | {rejected:.0f} | {_ci(st['ttft_p99_s'])} | "
+                       f"{_interval(vs['ttft_p99_s']) if vs else '-'} | {_ci(st['goodput_rps'], 1.0, 2)} | "
+                       f"{f'{(ratio - 1) * 100:+.1f}%' if ratio is not None else '-'} | "
+                       f"{_ci(st['slo_attainment'], 100.0, 1)}% |")
+    return out
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """`{"safe_mode": {"action": "reject"}}` -> `[("safe_mode.action", "reject")]`."""
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        out += _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+    return out

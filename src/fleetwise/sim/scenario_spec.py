@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
@@ -16,7 +16,7 @@ from fleetwise.sim.scenario_constants import SCENARIO_NAMES
 from fleetwise.spec.base import Spec, read_document, validate
 from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.plan import PlanSpec
-from fleetwise.spec.routing import deep_merge
+from fleetwise.spec.routing import DEFAULT_POLICY, PRESETS, RoutingSpec, deep_merge
 from fleetwise.spec.slo import SLOSpec
 from fleetwise.spec.workload import TraceArrival, TraceColumns, WorkloadSpec
 from fleetwise.workload.context import apply_context_limit, plan_context_tokens
@@ -46,6 +46,25 @@ class ScenarioSpec(Spec):
     """Trace workloads: seed k replays from `arrival.start_s + k * seed_stride_s` (trace time)."""
     small: dict[str, Any] = Field(default_factory=dict)
     """Overrides deep-merged onto this document by `--small` (fewer requests, shorter faults)."""
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Extra runs beside the policies under test: label -> `RoutingSpec` fields deep-merged onto
+    `{policy: fleetwise-default}` (e.g. another safe-mode action). Reported side by side, paired
+    against round-robin like a policy; the pass rule judges the default policy only."""
+
+    @field_validator("variants")
+    @classmethod
+    def _routing_variants(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for label, fields in v.items():
+            if label in PRESETS:
+                raise ValueError(f"variants.{label}: a label must differ from every policy name; "
+                                 "name the variant by what it changes, e.g. 'safe-mode off'")
+            variant_routing(fields)
+        return v
+
+
+def variant_routing(fields: dict[str, Any]) -> RoutingSpec:
+    """The routing of a scenario variant: `fields` deep-merged onto the default policy's spec."""
+    return RoutingSpec.model_validate(deep_merge({"policy": DEFAULT_POLICY}, fields))
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,10 @@ class Scenario:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def variants(self) -> dict[str, RoutingSpec]:
+        """Label -> routing of each variant run of this scenario (see `ScenarioSpec.variants`)."""
+        return {label: variant_routing(fields) for label, fields in self.spec.variants.items()}
 
     def requests(self, seed: int) -> list[Request]:
         """The requests of seed `seed` (deterministic), fitted to the plan's context."""

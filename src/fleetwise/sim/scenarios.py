@@ -47,6 +47,7 @@ from fleetwise.sim.scenario_spec import (
 )
 from fleetwise.sim.scenario_verdict import aggregate, pass_rule
 from fleetwise.spec.plan import PlanSpec
+from fleetwise.spec.routing import RoutingSpec
 
 __all__ = [
     "BASELINE",
@@ -80,13 +81,16 @@ class Job:
 
     scenario: Scenario
     policy: str
+    """A policy name, or a variant's label (then `routing` is set)."""
     seed: int
+    routing: RoutingSpec | None = None
+    """A variant's routing (None: the preset named `policy`)."""
 
 
 def run_one(job: Job) -> dict[str, Any]:
     """Simulate one job and return its per-seed record (see docs/scenarios.md)."""
     sc = job.scenario.spec
-    plan = sc.plan.model_copy(update={"routing": job.policy})
+    plan = sc.plan.model_copy(update={"routing": job.routing if job.routing is not None else job.policy})
     reqs, over_context = job.scenario.requests_and_counts(job.seed)
     opts = SimOptions(seed=job.seed, slo=sc.slo, feedback_delay_s=sc.feedback_delay_s)
     res = simulate(plan, reqs, sc.faults, opts)
@@ -190,9 +194,12 @@ def run_scenarios(scenarios: Sequence[Scenario], policies: Iterable[str] | None 
         if sc.over_context == "reject":
             for k in range(seeds):
                 sc.requests(k)
+    variants = {sc.name: sc.variants() for sc in scenarios}
     jobs = [Job(sc, p, k) for sc in scenarios for p in pols for k in range(seeds)]
+    jobs += [Job(sc, label, k, rs) for sc in scenarios for label, rs in variants[sc.name].items() for k in range(seeds)]
     runner = mapper or (lambda fn, js: map(fn, js))
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {sc.name: {p: [] for p in pols} for sc in scenarios}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        sc.name: {p: [] for p in [*pols, *variants[sc.name]]} for sc in scenarios}
     for job, rec in zip(jobs, runner(run_one, jobs), strict=True):
         runs[job.scenario.name][job.policy].append(rec)
         if on_done is not None:
@@ -201,7 +208,9 @@ def run_scenarios(scenarios: Sequence[Scenario], policies: Iterable[str] | None 
         "schema": SCHEMA_VERSION,
         "default_policy": DEFAULT_POLICY,
         "baseline_policy": BASELINE,
-        "policies": pols,
+        "policies": list(dict.fromkeys([*pols, *(v for vs in variants.values() for v in vs)])),
+        "variants": {name: {label: rs.model_dump(mode="json", exclude_defaults=True) | {"policy": rs.policy}
+                            for label, rs in vs.items()} for name, vs in variants.items() if vs},
         "seeds": list(range(seeds)),
         "small": small,
         "scenarios": runs,

@@ -5,7 +5,8 @@ Columns are `array('d')`/`array('q')` indexed by request position, so a million 
 tens of megabytes and no per-request objects. Times are virtual seconds; NaN = never happened.
 
 Metric definitions (per completed request):
-- TTFT = first_token_s - arrival_s; E2E = finish_s - arrival_s;
+- TTFT = first_token_s - arrival_s + network_s; E2E = finish_s - arrival_s + network_s (network_s:
+  the round trip to a replica outside the client's region, `PlanSpec.regions`; 0 within one);
 - TPOT = (finish_s - first_token_s) / (output_tokens - 1) (0 for one-token outputs);
 - ITL: gaps between consecutive tokens of a request, as weighted samples from the engine;
 - queue = first scheduled (prefill start) - arrival (NaN when the engine does not report it);
@@ -47,6 +48,8 @@ class Records:
         self.requests = requests
         for name in TIME_COLUMNS:
             setattr(self, name, array("d", [NAN]) * n)
+        self.network_s = array("d", [0.0]) * n
+        """Round trip between the client's region and the serving replica's (0 within a region)."""
         self.worker = array("q", [-1]) * n
         self.prefill_worker = array("q", [-1]) * n
         self.tokens = array("q", [0]) * n
@@ -65,6 +68,7 @@ class Records:
     kv_end_s: array[float]
     first_token_s: array[float]
     finish_s: array[float]
+    network_s: array[float]
 
     def column(self, name: str) -> np.ndarray:
         return np.frombuffer(getattr(self, name), dtype=np.float64 if name.endswith("_s") else np.int64)
@@ -123,7 +127,8 @@ def request_metrics(rec: Records) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     arr = rec.arrival()
     first, fin = rec.column("first_token_s"), rec.column("finish_s")
     toks = rec.column("tokens").astype(np.float64)
-    ttft, e2e = first - arr, fin - arr
+    net = rec.column("network_s")  # a client in another region sees every token this much later
+    ttft, e2e = first - arr + net, fin - arr + net
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(toks > 1, (fin - first) / np.maximum(toks - 1, 1), 0.0)
     done = ~np.isnan(fin)

@@ -132,6 +132,9 @@ class Simulation:
                 r.port = self.net.add_port(r.name, plan.kv_link.bytes_per_s * kv_shards(r.deployment))
         self.prefill_reps = [r for r in self.reps if r.role == "prefill"]
         self.disaggregated = plan.disaggregated
+        self.client_region = plan.regions.clients or plan.pools[0].region
+        """Region of the clients of requests that name none."""
+        self.cross_region_rtt_s = 2 * plan.regions.latency_s
         self.link_pairs = [(p.name, p.port, d.name, d.port) for p in self.prefill_reps
                            for d in self.reps if d.role == "decode"]
         """Every prefill -> decode KV path the router may pick, as `KvNetwork.link_views` takes them."""
@@ -247,6 +250,9 @@ class Simulation:
             return None
         self.rec.dispatch_s[i] = now_s
         self.rec.worker[i], self.rec.prefill_worker[i] = w, p
+        if self.cross_region_rtt_s:
+            far = (r.region or self.client_region) != self.reps[w].region
+            self.rec.network_s[i] = self.cross_region_rtt_s if far else 0.0
         self.rec.decision[i] = d.kind
         self.rec.decision_scores[i] = winning_scores(d, self.scorer_names)
         self.recovery.routed(i)

@@ -4,11 +4,11 @@ and loading it, with the `small:` overrides and trace replacement."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
@@ -46,6 +46,9 @@ class ScenarioSpec(Spec):
     """Trace workloads: seed k replays from `arrival.start_s + k * seed_stride_s` (trace time)."""
     small: dict[str, Any] = Field(default_factory=dict)
     """Overrides deep-merged onto this document by `--small` (fewer requests, shorter faults)."""
+    tenant_regions: dict[str, str] = Field(default_factory=dict)
+    """Tenant -> region: every request of the tenant names that region (its clients are there and
+    its data must stay there; the router keeps it in the region while a replica there is up)."""
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Extra runs beside the policies under test: label -> `RoutingSpec` fields deep-merged onto
     `{policy: fleetwise-default}` (e.g. another safe-mode action). Reported side by side, paired
@@ -60,6 +63,19 @@ class ScenarioSpec(Spec):
                                  "name the variant by what it changes, e.g. 'safe-mode off'")
             variant_routing(fields)
         return v
+
+    @model_validator(mode="after")
+    def _regions_exist(self) -> ScenarioSpec:
+        tenants = {t.name for t in self.workload.tenants}
+        regions = sorted({p.region for p in self.plan.pools})
+        for tenant, region in self.tenant_regions.items():
+            if tenant not in tenants:
+                raise ValueError(f"tenant_regions.{tenant}: no such tenant in workload.tenants "
+                                 f"({', '.join(sorted(tenants)) or 'none'}); name one of them")
+            if region not in regions:
+                raise ValueError(f"tenant_regions.{tenant}={region!r}: no pool is in that region; "
+                                 f"regions of the plan: {', '.join(regions)}")
+        return self
 
 
 def variant_routing(fields: dict[str, Any]) -> RoutingSpec:
@@ -99,6 +115,9 @@ class Scenario:
             arrival = wl.arrival.model_copy(update={"start_s": wl.arrival.start_s + seed * self.spec.seed_stride_s})
             wl = wl.model_copy(update={"arrival": arrival})
         reqs = generate(wl, seed)
+        if self.spec.tenant_regions:
+            where = self.spec.tenant_regions
+            reqs = [replace(r, region=where[r.tenant]) if r.tenant in where else r for r in reqs]
         if not reqs:
             raise SpecError(f"{self.path}: seed {seed}: the workload produced no requests "
                             "(check num_requests/duration_s, or the trace window of this seed)")

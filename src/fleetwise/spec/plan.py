@@ -101,6 +101,17 @@ class KvLinkSpec(Spec):
         return (self.gbps if self.gbps is not None else DEFAULT_KV_LINK_GBPS) * 1e9 / 8
 
 
+class RegionsSpec(Spec):
+    """Where clients are and what crossing regions costs them (see docs/simulator.md, "Regions")."""
+
+    latency_s: float = Field(default=0.0, ge=0, le=MAX_DURATION_S)
+    """One-way network latency between two different regions, in seconds: a request served
+    outside its client's region reaches the replica this much later and its tokens come back
+    this much later (TTFT and E2E grow by twice this; TPOT is unchanged)."""
+    clients: str | None = None
+    """Region of the clients of requests that name none (null: the first pool's region)."""
+
+
 class PlanSpec(Spec):
     """A fleet: one role family of pools (all `mixed`, or `prefill` + `decode`), a KV link, a routing policy."""
 
@@ -115,6 +126,8 @@ class PlanSpec(Spec):
     failure_domains: FailureDomainSpec = Field(default_factory=FailureDomainSpec)
     """What a lost replica, a failed KV transfer, an expired KV lease or a full decode pool does
     to a request: prefill again, migrate, or fail (see docs/failure-domains.md)."""
+    regions: RegionsSpec = Field(default_factory=RegionsSpec)
+    """Inter-region latency and where clients without a region are (pools name their `region`)."""
     pd_first_token: Literal["decode", "prefill"] = "decode"
     """Disaggregated plans: who emits the first output token. `decode` (vLLM's disaggregated
     proxy, llm-d): the decode replica's first pass after the KV lands, so TTFT = prefill + KV

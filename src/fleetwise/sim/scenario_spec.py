@@ -116,8 +116,8 @@ class Scenario:
             wl = wl.model_copy(update={"arrival": arrival})
         reqs = generate(wl, seed)
         if self.spec.tenant_regions:
-            where = self.spec.tenant_regions
-            reqs = [replace(r, region=where[r.tenant]) if r.tenant in where else r for r in reqs]
+            home = self.spec.tenant_regions
+            reqs = [replace(r, region=home[r.tenant]) if r.tenant in home else r for r in reqs]
         if not reqs:
             raise SpecError(f"{self.path}: seed {seed}: the workload produced no requests "
                             "(check num_requests/duration_s, or the trace window of this seed)")

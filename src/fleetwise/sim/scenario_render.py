@@ -127,7 +127,8 @@ def _variant_tables(doc: dict[str, Any]) -> list[str]:
             t_safe = sum(x.get("time_s", 0.0) for x in sm) / len(sm)
             rejected = sum(r["router"].get("rejected") or 0 for r in runs[label]) / len(runs[label])
             routing = variants.get(label)
-            desc = ", ".join(f"{k}={v}" for k, v in _flat(routing)) if routing else label
+            changed = {k: v for k, v in (routing or {}).items() if k != "policy" or v != doc["default_policy"]}
+            desc = ", ".join(f"{k}={v}" for k, v in _flat(changed)) if routing else label
             out.append(f"| {label} | {desc} | {action} | {t_safe:.1f} | {rejected:.0f} | {_ci(st['ttft_p99_s'])} | "
                        f"{_interval(vs['ttft_p99_s']) if vs else '-'} | {_ci(st['goodput_rps'], 1.0, 2)} | "
                        f"{f'{(ratio - 1) * 100:+.1f}%' if ratio is not None else '-'} | "

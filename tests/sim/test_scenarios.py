@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fleetwise.errors import SpecError
@@ -220,3 +221,44 @@ def test_a_variant_label_must_not_be_a_policy_name(tmp_path):
     (tmp_path / "stale-control-plane.yaml").write_text(text)
     with pytest.raises(SpecError, match="action"):
         sc.load_scenario(tmp_path / "stale-control-plane.yaml")
+
+
+def _two_speed_trace(path):
+    """Mooncake-style JSONL: 20 requests 1 s apart, then 20 requests 0.1 s apart (ms timestamps)."""
+    t = [1000 * i for i in range(20)] + [20_000 + 100 * i for i in range(20)]
+    path.write_text("".join(f'{{"timestamp": {ts}, "input_length": {300 + 10 * i}, "output_length": 50, '
+                            f'"hash_ids": [{i}]}}\n' for i, ts in enumerate(t)))
+    return path
+
+
+def test_trace_windows_of_very_different_load_are_scaled_to_the_scenarios_load(tmp_path):
+    trace = _two_speed_trace(tmp_path / "two.jsonl")
+    rec = sc.load_scenario(SCEN_DIR / "long-short.yaml", small=True, trace=str(trace), seeds=2)
+    loads = [sc.offered_tokens_per_s(rec.requests(k)) for k in range(2)]
+    # window 0: 20 requests of 300..490 + 50 tokens over 19 s; window 1: 500..690 + 50 over 1.9 s
+    assert loads == [pytest.approx(8900 / 19, rel=1e-12), pytest.approx(12900 / 1.9, rel=1e-12)]
+    s = sc.load_scenario(SCEN_DIR / "long-short.yaml", small=True, trace=str(trace), seeds=2, trace_load="scenario")
+    own = sc.load_scenario(SCEN_DIR / "long-short.yaml", small=True)
+    assert s.target_tokens_per_s == sc.offered_tokens_per_s(own.requests(0))
+    for k in range(2):
+        mine, recorded = s.requests(k), rec.requests(k)
+        assert sc.offered_tokens_per_s(mine) == pytest.approx(s.target_tokens_per_s, rel=1e-12)
+        # the same requests in the same order, every gap scaled by one factor
+        assert [r.prompt_tokens for r in mine] == [r.prompt_tokens for r in recorded]
+        gaps, rgaps = np.diff([r.arrival_s for r in mine]), np.diff([r.arrival_s for r in recorded])
+        assert np.allclose(gaps / rgaps, gaps[0] / rgaps[0], rtol=1e-9)
+    # a trace without timestamps (length statistics) needs no --trace-rate at the scenario's load
+    stats = tmp_path / "s.csv"
+    stats.write_text("num_prefill_tokens,num_decode_tokens\n" + "".join(f"{100 + i},{10}\n" for i in range(40)))
+    u = sc.load_scenario(SCEN_DIR / "heterogeneous.yaml", trace=str(stats), seeds=4, trace_load="scenario")
+    assert sc.offered_tokens_per_s(u.requests(3)) == pytest.approx(u.target_tokens_per_s, rel=1e-12)
+
+
+def test_trace_load_flags_are_checked(tmp_path):
+    trace = _two_speed_trace(tmp_path / "two.jsonl")
+    with pytest.raises(SpecError, match="--trace-load=scenario: applies only with --trace FILE"):
+        sc.load_scenario(SCEN_DIR / "long-short.yaml", trace_load="scenario")
+    with pytest.raises(SpecError, match="--trace-load scenario sets each window's rate itself; drop --trace-rate"):
+        sc.load_scenario(SCEN_DIR / "long-short.yaml", trace=str(trace), trace_rate_rps=3.0, trace_load="scenario")
+    with pytest.raises(SpecError, match="--trace-load='peak': unknown; use one of recorded, scenario"):
+        sc.load_scenario(SCEN_DIR / "long-short.yaml", trace=str(trace), trace_load="peak")

@@ -50,6 +50,10 @@ def register(subparsers: Any) -> None:
                         "BurstGPT CSV, length statistics); seed k replays the k-th window")
     p.add_argument("--trace-rate", type=float_flag(positive=True, maximum=MAX_RATE_RPS), default=None, metavar="RPS",
                    help="with --trace: rescale arrivals to this mean rate (needed for length statistics)")
+    p.add_argument("--trace-load", choices=sc.TRACE_LOADS, default="recorded",
+                   help="with --trace: time each window as recorded (or at --trace-rate), or 'scenario': scale "
+                        "each window to the scenario's own offered load (prompt + output tokens/s), so windows "
+                        "of very different load are compared at the load the scenario was sized for")
     p.add_argument("--trace-requests", type=int_flag(1, MAX_REQUESTS), default=None, metavar="N",
                    help="with --trace: requests per seed window (default: the file split evenly over the seeds)")
     trace_columns.add_flag(p, "with --trace")
@@ -82,18 +86,18 @@ def run(args: argparse.Namespace) -> int:
         if name not in policy_names():
             raise UnknownNameError("routing policy", name, policy_names())
     if args.trace is None and (args.trace_rate is not None or args.trace_requests is not None
-                               or args.trace_columns is not None):
-        raise SpecError("--trace-rate/--trace-requests/--trace-columns apply only with --trace FILE")
+                               or args.trace_columns is not None or args.trace_load != "recorded"):
+        raise SpecError("--trace-rate/--trace-requests/--trace-columns/--trace-load apply only with --trace FILE")
     con = console()
     scenarios = sc.load_scenarios(args.scenario, args.dir, small=args.small, trace=args.trace,
                                   trace_rate_rps=args.trace_rate, trace_requests=args.trace_requests,
                                   trace_columns=trace_columns.parse(args.trace_columns), seeds=args.seeds,
-                                  over_context=args.over_context)
+                                  over_context=args.over_context, trace_load=args.trace_load)
     for s in scenarios:
         for note in s.notes:
             con.print(f"note: {note}")
     pols = sc.with_baseline(args.policy)
-    total = len(scenarios) * len(pols) * args.seeds
+    total = sum(len(pols) + len(s.spec.variants) for s in scenarios) * args.seeds
     done = [0]
     with progress.progress(f"{total} simulations", total, args.quiet) as update:
 

@@ -22,6 +22,15 @@ from fleetwise.spec.workload import TraceArrival, TraceColumns, WorkloadSpec
 from fleetwise.workload.context import apply_context_limit, plan_context_tokens
 from fleetwise.workload.generate import generate
 
+TRACE_LOADS = ("recorded", "scenario")
+"""How `--trace` windows are timed: as recorded (or at `--trace-rate`), or each scaled to the
+scenario's own offered token load."""
+
+
+UNTIMED_RATE_RPS = 1.0
+"""Poisson rate drawn for a trace without timestamps before `--trace-load scenario` rescales it
+(any rate: only the window's time scale changes, by one factor)."""
+
 
 class ScenarioSpec(Spec):
     """One scenario file: a fleet, its traffic, what goes wrong, and the SLO goodput counts."""
@@ -94,6 +103,9 @@ class Scenario:
     """`generated`, `trace:<path>` (the scenario's trace) or `override:<path>` (--trace)."""
     over_context: str = "reject"
     """What a request beyond the plan's context (or an empty one) does: `OVER_CONTEXT_POLICIES`."""
+    target_tokens_per_s: float | None = None
+    """When set, each seed's requests are stretched or compressed in time so that their offered
+    load (prompt + output tokens per second over the window) equals this (`--trace-load scenario`)."""
 
     @property
     def name(self) -> str:
@@ -121,6 +133,8 @@ class Scenario:
         if not reqs:
             raise SpecError(f"{self.path}: seed {seed}: the workload produced no requests "
                             "(check num_requests/duration_s, or the trace window of this seed)")
+        if self.target_tokens_per_s is not None:
+            reqs = at_token_load(reqs, self.target_tokens_per_s)
         where = self.workload_source.removeprefix("override:") if self.workload_source.startswith("override:") \
             else self.path
         reqs, counts = apply_context_limit(reqs, plan_context_tokens(self.spec.plan), self.over_context,
@@ -129,6 +143,22 @@ class Scenario:
             raise SpecError(f"{where}: seed {seed}: --over-context={self.over_context} skipped every request; "
                             f"none fits the model's context of {counts['max_context_tokens']:,} tokens")
         return reqs, counts
+
+
+def offered_tokens_per_s(reqs: list[Request]) -> float | None:
+    """Prompt + output tokens of `reqs` per second of their arrival span (None: a zero span)."""
+    span = reqs[-1].arrival_s - reqs[0].arrival_s if reqs else 0.0
+    return sum(r.prompt_tokens + r.output_tokens for r in reqs) / span if span > 0 else None
+
+
+def at_token_load(reqs: list[Request], tokens_per_s: float) -> list[Request]:
+    """`reqs` (in arrival order) with their gaps scaled so their offered load is `tokens_per_s`:
+    the first arrival stays, the order and the relative burstiness are kept."""
+    now = offered_tokens_per_s(reqs)
+    if now is None:
+        return reqs
+    k, t0 = now / tokens_per_s, reqs[0].arrival_s
+    return [replace(r, arrival_s=t0 + (r.arrival_s - t0) * k) for r in reqs]
 
 
 def repo_root() -> Path:
@@ -155,12 +185,14 @@ def _resolve_trace(path: str, base: Path) -> Path | None:
 def load_scenario(path: str | Path, small: bool = False, trace: str | None = None,
                   trace_rate_rps: float | None = None, trace_requests: int | None = None,
                   seeds: int = 5, trace_columns: TraceColumns | None = None,
-                  over_context: str = "reject") -> Scenario:
+                  over_context: str = "reject", trace_load: str = "recorded") -> Scenario:
     """Read a scenario file; `small` applies its `small:` overrides; `trace` replaces its workload.
 
     With `trace`, seed k replays the k-th of `seeds` consecutive windows of the file (each
     `trace_requests` long, default: an equal share of the file), rescaled to `trace_rate_rps`
-    when given. `over_context` is what a request beyond the plan's context does (`Scenario`).
+    when given. `trace_load="scenario"` instead scales each window in time to the offered token
+    load of the scenario's own workload (seed 0), so every window loads the fleet alike.
+    `over_context` is what a request beyond the plan's context does (`Scenario`).
     """
     p = Path(path)
     data = read_document(p)
@@ -169,11 +201,15 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
     if small:
         data = deep_merge(data, data.get("small") or {})
     spec = validate(ScenarioSpec, data, str(p), strict=True)
+    if trace_load not in TRACE_LOADS:
+        raise SpecError(f"--trace-load={trace_load!r}: unknown; use one of {', '.join(TRACE_LOADS)}")
+    if trace is None and trace_load != "recorded":
+        raise SpecError(f"--trace-load={trace_load}: applies only with --trace FILE")
+    if trace_load == "scenario" and trace_rate_rps is not None:
+        raise SpecError("--trace-load scenario sets each window's rate itself; drop --trace-rate")
     notes: list[str] = []
     source = "generated"
-    if trace is not None:
-        spec, source = _with_trace(spec, trace, trace_rate_rps, trace_requests, seeds, trace_columns)
-    elif isinstance(ta := spec.workload.arrival, TraceArrival):
+    if isinstance(ta := spec.workload.arrival, TraceArrival):
         found = _resolve_trace(ta.path, p.parent)
         if found is not None:
             arrival = ta.model_copy(update={"path": str(found)})
@@ -183,18 +219,28 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
             notes.append(f"{spec.name}: trace {ta.path} not found; using the generated "
                          "fallback_workload instead")
             spec = spec.model_copy(update={"workload": spec.fallback_workload, "seed_stride_s": 0.0})
-        else:
+        elif trace is None:
             raise SpecError(f"{p}: workload.arrival.path={ta.path!r}: trace file not found "
                             "(relative paths are resolved against the repo root and the scenario's folder)")
+    target: float | None = None
+    if trace is not None:
+        if trace_load == "scenario":  # the load the scenario was sized for, as prompt + output tokens/s
+            target = offered_tokens_per_s(Scenario(spec, str(p), over_context=over_context).requests(0))
+        notes = []
+        spec, source = _with_trace(spec, trace, trace_rate_rps, trace_requests, seeds, trace_columns,
+                                   untimed_rate_rps=UNTIMED_RATE_RPS if target is not None else None)
     spec.plan.check(where=str(p))
-    return Scenario(spec, str(p), tuple(notes), source, over_context)
+    return Scenario(spec, str(p), tuple(notes), source, over_context, target)
 
 
 def _with_trace(spec: ScenarioSpec, trace: str, rate_rps: float | None, max_requests: int | None,
-                seeds: int, columns: TraceColumns | None = None) -> tuple[ScenarioSpec, str]:
+                seeds: int, columns: TraceColumns | None = None,
+                untimed_rate_rps: float | None = None) -> tuple[ScenarioSpec, str]:
     from fleetwise.workload.traces import read_trace
 
     table = read_trace(trace, columns=columns)
+    if rate_rps is None and table.arrival_s is None:
+        rate_rps = untimed_rate_rps
     n = max(1, len(table) // max(seeds, 1)) if max_requests is None else max_requests
     stride = 0.0
     if table.arrival_s is not None and len(table) > 1:

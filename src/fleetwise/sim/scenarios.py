@@ -39,11 +39,13 @@ from fleetwise.sim.scenario_constants import (
 )
 from fleetwise.sim.scenario_render import TABLE_COLUMNS, Row, render_markdown, table_rows
 from fleetwise.sim.scenario_spec import (
+    TRACE_LOADS,
     Scenario,
     ScenarioSpec,
     default_scenario_dir,
     load_scenario,
     load_scenarios,
+    offered_tokens_per_s,
 )
 from fleetwise.sim.scenario_verdict import aggregate, pass_rule
 from fleetwise.spec.plan import PlanSpec
@@ -56,12 +58,14 @@ __all__ = [
     "SCENARIO_NAMES",
     "SCHEMA_VERSION",
     "TTFT_RULE_SCENARIOS",
+    "TRACE_LOADS",
     "Scenario",
     "ScenarioSpec",
     "aggregate",
     "default_scenario_dir",
     "load_scenario",
     "load_scenarios",
+    "offered_tokens_per_s",
     "pass_rule",
     "QUEUE_POINTS",
     "TABLE_COLUMNS",
@@ -235,4 +239,5 @@ def _info(sc: Scenario) -> dict[str, Any]:
         "faults": [f.model_dump() for f in s.faults.faults],
         "feedback_delay_s": s.feedback_delay_s,
         "over_context": sc.over_context,
+        "trace_tokens_per_s": sc.target_tokens_per_s,
     }

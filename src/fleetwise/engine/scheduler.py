@@ -199,7 +199,8 @@ class Engine:
         # would be empty and nothing would ever schedule the requeued work).
         emptied = bool(preempted) and not self._decoders.n and not chunks
         if self._waiting and (not preempted or emptied) and (emptied or self._admission_may_change(budget)):
-            hits = self._admit_waiting(budget, chunks, new_decoders, scheduled)
+            hits = self._admit_waiting(budget, chunks, new_decoders, scheduled,
+                                       frozenset(preempted) if emptied else frozenset())
         n_dec = self._decoders.n
         if not n_dec and not chunks:
             self.stats.carried_preempted.extend(preempted)
@@ -274,13 +275,18 @@ class Engine:
         return [(st, chunk) for st, (chunk, _) in plan.items()]
 
     def _admit_waiting(self, budget: int, chunks: list[tuple[SeqState, int]],
-                       new_decoders: list[SeqState], scheduled: list[tuple[str, float]]) -> int:
-        """Phase 2: admit FCFS while budget, seats and blocks allow; returns prefix-hit tokens."""
+                       new_decoders: list[SeqState], scheduled: list[tuple[str, float]],
+                       self_emptied: frozenset[str] = frozenset()) -> int:
+        """Phase 2: admit FCFS while budget, seats and blocks allow; returns prefix-hit tokens.
+
+        `self_emptied` holds requests whose own preemption emptied the engine this step: their
+        cache hits pinned the blocks they then lacked, so they come back without the hits (every
+        cached block evictable), or the same admission and preemption would repeat forever."""
         hits = 0
         max_seqs = self.config.max_num_seqs
         while self._waiting and budget > 0 and len(self._running) < max_seqs:
             st = self._waiting[0]
-            admitted = self._admit_one(st, budget)
+            admitted = self._admit_one(st, budget, use_cache=st.req.request_id not in self_emptied)
             if admitted is None and not self._running and self.config.enable_prefix_caching:
                 # Cache hits pin their whole entries; in an otherwise idle engine that can
                 # leave too few blocks for the rest of the prompt. Without the hits every

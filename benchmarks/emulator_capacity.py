@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).parent))
 from emulator_loadgen import percentiles, prompt_text, wakeup_lateness  # noqa: E402
 from emulator_real_client import wait_healthy  # noqa: E402
+from processes import cpu_seconds, free_port  # noqa: E402
 
 from fleetwise.core.request import Request  # noqa: E402
 
@@ -49,18 +49,6 @@ ON_DEADLINE_OVERRUN_SHARE = 0.5
 under half a step (tokens still come out pass by pass, a pass late at most) ..."""
 ON_DEADLINE_TPOT_TOL = 0.10
 """... and the client's p50 TPOT is within 10 % of the server's."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def histogram_p99(text: str, name: str) -> float:

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from processes import free_port, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 N_LAYER, N_EMBD, N_HEAD, N_FF, N_CTX = 2, 64, 4, 128, 512
@@ -107,12 +105,6 @@ def write_model(path: Path) -> dict[str, Any]:
             "vocab": n_vocab, "context": N_CTX, "bytes": path.stat().st_size}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 180.0) -> None:
     end = time.time() + timeout_s
     while time.time() < end:
@@ -129,15 +121,6 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 180.0
     raise RuntimeError(f"{url} not ready in {timeout_s} s")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
 
 
 def post(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> tuple[int, dict[str, str], bytes, float]:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -35,26 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from processes import cpu_seconds, free_port, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESPONDER = ROOT / "tests/gateway/responder.py"
 PEER_VENVS = {"vllm-router": Path("/tmp/peer-vllm-router"), "sglang-router": Path("/tmp/peer-sglang-router")}
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 TOKENIZER = "fleetwise"
 """fleetwise's prefix-aware row tokenizes prompts (exact lengths, token-id block hashes), as a
 prefix-aware router with the model's tokenizer would."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of `pid` and its waited-for children (/proc/PID/stat fields 14-17)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15]) / CLK_TCK
 
 
 def start(cmd: list[str], port: int, env: dict[str, str] | None = None, wait_path: str = "/health",
@@ -77,16 +64,6 @@ def start(cmd: list[str], port: int, env: dict[str, str] | None = None, wait_pat
     raise RuntimeError(f"{cmd} did not become ready on port {port}")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    with_suppress = [ProcessLookupError, PermissionError]
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except tuple(with_suppress):
-        pass
 
 
 def body(tokens: int, i: int) -> bytes:
@@ -155,7 +132,7 @@ async def throughput(urls: list[str], n: int, conc: int, tokens: int, pid: int |
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conc)) as s:
         for i in range(conc):
             await one(s, urls[i % len(urls)], body(tokens, i))
-        c0 = cpu_seconds(pid) if pid else 0.0
+        c0 = cpu_seconds(pid, children=True) if pid else 0.0
         t0 = time.perf_counter()
         it = iter(range(n))
         errors = 0
@@ -169,7 +146,7 @@ async def throughput(urls: list[str], n: int, conc: int, tokens: int, pid: int |
                     errors += 1
         await asyncio.gather(*(worker() for _ in range(conc)))
         wall = time.perf_counter() - t0
-        cpu = (cpu_seconds(pid) - c0) if pid else 0.0
+        cpu = (cpu_seconds(pid, children=True) - c0) if pid else 0.0
     return {"requests_per_s": n / wall, "router_cpu_us_per_request": cpu / n * 1e6 if pid else 0.0,
             "errors": errors}
 

@@ -168,7 +168,7 @@ def test_kv_events_need_the_engine_tokenizer() -> None:
 
 
 def test_huggingface_tokenizer_json(tmp_path: Any) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed (pip install -e '.[test]' installs it)")
     vocab = {"[UNK]": 0, "<s>": 1, "hello": 2, "world": 3}
     tk = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     tk.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()

@@ -19,8 +19,7 @@ from typing import Any, Literal
 
 from fleetwise.core.tokens import VOCAB_SIZE, chat_text, encode
 from fleetwise.errors import SpecError
-from fleetwise.spec import inputs
-from fleetwise.spec.inputs import MAX_BODY_BYTES, MAX_NESTING_DEPTH, parse_json, quote
+from fleetwise.spec.inputs import MAX_BODY_BYTES, parse_json_fast, quote
 
 Kind = Literal["completion", "chat"]
 
@@ -70,24 +69,6 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, f"request body must be a JSON object, got {type(body).__name__}")
     return body
-
-
-def parse_json_fast(raw: bytes, where: str) -> Any:
-    """`spec.inputs.parse_json` (the reference) without its per-character depth scan when the
-    body cannot be too deep: fewer opening brackets than the depth limit bound the depth. The
-    same decoder hooks run, so results equal the reference's (tested); anything the fast path
-    refuses goes to the reference for its exact error."""
-    if raw.count(b"[") + raw.count(b"{") > MAX_NESTING_DEPTH:
-        return parse_json(raw, where)
-    try:
-        text = raw.decode("utf-8")
-        if text.startswith("\ufeff") or not text.strip():
-            raise ValueError("BOM or empty")
-        # The reference's decoder hooks: no duplicate keys, finite numbers, bounded integers.
-        return json.loads(text, object_pairs_hook=inputs._unique_pairs, parse_constant=inputs._no_constant,
-                          parse_float=inputs._finite_float, parse_int=inputs._bounded_int)
-    except ValueError:  # UnicodeDecodeError and JSONDecodeError included
-        return parse_json(raw, where)
 
 
 def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:

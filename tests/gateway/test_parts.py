@@ -11,7 +11,15 @@ from fleetwise.errors import SpecError
 from fleetwise.gateway.backends import Breaker
 from fleetwise.gateway.config import BreakerSpec, TenantSpec
 from fleetwise.gateway.limits import TenantLimiter, TokenBucket
-from fleetwise.gateway.openai import ClientError, parse_json_body, parse_request, prompt_blocks
+from fleetwise.gateway.migration import COUNTED_USAGE
+from fleetwise.gateway.openai import (
+    ClientError,
+    parse_json_body,
+    parse_request,
+    prompt_blocks,
+    with_stream_options,
+    with_stream_options_reference,
+)
 from fleetwise.gateway.scrape import parse_metrics
 from fleetwise.gateway.upstream import SseFramer
 
@@ -191,3 +199,26 @@ def test_view_carries_the_gateways_own_tokens_as_of_the_scrape() -> None:
     assert (b.view(7.0).queued_prefill_tokens, b.view(7.0).running_decode_tokens) == (50, 30)
     d = Backend(spec=BackendSpec(url="http://h:2", role="decode"), breaker=Breaker(BreakerSpec()))
     assert d.work(100, 20) == (0, 20)
+
+
+STREAM_OPTION_BODIES = [
+    b'{"model": "m", "prompt": "hi", "stream": true}',
+    b'{"model":"m","prompt":"h\\u00e9 \\"q\\" }","stream":true}  \r\n\t ',
+    '{"model": "m", "messages": [{"role": "user", "content": "caf\u00e9 {x}"}], "stream": true}'.encode(),
+    b'{"model": "m", "prompt": [1, 2, 3], "stream": true, "stream_options": {"include_usage": false}}',
+    b'{"model": "m", "prompt": "x", "stream": true, "stream_options": {"continuous_usage_stats": false, "k": 1}}',
+    b'{}',
+]
+
+
+@pytest.mark.parametrize("raw", STREAM_OPTION_BODIES)
+def test_stream_options_spliced_equal_the_reference(raw: bytes) -> None:
+    """Splicing `stream_options` into the client's bytes gives the same document as encoding the
+    merged body again (the client's own options kept, ours winning on the keys we set)."""
+    body = parse_json_body(raw, 1 << 20)
+    for opts in (COUNTED_USAGE, {"include_usage": True}):
+        fast = with_stream_options(raw, body, opts)
+        assert parse_json_body(fast, 1 << 20) == parse_json_body(with_stream_options_reference(body, opts), 1 << 20)
+        assert parse_json_body(fast, 1 << 20)["stream_options"] == {**(body.get("stream_options") or {}), **opts}
+    if "stream_options" not in body:  # spliced: the client's bytes are kept as they were
+        assert with_stream_options(raw, body, {"include_usage": True}).startswith(raw.rstrip()[:-1])

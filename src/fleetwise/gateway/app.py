@@ -42,13 +42,20 @@ from fleetwise.gateway.config import BackendSpec, GatewayConfig, TenantSpec
 from fleetwise.gateway.kv_events import KvEventFeed
 from fleetwise.gateway.limits import Admission, TenantLimiter
 from fleetwise.gateway.migration import (
+    COUNTED_USAGE,
     client_wants_continuous,
     continuation,
-    counted_options,
     relay_events,
     streamed_text,
 )
-from fleetwise.gateway.openai import ClientError, error_body, parse_json_body, parse_request, prompt_blocks
+from fleetwise.gateway.openai import (
+    ClientError,
+    error_body,
+    parse_json_body,
+    parse_request,
+    prompt_blocks,
+    with_stream_options,
+)
 from fleetwise.gateway.prompt_tokens import make_tokenizer, request_ids
 from fleetwise.gateway.scrape import parse_metrics
 from fleetwise.gateway.telemetry import Telemetry
@@ -81,9 +88,11 @@ ERROR_EVENT_STATUS = 502
 IDEMPOTENCY_HEADER = b"idempotency-key"
 """Request header with the client's idempotency key (metered once per key and tenant)."""
 DONE_EVENT = b"data: [DONE]\n\n"
+"""The last event of an OpenAI stream; held back until the request's usage is recorded."""
+INCLUDE_USAGE = {"include_usage": True}
+"""`stream_options` entry asking for the usage at the end of a stream (metering)."""
 _EMPTY_CHOICES = re.compile(rb'"choices":\s*\[\s*\]')
 """A usage-only stream event (no choices)."""
-"""The last event of an OpenAI stream; held back until the request's usage is recorded."""
 
 
 class _Retry(Exception):
@@ -629,13 +638,15 @@ class Gateway:
         headers = {"content-type": "application/json", "x-request-id": call.rid}
         payload = call.raw if body is None else json.dumps(body).encode()
         body = call.body if body is None else body
+        opts = None
         if call.track:  # a migration needs the exact count of tokens delivered
-            body = counted_options(body)
-            payload = json.dumps(body).encode()
+            opts = COUNTED_USAGE
         elif call.meter is not None and call.stream and not call.include_usage:
             # Metering bills the engine's token count: ask for it, and strip it from the relay.
-            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
-            payload = json.dumps(body).encode()
+            opts = INCLUDE_USAGE
+        if opts is not None:
+            payload = with_stream_options(payload, body, opts)
+            body = {**body, "stream_options": {**(body.get("stream_options") or {}), **opts}}
         if pre is not None:
             kv = await self._prefill(call, pre, headers, send, body)
             if kv is None:

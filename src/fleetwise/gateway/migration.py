@@ -24,10 +24,13 @@ _CHUNK_USAGE = re.compile(rb',\s*"usage"\s*:\s*\{(?:[^{}]|\{[^{}]*\})*\}')
 """The `usage` member of a chunk (one level of nesting: prompt_tokens_details)."""
 
 
+COUNTED_USAGE = {"include_usage": True, "continuous_usage_stats": True}
+"""`stream_options` entries asking for usage on every chunk (and at the end)."""
+
+
 def counted_options(body: dict[str, Any]) -> dict[str, Any]:
     """`body` with `stream_options` asking for usage on every chunk (and at the end)."""
-    return {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True,
-                                       "continuous_usage_stats": True}}
+    return {**body, "stream_options": {**(body.get("stream_options") or {}), **COUNTED_USAGE}}
 
 
 def client_wants_continuous(body: dict[str, Any]) -> bool:

@@ -19,6 +19,7 @@ from fleetwise.spec.inputs import MAX_NESTING_DEPTH, json_depth
 
 __all__ = [
     "MAX_NESTING_DEPTH", "ClientError", "ParsedRequest", "error_body", "parse_request", "prompt_blocks",
+    "with_stream_options", "with_stream_options_reference",
 ]
 
 HASH_BYTES = 8
@@ -178,6 +179,23 @@ def parse_request(body: dict[str, Any], chat: bool, known_models: frozenset[str]
     return ParsedRequest(body=body, model=model, stream=bool(stream), chat=chat, prompt_tokens=tokens,
                          max_tokens=mct if mct is not None else mt, prompt_text=text,
                          include_usage=bool((opts or {}).get("include_usage")), prompt_ids=ids)
+
+
+def with_stream_options(raw: bytes, body: dict[str, Any], options: dict[str, Any]) -> bytes:
+    """The request's bytes with `options` merged into its `stream_options`. When the client sent
+    none, they are spliced in before the closing brace, so a long prompt is not encoded again
+    (`raw` parsed to the object `body`, so its last non-blank byte is that brace); otherwise the
+    body is encoded again (`with_stream_options_reference`, which gives an equal document)."""
+    if "stream_options" in body:
+        return with_stream_options_reference(body, options)
+    end = raw.rstrip()
+    sep = b"," if body else b""
+    return b"%s%s\"stream_options\":%s}" % (end[:-1], sep, json.dumps(options, separators=(",", ":")).encode())
+
+
+def with_stream_options_reference(body: dict[str, Any], options: dict[str, Any]) -> bytes:
+    """`with_stream_options` by encoding the merged object again (the reference)."""
+    return json.dumps({**body, "stream_options": {**(body.get("stream_options") or {}), **options}}).encode()
 
 
 def prompt_blocks(text: str, block_chars: int) -> tuple[int, ...]:

@@ -4,10 +4,17 @@
 sent after a worker's view was taken (`dispatch_s >= reported_at_s`) is added to that view's
 load: a stale or lagged view does not herd every request onto the worker that looked idle.
 
-`LatencyFeedback` keeps per-worker EWMAs of TTFT per predicted token of work ahead, of TPOT and
-of failures, and turns them into a slowness factor relative to the fleet (1 = average). A worker
-that slows down gets a factor > 1 (its predicted cost rises, it receives less); the factor
-decays back towards 1 without new observations, so a recovered worker gets traffic back.
+`LatencyFeedback` keeps per-worker EWMAs of TTFT against what the request should have cost, of
+TPOT and of failures, and turns them into a slowness factor relative to the fleet (1 = average).
+A worker that slows down gets a factor > 1 (its predicted cost rises, it receives less); the
+factor decays back towards 1 without new observations, so a recovered worker gets traffic back.
+
+What a request should have cost: the fleet's TTFT per predicted token for requests of the same
+size (`_SizeClasses`). TTFT is not proportional to predicted work: an engine step, the network
+and the scheduler add a fixed part, so a small request (a prefix hit, whose uncached prompt is
+short) takes more seconds per token than a large one on the same engine. Divided by the work
+alone, the workers that get the prefix hits read as slow and lose them; compared with requests
+of their own size, they read as what they are.
 """
 
 from __future__ import annotations
@@ -235,9 +242,75 @@ class _Ewma:
         self.n += 1
 
 
+TTFT_SIZE_CLASSES_PER_OCTAVE = 2
+"""Size classes of predicted cost per doubling (`_SizeClasses`): requests within a factor of
+sqrt(2) of each other are compared, so a fixed part of TTFT skews a comparison by at most that."""
+
+
+class _SizeClasses:
+    """Per size class of predicted cost (`TTFT_SIZE_CLASSES_PER_OCTAVE` per doubling), each
+    worker's EWMA of TTFT per predicted token. The class's reference is the median over the
+    workers with `min_samples` there (at least two: one worker alone is compared with nobody);
+    a request in a class without one uses the nearest class that has one (the smaller first)."""
+
+    def __init__(self, params: FeedbackParams) -> None:
+        self.p = params
+        self._ewma: dict[int, dict[str, _Ewma]] = {}
+        self._ref: dict[int, float | None] = {}
+        """Each class's reference while no observation in it changed (None: it has none)."""
+
+    @staticmethod
+    def size_class(cost: float) -> int:
+        """The class of a predicted cost (tokens, >= 1)."""
+        return int(TTFT_SIZE_CLASSES_PER_OCTAVE * math.log2(cost))
+
+    def _reference(self, k: int) -> float | None:
+        if k in self._ref:
+            return self._ref[k]
+        vals = sorted(e.value for e in self._ewma[k].values() if e.n >= self.p.min_samples)
+        ref = None
+        if len(vals) >= 2:
+            mid = len(vals) // 2
+            ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+            ref = ref if ref > 0 else None
+        self._ref[k] = ref
+        return ref
+
+    def expected_per_token(self, cost: float) -> float | None:
+        """The fleet's TTFT per token for requests of `cost` tokens (None: no reference yet)."""
+        if not self._ewma:
+            return None
+        k = self.size_class(cost)
+        classes = self._ewma
+        for d in range(max(k - min(classes), max(classes) - k) + 1):
+            for j in (k - d, k + d) if d else (k,):
+                if j in classes:
+                    ref = self._reference(j)
+                    if ref is not None:
+                        return ref
+        return None
+
+    def add(self, worker: str, cost: float, per_token: float, alpha: float) -> None:
+        k = self.size_class(cost)
+        m = self._ewma.get(k)
+        if m is None:
+            m = self._ewma[k] = {}
+        e = m.get(worker)
+        if e is None:
+            e = m[worker] = _Ewma()
+        e.add(per_token, alpha)
+        self._ref.pop(k, None)
+
+    def forget(self, worker: str) -> None:
+        for k, m in self._ewma.items():
+            if m.pop(worker, None) is not None:
+                self._ref.pop(k, None)
+
+
 @dataclass(slots=True)
 class _WorkerStats:
-    ttft_per_token: _Ewma
+    ttft_ratio: _Ewma
+    """TTFT over what the fleet takes for requests of the same size (`_SizeClasses`)."""
     tpot: _Ewma
     failures: _Ewma
     last_obs_s: float = 0.0
@@ -247,7 +320,7 @@ class _Terms(NamedTuple):
     """Per-worker constants of `LatencyFeedback.raw_factor` between observations."""
 
     ttft: tuple[float, float] | None
-    """(fleet median, EWMA - median) of TTFT per token, or None when undefined."""
+    """(fleet median, EWMA - median) of the TTFT ratio, or None when undefined."""
     tpot: tuple[float, float] | None
     last_obs_s: float
     failure_factor: float | None
@@ -286,6 +359,7 @@ class LatencyFeedback:
     def __init__(self, params: FeedbackParams) -> None:
         self.p = params
         self._w: dict[str, _WorkerStats] = {}
+        self._sizes = _SizeClasses(params)
         self._version = 0
         """Bumped on every observation (keys the memo of fleet medians)."""
         self._refs: dict[str, tuple[int, int, float]] = {}
@@ -304,8 +378,14 @@ class LatencyFeedback:
         return s
 
     def first_token(self, worker: str, ttft_s: float, predicted_cost: float, now_s: float) -> None:
+        """A TTFT of `ttft_s` seconds for `predicted_cost` tokens of work (ahead and its own), against
+        the fleet's TTFT per token at that size; with no reference yet it counts as normal (1)."""
         s = self._stats(worker)
-        s.ttft_per_token.add(max(ttft_s, 0.0) / max(predicted_cost, 1.0), self.p.alpha)
+        cost = max(predicted_cost, 1.0)
+        per_token = max(ttft_s, 0.0) / cost
+        ref = self._sizes.expected_per_token(cost)
+        s.ttft_ratio.add(per_token / ref if ref is not None else 1.0, self.p.alpha)
+        self._sizes.add(worker, cost, per_token, self.p.alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def completed(self, worker: str, tpot_s: float, output_tokens: int, now_s: float) -> None:
@@ -323,6 +403,7 @@ class LatencyFeedback:
     def forget(self, worker: str) -> None:
         self._version += 1
         self._w.pop(worker, None)
+        self._sizes.forget(worker)
 
     def _reference(self, attr: str) -> tuple[int, float]:
         """(workers with enough samples, their median EWMA) for `attr`, memoised per version."""
@@ -372,7 +453,7 @@ class LatencyFeedback:
         if t is None:
             s = self._w[worker]
             fail = 1.0 + self.p.failure_penalty * s.failures.value if s.failures.n else None
-            t = self._terms[worker] = _Terms(self._ratio_term(worker, "ttft_per_token"),
+            t = self._terms[worker] = _Terms(self._ratio_term(worker, "ttft_ratio"),
                                              self._ratio_term(worker, "tpot"), s.last_obs_s, fail)
         return t
 

@@ -70,8 +70,9 @@ class LoadBoundParams(Spec):
 class FeedbackParams(Spec):
     """Per-worker EWMAs of observed TTFT, TPOT and failures, turned into a slowness factor.
 
-    TTFT is normalised by the cost the router predicted at dispatch (seconds per token of work
-    ahead), TPOT is taken as is; each EWMA decays towards the fleet median with `half_life_s`
+    TTFT is taken per token of the cost the router predicted at dispatch (work ahead and the
+    request's own) and divided by the fleet's TTFT per token for requests of that size, so a
+    worker that serves small or large requests at normal speed reads 1; TPOT is taken as is; each EWMA decays towards the fleet median with `half_life_s`
     since the worker's last observation and is divided by that median. The factor is
     `sqrt(ttft_ratio * tpot_ratio) * (1 + failure_penalty * failure_rate)`, clamped.
     """

@@ -1,5 +1,8 @@
 """Which HTTP client the gateway uses upstream: CPU seconds per streamed request, measured.
 
+Candidates: httpx, aiohttp, and the gateway's own `fleetwise.gateway.upstream.HttpPool`
+(keep-alive HTTP/1.1 on httptools), which the gateway uses for completions.
+
 Starts the minimal responder (tests/gateway/responder.py) in a subprocess on 127.0.0.1 and, in
 this process, streams the same requests through each candidate client on pooled connections,
 reading every chunk as a proxy would. Reports process CPU seconds per request (this process
@@ -24,6 +27,8 @@ from pathlib import Path
 import aiohttp
 import httpx
 from processes import free_port  # noqa: E402
+
+from fleetwise.gateway.upstream import HttpPool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +68,24 @@ async def run_aiohttp(url: str, n: int, conc: int, payload: bytes) -> int:
     return chunks
 
 
-CLIENTS = {"httpx": run_httpx, "aiohttp": run_aiohttp}
+async def run_pool(url: str, n: int, conc: int, payload: bytes) -> int:
+    chunks = 0
+    pool = HttpPool(CONNECT_S, READ_S)
+    sem = asyncio.Semaphore(conc)
+
+    async def one() -> None:
+        nonlocal chunks
+        async with sem, pool.post(url, payload, {"content-type": "application/json"}) as r:
+            while await r.content.readany():
+                chunks += 1
+    await asyncio.gather(*(one() for _ in range(n)))
+    pool.close()
+    return chunks
+
+
+CONNECT_S, READ_S = 5.0, 30.0
+"""The pool's connect and per-read timeouts (httpx's `timeout=30` above)."""
+CLIENTS = {"httpx": run_httpx, "aiohttp": run_aiohttp, "fleetwise-pool": run_pool}
 
 
 def main() -> None:
@@ -100,7 +122,9 @@ def main() -> None:
            "requests": a.requests, "concurrency": a.concurrency, "tokens_per_stream": a.tokens,
            "rounds": a.rounds, "cpu_count": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
            "versions": {"httpx": httpx.__version__, "aiohttp": aiohttp.__version__},
-           "clients": summary, "httpx_over_aiohttp_cpu": ratio}
+           "clients": summary, "httpx_over_aiohttp_cpu": ratio,
+           "aiohttp_over_pool_cpu": summary["aiohttp"]["cpu_us_per_req_median"]
+           / summary["fleetwise-pool"]["cpu_us_per_req_median"]}
     Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))
 

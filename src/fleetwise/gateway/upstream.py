@@ -2,10 +2,10 @@
 
 Completions (the hot path) go through `HttpPool`: HTTP/1.1 over pooled keep-alive connections,
 responses parsed by httptools (uvicorn's C parser), request head and body in one write. It does
-only what a completion needs (POST, a status, headers, a body read as it arrives) and costs 15-40
-us of CPU per streamed request where aiohttp costs about 100 (`benchmarks/gateway_client_choice.py`).
-Everything else (scrapes, health checks, KV-event streams) uses aiohttp, chosen over httpx by
-the same measure (about 12x less CPU, benchmarks/results/gateway_client_choice.json). Every
+only what a completion needs (POST, a status, headers, a body read as it arrives): 57 us of
+client CPU per streamed request against aiohttp's 153 and httpx's 2350
+(benchmarks/results/gateway_client_choice.json). Everything else (scrapes, health checks,
+KV-event streams) uses aiohttp. Every
 upstream socket gets TCP_NODELAY, so a small write (a request after its pooled connection sat
 idle) never waits for the peer's delayed ACK (the ~40 ms first-byte stall without it).
 """

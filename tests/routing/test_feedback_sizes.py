@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
 import pytest
 
 from fleetwise.core.feedback import Completed, Dispatched, FirstToken
@@ -93,3 +94,24 @@ def test_through_observe_prefix_hit_workers_read_normal():
     assert p.feedback.factors(list(MIX), 39.0) == [1.0, 1.0, 1.0, 1.0]
     views = FleetView(40.0, tuple(WorkerView(w, reported_at_s=40.0) for w in MIX))
     assert "slowness" not in p.route(RouteRequest("next", 100, 8, arrival_s=40.0), views).reason
+
+
+def test_class_medians_kept_sorted_equal_the_walk():
+    """The per-class sorted values (the fast path) give the same references as recomputing
+    each median from the EWMAs, through observations and workers forgotten (seeded)."""
+    rng = np.random.default_rng(7)
+    fb = LatencyFeedback(FeedbackParams(enabled=True))
+    workers = [f"w{i}" for i in range(6)]
+    for step in range(3000):
+        w = workers[int(rng.integers(len(workers)))]
+        if step % 500 == 499:
+            fb.forget(w)
+            continue
+        cost = float(rng.uniform(1.0, 5000.0))
+        fb.first_token(w, float(rng.uniform(0.001, 0.5)), cost, now_s=step * 0.01)
+        k = fb._sizes.size_class(cost)
+        assert fb._sizes.reference(k) == fb._sizes.reference_walk(k)
+    sizes = fb._sizes
+    assert [sizes.reference(k) for k in range(sizes._lo, sizes._hi + 1)] == \
+        [sizes.reference_walk(k) for k in range(sizes._lo, sizes._hi + 1)]
+    assert sum(r is not None for r in map(sizes.reference, range(sizes._lo, sizes._hi + 1))) > 10

@@ -20,6 +20,7 @@ of their own size, they read as what they are.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import repeat
@@ -251,60 +252,76 @@ class _SizeClasses:
     """Per size class of predicted cost (`TTFT_SIZE_CLASSES_PER_OCTAVE` per doubling), each
     worker's EWMA of TTFT per predicted token. The class's reference is the median over the
     workers with `min_samples` there (at least two: one worker alone is compared with nobody);
-    a request in a class without one uses the nearest class that has one (the smaller first)."""
+    a request in a class without one uses the nearest class that has one (the smaller first).
+    Each class keeps its eligible workers' values sorted, so an observation updates the median
+    in O(log workers) comparisons (`reference_walk` recomputes it: the reference)."""
 
     def __init__(self, params: FeedbackParams) -> None:
         self.p = params
         self._ewma: dict[int, dict[str, _Ewma]] = {}
-        self._ref: dict[int, float | None] = {}
-        """Each class's reference while no observation in it changed (None: it has none)."""
+        self._sorted: dict[int, list[float]] = {}
+        """Per class, the values of the workers with `min_samples` there, ascending."""
+        self._lo, self._hi = 0, -1
+        """The smallest and largest class seen (none while `_lo > _hi`)."""
 
     @staticmethod
     def size_class(cost: float) -> int:
         """The class of a predicted cost (tokens, >= 1)."""
         return int(TTFT_SIZE_CLASSES_PER_OCTAVE * math.log2(cost))
 
-    def _reference(self, k: int) -> float | None:
-        if k in self._ref:
-            return self._ref[k]
-        vals = sorted(e.value for e in self._ewma[k].values() if e.n >= self.p.min_samples)
-        ref = None
-        if len(vals) >= 2:
-            mid = len(vals) // 2
-            ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
-            ref = ref if ref > 0 else None
-        self._ref[k] = ref
-        return ref
-
-    def expected_per_token(self, cost: float) -> float | None:
-        """The fleet's TTFT per token for requests of `cost` tokens (None: no reference yet)."""
-        if not self._ewma:
+    def reference(self, k: int) -> float | None:
+        """Class `k`'s reference (None: fewer than two workers with enough samples there)."""
+        vals = self._sorted.get(k)
+        if vals is None or len(vals) < 2:
             return None
-        k = self.size_class(cost)
-        classes = self._ewma
-        for d in range(max(k - min(classes), max(classes) - k) + 1):
-            for j in (k - d, k + d) if d else (k,):
-                if j in classes:
-                    ref = self._reference(j)
-                    if ref is not None:
-                        return ref
+        mid = len(vals) // 2
+        ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+        return ref if ref > 0 else None
+
+    def reference_walk(self, k: int) -> float | None:
+        """`reference(k)` from the EWMAs themselves."""
+        vals = sorted(e.value for e in self._ewma.get(k, {}).values() if e.n >= self.p.min_samples)
+        if len(vals) < 2:
+            return None
+        mid = len(vals) // 2
+        ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+        return ref if ref > 0 else None
+
+    def expected_per_token(self, k: int) -> float | None:
+        """The fleet's TTFT per token for requests of class `k` (None: no reference yet)."""
+        ref = self.reference(k)
+        if ref is not None:
+            return ref
+        for d in range(1, max(k - self._lo, self._hi - k) + 1):
+            for j in (k - d, k + d):
+                ref = self.reference(j)
+                if ref is not None:
+                    return ref
         return None
 
-    def add(self, worker: str, cost: float, per_token: float, alpha: float) -> None:
-        k = self.size_class(cost)
+    def add(self, worker: str, k: int, per_token: float, alpha: float) -> None:
+        """One observation of `worker` in class `k`."""
         m = self._ewma.get(k)
         if m is None:
             m = self._ewma[k] = {}
+            self._sorted[k] = []
+            self._lo, self._hi = (k, k) if self._lo > self._hi else (min(self._lo, k), max(self._hi, k))
         e = m.get(worker)
         if e is None:
             e = m[worker] = _Ewma()
+        vals, need = self._sorted[k], self.p.min_samples
+        if e.n >= need:
+            del vals[bisect_left(vals, e.value)]
         e.add(per_token, alpha)
-        self._ref.pop(k, None)
+        if e.n >= need:
+            insort(vals, e.value)
 
     def forget(self, worker: str) -> None:
         for k, m in self._ewma.items():
-            if m.pop(worker, None) is not None:
-                self._ref.pop(k, None)
+            e = m.pop(worker, None)
+            if e is not None and e.n >= self.p.min_samples:
+                vals = self._sorted[k]
+                del vals[bisect_left(vals, e.value)]
 
 
 @dataclass(slots=True)
@@ -383,9 +400,10 @@ class LatencyFeedback:
         s = self._stats(worker)
         cost = max(predicted_cost, 1.0)
         per_token = max(ttft_s, 0.0) / cost
-        ref = self._sizes.expected_per_token(cost)
+        k = self._sizes.size_class(cost)
+        ref = self._sizes.expected_per_token(k)
         s.ttft_ratio.add(per_token / ref if ref is not None else 1.0, self.p.alpha)
-        self._sizes.add(worker, cost, per_token, self.p.alpha)
+        self._sizes.add(worker, k, per_token, self.p.alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def completed(self, worker: str, tpot_s: float, output_tokens: int, now_s: float) -> None:

@@ -82,7 +82,8 @@ def _origin(url: str) -> _Origin:
         raise ConnectFailed(f"not an http(s) URL: {url!r}")
     port = u.port or (443 if u.scheme == "https" else 80)
     target = (u.path or "/") + (f"?{u.query}" if u.query else "")
-    return _Origin((u.scheme, u.hostname, port), target.encode("latin-1"), u.netloc.encode("idna"))
+    host = u.netloc.rpartition("@")[2]  # never send credentials written into the URL as the Host
+    return _Origin((u.scheme, u.hostname, port), target.encode("latin-1"), host.encode("idna"))
 
 
 class _Conn(asyncio.Protocol):

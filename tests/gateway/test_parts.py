@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from fleetwise.core import tokens
 from fleetwise.errors import SpecError
 from fleetwise.gateway.backends import Breaker
 from fleetwise.gateway.config import BreakerSpec, TenantSpec
@@ -20,6 +23,7 @@ from fleetwise.gateway.openai import (
     with_stream_options,
     with_stream_options_reference,
 )
+from fleetwise.gateway.prompt_tokens import FleetwiseTokenizer
 from fleetwise.gateway.scrape import parse_metrics
 from fleetwise.gateway.upstream import SseFramer
 
@@ -222,3 +226,31 @@ def test_stream_options_spliced_equal_the_reference(raw: bytes) -> None:
         assert parse_json_body(fast, 1 << 20)["stream_options"] == {**(body.get("stream_options") or {}), **opts}
     if "stream_options" not in body:  # spliced: the client's bytes are kept as they were
         assert with_stream_options(raw, body, {"include_usage": True}).startswith(raw.rstrip()[:-1])
+
+
+TURN_TEXT = st.lists(st.sampled_from([" ", "\n", "\t", "a", "b", "<", "|", ">", "é", "\u3000", "\r", "  ",
+                                      *(" " + w for w in tokens.WORDS[:20])]), max_size=30).map("".join)
+"""Turn contents: vocabulary words, other characters and whitespace runs of every kind."""
+
+
+@given(st.lists(st.tuples(st.sampled_from(["user", "assistant", "system", "my role"]), TURN_TEXT), max_size=6),
+       st.booleans(), st.booleans())
+def test_chat_turns_tokenized_apart_equal_the_whole_prompt(turns: list[tuple[str, str]], gen: bool,
+                                                           cont: bool) -> None:
+    """No piece of the encoder straddles two turns of the template, so the per-turn cache gives
+    exactly the ids of the whole rendered prompt (and the same ids again from the cache)."""
+    tok = FleetwiseTokenizer(cache_chars=64)  # small: turns are evicted and encoded again
+    parts = tokens.chat_parts(turns, gen, cont)
+    want = tokens.encode(tokens.chat_text(turns, gen, cont))
+    assert tok.chat_parts_ids(parts) == want
+    assert tok.chat_parts_ids(parts) == want
+    assert tok.chat_ids("".join(parts)) == want
+
+
+def test_turn_cache_is_bounded_in_characters_and_keeps_the_recent() -> None:
+    tok = FleetwiseTokenizer(cache_chars=100)
+    a, b, c = "<|user|>\n" + "x" * 40 + "\n", "<|user|>\n" + "y" * 40 + "\n", "<|user|>\n" + "z" * 40 + "\n"
+    tok.chat_parts_ids([a, b])
+    tok.chat_parts_ids([a])  # a is the most recent now
+    tok.chat_parts_ids([c])  # 150 characters: b, the least recent, goes
+    assert list(tok._turns._ids) == [a, c] and tok._turns.chars == 100

@@ -116,12 +116,21 @@ def chat_text(turns: Sequence[tuple[str, str]], add_generation_prompt: bool = Tr
     """The chat template over validated `(role, content)` turns: `<|role|>\\n content \\n` per
     turn, then `<|assistant|>\\n` (the generation prompt); with `continue_final` the last turn is
     left open instead, so the model continues it (vLLM's `continue_final_message`)."""
+    return "".join(chat_parts(turns, add_generation_prompt, continue_final))
+
+
+def chat_parts(turns: Sequence[tuple[str, str]], add_generation_prompt: bool = True,
+               continue_final: bool = False) -> list[str]:
+    """`chat_text` cut into its turns (and the generation prompt). Every part but the last ends in
+    a newline and every part starts with `<|`, so no piece of `encode` straddles two parts:
+    `encode(chat_text(...))` is the concatenation of `encode(part)` (tested), and a router may
+    tokenize each turn once per conversation."""
     parts = [f"<|{role}|>\n{content}\n" for role, content in turns]
     if continue_final and parts:
         parts[-1] = parts[-1][:-1]
     elif add_generation_prompt:
         parts.append(GENERATION_PROMPT)
-    return "".join(parts)
+    return parts
 
 
 def block_hashes(ids: list[int], block_size: int) -> tuple[int, ...]:

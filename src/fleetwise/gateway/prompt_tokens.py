@@ -17,6 +17,7 @@ A token-id prompt needs no tokenizer: its ids are used as they are.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,7 +26,7 @@ from fleetwise.core import tokens
 from fleetwise.errors import SpecError
 from fleetwise.gateway.config import FLEETWISE_TOKENIZER
 
-__all__ = ["PromptTokenizer", "chat_turns", "make_tokenizer", "request_ids"]
+__all__ = ["TURN_CACHE_CHARS", "FleetwiseTokenizer", "PromptTokenizer", "chat_turns", "make_tokenizer", "request_ids"]
 
 
 
@@ -42,11 +43,46 @@ class PromptTokenizer(Protocol):
         """Token ids of a chat prompt already rendered by the chat template."""
         ...
 
+    def chat_parts_ids(self, parts: list[str]) -> list[int]:
+        """Token ids of a chat prompt given as the template's parts (`tokens.chat_parts`)."""
+        ...
+
+
+TURN_CACHE_CHARS = 1 << 24
+"""Characters of rendered chat turns whose token ids `FleetwiseTokenizer` keeps (16 Mi, the
+least recently used dropped first): a conversation's earlier turns come back with every new
+one, so each is tokenized once while it is in use."""
+
+
+class _TurnCache:
+    """Token ids of rendered chat turns, least recently used first out, bounded in characters."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self.chars = 0
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+
+    def ids(self, part: str) -> list[int]:
+        got = self._ids.get(part)
+        if got is not None:
+            self._ids.move_to_end(part)
+            return got
+        got = self._ids[part] = tokens.encode(part)
+        self.chars += len(part)
+        while self.chars > self.max_chars and self._ids:
+            old, _ = self._ids.popitem(last=False)
+            self.chars -= len(old)
+        return got
+
 
 class FleetwiseTokenizer:
-    """`fleetwise.core.tokens`: what `fleetwise emulate` tokenizes with."""
+    """`fleetwise.core.tokens`: what `fleetwise emulate` tokenizes with. Chat turns are
+    tokenized once each while they stay in a bounded cache (`TURN_CACHE_CHARS`)."""
 
     name = FLEETWISE_TOKENIZER
+
+    def __init__(self, cache_chars: int = TURN_CACHE_CHARS) -> None:
+        self._turns = _TurnCache(cache_chars)
 
     def completion_ids(self, text: str) -> list[int]:
         """`tokens.encode(text)`."""
@@ -55,6 +91,14 @@ class FleetwiseTokenizer:
     def chat_ids(self, text: str) -> list[int]:
         """`tokens.encode(text)` (the emulator adds no special tokens)."""
         return tokens.encode(text)
+
+    def chat_parts_ids(self, parts: list[str]) -> list[int]:
+        """`chat_ids("".join(parts))`, each part's ids from the cache (no piece of `encode`
+        straddles two parts: `tokens.chat_parts`)."""
+        out: list[int] = []
+        for part in parts:
+            out += self._turns.ids(part)
+        return out
 
 
 class HfTokenizer:
@@ -83,6 +127,10 @@ class HfTokenizer:
     def chat_ids(self, text: str) -> list[int]:
         """Ids without special tokens added (a chat template writes its own)."""
         return self._encode(text, False)
+
+    def chat_parts_ids(self, parts: list[str]) -> list[int]:
+        """`chat_ids` of the joined parts (a BPE may merge across a part boundary: no cache)."""
+        return self._encode("".join(parts), False)
 
     def _encode(self, text: str, special: bool) -> list[int]:
         try:
@@ -118,7 +166,7 @@ def request_ids(tok: PromptTokenizer, body: dict[str, Any], chat: bool) -> list[
     if chat:
         add_gen = body.get("add_generation_prompt", True) is not False
         cont = body.get("continue_final_message", False) is True
-        return tok.chat_ids(tokens.chat_text(chat_turns(body["messages"]), add_gen and not cont, cont))
+        return tok.chat_parts_ids(tokens.chat_parts(chat_turns(body["messages"]), add_gen and not cont, cont))
     prompt = body["prompt"]
     if isinstance(prompt, str):
         return tok.completion_ids(prompt)

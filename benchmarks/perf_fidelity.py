@@ -14,6 +14,12 @@ decode, mixed) and the fitted factors.
   public measurement of another MoE shape (`GROUPED_COMPUTE_EFF_PRIOR`).
 - `held_out_kinds`: leave-one-kind-out. Fit on two kinds of step (both models), predict every
   point of the third: shapes the fit never saw (eager prefill, graph decode, mixed chunks).
+- `held_out_shapes`: K-fold (K=5) over the 44 distinct step shapes (kind, batch, seq/ctx, chunk),
+  each shape held out on both models at once; every point is predicted by the fit that never saw
+  its shape. Pooled median/max overall and per kind, and the five worst points.
+- `extrapolation`: per shape axis (prefill tokens, decode batch, decode context, mixed chunk,
+  mixed batch), fit on the smaller half of that axis's values (median included) and every other
+  kind, predict the larger half; `all axes` fits only on points in the smaller half of every axis.
 - `prior_sensitivity`: the MoE-from-dense check again with that prior moved by -0.10 to +0.10,
   to show how much of the held-out figure rests on it.
 - `worst_points`: the five largest held-out errors of each held-out model.
@@ -27,11 +33,19 @@ import argparse
 import json
 import platform
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fleetwise.perf.calibrate import Prediction, calibrate, model_names, predict, summarize
+from fleetwise.perf.calibrate import (
+    Prediction,
+    calibrate,
+    cross_validate_shapes,
+    extrapolate_shapes,
+    model_names,
+    predict,
+    split_points,
+    summarize,
+)
 from fleetwise.perf.groundtruth import load_groundtruth
 from fleetwise.perf.profile import GROUPED_COMPUTE_EFF_PRIOR, Profile
 from fleetwise.spec.catalog import get_gpu
@@ -45,6 +59,10 @@ def _fit_record(prof: Profile, preds: list[Prediction]) -> dict[str, Any]:
     out = summarize(preds)
     out["factors"] = {k: float(f"{v:.4g}") for k, v in prof.factors().items()}
     return out
+
+
+def _worst(preds: list[Prediction], n: int) -> list[dict[str, Any]]:
+    return [p.as_dict() for p in sorted(preds, key=lambda p: -abs(p.error_pct))[:n]]
 
 
 def main() -> int:
@@ -73,14 +91,17 @@ def main() -> int:
         doc["worst_points"][held] = [p.as_dict() for p in worst]
     doc["held_out_kinds"] = {}
     for kind in ("prefill", "decode", "mixed"):
-        fit_on = [f for f in (replace(f, points=[p for p in f.points if p.kind != kind]) for f in files) if f.points]
-        held = [f for f in (replace(f, points=[p for p in f.points if p.kind == kind]) for f in files) if f.points]
+        fit_on, held_files = split_points(files, lambda p, k=kind: p.kind == k)  # type: ignore[misc]
         prof = calibrate(fit_on, gpu)
-        preds = predict(prof, held, gpu)
+        preds = predict(prof, held_files, gpu)
         rec = _fit_record(prof, preds)
         rec["by_model"] = {n: {k: v for k, v in summarize([p for p in preds if p.point.model == n]).items()
                                if k != "by_kind"} for n in sorted(names)}
         doc["held_out_kinds"][kind] = rec
+    shapes = cross_validate_shapes(files, gpu)
+    doc["held_out_shapes"] = {**summarize(shapes), "worst_points": _worst(shapes, 5)}
+    doc["extrapolation"] = {name: {**summarize(ps), "worst_points": _worst(ps, 3)}
+                            for name, ps in extrapolate_shapes(files, gpu).items()}
     moe = sorted(n for n, m in model_names(files).items() if m.moe is not None)
     dense = names - set(moe)
     for shift in PRIOR_SHIFTS:
@@ -101,6 +122,13 @@ def main() -> int:
         models = "  ".join(f"{n} {v['median_abs_pct']}/{v['max_abs_pct']}" for n, v in s["by_model"].items())
         print(f"held out {kind} steps (fit on the other kinds): median {s['median_abs_pct']}%  "
               f"max {s['max_abs_pct']}%  [{models}]")
+    s = doc["held_out_shapes"]
+    kinds = "  ".join(f"{k} {v['median_abs_pct']}/{v['max_abs_pct']}" for k, v in s["by_kind"].items())
+    print(f"held out shapes (5-fold over shapes): median {s['median_abs_pct']}%  max {s['max_abs_pct']}%  [{kinds}]")
+    for name, s in doc["extrapolation"].items():
+        kinds = "  ".join(f"{k} {v['median_abs_pct']}/{v['max_abs_pct']}" for k, v in s["by_kind"].items())
+        print(f"extrapolated {name} (fit on the smaller half): {s['points']} points, median {s['median_abs_pct']}%  "
+              f"max {s['max_abs_pct']}%  [{kinds}]")
     print("MoE from dense vs grouped prior:", doc["prior_sensitivity"])
     print(f"wrote {args.out}")
     return 0

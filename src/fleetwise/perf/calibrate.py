@@ -2,7 +2,8 @@
 
 Owns the fit (bounded least squares on log(predicted/measured), every factor shared by every
 model), the per-point comparison and its summary (median and max absolute % error, overall and
-per kind) and leave-one-model-out cross-validation. Does not read files (see `groundtruth`) or
+per kind) and the held-out evaluations: leave-one-model-out, K-fold over step shapes and
+extrapolation to the larger half of each shape axis. Does not read files (see `groundtruth`) or
 print (see `fleetwise.cli.perf_cmd`).
 
 Fit: the factors of `FIT_FACTORS` are optimised in log space within `FACTOR_BOUNDS`, minimising
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fleetwise.errors import SpecError
@@ -29,6 +30,20 @@ from fleetwise.spec.model import ModelSpec
 
 FIT_FACTORS: tuple[str, ...] = tuple(FACTOR_BOUNDS)
 PRIOR_WEIGHT = 0.03
+KINDS = ("prefill", "decode", "mixed")
+SHAPE_FOLDS = 5  # K of the K-fold over step shapes: about 9 of the 44 H200 grid shapes held out per fit
+ShapeKey = tuple[str, int, int, int, int]
+
+# Extrapolation axes: (kind, the shape quantity that grows). A split fits on every point whose
+# quantity is in the smaller half of that kind's distinct values (the median value included) and
+# on every point of the other kinds, and predicts the points in the larger half.
+EXTRAPOLATION_AXES: dict[str, tuple[str, Callable[[GroundTruthPoint], int]]] = {
+    "prefill tokens": ("prefill", lambda p: p.batch * p.seq),
+    "decode batch": ("decode", lambda p: p.batch),
+    "decode context": ("decode", lambda p: p.ctx),
+    "mixed chunk": ("mixed", lambda p: p.chunk),
+    "mixed batch": ("mixed", lambda p: p.batch),
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +96,7 @@ def summarize(preds: Sequence[Prediction]) -> dict[str, Any]:
         return {"points": 0}
     out: dict[str, Any] = stats(preds)
     out["by_kind"] = {k: stats([p for p in preds if p.point.kind == k])
-                      for k in ("prefill", "decode", "mixed") if any(p.point.kind == k for p in preds)}
+                      for k in KINDS if any(p.point.kind == k for p in preds)}
     return out
 
 
@@ -156,4 +171,66 @@ def cross_validate(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec,
             continue
         prof = calibrate(files, gpu, base=base, models=rest)
         out[held] = summarize(predict(prof, files, gpu, {held}))
+    return out
+
+
+def shape_key(pt: GroundTruthPoint) -> ShapeKey:
+    """The step shape of a point, whatever model ran it: (kind, batch, seq, ctx, chunk)."""
+    return (pt.kind, pt.batch, pt.seq, pt.ctx, pt.chunk)
+
+
+def split_points(files: Sequence[GroundTruthFile], held: Callable[[GroundTruthPoint], bool]
+                 ) -> tuple[list[GroundTruthFile], list[GroundTruthFile]]:
+    """(files with the held points removed, files with only the held points); files left
+    without points are dropped, so a file's ceilings bound a fit only when it gives that fit points."""
+    fit = [replace(f, points=[p for p in f.points if not held(p)]) for f in files]
+    out = [replace(f, points=[p for p in f.points if held(p)]) for f in files]
+    return [f for f in fit if f.points], [f for f in out if f.points]
+
+
+def predict_held_out(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, held: Callable[[GroundTruthPoint], bool],
+                     base: Profile | None = None) -> list[Prediction]:
+    """Fit on every point `held` rejects, predict the points it selects (none of them reach the fit)."""
+    fit_on, held_files = split_points(files, held)
+    if not held_files:
+        return []
+    return predict(calibrate(fit_on, gpu, base=base), held_files, gpu)
+
+
+def shape_folds(files: Sequence[GroundTruthFile], folds: int = SHAPE_FOLDS) -> list[set[ShapeKey]]:
+    """The distinct step shapes of `files`, dealt into `folds` groups: each kind's shapes in sorted
+    order go round-robin, so every fold holds out some prefill, decode and mixed shapes and a shape
+    measured on several models is held out for all of them at once."""
+    groups: list[set[ShapeKey]] = [set() for _ in range(folds)]
+    i = 0
+    for kind in KINDS:
+        for key in sorted({shape_key(p) for f in files for p in f.points if p.kind == kind}):
+            groups[i % folds].add(key)
+            i += 1
+    return [g for g in groups if g]
+
+
+def cross_validate_shapes(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, folds: int = SHAPE_FOLDS,
+                          base: Profile | None = None) -> list[Prediction]:
+    """K-fold over step shapes: each point predicted by the fit that did not see its shape (on any model)."""
+    out: list[Prediction] = []
+    for group in shape_folds(files, folds):
+        out.extend(predict_held_out(files, gpu, lambda p, g=group: shape_key(p) in g, base))  # type: ignore[misc]
+    return out
+
+
+def _upper_half(files: Sequence[GroundTruthFile], kind: str,
+                size: Callable[[GroundTruthPoint], int]) -> Callable[[GroundTruthPoint], bool]:
+    values = sorted({size(p) for f in files for p in f.points if p.kind == kind})
+    cut = values[(len(values) - 1) // 2] if values else 0
+    return lambda p: p.kind == kind and size(p) > cut
+
+
+def extrapolate_shapes(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec,
+                       base: Profile | None = None) -> dict[str, list[Prediction]]:
+    """Per `EXTRAPOLATION_AXES` axis, and for all axes at once (`all axes`: fit only on points in
+    the smaller half of every axis), the predictions of the larger half from a fit on the smaller."""
+    uppers = {name: _upper_half(files, kind, size) for name, (kind, size) in EXTRAPOLATION_AXES.items()}
+    out = {name: predict_held_out(files, gpu, up, base) for name, up in uppers.items()}
+    out["all axes"] = predict_held_out(files, gpu, lambda p: any(up(p) for up in uppers.values()), base)
     return out

@@ -25,6 +25,12 @@ decode, mixed) and the fitted factors.
 - `worst_points`: the five largest held-out errors of each held-out model.
 
 Deterministic (a bounded least-squares fit); takes a few seconds of CPU.
+
+`--routing-replay` instead replays, in numpy on the CPU, the MoE routing of one mixed step of the
+MoE shape as the ground truth ran it (random weights of standard deviation 0.02, random normal KV
+caches, a fresh prompt chunk beside decodes) and writes, per layer, the experts the decode rows and
+the chunk touch (`benchmarks/results/perf_routing_replay.json`; about a minute of CPU). It shows
+why the MoE mixed steps are the model's worst points (docs/perf-model.md, "Held out by shape").
 """
 
 from __future__ import annotations
@@ -61,6 +67,70 @@ def _fit_record(prof: Profile, preds: list[Prediction]) -> dict[str, Any]:
     return out
 
 
+RANDOM_WEIGHT_STD = 0.02  # the ground truth's random weights: normal, standard deviation 0.02 (its README: random bf16)
+REPLAY = {"decodes": 16, "ctx": 2048, "chunk": 256, "layers": 8, "seed": 0}
+
+
+def routing_replay(cfg: dict[str, int]) -> dict[str, Any]:
+    """Experts touched per layer by the decode rows and by the prompt chunk of one mixed step."""
+    import numpy as np
+
+    rng = np.random.default_rng(REPLAY["seed"])
+    hid, nh, kvh, hd = cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+    n_exp, topk, ffn = cfg["experts"], cfg["topk"], cfg["moe_ffn"]
+    b, ctx, c, g = REPLAY["decodes"], REPLAY["ctx"], REPLAY["chunk"], nh // kvh
+
+    def w(*shape: int) -> Any:
+        return rng.standard_normal(shape, dtype=np.float32) * RANDOM_WEIGHT_STD
+
+    def rms(x: Any) -> Any:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+
+    def softmax(z: Any) -> Any:
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    def rope(x: Any) -> Any:  # [heads, c, d] at positions 0..c-1
+        inv = 1.0 / (10000 ** (np.arange(0, hd, 2) / hd))
+        ang = np.arange(c)[:, None] * inv[None]
+        cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    x = w(b + c, hid)  # embeddings of random token ids
+    mask = np.triu(np.full((c, c), -1e30, dtype=np.float32), 1)
+    layers = []
+    for _ in range(REPLAY["layers"]):
+        qkv = rms(x) @ w((nh + 2 * kvh) * hd, hid).T
+        q, k, v = qkv[:, : nh * hd], qkv[:, nh * hd: (nh + kvh) * hd], qkv[:, (nh + kvh) * hd:]
+        kc = rng.standard_normal((b, kvh, ctx, hd), dtype=np.float32)
+        vc = rng.standard_normal((b, kvh, ctx, hd), dtype=np.float32)
+        att = softmax(np.einsum("bkgd,bktd->bkgt", q[:b].reshape(b, kvh, g, hd), kc) / np.sqrt(hd))
+        od = np.einsum("bkgt,bktd->bkgd", att, vc).reshape(b, nh * hd)
+        qp = rope(q[b:].reshape(c, nh, hd).transpose(1, 0, 2))
+        kp = np.repeat(rope(k[b:].reshape(c, kvh, hd).transpose(1, 0, 2)), g, 0)
+        vp = np.repeat(v[b:].reshape(c, kvh, hd).transpose(1, 0, 2), g, 0)
+        att = softmax(np.einsum("hqd,hkd->hqk", qp, kp) / np.sqrt(hd) + mask)
+        op = np.einsum("hqk,hkd->hqd", att, vp).transpose(1, 0, 2).reshape(c, nh * hd)
+        x = x + np.concatenate([od, op]) @ w(hid, nh * hd).T
+        h = rms(x)
+        probs = softmax(h @ w(n_exp, hid).T)
+        idx = np.argsort(-probs, -1)[:, :topk]
+        dec, pre = set(idx[:b].ravel().tolist()), set(idx[b:].ravel().tolist())
+        counts = np.bincount(idx[b:].ravel(), minlength=n_exp)
+        layers.append({"decode_touched": len(dec), "chunk_touched": len(pre), "union": len(dec | pre),
+                       "chunk_rows_on_busiest_expert": int(counts.max())})
+        out = np.zeros_like(x)
+        wts = np.take_along_axis(probs, idx, -1)
+        for e in np.unique(idx):
+            rows, slot = np.nonzero(idx == e)
+            gu = h[rows] @ w(2 * ffn, hid).T
+            act = gu[:, :ffn] / (1 + np.exp(-gu[:, :ffn])) * gu[:, ffn:]
+            out[rows] += (act @ w(hid, ffn).T) * wts[rows, slot][:, None]
+        x = x + out
+    return {"setup": dict(REPLAY), "config": cfg, "layers": layers}
+
+
 def _worst(preds: list[Prediction], n: int) -> list[dict[str, Any]]:
     return [p.as_dict() for p in sorted(preds, key=lambda p: -abs(p.error_pct))[:n]]
 
@@ -69,7 +139,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", default=str(REPO.parent / "shared" / "ground_truth"))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "perf_fidelity.json"))
+    ap.add_argument("--routing-replay", action="store_true", help="replay the MoE routing of one mixed step instead")
     args = ap.parse_args()
+    if args.routing_replay:
+        doc = json.loads((Path(args.shared) / "h200_moe.json").read_text(encoding="utf-8"))
+        cfg = next(m["config"] for m in doc["models"].values() if m["config"].get("experts"))
+        t = time.process_time()
+        rep = routing_replay(cfg)
+        rep["cpu_s"] = round(time.process_time() - t, 1)
+        out = REPO / "benchmarks" / "results" / "perf_routing_replay.json"
+        out.write_text(json.dumps(rep, indent=1) + "\n", encoding="utf-8")
+        for i, layer in enumerate(rep["layers"]):
+            print(f"layer {i}: {layer}")
+        print(f"wrote {out}")
+        return 0
     files = [load_groundtruth(Path(args.shared) / f) for f in FILES]
     gpu = get_gpu("h200-sxm")
     names = set(model_names(files))

@@ -36,9 +36,14 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
   to start without cached context), their pairs are the rest of attn_pairs. MLA reads the latent.
 - Elementwise traffic: elementwise_passes * T * (h + (H+2K)*d/tp [+ ffn/tp, dense layers]) * ab / (B*kv_mem_eff)
   plus the KV write of the T new tokens.
-- TP: 2 all-reduces per layer of T*h*ab bytes: 2*(tp-1)/tp*bytes/link_bw + latency (intra-node).
-  PP: (pp-1) activation sends of T*h*ab. EP: dispatch+combine per MoE layer of
-  T*k*h*ab*(ep-1)/ep over the intra-node link (network when ep exceeds a node).
+- TP: 2 all-reduces per layer of T*h*ab bytes: 2*(tp-1)/tp*bytes/link_bw + latency (intra-node;
+  the ring all-reduce's bus traffic, NCCL's performance notes). PP: (pp-1) activation sends of
+  T*h*ab. EP: dispatch+combine per MoE layer of T*k*h*ab*(ep-1)/ep over the intra-node link
+  (network when ep exceeds a node): each of the T*k routed rows leaves its rank unless its expert
+  is local (probability 1/ep under even placement), once to dispatch and once to combine, as in
+  GShard's all-to-all (Lepikhin et al., 2020) and DeepEP's dispatch/combine. None of the TP, PP or
+  EP terms is validated against a multi-GPU measurement (the ground truth is one GPU): they are
+  textbook volumes at the catalog's link bandwidth, without congestion or kernel overlap.
 - Overhead: n = layers*attn_kernels + dense_layers*ffn_kernels + moe_layers*moe_kernels*moe_kernel_weight
   + step_kernels (+2 per layer under TP, +2 per MoE layer under EP). CUDA-graph steps add
   n*kernel_graph_s of GPU time; eager steps are the smooth max of host launch time and GPU time:
@@ -58,6 +63,13 @@ from fleetwise.spec.model import ModelSpec
 
 ACT_BYTES = 2.0  # activations stay in bf16
 MLA_HEADS_PER_UNIT = 16  # MLA decode kernels split the heads of one latent into blocks of 16
+# Collectives per step (each is one kernel and one link latency). TP: the attention output and the
+# FFN output all-reduce of every layer (Megatron-LM's layer split, Shoeybi et al. 2019). EP: the
+# dispatch and the combine all-to-all of every MoE layer (GShard; DeepEP). PP: a send and a receive
+# per stage boundary. Counted from those designs, not measured.
+TP_ALLREDUCES_PER_LAYER = 2
+EP_ALLTOALLS_PER_MOE_LAYER = 2
+PP_KERNELS_PER_BOUNDARY = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,24 +216,27 @@ class BoundPerf:
         tp, pp, ep = par.tp, par.pp, par.ep
         intra, net = acc.intra_node_link, acc.network
         tok = h * ACT_BYTES
-        # TP: 2 ring all-reduces per layer; per token bytes and a fixed latency per step.
-        self.tp_tok = 2 * self.layers * 2 * (tp - 1) / tp * tok / intra.bandwidth_bytes_per_s if tp > 1 else 0.0
-        self.tp_fix = 2 * self.layers * intra.latency_s if tp > 1 else 0.0
+        # TP: ring all-reduces (bus bytes 2*(tp-1)/tp per byte); per token bytes and a fixed latency per step.
+        n_ar = TP_ALLREDUCES_PER_LAYER * self.layers
+        self.tp_tok = n_ar * 2 * (tp - 1) / tp * tok / intra.bandwidth_bytes_per_s if tp > 1 else 0.0
+        self.tp_fix = n_ar * intra.latency_s if tp > 1 else 0.0
         pp_link = net if par.gpus > acc.gpus_per_node else intra
         self.pp_tok = (pp - 1) * tok / pp_link.bandwidth_bytes_per_s
         self.pp_fix = (pp - 1) * pp_link.latency_s
         ep_link = net if ep > acc.gpus_per_node else intra
         k = d.model.moe.experts_per_token if d.model.moe is not None else 0
         moe_l = self.moe_layers
-        self.ep_tok = 2 * moe_l * k * tok * (ep - 1) / ep / ep_link.bandwidth_bytes_per_s if ep > 1 else 0.0
-        self.ep_fix = 2 * moe_l * ep_link.latency_s if ep > 1 else 0.0
+        n_a2a = EP_ALLTOALLS_PER_MOE_LAYER * moe_l
+        self.ep_tok = n_a2a * k * tok * (ep - 1) / ep / ep_link.bandwidth_bytes_per_s if ep > 1 else 0.0
+        self.ep_fix = n_a2a * ep_link.latency_s if ep > 1 else 0.0
 
     def _bind_overhead(self, d: Deployment, p: Profile) -> None:
         par = d.parallelism
         dense_l = self.layers - self.moe_layers
         n = (self.layers * p.attn_kernels_per_layer + dense_l * p.ffn_kernels_per_layer
              + self.moe_layers * p.moe_kernels_per_layer * p.moe_kernel_weight + p.step_kernels)
-        n += 2 * self.layers * (par.tp > 1) + 2 * self.moe_layers * (par.ep > 1) + 2 * (par.pp - 1)
+        n += (TP_ALLREDUCES_PER_LAYER * self.layers * (par.tp > 1)
+              + EP_ALLTOALLS_PER_MOE_LAYER * self.moe_layers * (par.ep > 1) + PP_KERNELS_PER_BOUNDARY * (par.pp - 1))
         self.kernels = n
         self.graph_s = n * p.kernel_graph_s
         self.eager = not d.cuda_graphs

@@ -134,10 +134,8 @@ def _claims_task(ctx: Context, item: tuple[FleetShape, float | None, SimVerdict]
     return check_claims(ctx, *item)
 
 
-def _equal_cost_task(ctx: Context, item: tuple[FleetShape, FleetShape]) -> tuple[SimVerdict, SimVerdict]:
-    a, b = item
-    return (run_fleet(ctx.spec, ctx.mix, a, ctx.prices, ctx.peak_rps, seed=0),
-            run_fleet(ctx.spec, ctx.mix, b, ctx.prices, ctx.peak_rps, seed=0))
+def _equal_cost_task(ctx: Context, fleet: FleetShape) -> SimVerdict:
+    return run_fleet(ctx.spec, ctx.mix, fleet, ctx.prices, ctx.peak_rps, seed=0)
 
 
 def run(search: Search, ex: Executor) -> None:
@@ -167,8 +165,13 @@ def _equal_cost(search: Search, ctx: Context, ex: Executor, colo: Candidate) -> 
     share = (1 / e.mu_prefill_rps) / (1 / e.mu_prefill_rps + 1 / e.mu_decode_rps)
     p = min(n - 1, max(1, round(n * share)))
     pd = FleetShape((PoolShape("prefill", lay, p), PoolShape("decode", lay, n - p)), *kv_link_rates(search, lay))
-    v_colo, v_pd = ex.map(_equal_cost_task, ctx, [(colo.refined.serving, pd)])[0]
-    search.simulations += 2
+    # The colocated side is the refinement's confirmation: the serving fleet at peak rate, seed 0.
+    v_colo = colo.refined.confirm
+    todo = [colo.refined.serving, pd] if v_colo is None else [pd]
+    done = ex.map(_equal_cost_task, ctx, todo)
+    search.simulations += len(todo)
+    v_pd = done[-1]
+    v_colo = v_colo if v_colo is not None else done[0]
     search.disaggregation = _verdict(search, lay, n, p, v_colo, v_pd)
 
 

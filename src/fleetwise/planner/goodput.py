@@ -16,7 +16,7 @@ from fleetwise.planner.executor import Executor
 from fleetwise.planner.fit import Layout, Rejection, kv_link
 from fleetwise.planner.latency import LayoutEstimate
 from fleetwise.planner.loadtest import load_measurement
-from fleetwise.planner.simulate import FleetShape, PoolShape, bisect_rate, run_fleet
+from fleetwise.planner.simulate import FleetShape, PoolShape, bisect_rate, passes
 from fleetwise.planner.state import Context, Search
 
 STAGE_CHECK = {"mixed": "both", "prefill": "ttft", "decode": "both"}
@@ -54,7 +54,7 @@ def measure_goodput(ctx: Context, task: MeasureTask) -> MeasureResult:
     def ok(rate: float) -> bool:
         nonlocal runs
         runs += 1
-        return run_fleet(ctx.spec, ctx.mix, task.fleet, ctx.prices, rate, seed=0, check=check).passed  # type: ignore[arg-type]
+        return passes(ctx.spec, ctx.mix, task.fleet, ctx.prices, rate, seed=0, check=check)  # type: ignore[arg-type]
 
     g = bisect_rate(ok, task.guess_rps, ctx.spec.search.bisect_steps, task.floor_rps)
     return MeasureResult(task.key, task.role, g, runs)

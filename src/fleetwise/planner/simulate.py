@@ -2,7 +2,8 @@
 and the bisection that finds a replica's *effective* goodput under the target length mix.
 
 Owns `FleetShape` (pools of layouts with replica counts), `run_fleet` (one seeded simulation,
-summarised into a `SimVerdict`) and `bisect_rate` (the largest arrival rate at which the SLO still
+summarised into a `SimVerdict`; a run repeated with identical inputs in the same process is
+answered from a bounded memo, `simulate_fleet` being the uncached reference) and `bisect_rate` (the largest arrival rate at which the SLO still
 holds, found by doubling then halving). A pass needs the SLO percentile of TTFT and of TPOT under
 their targets and the attainment (requests meeting both, failed ones counting as missed) at
 least the required fraction; a stage check (`ttft` or `tpot`) looks at one target only. Does not
@@ -11,8 +12,10 @@ choose what to measure (goodput) or how many replicas to buy (sizing).
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,6 +34,11 @@ Check = Literal["both", "ttft", "tpot"]
 MIN_REQUESTS_PER_RUN = 200
 MAX_REQUESTS_PER_RUN = 2400
 SECONDS_PER_RUN = 60.0  # aim for about a minute of simulated traffic, within the bounds above
+SIM_MEMO_ENTRIES = 256
+"""Verdicts `run_fleet` keeps per process, least recently used dropped first. A search repeats
+some runs exactly (a plan's confirmation at peak rate is its first seed's run when the peak is the
+target rate and it has no spares; the equal-cost check's colocated run is a confirmation); each
+kept verdict is a few hundred bytes plus its key (mostly the mix's arrays as bytes, tens of kB)."""
 
 
 @dataclass(frozen=True)
@@ -180,22 +188,123 @@ def _judge(summary: dict[str, Any], spec: PlanningSpec, check: Check, rate: floa
         dict(summary.get("failure_reasons", {})), waits)
 
 
+_memo: OrderedDict[Hashable, SimVerdict] = OrderedDict()
+
+
+def _memo_key(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,
+              seed: int, check: Check, faults: FaultScenario | None, requests: list[Request] | None) -> Hashable:
+    """Everything a run's verdict depends on: compared exactly, except a caller's arrivals, which
+    enter as the SHA-256 of their repr (every field of every request) so the memo does not keep
+    thousands of requests alive per entry."""
+    reqs = hashlib.sha256(repr(requests).encode()).digest() if requests is not None else None
+    return (spec.model_dump_json(), mix.prompt.tobytes(), mix.output.tobytes(), mix.unit_gaps.tobytes(), fleet,
+            tuple(sorted(prices.items())), rate_rps, seed, check,
+            faults.model_dump_json() if faults is not None else None, reqs)
+
+
 def run_fleet(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,
               seed: int, check: Check = "both", faults: FaultScenario | None = None,
               requests: list[Request] | None = None) -> SimVerdict:
+    """`simulate_fleet`, answered from the per-process memo when the same run was already made."""
+    key = _memo_key(spec, mix, fleet, prices, rate_rps, seed, check, faults, requests)
+    hit = _memo.get(key)
+    if hit is not None:
+        _memo.move_to_end(key)
+        return hit
+    return _remember(key, simulate_fleet(spec, mix, fleet, prices, rate_rps, seed, check, faults, requests))
+
+
+def _remember(key: Hashable, v: SimVerdict) -> SimVerdict:
+    _memo[key] = v
+    if len(_memo) > SIM_MEMO_ENTRIES:
+        _memo.popitem(last=False)
+    return v
+
+
+def _arrivals(spec: PlanningSpec, mix: LengthMix, rate_rps: float, seed: int) -> list[Request]:
+    """The standard run's arrivals at `rate_rps` for `seed`."""
+    reqs = requests_at(mix, rate_rps, requests_for(rate_rps, spec.search.sample_requests))
+    return _shift_seed(mix, rate_rps, len(reqs), seed) if seed else reqs
+
+
+def simulate_fleet(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,
+                   seed: int, check: Check = "both", faults: FaultScenario | None = None,
+                   requests: list[Request] | None = None) -> SimVerdict:
     """Simulate `fleet` under the mix at `rate_rps` with one seed and judge the run (`requests`:
     arrivals built by the caller instead of the standard run's, e.g. a longer run or a burst)."""
     from fleetwise.sim.runner import SimOptions, simulate
 
-    if requests is not None:
-        reqs = requests
-    else:
-        reqs = requests_at(mix, rate_rps, requests_for(rate_rps, spec.search.sample_requests))
-        if seed:
-            reqs = _shift_seed(mix, rate_rps, len(reqs), seed)
+    reqs = requests if requests is not None else _arrivals(spec, mix, rate_rps, seed)
     plan = to_plan_spec(spec, fleet, prices)
     result = simulate(plan, reqs, faults=faults, options=SimOptions(seed=seed, slo=_sim_slo(spec, check)))
     return _judge(result.summary, spec, check, rate_rps, seed, result.records)
+
+
+class _CertainMiss(Exception):
+    """Enough requests have missed that the run's attainment cannot reach the SLO's."""
+
+
+def allowed_misses(n: int, attainment: float) -> int:
+    """Most requests of `n` that may miss while the attainment (met / n, as the simulator's summary
+    rounds it) still reaches `attainment`; -1 when even none missing falls short."""
+    def ok(m: int) -> bool:
+        return round((n - m) / n, 9) >= attainment
+    m = max(0, min(n, math.floor(n * (1.0 - attainment))))
+    while m < n and ok(m + 1):
+        m += 1
+    while m >= 0 and not ok(m):
+        m -= 1
+    return m
+
+
+class _MissWatch:
+    """The run's routing policy, unchanged, with a count of the requests whose first token came
+    after the TTFT target: such a request cannot meet the SLO (the simulator's TTFT adds only a
+    network delay to the feedback's), so once more than `allowed` have, the run fails whatever
+    happens next and `_CertainMiss` ends it."""
+
+    def __init__(self, policy: Any, ttft_s: float, allowed: int) -> None:
+        self._policy, self._ttft_s, self._allowed = policy, ttft_s, allowed
+        self._missed: set[str] = set()
+
+    def observe(self, fb: Any) -> None:
+        from fleetwise.core.feedback import FirstToken
+
+        self._policy.observe(fb)
+        if isinstance(fb, FirstToken) and fb.ttft_s > self._ttft_s and fb.request_id not in self._missed:
+            self._missed.add(fb.request_id)
+            if len(self._missed) > self._allowed:
+                raise _CertainMiss
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+
+def passes(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,
+           seed: int, check: Check = "both") -> bool:
+    """`run_fleet(...).passed` of a standard run, for callers that need only the verdict (the
+    goodput bisection): the simulation stops as soon as so many requests have missed their TTFT
+    target that the attainment cannot reach the SLO's, since the rest of the run cannot turn that
+    fail into a pass. A run that completes is judged and kept in the memo like `run_fleet`'s."""
+    from fleetwise.routing.registry import make_policy
+    from fleetwise.sim.runner import SimOptions, simulate
+
+    key = _memo_key(spec, mix, fleet, prices, rate_rps, seed, check, None, None)
+    hit = _memo.get(key)
+    if hit is not None:
+        _memo.move_to_end(key)
+        return hit.passed
+    slo = _sim_slo(spec, check)
+    if slo.ttft_max_s is None:  # nothing to watch: the whole run decides
+        return run_fleet(spec, mix, fleet, prices, rate_rps, seed, check).passed
+    reqs = _arrivals(spec, mix, rate_rps, seed)
+    plan = to_plan_spec(spec, fleet, prices)
+    watch = _MissWatch(make_policy(plan.routing, seed=seed), slo.ttft_max_s, allowed_misses(len(reqs), spec.slo.attainment))
+    try:
+        result = simulate(plan, reqs, options=SimOptions(seed=seed, slo=slo, policy=watch))  # type: ignore[arg-type]
+    except _CertainMiss:
+        return False
+    return _remember(key, _judge(result.summary, spec, check, rate_rps, seed, result.records)).passed
 
 
 def run_span_s(spec: PlanningSpec, rate_rps: float) -> float:

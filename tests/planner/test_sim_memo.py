@@ -1,0 +1,128 @@
+"""The per-process memo of `run_fleet`: a repeated run gives the verdict the uncached reference
+(`simulate_fleet`) gives, any changed input is a new run, and the equal-cost check reuses the
+colocated plan's confirmation instead of simulating it again."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from fleetwise.core.feedback import FirstToken
+from fleetwise.planner import disaggregation
+from fleetwise.planner import simulate as sim
+from fleetwise.planner.executor import Executor
+from fleetwise.planner.refinement import Refined
+from fleetwise.planner.simulate import (
+    FleetShape,
+    PoolShape,
+    allowed_misses,
+    crash_scenario,
+    passes,
+    requests_over,
+    run_fleet,
+    simulate_fleet,
+)
+from fleetwise.planner.state import Candidate
+
+
+def test_memo_answers_a_repeated_run_with_the_reference_verdict(spec_factory, small_search) -> None:
+    spec = spec_factory()
+    ctx = small_search.ctx
+    fleet = small_search.refined[0].refined.serving
+    sim._memo.clear()
+    ref = simulate_fleet(spec, ctx.mix, fleet, ctx.prices, 0.2, seed=0)
+    first = run_fleet(spec, ctx.mix, fleet, ctx.prices, 0.2, seed=0)
+    assert first == ref and len(sim._memo) == 1
+    again = run_fleet(spec, ctx.mix, fleet, ctx.prices, 0.2, seed=0)
+    assert again is first and len(sim._memo) == 1  # served from the memo
+    # every input is part of the key: another seed, rate, check, fault or arrival list is a new run
+    run_fleet(spec, ctx.mix, fleet, ctx.prices, 0.2, seed=1)
+    run_fleet(spec, ctx.mix, fleet, ctx.prices, 0.25, seed=0)
+    run_fleet(spec, ctx.mix, fleet, ctx.prices, 0.2, seed=0, check="ttft")
+    bigger = fleet.with_replicas(mixed=fleet.pools[0].replicas + 1)
+    run_fleet(spec, ctx.mix, bigger, ctx.prices, 0.2, seed=0, faults=crash_scenario(bigger, "mixed", 1))
+    reqs = requests_over(ctx.mix, 0.2, 120.0)
+    with_reqs = run_fleet(spec, ctx.mix, fleet, ctx.prices, 0.2, seed=0, requests=reqs)
+    assert len(sim._memo) == 6
+    assert with_reqs == simulate_fleet(spec, ctx.mix, fleet, ctx.prices, 0.2, seed=0, requests=list(reqs))
+    assert run_fleet(spec, ctx.mix, fleet, ctx.prices, 0.2, seed=0, requests=list(reqs)) is with_reqs
+
+
+def test_memo_is_bounded(spec_factory, small_search, monkeypatch) -> None:
+    spec, ctx = spec_factory(), small_search.ctx
+    fleet = small_search.refined[0].refined.serving
+    sim._memo.clear()
+    monkeypatch.setattr(sim, "SIM_MEMO_ENTRIES", 2)
+    for seed in range(3):
+        run_fleet(spec, ctx.mix, fleet, ctx.prices, 0.2, seed=seed)
+    assert len(sim._memo) == 2  # the least recently used (seed 0) was dropped
+
+
+def test_equal_cost_reuses_the_confirmation(small_search) -> None:
+    """The colocated side of the equal-cost check is the confirmation (serving fleet, peak rate,
+    seed 0): only the PD split is simulated, and the figures are what a fresh run gives."""
+    search = copy.copy(small_search)
+    ctx = search.ctx
+    lay = small_search.refined[0].refined.serving.pools[0].layout
+    serving = FleetShape((PoolShape("mixed", lay, 2),))
+    confirm = simulate_fleet(ctx.spec, ctx.mix, serving, ctx.prices, ctx.peak_rps, seed=0)
+    colo = Candidate("colo", "colocated", serving, {}, [], refined=Refined("colo", serving, serving, confirm=confirm))
+    seen: list[list[FleetShape]] = []
+
+    class Counting(Executor):
+        def map(self, fn, c, items):  # type: ignore[no-untyped-def]
+            seen.append(list(items))
+            return super().map(fn, c, items)
+
+    before = search.simulations
+    with Counting(1) as ex:
+        disaggregation._equal_cost(search, ctx, ex, colo)
+    d = search.disaggregation
+    assert d["pd_split"] == [1, 1] and len(seen) == 1 and len(seen[0]) == 1 and seen[0][0].disaggregated
+    assert search.simulations == before + 1
+    assert d["colocated"] == {"slo_attainment": confirm.attainment, "goodput_rps": confirm.goodput_rps,
+                              "ttft_p99_s": confirm.ttft["p99"], "tpot_p99_s": confirm.tpot["p99"],
+                              "passed": confirm.passed}
+
+
+@pytest.mark.parametrize(("n", "attainment", "want"), [(200, 0.9, 20), (1000, 0.99, 10), (3, 1.0, 0), (7, 0.9, 0),
+                                                       (2400, 0.95, 120), (1, 0.5, 0)])
+def test_allowed_misses(n, attainment, want) -> None:
+    assert allowed_misses(n, attainment) == want
+    assert round((n - want) / n, 9) >= attainment and (want == n or round((n - want - 1) / n, 9) < attainment)
+
+
+def test_miss_watch_stops_after_the_allowed_misses() -> None:
+    seen: list[object] = []
+
+    class Policy:
+        wants_kv_events = True
+
+        def observe(self, fb) -> None:  # type: ignore[no-untyped-def]
+            seen.append(fb)
+
+    w = sim._MissWatch(Policy(), ttft_s=1.0, allowed=2)
+    assert w.wants_kv_events is True  # everything else is the policy's
+    w.observe(FirstToken(0.5, "a", "r0", 0.9))  # met
+    w.observe(FirstToken(1.5, "b", "r0", 1.5))
+    w.observe(FirstToken(1.6, "b", "r0", 1.6))  # the same request again: counted once
+    w.observe(FirstToken(2.0, "c", "r0", 1.2))
+    with pytest.raises(sim._CertainMiss):
+        w.observe(FirstToken(2.5, "d", "r0", 1.01))  # the third miss of two allowed
+    assert len(seen) == 5  # the policy heard every event, the last one included
+
+
+def test_passes_is_the_full_runs_verdict(spec_factory, small_search) -> None:
+    """The early-stopping verdict equals the full simulation's at rates that pass and that fail."""
+    spec, ctx = spec_factory(), small_search.ctx
+    fleet = small_search.refined[0].refined.serving
+    verdicts = []
+    for rate in (0.2, 60.0, 300.0):
+        for check in ("both", "ttft"):
+            sim._memo.clear()
+            got = passes(spec, ctx.mix, fleet, ctx.prices, rate, seed=0, check=check)
+            want = simulate_fleet(spec, ctx.mix, fleet, ctx.prices, rate, seed=0, check=check).passed
+            assert got == want, (rate, check)
+            verdicts.append(got)
+    assert True in verdicts and False in verdicts

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from fleetwise.core.feedback import FirstToken
+from fleetwise.core.feedback import Completed, FirstToken
 from fleetwise.planner import disaggregation
 from fleetwise.planner import simulate as sim
 from fleetwise.planner.executor import Executor
@@ -102,15 +102,20 @@ def test_miss_watch_stops_after_the_allowed_misses() -> None:
         def observe(self, fb) -> None:  # type: ignore[no-untyped-def]
             seen.append(fb)
 
-    w = sim._MissWatch(Policy(), ttft_s=1.0, allowed=2)
+    w = sim._MissWatch(Policy(), ttft_s=1.0, tpot_s=0.05, allowed=2)
     assert w.wants_kv_events is True  # everything else is the policy's
     w.observe(FirstToken(0.5, "a", "r0", 0.9))  # met
+    w.observe(FirstToken(1.0, "e", "r0", 1.0))  # exactly the target: met
+    w.observe(Completed(3.0, "a", "r0", 11, 0.05, 3.0))  # exactly the TPOT target: met
     w.observe(FirstToken(1.5, "b", "r0", 1.5))
     w.observe(FirstToken(1.6, "b", "r0", 1.6))  # the same request again: counted once
-    w.observe(FirstToken(2.0, "c", "r0", 1.2))
+    w.observe(Completed(4.0, "b", "r0", 11, 0.2, 4.0))  # and late twice: still once
+    w.observe(Completed(4.5, "c", "r0", 11, 0.06, 4.5))  # TPOT over
     with pytest.raises(sim._CertainMiss):
         w.observe(FirstToken(2.5, "d", "r0", 1.01))  # the third miss of two allowed
-    assert len(seen) == 5  # the policy heard every event, the last one included
+    assert len(seen) == 8  # the policy heard every event, the last one included
+    only_ttft = sim._MissWatch(Policy(), ttft_s=1.0, tpot_s=None, allowed=0)
+    only_ttft.observe(Completed(4.0, "b", "r0", 11, 9.0, 4.0))  # TPOT not judged: no miss
 
 
 def test_passes_is_the_full_runs_verdict(spec_factory, small_search) -> None:
@@ -119,7 +124,7 @@ def test_passes_is_the_full_runs_verdict(spec_factory, small_search) -> None:
     fleet = small_search.refined[0].refined.serving
     verdicts = []
     for rate in (0.2, 60.0, 300.0):
-        for check in ("both", "ttft"):
+        for check in ("both", "ttft", "tpot"):
             sim._memo.clear()
             got = passes(spec, ctx.mix, fleet, ctx.prices, rate, seed=0, check=check)
             want = simulate_fleet(spec, ctx.mix, fleet, ctx.prices, rate, seed=0, check=check).passed

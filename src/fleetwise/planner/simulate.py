@@ -257,21 +257,31 @@ def allowed_misses(n: int, attainment: float) -> int:
     return m
 
 
-class _MissWatch:
-    """The run's routing policy, unchanged, with a count of the requests whose first token came
-    after the TTFT target: such a request cannot meet the SLO (the simulator's TTFT adds only a
-    network delay to the feedback's), so once more than `allowed` have, the run fails whatever
-    happens next and `_CertainMiss` ends it."""
+MISS_MARGIN = 1e-9
+"""Relative margin above a target before a feedback figure counts as a miss, so a figure equal to
+the target up to rounding is never counted (the watch may stop later, never wrongly)."""
 
-    def __init__(self, policy: Any, ttft_s: float, allowed: int) -> None:
-        self._policy, self._ttft_s, self._allowed = policy, ttft_s, allowed
+
+class _MissWatch:
+    """The run's routing policy, unchanged, with a count of the requests that cannot meet the SLO:
+    a first token after the TTFT target (the simulator's TTFT adds only a network delay to the
+    feedback's) or a finished request whose time per output token is over the TPOT target (the
+    feedback's is the simulator's formula). Once more than `allowed` have missed, the run fails
+    whatever happens next and `_CertainMiss` ends it. A target of None is not watched."""
+
+    def __init__(self, policy: Any, ttft_s: float | None, tpot_s: float | None, allowed: int) -> None:
+        self._policy, self._allowed = policy, allowed
+        self._ttft_s = ttft_s * (1 + MISS_MARGIN) if ttft_s is not None else math.inf
+        self._tpot_s = tpot_s * (1 + MISS_MARGIN) if tpot_s is not None else math.inf
         self._missed: set[str] = set()
 
     def observe(self, fb: Any) -> None:
-        from fleetwise.core.feedback import FirstToken
+        from fleetwise.core.feedback import Completed, FirstToken
 
         self._policy.observe(fb)
-        if isinstance(fb, FirstToken) and fb.ttft_s > self._ttft_s and fb.request_id not in self._missed:
+        late = ((isinstance(fb, FirstToken) and fb.ttft_s > self._ttft_s)
+                or (isinstance(fb, Completed) and fb.tpot_s > self._tpot_s))
+        if late and fb.request_id not in self._missed:
             self._missed.add(fb.request_id)
             if len(self._missed) > self._allowed:
                 raise _CertainMiss
@@ -284,8 +294,8 @@ def passes(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[s
            seed: int, check: Check = "both") -> bool:
     """`run_fleet(...).passed` of a standard run, for callers that need only the verdict (the
     goodput bisection): the simulation stops as soon as so many requests have missed their TTFT
-    target that the attainment cannot reach the SLO's, since the rest of the run cannot turn that
-    fail into a pass. A run that completes is judged and kept in the memo like `run_fleet`'s."""
+    or TPOT target that the attainment cannot reach the SLO's, since the rest of the run cannot
+    turn that fail into a pass. A run that completes is judged and kept in the memo like `run_fleet`'s."""
     from fleetwise.routing.registry import make_policy
     from fleetwise.sim.runner import SimOptions, simulate
 
@@ -295,11 +305,10 @@ def passes(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[s
         _memo.move_to_end(key)
         return hit.passed
     slo = _sim_slo(spec, check)
-    if slo.ttft_max_s is None:  # nothing to watch: the whole run decides
-        return run_fleet(spec, mix, fleet, prices, rate_rps, seed, check).passed
     reqs = _arrivals(spec, mix, rate_rps, seed)
     plan = to_plan_spec(spec, fleet, prices)
-    watch = _MissWatch(make_policy(plan.routing, seed=seed), slo.ttft_max_s, allowed_misses(len(reqs), spec.slo.attainment))
+    watch = _MissWatch(make_policy(plan.routing, seed=seed), slo.ttft_max_s, slo.tpot_max_s,
+                       allowed_misses(len(reqs), spec.slo.attainment))
     try:
         result = simulate(plan, reqs, options=SimOptions(seed=seed, slo=slo, policy=watch))  # type: ignore[arg-type]
     except _CertainMiss:

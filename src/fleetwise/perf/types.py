@@ -104,7 +104,9 @@ class Deployment:
     cuda_graphs: bool = True
     expert_load_imbalance: float = 1.0
     """MoE only: max/mean routed tokens per EP rank. 1.0 is even routing (the synthetic calibration
-    data, random routers); real traffic at ep >= 8 is typically 1.2-1.5. No effect at ep=1."""
+    data, random routers). Real traffic is skewed (hot experts and ranks without balancing:
+    TensorRT-LLM's large-scale EP study, tech blog 4), but no public max/mean figure is cited here:
+    the planner's 1.3 is an assumption to replace with your own routing statistics. No effect at ep=1."""
     pp_microbatches: int = 0
     """Pipeline parallelism: micro-batches kept in flight (0: one per stage, as vLLM's virtual
     engines do; 1: stages run one batch in series, no overlap)."""

@@ -12,12 +12,12 @@ import aiohttp
 import pytest
 from gw_harness import FAST_SCRAPE, MODEL, emulators, run, served_gateway
 
-from fleetwise.core.feedback import KvCleared, KvEvicted, KvStored
+from fleetwise.core.feedback import Feedback, KvCleared, KvEvicted, KvStored
 from fleetwise.core.tokens import block_hashes, encode, words_text
 from fleetwise.emulator.protocol import parse_request as emulator_parse
 from fleetwise.errors import SpecError
 from fleetwise.gateway import Gateway, GatewayConfig
-from fleetwise.gateway.kv_events import BadBatch, batch_feedback
+from fleetwise.gateway.kv_events import BadBatch, KvFollower, json_batch_events
 from fleetwise.gateway.prompt_tokens import make_tokenizer, request_ids
 from fleetwise.spec.base import validate
 
@@ -101,13 +101,16 @@ def test_batch_lines_become_policy_feedback() -> None:
          "block_size": 16, "lora_id": None, "medium": "GPU"},
         {"type": "BlockRemoved", "block_hashes": [2], "medium": "GPU"},
         {"type": "SomethingNew", "x": 1}]}).encode()
-    fbs, bs = batch_feedback(line, "w", 3.0)
-    assert fbs == [KvCleared(3.0, "w"), KvStored(3.0, "w", (1, 2)), KvEvicted(3.0, "w", (2,))] and bs == 16
-    assert batch_feedback(b'{"events": []}', "w", 0.0) == ([], None)
+    seen: list[Feedback] = []
+    feed = KvFollower("w", "u", "u", 16, False, seen.append, lambda: 3.0)
+    feed.apply(json_batch_events(line))
+    assert seen == [KvCleared(3.0, "w"), KvStored(3.0, "w", (1, 2)), KvEvicted(3.0, "w", (2,))]
+    assert (feed.block_size, feed.stored, feed.evicted, feed.batches) == (16, 2, 1, 1)
+    assert json_batch_events(b'{"events": []}') == []
     for bad in (b"not json", b"[1, 2]", b'{"events": 3}',
                 b'{"events": [{"type": "BlockStored", "block_hashes": ["x"]}]}'):
         with pytest.raises(BadBatch):
-            batch_feedback(bad, "w", 0.0)
+            json_batch_events(bad)
 
 
 @pytest.mark.parametrize("body,chat", [

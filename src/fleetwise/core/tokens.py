@@ -136,16 +136,26 @@ def chat_parts(turns: Sequence[tuple[str, str]], add_generation_prompt: bool = T
 def block_hashes(ids: list[int], block_size: int) -> tuple[int, ...]:
     """Chained hashes of the full `block_size`-token blocks of `ids`: hash i names blocks 0..i
     (as vLLM's prefix-cache block hashes do), as non-negative 63-bit ints."""
-    out: list[int] = []
-    parent = b""
+    from_bytes = int.from_bytes
+    return tuple(from_bytes(d, "little") >> 1 for d in block_digests(ids, block_size))
+
+
+def block_digests(ids: list[int], block_size: int, parent: bytes = b"") -> list[bytes]:
+    """The chain digests behind `block_hashes`, continuing the chain after the block whose digest
+    is `parent` (b"": the first block of a sequence); `block_id` turns one into its hash."""
+    out: list[bytes] = []
     data = array("I", ids).tobytes()
     step = 4 * block_size
-    blake2b, from_bytes = hashlib.blake2b, int.from_bytes
+    blake2b = hashlib.blake2b
     for start in range(0, len(data) - step + 1, step):
-        d = blake2b(parent + data[start:start + step], digest_size=8).digest()
-        out.append(from_bytes(d, "little") >> 1)
-        parent = d
-    return tuple(out)
+        parent = blake2b(parent + data[start:start + step], digest_size=8).digest()
+        out.append(parent)
+    return out
+
+
+def block_id(chain_digest: bytes) -> int:
+    """The block hash (`block_hashes` value) named by one chain digest of `block_digests`."""
+    return int.from_bytes(chain_digest, "little") >> 1
 
 
 def digest(ids: list[int]) -> int:

@@ -39,7 +39,8 @@ from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
 from fleetwise.errors import SpecError
 from fleetwise.gateway.backends import Backend, Backends, Decision
 from fleetwise.gateway.config import BackendSpec, GatewayConfig, TenantSpec
-from fleetwise.gateway.kv_events import KvEventFeed
+from fleetwise.gateway.kv_events import KvEventFeed, kv_source
+from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
 from fleetwise.gateway.limits import Admission, TenantLimiter
 from fleetwise.gateway.migration import (
     COUNTED_USAGE,
@@ -182,7 +183,7 @@ class Gateway:
         """Prompt prefix hashes are computed only for policies that read the prefix index."""
         self.tokenizer = make_tokenizer(cfg.tokenizer)
         """Prompt -> token ids for exact lengths and id hashes (None: estimate from characters)."""
-        self.kv_feeds: dict[str, tuple[KvEventFeed, asyncio.Task[None]]] = {}
+        self.kv_feeds: dict[str, tuple[KvEventFeed | ZmqKvEventFeed, asyncio.Task[None]]] = {}
         """Each followed backend's KV-event subscription and the task running it."""
 
     # ---- clock, models, lifecycle --------------------------------------------------------------
@@ -299,19 +300,23 @@ class Gateway:
 
     def _follow_kv(self, b: Backend) -> None:
         """Subscribe to `b`'s KV events when it publishes them and the policy reads a prefix index
-        (a changed `kv_events_path` starts a new subscription)."""
-        path = b.spec.kv_events_path
+        (a changed source starts a new subscription)."""
         feed = self.kv_feeds.get(b.name)
-        url = None if path is None or not self.wants_hashes else b.spec.url + path
-        if feed is not None and feed[0].url == url:
+        src = kv_source(b.spec) if self.wants_hashes else None
+        if feed is not None and feed[0].source == src:
             return
         if feed is not None:
             feed[1].cancel()
             del self.kv_feeds[b.name]
-        if url is None:
+        if src is None:
             return
-        f = KvEventFeed(b.name, url, self.cfg.limits.hash_block_tokens, lambda: self.upstream.session,
-                        self.policy.observe, self.now, self.cfg.timeouts.connect_s)
+        z = b.spec.kv_events
+        f: KvEventFeed | ZmqKvEventFeed
+        if z is not None:
+            f = ZmqKvEventFeed(b.name, z, self.cfg.limits.hash_block_tokens, self.policy.observe, self.now)
+        else:
+            f = KvEventFeed(b.name, b.spec.url + (b.spec.kv_events_path or ""), self.cfg.limits.hash_block_tokens, lambda: self.upstream.session,
+                            self.policy.observe, self.now, self.cfg.timeouts.connect_s)
         self.kv_feeds[b.name] = (f, asyncio.get_running_loop().create_task(f.run()))
 
     async def _unfollow_kv(self, name: str) -> None:

@@ -29,7 +29,7 @@ from fleetwise.spec.inputs import MAX_BODY_BYTES
 from fleetwise.spec.routing import RoutingSpec
 
 __all__ = [
-    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "LimitsSpec", "RetrySpec", "ScrapeSpec", "TenantSpec",
+    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "KvEventsSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "TenantSpec",
     "TimeoutSpec", "backend_name",
 ]
 
@@ -42,6 +42,26 @@ def backend_name(url: str) -> str:
     """The default name of a backend: its `host:port`."""
     parts = urlsplit(url)
     return parts.netloc or url
+
+
+class KvEventsSpec(Spec):
+    """Where an engine publishes its KV events over ZeroMQ (vLLM's `--kv-events-config` with
+    `"publisher": "zmq"`; docs/gateway.md)."""
+
+    transport: Literal["zmq"] = "zmq"
+    endpoint: str
+    """The publisher's PUB socket, e.g. `tcp://10.0.0.1:5557` (vLLM binds `tcp://*:5557`)."""
+    replay_endpoint: str | None = None
+    """Its replay (ROUTER) socket, e.g. `tcp://10.0.0.1:5558`; null: gaps reset the index."""
+    topic: str = ""
+    """Topic prefix subscribed to (vLLM's `topic`, empty by default)."""
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"kv_events endpoint {v!r} must look like tcp://host:port")
+        return v
 
 
 class BackendSpec(Spec):
@@ -73,6 +93,8 @@ class BackendSpec(Spec):
     """HTTP stream of the engine's KV events (vLLM `KVEventBatch`es as JSON lines, what
     `fleetwise emulate` serves at /kv_events), followed for prefix-aware policies; null: none
     (the prefix index then learns from this gateway's own dispatches)."""
+    kv_events: KvEventsSpec | None = None
+    """The engine's KV events over ZeroMQ (vLLM's publisher), instead of `kv_events_path`."""
 
     @field_validator("url")
     @classmethod
@@ -216,6 +238,14 @@ class GatewayConfig(Spec):
             raise ValueError(f"backends: {events[0]} has kv_events_path but tokenizer is {self.tokenizer!r}; an "
                              "engine's KV events name blocks by hashes of its token ids, so set tokenizer: "
                              "fleetwise (the emulator's) or drop kv_events_path")
+        both = [b.key for b in self.backends if b.kv_events_path is not None and b.kv_events is not None]
+        if both:
+            raise ValueError(f"backends: {both[0]} sets both kv_events_path and kv_events; keep one")
+        zmq = [b.key for b in self.backends if b.kv_events is not None]
+        if zmq and self.tokenizer is None:
+            raise ValueError(f"backends: {zmq[0]} has kv_events but no tokenizer is set; the gateway names an "
+                             "engine's blocks by hashing their token ids as it hashes prompts, so set tokenizer: "
+                             "the model's tokenizer.json (or fleetwise for `fleetwise emulate`)")
         keys = [k for t in self.tenants for k in t.api_keys]
         dupk = len(keys) - len(set(keys))
         if dupk:

@@ -43,10 +43,11 @@ RECONNECT_S = 1.0
 MAX_LINE_BYTES = 64 << 20
 """Longest batch accepted (a snapshot of a full cache is one line); a longer JSON line ends the
 HTTP subscription, which starts over; a longer ZMQ message is dropped by the socket."""
-MAX_MAPPED_BLOCKS = 1_000_000
-"""Most engine block hashes `BlockNames` remembers per backend (oldest forgotten first; a later
-`BlockRemoved` of a forgotten block is not applied, and the prefix index's own LRU bound ages it
-out). An H200 serving an 8B model holds about 60 000 16-token blocks."""
+MAX_MAPPED_BLOCKS = 1 << 18
+"""Most engine block hashes `BlockNames` remembers per backend, cached or evicted (the least
+recently stored forgotten first; a later `BlockRemoved` of a forgotten block is not applied, and
+the prefix index's own LRU bound ages it out): about 5x the blocks of an H200 serving Llama 3.1 8B
+(128 KiB of KV per token, 16-token blocks, about 110 GB of cache: 55 000 blocks), about 40 MB."""
 PREFIX_MEDIA = (None, "GPU")
 """`medium` values of blocks the prefix index follows (vLLM's `MEDIUM_GPU`; None from engines that
 do not name a tier). Blocks offloaded to CPU or disk tiers are not followed."""
@@ -182,6 +183,8 @@ class BlockNames:
     With `from_tokens`, each `BlockStored` block is named by hashing its `token_ids` in the chain
     after its parent's digest, and the engine's hash -> that digest is kept to name children and
     to apply `BlockRemoved` (vLLM names blocks by sha256 over token ids with a seed of its own).
+    A digest depends on the block's tokens and its prefix only, so it stays true after the block
+    is evicted or the cache cleared: a child stored after its parent's eviction is still named.
     Without it the engine's hashes are the gateway's already (`fleetwise emulate`, which hashes
     tokens as the gateway does), and pass through."""
 
@@ -218,12 +221,8 @@ class BlockNames:
         """The gateway's hashes of the removed blocks it could name."""
         if not self.from_tokens:
             return tuple(h for h in hashes if isinstance(h, int))
-        pop = self._digest.pop
-        return tuple(block_id(d) for d in (pop(h, None) for h in hashes) if d is not None)
-
-    def clear(self) -> None:
-        """Forget every block (the engine dropped them)."""
-        self._digest.clear()
+        get = self._digest.get
+        return tuple(block_id(d) for d in (get(h) for h in hashes) if d is not None)
 
 
 class KvFollower:
@@ -257,7 +256,6 @@ class KvFollower:
 
     def clear(self) -> None:
         """Empty this backend's index (a new subscription, or a gap that could not be filled)."""
-        self.names.clear()
         self._observe(KvCleared(self._now(), self.worker))
 
     def apply(self, events: list[EngineEvent]) -> None:
@@ -268,7 +266,6 @@ class KvFollower:
         names, observe, worker = self.names, self._observe, self.worker
         for ev in events:
             if isinstance(ev, Cleared):
-                names.clear()
                 observe(KvCleared(now, worker))
             elif not ev.plain:
                 self.ignored += len(ev.hashes)

@@ -186,6 +186,43 @@ def test_malformed_messages_are_counted_and_skipped(caplog: pytest.LogCaptureFix
     _scenario(body)
 
 
+def test_a_restarted_engine_and_a_resubscription_rebuild_the_index() -> None:
+    """A new publisher on the same endpoints (sequence numbers from 0 again, hashes of a new seed)
+    resets the index to its events; `resubscribe` (the backend came back up) drops the gateway's
+    own guesses and takes the buffered events again."""
+    rng = random.Random(17)
+    a, b = _tokens(rng, 3), _tokens(rng, 2)
+
+    async def scenario() -> None:
+        backend = Responder()
+        await backend.start()
+        try:
+            async with VllmKvPublisher(seed=1) as p1:
+                bind = (p1.endpoint, p1.replay_endpoint)
+                async with served_gateway(_doc(backend.url, p1.spec())) as (gw, _):
+                    feed = _feed(gw)
+                    await _synced(p1, [gw])
+                    for _ in range(5):
+                        await p1.publish([p1.stored(a, 0, 3)])
+                    await _caught_up(p1, [gw], _ours(a))
+                    await p1.close()
+                    async with VllmKvPublisher(seed=2, bind=bind) as p2:
+                        await _synced(p2, [gw])
+                        await p2.publish([p2.stored(b, 0, 2)])
+                        await _caught_up(p2, [gw], _ours(b))
+                        assert feed.resets == 1
+                        gw.policy.index.insert("e0", [12345])  # a dispatch guess the engine never confirms
+                        subs = feed.subscriptions
+                        feed.resubscribe()
+                        await _until(lambda: feed.subscriptions == subs + 1 and gw.policy.index.blocks("e0") == _ours(b),
+                                     "the resubscription did not rebuild the index")
+                        assert feed.resets == 1
+        finally:
+            await backend.stop()
+
+    run(scenario)
+
+
 def _workload(rng: random.Random, p: VllmKvPublisher, batches: int, cached: dict[int | bytes, int]
               ) -> list[list[Any]]:
     """Seeded batches of stores (sequences sharing prefixes), removals and one clear; `cached` is

@@ -39,7 +39,7 @@ class VllmKvPublisher:
     """PUB + ROUTER sockets bound on 127.0.0.1, a replay buffer of `buffer_steps` batches."""
 
     def __init__(self, *, topic: str = "kv@engine", buffer_steps: int = 10_000, seed: int = 0,
-                 hash_bytes: bool = False, dp_rank: int = 0) -> None:
+                 hash_bytes: bool = False, dp_rank: int = 0, bind: tuple[str, str] | None = None) -> None:
         self.topic, self.seed, self.hash_bytes, self.dp_rank = topic.encode(), seed.to_bytes(8, "big"), hash_bytes, dp_rank
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self.seq = -1
@@ -48,22 +48,29 @@ class VllmKvPublisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._router = self._ctx.socket(zmq.ROUTER)
         self._task: asyncio.Task[None] | None = None
+        self._bind = bind or ("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+        """Where the PUB and ROUTER sockets bind (a free port each by default)."""
         self.endpoint = self.replay_endpoint = ""
 
     async def __aenter__(self) -> VllmKvPublisher:
-        for s in (self._pub, self._router):
+        for s, where in zip((self._pub, self._router), self._bind, strict=True):
             s.setsockopt(zmq.LINGER, 0)
-            s.bind("tcp://127.0.0.1:*")
+            s.bind(where)
         self.endpoint = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.replay_endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._task = asyncio.create_task(self._serve_replays())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop serving replays and close both sockets (an engine going away); idempotent."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
         self._ctx.destroy(linger=0)
 
     def spec(self, *, replay: bool = True) -> dict[str, Any]:

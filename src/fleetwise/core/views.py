@@ -7,6 +7,7 @@ compares it with `FleetView.now_s`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fleetwise.spec.roles import Role
@@ -102,7 +103,9 @@ class RoutingDecision:
 
     worker: str | None
     prefill_worker: str | None = None
-    scores: dict[str, float] = field(default_factory=dict)
+    scores: Mapping[str, float] = field(default_factory=dict)
+    """`<worker>` -> weighted total and `<worker>.<scorer>` -> score, rounded to 6 places (a
+    scored pick's fast path hands a read-only table that rounds each entry when read)."""
     reason: str = ""
     safe_mode: bool = False
     kind: str = ""

@@ -63,7 +63,7 @@ from fleetwise.routing.predictor import OutputPredictor
 from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.routing.safe_mode import SafeModeTracker
 from fleetwise.routing.state import InFlight, LatencyFeedback, Pending
-from fleetwise.routing.vector import VECTOR_SCORERS, Columns, round_scores
+from fleetwise.routing.vector import VECTOR_SCORERS, VIEW_ONLY_SCORERS, Columns, ScoreTable
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
 
 __all__ = ["ComposedPolicy", "fmt_tokens"]
@@ -72,7 +72,7 @@ class _Eligible:
     """The eligible workers of one view for one (model_version, region), and what every request
     routed on that view reads of them: names, report times (sorted) and view loads."""
 
-    __slots__ = ("ws", "why", "names", "reported", "base", "backlog", "zero_scores", "vec", "weights")
+    __slots__ = ("ws", "why", "names", "reported", "base", "backlog", "zero_scores", "vec", "weights", "unit")
 
     def __init__(self, ws: list[WorkerView], why: str) -> None:
         self.ws, self.why = ws, why
@@ -88,6 +88,8 @@ class _Eligible:
         self.weights: dict[str, float] | None = (
             {w.name: w.weight for w in ws} if len({w.weight for w in ws}) > 1 else None)
         """The workers' weights, or None when they are all equal (picks are then unweighted)."""
+        self.unit = all(w.weight == 1.0 for w in ws)
+        """Every weight is 1 (the array fast path divides by none)."""
 
 
 class _ViewColumns:
@@ -96,7 +98,8 @@ class _ViewColumns:
     workers whose in-flight entries changed (`InFlight.version`), plus what depends only on the
     view (KV usage, score keys, positions)."""
 
-    __slots__ = ("load", "requests", "mark", "base", "reqs0", "backlog", "kv_usage", "keys", "pos")
+    __slots__ = ("load", "requests", "mark", "base", "reqs0", "backlog", "kv_usage", "keys", "where", "pos",
+                 "counts", "counts_k", "counts_seq", "fixed")
 
     def __init__(self, e: _Eligible, cost: Any, scorers: list[str]) -> None:
         ws = e.ws
@@ -104,12 +107,26 @@ class _ViewColumns:
         self.reqs0 = [w.queued_requests + w.running_requests for w in ws]
         self.backlog = [has_token_backlog(w) for w in ws]
         self.kv_usage = np.array([w.kv_usage for w in ws], dtype=np.float64)
+        n = len(ws)
+        full = Columns(np.zeros(n), 0.0, np.ones(n), np.zeros(n, dtype=np.int64), None, self.kv_usage, 0)
+        self.fixed = {s: VECTOR_SCORERS[s](full) for s in scorers if s in VIEW_ONLY_SCORERS}
+        """Every worker's score by each view-only scorer (`VIEW_ONLY_SCORERS`)."""
         self.keys = {s: [f"{name}.{s}" for name in e.names] for s in scorers}
+        self.where: dict[str, tuple[int, int]] = {name: (0, i) for i, name in enumerate(e.names)}
+        """`ScoreTable` key -> (column, worker index), later keys winning as in the reference dict."""
+        for k, s in enumerate(scorers, start=1):
+            self.where.update((key, (k, i)) for i, key in enumerate(self.keys[s]))
         self.load = np.zeros(len(ws))
         self.requests = np.zeros(len(ws), dtype=np.int64)
         self.mark = -1
         """`InFlight.changes_since` position of the last update (-1: never updated)."""
         self.pos = {name: i for i, name in enumerate(e.names)}
+        self.counts = np.zeros(len(ws), dtype=np.int64)
+        """Each worker's picks among the recent `mixed` decisions (the load bound's share check)."""
+        self.counts_k = 0
+        """Their sum."""
+        self.counts_seq = -1
+        """`PickerState.seq` when `counts` was last brought up to date (-1: never)."""
 
 
 class _ScoreKeys(dict[str, str]):
@@ -335,17 +352,21 @@ class ComposedPolicy:
                 scores[keys[k]] = round(v, 6)
         return scores
 
-    def _record(self, pool: str, name: str) -> None:
+    def _record(self, pool: str, name: str) -> str | None:
+        """Note `name` as chosen in `pool`; returns the name that fell out of the recent window."""
         self.picker.chosen(name)
         dq = self.recent.get(pool)
         if dq is None:
             dq = self.recent[pool] = deque(maxlen=max(1, self.params.load_bound.share_window))
             self._recent_counts[pool] = Counter()
         counts = self._recent_counts[pool]
+        dropped = None
         if len(dq) == dq.maxlen:
-            counts[dq[0]] -= 1  # about to fall out of the window
+            dropped = dq[0]
+            counts[dropped] -= 1  # about to fall out of the window
         dq.append(name)
         counts[name] += 1
+        return dropped
 
     def _dispatch(self, req: RouteRequest, c: Candidate, worker: str, prefill: str | None, now: float) -> None:
         uncached = max(req.prompt_tokens - c.prefix_blocks * req.hash_block_tokens, 0)
@@ -385,8 +406,8 @@ class ComposedPolicy:
 
     def _route_mixed(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool,
                      e: _Eligible | None = None) -> RoutingDecision:
-        if self._vector and e is not None and e.weights is None and not (
-                safe and self.safe.spec.action == "round_robin"):  # unequal weights: the reference path
+        if self._vector and e is not None and e.unit and not (
+                safe and self.safe.spec.action == "round_robin"):  # weights other than 1: the reference path
             return self._route_mixed_vector(req, fleet.now_s, e, safe)
         cs = self._candidates(req, ws, "mixed", fleet.now_s, e)
         by_name = {c.name: c for c in cs}
@@ -410,7 +431,17 @@ class ComposedPolicy:
         if safe:
             reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
             kind = "safe-mode"
-        self._record("mixed", c.name)
+        v = e.vec
+        seq = self.picker.seq
+        dropped = self._record("mixed", c.name)
+        if v is not None and v.counts_seq == seq:  # the share counts follow this one pick
+            pos = v.pos
+            if dropped is not None and dropped in pos:
+                v.counts[pos[dropped]] -= 1
+                v.counts_k -= 1
+            v.counts[pos[c.name]] += 1
+            v.counts_k += 1
+            v.counts_seq = self.picker.seq
         self._dispatch(req, c, c.name, None, now)
         return RoutingDecision(worker=c.name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
@@ -460,73 +491,85 @@ class ComposedPolicy:
             requests[i] = v.reqs0[i] + n_pend
         return v
 
+    def _share_counts(self, v: _ViewColumns, names: list[str]) -> tuple[np.ndarray, int]:
+        """Each worker's picks among the recent `mixed` decisions, and their sum (as
+        `plugins.load_bound` counts them): `v.counts`, rebuilt unless this path's own picks
+        have kept it current (`_route_mixed_vector`)."""
+        if v.counts_seq != self.picker.seq:
+            seen = self._recent_counts["mixed"]  # = Counter(recent): 0 for a name not seen
+            v.counts = np.fromiter(map(seen.__getitem__, names), np.int64, len(names))
+            v.counts_k = int(v.counts.sum())
+            v.counts_seq = self.picker.seq
+        return v.counts, v.counts_k
+
     def _pick_mixed_vector(self, req: RouteRequest, now: float,
-                           e: _Eligible) -> tuple[Candidate, dict[str, float], str, str]:
+                           e: _Eligible) -> tuple[Candidate, ScoreTable, str, str]:
         """`_candidates` + `_pick_mixed` for a `max` picker over array-twinned scorers, on arrays
-        (`fleetwise.routing.vector`): the same candidate, scores, reason and kind."""
+        (`fleetwise.routing.vector`): the same candidate, scores, reason and kind. Every weight
+        is 1 (`_Eligible.unit`): slowness is the feedback factor itself."""
         v = self._view_columns(e)
         cost, names, n = self.params.cost, e.names, len(e.names)
         exp, hashes = self._expected, req.block_hashes
-        own0 = own_cost(req, 0, cost, exp)
-        own = np.full(n, own0)
-        prefix = np.zeros(n, dtype=np.int64)
+        own: Any = own_cost(req, 0, cost, exp)  # one float while no worker holds a prefix
+        prefix: np.ndarray | None = None
         if hashes:
             match = self.index.match
             for i, name in enumerate(names):
                 k = match(name, hashes)
                 if k:
+                    if prefix is None:
+                        prefix, own = np.zeros(n, dtype=np.int64), np.full(n, own)
                     prefix[i] = k
                     own[i] = own_cost(req, k, cost, exp)
         slow = self.feedback.factor_array(names, now)
         load = v.load
         bound: float | None = None
         excluded: list[str] = []
-        idx: np.ndarray | None = None
+        sel: np.ndarray | None = None
         lb = self.params.load_bound
         if lb.enabled and n >= 2:  # `plugins.load_bound`, on arrays
             current = load * slow
             bound = lb.c * (sum(current.tolist()) / n)
             kept = current <= bound + own * slow + TIE_TOLERANCE
-            recent = self.recent.get("mixed")
-            if lb.share_window > 0 and recent:
-                seen = self._recent_counts["mixed"]  # = Counter(list(recent)[-share_window:]), kept by `_record`
-                counts = np.fromiter(map(seen.__getitem__, names), np.int64, n)  # 0 for a name not seen
+            if lb.share_window > 0 and self.recent.get("mixed"):
+                counts, k = self._share_counts(v, names)
                 speed = 1.0 / slow
-                share = lb.c * (int(counts.sum()) + 1)
-                both = kept & (counts + 1 <= np.ceil(share * speed / sum(speed.tolist())))
-                if both.any():
-                    kept = both
-            if not kept.all():
-                idx = np.flatnonzero(kept)
-                excluded = _pick(names, np.flatnonzero(~kept).tolist())
-        if idx is None:
+                # `counts + 1 <= ceil(x)` is `counts < x` for whole counts (NaN: False either way)
+                sel = (kept & (counts < lb.c * (k + 1) * speed / sum(speed.tolist()))).nonzero()[0]
+                if not len(sel):
+                    sel = None
+            if sel is None:
+                sel = kept.nonzero()[0]
+            if len(sel) == n:
+                sel = None
+            else:
+                keep = np.zeros(n, dtype=bool)
+                keep[sel] = True
+                excluded = _pick(names, (~keep).nonzero()[0].tolist())
+        fixed = v.fixed
+        if sel is None:
             cols = Columns(load, own, slow, v.requests, prefix, v.kv_usage, len(hashes))
-            kept_names = names
+            per = {s: fixed[s] if s in fixed else VECTOR_SCORERS[s](cols) for s in self._vector_scorers}
         else:
-            cols = Columns(load[idx], own[idx], slow[idx], v.requests[idx], prefix[idx], v.kv_usage[idx],
-                           len(hashes))
-            kept_idx = idx.tolist()
-            kept_names = _pick(names, kept_idx)
+            cols = Columns(load[sel], own if prefix is None else own[sel], slow[sel], v.requests[sel],
+                           None if prefix is None else prefix[sel], v.kv_usage[sel], len(hashes))
+            per = {s: fixed[s][sel] if s in fixed else VECTOR_SCORERS[s](cols) for s in self._vector_scorers}
         weights = self._weights
-        per = {s: VECTOR_SCORERS[s](cols) for s in self._vector_scorers}
         totals: Any = 0.0
         for s, vals in per.items():  # as `_totals`: 0 + w1*v1 + w2*v2 ..., in scorer order
             totals = totals + weights[s] * vals
-        rounded = round_scores(np.concatenate([totals, *per.values()]))  # one pass for every score
-        m = len(kept_names)
-        scores = dict(zip(kept_names, rounded[:m], strict=True))
-        for k, s in enumerate(per, start=1):
-            keys = v.keys[s] if idx is None else _pick(v.keys[s], kept_idx)
-            scores.update(zip(keys, rounded[k * m:(k + 1) * m], strict=True))
-        best = totals.max()
-        tied = np.flatnonzero(totals >= best - TIE_TOLERANCE).tolist()
-        if len(tied) == 1:
-            j, n_tied = tied[0], 1
-        else:
-            pick, n_tied = self.picker.max({kept_names[t]: float(totals[t]) for t in tied}, self.params.tie_break)
+        scores = ScoreTable(names, [v.keys[s] for s in per], v.where, sel, [totals, *per.values()])
+        j = int(totals.argmax())  # totals are never NaN (every score is clamped to [0, 1])
+        tied = (totals >= totals[j] - TIE_TOLERANCE).nonzero()[0]
+        n_tied = 1
+        if len(tied) > 1:
+            kept_names = names if sel is None else _pick(names, sel.tolist())
+            pick, n_tied = self.picker.max({kept_names[t]: float(totals[t]) for t in tied.tolist()},
+                                           self.params.tie_break)
             j = kept_names.index(pick)
-        i = j if idx is None else int(idx[j])
-        c = Candidate(e.ws[i], int(v.requests[i]), float(load[i]), float(own[i]), float(slow[i]), int(prefix[i]))
+        i = j if sel is None else int(sel[j])
+        c = Candidate(e.ws[i], int(v.requests[i]), float(load[i]), own if prefix is None else float(own[i]),
+                      float(slow[i]), 0 if prefix is None else int(prefix[i]))
         reason, lead = self._explain(req, c, per, bound, excluded, n_tied)  # type: ignore[arg-type]
         return c, scores, reason, lead
 

@@ -347,27 +347,43 @@ class _Terms(NamedTuple):
 class _TermArrays:
     """A list of `_Terms | None` (one per worker) as arrays for `LatencyFeedback.factor_array`:
     `timed` indexes the workers with a TTFT or TPOT term; the term arrays hold those workers
-    only (an absent term: mask False, ratio 1 = 1 + 0 * decay); `failure` is every worker's
-    failure factor (1, the identity of `*`, where there is none)."""
+    only (an absent term: mask False, ratio 1 = 1 + 0 * decay); `failure` is the timed workers'
+    failure factors (1, the identity of `*`, where there is none); `base` is every worker's
+    factor when it has no time-dependent term (the same scalar arithmetic as `factors`), the
+    timed workers' entries overwritten per call."""
 
-    def __init__(self, terms: list[_Terms | None]) -> None:
+    def __init__(self, terms: list[_Terms | None], p: FeedbackParams) -> None:
         self.terms = terms
-        self.known = np.array([t is not None for t in terms], dtype=bool)
-        """Observed at all (a worker never observed has factor 1, unclamped)."""
         timed = [i for i, t in enumerate(terms) if t is not None and (t.ttft is not None or t.tpot is not None)]
         self.timed = np.array(timed, dtype=np.int64)
-        sub = [terms[i] for i in timed]
-        self.last_obs = np.array([t.last_obs_s for t in sub if t is not None], dtype=np.float64)
-        ttft = [t.ttft if t is not None else None for t in sub]
-        tpot = [t.tpot if t is not None else None for t in sub]
+        self.all_timed = len(timed) == len(terms)
+        """Every worker has a time-dependent term (the timed result is the whole array)."""
+        sub = [t for t in (terms[i] for i in timed) if t is not None]
+        self.last_obs = np.array([t.last_obs_s for t in sub], dtype=np.float64)
+        ttft = [t.ttft for t in sub]
+        tpot = [t.tpot for t in sub]
         self.has_ttft = np.array([x is not None for x in ttft], dtype=bool)
         self.ttft_ref = np.array([x[0] if x is not None else 1.0 for x in ttft], dtype=np.float64)
         self.ttft_dev = np.array([x[1] if x is not None else 0.0 for x in ttft], dtype=np.float64)
         self.has_tpot = np.array([x is not None for x in tpot], dtype=bool)
         self.tpot_ref = np.array([x[0] if x is not None else 1.0 for x in tpot], dtype=np.float64)
         self.tpot_dev = np.array([x[1] if x is not None else 0.0 for x in tpot], dtype=np.float64)
-        self.failure = np.array([t.failure_factor if t is not None and t.failure_factor is not None else 1.0
-                                 for t in terms], dtype=np.float64)
+        self.both = all(x is not None for x in ttft) and all(x is not None for x in tpot)
+        """Every timed worker has both terms (the common case: no masks)."""
+        self.failure = np.array([t.failure_factor if t.failure_factor is not None else 1.0 for t in sub],
+                                dtype=np.float64)
+        self.base = np.array([_static_factor(t, p) for t in terms], dtype=np.float64)
+
+
+def _static_factor(t: _Terms | None, p: FeedbackParams) -> float:
+    """`LatencyFeedback.factors` of a worker without a time-dependent term (1 if never observed)."""
+    if t is None:
+        return 1.0
+    f = 1.0
+    if t.failure_factor is not None:
+        f *= t.failure_factor
+    f = min(max(f, p.min_factor), p.max_factor)
+    return 1.0 if abs(f - 1.0) < p.deadband else f
 
 
 class LatencyFeedback:
@@ -556,7 +572,7 @@ class LatencyFeedback:
         a = self._arrays
         if a is not None and a.terms is terms:
             return a
-        a = self._arrays = _TermArrays(terms)
+        a = self._arrays = _TermArrays(terms, self.p)
         return a
 
     def factor_array(self, workers: list[str], now_s: float) -> np.ndarray:
@@ -568,28 +584,45 @@ class LatencyFeedback:
         if not p.enabled:
             return np.ones(n)
         a = self._term_arrays(workers)
-        f = np.ones(n)
-        s = a.timed
-        if len(s):
-            age = now_s - a.last_obs
-            age = np.where(age > 0.0, age, 0.0)
-            decay = np.fromiter(map(pow, repeat(0.5), (age / p.half_life_s).tolist()), np.float64, len(s))
-            acc = np.zeros(len(s))
-            count = np.zeros(len(s))
-            for has, ref, dev in ((a.has_ttft, a.ttft_ref, a.ttft_dev), (a.has_tpot, a.tpot_ref, a.tpot_dev)):
-                r = (ref + dev * decay) / ref
-                use = has & (r != 0)
-                if use.any():
-                    acc[use] += np.fromiter(map(math.log, r[use].tolist()), np.float64)
-                    count += use
-            some = count > 0
-            if some.any():
-                f_s = np.ones(len(s))
-                f_s[some] = np.fromiter(map(math.exp, (acc[some] / count[some]).tolist()), np.float64)
-                f[s] = f_s
+        m = len(a.timed)
+        if not m:
+            return a.base.copy()
+        # `age if age > 0.0 else 0.0`: fmax keeps the non-NaN operand (a NaN age counts 0); a
+        # -0.0 it may keep gives the same `0.5 ** -0.0 == 1.0`
+        x = np.fmax(now_s - a.last_obs, 0.0) / p.half_life_s
+        decay = np.fromiter(map(pow, repeat(0.5), x.tolist()), np.float64, m)
+        r1 = (a.ttft_ref + a.ttft_dev * decay) / a.ttft_ref
+        r2 = (a.tpot_ref + a.tpot_dev * decay) / a.tpot_ref
+        l1, l2 = r1.tolist(), r2.tolist()
+        if a.both and 0.0 not in l1 and 0.0 not in l2:  # two logs each, as `acc = log(r1); acc + log(r2)`
+            acc = np.fromiter(map(math.log, l1), np.float64, m) + np.fromiter(map(math.log, l2), np.float64, m)
+            f = np.fromiter(map(math.exp, (acc / 2).tolist()), np.float64, m)
+        else:
+            f = self._timed_general(a, r1, r2, m)
         f *= a.failure
         f = np.minimum(np.maximum(f, p.min_factor), p.max_factor)
-        return np.where(a.known & ~(np.abs(f - 1.0) < p.deadband), f, 1.0)
+        f = np.where(np.abs(f - 1.0) < p.deadband, 1.0, f)
+        if a.all_timed:
+            return f
+        out = a.base.copy()
+        out[a.timed] = f
+        return out
+
+    @staticmethod
+    def _timed_general(a: _TermArrays, r1: np.ndarray, r2: np.ndarray, m: int) -> np.ndarray:
+        """The geometric mean of each timed worker's ratios that exist and are not 0 (1 without)."""
+        acc = np.zeros(m)
+        count = np.zeros(m)
+        for has, r in ((a.has_ttft, r1), (a.has_tpot, r2)):
+            use = has & (r != 0)
+            if use.any():
+                acc[use] += np.fromiter(map(math.log, r[use].tolist()), np.float64)
+                count += use
+        f = np.ones(m)
+        some = count > 0
+        if some.any():
+            f[some] = np.fromiter(map(math.exp, (acc[some] / count[some]).tolist()), np.float64)
+        return f
 
     def snapshot(self, now_s: float) -> dict[str, float]:
         """Every known worker's current factor (for reports)."""

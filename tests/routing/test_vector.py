@@ -1,57 +1,97 @@
-"""Array twins against their scalar references: rounding, scorers, the feedback factor."""
+"""The columns fast path against its scalar references: scorer twins, the load bound, totals and
+ties, the feedback factor, the scores table."""
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
-import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetwise.core.views import RouteRequest, WorkerView
-from fleetwise.routing.plugins import SCORERS, Candidate
+from fleetwise.routing import kernels
+from fleetwise.routing.base import winning_scores
+from fleetwise.routing.plugins import SCORERS, TIE_TOLERANCE, Candidate, PickerState, load_bound
 from fleetwise.routing.state import LatencyFeedback
-from fleetwise.routing.vector import VECTOR_SCORERS, Columns, round_scores
-from fleetwise.spec.routing import FeedbackParams
-
-finite = st.floats(allow_nan=False, allow_infinity=False)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(finite, st.floats(0, 2), st.integers(-10**7, 10**7).map(lambda k: k / 1e6),
-                          st.integers(-10**7, 10**7).map(lambda k: (k + 0.5) / 1e6),
-                          st.sampled_from([math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-7, 1.5e-6, 2.5e-6])),
-                max_size=40))
-def test_round_scores_is_round_to_six_places(xs):
-    got = round_scores(np.array(xs, dtype=np.float64))
-    want = [round(x, 6) for x in map(float, xs)]
-    assert [(math.copysign(1, g), g) if g == g else "nan" for g in got] == \
-        [(math.copysign(1, w), w) if w == w else "nan" for w in want]
-
-
-def test_round_scores_near_ties_match_round():
-    # k/10^6 + 5e-7 and its neighbours: the cases where the scaled product could round across
-    ks = np.arange(0, 2_000_000, 997)
-    xs = np.concatenate([(ks + 0.5) / 1e6, np.nextafter((ks + 0.5) / 1e6, 0), np.nextafter((ks + 0.5) / 1e6, 2)])
-    assert round_scores(xs) == [round(float(x), 6) for x in xs]
-
+from fleetwise.routing.vector import VECTOR_SCORERS, Columns, ScoreTable
+from fleetwise.spec.routing import FeedbackParams, LoadBoundParams
 
 cand = st.tuples(st.floats(0, 1e6), st.floats(0, 1e4), st.floats(0.25, 8), st.integers(0, 300), st.integers(0, 12),
                  st.floats(-0.5, 1.5))
 
 
+def candidates(rows):
+    return [Candidate(WorkerView(f"w{i:02d}", kv_usage=kv), reqs, load, own, slow, pre)
+            for i, (load, own, slow, reqs, pre, kv) in enumerate(rows)]
+
+
+def columns(cs, n_hashes, kept):
+    return Columns([c.load for c in cs], [c.own for c in cs], [c.slowness for c in cs], [c.requests for c in cs],
+                   [c.prefix_blocks for c in cs], [c.view.kv_usage for c in cs], n_hashes, kept)
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(cand, min_size=1, max_size=12), st.integers(0, 12))
-def test_each_vector_scorer_equals_its_scorer(rows, n_hashes):
+@given(st.lists(cand, min_size=1, max_size=12), st.integers(0, 12), st.data())
+def test_each_twin_equals_its_scorer_on_the_kept_workers(rows, n_hashes, data):
     req = RouteRequest("r", 1000, 10, block_hashes=tuple(range(n_hashes)))
-    cs = [Candidate(WorkerView(f"w{i}", kv_usage=kv), reqs, load, own, slow, pre)
-          for i, (load, own, slow, reqs, pre, kv) in enumerate(rows)]
-    cols = Columns(np.array([c.load for c in cs]), np.array([c.own for c in cs]), np.array([c.slowness for c in cs]),
-                   np.array([c.requests for c in cs], dtype=np.int64),
-                   np.array([c.prefix_blocks for c in cs], dtype=np.int64),
-                   np.array([c.view.kv_usage for c in cs]), n_hashes)
+    cs = candidates(rows)
+    kept = sorted(data.draw(st.sets(st.integers(0, len(cs) - 1), min_size=1)))
+    cols = columns(cs, n_hashes, kept)
     for name, twin in VECTOR_SCORERS.items():
-        assert twin(cols).tolist() == list(SCORERS[name](req, cs).values()), name
+        assert twin(cols) == list(SCORERS[name](req, [cs[i] for i in kept]).values()), name
+
+
+def test_prefix_twin_without_any_cached_prefix_scores_zero():
+    cs = candidates([(10.0, 5.0, 1.0, 0, 0, 0.5)] * 3)
+    cols = Columns([10.0] * 3, [5.0] * 3, [1.0] * 3, [0] * 3, None, [0.5] * 3, 4, [0, 2])
+    assert VECTOR_SCORERS["prefix"](cols) == [0.0, 0.0] == list(SCORERS["prefix"](RouteRequest("r", 1, 1, (1, 2, 3, 4)),
+                                                                                    [cs[0], cs[2]]).values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(cand, min_size=2, max_size=12), st.floats(1.01, 3), st.integers(0, 8),
+       st.lists(st.integers(0, 14), max_size=40))
+def test_bounded_equals_load_bound(rows, c, window, recent_idx):
+    cs = candidates(rows)
+    names = [x.name for x in cs]
+    recent = deque((f"w{i:02d}" for i in recent_idx), maxlen=max(1, window))  # names beyond the fleet too
+    p = LoadBoundParams(c=c, share_window=window)
+    want_kept, want_bound, _ = load_bound(cs, recent, p)
+    counts = None
+    k = 0
+    if window > 0 and recent:
+        counts = [sum(1 for r in recent if r == n) for n in names]
+        k = sum(counts)
+    bound, kept = kernels.bounded([x.load for x in cs], [x.own for x in cs], [x.slowness for x in cs], c,
+                                  TIE_TOLERANCE, counts, k)
+    assert bound == want_bound
+    assert [names[i] for i in kept] == [x.name for x in want_kept]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1 / 3]), st.floats(0, 1), st.floats(0, 1)),
+                min_size=1, max_size=12),
+       st.sampled_from([[1.0, 0.3, 0.05], [0.5, 0.5, 0.0001], [2.0, 1.0, 1.0]]))
+def test_totals_and_ties_equal_the_reference(rows, weights):
+    # scores drawn from a few values, so that exact ties and near-ties both occur
+    per = [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]]
+    names = [f"w{i:02d}" for i in range(len(rows))]
+    want: dict[str, float] = {}
+    for j, n in enumerate(names):  # `ComposedPolicy._totals`
+        t: float = 0
+        for w, col in zip(weights, per, strict=True):
+            t += w * col[j]
+        want[n] = t
+    got = kernels.totals(per, weights)
+    assert got == list(want.values())
+    best = max(want.values())
+    assert [names[j] for j in kernels.tied(got, TIE_TOLERANCE)] == sorted(
+        n for n, t in want.items() if t >= best - TIE_TOLERANCE)
+    ps = PickerState(None)  # type: ignore[arg-type]
+    if len(kernels.tied(got, TIE_TOLERANCE)) == 1:
+        assert ps.max(want, "lru")[0] == names[kernels.tied(got, TIE_TOLERANCE)[0]]
 
 
 obs = st.tuples(st.sampled_from(["first_token", "completed", "failed", "forget"]), st.integers(0, 5),
@@ -61,8 +101,9 @@ obs = st.tuples(st.sampled_from(["first_token", "completed", "failed", "forget"]
 @settings(max_examples=150, deadline=None)
 @given(st.lists(obs, max_size=40), st.lists(st.floats(0, 60), min_size=1, max_size=6),
        st.sampled_from([FeedbackParams(enabled=True), FeedbackParams(enabled=True, min_factor=1.2, deadband=0.0),
-                        FeedbackParams(enabled=True, min_samples=1, half_life_s=0.5), FeedbackParams()]))
-def test_factor_array_equals_factor(events, times, params):
+                        FeedbackParams(enabled=True, min_samples=1, half_life_s=0.5), FeedbackParams(),
+                        FeedbackParams(enabled=True, min_samples=1, failure_penalty=0.0)]))
+def test_factors_equal_factor(events, times, params):
     fb = LatencyFeedback(params)
     workers = [f"w{i}" for i in range(6)]
     t = 0.0
@@ -78,4 +119,50 @@ def test_factor_array_equals_factor(events, times, params):
         else:
             fb.forget(name)
         for now in times:
-            assert fb.factor_array(workers, t + now).tolist() == [fb.factor(w, t + now) for w in workers]
+            assert fb.factors(workers, t + now) == [fb.factor(w, t + now) for w in workers]
+
+
+def test_slowness_leaves_out_a_ratio_of_zero():
+    # a worker whose EWMA is 0 at age 0 has ratio (ref - ref) / ref = 0: left out, as `raw_factor` does
+    got = kernels.slowness(10.0, 5.0, [10.0, 10.0], [True, True], [2.0, 2.0], [-2.0, 1.0], [True, False],
+                           [4.0, 1.0], [2.0, 0.0], [1.0, 1.0], 0.25, 8.0, 0.05)
+    assert got == [math.exp(math.log(1.5))] * 2
+
+
+def table(kept):
+    names = ["a", "b", "c", "d"]
+    keys = [[f"{n}.load" for n in names], [f"{n}.kv" for n in names]]
+    where = {n: (0, i) for i, n in enumerate(names)}
+    for k, ks in enumerate(keys, start=1):
+        where.update((key, (k, i)) for i, key in enumerate(ks))
+    m = len(kept) if kept is not None else 4
+    cols = [[0.1234565 + j for j in range(m)], [1 / 3 + j for j in range(m)], [2 / 3 + j for j in range(m)]]
+    ref: dict[str, float] = {}
+    idx = kept if kept is not None else range(4)
+    for col, ks in zip(cols, [names, *keys], strict=True):
+        for j, i in enumerate(idx):
+            ref[ks[i]] = round(col[j], 6)
+    return ScoreTable(names, {"load": 1, "kv": 2}, keys, where, kept, cols), ref
+
+
+@pytest.mark.parametrize("kept", [None, [0, 2, 3], [1]])
+def test_score_table_is_the_reference_dict(kept):
+    t, ref = table(kept)
+    assert t["d.kv" if kept != [1] else "b.kv"] == ref["d.kv" if kept != [1] else "b.kv"]
+    assert t.get("zz") is None and t.get("zz", 7) == 7 and "zz" not in t
+    if kept is not None:
+        assert t.get("b.load" if kept != [1] else "a.load") is None
+    assert list(t.items()) == list(ref.items())  # same keys, values and order
+    assert t == ref and ref == t and len(t) == len(ref)
+    assert repr(t) == repr(ref)
+
+
+@pytest.mark.parametrize("kept", [None, [0, 2, 3]])
+def test_score_table_row_is_winning_scores_of_the_dict(kept):
+    from fleetwise.core.views import RoutingDecision
+
+    t, ref = table(kept)
+    scorers = ("load", "requests", "prefix", "kv", "feedback")
+    for w in ("a", "c", "d"):
+        assert winning_scores(RoutingDecision(w, scores=t), scorers) == winning_scores(
+            RoutingDecision(w, scores=ref), scorers)

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from fleetwise.core.feedback import Feedback
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
+from fleetwise.routing.vector import ScoreTable
 
 __all__ = ["RoutingPolicy", "reason_kind", "winning_scores"]
 
@@ -53,6 +54,8 @@ def winning_scores(d: RoutingDecision, scorers: tuple[str, ...]) -> dict[str, fl
     if d.worker is None:
         return {}
     sc = d.scores
+    if isinstance(sc, ScoreTable) and d.prefill_worker is None:
+        return sc.row(d.worker, scorers)
     key = d.worker if d.prefill_worker is None else f"{d.prefill_worker}->{d.worker}"
     out: dict[str, float] = {}
     total = sc.get(key)

@@ -27,8 +27,6 @@ from dataclasses import replace
 from operator import itemgetter
 from typing import Any
 
-import numpy as np
-
 from fleetwise.core.feedback import (
     Cancelled,
     Completed,
@@ -44,6 +42,7 @@ from fleetwise.core.feedback import (
 )
 from fleetwise.core.rng import RngStreams
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, RoutingDecision, WorkerView
+from fleetwise.routing import kernels
 from fleetwise.routing.incoming import IncomingKv
 from fleetwise.routing.pd_scorers import PAIR_SCORERS, healthy_bandwidth, pair_key
 from fleetwise.routing.plugins import (
@@ -89,39 +88,43 @@ class _Eligible:
             {w.name: w.weight for w in ws} if len({w.weight for w in ws}) > 1 else None)
         """The workers' weights, or None when they are all equal (picks are then unweighted)."""
         self.unit = all(w.weight == 1.0 for w in ws)
-        """Every weight is 1 (the array fast path divides by none)."""
+        """Every weight is 1 (the columns fast path divides by none)."""
 
 
 class _ViewColumns:
-    """What the array fast path (`ComposedPolicy._pick_mixed_vector`) keeps per view: each
+    """What the columns fast path (`ComposedPolicy._pick_mixed_vector`) keeps per view: each
     worker's load and outstanding requests as `_candidate` computes them, recomputed only for the
-    workers whose in-flight entries changed (`InFlight.version`), plus what depends only on the
-    view (KV usage, score keys, positions)."""
+    workers whose in-flight entries changed (`InFlight.changes_since`), the share check's pick
+    counts, plus what depends only on the view (KV usage and view-only scores, score keys,
+    positions)."""
 
-    __slots__ = ("load", "requests", "mark", "base", "reqs0", "backlog", "kv_usage", "keys", "where", "pos",
-                 "counts", "counts_k", "counts_seq", "fixed")
+    __slots__ = ("load", "requests", "mark", "base", "reqs0", "backlog", "kv_usage", "keys", "key_lists", "where",
+                 "pos", "every", "counts", "counts_k", "counts_seq", "fixed")
 
     def __init__(self, e: _Eligible, cost: Any, scorers: list[str]) -> None:
         ws = e.ws
+        n = len(ws)
         self.base = [view_load(w, cost) for w in ws]
         self.reqs0 = [w.queued_requests + w.running_requests for w in ws]
         self.backlog = [has_token_backlog(w) for w in ws]
-        self.kv_usage = np.array([w.kv_usage for w in ws], dtype=np.float64)
-        n = len(ws)
-        full = Columns(np.zeros(n), 0.0, np.ones(n), np.zeros(n, dtype=np.int64), None, self.kv_usage, 0)
+        self.kv_usage = [w.kv_usage for w in ws]
+        self.every = list(range(n))
+        """Every position (the kept workers when the load bound keeps all or is off)."""
+        full = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, self.kv_usage, 0, self.every)
         self.fixed = {s: VECTOR_SCORERS[s](full) for s in scorers if s in VIEW_ONLY_SCORERS}
         """Every worker's score by each view-only scorer (`VIEW_ONLY_SCORERS`)."""
         self.keys = {s: [f"{name}.{s}" for name in e.names] for s in scorers}
+        self.key_lists = [self.keys[s] for s in scorers]
         self.where: dict[str, tuple[int, int]] = {name: (0, i) for i, name in enumerate(e.names)}
         """`ScoreTable` key -> (column, worker index), later keys winning as in the reference dict."""
         for k, s in enumerate(scorers, start=1):
             self.where.update((key, (k, i)) for i, key in enumerate(self.keys[s]))
-        self.load = np.zeros(len(ws))
-        self.requests = np.zeros(len(ws), dtype=np.int64)
+        self.load = [0.0] * n
+        self.requests = [0] * n
         self.mark = -1
         """`InFlight.changes_since` position of the last update (-1: never updated)."""
         self.pos = {name: i for i, name in enumerate(e.names)}
-        self.counts = np.zeros(len(ws), dtype=np.int64)
+        self.counts = [0] * n
         """Each worker's picks among the recent `mixed` decisions (the load bound's share check)."""
         self.counts_k = 0
         """Their sum."""
@@ -192,6 +195,9 @@ class ComposedPolicy:
         self._pd_pickers = (params.pd_picker("prefill"), params.pd_picker("decode"))
         """Pickers of the P/D prefill and decode sides (`PolicyParams.pd_picker`)."""
         self._vector_scorers = [str(k) for k, wt in params.scorers.items() if wt > 0]
+        self._vector_weights = [self._weights[s] for s in self._vector_scorers]
+        self._vector_columns = {s: k for k, s in enumerate(self._vector_scorers, start=1)}
+        """Each twinned scorer's column in a `ScoreTable` (0: the totals)."""
         self._vector = (not reference and params.picker == "max" and bool(self._vector_scorers)
                         and all(k in VECTOR_SCORERS for k in self._vector_scorers))
         """Scored colocated picks take the array fast path (`_pick_mixed_vector`)."""
@@ -478,7 +484,8 @@ class ComposedPolicy:
         load, requests = v.load, v.requests
         changed, mark = inflight.changes_since(v.mark) if v.mark >= 0 else (None, inflight.changes_since(0)[1])
         v.mark = mark
-        todo: Any = range(len(e.ws)) if changed is None else sorted({v.pos[n] for n in changed if n in v.pos})
+        pos = v.pos
+        todo: Any = range(len(e.ws)) if changed is None else [pos[n] for n in dict.fromkeys(changed) if n in pos]
         for i in todo:
             w = e.ws[i]
             name = w.name
@@ -491,85 +498,65 @@ class ComposedPolicy:
             requests[i] = v.reqs0[i] + n_pend
         return v
 
-    def _share_counts(self, v: _ViewColumns, names: list[str]) -> tuple[np.ndarray, int]:
+    def _share_counts(self, v: _ViewColumns, names: list[str]) -> tuple[list[int], int]:
         """Each worker's picks among the recent `mixed` decisions, and their sum (as
         `plugins.load_bound` counts them): `v.counts`, rebuilt unless this path's own picks
         have kept it current (`_route_mixed_vector`)."""
         if v.counts_seq != self.picker.seq:
             seen = self._recent_counts["mixed"]  # = Counter(recent): 0 for a name not seen
-            v.counts = np.fromiter(map(seen.__getitem__, names), np.int64, len(names))
-            v.counts_k = int(v.counts.sum())
+            v.counts = [seen[name] for name in names]
+            v.counts_k = sum(v.counts)
             v.counts_seq = self.picker.seq
         return v.counts, v.counts_k
 
     def _pick_mixed_vector(self, req: RouteRequest, now: float,
                            e: _Eligible) -> tuple[Candidate, ScoreTable, str, str]:
-        """`_candidates` + `_pick_mixed` for a `max` picker over array-twinned scorers, on arrays
-        (`fleetwise.routing.vector`): the same candidate, scores, reason and kind. Every weight
-        is 1 (`_Eligible.unit`): slowness is the feedback factor itself."""
+        """`_candidates` + `_pick_mixed` for a `max` picker over twinned scorers, on per-worker
+        columns (`fleetwise.routing.kernels`): the same candidate, scores, reason and kind. Every
+        weight is 1 (`_Eligible.unit`): slowness is the feedback factor itself."""
         v = self._view_columns(e)
         cost, names, n = self.params.cost, e.names, len(e.names)
         exp, hashes = self._expected, req.block_hashes
-        own: Any = own_cost(req, 0, cost, exp)  # one float while no worker holds a prefix
-        prefix: np.ndarray | None = None
+        own = [own_cost(req, 0, cost, exp)] * n
+        prefix: list[int] | None = None
         if hashes:
             match = self.index.match
             for i, name in enumerate(names):
                 k = match(name, hashes)
                 if k:
                     if prefix is None:
-                        prefix, own = np.zeros(n, dtype=np.int64), np.full(n, own)
+                        prefix = [0] * n
                     prefix[i] = k
                     own[i] = own_cost(req, k, cost, exp)
-        slow = self.feedback.factor_array(names, now)
+        slow = self.feedback.factors(names, now)
         load = v.load
         bound: float | None = None
         excluded: list[str] = []
-        sel: np.ndarray | None = None
+        kept = v.every
         lb = self.params.load_bound
-        if lb.enabled and n >= 2:  # `plugins.load_bound`, on arrays
-            current = load * slow
-            bound = lb.c * (sum(current.tolist()) / n)
-            kept = current <= bound + own * slow + TIE_TOLERANCE
-            if lb.share_window > 0 and self.recent.get("mixed"):
-                counts, k = self._share_counts(v, names)
-                speed = 1.0 / slow
-                # `counts + 1 <= ceil(x)` is `counts < x` for whole counts (NaN: False either way)
-                sel = (kept & (counts < lb.c * (k + 1) * speed / sum(speed.tolist()))).nonzero()[0]
-                if not len(sel):
-                    sel = None
-            if sel is None:
-                sel = kept.nonzero()[0]
-            if len(sel) == n:
-                sel = None
-            else:
-                keep = np.zeros(n, dtype=bool)
-                keep[sel] = True
-                excluded = _pick(names, (~keep).nonzero()[0].tolist())
+        if lb.enabled and n >= 2:  # `plugins.load_bound`
+            share = lb.share_window > 0 and bool(self.recent.get("mixed"))
+            counts, k = self._share_counts(v, names) if share else (None, 0)
+            bound, kept = kernels.bounded(load, own, slow, lb.c, TIE_TOLERANCE, counts, k)
+            if len(kept) < n:
+                excluded = kernels.left_out(names, kept)
+        cols = Columns(load, own, slow, v.requests, prefix, v.kv_usage, len(hashes), kept)
         fixed = v.fixed
-        if sel is None:
-            cols = Columns(load, own, slow, v.requests, prefix, v.kv_usage, len(hashes))
-            per = {s: fixed[s] if s in fixed else VECTOR_SCORERS[s](cols) for s in self._vector_scorers}
-        else:
-            cols = Columns(load[sel], own if prefix is None else own[sel], slow[sel], v.requests[sel],
-                           None if prefix is None else prefix[sel], v.kv_usage[sel], len(hashes))
-            per = {s: fixed[s][sel] if s in fixed else VECTOR_SCORERS[s](cols) for s in self._vector_scorers}
-        weights = self._weights
-        totals: Any = 0.0
-        for s, vals in per.items():  # as `_totals`: 0 + w1*v1 + w2*v2 ..., in scorer order
-            totals = totals + weights[s] * vals
-        scores = ScoreTable(names, [v.keys[s] for s in per], v.where, sel, [totals, *per.values()])
-        j = int(totals.argmax())  # totals are never NaN (every score is clamped to [0, 1])
-        tied = (totals >= totals[j] - TIE_TOLERANCE).nonzero()[0]
-        n_tied = 1
+        every = len(kept) == n
+        per = {s: (fixed[s] if every else kernels.picked(fixed[s], kept)) if s in fixed else VECTOR_SCORERS[s](cols)
+               for s in self._vector_scorers}
+        columns = list(per.values())
+        totals = kernels.totals(columns, self._vector_weights)
+        scores = ScoreTable(names, self._vector_columns, v.key_lists, v.where, None if every else kept,
+                            [totals, *columns])
+        tied = kernels.tied(totals, TIE_TOLERANCE)
+        j, n_tied = tied[0], 1
         if len(tied) > 1:
-            kept_names = names if sel is None else _pick(names, sel.tolist())
-            pick, n_tied = self.picker.max({kept_names[t]: float(totals[t]) for t in tied.tolist()},
-                                           self.params.tie_break)
+            kept_names = [names[i] for i in kept]
+            pick, n_tied = self.picker.max({kept_names[t]: totals[t] for t in tied}, self.params.tie_break)
             j = kept_names.index(pick)
-        i = j if sel is None else int(sel[j])
-        c = Candidate(e.ws[i], int(v.requests[i]), float(load[i]), own if prefix is None else float(own[i]),
-                      float(slow[i]), 0 if prefix is None else int(prefix[i]))
+        i = kept[j]
+        c = Candidate(e.ws[i], v.requests[i], load[i], own[i], slow[i], 0 if prefix is None else prefix[i])
         reason, lead = self._explain(req, c, per, bound, excluded, n_tied)  # type: ignore[arg-type]
         return c, scores, reason, lead
 

@@ -23,11 +23,9 @@ import math
 from bisect import bisect_left, insort
 from collections import OrderedDict
 from dataclasses import dataclass
-from itertools import repeat
 from typing import NamedTuple
 
-import numpy as np
-
+from fleetwise.routing import kernels
 from fleetwise.spec.routing import FeedbackParams
 
 __all__ = ["InFlight", "LatencyFeedback", "Pending"]
@@ -344,35 +342,26 @@ class _Terms(NamedTuple):
     """`1 + failure_penalty * failure EWMA`, or None without failure observations."""
 
 
-class _TermArrays:
-    """A list of `_Terms | None` (one per worker) as arrays for `LatencyFeedback.factor_array`:
-    `timed` indexes the workers with a TTFT or TPOT term; the term arrays hold those workers
-    only (an absent term: mask False, ratio 1 = 1 + 0 * decay); `failure` is the timed workers'
-    failure factors (1, the identity of `*`, where there is none); `base` is every worker's
-    factor when it has no time-dependent term (the same scalar arithmetic as `factors`), the
-    timed workers' entries overwritten per call."""
+class _TermLists:
+    """A list of `_Terms | None` (one per worker) as the lists `kernels.slowness` reads:
+    `timed` indexes the workers with a TTFT or TPOT term, the term lists hold those workers only
+    (an absent term: `has` False); `base` is every worker's factor when it has no time-dependent
+    term (`_static_factor`), the timed workers' entries overwritten per call."""
 
     def __init__(self, terms: list[_Terms | None], p: FeedbackParams) -> None:
         self.terms = terms
-        timed = [i for i, t in enumerate(terms) if t is not None and (t.ttft is not None or t.tpot is not None)]
-        self.timed = np.array(timed, dtype=np.int64)
-        self.all_timed = len(timed) == len(terms)
-        """Every worker has a time-dependent term (the timed result is the whole array)."""
-        sub = [t for t in (terms[i] for i in timed) if t is not None]
-        self.last_obs = np.array([t.last_obs_s for t in sub], dtype=np.float64)
-        ttft = [t.ttft for t in sub]
-        tpot = [t.tpot for t in sub]
-        self.has_ttft = np.array([x is not None for x in ttft], dtype=bool)
-        self.ttft_ref = np.array([x[0] if x is not None else 1.0 for x in ttft], dtype=np.float64)
-        self.ttft_dev = np.array([x[1] if x is not None else 0.0 for x in ttft], dtype=np.float64)
-        self.has_tpot = np.array([x is not None for x in tpot], dtype=bool)
-        self.tpot_ref = np.array([x[0] if x is not None else 1.0 for x in tpot], dtype=np.float64)
-        self.tpot_dev = np.array([x[1] if x is not None else 0.0 for x in tpot], dtype=np.float64)
-        self.both = all(x is not None for x in ttft) and all(x is not None for x in tpot)
-        """Every timed worker has both terms (the common case: no masks)."""
-        self.failure = np.array([t.failure_factor if t.failure_factor is not None else 1.0 for t in sub],
-                                dtype=np.float64)
-        self.base = np.array([_static_factor(t, p) for t in terms], dtype=np.float64)
+        self.timed = [i for i, t in enumerate(terms) if t is not None and (t.ttft is not None or t.tpot is not None)]
+        sub = [t for t in (terms[i] for i in self.timed) if t is not None]
+        self.last_obs = [t.last_obs_s for t in sub]
+        self.has1 = [t.ttft is not None for t in sub]
+        self.ref1 = [t.ttft[0] if t.ttft is not None else 1.0 for t in sub]
+        self.dev1 = [t.ttft[1] if t.ttft is not None else 0.0 for t in sub]
+        self.has2 = [t.tpot is not None for t in sub]
+        self.ref2 = [t.tpot[0] if t.tpot is not None else 1.0 for t in sub]
+        self.dev2 = [t.tpot[1] if t.tpot is not None else 0.0 for t in sub]
+        self.failure = [t.failure_factor if t.failure_factor is not None else 1.0 for t in sub]
+        """1 (the identity of `*`) without failure observations."""
+        self.base = [_static_factor(t, p) for t in terms]
 
 
 def _static_factor(t: _Terms | None, p: FeedbackParams) -> float:
@@ -401,7 +390,7 @@ class LatencyFeedback:
         self._terms_version = -1
         self._terms_list: list[_Terms | None] = []
         self._terms_list_key: tuple[list[str], int] | None = None
-        self._arrays: _TermArrays | None = None
+        self._lists: _TermLists | None = None
 
     def _stats(self, worker: str) -> _WorkerStats:
         self._version += 1
@@ -532,97 +521,32 @@ class LatencyFeedback:
         return 1.0 if abs(f - 1.0) < self.p.deadband else f
 
     def factors(self, workers: list[str], now_s: float) -> list[float]:
-        """`factor(w, now_s)` for each of `workers` (a router's per-request pass over the fleet),
-        with the loop invariants bound once; the same arithmetic as `raw_factor`."""
+        """`factor(w, now_s)` for each of `workers` (a router's per-request pass over the fleet):
+        the same arithmetic as `raw_factor`, by `kernels.slowness` over the per-worker constants
+        (`_terms_of`, as lists: `_term_lists`)."""
         p = self.p
         if not p.enabled:
             return [1.0] * len(workers)
-        hl, lo, hi, band = p.half_life_s, p.min_factor, p.max_factor, p.deadband
-        log, exp = math.log, math.exp
-        out: list[float] = []
-        for t in self._terms_of(workers):
-            if t is None:  # not observed yet
-                out.append(1.0)
-                continue
-            ttft, tpot = t.ttft, t.tpot
-            f = 1.0
-            if ttft is not None or tpot is not None:
-                age = now_s - t.last_obs_s
-                decay = 0.5 ** ((age if age > 0.0 else 0.0) / hl)
-                n, acc = 0, 0.0
-                if ttft is not None:
-                    r = (ttft[0] + ttft[1] * decay) / ttft[0]
-                    if r:
-                        n, acc = 1, log(r)
-                if tpot is not None:
-                    r = (tpot[0] + tpot[1] * decay) / tpot[0]
-                    if r:
-                        n, acc = n + 1, acc + log(r)
-                if n:
-                    f = exp(acc / n)
-            if t.failure_factor is not None:
-                f *= t.failure_factor
-            f = min(max(f, lo), hi)
-            out.append(1.0 if abs(f - 1.0) < band else f)
-        return out
-
-    def _term_arrays(self, workers: list[str]) -> _TermArrays:
-        """`_terms_of(workers)` as arrays, memoised alongside it."""
-        terms = self._terms_of(workers)
-        a = self._arrays
-        if a is not None and a.terms is terms:
-            return a
-        a = self._arrays = _TermArrays(terms, self.p)
-        return a
-
-    def factor_array(self, workers: list[str], now_s: float) -> np.ndarray:
-        """`[factor(w, now_s) for w in workers]` as an array: the same doubles. Arithmetic that
-        rounds once (+, -, *, /, min, max) runs on arrays; `0.5 ** x`, `log` and `exp` are the
-        scalar functions `raw_factor` calls, mapped over the workers that need them."""
-        p = self.p
-        n = len(workers)
-        if not p.enabled:
-            return np.ones(n)
-        a = self._term_arrays(workers)
-        m = len(a.timed)
-        if not m:
+        a = self._term_lists(workers)
+        if not a.timed:
             return a.base.copy()
-        # `age if age > 0.0 else 0.0`: fmax keeps the non-NaN operand (a NaN age counts 0); a
-        # -0.0 it may keep gives the same `0.5 ** -0.0 == 1.0`
-        x = np.fmax(now_s - a.last_obs, 0.0) / p.half_life_s
-        decay = np.fromiter(map(pow, repeat(0.5), x.tolist()), np.float64, m)
-        r1 = (a.ttft_ref + a.ttft_dev * decay) / a.ttft_ref
-        r2 = (a.tpot_ref + a.tpot_dev * decay) / a.tpot_ref
-        l1, l2 = r1.tolist(), r2.tolist()
-        if a.both and 0.0 not in l1 and 0.0 not in l2:  # two logs each, as `acc = log(r1); acc + log(r2)`
-            acc = np.fromiter(map(math.log, l1), np.float64, m) + np.fromiter(map(math.log, l2), np.float64, m)
-            f = np.fromiter(map(math.exp, (acc / 2).tolist()), np.float64, m)
-        else:
-            f = self._timed_general(a, r1, r2, m)
-        f *= a.failure
-        f = np.minimum(np.maximum(f, p.min_factor), p.max_factor)
-        f = np.where(np.abs(f - 1.0) < p.deadband, 1.0, f)
-        if a.all_timed:
+        f = kernels.slowness(now_s, p.half_life_s, a.last_obs, a.has1, a.ref1, a.dev1, a.has2, a.ref2, a.dev2,
+                             a.failure, p.min_factor, p.max_factor, p.deadband)
+        if len(f) == len(workers):
             return f
         out = a.base.copy()
-        out[a.timed] = f
+        for i, x in zip(a.timed, f, strict=True):
+            out[i] = x
         return out
 
-    @staticmethod
-    def _timed_general(a: _TermArrays, r1: np.ndarray, r2: np.ndarray, m: int) -> np.ndarray:
-        """The geometric mean of each timed worker's ratios that exist and are not 0 (1 without)."""
-        acc = np.zeros(m)
-        count = np.zeros(m)
-        for has, r in ((a.has_ttft, r1), (a.has_tpot, r2)):
-            use = has & (r != 0)
-            if use.any():
-                acc[use] += np.fromiter(map(math.log, r[use].tolist()), np.float64)
-                count += use
-        f = np.ones(m)
-        some = count > 0
-        if some.any():
-            f[some] = np.fromiter(map(math.exp, (acc[some] / count[some]).tolist()), np.float64)
-        return f
+    def _term_lists(self, workers: list[str]) -> _TermLists:
+        """`_terms_of(workers)` as lists, memoised alongside it."""
+        terms = self._terms_of(workers)
+        a = self._lists
+        if a is not None and a.terms is terms:
+            return a
+        a = self._lists = _TermLists(terms, self.p)
+        return a
 
     def snapshot(self, now_s: float) -> dict[str, float]:
         """Every known worker's current factor (for reports)."""

@@ -1,0 +1,133 @@
+"""The per-worker loops of a scored pick, over plain lists: the default policy's fast path.
+
+Each function computes, for every worker (or every worker in `kept`) at once, exactly the floats
+its reference computes one candidate at a time: `LatencyFeedback.factors`'s arithmetic for the
+slowness factor, `plugins.load_bound` for the load bound, the `plugins` scorers for the scores,
+`ComposedPolicy._totals` and `PickerState.max` for the totals and the tie. The same operations
+in the same order on the same doubles (sums are the builtin `sum` over a list, as the references
+sum), so each result is the same double; `tests/routing/test_vector.py` checks each against its
+reference, and the policy's decisions against the per-candidate path.
+
+Written as typed Python over lists so that mypyc can compile the module to native loops
+(`math.pow`, `math.log` and `math.exp` then call the C library directly, as CPython's do); run
+as it is, it is plain Python with the same results.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["bounded", "clamped", "left_out", "load_scores", "min_ratio_scores", "picked", "prefix_scores",
+           "slowness", "tied", "totals"]
+
+
+def slowness(now_s: float, half_life_s: float, last_obs: list[float], has1: list[bool], ref1: list[float],
+             dev1: list[float], has2: list[bool], ref2: list[float], dev2: list[float], failure: list[float],
+             lo: float, hi: float, band: float) -> list[float]:
+    """`LatencyFeedback.factors` of workers with a TTFT or TPOT ratio term (`has1`, `has2`):
+    each ratio `(ref + dev * decay) / ref`, decay `0.5 ** (age / half_life_s)`, their
+    geometric mean (a ratio of 0 left out) times `failure`, clamped to `[lo, hi]`, exactly 1
+    within `band` of 1."""
+    out: list[float] = []
+    for i in range(len(last_obs)):
+        age = now_s - last_obs[i]
+        decay = math.pow(0.5, (age if age > 0.0 else 0.0) / half_life_s)  # `0.5 ** x`: C pow either way
+        n = 0
+        acc = 0.0
+        if has1[i]:
+            r = (ref1[i] + dev1[i] * decay) / ref1[i]
+            if r != 0.0:
+                n = 1
+                acc = math.log(r)
+        if has2[i]:
+            r = (ref2[i] + dev2[i] * decay) / ref2[i]
+            if r != 0.0:
+                n += 1
+                acc = acc + math.log(r)
+        f = math.exp(acc / n) if n else 1.0
+        f *= failure[i]
+        f = lo if lo > f else f  # min(max(f, lo), hi)
+        f = hi if hi < f else f
+        out.append(1.0 if abs(f - 1.0) < band else f)
+    return out
+
+
+def bounded(load: list[float], own: list[float], slow: list[float], c: float, tol: float,
+            counts: list[int] | None, k: int) -> tuple[float, list[int]]:
+    """`plugins.load_bound`: the token bound `c * mean(load * slow)` and the indices of the
+    workers within it (`load * slow <= bound + own * slow + tol`); with `counts` (each worker's
+    picks among the `k` recent ones) only those also within their share
+    (`counts + 1 <= ceil(c * (k + 1) * speed / sum(speed))`, speed `1 / slow`) if any is."""
+    n = len(load)
+    current = [load[i] * slow[i] for i in range(n)]
+    bound = c * (sum(current) / n)
+    kept = [i for i in range(n) if current[i] <= bound + own[i] * slow[i] + tol]
+    if counts is not None:
+        speed = [1.0 / s for s in slow]
+        total = sum(speed)
+        share = c * (k + 1)
+        both = [i for i in kept if counts[i] + 1 <= math.ceil(share * speed[i] / total)]
+        if both:
+            kept = both
+    return bound, kept
+
+
+def clamped(x: float) -> float:
+    """`plugins._clamp01`: 0 unless > 0 (NaN counts as 0), at most 1."""
+    return 0.0 if not x > 0 else (x if x < 1.0 else 1.0)
+
+
+def load_scores(load: list[float], own: list[float], slow: list[float], kept: list[int]) -> list[float]:
+    """`plugins.score_load` of the `kept` workers: `min cost / cost`, cost `(load + own) * slow`."""
+    costs = [(load[i] + own[i]) * slow[i] for i in kept]
+    best = min(costs)
+    return [clamped(best / k) if k > 0 else 1.0 for k in costs]
+
+
+def min_ratio_scores(xs: list[float], kept: list[int]) -> list[float]:
+    """`min x / x` of the `kept` workers, clamped: `plugins.score_requests` (x = requests + 1,
+    every weight 1) and `plugins.score_feedback` (x = slowness)."""
+    sub = [xs[i] for i in kept]
+    best = min(sub)
+    return [clamped(best / x) for x in sub]
+
+
+def prefix_scores(prefix: list[int], n_hashes: int, kept: list[int]) -> list[float]:
+    """`plugins.score_prefix` of the `kept` workers: cached fraction of the prompt's blocks."""
+    if not n_hashes:
+        return [0.0] * len(kept)
+    return [clamped(prefix[i] / n_hashes) for i in kept]
+
+
+def totals(per: list[list[float]], weights: list[float]) -> list[float]:
+    """`ComposedPolicy._totals`: `0 + w1 * s1 + w2 * s2 ...` per worker, in scorer order."""
+    w = weights[0]
+    out = [0.0 + w * x for x in per[0]]
+    for k in range(1, len(per)):
+        w = weights[k]
+        out = [t + w * x for t, x in zip(out, per[k], strict=True)]
+    return out
+
+
+def tied(xs: list[float], tol: float) -> list[int]:
+    """Positions of the totals within `tol` of the highest (`PickerState.max`'s tie)."""
+    best = max(xs)
+    return [j for j in range(len(xs)) if xs[j] >= best - tol]
+
+
+def picked(xs: list[float], kept: list[int]) -> list[float]:
+    """`[xs[i] for i in kept]`."""
+    return [xs[i] for i in kept]
+
+
+def left_out(names: list[str], kept: list[int]) -> list[str]:
+    """The names whose positions are not in `kept` (ascending), in order."""
+    out: list[str] = []
+    j = 0
+    m = len(kept)
+    for i in range(len(names)):
+        if j < m and kept[j] == i:
+            j += 1
+        else:
+            out.append(names[i])
+    return out

@@ -1,0 +1,112 @@
+"""The composed policy's columns fast path decides as its per-candidate reference.
+
+Two policies of the same preset and seed, one `reference=True` (each candidate by `_candidate`,
+the plugin scorers, `load_bound`, `PickerState.max`), are fed the same views and feedback: lagged
+views with and without token backlogs, shared prefixes, identical workers (exact ties), latency
+and failure feedback that moves the slowness factors, a load bound that excludes workers. Every
+decision (worker, scores, reason, kind), the winners' recorded scores and the final reports must
+be equal.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fleetwise.core.feedback import Completed, Dispatched, Failed, FirstToken
+from fleetwise.core.views import FleetView, RouteRequest, WorkerView
+from fleetwise.routing.base import winning_scores
+from fleetwise.routing.plugins import SCORERS
+from fleetwise.routing.policy import ComposedPolicy
+from fleetwise.routing.vector import ScoreTable
+from fleetwise.spec.routing import RoutingSpec
+
+WORKERS = 12
+"""Workers in the fleet (four of them identical, so that exact ties occur)."""
+REQUESTS = 400
+"""Decisions per run."""
+VIEW_EVERY = 7
+"""Requests routed on one fleet view before the next."""
+
+
+def make(preset: str, seed: int, reference: bool) -> ComposedPolicy:
+    spec = RoutingSpec(policy=preset)
+    return ComposedPolicy(spec.policy, spec.resolved(), spec.safe_mode, seed=seed, reference=reference)
+
+
+def views(rng: np.random.Generator, now: float, backlogs: bool) -> tuple[WorkerView, ...]:
+    out = []
+    for i in range(WORKERS):
+        twin = i < 4  # w00..w03 report the same state: they tie until the ledger tells them apart
+        q, r = (2, 5) if twin else (int(rng.integers(0, 6)), int(rng.integers(0, 20)))
+        kv = 0.4 if twin else float(rng.uniform(0, 1))
+        pre, dec = ((300, 900) if twin else (int(rng.integers(0, 5000)), int(rng.integers(0, 8000)))) if backlogs \
+            else (None, None)
+        out.append(WorkerView(f"w{i:02d}", queued_requests=q, running_requests=r, queued_prefill_tokens=pre,
+                              running_decode_tokens=dec, kv_usage=kv, kv_capacity_tokens=100_000,
+                              reported_at_s=now - float(rng.uniform(0, 0.3))))
+    return tuple(out)
+
+
+def drive(preset: str, seed: int, reference: bool, backlogs: bool) -> tuple[list, list, dict]:
+    rng = np.random.default_rng(seed)
+    p = make(preset, seed, reference)
+    prefixes = [tuple(range(k * 100, k * 100 + n)) for k, n in enumerate([2, 4, 8])]
+    open_: list[tuple[str, str]] = []
+    decisions, rows = [], []
+    now = 0.0
+    fleet = FleetView(now, views(rng, now, backlogs))
+    for i in range(REQUESTS):
+        now += float(rng.exponential(0.01))
+        if i % VIEW_EVERY == 0:
+            fleet = FleetView(now, views(rng, now, backlogs))
+        else:
+            fleet = FleetView(now, fleet.workers)
+        while open_ and rng.random() < 0.6:  # feedback on an earlier request
+            rid, w = open_.pop(int(rng.integers(len(open_))))
+            slow = 3.0 if w in ("w05", "w06") else 1.0  # two slow workers: their factors leave 1
+            if rng.random() < 0.04:
+                p.observe(Failed(now, rid, w, "error"))
+                continue
+            p.observe(FirstToken(now, rid, w, slow * float(rng.uniform(0.05, 0.3))))
+            p.observe(Completed(now, rid, w, int(rng.integers(2, 400)), slow * float(rng.uniform(0.01, 0.03)), 1.0))
+        hashes = prefixes[int(rng.integers(3))] if rng.random() < 0.5 else ()
+        req = RouteRequest(f"r{i}", int(rng.integers(100, 6000)), None, block_hashes=hashes)
+        d = p.route(req, fleet)
+        decisions.append(d)
+        rows.append(winning_scores(d, tuple(SCORERS)))
+        if d.worker is not None:
+            p.observe(Dispatched(now, req.request_id, d.worker, req.prompt_tokens, hashes))
+            open_.append((req.request_id, d.worker))
+    return decisions, rows, p.report()
+
+
+@pytest.mark.parametrize("backlogs", [True, False], ids=["token-backlogs", "ledger"])
+@pytest.mark.parametrize("preset", ["fleetwise-default", "prefix-affinity", "feedback", "least-outstanding"])
+def test_fast_path_decides_as_the_reference(preset: str, backlogs: bool) -> None:
+    for seed in (1, 2):
+        fast, ref = (drive(preset, seed, reference, backlogs) for reference in (False, True))
+        assert fast == ref
+        ds = fast[0]
+        assert any(isinstance(d.scores, ScoreTable) for d in ds)  # the fast path ran
+        assert len({d.worker for d in ds}) > 6
+
+
+def test_the_runs_exercise_ties_exclusions_and_slowness() -> None:
+    ds, _, _ = drive("fleetwise-default", 1, False, True)
+    reasons = [d.reason for d in ds]
+    assert any("tie of" in r for r in reasons)
+    assert any("over bound" in r for r in reasons)
+    assert any("slowness x" in r for r in reasons)
+    assert any(d.kind == "prefix" for d in ds)
+
+
+def test_uniform_weights_other_than_one_take_the_reference_path() -> None:
+    fleet = FleetView(1.0, tuple(WorkerView(f"w{i}", queued_requests=i, weight=2.0, reported_at_s=1.0)
+                                 for i in range(4)))
+    fast, ref = make("fleetwise-default", 0, False), make("fleetwise-default", 0, True)
+    for i in range(20):
+        req = RouteRequest(f"r{i}", 1000, None)
+        d = fast.route(req, fleet)
+        assert d == ref.route(req, fleet)
+        assert not isinstance(d.scores, ScoreTable)

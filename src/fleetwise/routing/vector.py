@@ -125,20 +125,34 @@ class ScoreTable(Mapping[str, float]):
     def row(self, worker: str, scorers: tuple[str, ...]) -> dict[str, float]:
         """`routing.base.winning_scores` of `worker`: `total` and each of `scorers` the table
         has an entry for (`<worker>` and `<worker>.<scorer>`), read as `get` reads them."""
-        out: dict[str, float] = {}
-        total = self.get(worker)
-        if total is not None:
-            out["total"] = total
         at = self._where.get(worker)
+        j = -1
+        if self._dict is None and at is not None and at[0] == 0:  # the worker's own entry: its position
+            i = at[1]
+            kept = self._kept
+            j = i if kept is None else bisect.bisect_left(kept, i)
+            if kept is not None and (j == len(kept) or kept[j] != i):
+                j = -1
+        out: dict[str, float] = {}
+        if j < 0:  # the general lookups
+            total = self.get(worker)
+            if total is not None:
+                out["total"] = total
+            for s in scorers:
+                v = self.get(f"{worker}.{s}")
+                if v is not None:
+                    out[s] = v
+            return out
+        cols, where, i = self._columns, self._where, at[1]  # type: ignore[index]
+        out["total"] = round(cols[0][j], SCORE_DIGITS)
         for s in scorers:
             col = self._scorers.get(s)
-            if at is not None and at[0] == 0 and col is not None:
-                key = self._keys[col - 1][at[1]]  # = f"{worker}.{s}", built once per view
+            if col is not None and where.get(self._keys[col - 1][i]) == (col, i):
+                out[s] = round(cols[col][j], SCORE_DIGITS)  # key = f"{worker}.{s}", built once per view
             else:
-                key = f"{worker}.{s}"
-            v = self.get(key)
-            if v is not None:
-                out[s] = v
+                v = self.get(f"{worker}.{s}")
+                if v is not None:
+                    out[s] = v
         return out
 
     def as_dict(self) -> dict[str, float]:

@@ -163,6 +163,6 @@ def test_score_table_row_is_winning_scores_of_the_dict(kept):
 
     t, ref = table(kept)
     scorers = ("load", "requests", "prefix", "kv", "feedback")
-    for w in ("a", "c", "d"):
+    for w in ("a", "b", "c", "d"):  # b: not kept (no entries)
         assert winning_scores(RoutingDecision(w, scores=t), scorers) == winning_scores(
             RoutingDecision(w, scores=ref), scorers)

@@ -55,7 +55,9 @@ def winning_scores(d: RoutingDecision, scorers: tuple[str, ...]) -> dict[str, fl
         return {}
     sc = d.scores
     if isinstance(sc, ScoreTable) and d.prefill_worker is None:
-        return sc.row(d.worker, scorers)
+        row = sc.row(d.worker, scorers)  # the table's fast read of one worker's entries
+        if row is not None:
+            return row
     key = d.worker if d.prefill_worker is None else f"{d.prefill_worker}->{d.worker}"
     out: dict[str, float] = {}
     total = sc.get(key)

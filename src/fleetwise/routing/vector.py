@@ -122,9 +122,10 @@ class ScoreTable(Mapping[str, float]):
             i = j
         return round(self._columns[col][i], SCORE_DIGITS)
 
-    def row(self, worker: str, scorers: tuple[str, ...]) -> dict[str, float]:
+    def row(self, worker: str, scorers: tuple[str, ...]) -> dict[str, float] | None:
         """`routing.base.winning_scores` of `worker`: `total` and each of `scorers` the table
-        has an entry for (`<worker>` and `<worker>.<scorer>`), read as `get` reads them."""
+        has an entry for (`<worker>` and `<worker>.<scorer>`), read as `get` reads them; None
+        when `worker` has no total here (the caller reads the mapping itself)."""
         at = self._where.get(worker)
         j = -1
         if self._dict is None and at is not None and at[0] == 0:  # the worker's own entry: its position
@@ -133,18 +134,10 @@ class ScoreTable(Mapping[str, float]):
             j = i if kept is None else bisect.bisect_left(kept, i)
             if kept is not None and (j == len(kept) or kept[j] != i):
                 j = -1
-        out: dict[str, float] = {}
-        if j < 0:  # the general lookups
-            total = self.get(worker)
-            if total is not None:
-                out["total"] = total
-            for s in scorers:
-                v = self.get(f"{worker}.{s}")
-                if v is not None:
-                    out[s] = v
-            return out
+        if j < 0:
+            return None
         cols, where, i = self._columns, self._where, at[1]  # type: ignore[index]
-        out["total"] = round(cols[0][j], SCORE_DIGITS)
+        out = {"total": round(cols[0][j], SCORE_DIGITS)}
         for s in scorers:
             col = self._scorers.get(s)
             if col is not None and where.get(self._keys[col - 1][i]) == (col, i):

@@ -29,8 +29,17 @@ VIEW_EVERY = 7
 """Requests routed on one fleet view before the next."""
 
 
+VARIANTS = {
+    "no-bound": ("fleetwise-default", {"load_bound": {"enabled": False}}),
+    "no-share-check": ("fleetwise-default", {"load_bound": {"share_window": 0}, "tie_break": "random"}),
+    "feedback-scorer": ("fleetwise-default", {"scorers": {"load": 1.0, "feedback": 0.5, "requests": 0.2}}),
+}
+"""Parameter sets beyond the presets: `name` -> (preset, overrides)."""
+
+
 def make(preset: str, seed: int, reference: bool) -> ComposedPolicy:
-    spec = RoutingSpec(policy=preset)
+    base, overrides = VARIANTS.get(preset, (preset, {}))
+    spec = RoutingSpec(policy=base, params=overrides)
     return ComposedPolicy(spec.policy, spec.resolved(), spec.safe_mode, seed=seed, reference=reference)
 
 
@@ -82,7 +91,7 @@ def drive(preset: str, seed: int, reference: bool, backlogs: bool) -> tuple[list
 
 
 @pytest.mark.parametrize("backlogs", [True, False], ids=["token-backlogs", "ledger"])
-@pytest.mark.parametrize("preset", ["fleetwise-default", "prefix-affinity", "feedback", "least-outstanding"])
+@pytest.mark.parametrize("preset", ["fleetwise-default", "prefix-affinity", "feedback", "least-outstanding", *VARIANTS])
 def test_fast_path_decides_as_the_reference(preset: str, backlogs: bool) -> None:
     for seed in (1, 2):
         fast, ref = (drive(preset, seed, reference, backlogs) for reference in (False, True))

@@ -85,7 +85,7 @@ def requests(n: int, seed: int) -> list[Request]:
     t = np.cumsum(rng.exponential(1.0 / RATE_RPS, n))
     p = rng.integers(PROMPT_LO, PROMPT_HI + 1, n)
     o = rng.integers(OUT_LO, OUT_HI + 1, n)
-    return [Request(i, float(t[i]), int(p[i]), int(o[i])) for i in range(n)]
+    return [Request(str(i), float(t[i]), int(p[i]), int(o[i])) for i in range(n)]
 
 
 def compare(run: SimResult, base: SimResult) -> dict[str, Any]:

@@ -79,7 +79,7 @@ def make_requests(n: int, rate_rps: float, seed: int, load: Load = LIGHT) -> lis
     (pm, ps, plo, phi), (om, os_, olo, ohi) = load.prompt, load.output
     ins = np.clip(rng.lognormal(np.log(pm), ps, n), plo, phi).astype(int)
     outs = np.clip(rng.lognormal(np.log(om), os_, n), olo, ohi).astype(int)
-    return [Request(i, float(t[i]), int(ins[i]), int(outs[i])) for i in range(n)]
+    return [Request(str(i), float(t[i]), int(ins[i]), int(outs[i])) for i in range(n)]
 
 
 def run_one(n: int, replicas: int, rate_per_replica: float, delay: float, seed: int,

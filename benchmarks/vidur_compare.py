@@ -229,7 +229,7 @@ def large_requests(base, n: int, rate: float, seed: int):
     t = np.cumsum(rng.exponential(1.0 / rate, n))
     p = np.array([r.prompt_tokens for r in base])[idx]
     o = np.array([r.output_tokens for r in base])[idx]
-    return [Request(i, float(t[i]), int(p[i]), int(o[i])) for i in range(n)]
+    return [Request(str(i), float(t[i]), int(p[i]), int(o[i])) for i in range(n)]
 
 
 def vidur_requests(path: Path):
@@ -237,7 +237,7 @@ def vidur_requests(path: Path):
     from fleetwise.core.request import Request
 
     rows = json.loads(path.read_text())
-    return [Request(i, float(t), int(p), int(d)) for i, (t, p, d) in enumerate(rows)]
+    return [Request(str(i), float(t), int(p), int(d)) for i, (t, p, d) in enumerate(rows)]
 
 
 def step_budget(a: argparse.Namespace) -> int:

@@ -28,9 +28,9 @@ def convex_time(shape: BatchShape) -> float:
     return 1e-3 + max(4e-6 * shape.new_tokens, 2.5e-8 * shape.kv_read_tokens)
 
 
-def make_request(rid: int = 0, prompt: int = 100, output: int = 10, hashes: tuple[int, ...] = (),
+def make_request(rid: int | str = 0, prompt: int = 100, output: int = 10, hashes: tuple[int, ...] = (),
                  hash_block_tokens: int = 512, arrival_s: float = 0.0) -> Request:
-    return Request(rid, arrival_s, prompt, output, hashes, hash_block_tokens)
+    return Request(str(rid), arrival_s, prompt, output, hashes, hash_block_tokens)
 
 
 def make_engine(role: str = "mixed", num_blocks: int = 1000, step_time: Callable[[BatchShape], float] = affine_time,
@@ -63,7 +63,7 @@ def drive(engine: Engine, arrivals: list[Request], check: Callable[[Engine], Non
     then `EngineDriver.cut` shortens it, as when work arrives unannounced). A prefill engine's
     hand-offs are released `release_after_s` later (at once when None or 0).
     """
-    todo = sorted(arrivals, key=lambda r: (r.arrival_s, r.request_id))
+    todo = sorted(arrivals, key=lambda r: (r.arrival_s, int(r.request_id)))  # numbered ids (make_request)
     tr = Trace()
     loop = EventLoop()
     nxt = [0]  # index of the next arrival not yet added
@@ -79,7 +79,7 @@ def drive(engine: Engine, arrivals: list[Request], check: Callable[[Engine], Non
             return math.inf, next_event_s(now_s)
         return math.inf, math.inf
 
-    def release(now_s: float, rid: int) -> None:
+    def release(now_s: float, rid: str) -> None:
         engine.release(rid)
         drv.kick(now_s)
 

@@ -66,7 +66,7 @@ def test_invariants_hold_and_every_request_completes(reqs, knobs):
     for step in tr.steps:
         assert step.shape.new_tokens <= budget and step.num_seqs <= max_seqs
         assert step.num_passes == 1 or step.prefill_tokens == 0
-    order = [r.request_id for r in sorted(reqs, key=lambda r: (r.arrival_s, r.request_id))]
+    order = [r.request_id for r in sorted(reqs, key=lambda r: (r.arrival_s, int(r.request_id)))]
     assert tr.admission_order == order  # FCFS
     assert eng.pool.num_used == 0 and not eng.has_work
 
@@ -129,7 +129,7 @@ def test_preemption_storm_still_completes_everything():
     eng = make_engine(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_num_seqs=32)
     tr = drive(eng, reqs, check=check_engine)
     assert tr.preempted > 0
-    assert sorted(tr.finish_s) == list(range(10))
+    assert sorted(tr.finish_s, key=int) == [str(i) for i in range(10)]
     assert tr.tokens == sum(r.output_tokens for r in reqs)
 
 
@@ -137,5 +137,5 @@ def test_prefill_role_with_late_release_blocks_then_drains():
     reqs = [make_request(i, prompt=120, output=5, hashes=(1, 2), hash_block_tokens=64) for i in range(6)]
     eng = make_engine("prefill", num_blocks=20, block_size=16, max_num_batched_tokens=256, max_num_seqs=8)
     tr = drive(eng, reqs, check=check_engine, release_after_s=0.01)
-    assert sorted(tr.handoff_s) == list(range(6)) and tr.tokens == 0
+    assert sorted(tr.handoff_s, key=int) == [str(i) for i in range(6)] and tr.tokens == 0
     assert eng.pool.num_used == 0

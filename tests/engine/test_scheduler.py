@@ -19,14 +19,14 @@ def test_long_prompt_takes_four_chunked_steps_then_decodes():
         assert (step.prefill_tokens, step.decode_tokens, step.num_passes) == (512, 0, 1)
         assert step.duration_s == affine_time(BatchShape.of([SeqWork(512, 512 * i)]))
         out = eng.complete()
-        assert out.first_tokens == ([(0, step.duration_s)] if i == 3 else [])
+        assert out.first_tokens == ([("0", step.duration_s)] if i == 3 else [])
         check_engine(eng)
     step = eng.schedule()
     assert step is not None and (step.num_passes, step.decode_tokens) == (2, 2)
     expected = affine_time(BatchShape.of([SeqWork(1, 2048)])) + affine_time(BatchShape.of([SeqWork(1, 2049)]))
     assert step.duration_s == pytest.approx(expected, rel=1e-12)
     out = eng.complete()
-    assert (out.finished, out.tokens_generated, out.itl_samples) == ([0], 2, [(step.duration_s / 2, 2)])
+    assert (out.finished, out.tokens_generated, out.itl_samples) == (["0"], 2, [(step.duration_s / 2, 2)])
     assert eng.schedule() is None and not eng.has_work and eng.kv_usage == 0.0
 
 
@@ -69,7 +69,7 @@ def test_lru_evicts_the_least_recently_finished_prefix_first():
     for rid, h in ((0, 1), (1, 2)):
         eng.add_request(make_request(rid, prompt=512, output=1, hashes=(h,)))
         assert eng.schedule() is not None
-        assert eng.complete().finished == [rid]
+        assert eng.complete().finished == [str(rid)]
     assert eng.pool.num_cached == 64 and eng.kv_usage == 0.0
     eng.add_request(make_request(2, prompt=800, output=1))  # 50 blocks: 36 free + 14 evicted
     assert eng.schedule() is not None
@@ -84,11 +84,11 @@ def test_newest_running_request_is_preempted_when_blocks_run_out():
     a, b = make_request(0, prompt=64, output=60), make_request(1, prompt=64, output=60)
     tr = drive(eng, [a, b], check=check_engine)
     preempting = [i for i, out in enumerate(tr.outputs) if out.preempted]
-    assert [tr.outputs[i].preempted for i in preempting] == [[1]]
+    assert [tr.outputs[i].preempted for i in preempting] == [["1"]]
     # step 1 prefills both, step 2 fuses the 16 passes of contexts 64..79, step 3 needs 2 blocks
     assert preempting == [2] and tr.steps[1].num_passes == 16
     assert tr.tokens == 120 and tr.preempted == 1
-    assert tr.finish_s[0] < tr.finish_s[1]
+    assert tr.finish_s["0"] < tr.finish_s["1"]
     assert eng.pool.num_used == 0
 
 
@@ -100,7 +100,7 @@ def test_preempted_request_is_requeued_at_the_front():
     for _ in range(3):
         assert eng.schedule() is not None
         eng.complete()
-    assert [st.req.request_id for st in eng._waiting] == [1, 2]  # noqa: SLF001
+    assert [st.req.request_id for st in eng._waiting] == ["1", "2"]  # noqa: SLF001
 
 
 def test_prefill_role_hands_off_and_holds_blocks_until_release():
@@ -109,9 +109,9 @@ def test_prefill_role_hands_off_and_holds_blocks_until_release():
     step = eng.schedule()
     assert step is not None and step.prefill_tokens == 100
     out = eng.complete()
-    assert (out.handoffs, out.first_tokens, out.finished, out.tokens_generated) == ([5], [], [], 0)
+    assert (out.handoffs, out.first_tokens, out.finished, out.tokens_generated) == (["5"], [], [], 0)
     assert (eng.num_running, eng.pool.num_used, eng.has_work) == (0, 7, False)
-    eng.release(5)
+    eng.release("5")
     assert eng.pool.num_used == 0
     with pytest.raises(SpecError):
         eng.add_transferred(make_request(6))
@@ -122,10 +122,10 @@ def test_decode_role_admits_after_transfer_once_blocks_allow():
     a, b = make_request(0, prompt=100, output=4), make_request(1, prompt=100, output=4)
     tr = drive(eng, [a, b], check=check_engine)
     d = [affine_time(BatchShape.of([SeqWork(1, 100 + i)])) for i in range(4)]
-    assert tr.first_token_s[0] == d[0]
-    assert tr.finish_s[0] == pytest.approx(sum(d), rel=1e-12)
-    assert tr.first_token_s[1] == pytest.approx(sum(d) + d[0], rel=1e-12)  # waited for A's blocks
-    assert tr.finish_s[1] == pytest.approx(2 * sum(d), rel=1e-12)
+    assert tr.first_token_s["0"] == d[0]
+    assert tr.finish_s["0"] == pytest.approx(sum(d), rel=1e-12)
+    assert tr.first_token_s["1"] == pytest.approx(sum(d) + d[0], rel=1e-12)  # waited for A's blocks
+    assert tr.finish_s["1"] == pytest.approx(2 * sum(d), rel=1e-12)
     assert tr.tokens == 8
     with pytest.raises(SpecError):
         eng.add_request(a)
@@ -141,7 +141,7 @@ def test_abort_all_drops_everything():
         eng.complete()
     assert eng.schedule() is not None  # one in flight
     dropped = eng.abort_all()
-    assert sorted(r.request_id for r in dropped) == [0, 1, 2, 3]
+    assert sorted(r.request_id for r in dropped) == ["0", "1", "2", "3"]
     assert (eng.num_waiting, eng.num_running, eng.busy, eng.has_work) == (0, 0, False, False)
     assert (eng.pool.num_free, eng.pool.num_cached) == (40, 0)
     assert eng.cached_prefix_tokens(reqs[0]) == 0
@@ -220,5 +220,5 @@ def test_preemption_that_empties_the_engine_readmits_at_once():
     reqs = [make_request(0, 92, 1, (1, 2), 64), make_request(1, 1, 1, (), 64), make_request(2, 69, 5, (1, 2), 64)]
     reqs += [make_request(i, 1, 1, (), 64) for i in range(3, 12)]
     tr = drive(eng, reqs, check=check_engine)
-    assert sorted(tr.finish_s) == list(range(12))
+    assert sorted(tr.finish_s, key=int) == [str(i) for i in range(12)]
     assert tr.tokens == 11 + 5 and tr.preempted == 1

@@ -85,7 +85,7 @@ def test_time_window_bounds_requests_and_steps():
     plan = PlanSpec(kv_link={"gbps": 100.0, "latency_s": 1e-3}, pools=[
         {"name": "p", "role": "prefill", "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
         {"name": "d", "role": "decode", "accelerator": "h100-sxm", "model": "llama-3.1-8b"}])
-    reqs = [Request(i, i * 0.1, 512, 16) for i in range(50)]
+    reqs = [Request(str(i), i * 0.1, 512, 16) for i in range(50)]
     w = Window.parse(None, "1:2")
     rec = w.recorder([r.arrival_s for r in reqs])
     res = simulate(plan, reqs, options=SimOptions(recorder=rec))

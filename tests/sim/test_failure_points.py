@@ -24,7 +24,7 @@ def pd_plan(**kw) -> PlanSpec:
 
 
 def one(plan: PlanSpec, faults: list[dict] | None = None):
-    res = simulate(plan, [Request(0, 0.0, PROMPT, OUT)], FaultScenario(faults=faults) if faults else None,
+    res = simulate(plan, [Request("0", 0.0, PROMPT, OUT)], FaultScenario(faults=faults) if faults else None,
                    SimOptions(seed=0))
     fd = res.summary["failure_domains"]
     rec = res.records
@@ -136,7 +136,7 @@ def test_lease_expiry_frees_the_kv_after_the_lease_and_prefills_again(base):
 
 def test_colocated_replica_lost_mid_stream_migrates_to_another_replica():
     plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": 2}])
-    reqs = [Request(0, 0.0, 4000, 300)]
+    reqs = [Request("0", 0.0, 4000, 300)]
     base = simulate(plan, reqs).records
     crash_s = (base.first_token_s[0] + base.finish_s[0]) / 2
     res = simulate(plan, reqs, FaultScenario(faults=[{"kind": "crash", "replica": "m-0", "at_s": crash_s}]))
@@ -157,7 +157,7 @@ def test_a_second_decode_loss_beyond_max_migrations_fails_cleanly(base):
 
 
 def test_many_requests_under_every_failure_point_end_accounted():
-    reqs = [Request(i, i * 0.05, 2000 + 37 * (i % 11), 64 + (i % 7) * 9) for i in range(300)]
+    reqs = [Request(str(i), i * 0.05, 2000 + 37 * (i % 11), 64 + (i % 7) * 9) for i in range(300)]
     faults = [{"kind": "crash", "replica": "prefill-0", "at_s": 2.0, "restart_after_s": 2.0},
               {"kind": "kv_link", "start_s": 5.0, "end_s": 5.2, "bandwidth_factor": 0.0},
               {"kind": "crash", "replica": "decode-1", "at_s": 8.0, "restart_after_s": 3.0},

@@ -75,7 +75,7 @@ def busy_requests(n: int, rate_rps: float, seed: int) -> list[Request]:
     t = np.cumsum(rng.exponential(1 / rate_rps, n))
     ins = np.clip(rng.lognormal(np.log(900), 0.8, n), 16, 8000).astype(int)
     outs = np.clip(rng.lognormal(np.log(120), 0.9, n), 2, 1000).astype(int)
-    return [Request(i, float(t[i]), int(ins[i]), int(outs[i])) for i in range(n)]
+    return [Request(str(i), float(t[i]), int(ins[i]), int(outs[i])) for i in range(n)]
 
 
 @pytest.mark.parametrize("preset", ["fleetwise-default", "round-robin"])

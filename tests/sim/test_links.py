@@ -43,7 +43,7 @@ NO_RECOVERY = {"max_reprefills": 0, "on_decode_failure": "fail"}
 
 def run(policy: str, faults, n: int = 120, gap_s: float = 0.05, delay_s: float = 0.0):
     spy = LinkSpy(make_policy(policy, seed=1))
-    reqs = [Request(i, i * gap_s, 4000, 32) for i in range(n)]
+    reqs = [Request(str(i), i * gap_s, 4000, 32) for i in range(n)]
     res = simulate(pd_plan(policy, failure_domains=NO_RECOVERY), reqs, FaultScenario(faults=faults) if faults else None,
                    SimOptions(seed=1, policy=spy, feedback_delay_s=delay_s))
     return spy, res

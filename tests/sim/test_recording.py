@@ -50,7 +50,7 @@ def test_request_bounded_recorder_stops_once_its_requests_have_ended(monkeypatch
     from fleetwise.sim import recording
 
     monkeypatch.setattr(recording, "CHECK_EVERY_STEPS", 16)
-    reqs = [Request(i, i * 0.05, 512, 40) for i in range(300)]
+    reqs = [Request(str(i), i * 0.05, 512, 40) for i in range(300)]
     full, part = StepRecorder(), StepRecorder(requests=(0, 10))
     simulate(_plan(), reqs, options=SimOptions(recorder=full))
     res = simulate(_plan(), reqs, options=SimOptions(recorder=part))

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
 from fleetwise.core.request import Request
+from fleetwise.engine.compiled import PURE_ENV
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.plan import PlanSpec
 
@@ -107,15 +112,27 @@ def test_pd_first_token_source(first_token):
         assert math.isnan(rec.kv_start_s[1]) and math.isnan(rec.kv_end_s[1])
 
 
-def test_requests_still_held_at_the_end_are_failed_not_lost(monkeypatch):
-    """If an engine ever stalls (schedule() answers None with work held), its requests end as
-    failures with a reason when the events run out, never silently missing."""
-    from fleetwise.engine.scheduler import Engine
+STALLED = """
+import json
+from fleetwise.core.request import Request
+from fleetwise.engine.compiled import PURE_ENV
+from fleetwise.engine.scheduler import Engine
+from fleetwise.sim.runner import simulate
+from fleetwise.spec.plan import PlanSpec
 
-    monkeypatch.setattr(Engine, "schedule", lambda self, *a, **k: None)
-    plan = PlanSpec(name="one", pools=[{"name": "m", "replicas": 1, "accelerator": "h100-sxm",
-                                        "model": "llama-3.1-8b"}])
-    res = simulate(plan, [Request(str(i), 0.1 * i, 500, 40) for i in range(10)])
-    s = res.summary
-    assert (s["requests_completed"], s["requests_failed"]) == (0, 10)
-    assert s["failure_reasons"] == {"unfinished_at_end": 10}
+Engine.schedule = lambda self, *a, **k: None  # a stalled engine
+plan = PlanSpec(name="one", pools=[{"name": "m", "replicas": 1, "accelerator": "h100-sxm",
+                                    "model": "llama-3.1-8b"}])
+s = simulate(plan, [Request(str(i), 0.1 * i, 500, 40) for i in range(10)]).summary
+print(json.dumps([s["requests_completed"], s["requests_failed"], s["failure_reasons"]]))
+"""
+
+
+def test_requests_still_held_at_the_end_are_failed_not_lost():
+    """If an engine ever stalls (schedule() answers None with work held), its requests end as
+    failures with a reason when the events run out, never silently missing. The stall is a
+    patched `Engine.schedule`, so it runs on the pure Python sources (compiled classes cannot
+    be patched), in a process of its own."""
+    env = {**os.environ, PURE_ENV: "1"}
+    out = subprocess.run([sys.executable, "-c", STALLED], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [0, 10, {"unfinished_at_end": 10}]

@@ -18,7 +18,7 @@ def _plan(prefill_versions: list[str], decode_version: str) -> PlanSpec:
 
 
 def test_skewed_handoff_is_refused_and_reprefilled_on_the_refusing_version():
-    reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
+    reqs = [Request(str(i), i * 0.5, 1024, 16) for i in range(4)]
     res = simulate(_plan(["v1"], "v2"), reqs)
     s = res.summary
     # Every hand-off v1 -> v2 is refused: no KV moves. The re-prefill is pinned to v2, the refusing
@@ -32,7 +32,7 @@ def test_skewed_handoff_is_refused_and_reprefilled_on_the_refusing_version():
 def test_reprefill_on_a_matching_version_completes():
     # Two prefill replicas, one per version: round-robin sends each request to p0 (v1) first; its
     # re-prefill, pinned to v2, goes to p1, whose version matches the decode replica: done.
-    reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
+    reqs = [Request(str(i), i * 0.5, 1024, 16) for i in range(4)]
     res = simulate(_plan(["v1", "v2"], "v2"), reqs)
     s = res.summary
     assert s["requests_completed"] == 4 and s["requests_failed"] == 0
@@ -42,7 +42,7 @@ def test_reprefill_on_a_matching_version_completes():
 
 
 def test_same_version_handoff_is_untouched():
-    reqs = [Request(i, i * 0.5, 1024, 16) for i in range(4)]
+    reqs = [Request(str(i), i * 0.5, 1024, 16) for i in range(4)]
     s = simulate(_plan(["v2"], "v2"), reqs).summary
     assert (s["requests_completed"], s["requests_retried"], s["kv_transfer"]["count"]) == (4, 0, 4)
 
@@ -53,7 +53,7 @@ def test_a_draining_prefill_replica_goes_down_once_its_kv_is_released():
     # Requests are in flight on p0-0 when its upgrade starts: it must go down once the last KV it
     # holds has been transferred and released, not stay draining for the rest of the run.
     plan = _plan(["v1", "v1"], "v1")
-    reqs = [Request(i, i * 0.05, 2048, 64) for i in range(8)]
+    reqs = [Request(str(i), i * 0.05, 2048, 64) for i in range(8)]
     scen = FaultScenario(name="up", faults=[RollingUpgrade(pool="p0", start_s=0.06, new_model_version="v1",
                                                            restart_after_s=1.0)])
     s = simulate(plan, reqs, faults=scen).summary

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import fleetwise.engine  # noqa: F401  (first: it decides whether compiled modules or sources load)
+
 if TYPE_CHECKING:
     from fleetwise.sim.runner import SimOptions, SimResult, simulate
 

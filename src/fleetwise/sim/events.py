@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from fleetwise.engine.clock import ORDER_ARRIVAL, ORDER_KICK, ORDER_STEP_END
 
 
@@ -42,6 +44,7 @@ class Priority(IntEnum):
     """Periodic metric sampling (queue lengths over time)."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # components outside this module define their own
 @dataclass(slots=True)
 class Event:
     """Base of all events: plain data, no behaviour."""

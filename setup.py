@@ -1,0 +1,103 @@
+"""Build: fleetwise is pure Python; the simulator's hot modules are also compiled with mypyc.
+
+`pip install -e .` (or a wheel build) compiles `COMPILED` with mypyc (the compiler that ships
+with mypy and builds black and mypy themselves) into C extensions next to their sources; the
+compiled modules run the busy simulation about 1.5x faster (docs/simulator.md, "Compiled
+modules"). Everything else in pyproject.toml. The sources stay the reference: the extensions
+are built from them unchanged and give identical results (tests/sim/test_compiled.py).
+
+Pure Python is used instead, with nothing compiled, when `FLEETWISE_PURE_PYTHON=1` is set at
+install time, or when the compilation fails (no C compiler, mypyc missing or rejecting a
+module): the install then goes on and says why. At run time, `FLEETWISE_PURE_PYTHON=1` or a
+source edited since the build (`fleetwise.engine.compiled`) loads the sources instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+PURE_ENV = "FLEETWISE_PURE_PYTHON"
+"""Set to 1: install (and run) pure Python only."""
+COMPILED = [
+    "src/fleetwise/engine/blocks.py",
+    "src/fleetwise/engine/bundle.py",
+    "src/fleetwise/engine/decoders.py",
+    "src/fleetwise/engine/driver.py",
+    "src/fleetwise/engine/records.py",
+    "src/fleetwise/engine/scheduler.py",
+    "src/fleetwise/engine/sequence.py",
+    "src/fleetwise/sim/events.py",
+    "src/fleetwise/sim/fleet.py",
+    "src/fleetwise/sim/runner.py",
+]
+"""The modules the busy simulation spends its time in (profile: docs/simulator.md); the list is
+kept to these so a clean install compiles in about half a minute of CPU."""
+GROUP = "fleetwise_native"
+"""Name of the shared library mypyc puts the compiled code of every module in."""
+MYPY_CONFIG = "[mypy]\npython_version = 3.11\nignore_missing_imports = True\n"
+"""mypy settings of the compilation: the project's, less the pydantic plugin."""
+MANIFEST = "src/fleetwise/engine/compiled.json"
+"""Written by the build: SHA-256 of each compiled source, so a later edit is detected at import."""
+
+
+def _note(msg: str) -> None:
+    print(f"fleetwise setup: {msg}", file=sys.stderr)
+
+
+def _manifest() -> dict[str, str]:
+    """Module name -> SHA-256 of its source, for every compiled module."""
+    out = {}
+    for path in COMPILED:
+        mod = path.removeprefix("src/").removesuffix(".py").replace("/", ".")
+        out[mod] = hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
+    return out
+
+
+class OptionalBuildExt(build_ext):
+    """Builds the compiled modules; on any failure warns and leaves the pure Python install."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as e:  # a missing compiler or headers must not stop the install
+            _note(f"compiling the simulator failed ({e}); installing pure Python")
+            self.extensions = []
+            return
+        manifest = ROOT / MANIFEST
+        manifest.write_text(json.dumps(_manifest(), indent=1, sort_keys=True) + "\n")
+        if not self.inplace:
+            target = Path(self.build_lib) / MANIFEST.removeprefix("src/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(manifest.read_text())
+
+
+def _extensions() -> list:
+    """mypyc's extensions for `COMPILED` ([] for a pure Python install, saying why)."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        _note(f"{PURE_ENV} is set: pure Python, nothing compiled")
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError as e:
+        _note(f"mypyc unavailable ({e}); pure Python")
+        return []
+    # Own mypy config: the project's loads the pydantic plugin, absent from an isolated build.
+    config = Path(tempfile.mkdtemp()) / "mypyc.ini"
+    config.write_text(MYPY_CONFIG)
+    try:
+        return mypycify(["--config-file", str(config), *COMPILED], opt_level="3", group_name=GROUP)
+    except (Exception, SystemExit) as e:  # mypyc rejected a module: never block the install
+        _note(f"mypyc could not compile the simulator ({e!r}); pure Python")
+        return []
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -36,7 +36,9 @@ COMPILED = [
     "src/fleetwise/engine/scheduler.py",
     "src/fleetwise/engine/sequence.py",
     "src/fleetwise/sim/events.py",
+    "src/fleetwise/sim/faults.py",
     "src/fleetwise/sim/fleet.py",
+    "src/fleetwise/sim/recovery.py",
     "src/fleetwise/sim/runner.py",
 ]
 """The modules the busy simulation spends its time in (profile: docs/simulator.md); the list is

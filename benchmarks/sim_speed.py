@@ -47,7 +47,9 @@ from typing import Any
 import numpy as np
 
 from fleetwise.core.request import Request
-from fleetwise.sim.runner import SimOptions, simulate
+from fleetwise.engine import compiled
+from fleetwise.sim.results import write_records
+from fleetwise.sim.runner import SimOptions, SimResult, simulate
 from fleetwise.spec.plan import PlanSpec
 
 VIDUR_HIGH_RPS = 350.0
@@ -82,8 +84,23 @@ def make_requests(n: int, rate_rps: float, seed: int, load: Load = LIGHT) -> lis
     return [Request(str(i), float(t[i]), int(ins[i]), int(outs[i])) for i in range(n)]
 
 
+def results_digest(res: SimResult) -> str:
+    """SHA-256 of a run's results: its summary (less the wall time) and its request records (CSV bytes)."""
+    import hashlib
+    import tempfile
+
+    summary = {k: v for k, v in res.summary.items() if k != "sim_wall_s"}
+    h = hashlib.sha256(json.dumps(summary, sort_keys=True).encode())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_records(res.records, res.replica_names, Path(tmp) / "requests.csv")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def run_one(n: int, replicas: int, rate_per_replica: float, delay: float, seed: int,
-            policy: str = "round-robin", load: Load = LIGHT, profile: Path | None = None) -> dict[str, Any]:
+            policy: str = "round-robin", load: Load = LIGHT, profile: Path | None = None,
+            digest: bool = False) -> dict[str, Any]:
+    """One timed `simulate()` run; `digest=True` adds `results_digest` (computed after the timing)."""
     reqs = make_requests(n, rate_per_replica * replicas, seed, load)
     plan = PlanSpec(name="speed", pools=[{"name": "m", "accelerator": load.accelerator, "model": "llama-3.1-8b",
                                           "replicas": replicas}], routing=policy)
@@ -124,6 +141,8 @@ def run_one(n: int, replicas: int, rate_per_replica: float, delay: float, seed: 
         "x_vidur_high": round(n / wall / VIDUR_HIGH_RPS, 1),
         "accelerator": load.accelerator,
         "profiled": profile is not None,
+        "compiled": compiled.native(),
+        **({"digest": results_digest(res)} if digest else {}),
     }
 
 

@@ -3,6 +3,7 @@
 Run:  python3 benchmarks/sim_speed.py [--sizes 10000:8,100000:64] [--skip-1m]
                                       [--default-size 1000000:64 | --skip-default] [--only-default]
                                       [--busy-size 1000000 | --skip-busy] [--only-busy]
+                                      [--busy-policies round-robin,fleetwise-default]
                                       [--profile DIR] [--out benchmarks/results/sim_speed.json]
 
 Workload: Poisson arrivals at `--rate-per-replica` x replicas, prompt/output lengths drawn
@@ -23,6 +24,8 @@ round-robin and by `fleetwise-default` in the same run (`busy.round_robin`, `bus
 `busy.default_over_rr_cpu`); `--only-busy` runs just that and merges it into `--out`.
 `--profile DIR` profiles each busy run with cProfile instead (DIR/busy-<policy>.prof and a
 text summary of the top functions; timings under the profiler are not speed figures).
+Each row records `compiled`: whether the mypyc-compiled simulator modules ran (setup.py,
+docs/simulator.md "Compiled modules"; `FLEETWISE_PURE_PYTHON=1` measures the pure sources).
 All ratios in the output compare figures measured in this one run:
 - `cpu_share`: CPU seconds / wall seconds (well below 1: the machine was busy with other work);
 - `vs_smallest`: requests/CPU-second relative to the smallest size (how the rate scales);
@@ -160,24 +163,41 @@ def _write_profile(prof: Any, out_dir: Path, stem: str) -> None:
     (out_dir / f"{stem}.txt").write_text(buf.getvalue())
 
 
+BUSY_POLICIES = {"round-robin": "round_robin", "fleetwise-default": "default"}
+"""Policies of the busy rows and their keys under `busy`."""
+
+
 def run_busy(a: argparse.Namespace) -> dict[str, Any]:
-    """The busy load routed by round-robin, then by the default policy, in this one run."""
+    """The busy load routed by each of `--busy-policies` (round-robin, then the default policy), in this one run."""
     out: dict[str, Any] = {"workload": (f"{BUSY_REPLICAS} x llama-3.1-8b on {BUSY.accelerator}, "
                                         f"{BUSY.rate_per_replica * BUSY_REPLICAS:g} req/s Poisson, prompts "
                                         f"lognormal(median {BUSY.prompt[0]:g}, sigma {BUSY.prompt[1]:g}) <= "
                                         f"{BUSY.prompt[3]}, outputs lognormal(median {BUSY.output[0]:g}, sigma "
                                         f"{BUSY.output[1]:g}) <= {BUSY.output[3]}"),
                            "targets_cpu_s_at_1m": BUSY_TARGETS_S}
-    for key, policy in (("round_robin", "round-robin"), ("default", "fleetwise-default")):
+    policies = [p for p in BUSY_POLICIES if p in a.busy_policies.split(",")]
+    for policy in policies:
         r = run_one(a.busy_size, BUSY_REPLICAS, BUSY.rate_per_replica, a.feedback_delay, a.seed, policy, BUSY,
                     a.profile)
         print(json.dumps(r), flush=True)
-        out[key] = r
-    out["default_over_rr_cpu"] = round(out["default"]["cpu_s"] / out["round_robin"]["cpu_s"], 2)
+        out[BUSY_POLICIES[policy]] = r
+    if len(policies) == len(BUSY_POLICIES):
+        out["default_over_rr_cpu"] = round(out["default"]["cpu_s"] / out["round_robin"]["cpu_s"], 2)
     if a.busy_size == 1_000_000 and a.profile is None:
-        out["target_met_cpu"] = {p: out[k]["cpu_s"] < BUSY_TARGETS_S[p]
-                                 for k, p in (("round_robin", "round-robin"), ("default", "fleetwise-default"))}
+        out["target_met_cpu"] = {p: out[BUSY_POLICIES[p]]["cpu_s"] < BUSY_TARGETS_S[p] for p in policies}
     return out
+
+
+def merge_busy(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`new` busy rows over `old`: a policy not rerun keeps its row and verdict; the ratio of the
+    two policies is kept only when both rows come from one run."""
+    rerun = [p for p, key in BUSY_POLICIES.items() if key in new]
+    merged = {**old, **new}
+    if "default_over_rr_cpu" not in new:
+        merged.pop("default_over_rr_cpu", None)
+    met = {p: v for p, v in old.get("target_met_cpu", {}).items() if p not in rerun}
+    merged["target_met_cpu"] = {**met, **new.get("target_met_cpu", {})}
+    return merged
 
 
 def run_default(a: argparse.Namespace) -> dict[str, Any]:
@@ -201,6 +221,8 @@ def main() -> None:
                     help="run only the default-policy run and merge it into an existing --out")
     ap.add_argument("--busy-size", type=int, default=1_000_000, help="requests of the busy-load runs")
     ap.add_argument("--skip-busy", action="store_true", help="skip the busy-load runs")
+    ap.add_argument("--busy-policies", default=",".join(BUSY_POLICIES),
+                    help="policies of the busy rows (with --only-busy, rows of policies not rerun are kept)")
     ap.add_argument("--only-busy", action="store_true",
                     help="run only the busy-load runs and merge them into an existing --out")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
@@ -212,7 +234,7 @@ def main() -> None:
         if a.profile is None:
             path = Path(a.out)
             out = json.loads(path.read_text()) if path.exists() else {"benchmark": "sim_speed"}
-            out["busy"] = busy
+            out["busy"] = merge_busy(out.get("busy", {}), busy)
             path.write_text(json.dumps(out, indent=2) + "\n")
         print(json.dumps(busy, indent=2))
         return

@@ -74,12 +74,10 @@ class OptionalBuildExt(build_ext):
             _note(f"compiling the simulator failed ({e}); installing pure Python")
             self.extensions = []
             return
-        manifest = ROOT / MANIFEST
-        manifest.write_text(json.dumps(_manifest(), indent=1, sort_keys=True) + "\n")
-        if not self.inplace:
-            target = Path(self.build_lib) / MANIFEST.removeprefix("src/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(manifest.read_text())
+        # Beside the extensions: in the source tree when built in place (editable), else in the wheel.
+        target = ROOT / MANIFEST if self.inplace else Path(self.build_lib) / MANIFEST.removeprefix("src/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(_manifest(), indent=1, sort_keys=True) + "\n")
 
 
 def _extensions() -> list:

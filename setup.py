@@ -9,7 +9,7 @@ are built from them unchanged and give identical results (tests/sim/test_compile
 Pure Python is used instead, with nothing compiled, when `FLEETWISE_PURE_PYTHON=1` is set at
 install time, or when the compilation fails (no C compiler, mypyc missing or rejecting a
 module): the install then goes on and says why. At run time, `FLEETWISE_PURE_PYTHON=1` or a
-source edited since the build (`fleetwise.engine.compiled`) loads the sources instead.
+source edited since the build (`fleetwise.core.compiled`) loads the sources instead.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ COMPILED = [
     "src/fleetwise/engine/records.py",
     "src/fleetwise/engine/scheduler.py",
     "src/fleetwise/engine/sequence.py",
+    "src/fleetwise/routing/kernels.py",
+    "src/fleetwise/routing/state.py",
     "src/fleetwise/sim/events.py",
     "src/fleetwise/sim/faults.py",
     "src/fleetwise/sim/fleet.py",
@@ -47,7 +49,7 @@ GROUP = "fleetwise_native"
 """Name of the shared library mypyc puts the compiled code of every module in."""
 MYPY_CONFIG = "[mypy]\npython_version = 3.11\nignore_missing_imports = True\n"
 """mypy settings of the compilation: the project's, less the pydantic plugin."""
-MANIFEST = "src/fleetwise/engine/compiled.json"
+MANIFEST = "src/fleetwise/core/compiled.json"
 """Written by the build: SHA-256 of each compiled source, so a later edit is detected at import."""
 
 

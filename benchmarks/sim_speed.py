@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from fleetwise.core.request import Request
-from fleetwise.engine import compiled
+from fleetwise.core import compiled
 from fleetwise.sim.results import write_records
 from fleetwise.sim.runner import SimOptions, SimResult, simulate
 from fleetwise.spec.plan import PlanSpec

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetwise.engine import compiled
+from fleetwise.core import compiled
 
 RUN = r"""
 import json, sys
@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from fleetwise.core.request import Request
-from fleetwise.engine import compiled
+from fleetwise.core import compiled
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.base import validate
 from fleetwise.spec.faults import FaultScenario

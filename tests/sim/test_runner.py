@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from fleetwise.core.compiled import PURE_ENV
 from fleetwise.core.request import Request
-from fleetwise.engine.compiled import PURE_ENV
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.plan import PlanSpec
 
@@ -115,7 +115,7 @@ def test_pd_first_token_source(first_token):
 STALLED = """
 import json
 from fleetwise.core.request import Request
-from fleetwise.engine.compiled import PURE_ENV
+from fleetwise.core.compiled import PURE_ENV
 from fleetwise.engine.scheduler import Engine
 from fleetwise.sim.runner import simulate
 from fleetwise.spec.plan import PlanSpec

@@ -1,5 +1,5 @@
 """L3: the engine as a clockless state machine (KV block pool, continuous batching, roles)."""
 
-from fleetwise.engine.compiled import install as _install_compiled
+from fleetwise.core.compiled import install as _install_compiled
 
-_install_compiled()  # before any engine module loads: compiled or source (fleetwise.engine.compiled)
+_install_compiled()  # before any engine module loads: compiled or source (fleetwise.core.compiled)

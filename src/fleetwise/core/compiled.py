@@ -1,8 +1,8 @@
-"""Which engine and simulator modules run compiled (mypyc), and the fallback to their sources.
+"""Which engine, routing and simulator modules run compiled (mypyc), and the fallback to their sources.
 
 `setup.py` compiles the simulator's hot modules into C extensions beside their sources and
 writes `compiled.json` (module -> SHA-256 of the source it was built from). Python would load
-an extension before the source beside it, so `install()` (run by `fleetwise.engine` and
+an extension before the source beside it, so `install()` (run by `fleetwise.engine`, `fleetwise.routing` and
 `fleetwise.sim` before any of their modules loads) decides once per process, for all of them
 together (compiled modules call each other natively, so it is all or none):
 - the extensions run when each listed module has one and its source is unchanged;
@@ -31,7 +31,7 @@ PURE_ENV = "FLEETWISE_PURE_PYTHON"
 MANIFEST = Path(__file__).with_name("compiled.json")
 _SRC = Path(__file__).resolve().parent.parent.parent
 """The directory holding the `fleetwise` package."""
-_PACKAGES = ("engine", "sim")
+_PACKAGES = ("engine", "routing", "sim")
 
 _state: dict[str, Any] = {}
 

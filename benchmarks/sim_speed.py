@@ -50,10 +50,14 @@ from typing import Any
 import numpy as np
 
 from fleetwise.core.request import Request
-from fleetwise.core import compiled
 from fleetwise.sim.results import write_records
 from fleetwise.sim.runner import SimOptions, SimResult, simulate
 from fleetwise.spec.plan import PlanSpec
+
+try:
+    from fleetwise.core import compiled
+except ImportError:  # a tree from before the compiled build (compare_commits runs older commits)
+    compiled = None  # type: ignore[assignment]
 
 VIDUR_HIGH_RPS = 350.0
 TARGET_S = 120.0
@@ -144,7 +148,7 @@ def run_one(n: int, replicas: int, rate_per_replica: float, delay: float, seed: 
         "x_vidur_high": round(n / wall / VIDUR_HIGH_RPS, 1),
         "accelerator": load.accelerator,
         "profiled": profile is not None,
-        "compiled": compiled.native(),
+        "compiled": compiled is not None and compiled.native(),
         **({"digest": results_digest(res)} if digest else {}),
     }
 

@@ -122,6 +122,7 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
                 await session.close()
 
     async def generate(request: Request, kind: Kind) -> Response:
+        arrival_s = replica.now_s()  # before the body is read and parsed (see `submit`)
         try:
             body = parse_body(await request.body())
             req = parse_request(kind, body, cfg.name)
@@ -129,7 +130,7 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             rid = request.headers.get("x-request-id") or prefix + uuid.uuid4().hex
             watchers: list[asyncio.Task[None]] = []
             live = await replica.submit(req, rid, lambda lv: watchers.append(
-                asyncio.create_task(_abort_on_disconnect(request, lv))))
+                asyncio.create_task(_abort_on_disconnect(request, lv))), arrival_s)
         except ApiError as err:
             replica.metrics.reject(err.status)
             return _error(err)

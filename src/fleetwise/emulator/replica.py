@@ -48,6 +48,12 @@ from fleetwise.spec.plan import PoolSpec
 
 MAX_DST_KINDS = 64
 """Decode-side deployments remembered by a prefill replica (more are rebuilt on demand)."""
+KV_PULL_HOLD_MAX_S = 0.05
+"""Wall seconds a decode replica holds its clock for a KV pull's answer once the pull has landed
+on its own port (the answer says when it landed on the prefill's port, which decides when the
+request reaches the engine). On this host an answer takes ~2 ms of wall time; a prefill replica
+slower than this (hung, overloaded) must not freeze every stream here: past it the clock runs on
+and the request reaches the engine when the answer comes (late; counted in `pull_late`)."""
 MAX_RECORDS = 100_000
 """Finished requests kept for `GET /fleetwise/requests` (about 10 MB)."""
 RECORD_COLUMNS = ("id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
@@ -101,6 +107,8 @@ class Live:
     pull_end_s: float | None = None
     pull_id: int | None = None
     """Decode role: the pull on the KV port until it lands."""
+    hold: asyncio.TimerHandle | None = None
+    """Decode role: the clock is held for this request's pull answer (the hold's wall timeout)."""
     admitted: bool = False
     """The engine holds the request (it reached the engine at its arrival on the clock)."""
     done: bool = False
@@ -143,6 +151,10 @@ class ReplicaStatus:
     overrun_max_s: float = 0.0
     busy_s: float = 0.0
     requests: int = 0
+    pull_holds: int = 0
+    """KV pulls that landed here before their answer came, so the clock waited for it."""
+    pull_late: int = 0
+    """KV pulls whose answer came after `KV_PULL_HOLD_MAX_S` (they reached the engine late)."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -230,6 +242,8 @@ class EmulatedReplica:
         for live in list(self._live.values()):
             self._fail(live, ApiError(503, "the server is shutting down; retry elsewhere"))
         self.events.close()
+        if self.clock is not None:
+            self.clock.close()
 
     def _kick(self) -> None:
         if self.driver is not None:
@@ -262,10 +276,14 @@ class EmulatedReplica:
                                 "Please reduce the length of the prompt or max_tokens.",
                            "max_tokens" if req.max_tokens and p < limit else "prompt")
 
-    async def submit(self, req: GenRequest, rid: str, on_live: Callable[[Live], None] | None = None) -> Live:
+    async def submit(self, req: GenRequest, rid: str, on_live: Callable[[Live], None] | None = None,
+                     arrival_s: float | None = None) -> Live:
         """Admit a parsed request (ApiError if refused); tokens then arrive on the returned Live.
         `on_live(live)` runs as soon as the request is accepted, before a decode replica's KV
-        pull is answered (so a caller can watch for its client going away meanwhile)."""
+        pull is answered (so a caller can watch for its client going away meanwhile).
+        `arrival_s`: when the request reached the server (modelled s; default now), stamped by
+        the caller before it read and parsed the body: the emulation's own parsing and
+        tokenizing is wall time that the time scale would multiply, not the modelled server's."""
         self.check_intake(req)
         p = len(req.prompt_ids)
         d = digest(req.prompt_ids)
@@ -279,6 +297,8 @@ class EmulatedReplica:
         if clock is None:
             raise ApiError(503, "the engine is not running yet; retry")
         now = self.now_s()
+        if arrival_s is not None and 0.0 <= arrival_s < now:
+            now = arrival_s
         er = Request(eid, now, p, target, block_hashes(req.prompt_ids, self.block_size), self.block_size)
         if not self.engine.fits(er):
             raise ApiError(400, f"prompt ({p} tokens) plus output ({target} tokens) never fit this replica's KV "
@@ -325,6 +345,7 @@ class EmulatedReplica:
 
     def _drop(self, live: Live) -> None:
         """Take `live` out of the KV port and the engine (between steps)."""
+        self._unhold(live)
         if live.pull_id is not None and self.kv_port is not None:
             self.kv_port.cancel(self.now_s(), live.pull_id)
             live.pull_id = None
@@ -442,6 +463,7 @@ class EmulatedReplica:
         lv.notify()
 
     def _fail(self, lv: Live, err: ApiError) -> None:
+        self._unhold(lv)
         if not lv.done:
             self._drop(lv)
         self._live.pop(lv.eid, None)
@@ -567,7 +589,11 @@ class EmulatedReplica:
         ends see it (see `kv_link`). A refused or broken pull drops the request and answers with
         the error. The message's own wall-clock round trip is the emulation's, not the modelled
         transfer's (vLLM's NIXL reads the remote blocks directly), so it is not on the modelled
-        path."""
+        path: when the pull lands on this port before the answer has come (the usual case: the
+        answer takes ~2 ms of wall time, a transfer alone ~0.3 ms at time scale 5), the clock is
+        held until it comes (`AsyncioClock.hold`, at most KV_PULL_HOLD_MAX_S), so no step starts
+        without the request that should have joined it, and it reaches the engine at exactly
+        that modelled time, as in the simulator."""
         if self._kv_pull is None or self.kv_port is None or self.clock is None:
             self._fail(lv, ApiError(503, "this replica cannot reach prefill replicas (no KV client)"))
             return
@@ -599,6 +625,8 @@ class EmulatedReplica:
 
         def ingress_landed(t: float, _seconds: float) -> None:
             lv.pull_id = None
+            if "egress" not in ends and not lv.done:
+                self._hold(lv)  # the answer says whether the request reaches the engine now or later
             landed_on("ingress", t)
 
         nbytes = kv_transfer_bytes(er.prompt_tokens, self.deployment)
@@ -628,6 +656,28 @@ class EmulatedReplica:
                                          "non-negative number of seconds", "kv_transfer_params"))
             return
         landed_on("egress", start_s + float(egress_s))
+        self._unhold(lv)
+
+    def _hold(self, lv: Live) -> None:
+        """Hold the clock for `lv`'s pull answer (at most KV_PULL_HOLD_MAX_S of wall time)."""
+        assert self.clock is not None
+        self.clock.hold()
+        self.status.pull_holds += 1
+        lv.hold = asyncio.get_running_loop().call_later(KV_PULL_HOLD_MAX_S, self._hold_expired, lv)
+
+    def _hold_expired(self, lv: Live) -> None:
+        if lv.hold is not None and self.clock is not None:
+            lv.hold = None
+            self.status.pull_late += 1
+            self.clock.release()
+
+    def _unhold(self, lv: Live) -> None:
+        """End `lv`'s hold on the clock, if it has one."""
+        h = lv.hold
+        if h is not None and self.clock is not None:
+            lv.hold = None
+            h.cancel()
+            self.clock.release()
 
     # ---- faults ---------------------------------------------------------------------------------
     def inject(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -693,4 +743,6 @@ class EmulatedReplica:
                 "running": self.engine.num_running, "waiting": self.engine.num_waiting,
                 "kv_usage": self.engine.kv_usage, "prefix_hit_rate": self.engine.prefix_hit_rate,
                 "kv_capacity_tokens": self.kv_capacity_tokens, "max_model_len": self.max_model_len,
-                "leases": len(self._leases), "faults": dict(self.faults.active)}
+                "leases": len(self._leases), "faults": dict(self.faults.active),
+                "pull_holds": s.pull_holds, "pull_late": s.pull_late,
+                "precise_clock": self.clock is not None and self.clock.precise}

@@ -1,49 +1,173 @@
 """`AsyncioClock`: the engine driver's clock in wall time, on the running asyncio loop.
 
 Keeps its own heap of `(time_s, order, seq, fn, arg)`, like the simulator's event loop, and one
-asyncio timer armed for the earliest deadline. When it fires, every callback due by the wall
-clock runs in heap order, including callbacks those add that are already due: a late wake-up
-changes when callbacks run, never their order or the times they are given (each gets its
-scheduled time). So a driver on this clock takes the same steps as on the simulator's loop.
+wake-up armed for the earliest deadline. When it fires, every callback due by the wall clock
+runs in heap order, including callbacks those add that are already due: a late wake-up changes
+when callbacks run, never their order or the times they are given (each gets its scheduled
+time). So a driver on this clock takes the same steps as on the simulator's loop.
 
 Clock seconds are wall seconds since the clock was created, divided by `time_scale` (1.0 =
-real time; 0.01 runs a hundred times faster, for tests).
+real time; 0.01 runs a hundred times faster, for tests), read from `time.monotonic()` (ns
+resolution; uvloop's `loop.time()` counts whole milliseconds).
+
+Wake-ups: an asyncio timer (`loop.call_at`) fires up to a whole millisecond late, because the
+loop's poller (epoll, or libuv under uvloop) takes its timeout in whole milliseconds, rounded
+up; at a time scale of 5 that is up to 5 modelled ms on every step. So on Linux the clock arms
+a `timerfd` (`PreciseTimer`) at the deadline's absolute monotonic nanosecond and the loop
+watches it like a socket: the kernel wakes the poller when it expires, with no rounding, no
+busy wait and no thread. Elsewhere (or with `precise=False`, the reference) it uses
+`loop.call_at`. Both run the same callbacks in the same order with the same times.
+
+`hold()` / `release()`: while any hold is in place no callback runs (the clock's time stays
+where it is; deadlines that pass meanwhile run, in order, at release). A replica holds its
+clock while it waits on a message that decides what happens at the current time (a KV pull's
+answer) so the model never moves past a moment it has not heard about yet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import heapq
+import os
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 from fleetwise.engine.clock import Callback
 
-__all__ = ["AsyncioClock"]
+__all__ = ["AsyncioClock", "PreciseTimer"]
+
+CLOCK_MONOTONIC = 1
+"""Linux clockid of CLOCK_MONOTONIC (<linux/time.h>), the clock of `time.monotonic()`."""
+TFD_NONBLOCK, TFD_CLOEXEC, TFD_TIMER_ABSTIME = 0o4000, 0o2000000, 1
+"""timerfd_create(2) / timerfd_settime(2) flags (<sys/timerfd.h> on Linux)."""
+NS = 1_000_000_000
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+def _libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.timerfd_settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_Itimerspec),
+                                         ctypes.POINTER(_Itimerspec)]
+        libc.timerfd_gettime.argtypes = [ctypes.c_int, ctypes.POINTER(_Itimerspec)]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+class PreciseTimer:
+    """A one-shot Linux timerfd on CLOCK_MONOTONIC, watched by the running loop: `arm(t)` calls
+    `fn()` once `time.monotonic()` reaches `t` (seconds), to the kernel's precision."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+        """A disarmed timer on `loop` (OSError/NotImplementedError where timerfd is missing)."""
+        if _LIBC is None:
+            raise NotImplementedError("timerfd needs Linux")
+        fd = _LIBC.timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_create failed")
+        self.fd, self._loop, self._fn = fd, loop, fn
+        self._spec = _Itimerspec()
+        try:
+            loop.add_reader(fd, self._fire)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def arm(self, monotonic_s: float) -> None:
+        """Fire at `monotonic_s` (at once if it has passed); replaces any earlier arming."""
+        ns = max(int(monotonic_s * NS), 1)  # 0 would disarm
+        v = self._spec.it_value
+        v.tv_sec, v.tv_nsec = divmod(ns, NS)
+        if _LIBC.timerfd_settime(self.fd, TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+
+    def remaining_s(self) -> float:
+        """Seconds until the armed expiry (0.0 when disarmed), as the kernel holds it."""
+        cur = _Itimerspec()
+        _LIBC.timerfd_gettime(self.fd, ctypes.byref(cur))
+        return cur.it_value.tv_sec + cur.it_value.tv_nsec / NS
+
+    def _fire(self) -> None:
+        try:
+            os.read(self.fd, 8)  # the expiry count; reading it clears the readiness
+        except BlockingIOError:
+            return  # re-armed after it expired: nothing due
+        self._fn()
+
+    def close(self) -> None:
+        """Stop watching and free the descriptor."""
+        if self.fd >= 0:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
 
 
 class AsyncioClock:
     """A `Clock` on the running asyncio loop; see the module docstring."""
 
-    def __init__(self, time_scale: float = 1.0) -> None:
-        """Start at 0 s now, on the running loop; `time_scale` wall seconds per clock second."""
+    def __init__(self, time_scale: float = 1.0, precise: bool = True) -> None:
+        """Start at 0 s now, on the running loop; `time_scale` wall seconds per clock second;
+        `precise`: wake on a timerfd where the platform has one (else `loop.call_at`)."""
         if not time_scale > 0:
             raise ValueError(f"time_scale={time_scale} must be > 0")
         self.time_scale = time_scale
         self._loop = asyncio.get_running_loop()
-        self._t0 = self._loop.time()
+        self._t0 = time.monotonic()
         self._heap: list[tuple[float, int, int, Callback, Any]] = []
         self._seq = 0
         self._time_s = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._precise: PreciseTimer | None = None
+        if precise:
+            try:
+                self._precise = PreciseTimer(self._loop, self._wake)
+            except (NotImplementedError, OSError):
+                self._precise = None
         self._armed_s = float("inf")
+        self._holds = 0
         self._idle: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self.processed = 0
         """Callbacks run so far."""
 
+    @property
+    def precise(self) -> bool:
+        """Whether deadlines wake on a timerfd (else on the loop's millisecond timers)."""
+        return self._precise is not None
+
+    def close(self) -> None:
+        """Free the timerfd; the clock goes on with `loop.call_at` wake-ups."""
+        if self._precise is not None:
+            self._precise.close()
+            self._precise = None
+            if self._heap and not self._holds:
+                self._arm(self._heap[0][0])
+
     def now_s(self) -> float:
         """Seconds since the clock started (wall time divided by `time_scale`)."""
-        return (self._loop.time() - self._t0) / self.time_scale
+        return (time.monotonic() - self._t0) / self.time_scale
+
+    def wall_of(self, time_s: float) -> float:
+        """The `time.monotonic()` second at which clock time `time_s` falls."""
+        return self._t0 + time_s * self.time_scale
 
     def call_at(self, time_s: float, order: int, fn: Callback, arg: Any = None) -> None:
         """Run `fn(time_s, arg)` at absolute `time_s` (never before the last callback's time);
@@ -52,23 +176,45 @@ class AsyncioClock:
             time_s = self._time_s
         self._seq += 1
         heapq.heappush(self._heap, (time_s, order, self._seq, fn, arg))
-        if time_s < self._armed_s:
+        if time_s < self._armed_s and not self._holds:
             self._arm(time_s)
+
+    def hold(self) -> None:
+        """Run no callback until the matching `release()` (holds nest)."""
+        self._holds += 1
+
+    def release(self) -> None:
+        """End one `hold()`; with none left, whatever fell due meanwhile runs now, in order."""
+        if self._holds <= 0:
+            raise RuntimeError("release() without hold()")
+        self._holds -= 1
+        if not self._holds and self._heap:
+            self._arm(self._heap[0][0])
+
+    @property
+    def held(self) -> bool:
+        """Whether a hold is in place."""
+        return self._holds > 0
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def _arm(self, time_s: float) -> None:
+        self._armed_s = time_s
+        if self._precise is not None:
+            self._precise.arm(self.wall_of(time_s))
+            return
         if self._timer is not None:
             self._timer.cancel()
-        self._armed_s = time_s
-        self._timer = self._loop.call_at(self._t0 + time_s * self.time_scale, self._wake)
+        self._timer = self._loop.call_at(self._loop.time() + (self.wall_of(time_s) - time.monotonic()), self._wake)
 
     def _wake(self) -> None:
         self._timer, self._armed_s = None, float("inf")
+        if self._holds:
+            return  # release() re-arms
         heap = self._heap
         try:
-            while heap and heap[0][0] <= self.now_s():
+            while heap and not self._holds and heap[0][0] <= self.now_s():
                 t, _, _, fn, arg = heapq.heappop(heap)
                 self._time_s = t
                 fn(t, arg)
@@ -77,7 +223,8 @@ class AsyncioClock:
             self._error = err
             heap.clear()
         if heap:
-            self._arm(heap[0][0])
+            if not self._holds:
+                self._arm(heap[0][0])
         elif self._idle is not None and not self._idle.done():
             if self._error is not None:
                 self._idle.set_exception(self._error)

@@ -56,6 +56,7 @@ from emulator_loadgen import (  # noqa: E402
     fetch_status,
     percentiles,
     replay,
+    run,
     server_side,
     stage_timeline,
     summarize,
@@ -182,7 +183,7 @@ def run_case(wl_kind: str, plan_kind: str, n: int, rate: float, scale: float, se
                 w, p = rec.worker[i], rec.prefill_worker[i]
                 targets.append(Target(url[names[w]], url[names[p]] if p >= 0 else None))
             c0 = os.times()
-            results, wall = asyncio.run(replay(reqs, targets, MODEL, scale))
+            results, wall = run(replay(reqs, targets, MODEL, scale))
             c1 = os.times()
             status = asyncio.run(fetch_status(list(url.values())))
             recs = asyncio.run(fetch_status(list(url.values()), "/fleetwise/requests"))

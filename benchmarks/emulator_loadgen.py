@@ -28,10 +28,12 @@ import asyncio
 import gc
 import json
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
+import httptools
 import numpy as np
 
 from fleetwise.core.request import Request
@@ -39,6 +41,9 @@ from fleetwise.core.tokens import NUM_WORDS, words_text
 
 REQUEST_TIMEOUT_S = 600.0
 """Wall seconds one request may take before it counts as an error."""
+PRECONNECT = 32
+"""Connections opened to each replica before the replay (more open on demand)."""
+T = TypeVar("T")
 
 
 def prompt_text(req: Request) -> str:
@@ -81,68 +86,218 @@ class Target:
     prefill_url: str | None = None
 
 
-async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], res: Result,
-                  t_send: float, scale: float, keep_itl: bool) -> None:
-    t_first = t_last = 0.0
-    n_chunks = 0
-    usage_tokens = 0
-    async with session.post(url + "/v1/completions", json=body, headers={"x-request-id": f"r{res.request_id}"}) as r:
-        if r.status != 200:
-            res.error = f"HTTP {r.status}: {(await r.text())[:200]}"
+class _Conn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection of the lean client: the response is parsed by
+    httptools (C) as bytes arrive, and `data_received` stamps the moment they arrived, so a
+    token's time is when the loop saw its bytes, not when a task got round to reading them."""
+
+    def __init__(self, pool: list[_Conn]) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.sink: _Sink | None = None
+        self.now = 0.0
+        self.keep_alive = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.now = time.perf_counter()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._lost(f"bad HTTP response: {err}")
+
+    def on_headers_complete(self) -> None:
+        if self.sink is not None:
+            self.sink.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        if self.sink is not None:
+            self.sink.feed(body, self.now)
+
+    def on_message_complete(self) -> None:
+        sink, self.sink = self.sink, None
+        self.parser = httptools.HttpResponseParser(self)
+        if self.keep_alive and self.transport is not None and not self.transport.is_closing():
+            self.pool.append(self)
+        elif self.transport is not None:
+            self.transport.close()
+        if sink is not None and not sink.done.done():
+            sink.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self in self.pool:
+            self.pool.remove(self)
+        self._lost(f"connection lost ({exc})")
+
+    def _lost(self, why: str) -> None:
+        sink, self.sink = self.sink, None
+        if sink is not None and not sink.done.done():
+            sink.done.set_exception(ConnectionError(why))
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Sink:
+    """What one response's bytes go to: the whole body (`status`, `body`)."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.body = bytearray()
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def feed(self, data: bytes, now: float) -> None:
+        self.body += data
+
+
+class _SseSink(_Sink):
+    """A streamed response: SSE events parsed as they arrive; stamps the first and the last
+    content chunk (perf_counter), counts them and reads the usage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = self.last = 0.0
+        self.chunks = self.usage_tokens = 0
+        self.finished = False
+        self.gaps: list[float] | None = None
+
+    def feed(self, data: bytes, now: float) -> None:
+        if self.status != 200:
+            self.body += data
             return
-        done = False
-        async for line in r.content:
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:].strip()
-            if data == b"[DONE]":
-                done = True
+        buf = self.body
+        buf += data
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
                 break
-            now = time.perf_counter()
-            if b'"text":""' in data or b'"choices":[]' in data:  # finish-only or usage chunk
-                if b'"usage"' in data:
-                    usage_tokens = json.loads(data)["usage"]["completion_tokens"]
+            event = bytes(buf[start:end])
+            start = end + 2
+            if not event.startswith(b"data: "):
                 continue
-            if n_chunks == 0:
-                t_first = now
-                res.stamps["first"] = time.time()
-            elif keep_itl:
-                res.itl_s.append((now - t_last) * scale)
-            t_last = now
-            n_chunks += 1
-        if not done:
-            res.error = "stream ended without [DONE]"
-            return
-    res.stamps["last"] = res.stamps["send"] + (t_last - t_send)
-    res.chunks, res.tokens = n_chunks, usage_tokens
-    res.ttft_s = (t_first - t_send) * scale
-    res.e2e_s = (t_last - t_send) * scale
-    if usage_tokens > 1:
-        res.tpot_s = (t_last - t_first) * scale / (usage_tokens - 1)
-    res.ok = True
+            if event == b"data: [DONE]":
+                self.finished = True
+            elif b'"text":""' in event or b'"choices":[]' in event:  # finish-only or usage chunk
+                if b'"usage"' in event:
+                    self.usage_tokens = json.loads(event[6:])["usage"]["completion_tokens"]
+            else:
+                if self.chunks == 0:
+                    self.first = now
+                elif self.gaps is not None:
+                    self.gaps.append(now - self.last)
+                self.last = now
+                self.chunks += 1
+        del buf[:start]
 
 
-async def _one(session: aiohttp.ClientSession, req: Request, text: str, target: Target, model: str,
-               scale: float, t_send: float, keep_itl: bool) -> Result:
+class LeanClient:
+    """A minimal HTTP/1.1 client for the load generator: keep-alive connections per host,
+    requests written as prepared bytes, responses parsed as they arrive (`_Conn`). Per streamed
+    chunk it does a find and a few byte comparisons, and no task wakes until the response ends."""
+
+    def __init__(self) -> None:
+        self._pools: dict[tuple[str, int], list[_Conn]] = {}
+
+    async def _conn(self, host: str, port: int) -> _Conn:
+        pool = self._pools.setdefault((host, port), [])
+        while pool:
+            c = pool.pop()
+            if c.transport is not None and not c.transport.is_closing():
+                return c
+        _, proto = await asyncio.get_running_loop().create_connection(lambda: _Conn(pool), host, port)
+        return proto
+
+    async def connect(self, url: str, n: int) -> None:
+        """Open `n` idle connections to `url` ahead of the first request."""
+        host, port = _host_port(url)
+        pool = self._pools.setdefault((host, port), [])
+        conns = [await asyncio.get_running_loop().create_connection(lambda: _Conn(pool), host, port)
+                 for _ in range(n)]
+        pool.extend(p for _, p in conns)
+
+    async def post(self, url: str, path: str, body: bytes, request_id: str, sink: _Sink) -> float:
+        """POST `body` (JSON bytes) and feed the response to `sink` until it ends; returns the
+        perf_counter time the request was written."""
+        host, port = _host_port(url)
+        c = await self._conn(host, port)
+        c.sink = sink
+        assert c.transport is not None
+        t = time.perf_counter()
+        c.transport.write(b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
+                          b"x-request-id: %s\r\ncontent-length: %d\r\n\r\n%s"
+                          % (path.encode(), host.encode(), port, request_id.encode(), len(body), body))
+        await sink.done
+        return t
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            for c in list(pool):
+                if c.transport is not None:
+                    c.transport.close()
+        self._pools.clear()
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    rest = url.split("://", 1)[1].rstrip("/")
+    host, _, port = rest.rpartition(":")
+    return host, int(port)
+
+
+async def _one(client: LeanClient, req: Request, prompt_json: str, target: Target, model: str,
+               scale: float, keep_itl: bool) -> Result:
     res = Result(req.request_id)
-    body: dict[str, Any] = {"model": model, "prompt": text, "max_tokens": req.output_tokens, "ignore_eos": True,
-                            "stream": True, "stream_options": {"include_usage": True}}
-    res.stamps["send"] = time.time() - (time.perf_counter() - t_send)
+    rid = f"r{req.request_id}"
+    head = '{"model":' + json.dumps(model) + ',"prompt":' + prompt_json
     try:
         if target.prefill_url is not None:
-            async with session.post(target.prefill_url + "/v1/completions", json={
-                    "model": model, "prompt": text, "max_tokens": 1,
-                    "kv_transfer_params": {"do_remote_decode": True}},
-                    headers={"x-request-id": f"r{req.request_id}"}) as r:
-                if r.status != 200:
-                    res.error = f"prefill HTTP {r.status}: {(await r.text())[:200]}"
-                    return res
-                body["kv_transfer_params"] = (await r.json())["kv_transfer_params"]
-                res.stamps["prefill_answer"] = time.time()
+            pre = _Sink()
+            t_send = await client.post(target.prefill_url, "/v1/completions", (
+                head + ',"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}').encode(), rid, pre)
+            res.stamps["send"] = time.time() - (time.perf_counter() - t_send)
+            if pre.status != 200:
+                res.error = f"prefill HTTP {pre.status}: {bytes(pre.body[:200]).decode(errors='replace')}"
+                return res
+            ktp = json.loads(pre.body)["kv_transfer_params"]
+            res.stamps["prefill_answer"] = res.stamps["send"] + (time.perf_counter() - t_send)
+            extra = ',"kv_transfer_params":' + json.dumps(ktp)
+        else:
+            extra = ""
+        body = (head + f',"max_tokens":{req.output_tokens},"ignore_eos":true,"stream":true,'
+                '"stream_options":{"include_usage":true}' + extra + "}").encode()
+        sink = _SseSink()
+        if keep_itl:
+            sink.gaps = []
+        t0 = client.post(target.url, "/v1/completions", body, rid, sink)
+        if target.prefill_url is None:
+            t_send = await t0
+            res.stamps["send"] = time.time() - (time.perf_counter() - t_send)
+        else:
             res.stamps["decode_send"] = time.time()
-        await _stream(session, target.url, body, res, t_send, scale, keep_itl)
-    except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            await t0
+    except (ConnectionError, OSError) as err:
         res.error = f"{type(err).__name__}: {err}"[:200]
+        return res
+    if sink.status != 200:
+        res.error = f"HTTP {sink.status}: {bytes(sink.body[:200]).decode(errors='replace')}"
+        return res
+    if not sink.finished:
+        res.error = "stream ended without [DONE]"
+        return res
+    send = res.stamps["send"]
+    res.stamps["first"] = send + (sink.first - t_send)
+    res.stamps["last"] = send + (sink.last - t_send)
+    res.chunks, res.tokens = sink.chunks, sink.usage_tokens
+    res.ttft_s = (sink.first - t_send) * scale
+    res.e2e_s = (sink.last - t_send) * scale
+    if sink.gaps is not None:
+        res.itl_s = [g * scale for g in sink.gaps]
+    if sink.usage_tokens > 1:
+        res.tpot_s = (sink.last - sink.first) * scale / (sink.usage_tokens - 1)
+    res.ok = True
     return res
 
 
@@ -150,24 +305,43 @@ async def replay(requests: list[Request], targets: list[Target], model: str, tim
                  keep_itl: bool = False) -> tuple[list[Result], float]:
     """Send `requests[i]` to `targets[i]` at its arrival (scaled); returns the results (in input
     order) and the wall seconds the replay took."""
-    texts = [prompt_text(r) for r in requests]  # built before the clock starts
+    prompts = [json.dumps(prompt_text(r)) for r in requests]  # built before the clock starts
     gc.collect()
     gc.freeze()  # nothing built so far is garbage: keep full collections short during the replay
-    conn = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+    client = LeanClient()
+    for url in sorted({u for t in targets for u in (t.url, t.prefill_url) if u is not None}):
+        await client.connect(url, PRECONNECT)
+    try:
         loop = asyncio.get_running_loop()
         t0 = loop.time() + 0.5
         tasks = []
-        for req, text, target in zip(requests, texts, targets, strict=True):
+        for req, prompt, target in zip(requests, prompts, targets, strict=True):
             at = t0 + req.arrival_s / time_scale
             delay = at - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(session, req, text, target, model, time_scale,
-                                                  time.perf_counter(), keep_itl)))
-        results = list(await asyncio.gather(*tasks))
+            tasks.append(asyncio.create_task(asyncio.wait_for(
+                _one(client, req, prompt, target, model, time_scale, keep_itl), REQUEST_TIMEOUT_S)))
+        results = []
+        for req, task in zip(requests, tasks, strict=True):
+            try:
+                results.append(await task)
+            except TimeoutError:
+                results.append(Result(req.request_id, error=f"TimeoutError: over {REQUEST_TIMEOUT_S:g} s"))
         return results, loop.time() - t0
+    finally:
+        client.close()
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on a uvloop loop where uvloop is installed (less CPU per event than asyncio's),
+    else on asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 async def wakeup_lateness(seconds: float = 2.0, period_s: float = 0.005) -> dict[str, float]:
@@ -315,7 +489,7 @@ def main() -> None:
     reqs = [Request(i, float(t[i]), args.prompt_tokens, args.output_tokens) for i in range(args.requests)]
     targets = ([Target(mixed[i % len(mixed)]) for i in range(len(reqs))] if mixed else
                [Target(dec[i % len(dec)], pre[i % len(pre)]) for i in range(len(reqs))])
-    results, wall = asyncio.run(replay(reqs, targets, args.model, args.time_scale))
+    results, wall = run(replay(reqs, targets, args.model, args.time_scale))
     print(json.dumps({"wall_s": wall, **summarize(results)}, indent=2))
 
 

@@ -102,3 +102,58 @@ def test_kv_events_report_stored_and_evicted_blocks():
             assert removed & set(hashes)
             rep.events.unsubscribe(q)
     run(go(), timeout_s=120)
+
+
+def _slow(post, delay_s: float):
+    """A `KvPost` that answers `delay_s` wall seconds late (a slow message, not a slow transfer)."""
+    async def slow(url, body):
+        status, data = await post(url, body)
+        await asyncio.sleep(delay_s)
+        return status, data
+    return slow
+
+
+@pytest.mark.parametrize(("answer_delay_s", "hold_max_s", "late"), [(0.02, 1.0, 0), (0.1, 0.01, 1)])
+def test_a_pull_reaches_the_decode_engine_at_its_modelled_landing_however_late_its_answer(
+        monkeypatch, answer_delay_s, hold_max_s, late):
+    from fleetwise.emulator import replica as replica_mod
+
+    monkeypatch.setattr(replica_mod, "KV_PULL_HOLD_MAX_S", hold_max_s)
+
+    async def pd(pc, dc, rid, max_tokens):
+        r = await pc.post("/v1/completions", json={"prompt": PROMPT + " " + rid, "max_tokens": 1,
+                                                   "kv_transfer_params": {"do_remote_decode": True}})
+        return await dc.post("/v1/completions", json={"prompt": PROMPT + " " + rid, "max_tokens": max_tokens,
+                                                      "ignore_eos": True, "kv_transfer_params": r.json()["kv_transfer_params"]},
+                             headers={"x-request-id": rid})
+
+    async def go():
+        async with serve(cfg(role="prefill", port=9111)) as (papp, pc):
+            post = _slow(asgi_post({"http://127.0.0.1:9111": papp}), answer_delay_s)
+            async with serve(cfg(role="decode", port=9112), kv_post=post) as (dapp, dc):
+                drep = dapp.state.replica
+                busy = asyncio.create_task(pd(pc, dc, "busy", 3000))  # decode steps run all along
+                for _ in range(5000):
+                    if drep.engine.num_running:
+                        break
+                    await asyncio.sleep(0.002)
+                d = await pd(pc, dc, "held", 3)
+                assert d.status_code == 200, d.text
+                assert drep.engine.num_running == 1  # the busy one was stepping meanwhile
+                busy.cancel()
+                rec = (await dc.get("/fleetwise/requests")).json()
+                rows = {r[0]: dict(zip(rec["columns"], r, strict=True)) for r in rec["rows"]}
+                status = (await dc.get("/fleetwise/status")).json()
+                return rows["held"], status, papp.state.replica, drep
+
+    row, status, prep, drep = run(go())
+    want = kv_transfer_s(len(encode(PROMPT + " held")), prep.deployment, drep.deployment,
+                         LinkSpec(bandwidth_bytes_per_s=drep.cfg.kv_link.bytes_per_s,
+                                  latency_s=drep.cfg.kv_link.latency_s))
+    took = row["kv_pull_end_s"] - row["kv_pull_start_s"]
+    assert status["pull_holds"] == 2 and status["pull_late"] == 2 * late
+    if late:  # the clock ran on (decode steps) and the request reached the engine when the answer came
+        assert took > 1.0 > 100 * want
+    else:  # held: it reached the engine at the modelled landing, the answer's delay (2 modelled s) unseen
+        assert took == pytest.approx(want, rel=1e-9)
+    assert not drep.clock.held

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleetwise.core.tokens import (
+    NUM_SPECIAL,
     NUM_WORDS,
     WORDS,
     block_hashes,
@@ -15,6 +16,7 @@ from fleetwise.core.tokens import (
     words_text,
 )
 from fleetwise.emulator.generation import OutputLengthModel, TokenStream, text_of
+from fleetwise.emulator.protocol import tokenize
 from fleetwise.spec.workload import FixedLength, LognormalLength, UniformLength
 
 
@@ -113,3 +115,22 @@ def test_encode_fast_path_equals_piecewise():
     ids = encode(mixed)
     assert ids[:300] == encode(text) and ids[-300:] == encode(text)
     assert len(ids) == 600 + len(encode(" not-a-word"))
+
+
+_SEPARATORS = (" ", " ", " ", "  ", "\n", " \n", "\t", "\xa0", "")
+_ODD_WORDS = ("not-a-word", "<|user|>", "Zz", "ünï", "")
+
+
+@given(st.lists(st.tuples(st.sampled_from(_SEPARATORS), st.one_of(
+    st.integers(0, NUM_WORDS - 1).map(lambda i: WORDS[i]), st.sampled_from(_ODD_WORDS))), max_size=40),
+    st.sampled_from(("", " ", "\n")))
+def test_tokenize_fast_path_equals_the_reference_encoder(parts, tail):
+    text = "".join(sep + word for sep, word in parts) + tail
+    assert tokenize(text) == encode(text)
+
+
+def test_tokenize_takes_the_fast_path_on_vocabulary_text_and_gives_its_ids():
+    idx = np.random.default_rng(7).integers(0, NUM_WORDS, 1000).tolist()
+    text = words_text(idx)
+    assert tokenize(text) == [NUM_SPECIAL + i for i in idx] == encode(text)
+    assert tokenize(" " + text) == encode(" " + text) and tokenize(text + " ") == encode(text + " ")

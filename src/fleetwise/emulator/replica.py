@@ -220,8 +220,10 @@ class EmulatedReplica:
         """Start the clock and the driver (call inside the running event loop)."""
         if self.driver is not None:
             return
-        self.clock = AsyncioClock(1.0 / self.cfg.time_scale)
-        self.origin_unix_s = time.time()
+        self.clock = clock = AsyncioClock(1.0 / self.cfg.time_scale)
+        # Unix time of the clock's start, read in one go (a preemption between two separate
+        # readings would shift every record lined up through it)
+        self.origin_unix_s = time.time() - (time.monotonic() - clock.wall_of(0.0))
         link = self.cfg.kv_link
         self.kv_port = KvPort(self.clock, link.bytes_per_s * kv_shards(self.deployment), link.latency_s)
         self.driver = EngineDriver(self.engine, self.clock, self._on_output, single_passes, self.build.perf,
@@ -398,9 +400,18 @@ class EmulatedReplica:
             m.preemptions.inc(len(out.preempted))
         if out.tokens_generated:
             m.generation_tokens.inc(out.tokens_generated)
-        for eid, k in out.tokens or ():
-            lv = live_of.get(eid)
-            if lv is not None:
+        if out.tokens:
+            # First tokens first: each emission wakes its stream in this order, and a stream's
+            # first chunk is what its client's TTFT waits for.
+            later = []
+            for eid, k in out.tokens:
+                lv = live_of.get(eid)
+                if lv is not None:
+                    if lv.first_token_s is None:
+                        self._emit(lv, lv.emitted + k, end)
+                    else:
+                        later.append((lv, k))
+            for lv, k in later:
                 self._emit(lv, lv.emitted + k, end)
         for eid in out.finished:
             lv = live_of.pop(eid, None)

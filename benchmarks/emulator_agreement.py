@@ -1,7 +1,7 @@
 """Agreement of the emulator with the simulator: the same plan and requests, both ways.
 
 Run:  python3 benchmarks/emulator_agreement.py [--requests 2000] [--rate 2.0] [--time-scale 5]
-                                               [--cases poisson-colocated,trace-pd,...]
+                                               [--cases poisson-colocated,trace-pd,...] [--append]
                                                [--out benchmarks/results/emulator_agreement.json]
 
 For each case (workload x plan): generate the requests (`fleetwise.workload.generate`),
@@ -73,6 +73,7 @@ MODEL, GPU, TP = "llama-3.1-70b", "h100-sxm", 4
 P50_TOL, P99_TOL = 0.10, 0.20
 """The issue's pass rule: p50 within 10 %, p99 within 20 %."""
 START_TIMEOUT_S = 120.0
+CASES = ("poisson-colocated", "trace-colocated", "poisson-pd", "trace-pd")
 
 
 def plan_doc(kind: str) -> dict[str, Any]:
@@ -244,20 +245,27 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=2.0, help="modelled requests/s")
     ap.add_argument("--time-scale", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cases", default="poisson-colocated,trace-colocated,poisson-pd,trace-pd")
+    ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "emulator_agreement.json"))
+    ap.add_argument("--append", action="store_true",
+                    help="keep --out's other cases (a case run again replaces its old result), so the cases "
+                         "can be run one at a time")
     args = ap.parse_args()
     out: dict[str, Any] = {"model": MODEL, "gpu": GPU, "tp": TP, "cpus": os.cpu_count(), "cases": []}
+    if args.append and Path(args.out).exists():
+        out["cases"] = json.loads(Path(args.out).read_text())["cases"]
     for case in args.cases.split(","):
         wl, plan = case.split("-")
         r = run_case(wl, plan, args.requests, args.rate, args.time_scale, args.seed)
-        out["cases"].append(r)
+        out["cases"] = [c for c in out["cases"] if c["case"] != r["case"]] + [r]
         print(json.dumps({k: r[k] for k in ("case", "pass", "server_pass", "engine_pass", "emulator_ok",
                                             "replay_wall_s", "load_average_before_after")}),
               [round(r["compare"]["ttft_s"][k], 3) for k in ("engine_p50_ratio", "engine_p99_ratio")],
               {m: [round(r["compare"][m][k], 3) for k in ("p50_ratio", "p99_ratio", "server_p50_ratio",
                                                           "server_p99_ratio")] for m in ("ttft_s", "tpot_s")},
               [(o["mean_s"], o["max_s"]) for o in r["overrun"]], flush=True)
+    order = {c: i for i, c in enumerate(CASES)}
+    out["cases"].sort(key=lambda c: order.get(c["case"], len(order)))
     out["all_pass"] = all(c["pass"] for c in out["cases"])
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 

@@ -48,7 +48,7 @@ from fleetwise.spec.plan import PoolSpec
 
 MAX_DST_KINDS = 64
 """Decode-side deployments remembered by a prefill replica (more are rebuilt on demand)."""
-KV_PULL_HOLD_MAX_S = 0.05
+KV_PULL_HOLD_MAX_S = 0.02
 """Wall seconds a decode replica holds its clock for a KV pull's answer once the pull has landed
 on its own port (the answer says when it landed on the prefill's port, which decides when the
 request reaches the engine). On this host an answer takes ~2 ms of wall time; a prefill replica

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal
 
-from fleetwise.core.tokens import NUM_SPECIAL, VOCAB_SIZE, WORDS, chat_text, encode
+from fleetwise.core.tokens import NUM_SPECIAL, NUM_WORDS, VOCAB_SIZE, chat_text, decode_token, encode
 from fleetwise.errors import SpecError
 from fleetwise.spec.inputs import MAX_BODY_BYTES, parse_json_fast, quote
 
 Kind = Literal["completion", "chat"]
 
-_ID_OF_WORD = {w: NUM_SPECIAL + i for i, w in enumerate(WORDS)}
+_ID_OF_WORD = {decode_token(i)[1:]: i for i in range(NUM_SPECIAL, NUM_SPECIAL + NUM_WORDS)}
+"""Vocabulary word (without its leading space) -> token id."""
 
 
 def tokenize(text: str) -> list[int]:

@@ -401,13 +401,16 @@ def _rows_unix(rec: dict[str, Any]) -> dict[str, dict[str, float | None]]:
 
 EMULATOR_STAGES = {
     "mixed": (("client_to_server", "c.send", "m.arrival_s"), ("queue", "m.arrival_s", "m.scheduled_s"),
-              ("prefill", "m.scheduled_s", "m.first_token_s"), ("server_to_client", "m.first_token_s", "c.first")),
+              ("prefill", "m.scheduled_s", "m.first_token_s"), ("first_token_overrun", "m.first_token_s",
+                                                                 "m.first_token_seen_s"),
+              ("server_to_client", "m.first_token_seen_s", "c.first")),
     "pd": (("client_to_prefill", "c.send", "p.arrival_s"), ("queue", "p.arrival_s", "p.scheduled_s"),
            ("prefill", "p.scheduled_s", "p.first_token_s"), ("prefill_overrun", "p.first_token_s", "p.finish_seen_s"),
            ("prefill_answer_to_client", "p.finish_seen_s", "c.prefill_answer"),
            ("client_to_decode", "c.prefill_answer", "d.arrival_s"), ("decode_to_pull", "d.arrival_s", "d.kv_pull_start_s"),
            ("kv_pull", "d.kv_pull_start_s", "d.kv_pull_end_s"), ("kv_to_first_token", "d.kv_pull_end_s", "d.first_token_s"),
-           ("server_to_client", "d.first_token_s", "c.first")),
+           ("first_token_overrun", "d.first_token_s", "d.first_token_seen_s"),
+           ("server_to_client", "d.first_token_seen_s", "c.first")),
 }
 """Stages of a request's way to its first token, each (name, from, to): `c.` = the client's
 stamps, `m.`/`p.`/`d.` = the mixed, prefill or decode replica's record."""

@@ -57,12 +57,14 @@ and the request reaches the engine when the answer comes (late; counted in `pull
 MAX_RECORDS = 100_000
 """Finished requests kept for `GET /fleetwise/requests` (about 10 MB)."""
 RECORD_COLUMNS = ("id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
-                  "finish_reason", "scheduled_s", "kv_pull_start_s", "kv_pull_end_s", "finish_seen_s")
+                  "finish_reason", "scheduled_s", "kv_pull_start_s", "kv_pull_end_s", "finish_seen_s",
+                  "first_token_seen_s")
 """Columns of `GET /fleetwise/requests`: arrival = when the request reached the server; first
 token and finish = the step ends that produced them (scheduled times); scheduled = the start of
 the step that first ran it; KV pull start and end (decode role) = when the pull was sent and
 answered; finish seen = when the process handled the finishing step (its deadline overrun is
-finish seen - finish). A stage that did not happen is null."""
+finish seen - finish), first token seen likewise for the first token's step. A stage that did not
+happen is null."""
 WHERE = "emulator"
 """How errors in the emulator's options name their source."""
 
@@ -100,6 +102,8 @@ class Live:
     emitted: int = 0
     sched_s: float | None = None
     first_token_s: float | None = None
+    first_token_seen_s: float | None = None
+    """When the process handled the step end that produced the first token (modelled s)."""
     last_token_s: float = 0.0
     finish_s: float | None = None
     pull_start_s: float | None = None
@@ -109,6 +113,8 @@ class Live:
     """Decode role: the pull on the KV port until it lands."""
     hold: asyncio.TimerHandle | None = None
     """Decode role: the clock is held for this request's pull answer (the hold's wall timeout)."""
+    hold_since: float = 0.0
+    """time.monotonic() when the hold began."""
     admitted: bool = False
     """The engine holds the request (it reached the engine at its arrival on the clock)."""
     done: bool = False
@@ -155,6 +161,8 @@ class ReplicaStatus:
     """KV pulls that landed here before their answer came, so the clock waited for it."""
     pull_late: int = 0
     """KV pulls whose answer came after `KV_PULL_HOLD_MAX_S` (they reached the engine late)."""
+    pull_hold_wall_s: float = 0.0
+    """Wall seconds the clock was held for pull answers, summed over pulls."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -436,6 +444,7 @@ class EmulatedReplica:
         m = self.metrics
         if lv.first_token_s is None:
             lv.first_token_s = t
+            lv.first_token_seen_s = self.now_s()
             m.ttft.observe(t - lv.arrival_s)
             m.prompt_tokens.inc(len(lv.req.prompt_ids))
             if lv.sched_s is not None:
@@ -458,7 +467,8 @@ class EmulatedReplica:
     def _finish(self, lv: Live, t: float) -> None:
         m = self.metrics
         self.records.append((lv.rid, lv.arrival_s, lv.first_token_s, t, len(lv.req.prompt_ids), lv.emitted,
-                             lv.finish_reason, lv.sched_s, lv.pull_start_s, lv.pull_end_s, self.now_s()))
+                             lv.finish_reason, lv.sched_s, lv.pull_start_s, lv.pull_end_s, self.now_s(),
+                             lv.first_token_seen_s))
         lv.finish_s = t
         lv.done = True
         m.e2e.observe(t - lv.arrival_s)
@@ -675,11 +685,13 @@ class EmulatedReplica:
         self.clock.hold()
         self.status.pull_holds += 1
         lv.hold = asyncio.get_running_loop().call_later(KV_PULL_HOLD_MAX_S, self._hold_expired, lv)
+        lv.hold_since = time.monotonic()
 
     def _hold_expired(self, lv: Live) -> None:
         if lv.hold is not None and self.clock is not None:
             lv.hold = None
             self.status.pull_late += 1
+            self.status.pull_hold_wall_s += time.monotonic() - lv.hold_since
             self.clock.release()
 
     def _unhold(self, lv: Live) -> None:
@@ -688,6 +700,7 @@ class EmulatedReplica:
         if h is not None and self.clock is not None:
             lv.hold = None
             h.cancel()
+            self.status.pull_hold_wall_s += time.monotonic() - lv.hold_since
             self.clock.release()
 
     # ---- faults ---------------------------------------------------------------------------------
@@ -755,5 +768,5 @@ class EmulatedReplica:
                 "kv_usage": self.engine.kv_usage, "prefix_hit_rate": self.engine.prefix_hit_rate,
                 "kv_capacity_tokens": self.kv_capacity_tokens, "max_model_len": self.max_model_len,
                 "leases": len(self._leases), "faults": dict(self.faults.active),
-                "pull_holds": s.pull_holds, "pull_late": s.pull_late,
+                "pull_holds": s.pull_holds, "pull_late": s.pull_late, "pull_hold_wall_s": s.pull_hold_wall_s,
                 "precise_clock": self.clock is not None and self.clock.precise}

@@ -169,7 +169,7 @@ def test_concurrent_pulls_land_when_the_simulators_network_delivers():
     got: dict[int, float] = {}
 
     def start(now: float, a: tuple[int, str, float]) -> None:
-        ing.start(now, a[1], bw_src, a[2], lambda t, _s: got.__setitem__(a[0], t))
+        ing.start(now, a[1], bw_src, a[2], lambda t, _s, _sh: got.__setitem__(a[0], t))
 
     for k, (t, src, nbytes) in enumerate(starts):
         loop.call_at(t, ORDER_ARRIVAL, start, (k, src, nbytes))

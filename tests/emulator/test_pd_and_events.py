@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import pytest
-from emu_helpers import asgi_post, cfg, metric, run, serve
+from emu_helpers import asgi_post, cfg, metric, run, serve, sse_events
 
 from fleetwise.core.tokens import block_hashes, encode, words_text
 from fleetwise.emulator.generation import text_of
@@ -104,32 +104,40 @@ def test_kv_events_report_stored_and_evicted_blocks():
     run(go(), timeout_s=120)
 
 
-def _slow(post, delay_s: float):
-    """A `KvPost` that answers `delay_s` wall seconds late (a slow message, not a slow transfer)."""
+def _slow(post, delay_s: float, shared: bool | None):
+    """A `KvPost` that answers `delay_s` wall seconds late (a slow message, not a slow transfer),
+    saying the prefill's egress was shared with another decode replica when `shared` is True."""
     async def slow(url, body):
         status, data = await post(url, body)
         await asyncio.sleep(delay_s)
+        if shared is not None and isinstance(data, dict):
+            data["egress_shared"] = shared
         return status, data
     return slow
 
 
-@pytest.mark.parametrize(("answer_delay_s", "hold_max_s", "late"), [(0.02, 1.0, 0), (0.1, 0.01, 1)])
+@pytest.mark.parametrize(("answer_delay_s", "hold_max_s", "shared", "holds", "late", "speculated"), [
+    (0.02, 1.0, True, 2, 0, 0),    # a shared egress: the clock waits for each answer
+    (0.1, 0.01, True, 2, 2, 0),    # ... at most hold_max_s, then runs on
+    (0.02, 1.0, None, 1, 0, 1),    # an exclusive egress: after the first answer, no wait at all
+])
 def test_a_pull_reaches_the_decode_engine_at_its_modelled_landing_however_late_its_answer(
-        monkeypatch, answer_delay_s, hold_max_s, late):
+        monkeypatch, answer_delay_s, hold_max_s, shared, holds, late, speculated):
     from fleetwise.emulator import replica as replica_mod
 
     monkeypatch.setattr(replica_mod, "KV_PULL_HOLD_MAX_S", hold_max_s)
 
-    async def pd(pc, dc, rid, max_tokens):
+    async def pd(pc, dc, rid, max_tokens, stream=False):
         r = await pc.post("/v1/completions", json={"prompt": PROMPT + " " + rid, "max_tokens": 1,
                                                    "kv_transfer_params": {"do_remote_decode": True}})
         return await dc.post("/v1/completions", json={"prompt": PROMPT + " " + rid, "max_tokens": max_tokens,
-                                                      "ignore_eos": True, "kv_transfer_params": r.json()["kv_transfer_params"]},
+                                                      "ignore_eos": True, "stream": stream,
+                                                      "kv_transfer_params": r.json()["kv_transfer_params"]},
                              headers={"x-request-id": rid})
 
     async def go():
         async with serve(cfg(role="prefill", port=9111)) as (papp, pc):
-            post = _slow(asgi_post({"http://127.0.0.1:9111": papp}), answer_delay_s)
+            post = _slow(asgi_post({"http://127.0.0.1:9111": papp}), answer_delay_s, shared)
             async with serve(cfg(role="decode", port=9112), kv_post=post) as (dapp, dc):
                 drep = dapp.state.replica
                 busy = asyncio.create_task(pd(pc, dc, "busy", 3000))  # decode steps run all along
@@ -137,8 +145,11 @@ def test_a_pull_reaches_the_decode_engine_at_its_modelled_landing_however_late_i
                     if drep.engine.num_running:
                         break
                     await asyncio.sleep(0.002)
-                d = await pd(pc, dc, "held", 3)
+                d = await pd(pc, dc, "held", 3, stream=True)
                 assert d.status_code == 200, d.text
+                events = sse_events(d.text)
+                assert "".join(e["choices"][0]["text"] for e in events[:-1]) == \
+                    text_of(encode(PROMPT + " held"), 0, 3)
                 assert drep.engine.num_running == 1  # the busy one was stepping meanwhile
                 busy.cancel()
                 rec = (await dc.get("/fleetwise/requests")).json()
@@ -151,9 +162,45 @@ def test_a_pull_reaches_the_decode_engine_at_its_modelled_landing_however_late_i
                          LinkSpec(bandwidth_bytes_per_s=drep.cfg.kv_link.bytes_per_s,
                                   latency_s=drep.cfg.kv_link.latency_s))
     took = row["kv_pull_end_s"] - row["kv_pull_start_s"]
-    assert status["pull_holds"] == 2 and status["pull_late"] == 2 * late
+    assert (status["pull_holds"], status["pull_late"], status["pull_speculated"]) == (holds, late, speculated)
+    assert status["pull_early"] == 0
     if late:  # the clock ran on (decode steps) and the request reached the engine when the answer came
         assert took > 1.0 > 100 * want
-    else:  # held: it reached the engine at the modelled landing, the answer's delay (2 modelled s) unseen
+    else:  # it reached the engine at the modelled landing, the answer's delay (2 modelled s) unseen
         assert took == pytest.approx(want, rel=1e-9)
     assert not drep.clock.held
+
+
+def test_a_pull_in_the_engine_ahead_of_its_answer_streams_nothing_when_the_answer_is_a_refusal():
+    calls: list[int] = []
+
+    def refuse_second(post):
+        async def wrapped(url, body):
+            calls.append(1)
+            status, data = await post(url, body)
+            await asyncio.sleep(0.02)  # the pull lands on the decode port, and the engine runs it, meanwhile
+            if len(calls) == 2:
+                return 404, {"error": {"message": "no KV lease (refused for the test)"}}
+            return status, data
+        return wrapped
+
+    async def go():
+        async with serve(cfg(role="prefill", port=9121)) as (papp, pc):
+            async with serve(cfg(role="decode", port=9122),
+                             kv_post=refuse_second(asgi_post({"http://127.0.0.1:9121": papp}))) as (dapp, dc):
+                out = []
+                for rid in ("first", "second"):
+                    r = await pc.post("/v1/completions", json={"prompt": PROMPT + " " + rid, "max_tokens": 1,
+                                                               "kv_transfer_params": {"do_remote_decode": True}})
+                    out.append(await dc.post("/v1/completions", json={
+                        "prompt": PROMPT + " " + rid, "max_tokens": 400, "ignore_eos": True, "stream": True,
+                        "kv_transfer_params": r.json()["kv_transfer_params"]}))
+                return out, (await dc.get("/fleetwise/status")).json(), dapp.state.replica
+
+    (first, second), status, drep = run(go())
+    assert status["pull_speculated"] == 1  # the second one ran in the engine before its answer
+    assert sse_events(first.text)[-1] == "[DONE]"
+    events = sse_events(second.text)
+    assert events[0]["error"]["code"] == 404 and "no KV lease" in events[0]["error"]["message"]
+    assert events[1:] == ["[DONE]"]  # not one token reached the client
+    assert drep.engine.num_running == 0 and drep.engine.pool.num_used == 0

@@ -139,7 +139,7 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             return StreamingResponse(_stream(live, watcher), media_type="text/event-stream",
                                      headers={"x-request-id": live.rid})
         try:
-            while not live.done:
+            while not live.done or live.gated:
                 await live.wait()
         finally:
             watcher.cancel()
@@ -177,6 +177,9 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
                 yield w.error(live.error)
                 yield w.DONE
                 return
+            if live.gated:  # the KV pull is not confirmed yet
+                await live.wait()
+                continue
             n = live.emitted
             drop = faults.drop_after_tokens
             if drop is not None and n >= drop:

@@ -34,7 +34,9 @@ class _Pull:
     last_s: float = 0.0
     version: int = 0
     start_s: float = 0.0
-    on_landed: Callable[[float, float], None] | None = None
+    on_landed: Callable[[float, float, bool], None] | None = None
+    shared: bool = False
+    """Another peer's transfer was on this port at some moment of this one's."""
 
 
 @dataclass
@@ -57,10 +59,11 @@ class KvPort:
         return len(self._pulls)
 
     def start(self, now_s: float, peer: str, peer_bandwidth_bytes_per_s: float, nbytes: float,
-              on_landed: Callable[[float, float], None]) -> int:
+              on_landed: Callable[[float, float, bool], None]) -> int:
         """Start moving `nbytes` between this port and the peer's port `peer` at `now_s`;
-        `on_landed(t, seconds)` runs when the last byte has landed (t = landing time, seconds =
-        how long the transfer took)."""
+        `on_landed(t, seconds, shared)` runs when the last byte has landed (t = landing time,
+        seconds = how long the transfer took, shared = whether a transfer with another peer was
+        on this port meanwhile)."""
         self._next += 1
         pid = self._next
         self._peer_bw[peer] = peer_bandwidth_bytes_per_s
@@ -72,7 +75,10 @@ class KvPort:
     def _reschedule(self, now_s: float) -> None:
         """Bring each transfer's bytes up to `now_s` at its old rate, then set its new rate and end."""
         n_d = len(self._pulls)
+        shared = len(self._peer_n) > 1
         for pid, p in self._pulls.items():
+            if shared:
+                p.shared = True
             p.remaining = max(0.0, p.remaining - p.rate * (now_s - p.last_s))
             p.last_s = now_s
             p.rate = min(self._peer_bw[p.peer] / self._peer_n[p.peer], self.bandwidth_bytes_per_s / n_d)
@@ -91,7 +97,7 @@ class KvPort:
     def _landed(self, now_s: float, pid: int) -> None:
         p = self._landing.pop(pid, None)
         if p is not None and p.on_landed is not None:
-            p.on_landed(now_s, now_s - p.start_s)
+            p.on_landed(now_s, now_s - p.start_s, p.shared)
 
     def cancel(self, now_s: float, pid: int) -> None:
         """Stop transfer `pid` (its request was aborted): it never lands; the others speed up."""

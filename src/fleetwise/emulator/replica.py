@@ -115,6 +115,9 @@ class Live:
     """Decode role: the clock is held for this request's pull answer (the hold's wall timeout)."""
     hold_since: float = 0.0
     """time.monotonic() when the hold began."""
+    gated: bool = False
+    """Decode role: in the engine from its pull's landing on this port, before the prefill's
+    answer came; nothing streams to the client until it does."""
     admitted: bool = False
     """The engine holds the request (it reached the engine at its arrival on the clock)."""
     done: bool = False
@@ -163,6 +166,10 @@ class ReplicaStatus:
     """KV pulls whose answer came after `KV_PULL_HOLD_MAX_S` (they reached the engine late)."""
     pull_hold_wall_s: float = 0.0
     """Wall seconds the clock was held for pull answers, summed over pulls."""
+    pull_speculated: int = 0
+    """KV pulls that reached the engine at their landing on this port, ahead of the answer."""
+    pull_early: int = 0
+    """Of those, pulls the prefill's port landed later (the engine got them early by the gap)."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -201,6 +208,9 @@ class EmulatedReplica:
         self._next_eid = 0
         self._fault_timers: dict[str, asyncio.TimerHandle] = {}
         self._dst_cache: dict[str, Deployment] = {}
+        self._egress_exclusive: dict[str, bool] = {}
+        """Decode role: per prefill KV port, whether its last pull's answer said no other decode
+        replica's transfer shared its egress (see `_pull`)."""
         self._aborts: list[Live] = []
         """Requests to drop from the engine at the end of the step in flight."""
         self.kv_port: KvPort | None = None
@@ -347,6 +357,7 @@ class EmulatedReplica:
         if live.done:
             return
         live.finish_reason = "abort"
+        live.gated = False
         self._drop(live)
         self._live.pop(live.eid, None)
         live.done = True
@@ -485,6 +496,7 @@ class EmulatedReplica:
 
     def _fail(self, lv: Live, err: ApiError) -> None:
         self._unhold(lv)
+        lv.gated = False
         if not lv.done:
             self._drop(lv)
         self._live.pop(lv.eid, None)
@@ -549,12 +561,12 @@ class EmulatedReplica:
         port, clock = self.kv_port, self.clock
         assert port is not None and clock is not None  # serving means started
         nbytes = kv_transfer_bytes(lease.prompt_tokens, self.deployment)
-        landed: asyncio.Future[tuple[float, float]] = asyncio.get_running_loop().create_future()
+        landed: asyncio.Future[tuple[float, float, bool]] = asyncio.get_running_loop().create_future()
         pid: list[int] = []
 
-        def on_landed(t: float, seconds: float) -> None:
+        def on_landed(t: float, seconds: float, shared: bool) -> None:
             if not landed.done():
-                landed.set_result((t, seconds))
+                landed.set_result((t, seconds, shared))
 
         def start(t: float, _: Any) -> None:
             # On the clock, as arrivals are: a late process first ends the transfers that were due.
@@ -562,13 +574,14 @@ class EmulatedReplica:
 
         clock.call_at(self.now_s(), ORDER_ARRIVAL, start)
         try:
-            end_s, seconds = await landed
+            end_s, seconds, shared = await landed
         finally:
             if not landed.done() and pid:
                 port.cancel(self.now_s(), pid[0])  # the pull was broken off: the others speed up
         self._release(lease.live.eid)
         return {"remote_request_id": rid, "prompt_tokens": lease.prompt_tokens, "transfer_s": seconds,
-                "transfer_start_s": end_s - seconds, "remote_engine_id": self.cfg.engine_id}
+                "transfer_start_s": end_s - seconds, "remote_engine_id": self.cfg.engine_id,
+                "egress_shared": shared}
 
     def _release(self, eid: str) -> None:
         if self.driver is not None and self.driver.state == DOWN and self.engine.busy:
@@ -610,11 +623,17 @@ class EmulatedReplica:
         ends see it (see `kv_link`). A refused or broken pull drops the request and answers with
         the error. The message's own wall-clock round trip is the emulation's, not the modelled
         transfer's (vLLM's NIXL reads the remote blocks directly), so it is not on the modelled
-        path: when the pull lands on this port before the answer has come (the usual case: the
-        answer takes ~2 ms of wall time, a transfer alone ~0.3 ms at time scale 5), the clock is
-        held until it comes (`AsyncioClock.hold`, at most KV_PULL_HOLD_MAX_S), so no step starts
-        without the request that should have joined it, and it reaches the engine at exactly
-        that modelled time, as in the simulator."""
+        path. When the pull lands on this port before the answer has come (the usual case: the
+        answer takes 1-5 ms of wall time, a transfer alone ~0.3 ms at time scale 5):
+        - if the prefill replica's last answer said its egress carried no other decode replica's
+          transfer (`egress_shared` false), its price will be this port's: the request reaches
+          the engine now, at the landing, and nothing streams to the client until the answer
+          confirms the pull (a refusal drops it with the error; an egress that did turn out
+          shared and later counts in `pull_early`);
+        - else the clock is held until the answer comes (`AsyncioClock.hold`, at most
+          KV_PULL_HOLD_MAX_S), so no step starts without a request that should have joined it.
+        Either way the request reaches the engine at the modelled landing, as in the simulator;
+        the hold costs the other streams its wall time, so it is kept to the case that needs it."""
         if self._kv_pull is None or self.kv_port is None or self.clock is None:
             self._fail(lv, ApiError(503, "this replica cannot reach prefill replicas (no KV client)"))
             return
@@ -635,6 +654,10 @@ class EmulatedReplica:
         def landed_on(end: str, t: float) -> None:
             ends[end] = t
             if len(ends) == 2 and not lv.done:
+                if lv.admitted:  # it reached the engine at its ingress landing, ahead of the answer
+                    if ends["egress"] > ends["ingress"]:
+                        self.status.pull_early += 1
+                    return
                 clock.call_at(max(ends.values()), ORDER_ARRIVAL, reach_engine)
 
         def reach_engine(t: float, _: Any) -> None:
@@ -644,10 +667,17 @@ class EmulatedReplica:
             self.metrics.kv_transfer.observe(t - start_s)
             self._admit(t, (lv, er))
 
-        def ingress_landed(t: float, _seconds: float) -> None:
+        def ingress_landed(t: float, _seconds: float, _shared: bool) -> None:
             lv.pull_id = None
             if "egress" not in ends and not lv.done:
-                self._hold(lv)  # the answer says whether the request reaches the engine now or later
+                if self._egress_exclusive.get(src, False):
+                    # The source's egress carried nothing else last time: its price will be this
+                    # port's; reach the engine now and let nothing stream until the answer says so.
+                    self.status.pull_speculated += 1
+                    lv.gated = True
+                    reach_engine(t, None)
+                else:  # the answer says whether the request reaches the engine now or later
+                    self._hold(lv)
             landed_on("ingress", t)
 
         nbytes = kv_transfer_bytes(er.prompt_tokens, self.deployment)
@@ -676,8 +706,14 @@ class EmulatedReplica:
             self._fail(lv, ApiError(502, f"KV pull: the prefill replica answered transfer_s={egress_s!r}, not a "
                                          "non-negative number of seconds", "kv_transfer_params"))
             return
+        if len(self._egress_exclusive) >= MAX_DST_KINDS:
+            self._egress_exclusive.clear()
+        self._egress_exclusive[src] = res.get("egress_shared") is False
         landed_on("egress", start_s + float(egress_s))
         self._unhold(lv)
+        if lv.gated:
+            lv.gated = False
+            lv.notify()
 
     def _hold(self, lv: Live) -> None:
         """Hold the clock for `lv`'s pull answer (at most KV_PULL_HOLD_MAX_S of wall time)."""
@@ -769,4 +805,5 @@ class EmulatedReplica:
                 "kv_capacity_tokens": self.kv_capacity_tokens, "max_model_len": self.max_model_len,
                 "leases": len(self._leases), "faults": dict(self.faults.active),
                 "pull_holds": s.pull_holds, "pull_late": s.pull_late, "pull_hold_wall_s": s.pull_hold_wall_s,
+                "pull_speculated": s.pull_speculated, "pull_early": s.pull_early,
                 "precise_clock": self.clock is not None and self.clock.precise}

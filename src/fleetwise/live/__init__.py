@@ -1,8 +1,9 @@
 """L4 (beside `sim`): what live drivers share — the wall-clock side of the engine driver.
 
 Owns `AsyncioClock`, the `fleetwise.engine.clock.Clock` that sleeps to absolute deadlines on
-the running asyncio loop, so the emulator and the gateway drive the same `EngineDriver` and
-the same policies as the simulator. Never imports `sim`.
+the running asyncio loop (woken by a Linux timerfd to the nanosecond, `PreciseTimer`, where
+the loop's own timers round to whole milliseconds), so the emulator and the gateway drive the
+same `EngineDriver` and the same policies as the simulator. Never imports `sim`.
 """
 
 from fleetwise.live.clock import AsyncioClock

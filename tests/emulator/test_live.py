@@ -4,16 +4,20 @@ client disconnects aborting requests, and `fleetwise emulate --help` documenting
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from emu_helpers import TOKEN, sse_events
 
+from fleetwise.cli.emulate_cmd import FLEET_START_TIMEOUT_S
 from fleetwise.cli.main import build_parser
 
 START_TIMEOUT_S = 30.0
@@ -97,8 +101,6 @@ def test_live_client_disconnects_abort_their_requests():
 
 
 def test_live_kv_events_stream():
-    import json
-
     with emulator() as (proc, url), httpx.Client(base_url=url, timeout=10.0) as c, \
             httpx.Client(base_url=url, timeout=10.0) as events:
         with events.stream("GET", "/kv_events") as r:
@@ -142,26 +144,58 @@ routing: round-robin
 """
 
 
+def free_port_pair() -> int:
+    """A port p such that p and p + 1 are both free now (a plan's replicas take consecutive ports)."""
+    for _ in range(100):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            p = int(a.getsockname()[1])
+            try:
+                b.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+            return p
+    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
+
+
+PD_FLEET_WAIT_S = FLEET_START_TIMEOUT_S + START_TIMEOUT_S
+"""Wall seconds the test waits for the fleet: longer than the fleet's own start limit (after
+which it exits with its message), plus the interpreter's start-up on a contended host."""
+PD_KV_LEASE_S = 36000.0
+"""Modelled seconds: 720 s of wall time at time scale 50, so a prefill answer's lease outlives
+any stall of a contended host between the answer and the decode request (the default, 480
+modelled s, is under 10 s of wall time at that scale)."""
+PD_HTTP_TIMEOUT_S = 60.0
+"""Per-request wall limit: generous, since replicas may run at idle priority on a busy host."""
+
+
+def _wait_json(path: Path, proc: subprocess.Popen[bytes], log: Path, deadline: float) -> Any:
+    """The JSON in `path` once it is complete (the fleet writes it while the test polls)."""
+    while True:
+        assert proc.poll() is None, log.read_text(errors="replace")
+        assert time.monotonic() < deadline, "fleet did not start:\n" + log.read_text(errors="replace")
+        if path.exists():
+            with contextlib.suppress(ValueError):
+                return json.loads(path.read_text())
+        time.sleep(0.1)
+
+
 def test_a_pd_fleet_from_a_plan_hands_off_over_tcp(tmp_path):
     plan = tmp_path / "pd.yaml"
     plan.write_text(PD_PLAN)
     endpoints = tmp_path / "endpoints.json"
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--plan", str(plan),
-                             "--port", str(port), "--time-scale", "50", "--endpoints", str(endpoints),
-                             "--admin-token", TOKEN], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log = tmp_path / "fleet.log"
+    port = free_port_pair()
+    with log.open("wb") as out:  # a file, not a pipe nobody drains (the replicas log to it too)
+        proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--plan", str(plan),
+                                 "--port", str(port), "--time-scale", "50", "--endpoints", str(endpoints),
+                                 "--kv-lease", str(PD_KV_LEASE_S), "--admin-token", TOKEN],
+                                stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S * 2
-        while not endpoints.exists():
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            assert time.monotonic() < deadline, "fleet did not start"
-            time.sleep(0.1)
-        import json
-
-        eps = {e["name"]: e for e in json.loads(endpoints.read_text())}
+        eps = {e["name"]: e for e in _wait_json(endpoints, proc, log, time.monotonic() + PD_FLEET_WAIT_S)}
         assert eps["prefill-0"]["role"] == "prefill" and eps["decode-0"]["url"] == f"http://127.0.0.1:{port + 1}"
         prompt = "a long enough prompt " * 40
-        with httpx.Client(timeout=10.0) as c:
+        with httpx.Client(timeout=PD_HTTP_TIMEOUT_S) as c:
             p = c.post(eps["prefill-0"]["url"] + "/v1/completions", json={
                 "prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}).json()
             ktp = p["kv_transfer_params"]
@@ -175,13 +209,21 @@ def test_a_pd_fleet_from_a_plan_hands_off_over_tcp(tmp_path):
             # A crashed replica leaves the rest of the fleet serving.
             with contextlib.suppress(httpx.HTTPError):
                 c.post(eps["decode-0"]["url"] + "/admin/faults", json={"kind": "crash"}, headers=auth)
-            time.sleep(1.0)
-            assert proc.poll() is None
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:  # until the crash has taken the decode replica's port away
+                try:
+                    c.get(eps["decode-0"]["url"] + "/health", timeout=1.0)
+                except httpx.HTTPError:
+                    break
+                assert time.monotonic() < deadline, "the crashed replica still answers"
+                time.sleep(0.1)
+            time.sleep(1.0)  # the fleet polls its children every 0.5 s: it has seen the exit
+            assert proc.poll() is None, log.read_text(errors="replace")
             assert c.get(eps["prefill-0"]["url"] + "/health").status_code == 200
     finally:
         proc.send_signal(__import__("signal").SIGINT)
-        try:
-            assert proc.wait(20) == 0
+        try:  # the fleet gives each replica 10 s to stop before it kills it
+            assert proc.wait(PD_FLEET_WAIT_S) == 0, log.read_text(errors="replace")
         finally:
             if proc.poll() is None:
                 proc.kill()

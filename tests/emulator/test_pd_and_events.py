@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from emu_helpers import asgi_post, cfg, metric, run, serve, sse_events
@@ -204,3 +205,48 @@ def test_a_pull_in_the_engine_ahead_of_its_answer_streams_nothing_when_the_answe
     assert events[0]["error"]["code"] == 404 and "no KV lease" in events[0]["error"]["message"]
     assert events[1:] == ["[DONE]"]  # not one token reached the client
     assert drep.engine.num_running == 0 and drep.engine.pool.num_used == 0
+
+
+def test_a_prefill_answer_is_written_inside_the_step_end_before_the_next_step_is_scheduled():
+    """A short request finishes its prefill in the first step beside a long one's first chunk;
+    its answer reaches the socket while that step end runs: the driver is between steps, the
+    long prompt's next chunk not yet scheduled."""
+    async def ask(app: Any, prompt: str, seen: list[tuple[bool, int]]) -> list[dict[str, Any]]:
+        body = json.dumps({"prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "root_path": "", "headers": [(b"content-type", b"application/json")],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 9131)}
+        msgs: list[dict[str, Any]] = []
+        replica = app.state.replica
+        first = True
+
+        async def receive() -> dict[str, Any]:
+            nonlocal first
+            if first:
+                first = False
+                return {"type": "http.request", "body": body.encode(), "more_body": False}
+            await asyncio.get_running_loop().create_future()  # the client stays
+            return {"type": "http.disconnect"}
+
+        async def send(msg: dict[str, Any]) -> None:
+            if msg["type"] == "http.response.body":
+                seen.append((replica.driver.busy, replica.status.steps))
+            msgs.append(msg)
+
+        await app(scope, receive, send)
+        return msgs
+
+    async def main() -> None:
+        async with serve(cfg(role="prefill", port=9131)) as (app, _):
+            seen: list[tuple[bool, int]] = []
+            long_prompt = " ".join(f"w{i}" for i in range(12000))
+            short, long = await asyncio.gather(ask(app, "a short prompt " * 4, seen), ask(app, long_prompt, seen))
+            assert short[0]["status"] == long[0]["status"] == 200
+            assert json.loads(short[1]["body"])["kv_transfer_params"]["do_remote_prefill"] is True
+            # The short one's answer: at the end of step 1, the driver idle (not yet scheduled the
+            # long prompt's second chunk); the long one's: at the end of a later step.
+            assert seen[0] == (False, 1)
+            assert seen[1][1] > 1
+
+    run(main())

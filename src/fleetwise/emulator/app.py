@@ -31,8 +31,17 @@ from starlette.routing import Route
 from fleetwise import __version__
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.faults import FaultError
-from fleetwise.emulator.protocol import ApiError, ChunkWriter, Kind, full_response, parse_body, parse_request
+from fleetwise.emulator.protocol import (
+    ApiError,
+    ChunkWriter,
+    GenRequest,
+    Kind,
+    full_response,
+    parse_body,
+    parse_request,
+)
 from fleetwise.emulator.replica import RECORD_COLUMNS, EmulatedReplica, Live
+from fleetwise.live.eager import start_now
 from fleetwise.perf.roofline import PerfModel
 
 CRASH_EXIT_CODE = 1
@@ -43,6 +52,40 @@ KV_PULL_TIMEOUT_S = 30.0
 
 class StreamDropped(Exception):
     """Raised inside a streaming body to cut the connection (the `drop_streams` fault)."""
+
+
+class AnswerAtEnd(Response):
+    """A non-streaming answer written by the step end (or abort) that finishes its request,
+    inside it (`Live.on_done`, `start_now`): a prefill replica's hand-off reaches its socket
+    before the driver schedules the next step, not on a later turn of the loop."""
+
+    def __init__(self, live: Live, watcher: asyncio.Task[None], build: Callable[[], Response]) -> None:
+        super().__init__(status_code=200)
+        self.live, self.watcher, self.build = live, watcher, build
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        live = self.live
+        sent: asyncio.Future[asyncio.Future[None]] = asyncio.get_running_loop().create_future()
+
+        def answer() -> None:
+            self.watcher.cancel()
+            if sent.done():
+                return
+            try:
+                sent.set_result(start_now(self.build()(scope, receive, send)))
+            except Exception as err:  # raised where the handler awaits it, not in the step end
+                sent.set_exception(err)
+
+        if live.done and not live.gated:
+            answer()
+        else:
+            live.on_done = answer
+        try:
+            written = await sent
+        finally:
+            live.on_done = None
+            self.watcher.cancel()
+        await written
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -138,11 +181,10 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         if req.stream:
             return StreamingResponse(_stream(live, watcher), media_type="text/event-stream",
                                      headers={"x-request-id": live.rid})
-        try:
-            while not live.done or live.gated:
-                await live.wait()
-        finally:
-            watcher.cancel()
+        return AnswerAtEnd(live, watcher, lambda: _answer(req, live))
+
+    def _answer(req: GenRequest, live: Live) -> Response:
+        """The response of a finished non-streaming request."""
         if live.finish_reason == "abort":
             return Response(status_code=499)  # nobody is listening (nginx's "client closed request")
         if live.error is not None:

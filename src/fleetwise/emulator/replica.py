@@ -124,9 +124,15 @@ class Live:
     error: ApiError | None = None
     kv_transfer_params: dict[str, Any] | None = None
     tokens: TokenStream | None = None
+    on_done: Callable[[], None] | None = None
+    """Runs once, inside the step end (or abort) that ends the request, before the driver
+    schedules its next step: the prefill role's answer is written to its socket there."""
     _waiter: asyncio.Future[None] | None = None
 
     def notify(self) -> None:
+        if self.done and self.on_done is not None and not self.gated:
+            fn, self.on_done = self.on_done, None
+            fn()
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)

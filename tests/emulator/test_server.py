@@ -3,10 +3,15 @@ health, metrics names, prefix-cache hits."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from typing import Any
+
 from emu_helpers import TEST_TIME_SCALE, cfg, metric, run, serve, sse_events
 
 from fleetwise.core.tokens import digest, encode, words_text
 from fleetwise.emulator.generation import OutputLengthModel, text_of
+from fleetwise.emulator.replica import RECORD_COLUMNS
 
 PROMPT = "Tell me about the emulator."
 
@@ -139,3 +144,46 @@ def test_request_records_carry_the_client_id_and_modelled_times():
             assert metric(text, "vllm:e2e_request_latency_seconds_sum") == row["finish_s"] - row["arrival_s"]
             assert rec["time_scale"] == TEST_TIME_SCALE and rec["origin_unix_s"] > 0
     run(go())
+
+
+def test_the_arrival_is_stamped_on_entry_before_the_body_is_read():
+    """The request reaches the replica when its ASGI call starts, before Starlette's routing and
+    the body: a body that takes 0.05 s of wall time (5 modelled s at the tests' time scale) to
+    arrive is the emulation's time, so the recorded arrival is before it and the steps run from
+    there."""
+    body_wall_s = 0.05
+
+    async def main() -> None:
+        async with serve() as (app, c):
+            replica = app.state.replica
+            sent: list[dict[str, Any]] = []
+            first = True
+            t_call: list[float] = []
+
+            async def receive() -> dict[str, Any]:
+                nonlocal first
+                if first:
+                    first = False
+                    t_call.append(replica.now_s())
+                    await asyncio.sleep(body_wall_s)
+                    return {"type": "http.request", "more_body": False,
+                            "body": json.dumps({"prompt": "hi there", "max_tokens": 2}).encode()}
+                await asyncio.get_running_loop().create_future()  # the client stays
+                return {"type": "http.disconnect"}
+
+            async def send(msg: dict[str, Any]) -> None:
+                sent.append(msg)
+
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                     "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+                     "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+                     "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000)}
+            before = replica.now_s()
+            await app(scope, receive, send)
+            assert sent[0]["status"] == 200
+            row = dict(zip(RECORD_COLUMNS, replica.records[-1], strict=True))
+            assert before <= row["arrival_s"] <= t_call[0] <= row["arrival_s"] + body_wall_s * TEST_TIME_SCALE
+            # The body's wall time is not the modelled server's: steps run from the arrival.
+            assert row["first_token_s"] - row["arrival_s"] < body_wall_s * TEST_TIME_SCALE
+
+    run(main())

@@ -24,9 +24,11 @@ from typing import Any
 
 import aiohttp
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleetwise import __version__
 from fleetwise.emulator.config import EmulatorConfig
@@ -46,6 +48,8 @@ from fleetwise.perf.roofline import PerfModel
 
 CRASH_EXIT_CODE = 1
 """Exit status of a `crash` fault."""
+ARRIVAL_KEY = "fleetwise.arrival_s"
+"""ASGI scope key: when the request reached the replica (modelled s), stamped on entry."""
 KV_PULL_TIMEOUT_S = 30.0
 """Wall seconds a decode replica waits for a prefill replica to answer a KV pull."""
 
@@ -165,7 +169,9 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
                 await session.close()
 
     async def generate(request: Request, kind: Kind) -> Response:
-        arrival_s = replica.now_s()  # before the body is read and parsed (see `submit`)
+        arrival_s = request.scope.get(ARRIVAL_KEY)
+        if not isinstance(arrival_s, float):  # an app mounted without `stamp_arrival` outside it
+            arrival_s = replica.now_s()
         try:
             body = parse_body(await request.body())
             req = parse_request(kind, body, cfg.name)
@@ -331,6 +337,16 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         Route("/fleetwise/status", status, methods=["GET"]),
         Route("/fleetwise/requests", records, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    def stamp_arrival(inner: ASGIApp) -> ASGIApp:
+        """Outermost: a request's arrival on the replica's clock, stamped before Starlette's
+        middleware and routing, the body read and parsed (see `submit`): that is the
+        emulation's wall time, which the time scale would multiply, not the modelled server's."""
+        async def stamped(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                scope[ARRIVAL_KEY] = replica.now_s()
+            await inner(scope, receive, send)
+        return stamped
+
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(stamp_arrival)])
     app.state.replica = replica
     return app

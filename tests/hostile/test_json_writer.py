@@ -92,3 +92,19 @@ def test_python_json_alone_would_write_invalid_json():
     """Why the writer exists: the standard library writes NaN, which strict parsers refuse."""
     with pytest.raises(AssertionError):
         load_strict_json(json.dumps({"x": math.nan}))
+
+
+def test_write_json_replaces_a_file_whole_and_leaves_no_temporary(tmp_path: Path) -> None:
+    """A reader polling the path sees the old document or the new one, never a part: the new text
+    is written beside it and renamed over it, and nothing else is left in the directory."""
+    import os
+
+    from fleetwise.spec.inputs import write_json
+
+    target = tmp_path / "endpoints.json"
+    write_json(target, {"replicas": ["a"]})
+    inode_before = os.stat(target).st_ino
+    write_json(target, {"replicas": ["a", "b"]})
+    assert target.read_text() == '{\n  "replicas": [\n    "a",\n    "b"\n  ]\n}\n'
+    assert os.stat(target).st_ino != inode_before  # renamed over, not rewritten in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["endpoints.json"]

@@ -509,9 +509,20 @@ def strict_json_dumps(obj: Any, indent: int | None = 2, **kwargs: Any) -> str:
 
 def write_json(path: str | Path, obj: Any, indent: int | None = 2, **kwargs: Any) -> Path:
     """Write `obj` to `path` as strict JSON (`strict_json_dumps`) in UTF-8 with a final newline:
-    the one writer of every JSON file the tools produce, so none holds NaN or Infinity."""
+    the one writer of every JSON file the tools produce, so none holds NaN or Infinity. A regular
+    file is replaced atomically (written beside it, then renamed), so a reader polling it (a test
+    waiting for a fleet's endpoints file) never sees half of it."""
     p = Path(path)
-    p.write_text(strict_json_dumps(obj, indent=indent, **kwargs) + "\n", encoding="utf-8")
+    text = strict_json_dumps(obj, indent=indent, **kwargs) + "\n"
+    if p.exists() and not p.is_file():  # a device or pipe (/dev/stdout): written in place
+        p.write_text(text, encoding="utf-8")
+        return p
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
     return p
 
 

@@ -38,8 +38,11 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent))
 from emulator_loadgen import percentiles, prompt_text, wakeup_lateness  # noqa: E402
-from emulator_real_client import wait_healthy  # noqa: E402
-from processes import cpu_seconds, free_port  # noqa: E402
+from processes import (  # noqa: E402
+    cpu_seconds,
+    free_port,
+    wait_healthy,  # noqa: E402
+)
 
 from fleetwise.core.request import Request  # noqa: E402
 

@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from emulator_loadgen import percentiles  # noqa: E402
+from processes import wait_healthy  # noqa: E402
 
 from fleetwise.core.tokens import WORDS  # noqa: E402
 
@@ -89,19 +90,6 @@ def stat(export: dict[str, Any], *names: str) -> dict[str, Any]:
     return {}
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = START_TIMEOUT_S) -> None:
-    """Poll `url`/health until it answers; fail when `proc` exits or `timeout_s` passes."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1.0):
-                return
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"{url} did not start") from None
-            time.sleep(0.2)
-
-
 def run_aiperf(aiperf: str, model: str, url: str, tokdir: Path, art: Path, concurrency: int, duration_s: int,
                input_tokens: int, output_tokens: int) -> float:
     """One streamed `aiperf profile` run of fixed-length completions; returns its wall seconds."""
@@ -139,7 +127,7 @@ def main() -> None:
                              "--gpu", args.gpu, "--port", str(port), "--time-scale", str(args.time_scale)],
                             stdout=subprocess.DEVNULL)
     try:
-        wait_healthy(url, proc)
+        wait_healthy(url, proc, START_TIMEOUT_S)
         with tempfile.TemporaryDirectory() as tmp:
             tokdir, art = Path(tmp) / "tokenizer", Path(tmp) / "artifacts"
             write_tokenizer(tokdir, str(Path(args.aiperf).parent / "python"))

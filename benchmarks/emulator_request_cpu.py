@@ -17,15 +17,13 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from emulator_loadgen import Target, replay, run, summarize  # noqa: E402
-from processes import cpu_seconds, free_port, stop  # noqa: E402
+from processes import cpu_seconds, free_port, stop, wait_healthy  # noqa: E402
 
 from fleetwise.core.request import Request  # noqa: E402
 
@@ -49,15 +47,7 @@ def main() -> None:
                             stdout=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1.0):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the emulator did not start") from None
-                time.sleep(0.2)
+        wait_healthy(url, proc, START_TIMEOUT_S)
         rng = np.random.default_rng(args.seed)
         t = np.cumsum(rng.exponential(1 / args.rate, args.requests))
         reqs = [Request(i, float(t[i]), PROMPT_TOKENS, OUTPUT_TOKENS) for i in range(args.requests)]

@@ -7,6 +7,8 @@ import os
 import signal
 import socket
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -37,3 +39,16 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Poll `url`/health until it answers; fail when `proc` exits or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{url} did not start") from None
+            time.sleep(0.2)

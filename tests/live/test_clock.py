@@ -7,10 +7,11 @@ import asyncio
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from fleetwise.live import AsyncioClock
-from fleetwise.live.clock import PreciseTimer
+from fleetwise.live.clock import SPIN_MAX_S, SPIN_SHARE, PreciseTimer, WakeMargin
 
 WALL_TIMEOUT_S = 10.0
 
@@ -169,3 +170,51 @@ def test_a_held_clock_runs_nothing_until_released_then_everything_due_in_order()
 
     asyncio.run(main())
     assert seen == [(1.0, "hold"), (1.0, "same time, after"), (1.0, "scheduled while held"), (3.0, "later")]
+
+
+def test_wake_margins_track_the_lateness_p90_per_sleep_length_and_stay_within_their_caps():
+    rng = np.random.default_rng(7)
+    m = WakeMargin()
+    short, long_ = 0.003, 0.05  # different buckets
+    assert m.bucket(short) != m.bucket(long_)
+    for late in rng.exponential(100e-6, 4000):  # p90 = 100 us * ln 10 = 230 us
+        m.observe(short, float(late))
+    for late in rng.exponential(300e-6, 4000):  # p90 = 691 us
+        m.observe(long_, float(late))
+    assert 180e-6 < m.est[m.bucket(short)] < 290e-6
+    assert 560e-6 < m.est[m.bucket(long_)] < 830e-6
+    assert m.margin(short) == SPIN_SHARE * short  # 150 us: the share caps the 230 us estimate
+    assert m.margin(long_) == m.est[m.bucket(long_)]  # under both caps
+    assert m.margin(10.0) == 0.0  # a bucket that saw nothing
+    m.est[m.bucket(10.0)] = 1.0
+    assert m.margin(10.0) == SPIN_MAX_S
+    for _ in range(2000):  # lateness gone: the margin decays to 0, never below
+        m.observe(short, 0.0)
+    assert m.est[m.bucket(short)] == 0.0
+
+
+@pytest.mark.parametrize("spin", [True, False])
+def test_an_early_wake_spins_to_the_deadline_so_callbacks_never_run_before_it(spin):
+    lates: list[float] = []
+    seen: list[int] = []
+
+    async def main() -> tuple[AsyncioClock, bool]:
+        clock = AsyncioClock(time_scale=1.0, spin=spin)
+
+        def note(t: float, k: int) -> None:
+            lates.append(time.monotonic() - clock.wall_of(t))
+            seen.append(k)
+
+        for k in range(60):
+            clock.call_at(0.005 + 0.003 * k, 60 - k, note, k)
+        await clock.run_until_idle(WALL_TIMEOUT_S)
+        precise = clock.precise
+        clock.close()
+        return clock, precise
+
+    clock, precise = asyncio.run(main())
+    assert seen == list(range(60)) and min(lates) >= 0.0
+    if spin and precise:
+        assert clock.margins is not None and max(clock.margins.est) > 0.0  # a margin was learned
+    else:
+        assert clock.spun_s == 0.0

@@ -60,6 +60,9 @@ def register(subparsers: Any) -> None:
                                                                    "model's context)")
     p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
                    help="modelled seconds per wall second: 10 runs ten times faster than the modelled hardware")
+    p.add_argument("--no-spin", action="store_true",
+                   help="sleep until each step deadline instead of waking early (by the learned wake-up lateness, "
+                        "at most 5%% of the sleep) and spinning to it: less CPU, later step ends")
     p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="seed of the output-length model")
     p.add_argument("--output-lengths", default=None, metavar="JSON",
                    help='length distribution for requests without max_tokens, e.g. \'{"kind": "lognormal", '
@@ -110,7 +113,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
             raise SpecError(f"--{name}={getattr(args, name)} must be at least {0 if name == 'port' else 1}")
     return EmulatorConfig(
         model=args.model, gpu=args.gpu, tp=args.tp, pp=args.pp, role=args.role, model_version=args.model_version,
-        time_scale=args.time_scale, seed=args.seed, host=args.host, port=args.port,
+        time_scale=args.time_scale, spin=not args.no_spin, seed=args.seed, host=args.host, port=args.port,
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,
         weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -132,6 +135,8 @@ def fleet_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]
               "--log-level", args.log_level, "--kv-lease", repr(args.kv_lease),
               "--kv-link-gbps", repr(plan.kv_link.bytes_per_s * 8 / 1e9),
               "--kv-link-latency", repr(plan.kv_link.latency_s)]
+    if args.no_spin:
+        common.append("--no-spin")
     for name in ("profile", "output_lengths", "max_model_len", "served_model_name"):
         value = getattr(args, name)
         if value is not None:

@@ -39,6 +39,9 @@ class EmulatorConfig:
     model_version: str = "v1"
     time_scale: float = 1.0
     """Modelled seconds per wall second (10 = ten times faster than the modelled hardware)."""
+    spin: bool = True
+    """Wake before each step deadline by the learned wake-up lateness and spin to it
+    (`fleetwise.live.clock`); False sleeps to the deadline (less CPU, later step ends)."""
     seed: int = 0
     host: str = "127.0.0.1"
     port: int = 8000

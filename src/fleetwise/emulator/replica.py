@@ -244,7 +244,7 @@ class EmulatedReplica:
         """Start the clock and the driver (call inside the running event loop)."""
         if self.driver is not None:
             return
-        self.clock = clock = AsyncioClock(1.0 / self.cfg.time_scale)
+        self.clock = clock = AsyncioClock(1.0 / self.cfg.time_scale, spin=self.cfg.spin)
         # Unix time of the clock's start, read in one go (a preemption between two separate
         # readings would shift every record lined up through it)
         self.origin_unix_s = time.time() - (time.monotonic() - clock.wall_of(0.0))
@@ -812,4 +812,5 @@ class EmulatedReplica:
                 "leases": len(self._leases), "faults": dict(self.faults.active),
                 "pull_holds": s.pull_holds, "pull_late": s.pull_late, "pull_hold_wall_s": s.pull_hold_wall_s,
                 "pull_speculated": s.pull_speculated, "pull_early": s.pull_early,
-                "precise_clock": self.clock is not None and self.clock.precise}
+                "precise_clock": self.clock is not None and self.clock.precise,
+                "spin_wall_s": self.clock.spun_s if self.clock is not None else 0.0}

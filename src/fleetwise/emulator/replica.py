@@ -394,37 +394,28 @@ class EmulatedReplica:
         m.kv_usage.set(eng.kv_usage)
 
     def _on_output(self, driver: EngineDriver, end: float, start: float, out: StepOutput) -> None:
-        """A step ended at `end` (modelled s): stream its tokens, finish and hand off requests."""
-        m = self.metrics
-        st = self.status
-        dur = end - start
+        """A step ended at `end` (modelled s): stream its tokens, finish and hand off requests.
+        What a client waits on goes first (hand-off answers, then first tokens, then the rest of
+        the batch's tokens); the counters and metrics follow, after the sockets were written."""
         late = self.now_s() - end
         if late < 0.0:
             late = 0.0
+        st = self.status
+        dur = end - start
         st.steps += 1
         st.busy_s += dur
         st.overrun_sum_s += late
-        if late > st.overrun_max_s:
-            st.overrun_max_s = late
-            m.overrun_max.set(late)
-        m.overrun.observe(late)
-        m.steps.inc()
-        m.busy.inc(dur)
-        step = driver.step
-        if step is not None:
-            m.iteration_tokens.observe(step.prefill_tokens + step.decode_tokens)
         live_of = self._live
+        started = []
         for eid, _ in out.scheduled:
             lv = live_of.get(eid)
             if lv is not None and lv.sched_s is None:
                 lv.sched_s = start
-                m.prefix_queries.inc(len(lv.req.prompt_ids))
-        if out.prefix_hit_tokens:
-            m.prefix_hits.inc(out.prefix_hit_tokens)
-        if out.preempted:
-            m.preemptions.inc(len(out.preempted))
-        if out.tokens_generated:
-            m.generation_tokens.inc(out.tokens_generated)
+                started.append(lv)
+        for eid in out.handoffs:
+            lv = live_of.pop(eid, None)
+            if lv is not None:
+                self._handoff(lv, end)
         if out.tokens:
             # First tokens first: each emission wakes its stream in this order, and a stream's
             # first chunk is what its client's TTFT waits for.
@@ -442,10 +433,24 @@ class EmulatedReplica:
             lv = live_of.pop(eid, None)
             if lv is not None:
                 self._finish(lv, end)
-        for eid in out.handoffs:
-            lv = live_of.pop(eid, None)
-            if lv is not None:
-                self._handoff(lv, end)
+        m = self.metrics
+        if late > st.overrun_max_s:
+            st.overrun_max_s = late
+            m.overrun_max.set(late)
+        m.overrun.observe(late)
+        m.steps.inc()
+        m.busy.inc(dur)
+        step = driver.step
+        if step is not None:
+            m.iteration_tokens.observe(step.prefill_tokens + step.decode_tokens)
+        for lv in started:
+            m.prefix_queries.inc(len(lv.req.prompt_ids))
+        if out.prefix_hit_tokens:
+            m.prefix_hits.inc(out.prefix_hit_tokens)
+        if out.preempted:
+            m.preemptions.inc(len(out.preempted))
+        if out.tokens_generated:
+            m.generation_tokens.inc(out.tokens_generated)
         eng = self.engine
         if self._aborts:
             for lv in self._aborts:
@@ -458,36 +463,40 @@ class EmulatedReplica:
             driver.state = DOWN  # a hang takes hold at the end of the step in flight
 
     def _emit(self, lv: Live, n: int, t: float) -> None:
-        m = self.metrics
-        if lv.first_token_s is None:
+        first = lv.first_token_s is None
+        prev, last = lv.emitted, lv.last_token_s
+        if first:
             lv.first_token_s = t
             lv.first_token_seen_s = self.now_s()
+        lv.last_token_s = t
+        lv.emitted = n
+        lv.notify()
+        m = self.metrics
+        if first:
             m.ttft.observe(t - lv.arrival_s)
             m.prompt_tokens.inc(len(lv.req.prompt_ids))
             if lv.sched_s is not None:
                 m.queue.observe(lv.sched_s - lv.arrival_s)
                 m.prefill_time.observe(t - lv.sched_s)
-            k = n - lv.emitted - 1
+            k = n - prev - 1
         else:
-            k = n - lv.emitted
-            gap = t - lv.last_token_s
+            k = n - prev
+            gap = t - last
             for _ in range(k):
                 m.itl.observe(gap)
             k = 0
         if k > 0:  # several tokens at once (a re-prefill after preemption): zero gaps after the first
             for _ in range(k):
                 m.itl.observe(0.0)
-        lv.last_token_s = t
-        lv.emitted = n
-        lv.notify()
 
     def _finish(self, lv: Live, t: float) -> None:
-        m = self.metrics
         self.records.append((lv.rid, lv.arrival_s, lv.first_token_s, t, len(lv.req.prompt_ids), lv.emitted,
                              lv.finish_reason, lv.sched_s, lv.pull_start_s, lv.pull_end_s, self.now_s(),
                              lv.first_token_seen_s))
         lv.finish_s = t
         lv.done = True
+        lv.notify()
+        m = self.metrics
         m.e2e.observe(t - lv.arrival_s)
         m.req_prompt_tokens.observe(len(lv.req.prompt_ids))
         m.req_generation_tokens.observe(lv.target)
@@ -498,7 +507,6 @@ class EmulatedReplica:
         if lv.target > 1:
             m.tpot.observe((t - first) / (lv.target - 1))
         m.success[lv.finish_reason].inc()
-        lv.notify()
 
     def _fail(self, lv: Live, err: ApiError) -> None:
         self._unhold(lv)

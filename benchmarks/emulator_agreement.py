@@ -22,7 +22,8 @@ pass rule: p50 within 10 %, p99 within 20 %. `stages_emulator_s` and `stages_sim
 request's way to its first token into stages (client stamps and replica records lined up on
 Unix time), medians, means and p99 in modelled seconds, so a gap can be traced to its stage. Reported beside them: the emulators'
 step deadline overrun (mean and max, modelled seconds), the load average, and how late a bare
-asyncio loop wakes on this machine right before the case (`baseline_wakeup_lateness_wall_s`):
+asyncio loop wakes on this machine right before the case (`baseline_wakeup_lateness_wall_s`), and
+what one HTTP round trip to an idle replica costs with the fleet up (`hop_round_trip_wall_s`):
 the machine (2 cores) is shared with other work, and every wall millisecond of scheduling delay
 is `time_scale` modelled milliseconds on the client's clock.
 
@@ -54,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from emulator_loadgen import (  # noqa: E402
     Target,
     fetch_status,
+    hop_round_trip,
     percentiles,
     replay,
     run,
@@ -183,6 +185,7 @@ def run_case(wl_kind: str, plan_kind: str, n: int, rate: float, scale: float, se
             for i in range(len(reqs)):
                 w, p = rec.worker[i], rec.prefill_worker[i]
                 targets.append(Target(url[names[w]], url[names[p]] if p >= 0 else None))
+            hop = run(hop_round_trip(targets[0].prefill_url or targets[0].url))
             c0 = os.times()
             results, wall = run(replay(reqs, targets, MODEL, scale))
             c1 = os.times()
@@ -237,6 +240,7 @@ def run_case(wl_kind: str, plan_kind: str, n: int, rate: float, scale: float, se
                      "spin_wall_s": st.get("spin_wall_s")} for st in status],
         "load_average_before_after": [load0[0], load1[0]],
         "baseline_wakeup_lateness_wall_s": base,
+        "hop_round_trip_wall_s": hop,
         "stages_emulator_s": stages,
         "stages_sim_s": sim_stages(sim.records, plan_kind),
     }

@@ -364,6 +364,30 @@ async def wakeup_lateness(seconds: float = 2.0, period_s: float = 0.005) -> dict
     return percentiles(lates)
 
 
+HOP_PROBES, HOP_GAP_S = 200, 0.01
+"""`hop_round_trip`: round trips, and the idle wall seconds before each (about a replica's idle gap in a replay)."""
+
+
+async def hop_round_trip(url: str, n: int = HOP_PROBES, gap_s: float = HOP_GAP_S) -> dict[str, float]:
+    """Wall seconds of `n` HTTP round trips (`GET /health` on one keep-alive connection) to an
+    idle replica, each after `gap_s` idle: what one client-to-server-and-back costs on this
+    machine with no engine work in it, i.e. the floor under every hop of a replay."""
+    host, port = _host_port(url)
+    reader, writer = await asyncio.open_connection(host, port)
+    req = b"GET /health HTTP/1.1\r\nhost: %s:%d\r\n\r\n" % (host.encode(), port)
+    rtts = []
+    try:
+        for _ in range(n):
+            await asyncio.sleep(gap_s)
+            t = time.perf_counter()
+            writer.write(req)
+            await reader.readuntil(b"\r\n\r\n")  # /health answers with an empty body
+            rtts.append(time.perf_counter() - t)
+    finally:
+        writer.close()
+    return percentiles(rtts)
+
+
 def percentiles(values: list[float]) -> dict[str, float]:
     """{p50, p90, p99, mean} of the finite values (NaN when there are none)."""
     a = np.asarray([v for v in values if v == v], dtype=float)

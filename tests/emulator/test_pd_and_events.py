@@ -196,7 +196,12 @@ def test_a_pull_in_the_engine_ahead_of_its_answer_streams_nothing_when_the_answe
                     out.append(await dc.post("/v1/completions", json={
                         "prompt": PROMPT + " " + rid, "max_tokens": 400, "ignore_eos": True, "stream": True,
                         "kv_transfer_params": r.json()["kv_transfer_params"]}))
-                return out, (await dc.get("/fleetwise/status")).json(), dapp.state.replica
+                drep = dapp.state.replica
+                for _ in range(200):  # the refused one leaves the engine at the end of the step in flight
+                    if not drep.engine.busy:
+                        break
+                    await asyncio.sleep(0.005)
+                return out, (await dc.get("/fleetwise/status")).json(), drep
 
     (first, second), status, drep = run(go())
     assert status["pull_speculated"] == 1  # the second one ran in the engine before its answer

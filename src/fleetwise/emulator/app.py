@@ -58,6 +58,141 @@ class StreamDropped(Exception):
     """Raised inside a streaming body to cut the connection (the `drop_streams` fault)."""
 
 
+MORE, END, DROP = 0, 1, 2
+"""`StreamCursor.advance` states: more may come, the stream is complete, the stream is cut."""
+
+
+class StreamCursor:
+    """What one streamed response has sent of its request (`Live`) and what is due next: the one
+    place that decides a stream's chunks, whichever way they are driven (`PushStream`, or the
+    pull reference `pull_chunks`)."""
+
+    def __init__(self, live: Live, created: int, faults: Any) -> None:
+        self.live, self.faults = live, faults
+        self.w = ChunkWriter(live.req, live.rid, created)
+        self.sent = 0
+
+    def advance(self) -> tuple[list[bytes], int]:
+        """The chunks due now, and `MORE`, `END` (the last ones were among them) or `DROP` (cut the
+        stream after sending them: the `drop_streams` fault)."""
+        live, w = self.live, self.w
+        out: list[bytes] = []
+        while True:
+            if live.error is not None:
+                out.append(w.error(live.error))
+                out.append(w.DONE)
+                return out, END
+            if live.gated:  # the KV pull is not confirmed yet
+                return out, MORE
+            n = live.emitted
+            drop = self.faults.drop_after_tokens
+            if drop is not None and n >= drop:
+                if drop > self.sent:
+                    out.append(w.delta(live.text(self.sent, drop), None, drop))
+                    self.sent = drop
+                return out, DROP
+            if n > self.sent:
+                last = live.done and n >= live.target
+                out.append(w.delta(live.text(self.sent, n), live.finish_reason if last else None, n))
+                self.sent = n
+                if last:
+                    break
+            elif live.done:
+                out.append(w.delta("", live.finish_reason, self.sent))
+                break
+            else:
+                return out, MORE
+        if live.req.include_usage:
+            out.append(w.usage_chunk(self.sent))
+        out.append(w.DONE)
+        return out, END
+
+
+async def pull_chunks(cur: StreamCursor) -> AsyncIterator[bytes]:
+    """The reference way to drive a stream: a body iterator (Starlette's `StreamingResponse`)
+    that waits on its request between chunks; `PushStream` must send the same bytes."""
+    while True:
+        chunks, state = cur.advance()
+        for chunk in chunks:
+            yield chunk
+        if state == DROP:
+            raise StreamDropped(f"stream {cur.live.rid} cut after {cur.sent} tokens (injected fault)")
+        if state == END:
+            return
+        if not chunks:
+            await cur.live.wait()
+
+
+class PushStream(Response):
+    """A streamed response whose chunks are written by the step end that produced them
+    (`Live.on_change`), not by a task woken after it: a token reaches its socket while the step
+    end runs (first tokens first, see `EmulatedReplica._on_output`), and no task or iterator
+    runs per token. Sends what `pull_chunks` sends; a send that must wait for the socket holds
+    the next ones back until it is done (they go out together)."""
+
+    def __init__(self, cur: StreamCursor, watcher: asyncio.Task[None], on_end: Callable[[], None],
+                 headers: dict[str, str]) -> None:
+        # As StreamingResponse sets itself up: no body, hence no content-length header.
+        self.status_code, self.media_type, self.background = 200, "text/event-stream", None
+        self.init_headers(headers)
+        self.cur, self.watcher, self.on_end = cur, watcher, on_end
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        live = self.cur.live
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        busy: asyncio.Future[None] | None = None
+
+        def sent(f: asyncio.Future[None]) -> None:
+            nonlocal busy
+            busy = None
+            if f.cancelled():
+                return
+            err = f.exception()
+            if err is not None:
+                if not ended.done():
+                    ended.set_exception(err)
+                return
+            pump()
+
+        def pump() -> None:
+            nonlocal busy
+            if busy is not None or ended.done():
+                return
+            try:
+                chunks, state = self.cur.advance()
+            except Exception as err:  # a bug: end the response with it, not the step end
+                ended.set_exception(err)
+                return
+            if chunks:
+                f = start_now(send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True}))
+                if not f.done():
+                    busy = f
+                    f.add_done_callback(sent)
+                    if state == MORE:
+                        return
+                elif f.exception() is not None:
+                    ended.set_exception(f.exception())  # type: ignore[arg-type]
+                    return
+            if state == DROP:
+                ended.set_exception(StreamDropped(f"stream {live.rid} cut after {self.cur.sent} tokens "
+                                                  "(injected fault)"))
+            elif state == END:
+                ended.set_result(None)
+
+        live.on_change = pump
+        try:
+            pump()
+            await ended
+            if busy is not None:
+                await busy
+        finally:
+            live.on_change = None
+            self.watcher.cancel()
+            self.on_end()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 class AnswerAtEnd(Response):
     """A non-streaming answer written by the step end (or abort) that finishes its request,
     inside it (`Live.on_done`, `start_now`): a prefill replica's hand-off reaches its socket
@@ -145,9 +280,10 @@ def make_kv_pull(post: KvPost) -> KvPull:
 
 
 def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Callable[[], None] | None = None,
-               kv_post: KvPost | None = None) -> Starlette:
+               kv_post: KvPost | None = None, push_streams: bool = True) -> Starlette:
     """The ASGI app of one emulated replica. `on_crash` replaces process exit (tests);
-    `kv_post` is how a decode replica reaches prefill replicas (default: an aiohttp session)."""
+    `kv_post` is how a decode replica reaches prefill replicas (default: an aiohttp session);
+    `push_streams=False` streams through the pull reference (`pull_chunks`) instead of `PushStream`."""
     session: aiohttp.ClientSession | None = None
 
     async def default_post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -185,7 +321,10 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             return _error(err)
         watcher = watchers[0]
         if req.stream:
-            return StreamingResponse(_stream(live, watcher), media_type="text/event-stream",
+            cur = StreamCursor(live, replica.created, replica.faults)
+            if push_streams:
+                return PushStream(cur, watcher, lambda: replica.abort(live), {"x-request-id": live.rid})
+            return StreamingResponse(_stream(cur, watcher), media_type="text/event-stream",
                                      headers={"x-request-id": live.rid})
         return AnswerAtEnd(live, watcher, lambda: _answer(req, live))
 
@@ -208,46 +347,13 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             pass
         replica.abort(live)
 
-    async def _stream(live: Live, watcher: asyncio.Task[None]) -> AsyncIterator[bytes]:
+    async def _stream(cur: StreamCursor, watcher: asyncio.Task[None]) -> AsyncIterator[bytes]:
         try:
-            async for chunk in _chunks(live):
+            async for chunk in pull_chunks(cur):
                 yield chunk
         finally:  # the stream ended, failed, or was cancelled because the client went away
             watcher.cancel()
-            replica.abort(live)
-
-    async def _chunks(live: Live) -> AsyncIterator[bytes]:
-        w = ChunkWriter(live.req, live.rid, replica.created)
-        sent = 0
-        faults = replica.faults
-        while True:
-            if live.error is not None:
-                yield w.error(live.error)
-                yield w.DONE
-                return
-            if live.gated:  # the KV pull is not confirmed yet
-                await live.wait()
-                continue
-            n = live.emitted
-            drop = faults.drop_after_tokens
-            if drop is not None and n >= drop:
-                if drop > sent:
-                    yield w.delta(live.text(sent, drop), None, drop)
-                raise StreamDropped(f"stream {live.rid} cut after {drop} tokens (injected fault)")
-            if n > sent:
-                last = live.done and n >= live.target
-                yield w.delta(live.text(sent, n), live.finish_reason if last else None, n)
-                sent = n
-                if last:
-                    break
-            elif live.done:
-                yield w.delta("", live.finish_reason, sent)
-                break
-            if live.emitted == sent and not live.done and live.error is None:
-                await live.wait()
-        if live.req.include_usage:
-            yield w.usage_chunk(sent)
-        yield w.DONE
+            replica.abort(cur.live)
 
     async def completions(request: Request) -> Response:
         return await generate(request, "completion")

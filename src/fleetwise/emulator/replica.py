@@ -127,12 +127,17 @@ class Live:
     on_done: Callable[[], None] | None = None
     """Runs once, inside the step end (or abort) that ends the request, before the driver
     schedules its next step: the prefill role's answer is written to its socket there."""
+    on_change: Callable[[], None] | None = None
+    """Runs on every change (tokens, end, error, gate opened), inside the step end that made
+    it: a pushed stream writes its chunks there (`fleetwise.emulator.app.PushStream`)."""
     _waiter: asyncio.Future[None] | None = None
 
     def notify(self) -> None:
         if self.done and self.on_done is not None and not self.gated:
             fn, self.on_done = self.on_done, None
             fn()
+        if self.on_change is not None:
+            self.on_change()
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)

@@ -1,7 +1,9 @@
 """The HTTP face of an emulated replica: vLLM's OpenAI-compatible routes plus admin and KV routes.
 
-`create_app(cfg)` returns a Starlette app; uvicorn serves it (`fleetwise emulate`), tests drive
-it in-process through an ASGI transport. Routes:
+`create_app(cfg)` returns a Starlette app; tests drive it in-process through an ASGI transport.
+`fleetwise emulate` serves its `Front` (`app.state.front`: the arrival stamped first, the hot
+routes straight to their handlers, the rest through Starlette) on the lean HTTP server
+(`fleetwise.emulator.server`), or on uvicorn with `--server uvicorn`. Routes:
 
 - `POST /v1/completions`, `POST /v1/chat/completions` (stream or not), `GET /v1/models`,
   `GET /health`, `GET /metrics` (vLLM names, `fleetwise:` extras), `GET /version`;
@@ -25,7 +27,7 @@ from typing import Any
 import aiohttp
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -235,6 +237,55 @@ def _crash_process() -> None:
     os._exit(CRASH_EXIT_CODE)
 
 
+Handler = Callable[[Scope, Receive], Awaitable[Response]]
+"""A hot route's handler: the request's scope and receive -> the response to send."""
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body from ASGI `receive`, as Starlette's `Request.body()` reads it
+    (a disconnect before the end raises `ClientDisconnect`)."""
+    chunks: list[bytes] = []
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """The first value of header `name` (lower case), decoded as Starlette's `Headers.get` does."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")  # type: ignore[no-any-return]
+    return None
+
+
+class Front:
+    """The replica's ASGI entry as `fleetwise emulate` serves it (`app.state.front`): stamps a
+    request's arrival on the replica's clock before anything else (routing, the body read and
+    parsed, see `submit`: that is the emulation's wall time, which the time scale would
+    multiply, not the modelled server's), sends the hot routes (exact path, POST) to their
+    handlers without Starlette's middleware, routing and `Request`, and everything else
+    (other routes, wrong methods, lifespan) to the Starlette app, whose routes hold the same
+    handlers (the reference: tests drive it in-process)."""
+
+    def __init__(self, app: Starlette, now_s: Callable[[], float], hot: dict[str, Handler]) -> None:
+        self.app, self.now_s, self.hot = app, now_s, hot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[ARRIVAL_KEY] = self.now_s()
+            if scope["method"] == "POST" and not scope.get("root_path"):
+                handler = self.hot.get(scope["path"])
+                if handler is not None:
+                    response = await handler(scope, receive)
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
 KvPost = Callable[[str, dict[str, Any]], Awaitable[tuple[int, Any]]]
 """`post(url, json_body) -> (status, json or text)`; raises OSError, TimeoutError or
 aiohttp.ClientError when the peer cannot be reached."""
@@ -304,18 +355,18 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             if session is not None:
                 await session.close()
 
-    async def generate(request: Request, kind: Kind) -> Response:
-        arrival_s = request.scope.get(ARRIVAL_KEY)
+    async def generate(scope: Scope, receive: Receive, kind: Kind) -> Response:
+        arrival_s = scope.get(ARRIVAL_KEY)
         if not isinstance(arrival_s, float):  # an app mounted without `stamp_arrival` outside it
             arrival_s = replica.now_s()
         try:
-            body = parse_body(await request.body())
+            body = parse_body(await read_body(receive))
             req = parse_request(kind, body, cfg.name)
             prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-            rid = request.headers.get("x-request-id") or prefix + uuid.uuid4().hex
+            rid = header(scope, b"x-request-id") or prefix + uuid.uuid4().hex
             watchers: list[asyncio.Task[None]] = []
             live = await replica.submit(req, rid, lambda lv: watchers.append(
-                asyncio.create_task(_abort_on_disconnect(request, lv))), arrival_s)
+                asyncio.create_task(_abort_on_disconnect(receive, lv))), arrival_s)
         except ApiError as err:
             replica.metrics.reject(err.status)
             return _error(err)
@@ -339,11 +390,11 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         return JSONResponse(full_response(req, live.rid, replica.created, text, live.finish_reason, live.emitted,
                                           live.kv_transfer_params), headers={"x-request-id": live.rid})
 
-    async def _abort_on_disconnect(request: Request, live: Live) -> None:
+    async def _abort_on_disconnect(receive: Receive, live: Live) -> None:
         """Wait for the client to go away (`http.disconnect`); abort the request if it was still
         running. The body has been read, so the next message is the disconnect (servers send
         it at the latest when the response is complete)."""
-        while (await request.receive())["type"] != "http.disconnect":
+        while (await receive())["type"] != "http.disconnect":
             pass
         replica.abort(live)
 
@@ -355,11 +406,11 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             watcher.cancel()
             replica.abort(cur.live)
 
-    async def completions(request: Request) -> Response:
-        return await generate(request, "completion")
+    async def completions(scope: Scope, receive: Receive) -> Response:
+        return await generate(scope, receive, "completion")
 
-    async def chat(request: Request) -> Response:
-        return await generate(request, "chat")
+    async def chat(scope: Scope, receive: Receive) -> Response:
+        return await generate(scope, receive, "chat")
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{
@@ -414,9 +465,9 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    async def kv_pull(request: Request) -> Response:
+    async def kv_pull(scope: Scope, receive: Receive) -> Response:
         try:
-            body = parse_body(await request.body())
+            body = parse_body(await read_body(receive))
             if replica.pool.role != "prefill":
                 raise ApiError(400, f"this replica has role {replica.pool.role}; KV is pulled from prefill replicas")
             return JSONResponse(await replica.serve_pull(body))
@@ -430,16 +481,23 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         return JSONResponse({"columns": RECORD_COLUMNS, "rows": list(replica.records), "origin_unix_s": replica.origin_unix_s,
                              "time_scale": cfg.time_scale})
 
+    hot: dict[str, Handler] = {"/v1/completions": completions, "/v1/chat/completions": chat,
+                               "/fleetwise/kv/pull": kv_pull}
+
+    def routed(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        """A hot handler as a Starlette endpoint (the same handler, reached through routing)."""
+        async def endpoint(request: Request) -> Response:
+            return await handler(request.scope, request.receive)
+        return endpoint
+
     routes = [
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
+        *(Route(path, routed(handler), methods=["POST"]) for path, handler in hot.items()),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/admin/faults", admin_faults, methods=["GET", "POST"]),
         Route("/kv_events", kv_events, methods=["GET"]),
-        Route("/fleetwise/kv/pull", kv_pull, methods=["POST"]),
         Route("/fleetwise/status", status, methods=["GET"]),
         Route("/fleetwise/requests", records, methods=["GET"]),
     ]
@@ -448,11 +506,12 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         middleware and routing, the body read and parsed (see `submit`): that is the
         emulation's wall time, which the time scale would multiply, not the modelled server's."""
         async def stamped(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] == "http":
+            if scope["type"] == "http" and ARRIVAL_KEY not in scope:  # `Front` stamped it already
                 scope[ARRIVAL_KEY] = replica.now_s()
             await inner(scope, receive, send)
         return stamped
 
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(stamp_arrival)])
     app.state.replica = replica
+    app.state.front = Front(app, replica.now_s, hot)
     return app

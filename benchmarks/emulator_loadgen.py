@@ -45,6 +45,9 @@ import numpy as np
 from fleetwise.core.request import Request
 from fleetwise.core.tokens import NUM_WORDS, words_text
 
+MONO_MINUS_PERF = time.monotonic() - time.perf_counter()
+"""`time.monotonic()` minus `time.perf_counter()` (the same clock on Linux, so 0 there): puts
+the client's perf_counter stamps on the clock the replicas' records are lined up on."""
 REQUEST_TIMEOUT_S = 600.0
 """Wall seconds one request may take before it counts as an error."""
 PRECONNECT = 32
@@ -80,8 +83,8 @@ class Result:
     chunks: int = 0
     itl_s: list[float] = field(default_factory=list)
     stamps: dict[str, float] = field(default_factory=dict)
-    """Unix times of the client's stages: `send` (first byte of the first request), `prefill_answer`
-    and `decode_send` (PD), `first` (first content chunk), `last`."""
+    """`time.monotonic()` seconds of the client's stages: `send` (first byte of the first request),
+    `prefill_answer` and `decode_send` (PD), `first` (first content chunk), `last`."""
 
 
 @dataclass
@@ -263,7 +266,7 @@ async def _one(client: LeanClient, req: Request, prompt_json: str, target: Targe
             pre = _Sink()
             t_send = await client.post(target.prefill_url, "/v1/completions", (
                 head + ',"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}').encode(), rid, pre)
-            res.stamps["send"] = time.time() - (time.perf_counter() - t_send)
+            res.stamps["send"] = t_send + MONO_MINUS_PERF
             if pre.status != 200:
                 res.error = f"prefill HTTP {pre.status}: {bytes(pre.body[:200]).decode(errors='replace')}"
                 return res
@@ -280,9 +283,9 @@ async def _one(client: LeanClient, req: Request, prompt_json: str, target: Targe
         t0 = client.post(target.url, "/v1/completions", body, rid, sink)
         if target.prefill_url is None:
             t_send = await t0
-            res.stamps["send"] = time.time() - (time.perf_counter() - t_send)
+            res.stamps["send"] = t_send + MONO_MINUS_PERF
         else:
-            res.stamps["decode_send"] = time.time()
+            res.stamps["decode_send"] = time.monotonic()
             await t0
     except (ConnectionError, OSError) as err:
         res.error = f"{type(err).__name__}: {err}"[:200]
@@ -419,9 +422,10 @@ async def fetch_status(urls: list[str], path: str = "/fleetwise/status") -> list
         return out
 
 
-def _rows_unix(rec: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """A replica's records by request id, every `*_s` column as a Unix time (None stays None)."""
-    o, sc, cols = rec["origin_unix_s"], rec["time_scale"], rec["columns"]
+def _rows_aligned(rec: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """A replica's records by request id, every `*_s` column as a `time.monotonic()` second of
+    this machine (None stays None), the clock the client's stamps are on."""
+    o, sc, cols = rec["origin_monotonic_s"], rec["time_scale"], rec["columns"]
     out = {}
     for row in rec["rows"]:
         d = dict(zip(cols, row, strict=True))
@@ -448,9 +452,10 @@ stamps, `m.`/`p.`/`d.` = the mixed, prefill or decode replica's record."""
 
 def stage_timeline(results: list[Result], by_role: dict[str, list[dict[str, Any]]], scale: float) -> dict[str, Any]:
     """Per-stage medians and means (modelled seconds) of every request's way to its first token,
-    from the client's stamps and the replicas' records lined up on Unix time."""
+    from the client's stamps and the replicas' records lined up on this machine's monotonic
+    clock (not Unix time: the VM's wall clock is stepped and slewed during a run)."""
     kind = "pd" if "prefill" in by_role else "mixed"
-    rows = {r: {k: v for rec in recs for k, v in _rows_unix(rec).items()} for r, recs in by_role.items()}
+    rows = {r: {k: v for rec in recs for k, v in _rows_aligned(rec).items()} for r, recs in by_role.items()}
     stages = EMULATOR_STAGES[kind]
     vals: dict[str, list[float]] = {name: [] for name, _, _ in stages}
     for res in results:
@@ -471,14 +476,14 @@ def stage_timeline(results: list[Result], by_role: dict[str, list[dict[str, Any]
 def server_side(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per request id, the emulators' own modelled times: {ttft_s, ttft_engine_s, tpot_s}. A
     request seen by two replicas (PD) starts at its arrival on the first one (by wall time) and
-    ends on the other; replicas' clocks are lined up through their `origin_unix_s`. `ttft_s` is
+    ends on the other; replicas' clocks are lined up through their `origin_monotonic_s`. `ttft_s` is
     that span, the client's hop between the two replicas included; `ttft_engine_s` sums each
     replica's own leg (arrival to first token: the prefill, then the KV transfer and the first
     decode pass), the span without the hop, which is where the simulator, having no proxy,
     measures TTFT. For a colocated request the two are equal."""
     seen: dict[str, list[tuple[float, float | None, float, int]]] = {}
     for rec in records:
-        o, scale = rec["origin_unix_s"], rec["time_scale"]
+        o, scale = rec["origin_monotonic_s"], rec["time_scale"]
         cols = rec["columns"]
         ia, ir, iff, ifi, io = (cols.index(c) for c in ("arrival_s", "id", "first_token_s", "finish_s",
                                                          "output_tokens"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from emu_helpers import TEST_TIME_SCALE, cfg, metric, run, serve, sse_events
@@ -142,7 +143,7 @@ def test_request_records_carry_the_client_id_and_modelled_times():
             assert row["arrival_s"] < row["first_token_s"] < row["finish_s"]
             text = (await c.get("/metrics")).text
             assert metric(text, "vllm:e2e_request_latency_seconds_sum") == row["finish_s"] - row["arrival_s"]
-            assert rec["time_scale"] == TEST_TIME_SCALE and rec["origin_unix_s"] > 0
+            assert rec["time_scale"] == TEST_TIME_SCALE and rec["origin_unix_s"] > 0 and 0 < rec["origin_monotonic_s"] <= time.monotonic()
     run(go())
 
 

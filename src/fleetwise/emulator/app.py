@@ -479,6 +479,7 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
 
     async def records(request: Request) -> Response:
         return JSONResponse({"columns": RECORD_COLUMNS, "rows": list(replica.records), "origin_unix_s": replica.origin_unix_s,
+                             "origin_monotonic_s": replica.origin_monotonic_s,
                              "time_scale": cfg.time_scale})
 
     hot: dict[str, Handler] = {"/v1/completions": completions, "/v1/chat/completions": chat,

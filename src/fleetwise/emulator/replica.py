@@ -231,6 +231,9 @@ class EmulatedReplica:
         self.created = int(time.time())
         self.origin_unix_s = 0.0
         """Unix time of modelled second 0 (lets a client line up several replicas' records)."""
+        self.origin_monotonic_s = 0.0
+        """`time.monotonic()` of modelled second 0: the same line-up for clients on this machine,
+        immune to the wall clock being stepped or slewed meanwhile."""
         self.records: deque[tuple[Any, ...]] = deque(maxlen=MAX_RECORDS)
         """Finished requests, one tuple of `RECORD_COLUMNS` each (modelled seconds); the most
         recent MAX_RECORDS."""
@@ -252,7 +255,8 @@ class EmulatedReplica:
         self.clock = clock = AsyncioClock(1.0 / self.cfg.time_scale, spin=self.cfg.spin)
         # Unix time of the clock's start, read in one go (a preemption between two separate
         # readings would shift every record lined up through it)
-        self.origin_unix_s = time.time() - (time.monotonic() - clock.wall_of(0.0))
+        self.origin_monotonic_s = clock.wall_of(0.0)
+        self.origin_unix_s = time.time() - (time.monotonic() - self.origin_monotonic_s)
         link = self.cfg.kv_link
         self.kv_port = KvPort(self.clock, link.bytes_per_s * kv_shards(self.deployment), link.latency_s)
         self.driver = EngineDriver(self.engine, self.clock, self._on_output, single_passes, self.build.perf,
@@ -816,7 +820,7 @@ class EmulatedReplica:
         """Replica counters (modelled seconds) for load generators and tests."""
         s = self.status
         return {"name": self.cfg.name, "role": self.pool.role, "time_scale": self.cfg.time_scale,
-                "origin_unix_s": self.origin_unix_s,
+                "origin_unix_s": self.origin_unix_s, "origin_monotonic_s": self.origin_monotonic_s,
                 "now_s": self.now_s(), "steps": s.steps, "busy_s": s.busy_s, "requests": s.requests,
                 "overrun_mean_s": self.mean_overrun_s(), "overrun_max_s": s.overrun_max_s,
                 "running": self.engine.num_running, "waiting": self.engine.num_waiting,

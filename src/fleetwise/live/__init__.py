@@ -2,7 +2,8 @@
 
 Owns `AsyncioClock`, the `fleetwise.engine.clock.Clock` that sleeps to absolute deadlines on
 the running asyncio loop (woken by a Linux timerfd to the nanosecond, `PreciseTimer`, where
-the loop's own timers round to whole milliseconds), so the emulator and the gateway drive the
+the loop's own timers round to whole milliseconds, and woken early by the learned wake-up
+lateness, `WakeMargin`, to spin the rest of the way), so the emulator and the gateway drive the
 same `EngineDriver` and the same policies as the simulator. Never imports `sim`.
 """
 

@@ -243,6 +243,10 @@ class EmulatedReplica:
         """Modelled seconds since start."""
         return self.clock.now_s() if self.clock is not None else 0.0
 
+    def time_of(self, monotonic_s: float) -> float:
+        """Modelled seconds at `time.monotonic()` second `monotonic_s` (0 before the start)."""
+        return max(0.0, self.clock.time_of(monotonic_s)) if self.clock is not None else 0.0
+
     def _wall_s(self, model_s: float) -> float:
         """Wall seconds of `model_s` modelled seconds."""
         return model_s / self.cfg.time_scale

@@ -29,6 +29,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
+import struct
+import time
 import urllib.parse
 from collections import deque
 from collections.abc import Callable
@@ -42,7 +45,12 @@ __all__ = ["LeanHttp", "serve"]
 
 LOG = logging.getLogger("fleetwise.emulator.server")
 SHUTDOWN_GRACE_S = 5.0
+LISTEN_BACKLOG = 1024
+"""Pending connections the listening socket queues."""
 """Wall seconds responses in flight get to finish after SIGINT/SIGTERM."""
+RX_EXTENSION = "fleetwise.rx"
+"""ASGI scope extension: `{"monotonic_s": t}`, when the request's first bytes reached the socket
+(this machine's `time.monotonic()`), where the transport knows it."""
 ASGI_SCOPE_VERSION = {"version": "3.0", "spec_version": "2.3"}
 """The ASGI HTTP spec version the scope declares (2.3: no `http.response.trailers`, no pathsend)."""
 
@@ -165,6 +173,147 @@ class _Cycle:
             self.wake()
 
 
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+"""Linux socket option: each read's ancillary data carries when its bytes reached the socket
+(SCM_TIMESTAMPNS, a CLOCK_REALTIME timespec; <asm-generic/socket.h>)."""
+READ_SIZE = 256 * 1024
+"""Bytes one read takes at most."""
+CMSG_SPACE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 64
+WRITE_HIGH, WRITE_LOW = 256 * 1024, 64 * 1024
+"""Bytes buffered unsent above which the protocol is paused, and below which it resumes."""
+
+
+class StampedTransport(asyncio.Transport):
+    """A TCP connection read with recvmsg, so that each read knows when its bytes reached the
+    socket (`rx_monotonic`, this machine's monotonic clock) rather than when the process got
+    round to them: the time the emulated server counts a request's arrival from. Writes go
+    out at once when the socket takes them, the rest when it can; the protocol is paused above
+    `WRITE_HIGH` unsent bytes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: LeanHttp) -> None:
+        super().__init__()
+        self._loop, self._sock, self._protocol = loop, sock, protocol
+        self._fd = sock.fileno()
+        self._buf = bytearray()
+        self._closing = self._closed = self._paused = self._reading = False
+        self._extra = {"socket": sock, "sockname": sock.getsockname(), "peername": sock.getpeername()}
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            self._stamped = True
+        except OSError:
+            self._stamped = False
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        protocol.connection_made(self)
+        self.resume_reading()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._extra.get(name, default)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def pause_reading(self) -> None:
+        if self._reading:
+            self._loop.remove_reader(self._fd)
+            self._reading = False
+
+    def resume_reading(self) -> None:
+        if not self._reading and not self._closing:
+            self._loop.add_reader(self._fd, self._on_readable)
+            self._reading = True
+
+    def is_reading(self) -> bool:
+        return self._reading
+
+    def _on_readable(self) -> None:
+        try:
+            data, anc, _, _ = self._sock.recvmsg(READ_SIZE, CMSG_SPACE if self._stamped else 0)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as err:
+            self._lose(err)
+            return
+        if not data:
+            self._lose(None)
+            return
+        rx = time.monotonic()
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+                sec, nsec = struct.unpack("qq", raw[:16])
+                # realtime -> monotonic at this moment (never later than now)
+                rx = min(rx, rx - (time.time() - (sec + nsec * 1e-9)))
+        self._protocol.rx_monotonic = rx
+        self._protocol.data_received(data)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing or self._closed:
+            return
+        if not self._buf:
+            try:
+                n = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as err:
+                self._lose(err)
+                return
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
+            self._loop.add_writer(self._fd, self._on_writable)
+        self._buf += data
+        if not self._paused and len(self._buf) > WRITE_HIGH:
+            self._paused = True
+            self._protocol.pause_writing()
+
+    def _on_writable(self) -> None:
+        try:
+            n = self._sock.send(self._buf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as err:
+            self._lose(err)
+            return
+        del self._buf[:n]
+        if self._paused and len(self._buf) <= WRITE_LOW:
+            self._paused = False
+            self._protocol.resume_writing()
+        if not self._buf:
+            self._loop.remove_writer(self._fd)
+            if self._closing:
+                self._finish(None)
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._buf)
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self.pause_reading()
+        if not self._buf:
+            self._loop.call_soon(self._finish, None)
+
+    def abort(self) -> None:
+        self._buf.clear()
+        self._lose(None)
+
+    def _lose(self, exc: Exception | None) -> None:
+        self._closing = True
+        self.pause_reading()
+        self._loop.remove_writer(self._fd)
+        self._buf.clear()
+        self._loop.call_soon(self._finish, exc)
+
+    def _finish(self, exc: Exception | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            self._sock.close()
+
+
 class LeanHttp(asyncio.Protocol):
     """One HTTP/1.1 connection to an ASGI app (see the module docstring)."""
 
@@ -182,6 +331,9 @@ class LeanHttp(asyncio.Protocol):
         self.drain: asyncio.Future[None] | None = None
         self.server: tuple[str, int] | None = None
         self.client: tuple[str, int] | None = None
+        self.rx_monotonic: float | None = None
+        """When the bytes of the current read reached the socket (`StampedTransport`), monotonic s."""
+        self.msg_rx: float | None = None
 
     # ---- transport ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -229,6 +381,7 @@ class LeanHttp(asyncio.Protocol):
     # ---- httptools callbacks -----------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.url, self.headers, self.body = b"", [], []
+        self.msg_rx = self.rx_monotonic
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -249,6 +402,8 @@ class LeanHttp(asyncio.Protocol):
             "query_string": parsed.query or b"", "root_path": "", "headers": self.headers,
             "client": self.client, "server": self.server,
         }
+        if self.msg_rx is not None:
+            self.scope["extensions"] = {RX_EXTENSION: {"monotonic_s": self.msg_rx}}
         if self.transport is not None and any(k == b"expect" and v.lower() == b"100-continue" for k, v in self.headers):
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -316,18 +471,44 @@ async def serve(app: Asgi, lifespan: Callable[[], AbstractAsyncContextManager[An
             pass
     conns: set[LeanHttp] = set()
     async with lifespan():
-        server = await loop.create_server(lambda: LeanHttp(app, conns), host, port, reuse_address=True)
+        lsock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            lsock.bind((host, port))
+            lsock.listen(LISTEN_BACKLOG)
+        except OSError:
+            lsock.close()
+            raise
+        lsock.setblocking(False)
+
+        def accept() -> None:
+            while True:
+                try:
+                    sock, _ = lsock.accept()
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError as err:  # out of descriptors, say: keep serving the others
+                    LOG.warning("accept failed: %s", err)
+                    return
+                sock.setblocking(False)
+                try:
+                    StampedTransport(loop, sock, LeanHttp(app, conns))
+                except OSError:  # gone before we looked
+                    sock.close()
+
+        loop.add_reader(lsock.fileno(), accept)
         try:
             if on_ready is not None:
-                on_ready(int(server.sockets[0].getsockname()[1]))
+                on_ready(int(lsock.getsockname()[1]))
             await stop.wait()
         finally:
-            server.close()
+            loop.remove_reader(lsock.fileno())
+            lsock.close()
             await _drain(conns, SHUTDOWN_GRACE_S)
             for c in list(conns):
                 if c.transport is not None:
                     c.transport.close()
-            await server.wait_closed()
+            await asyncio.sleep(0)
 
 
 async def _drain(conns: set[LeanHttp], grace_s: float) -> None:

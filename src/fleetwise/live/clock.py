@@ -228,6 +228,10 @@ class AsyncioClock:
         """Seconds since the clock started (wall time divided by `time_scale`)."""
         return (time.monotonic() - self._t0) / self.time_scale
 
+    def time_of(self, monotonic_s: float) -> float:
+        """The clock time of `time.monotonic()` second `monotonic_s` (the inverse of `wall_of`)."""
+        return (monotonic_s - self._t0) / self.time_scale
+
     def wall_of(self, time_s: float) -> float:
         """The `time.monotonic()` second at which clock time `time_s` falls."""
         return self._t0 + time_s * self.time_scale

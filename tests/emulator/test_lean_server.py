@@ -160,3 +160,40 @@ def test_a_client_gone_mid_stream_aborts_its_request_and_a_stop_lets_a_response_
         stop_seen.append(await asyncio.wait_for(task, WALL_S))
         assert stop_seen[0].startswith(b"HTTP/1.1 200 OK") and b'"finish_reason":"length"' in stop_seen[0]
     run(go())
+
+
+def test_a_request_carries_when_its_bytes_reached_the_socket():
+    """`fleetwise.rx`: the kernel's receive time, on this machine's monotonic clock, between the
+    client's send and the app's first line even when the process was busy in between."""
+    import time
+
+    seen: list[tuple[float, float]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append((scope["extensions"]["fleetwise.rx"]["monotonic_s"], time.monotonic()))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    @contextlib.asynccontextmanager
+    async def nothing() -> AsyncIterator[None]:
+        yield
+
+    async def go() -> tuple[float, float]:
+        stop = asyncio.Event()
+        ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(serve(app, nothing, "127.0.0.1", 0, on_ready=ready.set_result, stop=stop))
+        port = await ready
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        sent = time.monotonic()
+        writer.write(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n")
+        await writer.drain()
+        time.sleep(0.05)  # the server's loop is blocked meanwhile: the bytes wait in the socket
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WALL_S)).startswith(b"HTTP/1.1 204")
+        writer.close()
+        stop.set()
+        await asyncio.wait_for(task, WALL_S)
+        return sent, time.monotonic()
+
+    sent, _ = run(go())
+    rx, handled = seen[0]
+    assert sent - 0.001 <= rx < sent + 0.02 and handled >= sent + 0.05  # stamped on arrival, not when handled

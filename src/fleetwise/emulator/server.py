@@ -4,15 +4,15 @@ the default; `--server uvicorn` is the reference, and tests check both answer al
 Why it exists: every wall microsecond an emulator spends is `time_scale` modelled microseconds
 of latency. On the development VM, a request's way through uvicorn, from its bytes arriving to
 the first line of the ASGI app, took 0.4-0.7 ms of CPU when the process had been idle for
-50 ms (its memory gone cold between requests), against 0.03 ms for an httptools protocol that
-calls the app itself; at time scale 5 that is 2-3.5 modelled ms on each hop of a request
-(see docs/emulator.md, "Time").
+50 ms (its memory gone cold between requests), against 0.19 ms here; at time scale 5 that is
+1-2.5 modelled ms on each hop of a request (see docs/emulator.md, "Time").
 
-What it does, per connection: parses requests with httptools (as uvicorn's default does), builds
-the ASGI HTTP scope, and runs the app in a task started by the read that completed the request.
-Responses go out with the
-app's content-length or in chunked transfer encoding; a body-less first message and its
-headers leave in one write. Keep-alive (HTTP/1.0 and `connection: close` close after the
+What it does, per connection: reads the socket with recvmsg and SO_TIMESTAMPNS
+(`StampedTransport`), so each request carries when its bytes reached the socket (scope extension
+`fleetwise.rx`, this machine's monotonic seconds), parses requests with httptools (as uvicorn's
+default does), builds the ASGI HTTP scope, and runs the app in a task started by the read that
+completed the request. Responses go out with the app's content-length or in chunked transfer
+encoding; a response's head leaves with its first body message, in one write. Keep-alive (HTTP/1.0 and `connection: close` close after the
 response); pipelined requests are served in order (reading pauses while a response is in
 flight); `expect: 100-continue` is answered; a send waits while the socket's buffer is over its
 high-water mark; `receive()` returns the body, then `http.disconnect` once the client has gone
@@ -176,6 +176,9 @@ class _Cycle:
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 """Linux socket option: each read's ancillary data carries when its bytes reached the socket
 (SCM_TIMESTAMPNS, a CLOCK_REALTIME timespec; <asm-generic/socket.h>)."""
+RX_MAX_AGE_S = 1.0
+"""A receive timestamp older than this (or in the future) means the wall clock was stepped
+between the packet and the read: the read's own time is used instead."""
 READ_SIZE = 256 * 1024
 """Bytes one read takes at most."""
 CMSG_SPACE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 64
@@ -236,12 +239,13 @@ class StampedTransport(asyncio.Transport):
         if not data:
             self._lose(None)
             return
-        rx = time.monotonic()
+        rx = now = time.monotonic()
         for level, kind, raw in anc:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
                 sec, nsec = struct.unpack("qq", raw[:16])
-                # realtime -> monotonic at this moment (never later than now)
-                rx = min(rx, rx - (time.time() - (sec + nsec * 1e-9)))
+                age = time.time() - (sec + nsec * 1e-9)  # the stamp is CLOCK_REALTIME
+                if 0.0 <= age <= RX_MAX_AGE_S:  # else the wall clock was stepped meanwhile: now it is
+                    rx = now - age
         self._protocol.rx_monotonic = rx
         self._protocol.data_received(data)
 

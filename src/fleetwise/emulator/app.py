@@ -198,7 +198,7 @@ class PushStream(Response):
 
 class AnswerAtEnd(Response):
     """A non-streaming answer written by the step end (or abort) that finishes its request,
-    inside it (`Live.on_done`, `start_now`): a prefill replica's hand-off reaches its socket
+    inside it (`Live.on_change`, `start_now`): a prefill replica's hand-off reaches its socket
     before the driver schedules the next step, not on a later turn of the loop."""
 
     def __init__(self, live: Live, watcher: asyncio.Task[None], build: Callable[[], Response]) -> None:
@@ -210,22 +210,21 @@ class AnswerAtEnd(Response):
         sent: asyncio.Future[asyncio.Future[None]] = asyncio.get_running_loop().create_future()
 
         def answer() -> None:
-            self.watcher.cancel()
-            if sent.done():
+            if sent.done() or not live.done or live.gated:
                 return
+            live.on_change = None
+            self.watcher.cancel()
             try:
                 sent.set_result(start_now(self.build()(scope, receive, send)))
             except Exception as err:  # raised where the handler awaits it, not in the step end
                 sent.set_exception(err)
 
-        if live.done and not live.gated:
-            answer()
-        else:
-            live.on_done = answer
+        live.on_change = answer
+        answer()  # finished already
         try:
             written = await sent
         finally:
-            live.on_done = None
+            live.on_change = None
             self.watcher.cancel()
         await written
 

@@ -124,18 +124,13 @@ class Live:
     error: ApiError | None = None
     kv_transfer_params: dict[str, Any] | None = None
     tokens: TokenStream | None = None
-    on_done: Callable[[], None] | None = None
-    """Runs once, inside the step end (or abort) that ends the request, before the driver
-    schedules its next step: the prefill role's answer is written to its socket there."""
     on_change: Callable[[], None] | None = None
-    """Runs on every change (tokens, end, error, gate opened), inside the step end that made
-    it: a pushed stream writes its chunks there (`fleetwise.emulator.app.PushStream`)."""
+    """Runs on every change (tokens, end, error, gate opened), inside the step end (or abort)
+    that made it, before the driver schedules its next step: a pushed stream writes its chunks
+    there (`fleetwise.emulator.app.PushStream`), a finished request its answer (`AnswerAtEnd`)."""
     _waiter: asyncio.Future[None] | None = None
 
     def notify(self) -> None:
-        if self.done and self.on_done is not None and not self.gated:
-            fn, self.on_done = self.on_done, None
-            fn()
         if self.on_change is not None:
             self.on_change()
         w = self._waiter

@@ -1,6 +1,6 @@
 """Perf-model fidelity on the shared H200 ground truth: in sample and held out.
 
-Run:  python3 benchmarks/perf_fidelity.py [--shared ../shared/ground_truth]
+Run:  python3 benchmarks/perf_fidelity.py [--shared DIR]  (default: the shipped src/fleetwise/perf/ground_truth)
                                           [--out benchmarks/results/perf_fidelity.json]
 
 Writes, per fit: the points predicted, median and max |error| % overall and per kind (prefill,
@@ -52,7 +52,7 @@ from fleetwise.perf.calibrate import (
     split_points,
     summarize,
 )
-from fleetwise.perf.groundtruth import load_groundtruth
+from fleetwise.perf.groundtruth import SHIPPED_DIR, load_groundtruth
 from fleetwise.perf.profile import GROUPED_COMPUTE_EFF_PRIOR, Profile
 from fleetwise.spec.catalog import get_gpu
 
@@ -137,7 +137,7 @@ def _worst(preds: list[Prediction], n: int) -> list[dict[str, Any]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", default=str(REPO.parent / "shared" / "ground_truth"))
+    ap.add_argument("--shared", default=str(SHIPPED_DIR))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "perf_fidelity.json"))
     ap.add_argument("--routing-replay", action="store_true", help="replay the MoE routing of one mixed step instead")
     args = ap.parse_args()

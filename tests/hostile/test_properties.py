@@ -28,6 +28,8 @@ from hostile_cli import PLANS, ROOT, Outcome, finite_nonneg_times, load_strict_j
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fleetwise.perf.groundtruth import shipped
+
 HANG_LIMIT_S = 60
 """An example still running after this long has hung (a hang detector, not a speed check)."""
 
@@ -328,7 +330,7 @@ def test_any_bytes_in_any_file_slot(capsys, tmp_path, content, slot, suffix):
         "spec": ["plan", bad, "--workers", "1"],
         "model": ["fit", "--model", bad, "--gpu", "h100-sxm", "--json"],
         "gpu": ["fit", "--model", "llama-3.1-8b", "--gpu", bad, "--json"],
-        "profile": ["predict", "--profile", bad, "--against", ROOT.parent / "shared" / "ground_truth" / "h200_dense.json"],
+        "profile": ["predict", "--profile", bad, "--against", shipped("h200_dense.json")],
         "groundtruth": ["calibrate", bad, "-o", tmp_path / "p.json"],
         "scenario-dir": ["scenarios", "--dir", tmp_path / "scen", "--scenario", "s", "--small", "--seeds", "1",
                          "--out", out],
@@ -361,7 +363,7 @@ def _commands(tmp: Path) -> dict[str, tuple[list[Any], list[str]]]:
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:00.0,100,10\n"
                      "2023-11-16 18:15:01.5,120,12\n2023-11-16 18:15:02.0,90,8\n")
     spec = write_doc(tmp, "spec", BASE_PLANNING, False)
-    gt = ROOT.parent / "shared" / "ground_truth" / "h200_dense.json"
+    gt = shipped("h200_dense.json")
     records = tmp / "requests.csv"
     records.write_text("request_id,tenant,status\nr0,acme,completed\n")
     return {

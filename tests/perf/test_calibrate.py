@@ -1,4 +1,4 @@
-"""Calibration against the shared H200 ground truth: in-sample and leave-one-model-out accuracy,
+"""Calibration against the shipped H200 ground truth: in-sample and leave-one-model-out accuracy,
 ground-truth loading, and the calibrate/predict CLI (bad files: one line, exit 2)."""
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from fleetwise.perf.calibrate import (
     shape_key,
     summarize,
 )
-from fleetwise.perf.groundtruth import load_groundtruth
+from fleetwise.perf.groundtruth import SHIPPED_DIR, SHIPPED_FILES, load_groundtruth
 from fleetwise.perf.profile import FACTOR_BOUNDS, Profile
 from fleetwise.spec.catalog import get_gpu
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "ground_truth"
-FILES = ["h200_dense.json", "h200_moe.json", "h200_mixed.json"]
-needs_shared = pytest.mark.skipif(not all((SHARED / f).is_file() for f in FILES), reason="shared ground truth absent")
+SHARED = SHIPPED_DIR
+FILES = list(SHIPPED_FILES)
 H200 = get_gpu("h200-sxm")
 
 
@@ -42,7 +41,6 @@ def profile(files):
     return calibrate(files, H200, base=Profile(accelerator="h200-sxm", engine="test"))
 
 
-@needs_shared
 def test_loader_reads_every_point_and_config(files):
     dense, moe, mixed = files
     assert len(dense.points) == 30 and len(moe.points) == 30 and len(mixed.points) == 28
@@ -54,7 +52,6 @@ def test_loader_reads_every_point_and_config(files):
     assert dense.ceilings["bf16_gemm_8192_TFLOPs"] > 700
 
 
-@needs_shared
 def test_in_sample_accuracy(files, profile):
     s = summarize(predict(profile, files, H200))
     assert s["points"] == 88
@@ -64,7 +61,6 @@ def test_in_sample_accuracy(files, profile):
         assert s["by_kind"][kind]["median_abs_pct"] <= 5.0
 
 
-@needs_shared
 def test_factors_are_physical_and_within_bounds(files, profile):
     bounds = fit_bounds(files, H200)
     for name, value in profile.factors().items():
@@ -75,7 +71,6 @@ def test_factors_are_physical_and_within_bounds(files, profile):
     assert profile.accelerator == "h200-sxm" and profile.fit["points"] == 88
 
 
-@needs_shared
 def test_leave_one_model_out(files):
     cv = cross_validate(files, H200)
     assert set(cv) == {"llama-3.1-8b", "qwen3-30b-a3b"}
@@ -89,7 +84,6 @@ def test_leave_one_model_out(files):
     assert cv["qwen3-30b-a3b"]["points"] == 30 + 14 and cv["llama-3.1-8b"]["points"] == 30 + 14
 
 
-@needs_shared
 def test_fit_never_sees_the_held_out_model(files):
     """Leave-one-model-out honesty: a fit on llama alone is identical whether or not the MoE
     model's points are in the files, and leaves every MoE-only factor at its default."""
@@ -102,7 +96,6 @@ def test_fit_never_sees_the_held_out_model(files):
         assert alone.factors()[name] == pytest.approx(getattr(Profile(), name), rel=1e-6), name
 
 
-@needs_shared
 def test_leave_shapes_out(files):
     """K-fold over the 44 distinct step shapes: every point once, predicted by a fit that saw its
     shape on no model; the target holds on shapes not fitted."""
@@ -122,7 +115,6 @@ def test_leave_shapes_out(files):
         assert s["by_kind"][kind]["median_abs_pct"] <= 5.0 and s["by_kind"][kind]["max_abs_pct"] <= 20.0, kind
 
 
-@needs_shared
 def test_extrapolation_to_larger_shapes(files):
     """Fit on the smaller half of each shape axis, predict the larger half: the worst point stays
     within 20% on every axis; the medians of prefill tokens (5.6%) and decode batch (6.6%) miss
@@ -178,7 +170,6 @@ def test_cli_bad_file_is_one_line_exit_2(tmp_path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-@needs_shared
 def test_cli_calibrate_then_predict_json(tmp_path, capsys):
     out = tmp_path / "profile.json"
     assert main(["calibrate", *[str(SHARED / f) for f in FILES], "-o", str(out)]) == 0

@@ -4,7 +4,7 @@ Owns turning one ground-truth JSON file into `GroundTruthPoint`s (prefill, decod
 steps, each with its `BatchShape` and whether it ran as a CUDA-graph replay) and a `ModelSpec`
 built from each model's `config`. Does not fit or predict anything (see `calibrate`).
 
-Format (see ../shared/ground_truth/README.md): `models.NAME.config` holds
+Format (see `ground_truth/README.md` beside this module, which ships the H200 measurements): `models.NAME.config` holds
 `layers, hidden, heads, kv_heads, head_dim, ffn, vocab` and, for MoE, `experts, topk, moe_ffn`;
 `prefill` points are `{batch, seq, ms}` run eagerly; `decode` points `{batch, ctx, ms}` and
 `mixed` points `{batch, ctx, chunk, ms}` (decodes plus one prompt chunk) replay a CUDA graph.
@@ -22,6 +22,15 @@ from fleetwise.spec.base import read_document
 from fleetwise.spec.model import ModelSpec, MoESpec
 
 GROUNDTRUTH_SCHEMA = "fleetwise-groundtruth/1"
+SHIPPED_DIR = Path(__file__).resolve().parent / "ground_truth"
+"""The H200 step timings the project ships (measured facts; README.md there says how and where)."""
+SHIPPED_FILES = ("h200_dense.json", "h200_moe.json", "h200_mixed.json")
+"""The shipped ground-truth files: dense, MoE, and mixed (chunked-prefill) steps."""
+
+
+def shipped(name: str) -> Path:
+    """Path of one shipped ground-truth file (`SHIPPED_FILES`)."""
+    return SHIPPED_DIR / name
 Kind = Literal["prefill", "decode", "mixed"]
 _CONFIG_KEYS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
 _POINT_KEYS: dict[str, tuple[str, ...]] = {

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hostile_cli import PLANS, ROOT, Outcome, finite_nonneg_times, load_strict_json, run_cli
+from hostile_cli import PLANS, Outcome, finite_nonneg_times, load_strict_json, run_cli
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

@@ -6,9 +6,7 @@ ddof=1); a paired difference is the same interval over the per-seed differences 
 two policies run on the same seeds (same requests, same faults). With fewer than two seeds the
 interval is undefined (`None`).
 
-The t quantiles come from a table (df 1..30, six decimals) and, above 30 degrees of freedom,
-from the Cornish-Fisher expansion around the normal quantile (error below 1e-5), so the module
-needs no scipy.
+The t quantile is scipy's (`scipy.stats.t.ppf`), exact to double precision.
 """
 
 from __future__ import annotations
@@ -17,19 +15,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scipy.stats import t as _student_t
+
 __all__ = ["Interval", "mean_ci", "paired_ci", "t_quantile_975"]
-
-_T975 = (
-    12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139,
-    2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922, 2.093024, 2.085963,
-    2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272,
-)
-"""t_{0.975, df} for df = 1..30 (NIST/SEMATECH e-Handbook of Statistical Methods, section
-1.3.6.7.2, critical values of Student's t, rounded to six decimals)."""
-
-_Z975 = 1.959963984540054
-"""z_{0.975}, the standard normal 97.5% quantile; the Cornish-Fisher coefficients below are the
-series of Abramowitz & Stegun 26.7.5 (t quantile in powers of 1/df)."""
 
 _DECIMALS = 9
 """Decimals kept in an interval's JSON form (well below any seed-to-seed difference)."""
@@ -39,13 +27,7 @@ def t_quantile_975(df: int) -> float:
     """The 0.975 quantile of Student's t with `df` degrees of freedom (df >= 1)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be at least 1, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = _Z975
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    return z + g1 / df + g2 / df**2 + g3 / df**3
+    return float(_student_t.ppf(0.975, df))
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "fleetwise"
 
 LAYER = {
     "errors": 0,
+    "registry": 0,
     "spec": 0,
     "core": 1,
     "perf": 2,

@@ -38,7 +38,7 @@ def tsv_format() -> Iterator[str]:
                           int_column(p, "out", cols["out"], lines))
 
     yield "secs_csv"
-    del TRACE_FORMATS["secs_csv"]
+    TRACE_FORMATS.remove("secs_csv")
 
 
 def test_a_registered_format_is_detected_and_read(tmp_path: Path, tsv_format: str) -> None:

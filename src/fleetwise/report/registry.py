@@ -10,20 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleetwise.registry import Registry
 from fleetwise.report.page import Page, Progress
 
 Builder = Callable[[Path | None, dict[str, Any], Progress | None], Page]
 """(where the document was read from, or None; the document; told the share drawn) -> page."""
-KINDS: dict[str, Builder] = {}
+KINDS: Registry[str, Builder] = Registry("report kind")
 
 
 def report_kind(schema_prefix: str) -> Callable[[Builder], Builder]:
     """Register `fn(path, document, progress) -> Page` for documents whose schema starts with `schema_prefix`."""
-
-    def deco(fn: Builder) -> Builder:
-        if schema_prefix in KINDS:
-            raise ValueError(f"report kind {schema_prefix!r} registered twice")
-        KINDS[schema_prefix] = fn
-        return fn
-
-    return deco
+    return KINDS.register(schema_prefix)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetwise.errors import SpecError, quote
+from fleetwise.registry import Registry
 from fleetwise.workload.parse import TraceTable
 
 Reader = Callable[[Path], TraceTable]
@@ -36,20 +37,13 @@ class TraceFormat:
     read: Reader
 
 
-TRACE_FORMATS: dict[str, TraceFormat] = {}
+TRACE_FORMATS: Registry[str, TraceFormat] = Registry("trace format")
 """Format name -> its registration, in registration (module-name) order."""
 
 
 def trace_format(name: str, columns: tuple[str, ...], *, json: bool = False) -> Callable[[Reader], Reader]:
     """Register the decorated reader as trace format `name` needing `columns`."""
-
-    def register(read: Reader) -> Reader:
-        if name in TRACE_FORMATS:
-            raise ValueError(f"trace format {name!r} is registered twice")
-        TRACE_FORMATS[name] = TraceFormat(name, tuple(columns), json, read)
-        return read
-
-    return register
+    return TRACE_FORMATS.register(name, lambda read: TraceFormat(name, tuple(columns), json, read))
 
 
 def supported() -> str:

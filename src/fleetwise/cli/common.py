@@ -169,10 +169,16 @@ def emit_json(obj: Any) -> None:
     sys.stdout.write(strict_json_dumps(obj) + "\n")
 
 
-def console() -> Console:
-    """A rich console on stdout that never interprets brackets in our text as markup."""
-    width = None if sys.stdout.isatty() else 200  # pipes and captures get full rows, not 80 columns
-    return Console(file=sys.stdout, markup=False, highlight=False, soft_wrap=True, width=width)
+PIPE_WIDTH = 10_000
+"""Console width when stdout is not a terminal: wider than any row we print, so a pipe or a file
+gets every table row whole instead of rich's 80-column default cutting cells ("h200-s…")."""
+
+
+def console(markup: bool = False) -> Console:
+    """A rich console on stdout: the terminal's width on a terminal, rows never cut when piped;
+    brackets in our text are markup only when `markup`."""
+    width = None if sys.stdout.isatty() else PIPE_WIDTH
+    return Console(file=sys.stdout, markup=markup, highlight=False, soft_wrap=True, width=width)
 
 
 def fmt_bytes(x: float) -> str:

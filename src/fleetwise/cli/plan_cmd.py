@@ -14,10 +14,8 @@ import argparse
 import os
 from typing import Any
 
-from rich.console import Console
-
 from fleetwise.cli import progress, trace_columns
-from fleetwise.cli.common import input_file, int_flag
+from fleetwise.cli.common import console, input_file, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError
 from fleetwise.spec.catalog import resolve_model
@@ -76,8 +74,9 @@ def check_planning_context(spec: PlanningSpec, where: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from fleetwise.planner.api import plan
     from fleetwise.planner.defaults import default_spec
-    from fleetwise.planner.report import render, to_json
+    from fleetwise.planner.report import to_json
     from fleetwise.planner.state import PlanOptions
+    from fleetwise.report.plan_text import render
     from fleetwise.spec.planning import load_planning_spec, write_planning_schema
 
     if args.write_schema:
@@ -106,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out == "-":
         print(strict_json_dumps(doc))
     else:
-        render(search, Console(highlight=False))
+        render(doc, console(markup=True))
         if args.json_out:
             write_json(args.json_out, doc)
     if args.report:

@@ -15,12 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from fleetwise.cli import progress, trace_columns
 from fleetwise.cli.common import (
     add_over_context_arg,
     add_seed_arg,
+    console,
     float_flag,
     input_file,
     int_flag,
@@ -204,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(s: dict[str, Any], paths: dict[str, str]) -> None:
-    c = Console(highlight=False)
+    c = console(markup=True)
     c.print(f"[bold]{s['plan']}[/]: {s['requests_completed']}/{s['requests_total']} completed, "
             f"{s['requests_failed']} failed in {s['duration_s']:.1f} s simulated ({s['sim_wall_s']:.2f} s wall)")
     for k in ("ttft_s", "tpot_s", "e2e_s"):

@@ -15,6 +15,14 @@ from typing import Any
 
 from fleetwise.report import plots
 from fleetwise.report.page import Page, Progress, Section
+from fleetwise.report.plan_text import (
+    TABLE_COLUMNS,
+    calibration_lines,
+    pools_label,
+    price_lines,
+    slo_line,
+    table_rows,
+)
 from fleetwise.report.registry import report_kind
 
 
@@ -23,28 +31,23 @@ def build_from_file(path: Path | None, doc: dict[str, Any], progress: Progress |
     return build(doc, progress)
 
 
-def _pools(p: dict[str, Any]) -> str:
-    return " + ".join(f"{q['replicas']}x {q['role']} {q['accelerator']} {q['weight_dtype']} TP{q['tp']}"
-                      f"{' PP' + str(q['pp']) if q['pp'] > 1 else ''}{' EP' + str(q['ep']) if q['ep'] > 1 else ''}"
-                      for q in p["pools"])
-
-
 def build(doc: dict[str, Any], progress: Progress | None = None) -> Page:
     """The report page of a plan document (`progress`: told the share of its figures drawn)."""
-    w, slo = doc["workload"], doc["slo"]
+    w = doc["workload"]
     pd = [p for p in doc["plans"] if p.get("pd_ratio")]
     dg = doc.get("disaggregation")
     draw = {"frontier": bool(doc["plans"] or doc.get("candidates")), "pd": bool(pd or doc.get("pd_sweep")),
             "disaggregation": bool(dg and dg.get("colocated") and dg.get("disaggregated"))}
     with plots.style():
         page = Page(f"Plan: {doc['name']}",
-                    f"{doc['model']} at {w['rate_rps']:g} req/s (burst x{w['burst_factor']:.2f}); SLO TTFT "
-                    f"{slo['ttft_s']:g} s and TPOT {slo['tpot_s']:g} s at p{slo['percentile']} for "
-                    f"{slo['attainment']:.0%} of requests", progress=progress, expected=sum(draw.values()))
+                    f"{doc['model']} at {w['rate_rps']:g} req/s (burst x{w['burst_factor']:.2f}); {slo_line(doc)}",
+                    progress=progress, expected=sum(draw.values()))
         top = page.section("Answer")
         if doc.get("infeasible"):
             top.parts.append(f'<p class="fail">infeasible: {_esc(doc["infeasible"])}</p>')
-        top.table(["prompt mean", "prompt p50", "prompt p99", "output mean", "output p99", "burst source"],
+        top.items([*price_lines(doc), *calibration_lines(doc)])
+        top.table(["prompt mean (tokens)", "prompt p50 (tokens)", "prompt p99 (tokens)", "output mean (tokens)",
+                   "output p99 (tokens)", "burst source"],
                   [[w["prompt_mean"], w["prompt_p50"], w["prompt_p99"], w["output_mean"], w["output_p99"],
                     w["burst_source"]]])
         if doc["plans"]:
@@ -54,7 +57,7 @@ def build(doc: dict[str, Any], progress: Progress | None = None) -> Page:
             page.add_figure(fr, _frontier(doc))
         for p in doc["plans"]:
             sec = page.section(f"#{p['rank']} {p['kind']}")
-            sec.text(f"{_pools(p)}: {p['gpus']} GPUs, ${p['cost_per_hour']:.2f}/h, "
+            sec.text(f"{pools_label(p)}: {p['gpus']} GPUs, ${p['cost_per_hour']:.2f}/h, "
                      f"${p['cost_per_1m_tokens']:.2f} per 1M output tokens"
                      + (f", P:D {p['pd_ratio']}" if p.get("pd_ratio") else ""))
             sec.heading("decision steps")
@@ -97,15 +100,8 @@ def _esc(s: str) -> str:
 
 
 def _ranked(sec: Section, plans: list[dict[str, Any]]) -> None:
-    rows = []
-    for p in plans:
-        pr = p["predicted"]
-        lo, hi = pr["slo_attainment_ci95"]
-        rows.append([p["rank"], p["kind"], _pools(p), p["gpus"], p["cost_per_hour"], p["cost_per_1m_tokens"],
-                     round(pr["ttft_p99_s"] * 1e3), round(pr["tpot_p99_s"] * 1e3, 1), pr["goodput_rps"],
-                     f"{pr['slo_attainment']:.1%} ({lo:.1%}-{hi:.1%})"])
-    sec.table(["#", "kind", "pools", "GPUs", "$/h", "$/1M tok", "TTFT p99 ms", "TPOT p99 ms", "goodput req/s",
-               "attainment (95% CI)"], rows)
+    rows = [[row[0], p["kind"], *row[1:]] for p, row in zip(plans, table_rows(plans), strict=True)]
+    sec.table([TABLE_COLUMNS[0], "kind", *TABLE_COLUMNS[1:]], rows)
 
 
 VERDICT_LOOK = {  # verdict -> (marker, legend label) of a candidate that is not a reported plan

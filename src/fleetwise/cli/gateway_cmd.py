@@ -81,6 +81,19 @@ def build_config(args: argparse.Namespace) -> Any:
     return out
 
 
+def started_line(gw: Any) -> str:
+    """What the gateway serves once started: its address, the backends it has read (config and
+    backends file) by role, and the policy."""
+    cfg = gw.cfg
+    roles: dict[str, int] = {}
+    for b in gw.backends.live.values():
+        roles[b.spec.role] = roles.get(b.spec.role, 0) + 1
+    by_role = ", ".join(f"{n} {r}" for r, n in sorted(roles.items())) or "none yet"
+    source = f" (watching {cfg.backends_file})" if cfg.backends_file else ""
+    return (f"fleetwise gateway on http://{cfg.host}:{cfg.port} -> {sum(roles.values())} backend(s): {by_role}"
+            f"{source}, policy {cfg.routing.policy}")
+
+
 def run(args: argparse.Namespace) -> int:
     from fleetwise.gateway import Gateway, serve
     from fleetwise.report.dashboard import render_dashboard
@@ -88,10 +101,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     check_listen_address(cfg.host, "--host" if args.host is not None else f"{args.config}: host")
     gw = Gateway(cfg, dashboard=render_dashboard)  # live page at /dashboard?token=ADMIN_TOKEN
-    print(f"fleetwise gateway on http://{cfg.host}:{cfg.port} -> {len(cfg.backends)} backend(s), "
-          f"policy {cfg.routing.policy}", flush=True)
     try:
-        serve(gw, cfg.host, cfg.port, args.log_level)
+        serve(gw, cfg.host, cfg.port, args.log_level, on_ready=lambda: print(started_line(gw), flush=True))
     except OSError as err:
         raise SpecError(f"--port {cfg.port}: cannot listen on {cfg.host}:{cfg.port} ({err.strerror}); "
                         "pick a free port") from None

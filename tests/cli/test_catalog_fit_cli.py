@@ -56,7 +56,7 @@ def test_fit_llama_70b_h100_bf16(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_fit_llama_70b_h100_fp8_json(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = run(capsys, "fit", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--dtype", "fp8", "--json")
+    rc, out, _ = run(capsys, "fit", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--weight-dtype", "fp8", "--json")
     r = json.loads(out)
     assert rc == 0 and r["fits_one_card"] is False
     assert (r["min_tp"]["tp"], r["min_tp"]["fits"]) == (2, True)

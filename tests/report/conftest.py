@@ -48,7 +48,7 @@ def plan_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("plan")
     spec = out / "tiny.yaml"
     spec.write_text(PLAN, encoding="utf-8")
-    rc = main(["plan", str(spec), "--workers", "1", "--json", str(out / "plan.json"), "--quiet",
+    rc = main(["plan", str(spec), "--workers", "1", "-o", str(out / "plan.json"), "--quiet",
                "--report", str(out / "report.html")])
     assert rc == 0
     return out

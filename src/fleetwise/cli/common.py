@@ -32,6 +32,8 @@ from fleetwise.spec.model import ModelSpec
 
 T = TypeVar("T", bound=BaseModel)
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+"""Server log levels (`--log-level` of gateway and emulate: Python logging's and uvicorn's names)."""
 SEED_MAX = 2**63 - 1
 """Largest seed: numpy's SeedSequence takes non-negative integers; 63 bits keep it a C long."""
 
@@ -117,6 +119,28 @@ def check_listen_address(host: str, where: str = "--host") -> None:
         reason = getattr(err, "strerror", None) or str(err)
         raise SpecError(f"{where}={quote(host)}: cannot listen on this address ({quote(reason, 80)}); "
                         "give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+
+
+class RenamedFlag(argparse.Action):
+    """A flag's old spelling, kept working: hidden from --help, it prints one line naming the new
+    spelling and then acts as the new flag's action (`rename_flag`)."""
+
+    def __init__(self, option_strings: list[str], dest: str, target: argparse.Action, **kw: Any) -> None:
+        super().__init__(option_strings, dest, **kw)
+        self.target = target
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        new = self.target.option_strings[-1]
+        print(f"{parser.prog}: {option_string} is deprecated, use {new} (same meaning)", file=sys.stderr)
+        self.target(parser, namespace, values, new)
+
+
+def rename_flag(parser: Any, old: str, new_action: argparse.Action) -> None:
+    """Keep `old` working as a deprecated spelling of the flag `new_action` adds (scripts keep running)."""
+    parser.add_argument(old, action=RenamedFlag, target=new_action, dest=new_action.dest, nargs=new_action.nargs,
+                        const=new_action.const, type=new_action.type, choices=new_action.choices,
+                        metavar=new_action.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_seed_arg(parser: argparse.ArgumentParser, help: str = "seed (default 0)") -> None:

@@ -19,8 +19,9 @@ import sys
 import time
 from typing import Any
 
-from fleetwise.cli.common import SEED_MAX, check_listen_address, float_flag, input_file, int_flag
+from fleetwise.cli.common import LOG_LEVELS, SEED_MAX, check_listen_address, float_flag, input_file, int_flag
 from fleetwise.errors import SpecError
+from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from fleetwise.spec.inputs import (
     MAX_BLOCK_TOKENS,
@@ -72,8 +73,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--admin-token", default=None,
                    help="bearer token for POST /admin/faults (default: $FLEETWISE_EMULATOR_ADMIN_TOKEN; "
                         "unset = admin disabled, every admin call gets 401)")
-    p.add_argument("--weight-dtype", choices=("bf16", "fp8", "int4"), default="bf16", help="weight dtype")
-    p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="KV cache dtype")
+    p.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default="bf16", help="weight storage format (default bf16)")
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="KV-cache format (default bf16)")
     p.add_argument("--gpu-memory-utilization", type=float_flag(positive=True, maximum=1.0), default=GPU_MEMORY_UTILIZATION, help=f"fraction of HBM the engine may use (default {GPU_MEMORY_UTILIZATION})")
     p.add_argument("--max-num-seqs", type=int_flag(1, MAX_ENGINE_SEQS), default=None, help=f"most running sequences (default {MAX_NUM_SEQS})")
     p.add_argument("--max-num-batched-tokens", type=int_flag(1, MAX_TOKENS), default=None, help=f"token budget per step (default {MAX_NUM_BATCHED_TOKENS})")
@@ -89,8 +90,7 @@ def register(subparsers: Any) -> None:
                    help="HTTP server: lean = fleetwise's httptools server, which calls the app inside the read "
                         "that completed a request (less wall time per request, which the time scale multiplies); "
                         "uvicorn = the reference")
-    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
-                   help="uvicorn log level")
+    p.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="server log level (default warning)")
     p.set_defaults(func=run)
 
 

@@ -165,7 +165,8 @@ def spec_from_flags(model: type[T], flags: Mapping[str, tuple[str, Any]], **fixe
 def add_model_arg(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument(
         "--model", required=required, metavar="M",
-        help="catalog model name (see `fleetwise catalog models`), a HF config.json, or a ModelSpec YAML/JSON",
+        help="catalog model name (see `fleetwise catalog models`), a HF config.json, a HF repo id in the local HF "
+             "cache, or a ModelSpec YAML/JSON",
     )
 
 

@@ -106,19 +106,38 @@ def input_dir(text: str) -> str:
     return text
 
 
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port now (None: it could), from a throw-away socket
+    bound as servers bind (SO_REUSEADDR: a port another socket listens on is refused)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(addr)
+            if port:
+                probe.listen(1)
+    except (OSError, UnicodeError, ValueError) as err:
+        return str(getattr(err, "strerror", None) or err)
+    return None
+
+
 def check_listen_address(host: str, where: str = "--host") -> None:
     """SpecError naming `where` unless a server can bind `host` (an address of this machine or a
     name resolving to one); checked with a throw-away socket on an ephemeral port, before the
     server builds anything or binds its own port."""
-    try:
-        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, _, _, _, addr = infos[0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind(addr)
-    except (OSError, UnicodeError, ValueError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
+    reason = _bind_problem(host, 0)
+    if reason is not None:
         raise SpecError(f"{where}={quote(host)}: cannot listen on this address ({quote(reason, 80)}); "
-                        "give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+                        "give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0")
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """SpecError naming `what` when host:port is taken now (another server listens there)."""
+    reason = _bind_problem(host, port)
+    if reason is not None:
+        raise SpecError(f"{what}: cannot listen on {host}:{port} ({quote(reason, 80)}); another server holds it: "
+                        "stop it or pick a free --port")
 
 
 class RenamedFlag(argparse.Action):

@@ -29,7 +29,7 @@ def sim_run(tmp_path_factory) -> Path:
                str(ROOT / "examples/workloads/poisson-chat.yaml"), "--faults",
                str(ROOT / "examples/plans/pd-70b.faults.yaml"), "--requests", "300", "--tpot-slo", "0.05",
                "--out", str(out), "--report", str(out / "report.html"), "--trace-events", str(out / "trace.json"),
-               "--trace-requests", "10:60", "--quiet"])
+               "--trace-events-requests", "10:60", "--quiet"])
     assert rc == 0
     return out
 

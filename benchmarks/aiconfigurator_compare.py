@@ -22,7 +22,7 @@ the target rate. For each model the script runs
    (best aggregated and disaggregated configurations, tokens/s/GPU at the most the budget serves);
 2. aiconfigurator in rate mode (the question fleetwise answers): the same with
    `--target-request-rate RATE` instead of --total-gpus (fewest GPUs for the rate);
-3. `fleetwise plan SPEC --json OUT --top 5` (timed);
+3. `fleetwise plan SPEC -o OUT --top 5` (timed);
 4. single steps priced by both (unless --no-steps): `aiconfigurator cli estimate --estimate-mode
    static_ctx|static_gen` (one prompt of ISL tokens; a decode batch over ISL..ISL+OSL context)
    against fleetwise's roofline with the factors the planner uses (`PerfModel()`), so the
@@ -216,7 +216,7 @@ def _fw_plan_row(p: dict, q: dict) -> dict:
 def fleetwise_plan(spec_path: Path, q: dict, work: Path) -> dict:
     out = work / (spec_path.stem + ".plan.json")
     t0, c0 = time.perf_counter(), os.times()
-    r = subprocess.run([sys.executable, "-c", "from fleetwise.cli.main import main; main()", "plan", str(spec_path), "--json", str(out), "--top", "5"],
+    r = subprocess.run([sys.executable, "-c", "from fleetwise.cli.main import main; main()", "plan", str(spec_path), "-o", str(out), "--top", "5"],
                        capture_output=True, text=True, cwd=REPO)
     wall, c1 = time.perf_counter() - t0, os.times()
     if r.returncode not in (0, 1):

@@ -154,7 +154,7 @@ async def throughput(urls: list[str], n: int, conc: int, tokens: int, pid: int |
 def router_cmds(name: str, policy: str, port: int, workers: list[str]) -> list[str]:
     if name == "fleetwise":
         cmd = [sys.executable, "-m", "fleetwise.cli.main", "gateway", "--policy", policy, "--port", str(port),
-               "--model", "m"]
+               "--served-model-name", "m"]
         if policy == "prefix-affinity":
             cmd += ["--tokenizer", TOKENIZER]
         for w in workers:

@@ -221,7 +221,7 @@ def _children_cpu() -> float:
 
 
 def run_plan(py: Path, spec: Path, out: Path, extra: list[str], head: RayHead | None) -> dict:
-    cmd = [str(py), "-c", CLI, "plan", str(spec), "--json", str(out), *extra]
+    cmd = [str(py), "-c", CLI, "plan", str(spec), "-o", str(out), *extra]
     load0, cpu0, t0 = os.getloadavg()[0], _children_cpu(), time.perf_counter()
     sampler = SessionCpu(head.sid).start() if head else None
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)

@@ -58,7 +58,7 @@ def fleetwise_source() -> dict:
 
 
 def run_once(spec: Path, workers: int | None, out: Path) -> dict:
-    cmd = [sys.executable, "-c", CLI, "plan", str(spec), "--json", str(out)]
+    cmd = [sys.executable, "-c", CLI, "plan", str(spec), "-o", str(out)]
     if workers:
         cmd += ["--workers", str(workers)]
     load0, cpu0, t0 = os.getloadavg()[0], _children_cpu(), time.perf_counter()

@@ -56,7 +56,7 @@ def test_fit_llama_70b_h100_bf16(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_fit_llama_70b_h100_fp8_json(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = run(capsys, "fit", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--dtype", "fp8", "--json")
+    rc, out, _ = run(capsys, "fit", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--weight-dtype", "fp8", "--json")
     r = json.loads(out)
     assert rc == 0 and r["fits_one_card"] is False
     assert (r["min_tp"]["tp"], r["min_tp"]["fits"]) == (2, True)
@@ -65,7 +65,7 @@ def test_fit_llama_70b_h100_fp8_json(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_fit_moe_reports_active_and_ratio(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = run(capsys, "fit", "--model", "moe-2.8t-a104b", "--gpu", "h200-sxm", "--dtype", "fp8")
+    rc, out, _ = run(capsys, "fit", "--model", "moe-2.8t-a104b", "--gpu", "h200-sxm", "--weight-dtype", "fp8")
     assert rc == 0
     assert "compute follows active (104.1B" in out and "1/26.7" in out
     assert "smallest TP x EP" in out

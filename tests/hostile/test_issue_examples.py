@@ -110,8 +110,8 @@ def test_non_finite_price_in_an_accelerator_file(capsys, tmp_path):
 
 @pytest.mark.parametrize("flag,value,needle", [
     ("--rate", "-3", "--rate"), ("--rate", "nan", "--rate"), ("--rate", "inf", "--rate"),
-    ("--time-scale", "-1", "--time-scale"), ("--time-scale", "nan", "--time-scale"),
-    ("--time-scale", "1e-300", "--time-scale"),
+    ("--arrival-stretch", "-1", "--arrival-stretch"), ("--arrival-stretch", "nan", "--arrival-stretch"),
+    ("--arrival-stretch", "1e-300", "--arrival-stretch"),
     ("--feedback-delay", "-1", "--feedback-delay"), ("--feedback-delay", "inf", "--feedback-delay"),
     ("--requests", "-5", "--requests"), ("--requests", "0", "--requests"),
     ("--ttft-slo", "-1", "--ttft-slo"), ("--tpot-slo", "nan", "--tpot-slo"), ("--e2e-slo", "inf", "--e2e-slo"),
@@ -215,7 +215,7 @@ def test_bad_output_paths_fail_before_the_run(capsys, tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text("model: llama-3.1-8b\naccelerators: [{name: h100-sxm}]\nworkload: {rate_rps: 1, preset: sharegpt}\n"
                     "slo: {ttft_s: 2, tpot_s: 0.05}\n")
-    assert_user_error(run_cli(capsys, ["plan", spec, "--json", tmp_path / "missing" / "x.json"]), "--json")
+    assert_user_error(run_cli(capsys, ["plan", spec, "-o", tmp_path / "missing" / "x.json"]), "--output")
     o = run_cli(capsys, ["scenarios", "--small", "--out", tmp_path / "file"])
     assert_user_error(o, "--out")
 
@@ -316,7 +316,7 @@ def test_planning_trace_beyond_the_context_is_rejected(capsys, tmp_path):
 @pytest.mark.parametrize("policy,truncated,skipped", [("truncate", 2, 0), ("skip", 0, 2)])
 def test_planning_trace_over_context_is_counted_in_the_plan(capsys, tmp_path, policy, truncated, skipped):
     out = tmp_path / "plan.json"
-    o = run_cli(capsys, ["plan", _trace_planning_spec(tmp_path, policy), "--workers", "1", "--json", out])
+    o = run_cli(capsys, ["plan", _trace_planning_spec(tmp_path, policy), "--workers", "1", "-o", out])
     assert o.rc in (0, 1), o.err
     doc = load_strict_json(out.read_text())
     assert doc["workload"]["over_context"] == {"policy": policy, "max_context_tokens": 131_072,

@@ -246,7 +246,7 @@ def test_plan_with_a_mutated_spec(capsys, tmp_path, data):
     doc, touched = data.draw(mutated(BASE_PLANNING))
     spec = write_doc(tmp_path, "spec", doc, data.draw(st.booleans()))
     out = tmp_path / "plan.json"
-    check(capsys, ["plan", spec, "--workers", "1", "--json", out], [out], ok_codes=(0, 1), names=touched)
+    check(capsys, ["plan", spec, "--workers", "1", "-o", out], [out], ok_codes=(0, 1), names=touched)
 
 
 # ---- traces -------------------------------------------------------------------------------------
@@ -370,17 +370,17 @@ def _commands(tmp: Path) -> dict[str, tuple[list[Any], list[str]]]:
         "simulate-workload": (["simulate", PLANS / "colocated-8b.yaml", "--workload", wl, "--no-progress",
                                "--out", tmp / "o"],
                               ["--seed", "--requests", "--feedback-delay", "--ttft-slo", "--tpot-slo", "--e2e-slo",
-                               "--over-context", "--records", "--rate", "--time-scale", "--policy", "--faults",
+                               "--over-context", "--records-format", "--rate", "--arrival-stretch", "--policy", "--faults",
                                "--trace-events", "--report"]),
         "simulate-trace": (["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", trace,
                             "--no-progress", "--out", tmp / "o"],
-                           ["--seed", "--requests", "--rate", "--time-scale", "--replicas", "--tp", "--model", "--gpu",
-                            "--trace-requests", "--trace-window", "--out", "--trace-columns", "--over-context"]),
-        "plan": (["plan", spec, "--workers", "1", "--json", tmp / "p.json"],
-                 ["--top", "--workers", "--json", "--profile", "--report"]),
+                           ["--seed", "--requests", "--rate", "--arrival-stretch", "--replicas", "--tp", "--model", "--gpu",
+                            "--trace-events-requests", "--trace-events-window", "--out", "--trace-columns", "--over-context"]),
+        "plan": (["plan", spec, "--workers", "1", "-o", tmp / "p.json"],
+                 ["--top", "--workers", "-o", "--profile", "--report"]),
         "fit": (["fit", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--json"],
                 ["--max-num-batched-tokens", "--gpu-memory-utilization", "--context-tokens", "--max-gpus",
-                 "--dtype", "--kv-dtype", "--model", "--gpu"]),
+                 "--weight-dtype", "--kv-dtype", "--model", "--gpu"]),
         "catalog": (["catalog", "models", "--json"], []),
         "emulate": (["emulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--port", "0"],
                     ["--tp", "--max-model-len", "--time-scale", "--seed", "--port", "--gpu-memory-utilization",
@@ -388,7 +388,7 @@ def _commands(tmp: Path) -> dict[str, tuple[list[Any], list[str]]]:
                      "--host", "--profile", "--max-num-batched-tokens", "--kv-link-latency", "--pp", "--model",
                      "--gpu", "--served-model-name"]),
         "gateway": (["gateway", "--backend", "http://127.0.0.1:9", "--port", "0"],
-                    ["--backend", "--prefill", "--decode", "--policy", "--model", "--host", "--port",
+                    ["--backend", "--prefill", "--decode", "--policy", "--served-model-name", "--host", "--port",
                      "--backends-file", "--ledger", "--config", "--log-level"]),
         "ledger-summary": (["ledger", "summary", "--ledger", _ledger(tmp), "--json"], ["--ledger", "--tenant", "--since"]),
         "ledger-verify": (["ledger", "verify", "--ledger", tmp / "ledger.db", "--records", records, "--json"],

@@ -29,7 +29,7 @@ def sim_run(tmp_path_factory) -> Path:
                str(ROOT / "examples/workloads/poisson-chat.yaml"), "--faults",
                str(ROOT / "examples/plans/pd-70b.faults.yaml"), "--requests", "300", "--tpot-slo", "0.05",
                "--out", str(out), "--report", str(out / "report.html"), "--trace-events", str(out / "trace.json"),
-               "--trace-requests", "10:60", "--quiet"])
+               "--trace-events-requests", "10:60", "--quiet"])
     assert rc == 0
     return out
 
@@ -48,7 +48,7 @@ def plan_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("plan")
     spec = out / "tiny.yaml"
     spec.write_text(PLAN, encoding="utf-8")
-    rc = main(["plan", str(spec), "--workers", "1", "--json", str(out / "plan.json"), "--quiet",
+    rc = main(["plan", str(spec), "--workers", "1", "-o", str(out / "plan.json"), "--quiet",
                "--report", str(out / "report.html")])
     assert rc == 0
     return out

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
+import subprocess
 
 import httpx
+import pytest
 
 from fleetwise.gateway import Gateway, GatewayConfig
-from fleetwise.report.dashboard import render_dashboard
+from fleetwise.report.dashboard import CHART_JS, CHART_SERIES, HISTORY_S, render_dashboard
 
 
 def fleet_state(n: int = 0) -> dict:
@@ -71,3 +74,42 @@ def test_gateway_serves_the_page_behind_the_admin_token():
         assert [b["name"] for b in state["backends"]] == ["b0"] and state["policy"] == gw.policy.report()["policy"]
     assert wrong.status_code == 401 and missing.status_code == 401
     assert absent.status_code == 404  # no renderer given: no page
+
+
+def _node(script: str) -> dict:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the chart functions are JavaScript run by the page")
+    done = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
+def test_charts_keep_the_last_minutes_per_backend_scaled_to_what_they_show():
+    series = json.dumps([list(c) for c in CHART_SERIES])
+    out = _node(CHART_JS + f"""
+    var hist = {{}}, S = {series};
+    for (var t = 0; t <= 400; t += 100) {{
+      CHARTS.remember(hist, t, [{{name: "b-0", observed_ttft_s: 0.1 * (t / 100 + 1), observed_tpot_s: null,
+                                  queued: t / 100, kv_usage: 0.03}}], S, {HISTORY_S - 100});
+    }}
+    CHARTS.remember(hist, 400, [{{name: "b-0", observed_ttft_s: 0.5, queued: 4, kv_usage: 0.03}}], S, 300);
+    var h = hist["b-0"], line = function (i) {{ return CHARTS.line(h, i, 400, 300, 160, 36); }};
+    console.log(JSON.stringify({{times: h.map(function (s) {{ return s.t; }}), ttft: line(0), tpot: line(1),
+                                queue: line(2), kv: line(3)}}));
+    """)
+    assert HISTORY_S == 300.0
+    assert out["times"] == [200, 300, 400]  # older than the window (200 s here, 300 at the last call) dropped
+    assert out["kv"] == {"points": "53.3,3.3 106.7,3.3 160.0,3.3", "top": 3, "last": 3}  # 3 %, not flat on 0-100
+    assert out["ttft"]["points"] == "53.3,16.4 106.7,9.8 160.0,3.3" and out["ttft"]["last"] == 500
+    assert out["tpot"] == {"points": "", "top": 0, "last": None}  # no observation yet: no line
+    assert out["queue"]["top"] == 4
+
+
+def test_page_draws_a_chart_per_backend_and_series_with_its_unit():
+    page = render_dashboard(fleet_state(1))
+    assert CHART_JS in page and '<div class="charts" id="charts"></div>' in page
+    assert f"var SERIES = {json.dumps([list(c) for c in CHART_SERIES], separators=(',', ':'))}" in page
+    assert [(c[1], c[2]) for c in CHART_SERIES] == [("TTFT", "ms"), ("TPOT", "ms"), ("queue", "requests"),
+                                                   ("KV used", "%")]
+    script = re.findall(r"<script>(.*?)</script>", page, re.S)[0]
+    assert _node(f"new Function({json.dumps(script)}); console.log('{{}}');") == {}  # the page's script parses

@@ -15,6 +15,7 @@ import pytest
 
 from fleetwise.cli.main import main
 from fleetwise.report import document_page, write_report
+from fleetwise.report.page import num
 from fleetwise.report.plan_report import VERDICT_LOOK
 from fleetwise.report.plots import CDF_POINTS, cdf_points
 from fleetwise.report.sim_report import fault_spans
@@ -63,8 +64,8 @@ def test_simulation_report_holds_every_figure_and_the_summary_numbers(sim_run):
     s = json.loads((sim_run / "summary.json").read_text())
     page = (sim_run / "report.html").read_text()
     for key in ("ttft_s", "tpot_s", "e2e_s"):
-        assert f'<td class="num">{round(s[key]["p99"] * 1e3, 2)}</td>' in page
-    assert "SLO 0.05 s" in figs["latency-by-pool"]  # the TPOT target line
+        assert f'<td class="num">{num(s[key]["p99"] * 1e3)}</td>' in page
+    assert "SLO 50 ms" in figs["latency-by-pool"]  # the TPOT target line
     for r in s["per_replica"]:
         assert f"<td>{r['name']}</td>" in page and r["name"] in figs["replica-timelines"]
     assert "crash decode-0" in figs["replica-timelines"]  # fault periods are marked
@@ -93,7 +94,7 @@ def test_routing_report_shows_selection_reasons_per_replica_and_safe_mode(routin
         assert kind in figs["routing"]
     assert "safe mode (stale fleet view)" in figs["replica-timelines"] and "crash mixed-1" in figs["replica-timelines"]
     page = (routing_run / "report.html").read_text()
-    assert f"<td class=\"num\">{round(periods[0][0], 3)}</td>" in page  # the period is listed under the timelines
+    assert f"<td class=\"num\">{num(float(periods[0][0]))}</td>" in page  # the period is listed under the timelines
 
 
 def test_scenario_report_shows_policies_side_by_side_and_the_verdicts(scenario_run):

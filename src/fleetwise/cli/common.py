@@ -32,6 +32,8 @@ from fleetwise.spec.model import ModelSpec
 
 T = TypeVar("T", bound=BaseModel)
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+"""Server log levels (`--log-level` of gateway and emulate: Python logging's and uvicorn's names)."""
 SEED_MAX = 2**63 - 1
 """Largest seed: numpy's SeedSequence takes non-negative integers; 63 bits keep it a C long."""
 
@@ -104,19 +106,60 @@ def input_dir(text: str) -> str:
     return text
 
 
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port now (None: it could), from a throw-away socket
+    bound as servers bind (SO_REUSEADDR: a port another socket listens on is refused)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(addr)
+            if port:
+                probe.listen(1)
+    except (OSError, UnicodeError, ValueError) as err:
+        return str(getattr(err, "strerror", None) or err)
+    return None
+
+
 def check_listen_address(host: str, where: str = "--host") -> None:
     """SpecError naming `where` unless a server can bind `host` (an address of this machine or a
     name resolving to one); checked with a throw-away socket on an ephemeral port, before the
     server builds anything or binds its own port."""
-    try:
-        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, _, _, _, addr = infos[0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind(addr)
-    except (OSError, UnicodeError, ValueError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
+    reason = _bind_problem(host, 0)
+    if reason is not None:
         raise SpecError(f"{where}={quote(host)}: cannot listen on this address ({quote(reason, 80)}); "
-                        "give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+                        "give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0")
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """SpecError naming `what` when host:port is taken now (another server listens there)."""
+    reason = _bind_problem(host, port)
+    if reason is not None:
+        raise SpecError(f"{what}: cannot listen on {host}:{port} ({quote(reason, 80)}); another server holds it: "
+                        "stop it or pick a free --port")
+
+
+class RenamedFlag(argparse.Action):
+    """A flag's old spelling, kept working: hidden from --help, it prints one line naming the new
+    spelling and then acts as the new flag's action (`rename_flag`)."""
+
+    def __init__(self, option_strings: list[str], dest: str, target: argparse.Action, **kw: Any) -> None:
+        super().__init__(option_strings, dest, **kw)
+        self.target = target
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        new = self.target.option_strings[-1]
+        print(f"{parser.prog}: {option_string} is deprecated, use {new} (same meaning)", file=sys.stderr)
+        self.target(parser, namespace, values, new)
+
+
+def rename_flag(parser: Any, old: str, new_action: argparse.Action) -> None:
+    """Keep `old` working as a deprecated spelling of the flag `new_action` adds (scripts keep running)."""
+    parser.add_argument(old, action=RenamedFlag, target=new_action, dest=new_action.dest, nargs=new_action.nargs,
+                        const=new_action.const, type=new_action.type, choices=new_action.choices,
+                        metavar=new_action.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_seed_arg(parser: argparse.ArgumentParser, help: str = "seed (default 0)") -> None:
@@ -141,7 +184,8 @@ def spec_from_flags(model: type[T], flags: Mapping[str, tuple[str, Any]], **fixe
 def add_model_arg(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument(
         "--model", required=required, metavar="M",
-        help="catalog model name (see `fleetwise catalog models`), a HF config.json, or a ModelSpec YAML/JSON",
+        help="catalog model name (see `fleetwise catalog models`), a HF config.json, a HF repo id in the local HF "
+             "cache, or a ModelSpec YAML/JSON",
     )
 
 
@@ -169,10 +213,16 @@ def emit_json(obj: Any) -> None:
     sys.stdout.write(strict_json_dumps(obj) + "\n")
 
 
-def console() -> Console:
-    """A rich console on stdout that never interprets brackets in our text as markup."""
-    width = None if sys.stdout.isatty() else 200  # pipes and captures get full rows, not 80 columns
-    return Console(file=sys.stdout, markup=False, highlight=False, soft_wrap=True, width=width)
+PIPE_WIDTH = 10_000
+"""Console width when stdout is not a terminal: wider than any row we print, so a pipe or a file
+gets every table row whole instead of rich's 80-column default cutting cells ("h200-s…")."""
+
+
+def console(markup: bool = False) -> Console:
+    """A rich console on stdout: the terminal's width on a terminal, rows never cut when piped;
+    brackets in our text are markup only when `markup`."""
+    width = None if sys.stdout.isatty() else PIPE_WIDTH
+    return Console(file=sys.stdout, markup=markup, highlight=False, soft_wrap=True, width=width)
 
 
 def fmt_bytes(x: float) -> str:

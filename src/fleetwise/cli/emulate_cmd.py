@@ -19,8 +19,17 @@ import sys
 import time
 from typing import Any
 
-from fleetwise.cli.common import SEED_MAX, check_listen_address, float_flag, input_file, int_flag
+from fleetwise.cli.common import (
+    LOG_LEVELS,
+    SEED_MAX,
+    check_listen_address,
+    check_port_free,
+    float_flag,
+    input_file,
+    int_flag,
+)
 from fleetwise.errors import SpecError
+from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from fleetwise.spec.inputs import (
     MAX_BLOCK_TOKENS,
@@ -72,8 +81,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--admin-token", default=None,
                    help="bearer token for POST /admin/faults (default: $FLEETWISE_EMULATOR_ADMIN_TOKEN; "
                         "unset = admin disabled, every admin call gets 401)")
-    p.add_argument("--weight-dtype", choices=("bf16", "fp8", "int4"), default="bf16", help="weight dtype")
-    p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="KV cache dtype")
+    p.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default="bf16", help="weight storage format (default bf16)")
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="KV-cache format (default bf16)")
     p.add_argument("--gpu-memory-utilization", type=float_flag(positive=True, maximum=1.0), default=GPU_MEMORY_UTILIZATION, help=f"fraction of HBM the engine may use (default {GPU_MEMORY_UTILIZATION})")
     p.add_argument("--max-num-seqs", type=int_flag(1, MAX_ENGINE_SEQS), default=None, help=f"most running sequences (default {MAX_NUM_SEQS})")
     p.add_argument("--max-num-batched-tokens", type=int_flag(1, MAX_TOKENS), default=None, help=f"token budget per step (default {MAX_NUM_BATCHED_TOKENS})")
@@ -89,8 +98,7 @@ def register(subparsers: Any) -> None:
                    help="HTTP server: lean = fleetwise's httptools server, which calls the app inside the read "
                         "that completed a request (less wall time per request, which the time scale multiplies); "
                         "uvicorn = the reference")
-    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
-                   help="uvicorn log level")
+    p.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="server log level (default warning)")
     p.set_defaults(func=run)
 
 
@@ -166,12 +174,56 @@ def fleet_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]
     return out
 
 
-def run_fleet(args: argparse.Namespace) -> int:
-    """Start every replica of `--plan` as its own process; stop them all on Ctrl-C or SIGTERM. A
-    replica that exits (a `crash` fault) is reported and the others keep serving; the command
-    ends (status 1) when none is left."""
+def serving(endpoints: list[dict[str, str]], procs: list[Any]) -> list[dict[str, str]]:
+    """The endpoints whose replica process is still running (what `--endpoints` lists)."""
+    return [ep for ep, p in zip(endpoints, procs, strict=True) if p.poll() is None]
+
+
+def _wait_serving(endpoints: list[dict[str, str]], procs: list[Any]) -> None:
+    """Wait until every replica answers /health; SpecError naming the first that exits or stays silent."""
     import urllib.request
 
+    deadline = time.monotonic() + FLEET_START_TIMEOUT_S
+    for ep, proc in zip(endpoints, procs, strict=True):
+        while True:
+            if proc.poll() is not None:
+                raise SpecError(f"--plan: replica {ep['name']} exited with status {proc.returncode} at start "
+                                "(see its message above)")
+            try:
+                with urllib.request.urlopen(ep["url"] + "/health", timeout=1.0) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SpecError(f"--plan: replica {ep['name']} did not answer /health within "
+                                f"{FLEET_START_TIMEOUT_S:g} s")
+            time.sleep(0.2)
+    gone = [ep["name"] for ep, p in zip(endpoints, procs, strict=True) if p.poll() is not None]
+    if gone:  # answered /health, then exited: another process answered on its port
+        raise SpecError(f"--plan: replica {gone[0]} exited right after start (see its message above)")
+
+
+def _watch(endpoints: list[dict[str, str]], procs: list[Any], endpoints_file: str | None) -> None:
+    """Report each replica that exits (a crash fault: the others keep serving) and keep
+    `endpoints_file` listing the ones still serving; return when none is left."""
+    reported: set[int] = set()
+    while len(reported) < len(procs):
+        for i, p in enumerate(procs):
+            if i not in reported and p.poll() is not None:
+                reported.add(i)
+                print(f"fleetwise emulate: replica {endpoints[i]['name']} exited with status {p.returncode}; "
+                      f"{len(procs) - len(reported)} still serving", file=sys.stderr, flush=True)
+                if endpoints_file:
+                    write_json(endpoints_file, serving(endpoints, procs))
+        time.sleep(0.5)
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """Start every replica of `--plan` as its own process; stop them all on Ctrl-C or SIGTERM. Each
+    replica's port is checked free first and each must answer /health (else one line, exit 2);
+    `--endpoints` lists only replicas serving. A replica that exits (a `crash` fault) is reported
+    and the others keep serving; the command ends (status 1) when none is left."""
     if args.model or args.gpu:
         raise SpecError("give either --plan or --model/--gpu, not both")
     import os
@@ -179,6 +231,8 @@ def run_fleet(args: argparse.Namespace) -> int:
     from fleetwise.emulator.config import ADMIN_TOKEN_ENV
 
     cmds = fleet_commands(args)
+    for i, (name, _, _) in enumerate(cmds):  # a port held by another server would answer its /health
+        check_port_free(args.host, args.port + i, f"--plan: replica {name} (--port {args.port} + {i})")
     env = dict(os.environ)
     if args.admin_token:  # through the environment, not the command line other users can read
         env[ADMIN_TOKEN_ENV] = args.admin_token
@@ -193,34 +247,12 @@ def run_fleet(args: argparse.Namespace) -> int:
         for i, (name, role, argv) in enumerate(cmds):
             procs.append(subprocess.Popen(argv, env=env))
             endpoints.append({"name": name, "role": role, "url": f"http://{args.host}:{args.port + i}"})
-        deadline = time.monotonic() + FLEET_START_TIMEOUT_S
-        for ep, proc in zip(endpoints, procs, strict=True):
-            while True:
-                if proc.poll() is not None:
-                    raise SpecError(f"--plan: replica {ep['name']} exited with status {proc.returncode} at start "
-                                    "(see its message above)")
-                try:
-                    with urllib.request.urlopen(ep["url"] + "/health", timeout=1.0) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SpecError(f"--plan: replica {ep['name']} did not answer /health within "
-                                    f"{FLEET_START_TIMEOUT_S:g} s")
-                time.sleep(0.2)
+        _wait_serving(endpoints, procs)
         if args.endpoints:
-            write_json(args.endpoints, endpoints)
+            write_json(args.endpoints, serving(endpoints, procs))
         for ep in endpoints:
             print(f"{ep['name']:>16}  {ep['role']:<8} {ep['url']}", flush=True)
-        reported: set[int] = set()
-        while len(reported) < len(procs):  # a replica that exits (a crash fault) is reported, not fatal
-            for i, p in enumerate(procs):
-                if i not in reported and p.poll() is not None:
-                    reported.add(i)
-                    print(f"fleetwise emulate: replica {endpoints[i]['name']} exited with status {p.returncode}; "
-                          f"{len(procs) - len(reported)} still serving", file=sys.stderr, flush=True)
-            time.sleep(0.5)
+        _watch(endpoints, procs, args.endpoints)
         return 1
     except KeyboardInterrupt:
         return 0

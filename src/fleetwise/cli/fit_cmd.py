@@ -1,4 +1,4 @@
-"""`fleetwise fit --model M --gpu G [--dtype ...] [--kv-dtype ...] [--json]`: does it fit, and on what.
+"""`fleetwise fit --model M --gpu G [--weight-dtype ...] [--kv-dtype ...] [--json]`: does it fit, and on what.
 
 Owns the argument parsing and presentation of `fleetwise.perf.memory.fit`; the arithmetic lives
 there.
@@ -17,13 +17,17 @@ from fleetwise.cli.common import (
     add_model_arg,
     console,
     emit_json,
+    float_flag,
     fmt_bytes,
     gpu_from_args,
+    int_flag,
     model_from_args,
+    rename_flag,
 )
 from fleetwise.perf.memory import FitOptions, FitReport, LayoutFit, fit
 from fleetwise.spec import engine_defaults as ed
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
+from fleetwise.spec.inputs import MAX_TOKENS
 
 
 def register(subparsers: Any) -> None:
@@ -33,11 +37,14 @@ def register(subparsers: Any) -> None:
     )
     add_model_arg(p)
     add_gpu_arg(p)
-    p.add_argument("--dtype", default="bf16", choices=WEIGHT_DTYPES, help="weight storage format (default bf16)")
+    dtype = p.add_argument("--weight-dtype", default="bf16", choices=WEIGHT_DTYPES,
+                           help="weight storage format (default bf16)")
+    rename_flag(p, "--dtype", dtype)
     p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV-cache format (default bf16)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=ed.MAX_NUM_BATCHED_TOKENS,
+    p.add_argument("--max-num-batched-tokens", type=int_flag(1, MAX_TOKENS), default=ed.MAX_NUM_BATCHED_TOKENS,
                    help=f"engine token budget per step (default {ed.MAX_NUM_BATCHED_TOKENS})")
-    p.add_argument("--gpu-memory-utilization", type=float, default=ed.GPU_MEMORY_UTILIZATION,
+    p.add_argument("--gpu-memory-utilization", type=float_flag(positive=True, maximum=1.0),
+                   default=ed.GPU_MEMORY_UTILIZATION,
                    help=f"fraction of HBM the engine uses (default {ed.GPU_MEMORY_UTILIZATION})")
     p.add_argument("--context-tokens", type=int, default=None,
                    help="KV to hold for one request (default: the model's max context)")
@@ -68,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     options = FitOptions(max_num_batched_tokens=args.max_num_batched_tokens,
                          gpu_memory_utilization=args.gpu_memory_utilization,
                          context_tokens=args.context_tokens, max_gpus=args.max_gpus)
-    report = fit(model, gpu, args.dtype, args.kv_dtype, options)
+    report = fit(model, gpu, args.weight_dtype, args.kv_dtype, options)
     if args.json:
         emit_json(report.as_dict())
         return 0

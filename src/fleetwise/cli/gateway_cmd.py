@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fleetwise.cli.common import check_listen_address, input_file, int_flag
+from fleetwise.cli.common import LOG_LEVELS, check_listen_address, input_file, int_flag, rename_flag
 from fleetwise.errors import SpecError
 from fleetwise.routing import policy_names
 from fleetwise.spec.base import load_document, validate
@@ -33,8 +33,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--prefill", action="append", default=[], metavar="URL", help="a prefill backend (repeatable)")
     p.add_argument("--decode", action="append", default=[], metavar="URL", help="a decode backend (repeatable)")
     p.add_argument("--policy", choices=policy_names(), help="routing preset (default fleetwise-default)")
-    p.add_argument("--model", action="append", default=[], metavar="NAME",
-                   help="model name clients may ask for (default: what the backends' /v1/models report)")
+    served = p.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
+                            help="model name clients may ask for, repeatable (default: what the backends' "
+                                 "/v1/models report)")
+    rename_flag(p, "--model", served)  # --model names a model spec everywhere else
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int_flag(0, 65535), help="listen port (default 8000)")
     p.add_argument("--backends-file", metavar="FILE", help="watched YAML list of backends")
@@ -48,7 +50,7 @@ def register(subparsers: Any) -> None:
                    help="prompt tokens per prefix-hash block (default 64; with --kv-events the engine's "
                         "KV block size, 16 for `fleetwise emulate`)")
     p.add_argument("--ledger", metavar="URL", help="usage ledger: SQLite file or postgresql://... (metering)")
-    p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="server log level (default warning)")
     p.set_defaults(func=run)
 
 
@@ -71,14 +73,27 @@ def build_config(args: argparse.Namespace) -> Any:
                      ("ledger", getattr(args, "ledger", None)), ("tokenizer", getattr(args, "tokenizer", None))):
         if val is not None:
             doc[key] = val
-    if args.model:
-        doc["models"] = args.model
+    if args.served_model_name:
+        doc["models"] = args.served_model_name
     if getattr(args, "hash_block_tokens", None) is not None:
         doc["limits"] = {**doc.get("limits", {}), "hash_block_tokens": args.hash_block_tokens}
     out = validate(GatewayConfig, doc, args.config or "command line")
     if not out.backends and not out.backends_file:
         raise SpecError("no backends: pass --backend URL (or --prefill/--decode), or list `backends:` in --config")
     return out
+
+
+def started_line(gw: Any) -> str:
+    """What the gateway serves once started: its address, the backends it has read (config and
+    backends file) by role, and the policy."""
+    cfg = gw.cfg
+    roles: dict[str, int] = {}
+    for b in gw.backends.live.values():
+        roles[b.spec.role] = roles.get(b.spec.role, 0) + 1
+    by_role = ", ".join(f"{n} {r}" for r, n in sorted(roles.items())) or "none yet"
+    source = f" (watching {cfg.backends_file})" if cfg.backends_file else ""
+    return (f"fleetwise gateway on http://{cfg.host}:{cfg.port} -> {sum(roles.values())} backend(s): {by_role}"
+            f"{source}, policy {cfg.routing.policy}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,10 +103,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     check_listen_address(cfg.host, "--host" if args.host is not None else f"{args.config}: host")
     gw = Gateway(cfg, dashboard=render_dashboard)  # live page at /dashboard?token=ADMIN_TOKEN
-    print(f"fleetwise gateway on http://{cfg.host}:{cfg.port} -> {len(cfg.backends)} backend(s), "
-          f"policy {cfg.routing.policy}", flush=True)
     try:
-        serve(gw, cfg.host, cfg.port, args.log_level)
+        serve(gw, cfg.host, cfg.port, args.log_level, on_ready=lambda: print(started_line(gw), flush=True))
     except OSError as err:
         raise SpecError(f"--port {cfg.port}: cannot listen on {cfg.host}:{cfg.port} ({err.strerror}); "
                         "pick a free port") from None

@@ -1,7 +1,7 @@
-"""`fleetwise plan [SPEC.yaml] [--json OUT] [--top K] [--workers N] [--profile P] [--ray ADDRESS]`.
+"""`fleetwise plan [SPEC.yaml] [-o PLAN.json] [--json] [--top K] [--workers N] [--profile P] [--ray ADDRESS]`.
 
 Owns argument parsing and output of the planner (`fleetwise.planner.api.plan`): the readable
-report on stdout, the JSON document to a file (`--json -` prints it instead of the report), and
+report on stdout, the JSON document to a file (`-o`; `--json` prints it instead of the report), and
 `--write-schema` to refresh docs/schema/planning-spec.schema.json, and `--report FILE.html`. With no SPEC it answers the
 built-in question (Llama-3.1-70B chat on H100 vs H200). An infeasible question prints its
 explanation (and writes the JSON) and exits 1; a bad spec is one line and exit 2. On a terminal
@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
-from rich.console import Console
-
 from fleetwise.cli import progress, trace_columns
-from fleetwise.cli.common import input_file, int_flag
+from fleetwise.cli.common import console, input_file, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError
 from fleetwise.spec.catalog import resolve_model
@@ -38,8 +37,11 @@ def register(subparsers: Any) -> None:
                     "simulator, size replicas with headroom, compare colocated and PD plans, rank by cost.",
     )
     p.add_argument("spec", nargs="?", default=None, type=input_file("planning spec"), help="SPEC.yaml (default: the built-in 70B chat question)")
-    p.add_argument("--json", dest="json_out", metavar="OUT", default=None,
-                   help="write the plan document (JSON) to OUT; `-` prints it instead of the report")
+    p.add_argument("-o", "--output", metavar="PLAN.json", default=None,
+                   help="also write the plan document (JSON) to this file")
+    p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="OUT", default=None,
+                   help="print the plan document (JSON) instead of the report (the older `--json FILE` still "
+                        "writes FILE: spell it -o FILE)")
     p.add_argument("--top", type=int_flag(1, MAX_TOP), default=None, metavar="K",
                    help="plans to report (default: spec.search.top_k)")
     p.add_argument("--workers", type=int_flag(1, MAX_WORKERS), default=None, metavar="N",
@@ -76,15 +78,19 @@ def check_planning_context(spec: PlanningSpec, where: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from fleetwise.planner.api import plan
     from fleetwise.planner.defaults import default_spec
-    from fleetwise.planner.report import render, to_json
+    from fleetwise.planner.report import to_json
     from fleetwise.planner.state import PlanOptions
+    from fleetwise.report.plan_text import render
     from fleetwise.spec.planning import load_planning_spec, write_planning_schema
 
     if args.write_schema:
         print(write_planning_schema(args.write_schema))
         return 0
-    if args.json_out and args.json_out != "-":
-        check_writable_file(args.json_out, "--json")
+    if args.json_out not in (None, "-"):  # the older spelling of -o FILE
+        print(f"fleetwise plan: --json FILE is deprecated, use -o {args.json_out} (same meaning)", file=sys.stderr)
+        args.output, args.json_out = args.output or args.json_out, None
+    if args.output:
+        check_writable_file(args.output, "--output")
     check_report_path(args.report)
     spec = load_planning_spec(args.spec) if args.spec else default_spec()
     columns = trace_columns.parse(args.trace_columns)
@@ -106,9 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out == "-":
         print(strict_json_dumps(doc))
     else:
-        render(search, Console(highlight=False))
-        if args.json_out:
-            write_json(args.json_out, doc)
+        render(doc, console(markup=True))
+    if args.output:
+        write_json(args.output, doc)
     if args.report:
         from fleetwise.cli.report_cmd import write_document
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetwise.cli import progress
+from fleetwise.cli.common import rename_flag
 from fleetwise.errors import SpecError
 
 
@@ -25,8 +26,9 @@ def register(subparsers: Any) -> None:
                     "and SVG in <name>_figures/ beside it.",
     )
     p.add_argument("result", help="a simulate/scenarios --out directory, summary.json, scenarios.json or plan JSON")
-    p.add_argument("-o", "--out", default=None, metavar="FILE.html",
-                   help="output file (default: RESULT/report.html, or <stem>.html beside a JSON file)")
+    out = p.add_argument("-o", "--output", default=None, metavar="FILE.html",
+                         help="output file (default: RESULT/report.html, or <stem>.html beside a JSON file)")
+    rename_flag(p, "--out", out)  # --out is a command's output directory everywhere else
     add_open_flag(p)
     progress.add_quiet_flag(p)
     p.set_defaults(func=run)
@@ -86,7 +88,7 @@ def _done(path: Path, open_it: bool) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     result = Path(args.result)
-    out = Path(args.out) if args.out else default_out(result)
+    out = Path(args.output) if args.output else default_out(result)
     check_report_path(str(out))
     write(result, out, args.open, args.quiet)
     return 0

@@ -15,21 +15,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from fleetwise.cli import progress, trace_columns
 from fleetwise.cli.common import (
     add_over_context_arg,
     add_seed_arg,
+    console,
     float_flag,
     input_file,
     int_flag,
+    rename_flag,
     spec_from_flags,
 )
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
 from fleetwise.routing.registry import policy_names
+from fleetwise.sim.results import RECORDS_FORMATS, require_parquet
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.base import load_document
 from fleetwise.spec.faults import FaultScenario, check_faults_apply
@@ -68,14 +69,20 @@ def register(subparsers: Any) -> None:
                    help="keep only the first N requests (generated lazily: a bigger workload is cut, not built)")
     trace_columns.add_flag(p, "with --trace, or a workload file replaying a trace")
     p.add_argument("--rate", type=float, default=None, metavar="RPS", help="replay the trace at this mean rate")
-    p.add_argument("--time-scale", type=float, default=None, help="multiply trace inter-arrival times (default 1)")
+    stretch = p.add_argument("--arrival-stretch", type=float_flag(positive=True), default=None, metavar="F",
+                             help="multiply the trace's inter-arrival times by F (2 replays at half the rate; "
+                                  "default 1)")
+    rename_flag(p, "--time-scale", stretch)  # --time-scale is modelled seconds per wall second (emulate)
     p.add_argument("--feedback-delay", type=float_flag(0.0, MAX_DURATION_S), default=0.0, metavar="S",
                    help="router view refresh period in seconds (0 = exact per-request views)")
     p.add_argument("--ttft-slo", type=float, default=None, metavar="S", help="TTFT target for goodput")
     p.add_argument("--tpot-slo", type=float, default=None, metavar="S", help="TPOT target for goodput")
     p.add_argument("--e2e-slo", type=float, default=None, metavar="S", help="end-to-end target for goodput")
     add_over_context_arg(p)
-    p.add_argument("--records", choices=("csv", "parquet"), default="csv", help="per-request records format")
+    fmt = p.add_argument("--records-format", choices=RECORDS_FORMATS, default="csv",
+                         help="format of the per-request records in --out (default csv; parquet needs "
+                              "`pip install 'fleetwise[parquet]'`)")
+    rename_flag(p, "--records", fmt)  # --records is a records file elsewhere (ledger verify)
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar (same as --quiet)")
     progress.add_quiet_flag(p)
     add_report_flag(p)
@@ -83,10 +90,13 @@ def register(subparsers: Any) -> None:
     t.add_argument("--trace-events", default=None, metavar="FILE",
                    help="write a Chrome trace-event JSON: a track per replica (steps and batch composition), "
                         "per KV link (transfers) and per request (queue, prefill, transfer, decode)")
-    t.add_argument("--trace-requests", default=None, metavar="A:B",
-                   help="trace requests A to B-1 in arrival order (default 0:1000)")
-    t.add_argument("--trace-window", default=None, metavar="T0:T1",
-                   help="trace requests arriving between T0 and T1 simulated seconds, and the steps then")
+    ev_req = t.add_argument("--trace-events-requests", default=None, metavar="A:B",
+                            help="with --trace-events: requests A to B-1 in arrival order (default 0:1000)")
+    ev_win = t.add_argument("--trace-events-window", default=None, metavar="T0:T1",
+                            help="with --trace-events: requests arriving between T0 and T1 simulated seconds, "
+                                 "and the steps then")
+    rename_flag(t, "--trace-requests", ev_req)  # --trace-requests counts workload trace requests (scenarios)
+    rename_flag(t, "--trace-window", ev_win)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     q = p.add_argument_group("quick start (no plan file)")
     q.add_argument("--model", help="catalog model name or model file")
@@ -133,8 +143,8 @@ def load_requests(args: argparse.Namespace) -> list[Request]:
         from fleetwise.spec.workload import WorkloadSpec
         from fleetwise.workload.generate import generate
 
-        if args.rate is not None or args.time_scale is not None:
-            raise SpecError("--rate/--time-scale apply only with --trace; set the rate in the workload file")
+        if args.rate is not None or args.arrival_stretch is not None:
+            raise SpecError("--rate/--arrival-stretch apply only with --trace; set the rate in the workload file")
         spec = load_document(WorkloadSpec, args.workload)
         columns = trace_columns.parse(args.trace_columns)
         if columns is not None:
@@ -147,7 +157,7 @@ def load_requests(args: argparse.Namespace) -> list[Request]:
     from fleetwise.workload.traces import load_trace
 
     arrival = spec_from_flags(TraceArrival, {"path": ("--trace", args.trace), "rate_rps": ("--rate", args.rate),
-                                             "time_scale": ("--time-scale", args.time_scale),
+                                             "time_scale": ("--arrival-stretch", args.arrival_stretch),
                                              "max_requests": ("--requests", args.requests)})
     columns = trace_columns.parse(args.trace_columns)
     return load_trace(arrival.path, time_scale=arrival.time_scale, rate_rps=arrival.rate_rps,
@@ -159,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
                                     "tpot_max_s": ("--tpot-slo", args.tpot_slo),
                                     "e2e_max_s": ("--e2e-slo", args.e2e_slo)})
     check_writable_dir(args.out, "--out")
+    if args.records_format == "parquet":
+        require_parquet("--records-format parquet")
     check_report_path(args.report)
     if args.trace_events and Path(args.trace_events).resolve().parent != Path(args.out).resolve():
         check_writable_file(args.trace_events, "--trace-events")  # inside --out: made with it
@@ -175,12 +187,12 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"--over-context={args.over_context}: every request was skipped; none fits the model's "
                         f"context of {over_context['max_context_tokens']:,} tokens")
     window = recorder = None
-    if args.trace_events or args.trace_requests or args.trace_window:
+    if args.trace_events or args.trace_events_requests or args.trace_events_window:
         if not args.trace_events:
-            raise SpecError("--trace-requests/--trace-window bound the trace export; add --trace-events FILE")
+            raise SpecError("--trace-events-requests/--trace-events-window bound the trace export; add --trace-events FILE")
         from fleetwise.report.perfetto import Window
 
-        window = Window.parse(args.trace_requests, args.trace_window)
+        window = Window.parse(args.trace_events_requests, args.trace_events_window)
         recorder = window.recorder(sorted(r.arrival_s for r in reqs))
     quiet = args.quiet or args.no_progress
     with progress.progress("simulating", 1.0, quiet) as update:
@@ -189,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
                           if progress.wanted(quiet) else None)  # no callback: the event loop's fast path
         res = simulate(plan, reqs, faults, opts)
     res.summary["over_context"] = {"policy": args.over_context, **over_context}
-    paths = res.write(Path(args.out), args.records)
+    paths = res.write(Path(args.out), args.records_format)
     _print(res.summary, paths)
     if recorder is not None and window is not None:
         from fleetwise.report.perfetto import write_trace
@@ -204,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(s: dict[str, Any], paths: dict[str, str]) -> None:
-    c = Console(highlight=False)
+    c = console(markup=True)
     c.print(f"[bold]{s['plan']}[/]: {s['requests_completed']}/{s['requests_total']} completed, "
             f"{s['requests_failed']} failed in {s['duration_s']:.1f} s simulated ({s['sim_wall_s']:.2f} s wall)")
     for k in ("ttft_s", "tpot_s", "e2e_s"):

@@ -8,6 +8,7 @@ held back waiting for the client's delayed ACK.
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 import uvicorn
 
@@ -31,15 +32,31 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return s
 
 
-def uvicorn_server(gw: Gateway, log_level: str = "warning") -> uvicorn.Server:
-    """A uvicorn server for the gateway's app (no access log: the gateway's /metrics counts)."""
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling `on_ready` once the gateway has started (its backends file read)."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self.on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_ready is not None:
+            self.on_ready()
+
+
+def uvicorn_server(gw: Gateway, log_level: str = "warning",
+                   on_ready: Callable[[], None] | None = None) -> uvicorn.Server:
+    """A uvicorn server for the gateway's app (no access log: the gateway's /metrics counts);
+    `on_ready` is called once it serves, after the gateway's start (backends file read)."""
     config = uvicorn.Config(gw.app(), lifespan="on", access_log=False, log_level=log_level,
                             timeout_keep_alive=75, loop="auto", http="auto")
-    return uvicorn.Server(config)
+    return _Server(config, on_ready)
 
 
-def serve(gw: Gateway, host: str, port: int, log_level: str = "warning") -> None:
-    """Serve until interrupted (blocking)."""
+def serve(gw: Gateway, host: str, port: int, log_level: str = "warning",
+          on_ready: Callable[[], None] | None = None) -> None:
+    """Serve until interrupted (blocking); `on_ready()` once serving, its backends known."""
     sock = listening_socket(host, port)
-    server = uvicorn_server(gw, log_level)
+    server = uvicorn_server(gw, log_level, on_ready)
     server.run(sockets=[sock])

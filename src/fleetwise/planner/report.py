@@ -1,7 +1,10 @@
-"""The planner's output: the stable JSON document (docs/planner.md) and a readable rich report.
+"""The planner's output: the stable JSON document (docs/planner.md).
 
-Owns `to_json(search)` (schema `fleetwise-plan/1`) and `render(search, console)`. Numbers are
-rounded for stability; the document holds no wall-clock figure except `search.wall_s`.
+Owns `to_json(search)` (schema `fleetwise-plan/1`): the plans, the SLO they were held to, the GPU
+prices they were costed at, where the perf model is uncalibrated, and every candidate and
+rejection. Numbers are rounded for stability; the document holds no wall-clock figure except
+`search.wall_s`. It is rendered (terminal table, HTML page) from the document alone by
+`fleetwise.report.plan_text` and `fleetwise.report.plan_report`.
 """
 
 from __future__ import annotations
@@ -9,10 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
+from fleetwise.planner.calibration import calibration, prices
 from fleetwise.planner.candidates import candidate_records, pd_sweep
 from fleetwise.planner.simulate import SimVerdict
 from fleetwise.planner.state import Candidate, Search
@@ -135,6 +135,8 @@ def to_json(search: Search) -> dict[str, Any]:
                      "over_context": None if search.ctx.mix.over_context is None else
                      {"policy": spec.workload.over_context, **search.ctx.mix.over_context}},
         "slo": spec.slo.model_dump(),
+        "prices": prices(search),
+        "calibration": calibration(search),
         "plans": [_plan_json(search, c, i + 1) for i, c in enumerate(search.ranked[: search.top_k])],
         "disaggregation": search.disaggregation or None,
         "rejected": [r.as_dict() for r in search.rejected],
@@ -144,51 +146,3 @@ def to_json(search: Search) -> dict[str, Any]:
         "search": {"layouts_estimated": len(search.estimates), "candidates_sized": len(search.candidates),
                    "simulations": search.simulations, "wall_s": _r(search.wall_s, 2)},
     }
-
-
-def render(search: Search, console: Console) -> None:
-    """A readable report: the ranked table, each plan's reasoning, the PD verdict, the rejections."""
-    doc = to_json(search)
-    w = doc["workload"]
-    console.print(f"[bold]fleetwise plan[/bold] {doc['name']}: {doc['model']} at {w['rate_rps']:g} req/s "
-                  f"(burst x{w['burst_factor']:.2f}), prompts mean {w['prompt_mean']:.0f} / p99 {w['prompt_p99']:.0f} "
-                  f"tokens, outputs mean {w['output_mean']:.0f}")
-    if doc["infeasible"]:
-        console.print(f"[bold red]infeasible:[/bold red] {escape(doc['infeasible'])}")
-    if doc["plans"]:
-        console.print(_table(doc["plans"]))
-    for p in doc["plans"]:
-        console.print(f"\n[bold]#{p['rank']} {p['kind']}[/bold] ({p['gpus']} GPUs, ${p['cost_per_hour']:.2f}/h)")
-        for i, line in enumerate(p["explanation"], 1):
-            console.print(f"  {i}. {escape(line)}", highlight=False)
-        for cl in p.get("claims", []):
-            mark = "[green]holds[/green]" if cl["holds"] else "[red]fails[/red]"
-            console.print(f"  claim: {escape(str(cl['claim']))}: {mark} ({escape(str(cl['evidence']))})", highlight=False)
-    if doc["disaggregation"]:
-        dg = doc["disaggregation"]
-        console.print(f"\n[bold]disaggregate or not:[/bold] {dg['verdict']}: {escape(dg['reason'])}", highlight=False)
-        for k, v in (dg.get("terms") or {}).items():
-            console.print(f"  {k}: {escape(str(v))}", highlight=False)
-    if doc["rejected"]:
-        console.print(f"\n[bold]rejected[/bold] ({len(doc['rejected'])}):")
-        for r in doc["rejected"]:
-            console.print(f"  - {escape(r['candidate'])}: {escape(r['reason'])}", highlight=False)
-    s = doc["search"]
-    console.print(f"\n{s['layouts_estimated']} layouts estimated, {s['candidates_sized']} candidates sized, "
-                  f"{s['simulations']} simulations in {s['wall_s']:.1f} s")
-
-
-def _table(plans: list[dict[str, Any]]) -> Table:
-    t = Table(title="ranked plans (cheapest meeting the SLO first)")
-    for col in ("#", "pools", "GPUs", "$/h", "$/1M tok", "TTFT p99", "TPOT p99", "goodput", "attainment (95% CI)"):
-        t.add_column(col)
-    for p in plans:
-        pools = "\n".join(f"{q['replicas']}x {q['role']} {q['accelerator']} {q['weight_dtype']} TP{q['tp']}"
-                          f"{' PP' + str(q['pp']) if q['pp'] > 1 else ''}{' EP' + str(q['ep']) if q['ep'] > 1 else ''}"
-                          for q in p["pools"])
-        pr = p["predicted"]
-        lo, hi = pr["slo_attainment_ci95"]
-        t.add_row(str(p["rank"]), pools, str(p["gpus"]), f"{p['cost_per_hour']:.2f}", f"{p['cost_per_1m_tokens']:.2f}",
-                  f"{pr['ttft_p99_s'] * 1e3:.0f} ms", f"{pr['tpot_p99_s'] * 1e3:.1f} ms", f"{pr['goodput_rps']:.2f}",
-                  f"{pr['slo_attainment']:.1%} ({lo:.1%}-{hi:.1%})")
-    return t

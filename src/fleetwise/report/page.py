@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fleetwise.report.plots import Rendered
+
+TABLE_DIGITS = 4
+"""Most significant digits a number in a report table shows (a float beyond it is noise to a reader)."""
 
 Progress = Callable[[float], None]
 """Told the share of a report drawn so far (0..1)."""
@@ -34,6 +38,20 @@ tr.grey td{color:#8a90a0} .pass{color:#1a7f37;font-weight:600} .fail{color:#c628
 ol li,ul li{margin:2px 0} .kv{display:grid;grid-template-columns:max-content auto;gap:2px 16px}
 nav a{margin-right:12px;color:#2a5bd7;text-decoration:none}
 """
+
+
+def num(x: float, digits: int = TABLE_DIGITS) -> str:
+    """`x` with at most `digits` significant digits (9.966667 -> 9.967, 1234567.8 -> 1,235,000); a
+    count (int) stays exact; not finite -> `-`."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return str(x)
+    if isinstance(x, int):
+        return f"{x:,}" if abs(x) >= 10**digits else str(x)
+    if not math.isfinite(x):
+        return "-"
+    if abs(x) >= 10 ** (digits - 1):
+        return f"{float(f'{x:.{digits}g}'):,.0f}"
+    return f"{x:.{digits}g}"
 
 
 @dataclass
@@ -56,12 +74,13 @@ class Section:
         self.parts.append(f"<{tag}>{body}</{tag}>")
 
     def table(self, header: list[str], rows: list[list[Any]], grey: list[bool] | None = None) -> None:
-        """A table; numbers are right-aligned, `grey[i]` greys row i (e.g. rejected candidates)."""
+        """A table; numbers are right-aligned and shown with at most TABLE_DIGITS significant digits
+        (`num`), `grey[i]` greys row i (e.g. rejected candidates)."""
         head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
         out = []
         for i, row in enumerate(rows):
             cells = "".join(
-                f'<td class="num">{html.escape(str(c))}</td>' if isinstance(c, int | float) else
+                f'<td class="num">{html.escape(num(c))}</td>' if isinstance(c, int | float) and not isinstance(c, bool) else
                 f"<td>{html.escape(str(c))}</td>" for c in row)
             cls = ' class="grey"' if grey and grey[i] else ""
             out.append(f"<tr{cls}>{cells}</tr>")

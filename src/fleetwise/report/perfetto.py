@@ -44,14 +44,14 @@ class Window:
 
     @staticmethod
     def parse(requests: str | None, time_s: str | None) -> Window:
-        """From `--trace-requests A:B` and `--trace-window T0:T1` (one of them; default the first 1000)."""
+        """From `--trace-events-requests A:B` and `--trace-events-window T0:T1` (one of them; default the first 1000)."""
         if requests and time_s:
-            raise SpecError("--trace-requests and --trace-window: give one window, not both")
+            raise SpecError("--trace-events-requests and --trace-events-window: give one window, not both")
         if time_s:
-            a, b = _pair(time_s, "--trace-window", float)
+            a, b = _pair(time_s, "--trace-events-window", float)
             return Window(time_s=(a, b))
         if requests:
-            i, j = _pair(requests, "--trace-requests", int)
+            i, j = _pair(requests, "--trace-events-requests", int)
             return Window(requests=(int(i), int(j)))
         return Window(requests=(0, DEFAULT_REQUESTS))
 

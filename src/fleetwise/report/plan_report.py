@@ -15,6 +15,14 @@ from typing import Any
 
 from fleetwise.report import plots
 from fleetwise.report.page import Page, Progress, Section
+from fleetwise.report.plan_text import (
+    TABLE_COLUMNS,
+    calibration_lines,
+    pools_label,
+    price_lines,
+    slo_line,
+    table_rows,
+)
 from fleetwise.report.registry import report_kind
 
 
@@ -23,28 +31,23 @@ def build_from_file(path: Path | None, doc: dict[str, Any], progress: Progress |
     return build(doc, progress)
 
 
-def _pools(p: dict[str, Any]) -> str:
-    return " + ".join(f"{q['replicas']}x {q['role']} {q['accelerator']} {q['weight_dtype']} TP{q['tp']}"
-                      f"{' PP' + str(q['pp']) if q['pp'] > 1 else ''}{' EP' + str(q['ep']) if q['ep'] > 1 else ''}"
-                      for q in p["pools"])
-
-
 def build(doc: dict[str, Any], progress: Progress | None = None) -> Page:
     """The report page of a plan document (`progress`: told the share of its figures drawn)."""
-    w, slo = doc["workload"], doc["slo"]
+    w = doc["workload"]
     pd = [p for p in doc["plans"] if p.get("pd_ratio")]
     dg = doc.get("disaggregation")
     draw = {"frontier": bool(doc["plans"] or doc.get("candidates")), "pd": bool(pd or doc.get("pd_sweep")),
             "disaggregation": bool(dg and dg.get("colocated") and dg.get("disaggregated"))}
     with plots.style():
         page = Page(f"Plan: {doc['name']}",
-                    f"{doc['model']} at {w['rate_rps']:g} req/s (burst x{w['burst_factor']:.2f}); SLO TTFT "
-                    f"{slo['ttft_s']:g} s and TPOT {slo['tpot_s']:g} s at p{slo['percentile']} for "
-                    f"{slo['attainment']:.0%} of requests", progress=progress, expected=sum(draw.values()))
+                    f"{doc['model']} at {w['rate_rps']:g} req/s (burst x{w['burst_factor']:.2f}); {slo_line(doc)}",
+                    progress=progress, expected=sum(draw.values()))
         top = page.section("Answer")
         if doc.get("infeasible"):
             top.parts.append(f'<p class="fail">infeasible: {_esc(doc["infeasible"])}</p>')
-        top.table(["prompt mean", "prompt p50", "prompt p99", "output mean", "output p99", "burst source"],
+        top.items([*price_lines(doc), *calibration_lines(doc)])
+        top.table(["prompt mean (tokens)", "prompt p50 (tokens)", "prompt p99 (tokens)", "output mean (tokens)",
+                   "output p99 (tokens)", "burst source"],
                   [[w["prompt_mean"], w["prompt_p50"], w["prompt_p99"], w["output_mean"], w["output_p99"],
                     w["burst_source"]]])
         if doc["plans"]:
@@ -54,7 +57,7 @@ def build(doc: dict[str, Any], progress: Progress | None = None) -> Page:
             page.add_figure(fr, _frontier(doc))
         for p in doc["plans"]:
             sec = page.section(f"#{p['rank']} {p['kind']}")
-            sec.text(f"{_pools(p)}: {p['gpus']} GPUs, ${p['cost_per_hour']:.2f}/h, "
+            sec.text(f"{pools_label(p)}: {p['gpus']} GPUs, ${p['cost_per_hour']:.2f}/h, "
                      f"${p['cost_per_1m_tokens']:.2f} per 1M output tokens"
                      + (f", P:D {p['pd_ratio']}" if p.get("pd_ratio") else ""))
             sec.heading("decision steps")
@@ -97,15 +100,8 @@ def _esc(s: str) -> str:
 
 
 def _ranked(sec: Section, plans: list[dict[str, Any]]) -> None:
-    rows = []
-    for p in plans:
-        pr = p["predicted"]
-        lo, hi = pr["slo_attainment_ci95"]
-        rows.append([p["rank"], p["kind"], _pools(p), p["gpus"], p["cost_per_hour"], p["cost_per_1m_tokens"],
-                     round(pr["ttft_p99_s"] * 1e3), round(pr["tpot_p99_s"] * 1e3, 1), pr["goodput_rps"],
-                     f"{pr['slo_attainment']:.1%} ({lo:.1%}-{hi:.1%})"])
-    sec.table(["#", "kind", "pools", "GPUs", "$/h", "$/1M tok", "TTFT p99 ms", "TPOT p99 ms", "goodput req/s",
-               "attainment (95% CI)"], rows)
+    rows = [[row[0], p["kind"], *row[1:]] for p, row in zip(plans, table_rows(plans), strict=True)]
+    sec.table([TABLE_COLUMNS[0], "kind", *TABLE_COLUMNS[1:]], rows)
 
 
 VERDICT_LOOK = {  # verdict -> (marker, legend label) of a candidate that is not a reported plan
@@ -119,7 +115,7 @@ VERDICT_LOOK = {  # verdict -> (marker, legend label) of a candidate that is not
 
 
 def _candidates(sec: Section, cands: list[dict[str, Any]]) -> None:
-    sec.table(["candidate", "fleet", "GPUs", "$/h", "goodput req/s", "source", "sustainable req/s", "verdict",
+    sec.table(["candidate", "fleet", "GPUs", "cost ($/h)", "goodput (req/s)", "source", "sustainable (req/s)", "verdict",
                "reason"],
               [[c["candidate"], c["fleet"], c["gpus"], c["cost_per_hour"], c["goodput_rps"], c["goodput_source"],
                 c["capacity_rps"], c["verdict"] + (f" #{c['rank']}" if c.get("rank") else ""), c.get("reason") or ""]
@@ -159,9 +155,9 @@ def _frontier(doc: dict[str, Any]) -> plots.Rendered:
                 front.append((c["cost_per_hour"], best))
         ax.step([x for x, _ in front], [y for _, y in front], where="post", color="black", lw=0.8, alpha=0.6,
                 label="frontier: most goodput for the cost")
-        ax.set_ylabel("sustainable goodput (req/s meeting the SLO)")
+        ax.set_ylabel("sustainable goodput within the SLO (req/s)")
     else:
-        ax.set_ylabel("goodput (req/s meeting the SLO)")
+        ax.set_ylabel("goodput within the SLO (req/s)")
     ax.axhline(doc["workload"]["rate_rps"], color="#c62828", ls="--", lw=1, label="target rate")
     ax.set_xlabel("cost with spares ($/h)")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside right center", fontsize=7)
@@ -202,7 +198,7 @@ def _pd_sizing(ax: Any, pd: list[dict[str, Any]]) -> None:
     ax.bar(x, serving, width=0.27, label="serving replicas")
     ax.bar([i + 0.27 for i in x], total, width=0.27, label="with failure/upgrade spares", color=plots.GREY)
     ax.set_xticks(x, labels, rotation=20, ha="right")
-    ax.set_ylabel("replicas")
+    ax.set_ylabel("load and serving (replicas)")
     ax.set_title("P:D sizing: " + ", ".join(f"#{p['rank']} {p['pd_ratio']}" for p in pd))
     ax.legend(loc="upper right")
 
@@ -236,31 +232,32 @@ def _pd_sweep(grid: Any, bars: Any, sweep: list[dict[str, Any]], required: float
     top = max(max(s["prefill"], s["decode"]) for s in sweep) + 1
     grid.set_xlim(0, top)
     grid.set_ylim(0, top)
-    grid.set_xlabel("prefill replicas")
-    grid.set_ylabel("decode replicas")
+    grid.set_xlabel("prefill (replicas)")
+    grid.set_ylabel("decode (replicas)")
     grid.set_title("P:D tried (every PD candidate)")
     grid.legend(loc="upper right", fontsize=7)
     refs = sweep_refs(sweep)
     runs = [s for s in sweep if s.get("attainment") is not None]
     names = [f"{refs[s['candidate']]} {s['ratio']} {_stage_short(s['stage'])}" for s in runs]
-    bars.barh(range(len(runs)), [s["attainment"] for s in runs],
+    bars.barh(range(len(runs)), [s["attainment"] * plots.PCT for s in runs],
               color=[SWEEP_LOOK[s.get("passed")][1] for s in runs])
     bars.set_yticks(range(len(runs)), names, fontsize=7)
     bars.invert_yaxis()
-    bars.axvline(required, color="#c62828", ls="--", lw=1)
-    bars.set_xlim(0, 1.02)
-    bars.set_xlabel("SLO attainment in simulation")
+    bars.axvline(required * plots.PCT, color="#c62828", ls="--", lw=1)
+    bars.set_xlim(0, plots.PCT * 1.02)
+    bars.set_xlabel("SLO attainment in simulation (%)")
     bars.set_title(f"P:D runs (dashed: {required:.0%} required)")
 
 
 def _sweep_table(sec: Section, sweep: list[dict[str, Any]]) -> None:
     refs = sweep_refs(sweep)
     outcome = {True: "met the SLO", False: "missed the SLO", None: "sized, not simulated"}
-    sec.table(["ref", "candidate", "stage", "P:D", "req/s", "attainment", "TTFT p99 ms", "TPOT p99 ms", "outcome"],
+    sec.table(["ref", "candidate", "stage", "P:D", "rate (req/s)", "attainment", "TTFT p99 (ms)", "TPOT p99 (ms)",
+               "outcome"],
               [[refs[s["candidate"]], s["candidate"], s["stage"], s["ratio"], s["rate_rps"],
                 "" if s["attainment"] is None else f"{s['attainment']:.1%}",
-                "" if s["ttft_p99_s"] is None else round(s["ttft_p99_s"] * 1e3),
-                "" if s["tpot_p99_s"] is None else round(s["tpot_p99_s"] * 1e3, 1), outcome[s.get("passed")]]
+                "" if s["ttft_p99_s"] is None else s["ttft_p99_s"] * plots.MS,
+                "" if s["tpot_p99_s"] is None else s["tpot_p99_s"] * plots.MS, outcome[s.get("passed")]]
                for s in sweep])
 
 
@@ -275,16 +272,20 @@ def _disaggregation(dg: dict[str, Any]) -> plots.Rendered:
     fig, axes = plots.figure(1, 3, height=3.0)
     names = ["colocated", "disaggregated"]
     colors = ["#9aa0ab", "C0"]
-    axes[0, 0].bar(names, [c["tpot_p99_s"] * 1e3, d["tpot_p99_s"] * 1e3], color=colors)
-    axes[0, 0].set_title("interference removed: TPOT p99 (ms)")
-    axes[0, 1].bar(names, [c["ttft_p99_s"] * 1e3, max(d["ttft_p99_s"] - kv, 0.0) * 1e3], color=colors,
+    ms = plots.MS
+    axes[0, 0].bar(names, [c["tpot_p99_s"] * ms, d["tpot_p99_s"] * ms], color=colors)
+    axes[0, 0].set_title("interference removed")
+    axes[0, 0].set_ylabel("TPOT p99 (ms)")
+    axes[0, 1].bar(names, [c["ttft_p99_s"] * ms, max(d["ttft_p99_s"] - kv, 0.0) * ms], color=colors,
                    label="TTFT p99 without transfer")
-    axes[0, 1].bar(["disaggregated"], [kv * 1e3], bottom=[max(d["ttft_p99_s"] - kv, 0.0) * 1e3], color="#ff7f0e",
+    axes[0, 1].bar(["disaggregated"], [kv * ms], bottom=[max(d["ttft_p99_s"] - kv, 0.0) * ms], color="#ff7f0e",
                    label="KV transfer p99")
-    axes[0, 1].set_title("transfer cost added: TTFT p99 (ms)")
+    axes[0, 1].set_title("transfer cost added")
+    axes[0, 1].set_ylabel("TTFT p99 (ms)")
     axes[0, 1].legend(loc="upper left")
     axes[0, 2].bar(names, [c["goodput_rps"], d["goodput_rps"]], color=colors)
-    axes[0, 2].set_title("goodput at equal cost (req/s)")
+    axes[0, 2].set_title("at equal cost")
+    axes[0, 2].set_ylabel("goodput (req/s)")
     for ax, key in ((axes[0, 2], None),):
         for i, v in enumerate((c, d)):
             ax.annotate(f"{v['slo_attainment']:.1%} attain.", (i, v["goodput_rps"]), ha="center", xytext=(0, 3),

@@ -1,8 +1,11 @@
 """Figure helpers on matplotlib (object API, no pyplot state): CDFs, time series with marked
 periods, bars with confidence intervals, and rendering one figure to SVG and PNG.
 
-Owns the look every report shares (sizes, fonts, colours) and the rendering settings that keep
-the output byte-stable for fixed inputs (fixed SVG id salt, no dates in metadata).
+Owns the look every report shares (sizes, fonts, colours), the unit of each quantity in every
+report (`MS`: latencies in milliseconds in figures and tables alike; simulated time in seconds;
+shares in %), the rule that no legend covers plotted data (`render` moves one that does beside
+its axes) and the rendering settings that keep the output byte-stable for fixed inputs (fixed SVG
+id salt, no dates in metadata).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,14 @@ RC: dict[str, Any] = {
 SPAN_COLORS = {"crash": "#d62728", "slowdown": "#ff7f0e", "kv_link": "#9467bd", "stale_view": "#8c564b",
                "rolling_upgrade": "#17becf", "safe_mode": "#7f7f7f"}
 GREY = "#b0b4bd"
+MS = 1e3
+"""Seconds to milliseconds: every latency (TTFT, TPOT, E2E, KV transfer) is shown in ms, in figures and tables."""
+PCT = 100.0
+"""A fraction (share, hit rate, KV usage, attainment) to the % every figure shows it in."""
+UNITS = ("ms", "s", "req/s", "tokens", "requests", "sequences", "replicas", "%", "$/h")
+"""The units axis labels carry, as `label (unit)`; an axis of names (categories) carries none."""
+LEGEND_PAD = 0.01
+"""Gap between an axes and a legend moved beside it, in axes widths."""
 LOG_SCALE_SPAN = 100.0
 """max/min ratio (two decades) above which a CDF's x axis is drawn log-scaled."""
 SPAN_ALPHA = 0.12
@@ -49,6 +60,8 @@ class Rendered:
     caption: str
     svg: str
     png: bytes
+    figure: Any = field(default=None, repr=False, compare=False)
+    """The matplotlib Figure drawn (for checks over its axes and legends)."""
 
 
 @contextmanager
@@ -72,12 +85,76 @@ def render(fig: Any, name: str, caption: str) -> Rendered:
     """Render `fig` to SVG (fonts as text) and PNG; stable for fixed inputs."""
     svg, png = io.BytesIO(), io.BytesIO()
     fig.draw_without_rendering()  # lay out once; both formats reuse it
+    if _clear_legends(fig):
+        fig.draw_without_rendering()  # lay out again around the legends moved aside
     fig.set_layout_engine("none")
     fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": "fleetwise"})
     fig.savefig(png, format="png", dpi=PNG_DPI, metadata={"Software": "fleetwise"})
     text = svg.getvalue().decode("utf-8")
     start = text.find("<svg")  # drop the XML prolog and DOCTYPE: the SVG is embedded, never fetched
-    return Rendered(name, caption, text[start:] if start > 0 else text, png.getvalue())
+    return Rendered(name, caption, text[start:] if start > 0 else text, png.getvalue(), fig)
+
+
+def _data_points(ax: Any) -> np.ndarray:
+    """Display coordinates of the points an axes plots in data coordinates (lines with each segment
+    sampled, bar corners and centres); reference lines and shaded periods are not data."""
+    pts = [np.empty((0, 2))]
+    for line in ax.get_lines():
+        xy = np.asarray(line.get_xydata(), dtype=float)
+        if line.get_transform() is not ax.transData or not line.get_visible():
+            continue
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        if len(xy) > 1 and line.get_linestyle() not in ("None", "", " "):
+            pts.append(ax.transData.transform(_sampled(_drawn_path(xy, line.get_drawstyle()))))
+        elif len(xy):
+            pts.append(ax.transData.transform(xy))
+    for patch in ax.patches:
+        if patch.get_data_transform() is not ax.transData or not patch.get_visible():
+            continue
+        b = patch.get_window_extent()
+        if b.width > 0 and b.height > 0:
+            xs, ys = np.linspace(b.x0, b.x1, 5), np.linspace(b.y0, b.y1, 5)
+            pts.append(np.array([(x, y) for x in xs for y in ys]))
+    return np.vstack(pts)
+
+
+SEGMENT_SAMPLES = 8
+"""Points checked along each drawn segment of a line (a legend can sit on a segment between points)."""
+
+
+def _drawn_path(xy: np.ndarray, drawstyle: str) -> np.ndarray:
+    """The vertices a line is drawn through: its points, with the corners of a step line."""
+    if not drawstyle.startswith("steps"):
+        return xy
+    corner = np.column_stack([xy[1:, 0], xy[:-1, 1]]) if drawstyle != "steps-pre" else \
+        np.column_stack([xy[:-1, 0], xy[1:, 1]])
+    out = np.empty((2 * len(xy) - 1, 2))
+    out[0::2], out[1::2] = xy, corner
+    return out
+
+
+def _sampled(path: np.ndarray) -> np.ndarray:
+    t = np.linspace(0.0, 1.0, SEGMENT_SAMPLES)[:, None, None]
+    return (path[:-1] * (1 - t) + path[1:] * t).reshape(-1, 2)
+
+
+def legend_covers_data(ax: Any, legend: Any) -> bool:
+    """Whether `legend`'s box, as laid out, covers a point `ax` plots."""
+    box = legend.get_window_extent()
+    p = _data_points(ax)
+    return bool(((p[:, 0] > box.x0) & (p[:, 0] < box.x1) & (p[:, 1] > box.y0) & (p[:, 1] < box.y1)).any())
+
+
+def _clear_legends(fig: Any) -> bool:
+    """Move each axes legend that covers its data beside the axes (right, top-aligned); True if one moved."""
+    moved = False
+    for ax in fig.axes:
+        leg = ax.get_legend()
+        if leg is not None and legend_covers_data(ax, leg):
+            leg.set_loc("upper left")
+            leg.set_bbox_to_anchor((1.0 + LEGEND_PAD, 1.0), transform=ax.transAxes)
+            moved = True
+    return moved
 
 
 def cdf_points(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -92,9 +169,10 @@ def cdf_points(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cdf(ax: Any, values: np.ndarray, label: str, **kw: Any) -> None:
+    """The empirical CDF of `values` as a step line, its y axis in % of the samples."""
     x, y = cdf_points(values)
     if x.size:
-        ax.step(x, y, where="post", label=f"{label} (n={int(np.isfinite(values).sum())})", **kw)
+        ax.step(x, y * PCT, where="post", label=f"{label} (n={int(np.isfinite(values).sum())})", **kw)
 
 
 def log_if_wide(ax: Any, values: np.ndarray) -> None:

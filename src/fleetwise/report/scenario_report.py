@@ -16,8 +16,9 @@ from fleetwise.report.page import Page, Progress, Section
 from fleetwise.report.registry import report_kind
 from fleetwise.report.sim_report import decision_bars, safe_mode_spans
 
-METRICS = (("ttft_p99_s", "P99 TTFT (s)"), ("tpot_p99_s", "P99 TPOT (s)"), ("goodput_rps", "goodput (req/s)"),
-           ("slo_attainment", "SLO attainment"))
+METRICS = (("ttft_p99_s", "P99 TTFT", "ms", plots.MS), ("tpot_p99_s", "P99 TPOT", "ms", plots.MS),
+           ("goodput_rps", "goodput", "req/s", 1.0), ("slo_attainment", "SLO attainment", "%", plots.PCT))
+"""Per policy bar: statistic, title, unit and the scale from the document's value to that unit."""
 
 
 @report_kind("fleetwise-scenarios/")
@@ -81,13 +82,19 @@ def _policies(name: str, stats: dict[str, Any], policies: list[str]) -> plots.Re
     fig, axes = plots.figure(1, len(METRICS), height=2.9)
     pols = [p for p in policies if p in stats]
     colors = ["#9aa0ab" if i == len(pols) - 1 and p == "round-robin" else f"C{i}" for i, p in enumerate(pols)]
-    for ax, (key, label) in zip(axes[0], METRICS, strict=True):
+    for ax, (key, label, unit, scale) in zip(axes[0], METRICS, strict=True):
         st = [stats[p][key] for p in pols]
-        plots.bars_ci(ax, pols, [x["mean"] for x in st], [x["ci95_lo"] for x in st], [x["ci95_hi"] for x in st],
-                      colors)
+        plots.bars_ci(ax, pols, [x["mean"] * scale for x in st], [_scaled(x["ci95_lo"], x["mean"], scale) for x in st],
+                      [_scaled(x["ci95_hi"], x["mean"], scale) for x in st], colors)
         ax.set_title(label)
+        ax.set_ylabel(f"{label} ({unit})")
     return plots.render(fig, f"{_slug(name)}-policies", f"{name}: policies side by side, mean over seeds with "
                                                         "95% confidence intervals")
+
+
+def _scaled(bound: float | None, mean: float, scale: float) -> float:
+    """A CI bound in the figure's unit; a single seed has none, so the whisker is the mean."""
+    return (mean if bound is None else bound) * scale
 
 
 def _replicas(name: str, runs: dict[str, list[dict[str, Any]]], policies: list[str],
@@ -104,6 +111,7 @@ def _replicas(name: str, runs: dict[str, list[dict[str, Any]]], policies: list[s
         plots.mark_spans(ax, sorted(spans + safe_mode_spans(first["router"])))
         ax.set_title(f"{p}: waiting requests (seed {first['seed']})")
         ax.set_xlabel("simulated time (s)")
+        ax.set_ylabel("waiting (requests)")
         if j == 0:
             ax.legend(loc="upper left", ncol=2)
         names = [r["name"] for r in first["per_replica"]]
@@ -116,10 +124,12 @@ def _replicas(name: str, runs: dict[str, list[dict[str, Any]]], policies: list[s
         n_all = sum(total.values()) or 1
         ax2 = axes[1, j]
         x = list(range(len(names)))
-        ax2.bar([i - 0.2 for i in x], [total[n] / n_all for n in names], width=0.4, label="traffic share")
-        ax2.bar([i + 0.2 for i in x], [hits[n] for n in names], width=0.4, label="prefix hit rate", color="#2ca02c")
+        ax2.bar([i - 0.2 for i in x], [total[n] / n_all * plots.PCT for n in names], width=0.4, label="traffic share")
+        ax2.bar([i + 0.2 for i in x], [hits[n] * plots.PCT for n in names], width=0.4, label="prefix hit rate",
+                color="#2ca02c")
         ax2.set_xticks(x, names, rotation=30, ha="right")
-        ax2.set_ylim(0, 1)
+        ax2.set_ylim(0, plots.PCT)
+        ax2.set_ylabel("share (%)")
         ax2.set_title(f"{p}: per replica, all seeds")
         if j == 0:
             ax2.legend(loc="upper left")

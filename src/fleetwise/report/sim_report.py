@@ -134,8 +134,8 @@ def build(run: RunData, progress: Progress | None = None) -> Page:
         tl = page.section("Replicas over time")
         page.add_figure(tl, _timelines(s, spans))
         if spans:
-            tl.table(["start s", "end s", "fault or safe mode"],
-                     [[round(a, 3), round(b, 3), t] for a, b, _, t in spans])
+            tl.table(["start (s)", "end (s)", "fault or safe mode"],
+                     [[float(a), float(b), t] for a, b, _, t in spans])
         rt = page.section("Routing")
         page.add_figure(rt, _routing(s))
         _replica_table(rt, s)
@@ -162,18 +162,18 @@ def _headline(sec: Section, s: dict[str, Any]) -> None:
         target = slo.get(slo_key)
         rows.append([name, _ms(m["p50"]), _ms(m["p90"]), _ms(m["p99"]), _ms(m["mean"]),
                      "-" if target is None else _ms(target)])
-    sec.table(["metric (ms)", "p50", "p90", "p99", "mean", "SLO"], rows)
+    sec.table(["latency", "p50 (ms)", "p90 (ms)", "p99 (ms)", "mean (ms)", "SLO (ms)"], rows)
     t, c = s["throughput"], s["cost"]
-    sec.table(["throughput req/s", "output tok/s", "goodput req/s", "SLO attainment", "GPUs", "$/h",
+    sec.table(["throughput (req/s)", "output (tokens/s)", "goodput (req/s)", "SLO attainment", "GPUs", "cost ($/h)",
                "$ per 1M output tokens"],
-              [[round(t["requests_per_s"], 3), round(t["output_tokens_per_s"], 1), round(s["goodput_rps"], 3),
-                f"{s['slo_attainment']:.1%}", c["gpus"], c["usd_per_hour"], round(c["usd_per_1m_output_tokens"], 4)]])
+              [[float(t["requests_per_s"]), float(t["output_tokens_per_s"]), float(s["goodput_rps"]),
+                f"{s['slo_attainment']:.1%}", c["gpus"], float(c["usd_per_hour"]), float(c["usd_per_1m_output_tokens"])]])
     if s.get("failure_reasons"):
         sec.table(["failure reason", "requests"], [[k, v] for k, v in s["failure_reasons"].items()])
 
 
 def _ms(x: float) -> float:
-    return round(x * 1e3, 2)
+    return float(x) * plots.MS
 
 
 def _pool_labels(run: RunData) -> np.ndarray:
@@ -188,17 +188,18 @@ def _latency_cdfs(run: RunData, groups: np.ndarray, what: str, name: str) -> plo
     slo = run.summary.get("slo", {})
     names = sorted(set(groups.tolist()))
     for ax, (key, label, slo_key) in zip(axes[0], LATENCIES, strict=True):
-        vals = run.columns[key]
+        vals = run.columns[key] * plots.MS
         if len(names) > 1:
             plots.cdf(ax, vals, "all", color="black", lw=1.2)
         for g in names:
             plots.cdf(ax, vals[groups == g], g, lw=1)
         if slo.get(slo_key) is not None:
-            ax.axvline(slo[slo_key], color="#c62828", ls="--", lw=1, label=f"SLO {slo[slo_key]:g} s")
+            target = slo[slo_key] * plots.MS
+            ax.axvline(target, color="#c62828", ls="--", lw=1, label=f"SLO {target:g} ms")
         plots.log_if_wide(ax, vals)
-        ax.set_xlabel(f"{label} (s)")
-        ax.set_ylabel("fraction of requests")
-        ax.set_ylim(0, 1.01)
+        ax.set_xlabel(f"{label} (ms)")
+        ax.set_ylabel("requests at or below (%)")
+        ax.set_ylim(0, plots.PCT * 1.01)
         ax.legend(loc="lower right")
     return plots.render(fig, name, f"TTFT, TPOT and end-to-end latency CDFs of completed requests per {what}; "
                                    "dashed red: SLO target")
@@ -207,19 +208,17 @@ def _latency_cdfs(run: RunData, groups: np.ndarray, what: str, name: str) -> plo
 def _timelines(s: dict[str, Any], spans: list[tuple[float, float, str, str]]) -> plots.Rendered:
     reps = s["per_replica"]
     fig, axes = plots.figure(len(reps), 3, width=12.0, height=max(3.0, 1.35 * len(reps) + 0.8), sharex=True)
-    series = (("queue_length", "waiting"), ("running", "running"), ("kv_usage_series", "KV usage"))
     for i, r in enumerate(reps):
-        for j, (key, label) in enumerate(series):
+        for j, (key, label, unit, scale) in enumerate(TIMELINE_SERIES):
             ax = axes[i, j]
             if key in r:
-                ax.step(r[key]["t_s"], r[key]["value"], where="post", lw=1, color=f"C{j}")
+                ax.step(r[key]["t_s"], np.asarray(r[key]["value"], dtype=float) * scale, where="post", lw=1,
+                        color=f"C{j}")
             plots.mark_spans(ax, _mine(spans, r), label=False)
             if i == 0:
                 ax.set_title(label)
-            if j == 0:
-                ax.set_ylabel(r["name"], rotation=0, ha="right", va="center")
-            if key == "kv_usage_series":
-                ax.set_ylim(0, 1.02)
+            ax.set_ylabel(f"{r['name']}\n({unit})" if j == 0 else f"({unit})")
+            ax.set_ylim(bottom=0)  # scaled to what it shows: a KV cache 3% full is not drawn flat on a 0-100 axis
     for j in range(3):
         axes[-1, j].set_xlabel("simulated time (s)")
     if spans:
@@ -227,6 +226,11 @@ def _timelines(s: dict[str, Any], spans: list[tuple[float, float, str, str]]) ->
     return plots.render(fig, "replica-timelines", "Per replica over time: waiting queue, running batch and KV "
                                                   "cache usage; shaded: its faults (crash to restart, slowdown, "
                                                   "KV link, upgrade) and the router's safe-mode periods")
+
+
+TIMELINE_SERIES = (("queue_length", "waiting", "requests", 1.0), ("running", "running", "sequences", 1.0),
+                   ("kv_usage_series", "KV cache used", "%", plots.PCT))
+"""Per replica row: summary series, panel title, unit and the scale from the summary's value to it."""
 
 
 def _mine(spans: list[tuple[float, float, str, str]], rep: dict[str, Any]) -> list[tuple[float, float, str, str]]:
@@ -261,11 +265,11 @@ def _routing(s: dict[str, Any]) -> plots.Rendered:
     for r in reps:
         by_role[r["role"]] = by_role.get(r["role"], 0) + r["requests"]
     share = [r["requests"] / by_role[r["role"]] if by_role[r["role"]] else 0.0 for r in reps]
-    axes[0, 0].bar(names, share)
-    axes[0, 0].set_ylabel("share of its pool role's traffic")
-    axes[0, 1].bar(names, [r["prefix_hit_rate"] for r in reps], color="#2ca02c")
-    axes[0, 1].set_ylabel("prefix cache hit rate (tokens)")
-    axes[0, 1].set_ylim(0, 1)
+    axes[0, 0].bar(names, [x * plots.PCT for x in share])
+    axes[0, 0].set_ylabel("share of its role's traffic (%)")
+    axes[0, 1].bar(names, [r["prefix_hit_rate"] * plots.PCT for r in reps], color="#2ca02c")
+    axes[0, 1].set_ylabel("prompt tokens from prefix cache (%)")
+    axes[0, 1].set_ylim(0, plots.PCT)
     decision_bars(axes[0, 2], reps)
     axes[0, 2].set_title(f"selection reasons ({s['router'].get('policy', '')})")
     for ax in axes[0, :]:
@@ -283,7 +287,7 @@ def decision_bars(ax: Any, reps: list[dict[str, Any]]) -> None:
         v = np.array([float((r.get("decisions") or {}).get(k, 0)) for r in reps])
         ax.bar(names, v, bottom=bottom, label=k, color=f"C{i % 10}")
         bottom += v
-    ax.set_ylabel("requests placed")
+    ax.set_ylabel("placed (requests)")
     if kinds:
         ax.set_ylim(0, max(float(bottom.max()), 1.0) * (1.12 + 0.09 * len(kinds)))  # room for the legend
         ax.legend(loc="upper right", fontsize=7, ncol=2)
@@ -304,12 +308,12 @@ def _transfers(run: RunData, spans: list[tuple[float, float, str, str]]) -> plot
     dur = c["kv_end_s"] - c["kv_start_s"]
     ok = np.isfinite(dur)
     fig, axes = plots.figure(1, 2, height=3.0)
-    plots.cdf(axes[0, 0], dur * 1e3, "transfers")
+    plots.cdf(axes[0, 0], dur * plots.MS, "transfers")
     axes[0, 0].set_xlabel("KV transfer time (ms)")
-    axes[0, 0].set_ylabel("fraction of transfers")
-    axes[0, 1].plot(c["kv_start_s"][ok], dur[ok] * 1e3, ".", ms=3)
+    axes[0, 0].set_ylabel("transfers at or below (%)")
+    axes[0, 1].plot(c["kv_start_s"][ok], dur[ok] * plots.MS, ".", ms=3)
     plots.mark_spans(axes[0, 1], spans)
-    axes[0, 1].set_xlabel("transfer start (simulated s)")
+    axes[0, 1].set_xlabel("transfer start, simulated time (s)")
     axes[0, 1].set_ylabel("KV transfer time (ms)")
     axes[0, 1].legend(loc="upper right")
     return plots.render(fig, "kv-transfers", "KV cache transfer times (prefill to decode): distribution and over time")

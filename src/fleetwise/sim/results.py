@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from fleetwise.core.request import Request
+from fleetwise.errors import SpecError
 from fleetwise.spec.slo import SLOSpec
 
 SCHEMA_VERSION = "fleetwise-sim-summary/1"
@@ -278,20 +279,30 @@ def _cell(v: Any) -> Any:
     return v
 
 
+RECORDS_FORMATS = ("csv", "parquet")
+"""Formats the per-request records can be written in (Parquet needs the `parquet` extra: pyarrow)."""
+
+
+def require_parquet(where: str) -> None:
+    """SpecError naming `where` unless pyarrow (the optional `parquet` extra) can be imported."""
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise SpecError(f"{where}: Parquet records need pyarrow, which is not installed; install it with "
+                        "`pip install 'fleetwise[parquet]'` (or `pip install pyarrow`), or write CSV") from None
+
+
 def write_records(rec: Records, names: list[str], path: Path) -> Path:
-    """Write the records as CSV (or Parquet when `path` ends in .parquet and pyarrow imports)."""
+    """Write the records as CSV, or Parquet when `path` ends in .parquet (SpecError without pyarrow)."""
     rows = record_rows(rec, names)
     if path.suffix == ".parquet":
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError:
-            path = path.with_suffix(".csv")
-        else:
-            cols = {c: [None if row[k] == "" else row[k] for row in rows] for k, c in enumerate(CSV_COLUMNS)}
-            table = pa.table(cols)
-            pq.write_table(table, path)
-            return path
+        require_parquet(str(path))
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        cols = {c: [None if row[k] == "" else row[k] for row in rows] for k, c in enumerate(CSV_COLUMNS)}
+        pq.write_table(pa.table(cols), path)
+        return path
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(CSV_COLUMNS)

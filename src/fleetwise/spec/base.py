@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from fleetwise.errors import SpecError
 from fleetwise.spec import inputs
@@ -25,6 +25,26 @@ class Spec(BaseModel):
     """Frozen, strict base for every declared spec."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+
+YAML_ON = ("on", "yes", "true", "y")
+YAML_OFF = ("off", "no", "false", "n")
+"""Words YAML 1.1 (PyYAML) reads as booleans when unquoted: `disaggregation: off` arrives as False."""
+
+
+def on_off(on: str, off: str) -> BeforeValidator:
+    """Validator of a setting that means on/off: a YAML boolean (`off`, `no`, `false` unquoted, or
+    the same words quoted) is read as the setting's `off` value, and `on`/`yes`/`true` as `on`."""
+
+    def read(value: Any) -> Any:
+        word = value.strip().lower() if isinstance(value, str) else value
+        if value is False or word in YAML_OFF:
+            return off
+        if value is True or word in YAML_ON:
+            return on
+        return value
+
+    return BeforeValidator(read)
 
 
 MAX_REPORTED_PROBLEMS = 2

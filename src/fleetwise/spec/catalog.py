@@ -15,7 +15,14 @@ from fleetwise.spec.base import read_document, validate
 from fleetwise.spec.catalog_gpus import GPUS
 from fleetwise.spec.catalog_models import MODELS
 from fleetwise.spec.hardware import AcceleratorSpec
-from fleetwise.spec.hf import default_name, looks_like_hf_config, model_from_hf_config, model_from_hf_path
+from fleetwise.spec.hf import (
+    default_name,
+    looks_like_hf_config,
+    looks_like_repo_id,
+    model_from_hf_cache,
+    model_from_hf_config,
+    model_from_hf_path,
+)
 from fleetwise.spec.model import ModelSpec
 
 _FILE_SUFFIXES = (".json", ".yaml", ".yml")
@@ -68,10 +75,14 @@ def _check_name(value: str, kind: str) -> None:
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
-    """A catalog name, a HF config.json (file or model directory), or a YAML/JSON ModelSpec file."""
+    """A catalog name, a HF config.json (file or model directory), a HF repo id whose config is in the
+    local Hugging Face cache, or a YAML/JSON ModelSpec file."""
     _check_name(name_or_path, "model")
     if name_or_path.strip().lower() in MODELS:
         return MODELS[name_or_path.strip().lower()]
+    if (looks_like_repo_id(name_or_path) and not name_or_path.lower().endswith(_FILE_SUFFIXES)
+            and not Path(name_or_path).exists()):
+        return model_from_hf_cache(name_or_path)
     if not _is_path_like(name_or_path):
         raise UnknownNameError("model", name_or_path, MODELS)
     p = Path(name_or_path)

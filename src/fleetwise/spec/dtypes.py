@@ -9,7 +9,7 @@ KvDtype = Literal["bf16", "fp8"]
 ComputeDtype = Literal["bf16", "fp8", "int8", "fp4"]
 
 WEIGHT_DTYPES: tuple[str, ...] = get_args(WeightDtype)
-"""Weight storage formats a model may be served in (what `--dtype` and `weight_dtypes` accept)."""
+"""Weight storage formats a model may be served in (what `--weight-dtype` and `weight_dtypes` accept)."""
 KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
 """KV-cache storage formats (what `--kv-dtype` and `kv_dtype` accept)."""
 

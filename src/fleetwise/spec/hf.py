@@ -4,7 +4,9 @@ Owns the mapping from HF field names to `ModelSpec` for the families fleetwise k
 Qwen2/Qwen2.5, Qwen3 (dense), Qwen2-MoE/Qwen3-MoE, Mixtral, DeepSeek-V2/V3 and Kimi-K2 (MLA).
 The family is read from the fields present, not from `model_type`, so close relatives import too.
 Unknown fields are ignored; missing required fields raise `SpecError` naming all of them.
-Does not download anything.
+A repo id (`meta-llama/Llama-3.1-8B-Instruct`) is read from the local Hugging Face cache
+(`hf_hub_cache()`: the layout `huggingface_hub` writes, models--ORG--NAME/snapshots/REV/config.json);
+does not download anything, and says how to put the config there when it is missing.
 
 Defaults as in `transformers`: `head_dim` = hidden_size / num_attention_heads,
 `num_key_value_heads` = num_attention_heads, `tie_word_embeddings` = false.
@@ -15,10 +17,12 @@ the position of the dense layers is approximated (they sit first).
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any
 
-from fleetwise.errors import SpecError
+from fleetwise.errors import SpecError, quote
 from fleetwise.spec import inputs
 from fleetwise.spec.base import validate
 from fleetwise.spec.model import ModelSpec
@@ -144,6 +148,51 @@ def default_name(path: str | Path) -> str:
     if p.is_dir():
         return p.resolve().name
     return p.resolve().parent.name if p.name == "config.json" else p.stem
+
+
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+"""A Hugging Face repo id, `ORG/NAME` (huggingface_hub's rule: letters, digits, `.`, `_`, `-`; at most 96 each)."""
+
+
+def looks_like_repo_id(value: str) -> bool:
+    """Whether `value` is spelled as a Hugging Face repo id (`ORG/NAME`)."""
+    return REPO_ID.fullmatch(value) is not None
+
+
+def hf_hub_cache() -> Path:
+    """The local Hugging Face hub cache, as huggingface_hub finds it: $HF_HUB_CACHE, else
+    $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base).expanduser() / "huggingface" / "hub"
+
+
+def cached_config(repo_id: str) -> Path:
+    """`config.json` of `repo_id` in the local HF cache: the snapshot `refs/main` names, else the newest
+    snapshot holding one. SpecError saying how to fetch it when the cache has none (no download here)."""
+    root = hf_hub_cache() / ("models--" + repo_id.replace("/", "--"))
+    snaps, ref = root / "snapshots", root / "refs" / "main"
+    found: list[Path] = []
+    if ref.is_file():
+        found.append(snaps / ref.read_text(encoding="utf-8").strip())
+    if snaps.is_dir():
+        found += sorted((d for d in snaps.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
+    for d in found:
+        if (d / "config.json").is_file():
+            return d / "config.json"
+    raise SpecError(f"model {quote(repo_id)}: a Hugging Face repo id whose config.json is not in the local cache "
+                    f"({root}); fleetwise downloads nothing: fetch it once with `huggingface-cli download {repo_id} "
+                    "config.json` (gated models: `huggingface-cli login` first; HF_HOME or HF_HUB_CACHE moves the "
+                    "cache), or give the path of a config.json")
+
+
+def model_from_hf_cache(repo_id: str) -> ModelSpec:
+    """The `ModelSpec` of a Hugging Face repo id from its config.json in the local cache (named by the repo's name)."""
+    path = cached_config(repo_id)
+    return model_from_hf_config(read_hf_config(path), repo_id.split("/")[-1], source=f"{repo_id} ({path})")
 
 
 def looks_like_hf_config(data: dict[str, Any]) -> bool:

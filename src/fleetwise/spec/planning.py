@@ -10,12 +10,12 @@ Does not resolve catalog names or compute anything: the planner (`fleetwise.plan
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from fleetwise.errors import UnknownNameError
-from fleetwise.spec.base import Spec, load_document, validate
+from fleetwise.spec.base import Spec, load_document, on_off, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
 from fleetwise.spec.inputs import MAX_GPUS, MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS, strict_json_dumps
@@ -198,8 +198,9 @@ class SearchSpec(Spec):
     """Requests per simulation run."""
     max_pp: int = Field(default=4, gt=0)
     """Largest pipeline degree considered."""
-    disaggregation: Literal["auto", "off", "only"] = "auto"
-    """`auto` compares colocated and prefill/decode plans; `off` colocated only; `only` PD only."""
+    disaggregation: Annotated[Literal["auto", "off", "only"], on_off(on="auto", off="off")] = "auto"
+    """`auto` compares colocated and prefill/decode plans; `off` colocated only; `only` PD only. YAML
+    booleans are read as on/off: `off`/`false`/`no` unquoted is `off`, `on`/`true`/`yes` is `auto`."""
     heterogeneous: bool = True
     """Try prefill and decode pools on different accelerator types when several are allowed."""
     bisect_steps: int = Field(default=7, gt=0)

@@ -9,9 +9,9 @@ decode, mixed) and the fitted factors.
 - `in_sample`: fit on every point of both models, predict the same points.
 - `held_out`: leave-one-model-out. For each model, fit on the other model's points only (its
   file's points, its ceilings) and predict every point of the held-out one. With the MoE model
-  held out the fit sees dense points only, so the MoE-only factors (`grouped_compute_eff`,
+  held out the fit sees dense points only, so the MoE-only factors (`grouped_tile_k`,
   `expert_group_s`, `moe_kernel_weight`) stay at their defaults; the grouped-GEMM default is a
-  public measurement of another MoE shape (`GROUPED_COMPUTE_EFF_PRIOR`).
+  public measurement of another MoE shape (`GROUPED_TILE_K_PRIOR`).
 - `held_out_kinds`: leave-one-kind-out. Fit on two kinds of step (both models), predict every
   point of the third: shapes the fit never saw (eager prefill, graph decode, mixed chunks).
 - `held_out_shapes`: K-fold (K=5) over the 44 distinct step shapes (kind, batch, seq/ctx, chunk),
@@ -20,7 +20,7 @@ decode, mixed) and the fitted factors.
 - `extrapolation`: per shape axis (prefill tokens, decode batch, decode context, mixed chunk,
   mixed batch), fit on the smaller half of that axis's values (median included) and every other
   kind, predict the larger half; `all axes` fits only on points in the smaller half of every axis.
-- `prior_sensitivity`: the MoE-from-dense check again with that prior moved by -0.10 to +0.10,
+- `prior_sensitivity`: the MoE-from-dense check again with that prior scaled by 0.5 to 2,
   to show how much of the held-out figure rests on it.
 - `worst_points`: the five largest held-out errors of each held-out model.
 
@@ -53,12 +53,12 @@ from fleetwise.perf.calibrate import (
     summarize,
 )
 from fleetwise.perf.groundtruth import SHIPPED_DIR, load_groundtruth
-from fleetwise.perf.profile import GROUPED_COMPUTE_EFF_PRIOR, Profile
+from fleetwise.perf.profile import GROUPED_TILE_K_PRIOR, Profile
 from fleetwise.spec.catalog import get_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 FILES = ("h200_dense.json", "h200_moe.json", "h200_mixed.json")
-PRIOR_SHIFTS = (-0.10, -0.05, 0.0, 0.05, 0.10)
+PRIOR_SHIFTS = (0.5, 0.75, 1.0, 1.5, 2.0)  # the grouped tile prior times these
 
 
 def _fit_record(prof: Profile, preds: list[Prediction]) -> dict[str, Any]:
@@ -161,7 +161,7 @@ def main() -> int:
     full = calibrate(files, gpu)
     doc: dict[str, Any] = {
         "files": list(FILES), "accelerator": gpu.name, "python": platform.python_version(),
-        "grouped_compute_eff_prior": GROUPED_COMPUTE_EFF_PRIOR,
+        "grouped_tile_k_prior": GROUPED_TILE_K_PRIOR,
         "in_sample": _fit_record(full, predict(full, files, gpu)),
         "held_out": {}, "worst_points": {}, "prior_sensitivity": {},
     }
@@ -188,8 +188,8 @@ def main() -> int:
     moe = sorted(n for n, m in model_names(files).items() if m.moe is not None)
     dense = names - set(moe)
     for shift in PRIOR_SHIFTS:
-        g = round(GROUPED_COMPUTE_EFF_PRIOR + shift, 3)
-        base = Profile().with_factors(grouped_compute_eff=g)
+        g = round(GROUPED_TILE_K_PRIOR * shift)
+        base = Profile().with_factors(grouped_tile_k=g)
         prof = calibrate(files, gpu, base=base, models=dense)
         s = summarize(predict(prof, files, gpu, set(moe)))
         doc["prior_sensitivity"][str(g)] = {"median_abs_pct": s["median_abs_pct"], "max_abs_pct": s["max_abs_pct"]}

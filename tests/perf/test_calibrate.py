@@ -183,3 +183,42 @@ def test_cli_calibrate_then_predict_json(tmp_path, capsys):
     assert doc["summary"]["by_kind"]["mixed"]["points"] == 28
     assert main(["predict", "--profile", str(out), "--against", str(SHARED / "h200_dense.json")]) == 0
     assert "median |err|" in capsys.readouterr().out
+
+
+GOOD_CONFIG = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128, "vocab": 100}
+
+
+@pytest.mark.parametrize("config,kind,point,match", [
+    ({}, "decode", {"batch": 1, "ctx": 64, "ms": 1e308}, r"decode\[0\]\.ms: expected a step time .* got 1e\+308"),
+    ({}, "decode", {"batch": 1, "ctx": 64, "ms": True}, r"decode\[0\]\.ms: .* got True"),
+    ({}, "prefill", {"batch": 1, "seq": 64, "ms": -2.0}, r"prefill\[0\]\.ms: .* got -2\.0"),
+    ({"hidden": 64.5}, "prefill", {"batch": 1, "seq": 64, "ms": 1.0}, r"config\.hidden: expected a whole number >= 1, got 64\.5"),
+    ({}, "decode", {"batch": 0, "ctx": 64, "ms": 1.0}, r"decode\[0\]\.batch: expected a whole number >= 1, got 0"),
+    ({}, "prefill", {"batch": 1, "seq": -512, "ms": 1.0}, r"prefill\[0\]\.seq: expected a whole number >= 1, got -512"),
+    ({}, "mixed", {"batch": 4, "ctx": 64, "chunk": -1, "ms": 1.0}, r"mixed\[0\]\.chunk: expected a whole number >= 0, got -1"),
+    ({}, "decode", {"batch": True, "ctx": 64, "ms": 1.0}, r"decode\[0\]\.batch: .* got True"),
+], ids=["huge-ms", "bool-ms", "negative-ms", "fractional-hidden", "batch-0", "negative-seq", "negative-chunk", "bool-batch"])
+def test_ground_truth_values_are_validated(tmp_path, capsys, config, kind, point, match):
+    """Each bad value is one line naming the file, the model, the point and the field, in calibrate and predict."""
+    doc = {"schema": "fleetwise-groundtruth/1",
+           "models": {"m": {"config": {**GOOD_CONFIG, **config}, kind: [point]}}}
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match=match):
+        load_groundtruth(path)
+    assert main(["calibrate", str(path), "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "models.m" in err[0] and str(path) in err[0]
+    prof = tmp_path / "profile.json"
+    Profile(accelerator="h200-sxm").save(prof)
+    assert main(["predict", "--profile", str(prof), "--against", str(path)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_bad_ceiling_is_refused(tmp_path):
+    doc = {"schema": "fleetwise-groundtruth/1", "ceilings": {"bf16_gemm_8192_TFLOPs": True},
+           "models": {"m": {"config": GOOD_CONFIG, "decode": [{"batch": 1, "ctx": 64, "ms": 1.0}]}}}
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match=r"ceilings\.bf16_gemm_8192_TFLOPs: expected a positive number, got True"):
+        load_groundtruth(path)

@@ -17,7 +17,7 @@ from rich.table import Table
 from fleetwise.cli.common import console as _console
 from fleetwise.cli.common import emit_json, input_file
 from fleetwise.errors import SpecError
-from fleetwise.perf.calibrate import calibrate, predict, summarize
+from fleetwise.perf.calibrate import calibrate, held_out_residuals, predict, summarize
 from fleetwise.perf.groundtruth import load_groundtruth
 from fleetwise.perf.profile import Profile
 from fleetwise.spec.catalog import resolve_gpu
@@ -33,6 +33,8 @@ def register(subparsers: Any) -> None:
     c.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
     c.add_argument("--gpu", default="h200-sxm", metavar="G", help="accelerator the files were measured on")
     c.add_argument("--json", action="store_true", help="print the profile as JSON")
+    c.add_argument("--no-band", action="store_true",
+                   help="skip the held-out residuals (5 more fits) that give predictions their uncertainty band")
     c.set_defaults(func=run_calibrate)
 
     p = subparsers.add_parser(
@@ -55,6 +57,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     base = Profile(accelerator=gpu.name, engine="; ".join(engines),
                    source="fitted to " + ", ".join(str(f) for f in args.files))
     prof = calibrate(files, gpu, base=base)
+    if not args.no_band:
+        prof = prof.model_copy(update={"residuals": held_out_residuals(files, gpu, base)})
     prof.save(args.output)
     if args.json:
         emit_json(prof.model_dump(by_alias=True))
@@ -67,7 +71,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         t.add_row(k, f"{v:.4g}")
     out.print(t)
     out.print(f"fit over {int(prof.fit['points'])} points: median |err| {prof.fit['median_abs_pct']:.1f}%, "
-                  f"max {prof.fit['max_abs_pct']:.1f}%; wrote {args.output}")
+                  f"max {prof.fit['max_abs_pct']:.1f}%; {len(prof.residuals)} held-out residuals for "
+                  f"uncertainty bands; wrote {args.output}")
     return 0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fleetwise.errors import SpecError
 from fleetwise.spec.base import Spec, read_document, validate
@@ -30,6 +30,8 @@ OLD_PROFILE_SCHEMAS = ("fleetwise-profile/1", "fleetwise-profile/2")
 # (default factors, H100 datasheet peaks) for that time gives 1,225 (tests/perf/test_roofline.py
 # reproduces it). A different MoE shape from any the ground truth holds, so held-out checks stay honest.
 GROUPED_TILE_K_PRIOR = 1225.0
+
+RESIDUAL_FIELDS = 4  # a stored residual row: log2 tokens, log2 context, prompt share, error (perf.uncertainty)
 
 # Factor name -> (lower, upper) bound a fit may use. Bounds are physical: an efficiency is a
 # fraction of a datasheet peak, a kernel time is between a GPU launch (~1 us) and a slow eager
@@ -118,6 +120,19 @@ class Profile(Spec):
 
     fit: dict[str, float] = Field(default_factory=dict)
     """Fit statistics (median/max absolute % error, points) when the profile was calibrated."""
+    residuals: list[list[float]] = Field(default_factory=list)
+    """Held-out errors of the calibration, one `[log2 tokens, log2 context, prompt share, error]` row per
+    measured step predicted by a fit that had not seen its shape (`fleetwise.perf.uncertainty`): the
+    bands of predicted step times come from the nearest of them. Empty: predictions carry no band."""
+
+    @field_validator("residuals")
+    @classmethod
+    def _four_numbers(cls, rows: list[list[float]]) -> list[list[float]]:
+        bad = next((i for i, r in enumerate(rows) if len(r) != RESIDUAL_FIELDS), None)
+        if bad is not None:
+            raise ValueError(f"residuals[{bad}] has {len(rows[bad])} numbers, expected {RESIDUAL_FIELDS} "
+                             "(log2 tokens, log2 context, prompt share, error); recalibrate")
+        return rows
 
     def save(self, path: str | Path) -> None:
         """Write the profile as JSON."""

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.types import BatchShape, Deployment, SeqWork, StepCost
+from fleetwise.perf.uncertainty import Band, band, residuals_of
 from fleetwise.spec.dtypes import COMPUTE_DTYPE_FOR_WEIGHTS, dtype_bytes
 from fleetwise.spec.hardware import LinkSpec
 from fleetwise.spec.model import ModelSpec
@@ -397,6 +398,7 @@ class PerfModel:
     def __init__(self, profile: Profile | None = None) -> None:
         self.profile = profile if profile is not None else Profile()
         self._bound: dict[int, tuple[Deployment, BoundPerf]] = {}
+        self._residuals = residuals_of(self.profile.residuals)
 
     def bind(self, deployment: Deployment) -> BoundPerf:
         """Precompute everything per deployment (cached while the deployment object lives)."""
@@ -418,3 +420,9 @@ class PerfModel:
         """Total seconds only (same number as `step_cost(...).total_s`)."""
         shape = batch if isinstance(batch, BatchShape) else BatchShape.of(batch)
         return self.bind(deployment).step_time_s(shape)
+
+    def step_time_band(self, batch: Iterable[SeqWork] | BatchShape, deployment: Deployment) -> Band:
+        """Seconds of one step with the band the calibration's held-out errors on the nearest measured
+        shapes give it (`Band.points` 0 when the profile holds no residuals)."""
+        shape = batch if isinstance(batch, BatchShape) else BatchShape.of(batch)
+        return band(self.bind(deployment).step_time_s(shape), shape, self._residuals)

@@ -41,7 +41,8 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
   plus the KV write of the T new tokens.
 - TP: 2 all-reduces per layer of T*h*ab bytes: 2*(tp-1)/tp*bytes/link_bw + latency (intra-node;
   the ring all-reduce's bus traffic, NCCL's performance notes). PP: (pp-1) activation sends of
-  T*h*ab. EP: dispatch+combine per MoE layer of T*k*h*ab*(ep-1)/ep over the intra-node link
+  T*h*ab. EP: dispatch+combine per MoE layer of T*k*h*ab*imbalance*(ep-1)/ep (the busiest rank's
+  share of the routed rows) over the intra-node link
   (network when ep exceeds a node): each of the T*k routed rows leaves its rank unless its expert
   is local (probability 1/ep under even placement), once to dispatch and once to combine, as in
   GShard's all-to-all (Lepikhin et al., 2020) and DeepEP's dispatch/combine. None of the TP, PP or
@@ -238,7 +239,10 @@ class BoundPerf:
         k = d.model.moe.experts_per_token if d.model.moe is not None else 0
         moe_l = self.moe_layers
         n_a2a = EP_ALLTOALLS_PER_MOE_LAYER * moe_l
-        self.ep_tok = n_a2a * k * tok * (ep - 1) / ep / ep_link.bandwidth_bytes_per_s if ep > 1 else 0.0
+        # The busiest rank receives `imbalance` times the mean rank's routed rows, and every layer's
+        # all-to-all waits for it: the volume comes from the skewed counts, not the balanced average.
+        skew = max(1.0, float(d.expert_load_imbalance))
+        self.ep_tok = n_a2a * k * tok * skew * (ep - 1) / ep / ep_link.bandwidth_bytes_per_s if ep > 1 else 0.0
         self.ep_fix = n_a2a * ep_link.latency_s if ep > 1 else 0.0
 
     def _bind_overhead(self, d: Deployment, p: Profile) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fleetwise.perf.expert_load import ASSUMED_IMBALANCE_NOTE
 from fleetwise.planner.fit import Layout, Rejection
 from fleetwise.planner.goodput import kv_link_rates
 from fleetwise.planner.latency import latency_line, profile_line
@@ -107,9 +108,11 @@ def _moe_line(search: Search, lay: Layout) -> str | None:
     dep = search.hw.deployment(lay, search.spec.kv_dtype)
     e = search.estimates[lay]
     cost = search.perf.step_cost(BatchShape.decode(max(1, e.decode_batch), int(search.stats.prompt_mean)), dep)
+    load = search.hw.expert_load
+    source = f"measured from {load}" if load else ASSUMED_IMBALANCE_NOTE
     return (f"MoE: {m.moe.num_experts} experts, {m.moe.experts_per_token} per token; EP={lay.ep} over the "
-            f"replica's {lay.gpus} GPUs; expert load imbalance {search.hw.imbalance:.2f} (busiest rank over mean; "
-            f"default 1.3, set moe.expert_imbalance); at batch {e.decode_batch} a decode step spends "
+            f"replica's {lay.gpus} GPUs; expert load imbalance {search.hw.imbalance_for(lay.ep):.2f} (busiest rank "
+            f"over mean, {source}); at batch {e.decode_batch} a decode step spends "
             f"{cost.ep_comm_s * 1e3:.2f} ms in all-to-all of {cost.total_s * 1e3:.1f} ms")
 
 

@@ -109,7 +109,7 @@ def test_leave_shapes_out(files):
     assert sorted(shape_key(p.point) + (p.point.model,) for p in preds) == sorted(
         shape_key(p) + (p.model,) for f in files for p in f.points)
     s = summarize(preds)
-    # measured: 1.48 / 11.2 overall; prefill 3.1/10.2, decode 1.0/10.1, mixed 2.0/11.2
+    # measured: 1.55 / 11.2 overall; prefill 3.0/10.3, decode 1.1/11.1, mixed 2.0/11.2
     assert s["median_abs_pct"] <= 5.0 and s["max_abs_pct"] <= 20.0
     for kind in ("prefill", "decode", "mixed"):
         assert s["by_kind"][kind]["median_abs_pct"] <= 5.0 and s["by_kind"][kind]["max_abs_pct"] <= 20.0, kind
@@ -127,9 +127,9 @@ def test_extrapolation_to_larger_shapes(files):
     assert {p.point.batch for p in ext["decode batch"]} == {64, 128, 256}
     assert {p.point.chunk for p in ext["mixed chunk"]} == {2048, 4096, 8192}
     for name, ps in ext.items():
-        assert summarize(ps)["max_abs_pct"] <= 20.0, name  # measured: 12.2, 13.9, 5.8, 8.6, 13.3; all axes 18.9
+        assert summarize(ps)["max_abs_pct"] <= 20.0, name  # measured: 11.8, 14.0, 5.8, 8.6, 13.3; all axes 19.0
     pooled = summarize([p for name, ps in ext.items() if name != "all axes" for p in ps])
-    assert pooled["median_abs_pct"] <= 5.0  # measured: 4.03
+    assert pooled["median_abs_pct"] <= 5.0  # measured: about 4
 
 
 def test_old_profile_schema_asks_for_recalibration(tmp_path):

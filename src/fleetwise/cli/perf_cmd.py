@@ -3,8 +3,12 @@
 Owns the two subcommands' arguments and output (rich table or JSON); the fit, the predictions
 and their summary live in `fleetwise.perf.calibrate`, file parsing in `fleetwise.perf.groundtruth`.
 
-    fleetwise calibrate GROUND_TRUTH.json... -o PROFILE.json [--gpu h200-sxm]
+    fleetwise calibrate GROUND_TRUTH.json... -o PROFILE.json [--gpu h200-sxm] [--no-band]
     fleetwise predict --profile PROFILE.json --against GROUND_TRUTH.json [--gpu G] [--json]
+
+Ground truth comes from `fleetwise measure` (cli/measure_cmd.py) or the shipped files. A calibrate
+mode fed by a live fleet's metrics instead of ground-truth files belongs in its own module beside
+`perf.calibrate`, added here as one more `calibrate` option.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 from rich.table import Table
 
+from fleetwise.cli import measure_cmd
 from fleetwise.cli.common import console as _console
 from fleetwise.cli.common import emit_json, input_file
 from fleetwise.errors import SpecError
@@ -47,6 +52,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gpu", default=None, metavar="G", help="accelerator (default: the profile's)")
     p.add_argument("--json", action="store_true", help="print {points, summary} as JSON")
     p.set_defaults(func=run_predict)
+    measure_cmd.register(subparsers)  # `fleetwise measure` writes the files these two read
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

@@ -66,3 +66,14 @@ def test_cli_calibrate_stores_residuals_unless_told_not_to(tmp_path, capsys):
     assert main(["calibrate", *files, "-o", str(out), "--no-band"]) == 0
     assert Profile.load(out).residuals == []
     capsys.readouterr()
+
+
+def test_threshold_note_says_when_a_decision_could_flip():
+    from fleetwise.perf.uncertainty import Band, threshold_note
+
+    b = Band(0.040, 0.045, 0.052, 5)
+    assert threshold_note("a decode step", b, 0.050, "TPOT budget") == (
+        "a decode step 40.0-52.0 ms straddles the TPOT budget (50 ms): this decision could flip")
+    assert threshold_note("a decode step", b, 0.060, "TPOT budget") == (
+        "a decode step 40.0-52.0 ms, all under the TPOT budget (60 ms)")
+    assert threshold_note("a decode step", b, 0.030, "TPOT budget").endswith("all over the TPOT budget (30 ms)")

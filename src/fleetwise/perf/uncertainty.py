@@ -90,3 +90,13 @@ def band(predicted_s: float, shape: BatchShape, residuals: list[Residual], k: in
 def residuals_of(stored: list[list[float]]) -> list[Residual]:
     """The residuals a profile stores (`Residual.as_list` rows)."""
     return [Residual(*row) for row in stored]
+
+
+def threshold_note(what: str, b: Band, threshold_s: float, target: str) -> str:
+    """One clause saying where `threshold_s` falls against band `b` of `what`: inside it, the decision
+    that compares them could flip within the model's held-out error."""
+    span = f"{what} {b.low_s * 1e3:.1f}-{b.high_s * 1e3:.1f} ms"
+    if b.contains(threshold_s):
+        return f"{span} straddles the {target} ({threshold_s * 1e3:.0f} ms): this decision could flip"
+    side = "under" if b.high_s < threshold_s else "over"
+    return f"{span}, all {side} the {target} ({threshold_s * 1e3:.0f} ms)"

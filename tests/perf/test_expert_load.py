@@ -58,6 +58,8 @@ def test_planned_imbalance_measured_or_assumed(tmp_path):
     assert planned_imbalance(1.3, None, 8) == 1.3
     assert planned_imbalance(1.3, str(path), 2) == pytest.approx(1.25)
     assert load_expert_load(str(path)).source == str(path)
+    with pytest.raises(SpecError, match=r"counts 4 experts per layer, the model has 128; record the histogram"):
+        planned_imbalance(1.3, str(path), 2, experts=128)
 
 
 def test_imbalance_scales_the_busiest_ranks_experts_and_all_to_all():

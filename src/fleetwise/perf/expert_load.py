@@ -122,9 +122,13 @@ def load_expert_load(path: str) -> ExpertLoad:
     return parse_expert_load(read_document(Path(path)), path)
 
 
-def planned_imbalance(assumed: float, load_path: str | None, ep: int) -> float:
+def planned_imbalance(assumed: float, load_path: str | None, ep: int, experts: int | None = None) -> float:
     """Busiest EP rank's routed rows over the mean for `ep` ranks: from the measured histogram at `load_path`
-    when one is given, else `assumed` (a planning assumption)."""
+    when one is given (it must count at least the model's `experts` per layer), else `assumed`."""
     if load_path is None:
         return assumed
-    return load_expert_load(load_path).rank_imbalance(ep)
+    load = load_expert_load(load_path)
+    if experts is not None and load.experts < experts:
+        raise SpecError(f"moe.expert_load: {load_path} counts {load.experts} experts per layer, the model has "
+                        f"{experts}; record the histogram from this model")
+    return load.rank_imbalance(ep)

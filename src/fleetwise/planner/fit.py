@@ -82,7 +82,8 @@ class Hardware:
 
     def imbalance_for(self, ep: int) -> float:
         """Expert load imbalance of a layout with `ep` expert-parallel ranks (measured, or assumed)."""
-        return planned_imbalance(self.imbalance, self.expert_load, ep)
+        experts = self.model.moe.num_experts if self.model.moe is not None else None
+        return planned_imbalance(self.imbalance, self.expert_load, ep, experts)
 
     def price(self, accelerator: str) -> float:
         return self.gpus[accelerator].price_per_hour_usd

@@ -9,9 +9,9 @@ decode, mixed) and the fitted factors.
 - `in_sample`: fit on every point of both models, predict the same points.
 - `held_out`: leave-one-model-out. For each model, fit on the other model's points only (its
   file's points, its ceilings) and predict every point of the held-out one. With the MoE model
-  held out the fit sees dense points only, so the MoE-only factors (`grouped_compute_eff`,
+  held out the fit sees dense points only, so the MoE-only factors (`grouped_tile_k`,
   `expert_group_s`, `moe_kernel_weight`) stay at their defaults; the grouped-GEMM default is a
-  public measurement of another MoE shape (`GROUPED_COMPUTE_EFF_PRIOR`).
+  public measurement of another MoE shape (`GROUPED_TILE_K_PRIOR`).
 - `held_out_kinds`: leave-one-kind-out. Fit on two kinds of step (both models), predict every
   point of the third: shapes the fit never saw (eager prefill, graph decode, mixed chunks).
 - `held_out_shapes`: K-fold (K=5) over the 44 distinct step shapes (kind, batch, seq/ctx, chunk),
@@ -20,7 +20,7 @@ decode, mixed) and the fitted factors.
 - `extrapolation`: per shape axis (prefill tokens, decode batch, decode context, mixed chunk,
   mixed batch), fit on the smaller half of that axis's values (median included) and every other
   kind, predict the larger half; `all axes` fits only on points in the smaller half of every axis.
-- `prior_sensitivity`: the MoE-from-dense check again with that prior moved by -0.10 to +0.10,
+- `prior_sensitivity`: the MoE-from-dense check again with that prior scaled by 0.5 to 2,
   to show how much of the held-out figure rests on it.
 - `worst_points`: the five largest held-out errors of each held-out model.
 
@@ -53,12 +53,12 @@ from fleetwise.perf.calibrate import (
     summarize,
 )
 from fleetwise.perf.groundtruth import SHIPPED_DIR, load_groundtruth
-from fleetwise.perf.profile import GROUPED_COMPUTE_EFF_PRIOR, Profile
+from fleetwise.perf.profile import GROUPED_TILE_K_PRIOR, Profile
 from fleetwise.spec.catalog import get_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 FILES = ("h200_dense.json", "h200_moe.json", "h200_mixed.json")
-PRIOR_SHIFTS = (-0.10, -0.05, 0.0, 0.05, 0.10)
+PRIOR_SHIFTS = (0.5, 0.75, 1.0, 1.5, 2.0)  # the grouped tile prior times these
 
 
 def _fit_record(prof: Profile, preds: list[Prediction]) -> dict[str, Any]:
@@ -131,6 +131,84 @@ def routing_replay(cfg: dict[str, int]) -> dict[str, Any]:
     return {"setup": dict(REPLAY), "config": cfg, "layers": layers}
 
 
+FIGURE = REPO / "docs" / "img" / "perf-gemm-efficiency.png"
+# Public torch._grouped_mm fused MoE forward timings on an H100, 32,768 tokens (VeOmni pull request 460):
+# (experts, top-k, hidden, expert FFN, ms).
+PUBLIC_GROUPED = ((512, 10, 2048, 512, 11.411), (128, 8, 2048, 768, 10.218))
+
+
+def _prefill_flops(m: Any, batch: int, seq: int) -> float:
+    """Useful FLOPs of a prefill step: every weight GEMM a token runs (top-k experts only), causal attention."""
+    h, layers = m.hidden_size, m.num_layers
+    attn_w = (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim * h + m.num_attention_heads * m.head_dim * h
+    ffn = 3 * h * m.ffn_size if m.moe is None else m.moe.experts_per_token * 3 * h * m.moe.expert_ffn_size
+    pairs = batch * seq * (seq + 1) / 2
+    return 2 * batch * seq * layers * (attn_w + ffn) + 4 * m.num_attention_heads * m.head_dim * pairs * layers
+
+
+def figure(files: list[Any], gpu: Any, prof: Profile) -> Path:
+    """Predicted vs measured fraction of bf16 peak: prefill steps by tokens (both shipped models, and the
+    Mixtral shape predicted only), and grouped expert GEMMs by expert shape (the public points)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from fleetwise.perf.roofline import PerfModel, grouped_efficiency
+    from fleetwise.perf.types import BatchShape, Deployment
+    from fleetwise.spec.catalog import get_model
+    from fleetwise.spec.model import ModelSpec, MoESpec
+
+    fig = Figure(figsize=(11, 4.2))
+    ax, bx = fig.subplots(1, 2)
+    peak = gpu.peak_flops("bf16")
+    pm = PerfModel(prof)
+    models = model_names(files)
+    for name, color in (("llama-3.1-8b", "tab:blue"), ("qwen3-30b-a3b", "tab:orange")):
+        pts = sorted((p for f in files for p in f.points if p.model == name and p.kind == "prefill" and p.batch == 1),
+                     key=lambda p: p.seq)
+        dep = Deployment(models[name], gpu, cuda_graphs=False)
+        xs = [p.seq for p in pts]
+        ax.plot(xs, [_prefill_flops(models[name], 1, p.seq) / p.measured_s / peak for p in pts], "o", color=color,
+                label=f"{name} measured")
+        ax.plot(xs, [_prefill_flops(models[name], 1, s) / pm.step_time_s(BatchShape.prefill(1, s), dep) / peak
+                     for s in xs], "-", color=color, label=f"{name} predicted")
+    mix = get_model("mixtral-8x7b")
+    xs = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+    dep = Deployment(mix, gpu, cuda_graphs=False)
+    ax.plot(xs, [_prefill_flops(mix, 1, s) / pm.step_time_s(BatchShape.prefill(1, s), dep) / peak for s in xs],
+            "--", color="tab:green", label="mixtral-8x7b predicted (measured: about 0.5)")
+    ax.axhspan(0.45, 0.55, color="tab:green", alpha=0.1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prefill tokens (batch 1, eager)")
+    ax.set_ylabel("useful FLOP/s / bf16 peak")
+    ax.set_title("H200 prefill: measured and predicted")
+    ax.legend(fontsize=7)
+    widths = [(2048, 512), (2048, 768), (4096, 1024), (4096, 14336), (7168, 2048)]
+    labels = [f"{h}x{f}" for h, f in widths]
+    k_fit, k_prior = prof.grouped_tile_k, Profile().grouped_tile_k
+    bx.plot(labels, [grouped_efficiency(h, f, k_fit) for h, f in widths], "s-", label=f"H200 fit, tile k {k_fit:.0f}")
+    bx.plot(labels, [grouped_efficiency(h, f, k_prior) for h, f in widths], "^-",
+            label=f"public prior, tile k {k_prior:.0f}")
+    h100 = get_gpu("h100-sxm")
+    for e, k, h, f, ms in PUBLIC_GROUPED:
+        one = ModelSpec(name="moe-bench", num_layers=1, hidden_size=h, num_attention_heads=16, num_kv_heads=4,
+                        head_dim=128, ffn_size=0, vocab_size=1000,
+                        moe=MoESpec(num_experts=e, experts_per_token=k, expert_ffn_size=f))
+        pred = PerfModel(Profile()).bind(Deployment(one, h100)).routed_experts_s(32768)
+        g = grouped_efficiency(h, f, k_prior)
+        bx.plot([f"{h}x{f}"], [g * pred / (ms * 1e-3)], "ko")  # the prior's rate scaled by predicted/measured time
+    bx.plot([], [], "ko", label="public H100 timings (VeOmni PR 460)")
+    bx.set_ylim(0, 1)
+    bx.set_xlabel("expert shape: hidden x expert FFN")
+    bx.set_ylabel("grouped GEMM rate / dense GEMM rate")
+    bx.set_title("grouped expert GEMMs by shape")
+    bx.legend(fontsize=7)
+    fig.tight_layout()
+    FIGURE.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(FIGURE, dpi=110)
+    return FIGURE
+
+
 def _worst(preds: list[Prediction], n: int) -> list[dict[str, Any]]:
     return [p.as_dict() for p in sorted(preds, key=lambda p: -abs(p.error_pct))[:n]]
 
@@ -140,6 +218,7 @@ def main() -> int:
     ap.add_argument("--shared", default=str(SHIPPED_DIR))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "perf_fidelity.json"))
     ap.add_argument("--routing-replay", action="store_true", help="replay the MoE routing of one mixed step instead")
+    ap.add_argument("--figure", action="store_true", help=f"also draw {FIGURE.relative_to(REPO)}")
     args = ap.parse_args()
     if args.routing_replay:
         doc = json.loads((Path(args.shared) / "h200_moe.json").read_text(encoding="utf-8"))
@@ -161,7 +240,7 @@ def main() -> int:
     full = calibrate(files, gpu)
     doc: dict[str, Any] = {
         "files": list(FILES), "accelerator": gpu.name, "python": platform.python_version(),
-        "grouped_compute_eff_prior": GROUPED_COMPUTE_EFF_PRIOR,
+        "grouped_tile_k_prior": GROUPED_TILE_K_PRIOR,
         "in_sample": _fit_record(full, predict(full, files, gpu)),
         "held_out": {}, "worst_points": {}, "prior_sensitivity": {},
     }
@@ -188,14 +267,16 @@ def main() -> int:
     moe = sorted(n for n, m in model_names(files).items() if m.moe is not None)
     dense = names - set(moe)
     for shift in PRIOR_SHIFTS:
-        g = round(GROUPED_COMPUTE_EFF_PRIOR + shift, 3)
-        base = Profile().with_factors(grouped_compute_eff=g)
+        g = round(GROUPED_TILE_K_PRIOR * shift)
+        base = Profile().with_factors(grouped_tile_k=g)
         prof = calibrate(files, gpu, base=base, models=dense)
         s = summarize(predict(prof, files, gpu, set(moe)))
         doc["prior_sensitivity"][str(g)] = {"median_abs_pct": s["median_abs_pct"], "max_abs_pct": s["max_abs_pct"]}
     doc["cpu_s"] = round(time.process_time() - t0, 2)
 
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    if args.figure:
+        print(f"wrote {figure(files, gpu, full)}")
     print(f"in sample: median {doc['in_sample']['median_abs_pct']}%  max {doc['in_sample']['max_abs_pct']}%")
     for held, s in doc["held_out"].items():
         kinds = "  ".join(f"{k} {v['median_abs_pct']}/{v['max_abs_pct']}" for k, v in s["by_kind"].items())

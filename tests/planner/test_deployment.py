@@ -30,3 +30,20 @@ def test_dense_or_ep1_replicas_ignore_the_imbalance(spec_factory) -> None:
     spec = spec_factory(moe={"expert_imbalance": 1.5})
     hw = resolve_hardware(spec, 4096)
     assert hw.deployment(Layout("h100-sxm", "bf16", tp=2), "bf16").expert_load_imbalance == 1.0
+
+
+def test_measured_expert_load_sets_each_layouts_imbalance(spec_factory, tmp_path) -> None:
+    """moe.expert_load: each layout's imbalance comes from the histogram at its EP degree, in the
+    estimate and in the simulated plan alike."""
+    import json
+
+    counts = [[40, 10] + [10] * 126 for _ in range(48)]  # expert 0 hot in every layer
+    path = tmp_path / "load.json"
+    path.write_text(json.dumps({"expert_load_pass": counts}))
+    spec = spec_factory(model="qwen3-30b-a3b", moe={"expert_load": str(path)})
+    hw = resolve_hardware(spec, 4096)
+    lay = Layout("h100-sxm", "bf16", tp=2, pp=1, ep=2)
+    expected = (40 + 63 * 10) / ((40 + 127 * 10) / 2)  # busiest rank (experts 0-63) over the mean
+    assert hw.deployment(lay, spec.kv_dtype).expert_load_imbalance == expected
+    plan = to_plan_spec(spec, FleetShape((PoolShape("mixed", lay, 1),)), {"h100-sxm": 3.0})
+    assert plan.pools[0].expert_imbalance == expected

@@ -73,4 +73,4 @@ def test_a_profile_from_another_card_is_uncalibrated_there_only():
 def test_moe_models_name_their_grouped_gemm_factors():
     cal = calibration(_search(None, Profile(), "qwen3-30b-a3b", ["h100-sxm"]))  # type: ignore[arg-type]
     assert [u["figure"] for u in cal["uncalibrated"]] == [*FACTORS_BY_FIGURE, "TTFT and TPOT (MoE)"]
-    assert cal["uncalibrated"][-1]["factors"].split(", ")[0] == f"{MOE_FACTORS[0][0]} 0.45"
+    assert cal["uncalibrated"][-1]["factors"].split(", ")[0] == f"{MOE_FACTORS[0][0]} {Profile().grouped_tile_k:g}"

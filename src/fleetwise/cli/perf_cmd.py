@@ -3,8 +3,12 @@
 Owns the two subcommands' arguments and output (rich table or JSON); the fit, the predictions
 and their summary live in `fleetwise.perf.calibrate`, file parsing in `fleetwise.perf.groundtruth`.
 
-    fleetwise calibrate GROUND_TRUTH.json... -o PROFILE.json [--gpu h200-sxm]
+    fleetwise calibrate GROUND_TRUTH.json... -o PROFILE.json [--gpu h200-sxm] [--no-band]
     fleetwise predict --profile PROFILE.json --against GROUND_TRUTH.json [--gpu G] [--json]
+
+Ground truth comes from `fleetwise measure` (cli/measure_cmd.py) or the shipped files. A calibrate
+mode fed by a live fleet's metrics instead of ground-truth files belongs in its own module beside
+`perf.calibrate`, added here as one more `calibrate` option.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from typing import Any
 
 from rich.table import Table
 
+from fleetwise.cli import measure_cmd
 from fleetwise.cli.common import console as _console
 from fleetwise.cli.common import emit_json, input_file
 from fleetwise.errors import SpecError
-from fleetwise.perf.calibrate import calibrate, predict, summarize
+from fleetwise.perf.calibrate import calibrate, held_out_residuals, predict, summarize
 from fleetwise.perf.groundtruth import load_groundtruth
 from fleetwise.perf.profile import Profile
 from fleetwise.spec.catalog import resolve_gpu
@@ -33,6 +38,8 @@ def register(subparsers: Any) -> None:
     c.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
     c.add_argument("--gpu", default="h200-sxm", metavar="G", help="accelerator the files were measured on")
     c.add_argument("--json", action="store_true", help="print the profile as JSON")
+    c.add_argument("--no-band", action="store_true",
+                   help="skip the held-out residuals (5 more fits) that give predictions their uncertainty band")
     c.set_defaults(func=run_calibrate)
 
     p = subparsers.add_parser(
@@ -45,6 +52,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gpu", default=None, metavar="G", help="accelerator (default: the profile's)")
     p.add_argument("--json", action="store_true", help="print {points, summary} as JSON")
     p.set_defaults(func=run_predict)
+    measure_cmd.register(subparsers)  # `fleetwise measure` writes the files these two read
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -55,6 +63,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     base = Profile(accelerator=gpu.name, engine="; ".join(engines),
                    source="fitted to " + ", ".join(str(f) for f in args.files))
     prof = calibrate(files, gpu, base=base)
+    if not args.no_band:
+        prof = prof.model_copy(update={"residuals": held_out_residuals(files, gpu, base)})
     prof.save(args.output)
     if args.json:
         emit_json(prof.model_dump(by_alias=True))
@@ -67,7 +77,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         t.add_row(k, f"{v:.4g}")
     out.print(t)
     out.print(f"fit over {int(prof.fit['points'])} points: median |err| {prof.fit['median_abs_pct']:.1f}%, "
-                  f"max {prof.fit['max_abs_pct']:.1f}%; wrote {args.output}")
+                  f"max {prof.fit['max_abs_pct']:.1f}%; {len(prof.residuals)} held-out residuals for "
+                  f"uncertainty bands; wrote {args.output}")
     return 0
 
 

@@ -2,15 +2,18 @@
 
 `PerfModel` (roofline with a `Profile` of efficiency factors) is the one step-time model the
 planner, simulator and emulator share; `calibrate` fits a `Profile` to measured ground truth;
-`kv` prices KV hand-offs between prefill and decode pools.
+`kv` prices KV hand-offs between prefill and decode pools; `uncertainty` gives each predicted step
+time a band from the calibration's held-out errors (`PerfModel.step_time_band`).
 """
 
 from fleetwise.perf.kv import kv_transfer_bytes, kv_transfer_s
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import BoundPerf, PerfModel
 from fleetwise.perf.types import BatchShape, Deployment, SeqWork, StepCost
+from fleetwise.perf.uncertainty import Band
 
 __all__ = [
+    "Band",
     "BatchShape",
     "BoundPerf",
     "Deployment",

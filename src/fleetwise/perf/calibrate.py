@@ -25,6 +25,7 @@ from fleetwise.perf.groundtruth import GroundTruthFile, GroundTruthPoint
 from fleetwise.perf.profile import FACTOR_BOUNDS, Profile
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.perf.types import Deployment
+from fleetwise.perf.uncertainty import residual
 from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.model import ModelSpec
 
@@ -217,6 +218,14 @@ def cross_validate_shapes(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec
     for group in shape_folds(files, folds):
         out.extend(predict_held_out(files, gpu, lambda p, g=group: shape_key(p) in g, base))  # type: ignore[misc]
     return out
+
+
+def held_out_residuals(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, base: Profile | None = None,
+                       folds: int = SHAPE_FOLDS) -> list[list[float]]:
+    """Every point's error when predicted by the fit that did not see its shape (K-fold over shapes),
+    as the rows `Profile.residuals` stores (`fleetwise.perf.uncertainty`)."""
+    return [residual(p.point.shape(), p.predicted_s, p.point.measured_s).as_list()
+            for p in cross_validate_shapes(files, gpu, folds, base)]
 
 
 def _upper_half(files: Sequence[GroundTruthFile], kind: str,

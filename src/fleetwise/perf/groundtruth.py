@@ -12,6 +12,7 @@ Format (see `ground_truth/README.md` beside this module, which ships the H200 me
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from fleetwise.spec.base import read_document
 from fleetwise.spec.model import ModelSpec, MoESpec
 
 GROUNDTRUTH_SCHEMA = "fleetwise-groundtruth/1"
+"""Schema tag of a ground-truth file (`fleetwise measure` writes it, `fleetwise calibrate` reads it)."""
 SHIPPED_DIR = Path(__file__).resolve().parent / "ground_truth"
 """The H200 step timings the project ships (measured facts; README.md there says how and where)."""
 SHIPPED_FILES = ("h200_dense.json", "h200_moe.json", "h200_mixed.json")
@@ -32,6 +34,12 @@ def shipped(name: str) -> Path:
     """Path of one shipped ground-truth file (`SHIPPED_FILES`)."""
     return SHIPPED_DIR / name
 Kind = Literal["prefill", "decode", "mixed"]
+# Longest step time a measurement may report: one hour. The slowest shipped step is 1.4 s (a 32k-token
+# prefill); a larger figure is a unit error or a corrupt file, not a step of an engine.
+MAX_STEP_MS = 3.6e6
+# Smallest value of each shape field of a point: a step has at least one sequence; a prefill at least one
+# token; a decode attends at least its own new position; a mixed step's chunk may be empty (0).
+_POINT_MINIMUM = {"batch": 1, "seq": 1, "ctx": 1, "chunk": 0}
 _CONFIG_KEYS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
 _POINT_KEYS: dict[str, tuple[str, ...]] = {
     "prefill": ("batch", "seq", "ms"),
@@ -91,22 +99,49 @@ class GroundTruthFile:
     """What the card reached in the same run (e.g. `bf16_gemm_8192_TFLOPs`)."""
 
 
+def _whole(value: Any, where: str, minimum: int, fix: str) -> int:
+    """`value` as an int when it is a whole JSON number (not a bool) of at least `minimum`; else SpecError."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value != int(value) or value < minimum:
+        raise SpecError(f"{where}: expected a whole number >= {minimum}, got {value!r}; {fix}")
+    return int(value)
+
+
+def _step_ms(value: Any, where: str) -> float:
+    """A measured step time in ms: a finite JSON number in (0, MAX_STEP_MS]; else SpecError."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not 0 < value <= MAX_STEP_MS:
+        raise SpecError(f"{where}: expected a step time in milliseconds, a number in (0, {MAX_STEP_MS:g}], "
+                        f"got {value!r}; fix or drop this point")
+    return float(value)
+
+
+def _ceiling(value: Any, where: str) -> float:
+    """A ceiling the card reached (a positive finite number); else SpecError."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise SpecError(f"{where}: expected a positive number, got {value!r}; fix it or drop the ceiling")
+    return float(value)
+
+
 def model_from_config(name: str, cfg: dict[str, Any], where: str = "config") -> ModelSpec:
     """Build a `ModelSpec` from a ground-truth `config` block (untied embeddings, SwiGLU)."""
     missing = [k for k in _CONFIG_KEYS if k not in cfg]
     if missing:
         raise SpecError(f"{where}: missing {', '.join(missing)}; a config needs {', '.join(_CONFIG_KEYS)}")
+    fix = "fix the model's config (whole counts and sizes)"
+    v = {k: _whole(cfg[k], f"{where}.{k}", 0 if k == "ffn" else 1, fix) for k in _CONFIG_KEYS}
     moe = None
     if cfg.get("experts"):
         if "topk" not in cfg or "moe_ffn" not in cfg:
             raise SpecError(f"{where}: experts={cfg['experts']} needs `topk` and `moe_ffn`")
-        moe = MoESpec(num_experts=int(cfg["experts"]), experts_per_token=int(cfg["topk"]),
-                      expert_ffn_size=int(cfg["moe_ffn"]))
+        moe = MoESpec(num_experts=_whole(cfg["experts"], f"{where}.experts", 1, fix),
+                      experts_per_token=_whole(cfg["topk"], f"{where}.topk", 1, fix),
+                      expert_ffn_size=_whole(cfg["moe_ffn"], f"{where}.moe_ffn", 1, fix))
     try:
         return ModelSpec(
-            name=name, num_layers=int(cfg["layers"]), hidden_size=int(cfg["hidden"]),
-            num_attention_heads=int(cfg["heads"]), num_kv_heads=int(cfg["kv_heads"]),
-            head_dim=int(cfg["head_dim"]), ffn_size=int(cfg["ffn"]), vocab_size=int(cfg["vocab"]),
+            name=name, num_layers=v["layers"], hidden_size=v["hidden"], num_attention_heads=v["heads"],
+            num_kv_heads=v["kv_heads"], head_dim=v["head_dim"], ffn_size=v["ffn"], vocab_size=v["vocab"],
             moe=moe, source=where,
         )
     except (ValueError, TypeError) as err:
@@ -133,12 +168,13 @@ def _points(name: str, entry: dict[str, Any], where: str) -> list[GroundTruthPoi
         for i, row in enumerate(rows):
             if not isinstance(row, dict) or any(k not in row for k in keys):
                 raise SpecError(f"{where}.{kind}[{i}]: a {kind} point needs {', '.join(keys)}")
-            ms = float(row["ms"])
-            if ms <= 0:
-                raise SpecError(f"{where}.{kind}[{i}].ms: must be positive, got {ms}")
+            at = f"{where}.{kind}[{i}]"
+            ms = _step_ms(row["ms"], f"{at}.ms")
+            size = {k: _whole(row[k], f"{at}.{k}", _POINT_MINIMUM[k], "fix or drop this point")
+                    for k in keys if k != "ms"}
             out.append(GroundTruthPoint(
-                model=name, kind=kind, batch=int(row["batch"]), measured_s=ms / 1e3,  # type: ignore[arg-type]
-                seq=int(row.get("seq", 0)), ctx=int(row.get("ctx", 0)), chunk=int(row.get("chunk", 0)),
+                model=name, kind=kind, batch=size["batch"], measured_s=ms / 1e3,  # type: ignore[arg-type]
+                seq=size.get("seq", 0), ctx=size.get("ctx", 0), chunk=size.get("chunk", 0),
             ))
     return out
 
@@ -163,5 +199,5 @@ def load_groundtruth(path: str | Path) -> GroundTruthFile:
     if not points:
         raise SpecError(f"{where}: no prefill, decode or mixed points to use")
     raw = doc.get("ceilings")
-    ceilings = {k: float(v) for k, v in raw.items() if isinstance(v, int | float)} if isinstance(raw, dict) else {}
+    ceilings = {k: _ceiling(v, f"{where}: ceilings.{k}") for k, v in raw.items()} if isinstance(raw, dict) else {}
     return GroundTruthFile(where, str(doc.get("device", "")), engine_name(doc), models, points, ceilings)

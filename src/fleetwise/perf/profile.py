@@ -13,23 +13,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fleetwise.errors import SpecError
 from fleetwise.spec.base import Spec, read_document, validate
 from fleetwise.spec.inputs import write_json
 
-PROFILE_SCHEMA = "fleetwise-profile/2"
-# Profiles of the schema before the MoE cost was rebuilt on its physical drivers (the fitted
-# `moe_row_passes` and `grouped_m_half_tokens` are gone): they must be recalibrated.
-OLD_PROFILE_SCHEMAS = ("fleetwise-profile/1",)
+PROFILE_SCHEMA = "fleetwise-profile/3"
+# Profiles of the schemas before: /1 fitted `moe_row_passes` and `grouped_m_half_tokens`; /2 had one
+# shape-blind `grouped_compute_eff` (now `grouped_tile_k`, which depends on the expert's shape).
+OLD_PROFILE_SCHEMAS = ("fleetwise-profile/1", "fleetwise-profile/2")
 
-# Default grouped-GEMM efficiency relative to a dense GEMM, used when no MoE point was fitted.
-# Source: torch._grouped_mm fused MoE forward on an H100, 512 experts, top-10, hidden 2048, expert
-# FFN 512, 32,768 tokens: 11.41 ms (180.7 TFLOP/s), ByteDance-Seed/VeOmni pull request 460. Solving
-# this model's routed-expert terms (default factors, H100 datasheet peaks) for that time gives
-# 0.455. A different MoE shape from any the ground truth holds, so held-out MoE checks stay honest.
-GROUPED_COMPUTE_EFF_PRIOR = 0.45
+# Default `grouped_tile_k`, used when no MoE point was fitted. Source: torch._grouped_mm fused MoE
+# forward on an H100, 512 experts, top-10, hidden 2048, expert FFN 512, 32,768 tokens: 11.41 ms
+# (180.7 TFLOP/s), ByteDance-Seed/VeOmni pull request 460. Solving this model's routed-expert terms
+# (default factors, H100 datasheet peaks) for that time gives 1,225 (tests/perf/test_roofline.py
+# reproduces it). A different MoE shape from any the ground truth holds, so held-out checks stay honest.
+GROUPED_TILE_K_PRIOR = 1225.0
+
+RESIDUAL_FIELDS = 4  # a stored residual row: log2 tokens, log2 context, prompt share, error (perf.uncertainty)
 
 # Factor name -> (lower, upper) bound a fit may use. Bounds are physical: an efficiency is a
 # fraction of a datasheet peak, a kernel time is between a GPU launch (~1 us) and a slow eager
@@ -38,7 +40,7 @@ FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_mem_eff": (0.3, 1.0),
     "gemm_compute_eff": (0.3, 1.0),
     "gemm_m_half_tokens": (1.0, 128.0),
-    "grouped_compute_eff": (0.1, 1.0),
+    "grouped_tile_k": (1.0, 65536.0),
     "expert_group_s": (0.05e-6, 20e-6),
     "attn_compute_eff": (0.1, 1.0),
     "kv_mem_eff": (0.2, 1.0),
@@ -69,10 +71,12 @@ class Profile(Spec):
     """Fraction of dense peak FLOP/s a large GEMM reaches (cuBLAS on big shapes: 0.7-0.8)."""
     gemm_m_half_tokens: float = Field(default=96.0, gt=0)
     """Rows (tokens) at which a dense GEMM runs at half its large-M efficiency: eff(M) = eff*M/(M+m_half)."""
-    grouped_compute_eff: float = Field(default=GROUPED_COMPUTE_EFF_PRIOR, gt=0, le=1)
-    """Large-group efficiency of a grouped expert GEMM relative to a dense GEMM's (`gemm_compute_eff`);
-    the default is a public measurement of another MoE shape (see `GROUPED_COMPUTE_EFF_PRIOR`).
-    Fitted on h200_moe.json + h200_mixed.json: 0.35 (in sample)."""
+    grouped_tile_k: float = Field(default=GROUPED_TILE_K_PRIOR, gt=0)
+    """Fixed work of one grouped (expert) GEMM output tile, in reduction steps: a tile with reduction
+    length K runs at K/(K + grouped_tile_k) of a dense tile's rate (group lookup, operand-descriptor
+    switch, pipeline fill and epilogue, amortised over the K loop). So narrow experts (small hidden or
+    FFN) run far below a dense GEMM and wide ones close to it. The default is a public measurement of
+    another MoE shape (`GROUPED_TILE_K_PRIOR`)."""
     expert_group_s: float = Field(default=1e-6, gt=0)
     """Fixed GPU time per touched expert and MoE layer in a grouped GEMM (group setup, pipeline fill).
     Source of the default: none measured; 1 us is a round prior of the order of one CTA's prologue
@@ -116,6 +120,19 @@ class Profile(Spec):
 
     fit: dict[str, float] = Field(default_factory=dict)
     """Fit statistics (median/max absolute % error, points) when the profile was calibrated."""
+    residuals: list[list[float]] = Field(default_factory=list)
+    """Held-out errors of the calibration, one `[log2 tokens, log2 context, prompt share, error]` row per
+    measured step predicted by a fit that had not seen its shape (`fleetwise.perf.uncertainty`): the
+    bands of predicted step times come from the nearest of them. Empty: predictions carry no band."""
+
+    @field_validator("residuals")
+    @classmethod
+    def _four_numbers(cls, rows: list[list[float]]) -> list[list[float]]:
+        bad = next((i for i, r in enumerate(rows) if len(r) != RESIDUAL_FIELDS), None)
+        if bad is not None:
+            raise ValueError(f"residuals[{bad}] has {len(rows[bad])} numbers, expected {RESIDUAL_FIELDS} "
+                             "(log2 tokens, log2 context, prompt share, error); recalibrate")
+        return rows
 
     def save(self, path: str | Path) -> None:
         """Write the profile as JSON."""

@@ -16,13 +16,16 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
 - Routed experts, per MoE layer and GPU, from what physically drives them: expected experts
   touched by T tokens X = E*(1-(1-k/E)^T), X/ep per rank; routed rows per rank
   R = min(T*k, T*k*imbalance/ep); m = R/(X/ep) tokens per touched expert; expert size 3*h*f/etp;
-      t = max(2*3*h*f/etp*(R + (X/ep)*gemm_m_half_tokens) / (P*gemm_compute_eff*grouped_compute_eff),
+      t = max(2*3*h*f/etp*(R + (X/ep)*gemm_m_half_tokens) / (P*gemm_compute_eff*g(h, f/etp)),
               (X/ep)*(3*h*f/etp*wb/(B*gemm_mem_eff) + expert_group_s) + R*(2h+3f/etp)*ab/(B*gemm_mem_eff))
           + (moe_row_hidden_passes*h + moe_row_ffn_passes*f/etp)*R*ab/(B*kv_mem_eff).
   Compute: each touched expert's GEMM runs at the dense small-M efficiency m/(m+gemm_m_half_tokens),
   i.e. every touched expert pays about a tensor-core tile of rows on top of its m (the same tile
-  physics as the dense GEMMs, no MoE-only constant); grouped_compute_eff is the grouped kernel's
-  large-group efficiency. Memory: only touched experts' weights are read, so small decode steps
+  physics as the dense GEMMs, no MoE-only constant). g is the grouped kernel's rate relative to a
+  dense GEMM, from the expert's shape: a tile of reduction K runs at K/(K + grouped_tile_k), gate/up
+  reduce over h (2/3 of the FLOPs) and down over f/etp, so g = 1/(2/3*(1+kt/h) + 1/3*(1+kt/(f/etp))):
+  narrow experts (Qwen3-30B-A3B: h 2048, f 768) run far below a dense GEMM, wide ones (Mixtral:
+  4096, 14336) close to it. Memory: only touched experts' weights are read, so small decode steps
   are weight-bound on X. Row traffic: the routed rows' passes outside the GEMMs (gather,
   SiLU*mul, routing weights, scatter-add), counted from the implementation, not fitted.
   etp = max(1, tp//ep) shards each expert when tp exceeds ep.
@@ -38,7 +41,8 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
   plus the KV write of the T new tokens.
 - TP: 2 all-reduces per layer of T*h*ab bytes: 2*(tp-1)/tp*bytes/link_bw + latency (intra-node;
   the ring all-reduce's bus traffic, NCCL's performance notes). PP: (pp-1) activation sends of
-  T*h*ab. EP: dispatch+combine per MoE layer of T*k*h*ab*(ep-1)/ep over the intra-node link
+  T*h*ab. EP: dispatch+combine per MoE layer of T*k*h*ab*imbalance*(ep-1)/ep (the busiest rank's
+  share of the routed rows) over the intra-node link
   (network when ep exceeds a node): each of the T*k routed rows leaves its rank unless its expert
   is local (probability 1/ep under even placement), once to dispatch and once to combine, as in
   GShard's all-to-all (Lepikhin et al., 2020) and DeepEP's dispatch/combine. None of the TP, PP or
@@ -57,6 +61,7 @@ from dataclasses import dataclass
 
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.types import BatchShape, Deployment, SeqWork, StepCost
+from fleetwise.perf.uncertainty import Band, band, residuals_of
 from fleetwise.spec.dtypes import COMPUTE_DTYPE_FOR_WEIGHTS, dtype_bytes
 from fleetwise.spec.hardware import LinkSpec
 from fleetwise.spec.model import ModelSpec
@@ -118,6 +123,12 @@ def _dense_weights(m: ModelSpec, tp: int) -> _Dense:
         w += m.num_moe_layers * (h * mo.num_experts + 3 * h * fs)
         a += m.num_moe_layers * (h + mo.num_experts + (h + 3 * fs + h if fs else 0.0))
     return _Dense(w, a)
+
+
+def grouped_efficiency(hidden: float, expert_ffn: float, tile_k: float) -> float:
+    """Rate of an expert's grouped GEMMs relative to a dense GEMM (0-1]: gate/up reduce over the hidden
+    size (2/3 of the FLOPs), down over the expert FFN (1/3); a tile of reduction K runs at K/(K+tile_k)."""
+    return 1.0 / (2.0 / 3.0 * (1.0 + tile_k / hidden) + 1.0 / 3.0 * (1.0 + tile_k / expert_ffn))
 
 
 def _link_time(bytes_: float, link: LinkSpec) -> float:
@@ -183,7 +194,8 @@ class BoundPerf:
         self.miss = 1.0 - mo.experts_per_token / mo.num_experts
         self.imbalance = max(1.0, float(getattr(d, "expert_load_imbalance", 1.0)))
         L = m.num_moe_layers
-        self.c_exp = L * 2 * 3 * h * f / etp / (peak * p.gemm_compute_eff * p.grouped_compute_eff)
+        geff = grouped_efficiency(h, f / etp, p.grouped_tile_k)
+        self.c_exp = L * 2 * 3 * h * f / etp / (peak * p.gemm_compute_eff * geff)
         self.g_half = p.gemm_m_half_tokens  # rows each touched expert's GEMM wastes (small-M tiles)
         self.w_exp = L * (3 * h * f / etp * wb / (bw * p.gemm_mem_eff) + p.expert_group_s)
         self.a_exp = L * (2 * h + 3 * f / etp) * ACT_BYTES / (bw * p.gemm_mem_eff)
@@ -227,7 +239,10 @@ class BoundPerf:
         k = d.model.moe.experts_per_token if d.model.moe is not None else 0
         moe_l = self.moe_layers
         n_a2a = EP_ALLTOALLS_PER_MOE_LAYER * moe_l
-        self.ep_tok = n_a2a * k * tok * (ep - 1) / ep / ep_link.bandwidth_bytes_per_s if ep > 1 else 0.0
+        # The busiest rank receives `imbalance` times the mean rank's routed rows, and every layer's
+        # all-to-all waits for it: the volume comes from the skewed counts, not the balanced average.
+        skew = max(1.0, float(d.expert_load_imbalance))
+        self.ep_tok = n_a2a * k * tok * skew * (ep - 1) / ep / ep_link.bandwidth_bytes_per_s if ep > 1 else 0.0
         self.ep_fix = n_a2a * ep_link.latency_s if ep > 1 else 0.0
 
     def _bind_overhead(self, d: Deployment, p: Profile) -> None:
@@ -387,6 +402,7 @@ class PerfModel:
     def __init__(self, profile: Profile | None = None) -> None:
         self.profile = profile if profile is not None else Profile()
         self._bound: dict[int, tuple[Deployment, BoundPerf]] = {}
+        self._residuals = residuals_of(self.profile.residuals)
 
     def bind(self, deployment: Deployment) -> BoundPerf:
         """Precompute everything per deployment (cached while the deployment object lives)."""
@@ -408,3 +424,9 @@ class PerfModel:
         """Total seconds only (same number as `step_cost(...).total_s`)."""
         shape = batch if isinstance(batch, BatchShape) else BatchShape.of(batch)
         return self.bind(deployment).step_time_s(shape)
+
+    def step_time_band(self, batch: Iterable[SeqWork] | BatchShape, deployment: Deployment) -> Band:
+        """Seconds of one step with the band the calibration's held-out errors on the nearest measured
+        shapes give it (`Band.points` 0 when the profile holds no residuals)."""
+        shape = batch if isinstance(batch, BatchShape) else BatchShape.of(batch)
+        return band(self.bind(deployment).step_time_s(shape), shape, self._residuals)

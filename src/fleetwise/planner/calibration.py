@@ -28,7 +28,7 @@ FACTORS_BY_FIGURE: dict[str, tuple[tuple[str, ...], str]] = {
              "batch that meets the target and the replica count move with them"),
 }
 """Which perf factors (`perf.profile.Profile`) set which SLO figure of a dense model, and why."""
-MOE_FACTORS = (("grouped_compute_eff", "expert_group_s", "moe_kernel_weight"),
+MOE_FACTORS = (("grouped_tile_k", "expert_group_s", "moe_kernel_weight"),
                "the MoE blocks' grouped GEMMs: their defaults are priors, not measurements (docs/perf-model.md)")
 """Extra factors a mixture-of-experts model's step time depends on."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetwise.errors import InfeasibleError
+from fleetwise.perf.expert_load import planned_imbalance
 from fleetwise.perf.memory import FitOptions, LayoutFit, layout_fit, tp_candidates
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
@@ -76,13 +77,20 @@ class Hardware:
     fit_options: FitOptions
     imbalance: float = 1.0
     notes: list[str] = field(default_factory=list)
+    expert_load: str | None = None
+    """Measured expert-load histogram (spec `moe.expert_load`): each layout's imbalance comes from it."""
+
+    def imbalance_for(self, ep: int) -> float:
+        """Expert load imbalance of a layout with `ep` expert-parallel ranks (measured, or assumed)."""
+        experts = self.model.moe.num_experts if self.model.moe is not None else None
+        return planned_imbalance(self.imbalance, self.expert_load, ep, experts)
 
     def price(self, accelerator: str) -> float:
         return self.gpus[accelerator].price_per_hour_usd
 
     def deployment(self, layout: Layout, kv_dtype: str) -> Deployment:
         """The layout's deployment, built as the simulator builds a pool's (`pool_deployment`)."""
-        pool = pool_spec(layout, self.model.name, kv_dtype, self.imbalance)
+        pool = pool_spec(layout, self.model.name, kv_dtype, self.imbalance_for(layout.ep))
         return pool_deployment(self.model, self.gpus[layout.accelerator], pool)
 
 
@@ -110,7 +118,8 @@ def resolve_hardware(spec: PlanningSpec, context_tokens: int) -> Hardware:
         gpus[gpu.name] = gpu
         caps[gpu.name] = min(spec.search.max_gpus, choice.max_gpus or spec.search.max_gpus)
     ctx = max(1, min(context_tokens, model.max_context_tokens))
-    return Hardware(model, gpus, caps, ctx, FitOptions(context_tokens=ctx), spec.moe.expert_imbalance)
+    return Hardware(model, gpus, caps, ctx, FitOptions(context_tokens=ctx), spec.moe.expert_imbalance,
+                    expert_load=spec.moe.expert_load)
 
 
 def kv_link(spec: PlanningSpec, gpu: AcceleratorSpec, layout: Layout) -> LinkSpec:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleetwise.core.request import Request
+from fleetwise.perf.expert_load import planned_imbalance
 from fleetwise.planner.workload import LengthMix, requests_at
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash
 from fleetwise.spec.plan import KvLinkSpec, PlanSpec, PoolSpec
@@ -117,8 +118,9 @@ def pool_spec(layout: Layout, model: str, kv_dtype: str, imbalance: float, role:
 
 def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]) -> PlanSpec:
     """The simulator's plan document for a fleet shape."""
-    pools = [pool_spec(p.layout, spec.model, spec.kv_dtype, spec.moe.expert_imbalance, p.role, p.replicas,
-                       prices[p.layout.accelerator]) for p in fleet.pools]
+    pools = [pool_spec(p.layout, spec.model, spec.kv_dtype,
+                       planned_imbalance(spec.moe.expert_imbalance, spec.moe.expert_load, p.layout.ep), p.role,
+                       p.replicas, prices[p.layout.accelerator]) for p in fleet.pools]
     kv = KvLinkSpec(bandwidth_bytes_per_s=fleet.kv_link_bytes_per_s, latency_s=fleet.kv_link_latency_s) \
         if fleet.kv_link_bytes_per_s else KvLinkSpec()
     return PlanSpec(name=spec.name, pools=pools, kv_link=kv, routing=spec.routing_policy or "round-robin",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fleetwise.perf.expert_load import ASSUMED_IMBALANCE_NOTE
 from fleetwise.planner.fit import Layout, Rejection
 from fleetwise.planner.goodput import kv_link_rates
 from fleetwise.planner.latency import latency_line, profile_line
@@ -107,17 +108,36 @@ def _moe_line(search: Search, lay: Layout) -> str | None:
     dep = search.hw.deployment(lay, search.spec.kv_dtype)
     e = search.estimates[lay]
     cost = search.perf.step_cost(BatchShape.decode(max(1, e.decode_batch), int(search.stats.prompt_mean)), dep)
+    load = search.hw.expert_load
+    source = f"measured from {load}" if load else ASSUMED_IMBALANCE_NOTE
     return (f"MoE: {m.moe.num_experts} experts, {m.moe.experts_per_token} per token; EP={lay.ep} over the "
-            f"replica's {lay.gpus} GPUs; expert load imbalance {search.hw.imbalance:.2f} (busiest rank over mean; "
-            f"default 1.3, set moe.expert_imbalance); at batch {e.decode_batch} a decode step spends "
+            f"replica's {lay.gpus} GPUs; expert load imbalance {search.hw.imbalance_for(lay.ep):.2f} (busiest rank "
+            f"over mean, {source}); at batch {e.decode_batch} a decode step spends "
             f"{cost.ep_comm_s * 1e3:.2f} ms in all-to-all of {cost.total_s * 1e3:.1f} ms")
+
+
+def _band_line(search: Search, lay: Layout) -> str | None:
+    """The latency floor's uncertainty: bands from the profile's held-out residuals, against the SLO."""
+    if not search.perf.profile.residuals:
+        return None
+    from fleetwise.perf.types import BatchShape
+    from fleetwise.perf.uncertainty import threshold_note
+    from fleetwise.planner.latency import TPOT_MARGIN
+
+    dep, e, slo, st = search.hw.deployment(lay, search.spec.kv_dtype), search.estimates[lay], search.spec.slo, search.stats
+    pre = search.perf.step_time_band(BatchShape.prefill(1, max(1, int(st.percentile_prompt(slo.percentile)))), dep)
+    ctx = max(1, int(st.prompt_mean + st.output_mean / 2))
+    dec = search.perf.step_time_band(BatchShape.decode(max(1, e.decode_batch), ctx), dep)
+    return (f"uncertainty (held-out errors of the {pre.points} nearest calibrated shapes): "
+            f"{threshold_note(f'the p{slo.percentile} prompt alone', pre, slo.ttft_s, 'TTFT target')}; "
+            f"{threshold_note(f'a decode step at batch {e.decode_batch}', dec, TPOT_MARGIN * slo.tpot_s, 'TPOT budget')}")
 
 
 def _base_steps(search: Search, role: str, lay: Layout) -> list[str]:
     steps = [profile_line(search), search.fits[lay], latency_line(search.estimates[lay], search.spec, search.stats),
              _goodput_line(search, role, lay)]
-    moe = _moe_line(search, lay)
-    return steps + ([moe] if moe else [])
+    extra = [_moe_line(search, lay), _band_line(search, lay)]
+    return steps + [x for x in extra if x]
 
 
 def fleet_cost(search: Search, fleet: FleetShape, spare: dict[str, int]) -> float:

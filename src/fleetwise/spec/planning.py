@@ -211,7 +211,14 @@ class MoEPlanningSpec(Spec):
     """MoE-specific assumptions."""
 
     expert_imbalance: float = Field(default=1.3, ge=1)
-    """Busiest expert-parallel rank's load over the mean (1.3: 30% skew, a common measured value)."""
+    """Busiest expert-parallel rank's load over the mean, assumed when no `expert_load` is given. The
+    default 1.3 (30% skew) is an assumption, not a measurement: no public max/mean figure was found
+    to cite (docs/perf-model.md, "Sources of the MoE constants"); every MoE plan states it."""
+    expert_load: str | None = None
+    """Measured expert load: a JSON of per-layer expert token counts (vLLM's expert-parallel load
+    balancer's `expert_load_pass`/`expert_load_window`, or any layers x experts counts). When given, each
+    layout's imbalance comes from it for its EP degree (`fleetwise.perf.expert_load`) and
+    `expert_imbalance` is not used."""
 
 
 class KVLinkSpec(Spec):

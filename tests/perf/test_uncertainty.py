@@ -1,0 +1,79 @@
+"""Uncertainty bands: from the calibration's held-out residuals of the nearest measured shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetwise.cli.main import main
+from fleetwise.errors import SpecError
+from fleetwise.perf.calibrate import calibrate, held_out_residuals
+from fleetwise.perf.groundtruth import SHIPPED_DIR, SHIPPED_FILES, load_groundtruth
+from fleetwise.perf.profile import Profile
+from fleetwise.perf.roofline import PerfModel
+from fleetwise.perf.types import BatchShape, Deployment
+from fleetwise.perf.uncertainty import Residual, band, features, residuals_of
+from fleetwise.spec.catalog import get_gpu
+
+H200 = get_gpu("h200-sxm")
+
+
+def test_band_spans_the_nearest_residuals_quotients():
+    decode = BatchShape.decode(16, 2048)
+    lt, lc, share = features(decode)
+    near = [Residual(lt, lc, share, 0.10), Residual(lt + 0.1, lc, share, -0.05)]
+    far = [Residual(lt, lc, 1.0, 0.90)]  # a prefill: never a decode's neighbour while nearer ones exist
+    b = band(1.0, decode, near + far, k=2)
+    assert (b.low_s, b.mid_s, b.high_s, b.points) == (pytest.approx(1 / 1.10), 1.0, pytest.approx(1 / 0.95), 2)
+    assert b.contains(1.02) and not b.contains(1.2)
+    assert band(1.0, decode, []).points == 0 and band(1.0, decode, []).low_s == 1.0
+
+
+def test_profile_rows_round_trip_and_bad_rows_are_one_line(tmp_path):
+    r = Residual(3.0, 11.0, 0.0, -0.02)
+    assert residuals_of([r.as_list()]) == [r]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**Profile().model_dump(by_alias=True), "residuals": [[1.0, 2.0]]}))
+    with pytest.raises(SpecError, match=r"residuals\[0\] has 2 numbers, expected 4"):
+        Profile.load(path)
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> PerfModel:
+    files = [load_groundtruth(SHIPPED_DIR / f) for f in SHIPPED_FILES]
+    prof = calibrate(files, H200).model_copy(update={"residuals": held_out_residuals(files, H200)})
+    return PerfModel(prof)
+
+
+def test_bands_of_the_shipped_calibration(calibrated):
+    """88 residuals (every shipped point, held out by shape). The MoE mixed steps, the worst held-out
+    points, get a wide band that holds their measurement; decode bands stay narrow."""
+    files = [load_groundtruth(SHIPPED_DIR / f) for f in SHIPPED_FILES]
+    assert len(calibrated.profile.residuals) == 88
+    qwen = files[2].models["qwen3-30b-a3b"]
+    mixed = BatchShape.decode(64, 2048) + BatchShape.prefill(1, 1024)
+    b = calibrated.step_time_band(mixed, Deployment(qwen, H200))
+    assert b.points == 5 and b.contains(64.05e-3)  # the measured step (h200_mixed.json)
+    llama = files[0].models["llama-3.1-8b"]
+    d = calibrated.step_time_band(BatchShape.decode(32, 2048), Deployment(llama, H200))
+    assert (d.high_s - d.low_s) / d.mid_s < 0.15 and d.contains(9.52e-3)
+
+
+def test_cli_calibrate_stores_residuals_unless_told_not_to(tmp_path, capsys):
+    files = [str(SHIPPED_DIR / "h200_dense.json")]
+    out = tmp_path / "p.json"
+    assert main(["calibrate", *files, "-o", str(out), "--no-band"]) == 0
+    assert Profile.load(out).residuals == []
+    capsys.readouterr()
+
+
+def test_threshold_note_says_when_a_decision_could_flip():
+    from fleetwise.perf.uncertainty import Band, threshold_note
+
+    b = Band(0.040, 0.045, 0.052, 5)
+    assert threshold_note("a decode step", b, 0.050, "TPOT budget") == (
+        "a decode step 40.0-52.0 ms straddles the TPOT budget (50 ms): this decision could flip")
+    assert threshold_note("a decode step", b, 0.060, "TPOT budget") == (
+        "a decode step 40.0-52.0 ms, all under the TPOT budget (60 ms)")
+    assert threshold_note("a decode step", b, 0.030, "TPOT budget").endswith("all over the TPOT budget (30 ms)")

@@ -62,7 +62,8 @@ def streams(push: bool) -> list[dict[str, Any]]:
 def test_pushed_streams_carry_what_the_pull_reference_carries():
     pushed, pulled = streams(True), streams(False)
     assert pushed == pulled
-    assert [p["ids"] for p in pushed] == [{f"req-{k}"} for k in range(len(REQUESTS))]
+    assert [p["ids"] for p in pushed] == [{("chatcmpl-" if "chat" in path else "cmpl-") + f"req-{k}"}
+                                            for k, (path, _) in enumerate(REQUESTS)]
     assert len(pushed[0]["text"]) > 0 and pushed[0]["finish"] == "length"
     assert pushed[1]["final"]["completion_tokens"] == 5 and pushed[1]["running_last"] == [5]
     assert pushed[2]["role"] == "assistant" and pushed[2]["final"]["completion_tokens"] == 6

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -33,17 +34,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleetwise import __version__
+from fleetwise.core.openai_request import ApiError, Kind, parse_body
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.faults import FaultError
-from fleetwise.emulator.protocol import (
-    ApiError,
-    ChunkWriter,
-    GenRequest,
-    Kind,
-    full_response,
-    parse_body,
-    parse_request,
-)
+from fleetwise.emulator.protocol import ChunkWriter, GenRequest, full_response, parse_request
 from fleetwise.emulator.replica import RECORD_COLUMNS, EmulatedReplica, Live
 from fleetwise.emulator.server import RX_EXTENSION
 from fleetwise.live.eager import start_now
@@ -366,10 +360,9 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         if not isinstance(arrival_s, float):  # an app mounted without `stamp_arrival` outside it
             arrival_s = replica.now_s()
         try:
-            body = parse_body(await read_body(receive))
-            req = parse_request(kind, body, cfg.name)
-            prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-            rid = header(scope, b"x-request-id") or prefix + uuid.uuid4().hex
+            req = parse_request(kind, parse_body(await read_body(receive)), cfg.name)
+            rid = header(scope, b"x-request-id") or uuid.uuid4().hex
+            created = int(time.time())  # per response, as vLLM stamps it
             watchers: list[asyncio.Task[None]] = []
             live = await replica.submit(req, rid, lambda lv: watchers.append(
                 asyncio.create_task(_abort_on_disconnect(receive, lv))), arrival_s)
@@ -378,14 +371,14 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             return _error(err)
         watcher = watchers[0]
         if req.stream:
-            cur = StreamCursor(live, replica.created, replica.faults)
+            cur = StreamCursor(live, created, replica.faults)
             if push_streams:
                 return PushStream(cur, watcher, lambda: replica.abort(live), {"x-request-id": live.rid})
             return StreamingResponse(_stream(cur, watcher), media_type="text/event-stream",
                                      headers={"x-request-id": live.rid})
-        return AnswerAtEnd(live, watcher, lambda: _answer(req, live))
+        return AnswerAtEnd(live, watcher, lambda: _answer(req, live, created))
 
-    def _answer(req: GenRequest, live: Live) -> Response:
+    def _answer(req: GenRequest, live: Live, created: int) -> Response:
         """The response of a finished non-streaming request."""
         if live.finish_reason == "abort":
             return Response(status_code=499)  # nobody is listening (nginx's "client closed request")
@@ -393,7 +386,7 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             replica.metrics.reject(live.error.status)
             return _error(live.error)
         text = live.text(0, live.emitted)
-        return JSONResponse(full_response(req, live.rid, replica.created, text, live.finish_reason, live.emitted,
+        return JSONResponse(full_response(req, live.rid, created, text, live.finish_reason, live.emitted,
                                           live.kv_transfer_params), headers={"x-request-id": live.rid})
 
     async def _abort_on_disconnect(receive: Receive, live: Live) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetwise.core.openai_request import ApiError
 from fleetwise.core.request import Request
 from fleetwise.core.tokens import block_hashes, digest
 from fleetwise.emulator import faults as fault_kinds
@@ -33,7 +34,7 @@ from fleetwise.emulator.generation import OutputLengthModel, TokenStream
 from fleetwise.emulator.kv_events import KvEventPublisher
 from fleetwise.emulator.kv_link import KvPort
 from fleetwise.emulator.metrics import ReplicaMetrics
-from fleetwise.emulator.protocol import ApiError, GenRequest
+from fleetwise.emulator.protocol import GenRequest
 from fleetwise.engine.clock import ORDER_ARRIVAL
 from fleetwise.engine.driver import DOWN, UP, EngineDriver
 from fleetwise.engine.pools import build_pool

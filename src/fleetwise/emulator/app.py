@@ -2,8 +2,8 @@
 
 `create_app(cfg)` returns a Starlette app; tests drive it in-process through an ASGI transport.
 `fleetwise emulate` serves its `Front` (`app.state.front`: the arrival stamped first, the hot
-routes straight to their handlers, the rest through Starlette) on the lean HTTP server
-(`fleetwise.emulator.server`), or on uvicorn with `--server uvicorn`. Routes:
+routes straight to their handlers, the rest through Starlette) on uvicorn with the connection
+limits of `fleetwise.live.http`. Routes:
 
 - `POST /v1/completions`, `POST /v1/chat/completions` (stream or not), `GET /v1/models`,
   `GET /health`, `GET /metrics` (vLLM names, `fleetwise:` extras), `GET /version`;
@@ -39,7 +39,6 @@ from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.faults import FaultError
 from fleetwise.emulator.protocol import ChunkWriter, GenRequest, full_response, parse_request
 from fleetwise.emulator.replica import RECORD_COLUMNS, EmulatedReplica, Live
-from fleetwise.emulator.server import RX_EXTENSION
 from fleetwise.live.eager import start_now
 from fleetwise.perf.roofline import PerfModel
 
@@ -258,25 +257,19 @@ def header(scope: Scope, name: bytes) -> str | None:
 
 class Front:
     """The replica's ASGI entry as `fleetwise emulate` serves it (`app.state.front`): stamps a
-    request's arrival on the replica's clock (when its bytes reached the socket, where the server
-    says so, `RX_EXTENSION`; else now) before anything else (routing, the body read and
+    request's arrival on the replica's clock before anything else (routing, the body read and
     parsed, see `submit`: that is the emulation's wall time, which the time scale would
     multiply, not the modelled server's), sends the hot routes (exact path, POST) to their
     handlers without Starlette's middleware, routing and `Request`, and everything else
     (other routes, wrong methods, lifespan) to the Starlette app, whose routes hold the same
     handlers (the reference: tests drive it in-process)."""
 
-    def __init__(self, app: Starlette, now_s: Callable[[], float], time_of: Callable[[float], float],
-                 hot: dict[str, Handler]) -> None:
-        self.app, self.now_s, self.time_of, self.hot = app, now_s, time_of, hot
+    def __init__(self, app: Starlette, now_s: Callable[[], float], hot: dict[str, Handler]) -> None:
+        self.app, self.now_s, self.hot = app, now_s, hot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            ext = scope.get("extensions")
-            rx = ext.get(RX_EXTENSION) if ext else None
-            # The server says when the request's bytes reached the socket (the lean server
-            # reads that from the kernel): the arrival, before this process even woke up.
-            scope[ARRIVAL_KEY] = self.time_of(rx["monotonic_s"]) if rx else self.now_s()
+            scope[ARRIVAL_KEY] = self.now_s()
             if scope["method"] == "POST" and not scope.get("root_path"):
                 handler = self.hot.get(scope["path"])
                 if handler is not None:
@@ -513,5 +506,5 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
 
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(stamp_arrival)])
     app.state.replica = replica
-    app.state.front = Front(app, replica.now_s, replica.time_of, hot)
+    app.state.front = Front(app, replica.now_s, hot)
     return app

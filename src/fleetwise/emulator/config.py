@@ -16,6 +16,7 @@ from fleetwise.emulator.generation import DEFAULT_OUTPUT_LENGTHS
 from fleetwise.errors import SpecError
 from fleetwise.spec.base import validate
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION
+from fleetwise.spec.http import HttpLimitsSpec
 from fleetwise.spec.inputs import MAX_FACTOR, MIN_FACTOR
 from fleetwise.spec.plan import KvLinkSpec, PoolSpec
 from fleetwise.spec.workload import LengthDist
@@ -64,6 +65,8 @@ class EmulatorConfig:
     """Per-GPU NIC of the KV path (decode side pulls over it)."""
     kv_lease_s: float = KV_LEASE_S
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    http: HttpLimitsSpec = field(default_factory=HttpLimitsSpec)
+    """Connection limits and timeouts of the replica's HTTP server (`fleetwise.live.http`)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.time_scale) and MIN_FACTOR <= self.time_scale <= MAX_FACTOR):

@@ -1,45 +1,24 @@
-"""Serving a `Gateway` with uvicorn on a listening socket that has TCP_NODELAY set.
-
-Accepted connections inherit TCP_NODELAY from the listening socket on Linux, and asyncio sets
-it on every TCP transport as well, so the first SSE chunk after the response headers is never
-held back waiting for the client's delayed ACK.
-"""
+"""Serving a `Gateway`: uvicorn with the project's connection limits (`fleetwise.live.http`), on
+a listening socket with TCP_NODELAY, so the first SSE chunk after the response headers is never
+held back waiting for the client's delayed ACK."""
 
 from __future__ import annotations
-
-import socket
 
 import uvicorn
 
 from fleetwise.gateway.app import Gateway
+from fleetwise.live import http
+from fleetwise.live.http import listening_socket
 
 __all__ = ["listening_socket", "serve", "uvicorn_server"]
 
-LISTEN_BACKLOG = 2048
-"""Pending connections the kernel queues for the gateway (bursts of new clients)."""
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening TCP socket with SO_REUSEADDR and TCP_NODELAY."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.bind((host, port))
-    s.listen(LISTEN_BACKLOG)
-    s.setblocking(False)
-    return s
-
 
 def uvicorn_server(gw: Gateway, log_level: str = "warning") -> uvicorn.Server:
-    """A uvicorn server for the gateway's app (no access log: the gateway's /metrics counts)."""
-    config = uvicorn.Config(gw.app(), lifespan="on", access_log=False, log_level=log_level,
-                            timeout_keep_alive=75, loop="auto", http="auto")
-    return uvicorn.Server(config)
+    """A uvicorn server for the gateway's app with its `http` limits and `limits.max_body_bytes`."""
+    return http.uvicorn_server(gw.app(), gw.cfg.http, gw.cfg.limits.max_body_bytes, log_level)
 
 
 def serve(gw: Gateway, host: str, port: int, log_level: str = "warning") -> None:
     """Serve until interrupted (blocking)."""
     sock = listening_socket(host, port)
-    server = uvicorn_server(gw, log_level)
-    server.run(sockets=[sock])
+    uvicorn_server(gw, log_level).run(sockets=[sock])

@@ -128,7 +128,7 @@ class Live:
     on_change: Callable[[], None] | None = None
     """Runs on every change (tokens, end, error, gate opened), inside the step end (or abort)
     that made it, before the driver schedules its next step: a pushed stream writes its chunks
-    there (`fleetwise.emulator.app.PushStream`), a finished request its answer (`AnswerAtEnd`)."""
+    there (`fleetwise.emulator.streams.PushStream`), a finished request its answer (`AnswerAtEnd`)."""
     _waiter: asyncio.Future[None] | None = None
 
     def notify(self) -> None:

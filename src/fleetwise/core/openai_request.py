@@ -80,7 +80,7 @@ class ApiError(Exception):
 def error_body(status: int, message: str, type_: str | None = None, param: str | None = None,
                code: str | int | None = None) -> bytes:
     """An OpenAI-style error document, encoded."""
-    return json.dumps(ApiError(status, message, param, type_, code).body()).encode()
+    return json.dumps(ApiError(status, message, param, type_, code).body(), allow_nan=False).encode()
 
 
 def response_id(kind: Kind, request_id: str) -> str:

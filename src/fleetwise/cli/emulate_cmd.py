@@ -122,7 +122,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     for name in ("tp", "pp", "port"):
         if getattr(args, name) < (0 if name == "port" else 1):
             raise SpecError(f"--{name}={getattr(args, name)} must be at least {0 if name == 'port' else 1}")
-    return EmulatorConfig(
+    return validate(EmulatorConfig, dict(
         model=args.model, gpu=args.gpu, tp=args.tp, pp=args.pp, role=args.role, model_version=args.model_version,
         time_scale=args.time_scale, spin=not args.no_spin, seed=args.seed, host=args.host, port=args.port,
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,
@@ -130,7 +130,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching, profile=args.profile,
         admin_token=args.admin_token, kv_link=validate(KvLinkSpec, link, "--kv-link-*"), kv_lease_s=args.kv_lease,
-        **extra)
+        **extra), "emulator options")
 
 
 FLEET_START_TIMEOUT_S = 60.0

@@ -38,7 +38,8 @@ from fleetwise.core.openai_request import ApiError, Kind, parse_body
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.faults import FaultError
 from fleetwise.emulator.protocol import GenRequest, full_response, parse_request
-from fleetwise.emulator.replica import RECORD_COLUMNS, EmulatedReplica, Live
+from fleetwise.emulator.replica import RECORD_COLUMNS, EmulatedReplica
+from fleetwise.emulator.running import Live
 from fleetwise.emulator.streams import AnswerAtEnd, PushStream, StreamCursor
 from fleetwise.perf.roofline import PerfModel
 

@@ -1,5 +1,8 @@
 """`EmulatedReplica`: one engine replica driven by the wall clock, with per-request token streams.
 
+(Over 600 lines: the step loop, the token streams and the KV hand-off share one replica's clock
+and leases; the hand-off, about 230 lines, is the next to move into an object of its own.)
+
 Owns the replica's live requests and their token streams, the metrics it records, the KV leases
 of the prefill role and the KV events it publishes. Stepping is the shared `EngineDriver`
 (`fleetwise.engine.driver`) on an `AsyncioClock` (`fleetwise.live`): the same step loop as the
@@ -22,7 +25,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwise.core.openai_request import ApiError
@@ -30,11 +32,12 @@ from fleetwise.core.request import Request
 from fleetwise.core.tokens import block_hashes, digest
 from fleetwise.emulator import faults as fault_kinds
 from fleetwise.emulator.config import EmulatorConfig
-from fleetwise.emulator.generation import OutputLengthModel, TokenStream
+from fleetwise.emulator.generation import OutputLengthModel
 from fleetwise.emulator.kv_events import KvEventPublisher
 from fleetwise.emulator.kv_link import KvPort
 from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.protocol import GenRequest
+from fleetwise.emulator.running import Lease, Live, ReplicaStatus
 from fleetwise.engine.clock import ORDER_ARRIVAL
 from fleetwise.engine.driver import DOWN, UP, EngineDriver
 from fleetwise.engine.pools import build_pool
@@ -88,98 +91,6 @@ def single_passes(driver: EngineDriver, now_s: float) -> tuple[float, float]:
     return 0.0, 0.0
 
 
-@dataclass(eq=False, slots=True)
-class Live:
-    """One request in flight: what the client asked, how far it got, and when (modelled s)."""
-
-    rid: str
-    eid: str
-    req: GenRequest
-    digest: int
-    target: int
-    """Tokens this request will generate (max_tokens, or the length model's draw)."""
-    finish_reason: str
-    arrival_s: float
-    emitted: int = 0
-    sched_s: float | None = None
-    first_token_s: float | None = None
-    first_token_seen_s: float | None = None
-    """When the process handled the step end that produced the first token (modelled s)."""
-    last_token_s: float = 0.0
-    finish_s: float | None = None
-    pull_start_s: float | None = None
-    """Decode role: when the KV pull was sent, and when it came back (modelled s)."""
-    pull_end_s: float | None = None
-    pull_id: int | None = None
-    """Decode role: the pull on the KV port until it lands."""
-    hold: asyncio.TimerHandle | None = None
-    """Decode role: the clock is held for this request's pull answer (the hold's wall timeout)."""
-    hold_since: float = 0.0
-    """time.monotonic() when the hold began."""
-    gated: bool = False
-    """Decode role: in the engine from its pull's landing on this port, before the prefill's
-    answer came; nothing streams to the client until it does."""
-    admitted: bool = False
-    """The engine holds the request (it reached the engine at its arrival on the clock)."""
-    done: bool = False
-    error: ApiError | None = None
-    kv_transfer_params: dict[str, Any] | None = None
-    tokens: TokenStream | None = None
-    on_change: Callable[[], None] | None = None
-    """Runs on every change (tokens, end, error, gate opened), inside the step end (or abort)
-    that made it, before the driver schedules its next step: a pushed stream writes its chunks
-    there (`fleetwise.emulator.streams.PushStream`), a finished request its answer (`AnswerAtEnd`)."""
-    _waiter: asyncio.Future[None] | None = None
-
-    def notify(self) -> None:
-        if self.on_change is not None:
-            self.on_change()
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    async def wait(self) -> None:
-        """Until more tokens, the end, or an error."""
-        self._waiter = asyncio.get_running_loop().create_future()
-        await self._waiter
-        self._waiter = None
-
-    def text(self, start: int, stop: int) -> str:
-        """Generated text of positions [start, stop)."""
-        if self.tokens is None:
-            self.tokens = TokenStream(self.req.prompt_ids)
-        return self.tokens.text(start, stop)
-
-
-@dataclass(slots=True)
-class _Lease:
-    live: Live
-    prompt_tokens: int
-    expires: asyncio.TimerHandle | None = None
-
-
-@dataclass
-class ReplicaStatus:
-    """Counters the load generator and tests read besides /metrics."""
-
-    steps: int = 0
-    overrun_sum_s: float = 0.0
-    overrun_max_s: float = 0.0
-    busy_s: float = 0.0
-    requests: int = 0
-    pull_holds: int = 0
-    """KV pulls that landed here before their answer came, so the clock waited for it."""
-    pull_late: int = 0
-    """KV pulls whose answer came after `KV_PULL_HOLD_MAX_S` (they reached the engine late)."""
-    pull_hold_wall_s: float = 0.0
-    """Wall seconds the clock was held for pull answers, summed over pulls."""
-    pull_speculated: int = 0
-    """KV pulls that reached the engine at their landing on this port, ahead of the answer."""
-    pull_early: int = 0
-    """Of those, pulls the prefill's port landed later (the engine got them early by the gap)."""
-    extra: dict[str, float] = field(default_factory=dict)
-
-
 class EmulatedReplica:
     """One replica: engine + driver on the wall clock + live requests. Call `start()` inside a
     running event loop; `stop()` ends it."""
@@ -211,7 +122,7 @@ class EmulatedReplica:
         self._on_crash = on_crash
         self._kv_pull = kv_pull
         self._live: dict[str, Live] = {}
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, Lease] = {}
         self._next_eid = 0
         self._fault_timers: dict[str, asyncio.TimerHandle] = {}
         self._dst_cache: dict[str, Deployment] = {}
@@ -538,7 +449,7 @@ class EmulatedReplica:
             "remote_host": self.cfg.host, "remote_port": self.cfg.port, "remote_request_id": lv.rid,
             "tp_size": self.pool.parallelism.tp, "pp_size": self.pool.parallelism.pp,
         }
-        lease = _Lease(lv, len(lv.req.prompt_ids))
+        lease = Lease(lv, len(lv.req.prompt_ids))
         self._leases[lv.rid] = lease
         loop = asyncio.get_running_loop()
         lease.expires = loop.call_later(self._wall_s(t + self.cfg.kv_lease_s - self.now_s()), self._expire, lv.rid)

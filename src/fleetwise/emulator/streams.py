@@ -16,7 +16,7 @@ from typing import Any
 from starlette.responses import Response
 
 from fleetwise.emulator.protocol import ChunkWriter
-from fleetwise.emulator.replica import Live
+from fleetwise.emulator.running import Live
 from fleetwise.live.eager import start_now
 
 __all__ = ["DROP", "END", "MORE", "AnswerAtEnd", "PushStream", "StreamCursor", "StreamDropped"]

@@ -1,8 +1,12 @@
 """Serving a `Gateway`: uvicorn with the project's connection limits (`fleetwise.live.http`), on
 a listening socket with TCP_NODELAY, so the first SSE chunk after the response headers is never
-held back waiting for the client's delayed ACK."""
+held back waiting for the client's delayed ACK; or several worker processes sharing the port
+(`serve_workers`)."""
 
 from __future__ import annotations
+
+import socket
+from collections.abc import Callable
 
 import uvicorn
 
@@ -10,7 +14,7 @@ from fleetwise.gateway.app import Gateway
 from fleetwise.live import http
 from fleetwise.live.http import listening_socket
 
-__all__ = ["listening_socket", "serve", "uvicorn_server"]
+__all__ = ["listening_socket", "serve", "serve_workers", "uvicorn_server"]
 
 
 def uvicorn_server(gw: Gateway, log_level: str = "warning") -> uvicorn.Server:
@@ -18,7 +22,13 @@ def uvicorn_server(gw: Gateway, log_level: str = "warning") -> uvicorn.Server:
     return http.uvicorn_server(gw.app(), gw.cfg.http, gw.cfg.limits.max_body_bytes, log_level)
 
 
-def serve(gw: Gateway, host: str, port: int, log_level: str = "warning") -> None:
-    """Serve until interrupted (blocking)."""
-    sock = listening_socket(host, port)
-    uvicorn_server(gw, log_level).run(sockets=[sock])
+def serve(gw: Gateway, host: str, port: int, log_level: str = "warning", sock: socket.socket | None = None) -> None:
+    """Serve until interrupted (blocking), on `sock` or a new socket on host:port."""
+    uvicorn_server(gw, log_level).run(sockets=[sock or listening_socket(host, port)])
+
+
+def serve_workers(make_gateway: Callable[[], Gateway], host: str, port: int, workers: int,
+                  log_level: str = "warning") -> int:
+    """Serve from `workers` processes on one port (SO_REUSEPORT), each with its own `Gateway`
+    built by `make_gateway` after the fork; the exit status once all have stopped."""
+    return http.run_workers(host, port, workers, lambda sock: serve(make_gateway(), host, port, log_level, sock))

@@ -25,7 +25,12 @@ is buffered. Refusals carry an OpenAI-style error body and close the connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
+import signal
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import httptools
@@ -35,8 +40,10 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from fleetwise.core.openai_request import error_body
 from fleetwise.spec.http import HttpLimitsSpec
 
-__all__ = ["LISTEN_BACKLOG", "GuardedHttpTools", "guarded_protocol", "listening_socket", "uvicorn_server"]
+__all__ = ["LISTEN_BACKLOG", "GuardedHttpTools", "guarded_protocol", "listening_socket", "run_workers",
+           "uvicorn_server"]
 
+LOG = logging.getLogger("fleetwise.live.http")
 LISTEN_BACKLOG = 2048
 """Pending connections the kernel queues for a server (bursts of new clients)."""
 LINGER_S = 2.0
@@ -211,3 +218,53 @@ def uvicorn_server(app: Any, limits: HttpLimitsSpec, max_body_bytes: int, log_le
                             http=guarded_protocol(limits, max_body_bytes), backlog=LISTEN_BACKLOG,
                             timeout_keep_alive=limits.keep_alive_timeout_s)  # type: ignore[arg-type]
     return uvicorn.Server(config)
+
+
+def run_workers(host: str, port: int, workers: int, serve_one: Callable[[socket.socket], None]) -> int:
+    """Serve on host:port from `workers` forked processes, each on its own SO_REUSEPORT socket
+    (the kernel spreads new connections over them), each running `serve_one(socket)` until it
+    stops. SIGTERM to this process is passed on to every worker (Ctrl-C reaches them as a
+    process group); a worker that exits is reported and the others keep serving. Returns the
+    highest exit status once all have exited (Linux: needs fork and SO_REUSEPORT)."""
+    first = listening_socket(host, port, reuse_port=True)
+    port = int(first.getsockname()[1])
+    socks = [first, *(listening_socket(host, port, reuse_port=True) for _ in range(workers - 1))]
+    pids: list[int] = []
+    for i, sock in enumerate(socks):
+        pid = os.fork()
+        if pid == 0:  # the worker: its socket only, then serve until stopped
+            for j, other in enumerate(socks):
+                if j != i:
+                    other.close()
+            status = 0
+            try:
+                serve_one(sock)
+            except BaseException:  # noqa: BLE001 - the worker's last word, then its exit status
+                LOG.exception("gateway worker %d failed", i)
+                status = 1
+            os._exit(status)
+        pids.append(pid)
+    for sock in socks:
+        sock.close()
+
+    def forward(signum: int, frame: Any) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    worst = 0
+    left = set(pids)
+    while left:
+        try:
+            pid, status = os.wait()
+        except InterruptedError:
+            continue
+        except KeyboardInterrupt:  # Ctrl-C: the workers got it too; wait for them
+            continue
+        left.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if left and code != 0:
+            LOG.error("worker %d exited with status %d; %d still serving", pid, code, len(left))
+        worst = max(worst, abs(code) if code != -signal.SIGTERM else 0)
+    return worst

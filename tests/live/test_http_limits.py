@@ -256,3 +256,25 @@ def test_out_of_file_descriptors_the_server_waits_instead_of_spinning(kind: str,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_pipelined_requests_and_a_body_sent_in_pieces_are_served(kind: str) -> None:
+    async def go() -> None:
+        async with served(kind) as port:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n" * 3)  # three in one write
+            for _ in range(3):
+                head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), CLOSED_WITHIN_S)
+                assert head.startswith(b"HTTP/1.1 200")
+                length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+                await r.readexactly(length)
+            body = b'{"model": "m", "prompt": [1, 2], "max_tokens": 1, "stream": 7}'  # a 400, after the whole body
+            w.write(HEAD + b"content-length: %d\r\n\r\n" % len(body))
+            for k in range(0, len(body), 16):
+                await asyncio.sleep(0.05)
+                w.write(body[k:k + 16])
+            head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), CLOSED_WITHIN_S)
+            assert head.startswith(b"HTTP/1.1 400") or head.startswith(b"HTTP/1.1 404"), head
+            w.close()
+    run(go())

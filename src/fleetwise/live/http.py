@@ -108,6 +108,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._disarm()
         c = self.cycle
         writable = (c is None or c.response_complete) if not self._in_body else not c.response_started
+        writable = writable and not self.pipeline  # an earlier response is still going out: cut it instead
         if self._in_body:  # the app reading this body hears a disconnect and its sends are dropped
             c.disconnected = True
             c.message_event.set()

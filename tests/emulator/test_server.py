@@ -12,7 +12,7 @@ from emu_helpers import TEST_TIME_SCALE, cfg, metric, run, serve, sse_events
 
 from fleetwise.core.tokens import digest, encode, words_text
 from fleetwise.emulator.generation import OutputLengthModel, text_of
-from fleetwise.emulator.replica import RECORD_COLUMNS
+from fleetwise.emulator.running import RECORD_COLUMNS
 
 PROMPT = "Tell me about the emulator."
 

@@ -38,8 +38,8 @@ from fleetwise.core.openai_request import ApiError, Kind, parse_body
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.faults import FaultError
 from fleetwise.emulator.protocol import GenRequest, full_response, parse_request
-from fleetwise.emulator.replica import RECORD_COLUMNS, EmulatedReplica
-from fleetwise.emulator.running import Live
+from fleetwise.emulator.replica import EmulatedReplica
+from fleetwise.emulator.running import RECORD_COLUMNS, Live
 from fleetwise.emulator.streams import AnswerAtEnd, PushStream, StreamCursor
 from fleetwise.perf.roofline import PerfModel
 
@@ -303,7 +303,7 @@ class ReplicaApi:
 
     async def status(self, request: Request) -> Response:
         """`GET /fleetwise/status`: replica counters in modelled seconds."""
-        return JSONResponse(self.replica.report())
+        return JSONResponse(replica_report(self.replica))
 
     async def records(self, request: Request) -> Response:
         """`GET /fleetwise/requests`: the most recent finished requests (modelled seconds)."""
@@ -327,6 +327,23 @@ class ReplicaApi:
                 Route("/kv_events", self.kv_events, methods=["GET"]),
                 Route("/fleetwise/status", self.status, methods=["GET"]),
                 Route("/fleetwise/requests", self.records, methods=["GET"])]
+
+
+def replica_report(r: EmulatedReplica) -> dict[str, Any]:
+    """Replica counters (modelled seconds) for load generators and tests (`GET /fleetwise/status`)."""
+    s = r.status
+    return {"name": r.cfg.name, "role": r.pool.role, "time_scale": r.cfg.time_scale,
+            "origin_unix_s": r.origin_unix_s, "origin_monotonic_s": r.origin_monotonic_s,
+            "now_s": r.now_s(), "steps": s.steps, "busy_s": s.busy_s, "requests": s.requests,
+            "overrun_mean_s": s.overrun_sum_s / s.steps if s.steps else 0.0, "overrun_max_s": s.overrun_max_s,
+            "running": r.engine.num_running, "waiting": r.engine.num_waiting,
+            "kv_usage": r.engine.kv_usage, "prefix_hit_rate": r.engine.prefix_hit_rate,
+            "kv_capacity_tokens": r.kv_capacity_tokens, "max_model_len": r.max_model_len,
+            "leases": len(r.leases.held), "faults": dict(r.faults.active),
+            "pull_holds": s.pull_holds, "pull_late": s.pull_late, "pull_hold_wall_s": s.pull_hold_wall_s,
+            "pull_speculated": s.pull_speculated, "pull_early": s.pull_early,
+            "precise_clock": r.clock is not None and r.clock.precise,
+            "spin_wall_s": r.clock.spun_s if r.clock is not None else 0.0}
 
 
 def _routed(handler: Handler) -> Callable[[Request], Awaitable[Response]]:

@@ -1,6 +1,8 @@
 """One request in flight on an emulated replica (`Live`), a prefill replica's KV lease
-(`Lease`), and the replica's counters (`ReplicaStatus`): the state `EmulatedReplica` keeps per
-request, which the stream responses (`fleetwise.emulator.streams`) read."""
+(`Lease`), the replica's counters (`ReplicaStatus`), how long a request runs (`output_length`,
+one pass per step: `single_passes`) and the columns of its finished-request records: the state
+`EmulatedReplica` keeps per request, which the stream responses (`fleetwise.emulator.streams`)
+read."""
 
 from __future__ import annotations
 
@@ -12,8 +14,39 @@ from typing import Any
 from fleetwise.core.openai_request import ApiError
 from fleetwise.emulator.generation import TokenStream
 from fleetwise.emulator.protocol import GenRequest
+from fleetwise.engine.driver import EngineDriver
 
-__all__ = ["Lease", "Live", "ReplicaStatus"]
+__all__ = ["MAX_RECORDS", "RECORD_COLUMNS", "Lease", "Live", "ReplicaStatus", "output_length", "single_passes"]
+
+MAX_RECORDS = 100_000
+"""Finished requests kept for `GET /fleetwise/requests` (about 10 MB)."""
+RECORD_COLUMNS = ("id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
+                  "finish_reason", "scheduled_s", "kv_pull_start_s", "kv_pull_end_s", "finish_seen_s",
+                  "first_token_seen_s")
+"""Columns of `GET /fleetwise/requests`: arrival = when the request reached the server; first
+token and finish = the step ends that produced them (scheduled times); scheduled = the start of
+the step that first ran it; KV pull start and end (decode role) = when the pull was sent and
+answered; finish seen = when the process handled the finishing step (its deadline overrun is
+finish seen - finish), first token seen likewise for the first token's step. A stage that did not
+happen is null."""
+
+
+def output_length(req: GenRequest, room: int, eos: Callable[[], int]) -> tuple[int, str]:
+    """Tokens a request generates and its finish reason, as vLLM decides them: `max_tokens` (else
+    the `room` left in the context) is a cap; without `ignore_eos` the output ends earlier at the
+    model's EOS (`eos()`: the seeded length model's draw for this prompt), reason `stop`; a request
+    that reaches its cap ends with `length` (vLLM checks the cap before the EOS)."""
+    cap = room if req.max_tokens is None else min(req.max_tokens, room)
+    if not req.ignore_eos:
+        n = eos()
+        if n < cap:
+            return n, "stop"
+    return cap, "length"
+
+
+def single_passes(driver: EngineDriver, now_s: float) -> tuple[float, float]:
+    """Horizons (0, 0): every step is one pass, so tokens stream pass by pass."""
+    return 0.0, 0.0
 
 
 @dataclass(eq=False, slots=True)

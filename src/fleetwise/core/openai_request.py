@@ -124,7 +124,7 @@ class ServerRules:
     """Chat content parts other than text (images, audio) are a 400 (the server reads text only)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OpenAIRequest:
     """One validated completion or chat request."""
 
@@ -192,8 +192,8 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "min_tokens": (0, INT32_MAX), "top_logprobs": (0, MAX_LOGPROBS), "prompt_logprobs": (-1, MAX_LOGPROBS)}
 """Sampling integers: [low, high] (vLLM's `SamplingParams` checks; -1 disables top_k / asks every
 prompt logprob)."""
-BOOL_FIELDS = ("stream", "echo", "ignore_eos", "add_generation_prompt", "continue_final_message",
-               "skip_special_tokens", "include_stop_str_in_output", "use_beam_search")
+BOOL_FIELDS = frozenset({"stream", "echo", "ignore_eos", "add_generation_prompt", "continue_final_message",
+                         "skip_special_tokens", "include_stop_str_in_output", "use_beam_search"})
 """Fields that are true or false (or null)."""
 
 
@@ -241,12 +241,28 @@ def _asked(name: str, v: Any) -> bool:
 
 
 def _check_sampling(body: dict[str, Any], kind: Kind, rules: ServerRules) -> None:
-    for name, (lo, hi, lo_in) in NUMBER_RANGES.items():
+    present = body.keys()
+    for name in present & NUMBER_RANGES.keys():  # only the fields sent: most requests send few
+        lo, hi, lo_in = NUMBER_RANGES[name]
         _number(body, name, lo, hi, lo_in)
-    for name, (ilo, ihi) in INT_RANGES.items():
+    for name in present & INT_RANGES.keys():
+        ilo, ihi = INT_RANGES[name]
         _int(body, name, ilo, ihi)
-    for name in BOOL_FIELDS:
+    for name in present & BOOL_FIELDS:
         _bool(body, name)
+    if present & OTHER_FIELDS:
+        _check_others(body, kind)
+    for name in present & rules.unsupported:
+        if _asked(name, body[name]):
+            raise ApiError(400, f"{name}={quote(body[name])}: this server does not support {name}; "
+                                "remove the field", name)
+
+
+OTHER_FIELDS = frozenset({"stop", "stop_token_ids", "user", "logprobs", "top_logprobs", "logit_bias", "n", "best_of"})
+"""Fields `_check_others` reads."""
+
+
+def _check_others(body: dict[str, Any], kind: Kind) -> None:
     _string_list(body, "stop")
     ids = body.get("stop_token_ids")
     if ids is not None and not (isinstance(ids, list) and all(_is_int(t) for t in ids)):
@@ -262,10 +278,6 @@ def _check_sampling(body: dict[str, Any], kind: Kind, rules: ServerRules) -> Non
     best_of = body.get("best_of")
     if best_of is not None and best_of < (n or 1):
         raise ApiError(400, f"best_of={best_of} must be at least n={n}", "best_of")
-    for name in rules.unsupported:
-        if _asked(name, body.get(name)):
-            raise ApiError(400, f"{name}={quote(body[name])}: this server does not support {name}; "
-                                "remove the field", name)
 
 
 def _stream(body: dict[str, Any]) -> tuple[bool, bool, bool]:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from fleetwise.core.openai_request import ApiError, ServerRules, error_body, parse_body
@@ -61,14 +62,19 @@ class ParsedRequest:
     """The prompt's token ids when the client sent ids (hashed as ids, counted exactly)."""
 
 
+@lru_cache(maxsize=64)
+def _rules(known_models: frozenset[str], max_output_tokens: int) -> ServerRules:
+    """The gateway's rules (a request may leave out `model` when one model is served)."""
+    default = next(iter(known_models)) if len(known_models) == 1 else None
+    return ServerRules(models=known_models, default_model=default, max_output_tokens=max_output_tokens)
+
+
 def parse_request(body: dict[str, Any], chat: bool, known_models: frozenset[str], max_output_tokens: int,
                   chars_per_token: float) -> ParsedRequest:
     """Validate a completion request with the shared parser (`core.openai_request`: vLLM's rules);
     raise `ClientError` on the first mistake. Fields the gateway does not read go to the backend
     untouched."""
-    default = next(iter(known_models)) if len(known_models) == 1 else None
-    rules = ServerRules(models=known_models, default_model=default, max_output_tokens=max_output_tokens)
-    req = parse_request_shared(body, "chat" if chat else "completion", rules)
+    req = parse_request_shared(body, "chat" if chat else "completion", _rules(known_models, max_output_tokens))
     if req.turns is not None:
         text = chat_text(req.turns, req.add_generation_prompt, req.continue_final_message)
     else:

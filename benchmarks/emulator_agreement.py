@@ -118,10 +118,10 @@ def _free(port: int) -> bool:
             return False
 
 
-def start_fleet(plan_path: Path, port: int, scale: float, endpoints: Path, server: str) -> subprocess.Popen[bytes]:
+def start_fleet(plan_path: Path, port: int, scale: float, endpoints: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--plan", str(plan_path),
-                             "--port", str(port), "--time-scale", str(scale), "--endpoints", str(endpoints),
-                             "--server", server], stdout=subprocess.DEVNULL)
+                             "--port", str(port), "--time-scale", str(scale), "--endpoints", str(endpoints)],
+                            stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not endpoints.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -166,7 +166,7 @@ def ratio(a: float, b: float) -> float:
 
 
 def run_case(wl_kind: str, plan_kind: str, n: int, rate: float, scale: float, seed: int,
-             server: str = "lean") -> dict[str, Any]:
+) -> dict[str, Any]:
     plan = PlanSpec.model_validate(plan_doc(plan_kind))
     reqs = sorted(generate(workload(wl_kind, n, rate), seed), key=lambda r: (r.arrival_s, r.request_id))
     t0 = time.perf_counter()
@@ -179,7 +179,7 @@ def run_case(wl_kind: str, plan_kind: str, n: int, rate: float, scale: float, se
         port = free_port_block(len(names))
         load0 = os.getloadavg()
         base = asyncio.run(wakeup_lateness())
-        proc = start_fleet(plan_path, port, scale, eps_path, server)
+        proc = start_fleet(plan_path, port, scale, eps_path)
         try:
             url = {e["name"]: e["url"] for e in json.loads(eps_path.read_text())}
             targets = []
@@ -228,7 +228,7 @@ def run_case(wl_kind: str, plan_kind: str, n: int, rate: float, scale: float, se
         else:
             engine_ok = engine_ok and srv_passed
     return {
-        "case": f"{wl_kind}-{plan_kind}", "requests": len(reqs), "rate_rps": rate, "time_scale": scale, "server": server,
+        "case": f"{wl_kind}-{plan_kind}", "requests": len(reqs), "rate_rps": rate, "time_scale": scale,
         "pass": ok, "server_pass": server_ok and len(served) == len(reqs), "server_records": len(served),
         "engine_pass": engine_ok and len(served) == len(reqs),
         "compare": cmp, "emulator_errors": emu["errors"], "emulator_ok": emu["ok"],
@@ -255,7 +255,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "emulator_agreement.json"))
-    ap.add_argument("--server", choices=("lean", "uvicorn"), default="lean", help="the emulators' HTTP server")
     ap.add_argument("--append", action="store_true",
                     help="keep --out's other cases (a case run again replaces its old result), so the cases "
                          "can be run one at a time")
@@ -265,7 +264,7 @@ def main() -> None:
         out["cases"] = json.loads(Path(args.out).read_text())["cases"]
     for case in args.cases.split(","):
         wl, plan = case.split("-")
-        r = run_case(wl, plan, args.requests, args.rate, args.time_scale, args.seed, args.server)
+        r = run_case(wl, plan, args.requests, args.rate, args.time_scale, args.seed)
         out["cases"] = [c for c in out["cases"] if c["case"] != r["case"]] + [r]
         print(json.dumps({k: r[k] for k in ("case", "pass", "server_pass", "engine_pass", "emulator_ok",
                                             "replay_wall_s", "load_average_before_after")}),

@@ -17,6 +17,11 @@ cores shared with other work: the load generator, the responders and the router 
 them, so absolute numbers are pessimistic; ratios within one run are the result.
 
     python benchmarks/gateway_overhead.py [--requests 2000] [--concurrency 32] [--peers]
+    python benchmarks/gateway_overhead.py --workers 1,2 --policies prefix-affinity \
+        --out benchmarks/results/gateway_workers.json     # fleetwise gateway --workers N, per N
+
+With `--workers`, each fleetwise row runs `fleetwise gateway --workers N` (N processes on one
+port) and its CPU is the whole process tree's.
 """
 
 from __future__ import annotations
@@ -128,11 +133,22 @@ async def paired_latency(direct_urls: list[str], url: str, n: int, tokens: int) 
     return out
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid` and of its live descendants (a gateway's workers), plus the children
+    it has waited for."""
+    total = cpu_seconds(pid, children=True)
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return total
+    return total + sum(tree_cpu_seconds(int(k)) for k in kids)
+
+
 async def throughput(urls: list[str], n: int, conc: int, tokens: int, pid: int | None) -> dict[str, float]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conc)) as s:
         for i in range(conc):
             await one(s, urls[i % len(urls)], body(tokens, i))
-        c0 = cpu_seconds(pid, children=True) if pid else 0.0
+        c0 = tree_cpu_seconds(pid) if pid else 0.0
         t0 = time.perf_counter()
         it = iter(range(n))
         errors = 0
@@ -146,15 +162,15 @@ async def throughput(urls: list[str], n: int, conc: int, tokens: int, pid: int |
                     errors += 1
         await asyncio.gather(*(worker() for _ in range(conc)))
         wall = time.perf_counter() - t0
-        cpu = (cpu_seconds(pid, children=True) - c0) if pid else 0.0
+        cpu = (tree_cpu_seconds(pid) - c0) if pid else 0.0
     return {"requests_per_s": n / wall, "router_cpu_us_per_request": cpu / n * 1e6 if pid else 0.0,
             "errors": errors}
 
 
-def router_cmds(name: str, policy: str, port: int, workers: list[str]) -> list[str]:
+def router_cmds(name: str, policy: str, port: int, workers: list[str], processes: int = 1) -> list[str]:
     if name == "fleetwise":
         cmd = [sys.executable, "-m", "fleetwise.cli.main", "gateway", "--policy", policy, "--port", str(port),
-               "--served-model-name", "m"]
+               "--served-model-name", "m", "--workers", str(processes)]
         if policy == "prefix-affinity":
             cmd += ["--tokenizer", TOKENIZER]
         for w in workers:
@@ -178,6 +194,7 @@ def main() -> None:
     ap.add_argument("--peers", action="store_true", help="also run vllm-router and sglang-router")
     ap.add_argument("--routers", default="", help="comma list overriding which routers run")
     ap.add_argument("--policies", default="round-robin,prefix-affinity", help="comma list of policies")
+    ap.add_argument("--workers", default="1", help="comma list of fleetwise gateway worker counts")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gateway_overhead.json"))
     a = ap.parse_args()
     load0 = os.getloadavg()
@@ -194,23 +211,24 @@ def main() -> None:
         thr = asyncio.run(throughput(direct_urls, a.requests, a.concurrency, a.tokens, None))
         rows.append({"router": "direct", "policy": "client round-robin", **lat, **thr})
         print(json.dumps(rows[-1]), flush=True)
-        for name in routers:
-            for policy in a.policies.split(","):
-                port = free_port()
-                try:
-                    proc = start(router_cmds(name, policy, port, workers), port)
-                except (RuntimeError, FileNotFoundError) as err:
-                    rows.append({"router": name, "policy": policy, "error": str(err)[:500]})
-                    print(json.dumps(rows[-1]), flush=True)
-                    continue
-                try:
-                    url = [f"http://127.0.0.1:{port}/v1/completions"]
-                    lat = asyncio.run(paired_latency(direct_urls, url[0], a.latency_requests, a.tokens))
-                    thr = asyncio.run(throughput(url, a.requests, a.concurrency, a.tokens, proc.pid))
-                finally:
-                    stop(proc)
-                rows.append({"router": name, "policy": policy, **lat, **thr})
+        runs = [(name, policy, n) for name in routers for policy in a.policies.split(",")
+                for n in ([int(w) for w in a.workers.split(",")] if name == "fleetwise" else [1])]
+        for name, policy, processes in runs:
+            port = free_port()
+            try:
+                proc = start(router_cmds(name, policy, port, workers, processes), port)
+            except (RuntimeError, FileNotFoundError) as err:
+                rows.append({"router": name, "policy": policy, "workers": processes, "error": str(err)[:500]})
                 print(json.dumps(rows[-1]), flush=True)
+                continue
+            try:
+                url = [f"http://127.0.0.1:{port}/v1/completions"]
+                lat = asyncio.run(paired_latency(direct_urls, url[0], a.latency_requests, a.tokens))
+                thr = asyncio.run(throughput(url, a.requests, a.concurrency, a.tokens, proc.pid))
+            finally:
+                stop(proc)
+            rows.append({"router": name, "policy": policy, "workers": processes, **lat, **thr})
+            print(json.dumps(rows[-1]), flush=True)
     finally:
         for p in backends:
             stop(p)

@@ -35,12 +35,10 @@ def run(coro: Awaitable[T], timeout_s: float = 60.0) -> T:
 
 @contextlib.asynccontextmanager
 async def serve(config: EmulatorConfig | None = None, kv_post: KvPost | None = None,
-                crashes: list[int] | None = None, push_streams: bool = True
-                ) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+                crashes: list[int] | None = None) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
     """An emulator app (started) and a client talking to it in-process."""
     app = create_app(config or cfg(), kv_post=kv_post,
-                     on_crash=(lambda: crashes.append(1)) if crashes is not None else None,
-                     push_streams=push_streams)
+                     on_crash=(lambda: crashes.append(1)) if crashes is not None else None)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://emulator") as c:
             yield app, c

@@ -126,7 +126,7 @@ def test_a_decode_request_whose_client_disconnects_during_its_kv_pull_is_dropped
                 await asyncio.wait_for(pulling, 30)
                 assert metric((await _get(dapp, "/metrics")), "fleetwise:kv_transfer_seconds_count") == 0
                 assert drep.engine.num_running == 0 and drep.engine.pool.num_used == 0 and not drep._live
-                assert not papp.state.replica._leases  # the lease was pulled, the prefill side freed it
+                assert not papp.state.replica.leases.held  # the lease was pulled, the prefill side freed it
     run(go())
 
 

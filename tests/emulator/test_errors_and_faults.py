@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from emu_helpers import TOKEN, asgi_post, cfg, run, serve, sse_events
 
-from fleetwise.emulator.app import StreamDropped
+from fleetwise.emulator.streams import StreamDropped
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OK = {"prompt": "hello", "max_tokens": 4}

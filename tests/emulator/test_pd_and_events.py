@@ -31,7 +31,7 @@ def test_prefill_to_decode_hand_off():
                 assert len(ktp["remote_block_ids"]) == -(-300 // 16)
                 assert r.json()["usage"]["completion_tokens"] == 1
                 prep = papp.state.replica
-                assert len(prep._leases) == 1 and prep.engine.pool.num_used > 0  # KV held under the lease
+                assert len(prep.leases.held) == 1 and prep.engine.pool.num_used > 0  # KV held under the lease
                 d = await dc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 20,
                                                            "kv_transfer_params": ktp})
                 assert d.status_code == 200, d.text
@@ -39,7 +39,7 @@ def test_prefill_to_decode_hand_off():
                 assert body["choices"][0]["text"] == text_of(encode(PROMPT), 0, 20)
                 assert body["usage"] == {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320,
                                          "prompt_tokens_details": None}
-                assert len(prep._leases) == 0 and prep.engine.pool.num_used == 0  # released after the pull
+                assert len(prep.leases.held) == 0 and prep.engine.pool.num_used == 0  # released after the pull
                 drep = dapp.state.replica
                 assert drep.engine.stats.prompt_tokens_admitted == 300  # no prefill on the decode side
                 text = (await dc.get("/metrics")).text
@@ -65,7 +65,7 @@ def test_unpulled_kv_is_freed_when_the_lease_expires():
             rep = app.state.replica
             assert rep.engine.pool.num_used > 0
             await asyncio.sleep(1.2)  # 120 modelled seconds > the 60 s lease
-            assert rep.engine.pool.num_used == 0 and not rep._leases
+            assert rep.engine.pool.num_used == 0 and not rep.leases.held
     run(go())
 
 

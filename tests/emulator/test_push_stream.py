@@ -1,5 +1,6 @@
-"""`PushStream` (chunks written by the step end that produced them) against the pull reference
-(`pull_chunks` under Starlette's `StreamingResponse`): the same streams, token for token."""
+"""`PushStream` (chunks written by the step end that produced them) against the non-streaming
+answer of the same request (the emulator's text is a function of the context): the same text,
+finish reason and usage, token for token."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from emu_helpers import TOKEN, cfg, run, serve, sse_events
 
-from fleetwise.emulator.app import StreamDropped
+from fleetwise.emulator.streams import StreamDropped
 
 REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("/v1/completions", {"prompt": "the quick brown fox " * 30, "max_tokens": 9, "ignore_eos": True, "stream": True}),
@@ -46,32 +47,46 @@ def fold(body: str) -> dict[str, Any]:
             "done": events[-1] == "[DONE]", "ids": {e["id"] for e in events if e != "[DONE]"}}
 
 
-def streams(push: bool) -> list[dict[str, Any]]:
+def streams(stream: bool) -> list[dict[str, Any]]:
+    """Each request's answer, streamed (folded) or not (its text, finish reason and usage)."""
     async def go() -> list[dict[str, Any]]:
         out = []
-        async with serve(cfg(time_scale=1.0), push_streams=push) as (_, c):
+        async with serve(cfg(time_scale=1.0)) as (_, c):
             for k, (path, body) in enumerate(REQUESTS):
+                if not stream:
+                    body = {key: v for key, v in body.items() if key not in ("stream", "stream_options")}
                 r = await c.post(path, json=body, headers={"x-request-id": f"req-{k}"})
-                assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream; charset=utf-8"
-                assert "content-length" not in r.headers and r.headers["x-request-id"] == f"req-{k}"
-                out.append(fold(r.text))
+                assert r.status_code == 200 and r.headers["x-request-id"] == f"req-{k}"
+                if stream:
+                    assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
+                    assert "content-length" not in r.headers
+                    out.append(fold(r.text))
+                    continue
+                doc = r.json()
+                ch = doc["choices"][0]
+                out.append({"text": ch["message"]["content"] if "message" in ch else ch["text"],
+                            "finish": ch["finish_reason"], "tokens": doc["usage"]["completion_tokens"],
+                            "ids": {doc["id"]}})
         return out
     return run(go())
 
 
-def test_pushed_streams_carry_what_the_pull_reference_carries():
-    pushed, pulled = streams(True), streams(False)
-    assert pushed == pulled
-    assert [p["ids"] for p in pushed] == [{f"req-{k}"} for k in range(len(REQUESTS))]
+def test_pushed_streams_carry_what_the_whole_answer_carries():
+    pushed, whole = streams(True), streams(False)
+    for p, w, (_, body) in zip(pushed, whole, REQUESTS, strict=True):
+        assert (p["text"], p["finish"], p["ids"]) == (w["text"], w["finish"], w["ids"])
+        if body.get("stream_options", {}).get("include_usage"):
+            assert p["final"]["completion_tokens"] == w["tokens"]
+    assert [p["ids"] for p in pushed] == [{("chatcmpl-" if "chat" in path else "cmpl-") + f"req-{k}"}
+                                            for k, (path, _) in enumerate(REQUESTS)]
     assert len(pushed[0]["text"]) > 0 and pushed[0]["finish"] == "length"
     assert pushed[1]["final"]["completion_tokens"] == 5 and pushed[1]["running_last"] == [5]
     assert pushed[2]["role"] == "assistant" and pushed[2]["final"]["completion_tokens"] == 6
 
 
-@pytest.mark.parametrize("push", [True, False])
-def test_a_dropped_stream_is_cut_after_the_same_tokens_either_way(push):
+def test_a_dropped_stream_is_cut_after_its_tokens():
     async def go() -> None:
-        async with serve(cfg(time_scale=20.0), push_streams=push) as (_, c):
+        async with serve(cfg(time_scale=20.0)) as (_, c):
             await c.post("/admin/faults", json={"kind": "drop_streams", "after_tokens": 3}, headers={"Authorization": f"Bearer {TOKEN}"})
             with pytest.raises(StreamDropped):
                 await c.post("/v1/completions", json={"prompt": "cut me", "max_tokens": 8, "stream": True})

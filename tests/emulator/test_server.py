@@ -12,7 +12,7 @@ from emu_helpers import TEST_TIME_SCALE, cfg, metric, run, serve, sse_events
 
 from fleetwise.core.tokens import digest, encode, words_text
 from fleetwise.emulator.generation import OutputLengthModel, text_of
-from fleetwise.emulator.replica import RECORD_COLUMNS
+from fleetwise.emulator.running import RECORD_COLUMNS
 
 PROMPT = "Tell me about the emulator."
 
@@ -188,3 +188,23 @@ def test_the_arrival_is_stamped_on_entry_before_the_body_is_read():
             assert row["first_token_s"] - row["arrival_s"] < body_wall_s * TEST_TIME_SCALE
 
     run(main())
+
+
+def test_the_handlers_run_alone_without_a_server_or_routing():
+    import json as _json
+
+    from fleetwise.emulator.app import ReplicaApi
+
+    async def go():
+        api = ReplicaApi(cfg(), None, lambda: None, None)
+        messages = [{"type": "http.request", "body": b'{"prompt": "hi", "temperature": 9}', "more_body": False}]
+
+        async def receive():
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        r = await api.generate({"type": "http", "headers": []}, receive, "completion")
+        assert r.status_code == 400 and _json.loads(r.body)["error"]["param"] == "temperature"
+        r = await api.models(None)  # type: ignore[arg-type]
+        assert _json.loads(r.body)["data"][0]["id"] == "llama-3.1-8b"
+        assert set(api.hot()) == {"/v1/completions", "/v1/chat/completions", "/fleetwise/kv/pull"}
+    run(go())

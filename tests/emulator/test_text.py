@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fleetwise.core.tokens import (
+    CHUNK_CHARS,
+    HASH_BASE,
     NUM_SPECIAL,
     NUM_WORDS,
+    PIECE_RE,
+    VOCAB_SIZE,
     WORDS,
     block_hashes,
     decode,
@@ -16,7 +22,6 @@ from fleetwise.core.tokens import (
     words_text,
 )
 from fleetwise.emulator.generation import OutputLengthModel, TokenStream, text_of
-from fleetwise.emulator.protocol import tokenize
 from fleetwise.spec.workload import FixedLength, LognormalLength, UniformLength
 
 
@@ -87,28 +92,6 @@ def test_output_lengths_are_seeded_per_prompt():
     assert set(u) == {3, 4, 5}
 
 
-def test_fast_json_path_equals_the_shared_parser():
-    import pytest
-
-    from fleetwise.emulator.protocol import parse_json_fast
-    from fleetwise.errors import SpecError
-    from fleetwise.spec.inputs import parse_json
-
-    bodies = [b'{"prompt": "hi", "max_tokens": 3}', b'{"a": [1, 2.5, {"b": null}], "c": "\\u00e9"}',
-              '{"x": "é"}'.encode(), b"[1, 2]", b'"s"', b"{}", b'{"a": 1, "a": 2}', b'{"a": NaN}',
-              b'{"a": 1e999}', b'{"a": ' + b"1" * 40 + b"}", b"{bad", b"", b"\xef\xbb\xbf{}", b"\xff\xfe{}",
-              b"[" * 70 + b"]" * 70, b'{"p": "' + b"[" * 100 + b'"}']
-    for raw in bodies:
-        try:
-            want: object = parse_json(raw, "request body")
-        except SpecError as err:
-            with pytest.raises(SpecError) as got:
-                parse_json_fast(raw, "request body")
-            assert str(got.value) == str(err)
-        else:
-            assert parse_json_fast(raw, "request body") == want
-
-
 def test_encode_fast_path_equals_piecewise():
     text = words_text(list(range(300)))
     mixed = text + " not-a-word" + text
@@ -124,13 +107,30 @@ _ODD_WORDS = ("not-a-word", "<|user|>", "Zz", "ünï", "")
 @given(st.lists(st.tuples(st.sampled_from(_SEPARATORS), st.one_of(
     st.integers(0, NUM_WORDS - 1).map(lambda i: WORDS[i]), st.sampled_from(_ODD_WORDS))), max_size=40),
     st.sampled_from(("", " ", "\n")))
-def test_tokenize_fast_path_equals_the_reference_encoder(parts, tail):
+def test_encode_equals_the_piecewise_reference(parts, tail):
     text = "".join(sep + word for sep, word in parts) + tail
-    assert tokenize(text) == encode(text)
+    assert encode(text) == reference_encode(text)
 
 
-def test_tokenize_takes_the_fast_path_on_vocabulary_text_and_gives_its_ids():
+def test_encode_takes_the_word_fast_path_on_vocabulary_text_and_gives_its_ids():
     idx = np.random.default_rng(7).integers(0, NUM_WORDS, 1000).tolist()
     text = words_text(idx)
-    assert tokenize(text) == [NUM_SPECIAL + i for i in idx] == encode(text)
-    assert tokenize(" " + text) == encode(" " + text) and tokenize(text + " ") == encode(text + " ")
+    assert encode(text) == [NUM_SPECIAL + i for i in idx] == reference_encode(text)
+    assert encode(" " + text) == reference_encode(" " + text) and encode(text + " ") == reference_encode(text + " ")
+
+
+def reference_encode(text: str) -> list[int]:
+    """The tokenizer as its module docstring defines it, piece by piece (the reference `encode`'s
+    fast paths must equal)."""
+    ids: list[int] = []
+    for piece in PIECE_RE.findall(text):
+        if piece[:1] == " " and piece[1:] in _WORD_INDEX:
+            ids.append(NUM_SPECIAL + _WORD_INDEX[piece[1:]])
+            continue
+        for k in range(0, len(piece), CHUNK_CHARS):
+            d = hashlib.blake2b(piece[k:k + CHUNK_CHARS].encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            ids.append(HASH_BASE + int.from_bytes(d, "little") % (VOCAB_SIZE - HASH_BASE))
+    return ids
+
+
+_WORD_INDEX = {w: i for i, w in enumerate(WORDS)}

@@ -65,7 +65,10 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(H
 
 @SETTINGS
 @given(body=st.dictionaries(st.sampled_from(["model", "prompt", "messages", "max_tokens", "stream", "n",
-                                             "stream_options", "temperature"]), anything, max_size=6),
+                                             "stream_options", "temperature", "top_p", "stop", "logprobs",
+                                             "top_logprobs", "seed", "best_of", "logit_bias", "user",
+                                             "continue_final_message", "add_generation_prompt"]),
+                            anything, max_size=6),
        chat=st.booleans())
 def test_random_fields_never_5xx(fleet: Any, body: dict[str, Any], chat: bool) -> None:
     check(fleet, "/v1/chat/completions" if chat else "/v1/completions", json.dumps(body).encode(), False)
@@ -76,6 +79,17 @@ def test_random_fields_never_5xx(fleet: Any, body: dict[str, Any], chat: bool) -
 def test_bad_max_tokens_is_400(fleet: Any, mt: Any, stream: bool) -> None:
     check(fleet, "/v1/completions", json.dumps({"model": "m", "prompt": "x", "max_tokens": mt,
                                                 "stream": stream}).encode(), True)
+
+
+@pytest.mark.parametrize(("field", "value"), [("temperature", -5), ("top_p", 7), ("stop", 123),
+                                             ("logprobs", "abc"), ("n", True), ("max_tokens", 8.0)])
+def test_the_issues_bad_fields_are_400s_naming_them(fleet: Any, field: str, value: Any) -> None:
+    loop, f = fleet
+    status, doc, _ = loop.run_until_complete(f.post("/v1/completions", {"model": "m", "prompt": "x", field: value}))
+    assert status == 400 and doc["error"]["param"] == field and field in doc["error"]["message"]
+    status, doc, _ = loop.run_until_complete(f.post("/v1/completions", {
+        "model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": "yes"}}))
+    assert status == 400 and doc["error"]["param"] == "stream_options"
 
 
 @SETTINGS

@@ -128,19 +128,21 @@ def test_prompt_blocks_are_chained_and_stable() -> None:
 
 def test_parse_request_fields() -> None:
     known = frozenset({"m"})
-    pr = parse_request({"model": "m", "prompt": [1, 2, 3], "max_tokens": 7.0}, False, known, 100, 4.0)
+    pr = parse_request({"model": "m", "prompt": [1, 2, 3], "max_tokens": 7}, False, known, 100, 4.0)
     assert (pr.prompt_tokens, pr.max_tokens, pr.stream) == (3, 7, False)
     pr = parse_request({"model": "m", "prompt": "abcdefgh", "max_completion_tokens": 2, "stream": True,
                         "stream_options": {"include_usage": True}}, False, known, 100, 4.0)
     assert (pr.prompt_tokens, pr.max_tokens, pr.stream, pr.include_usage) == (2, 2, True, True)
     pr = parse_request({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
                        True, known, 100, 4.0)
-    assert pr.prompt_text == "user\x00hi" and pr.max_tokens is None
+    assert pr.prompt_text == tokens.chat_text([("user", "hi")]) and pr.max_tokens is None
     for body, param in [({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
                         ({"model": "m", "prompt": "x", "max_tokens": 101}, "max_tokens"),
                         ({"model": "m", "prompt": "x", "n": 2}, "n"),
                         ({"model": "m", "prompt": [1, "a"]}, "prompt"),
-                        ({"model": "m", "prompt": []}, "prompt")]:
+                        ({"model": "m", "prompt": []}, "prompt"),
+                        ({"model": "m", "prompt": "x", "max_tokens": 7.0}, "max_tokens"),
+                        ({"model": "m", "prompt": ["a", "b"]}, "prompt")]:
         with pytest.raises(ClientError) as e:
             parse_request(body, False, known, 100, 4.0)
         assert e.value.status == 400 and e.value.param == param
@@ -158,7 +160,7 @@ def test_parse_json_body_bounds() -> None:
 
 def _args(**kw: object) -> argparse.Namespace:
     base: dict[str, object] = {"config": None, "backend": [], "prefill": [], "decode": [], "policy": None,
-                               "model": [], "host": None, "port": None, "backends_file": None}
+                               "served_model_name": [], "host": None, "port": None, "backends_file": None}
     return argparse.Namespace(**{**base, **kw})
 
 

@@ -180,17 +180,13 @@ def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
     its port, noted in the returned list (a refused flag must come before that point)."""
     import uvicorn
 
-    import fleetwise.emulator.server
     import fleetwise.gateway
+    import fleetwise.live.http
 
     calls: list[str] = []
-
-    async def lean_serve(*a: Any, **k: Any) -> None:
-        calls.append("emulate")
-
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: calls.append("emulate"))
-    monkeypatch.setattr(fleetwise.emulator.server, "serve", lean_serve)
+    monkeypatch.setattr(fleetwise.live.http, "listening_socket", lambda *a, **k: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **k: calls.append("emulate"))
     monkeypatch.setattr(fleetwise.gateway, "serve", lambda *a, **k: calls.append("gateway"))
     return calls
 

@@ -45,6 +45,7 @@ SHARED_FLAGS: dict[str, str] = {
     "--trace": "a workload trace file replayed as the traffic (Azure CSV, Mooncake JSONL, BurstGPT CSV, ...)",
     "--trace-columns": "the trace file's own column (CSV) or field (JSONL) names",
     "--weight-dtype": "storage format of the model weights (bf16, fp8, int4)",
+    "--workers": "number of worker processes the command spreads its work over (plan: simulations; gateway: servers on one port)",
 }
 """Meaning of each flag name used by more than one command: one name, one meaning, one kind of value."""
 

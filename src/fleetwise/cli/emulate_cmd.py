@@ -6,7 +6,8 @@
 
 Owns argument handling and, for `--plan`, starting one emulator process per replica of the plan
 (ports counting up from --port, in plan order) and stopping them together. The server is
-`fleetwise.emulator.app.create_app`, served by uvicorn.
+`fleetwise.emulator.app.create_app`, served by uvicorn with the connection limits of
+`fleetwise.live.http`.
 """
 
 from __future__ import annotations
@@ -94,10 +95,12 @@ def register(subparsers: Any) -> None:
                    help="one-way latency of a KV transfer in seconds (default 2e-05)")
     p.add_argument("--kv-lease", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=480.0, metavar="S",
                    help="prefill role: modelled seconds a prefilled request's KV waits to be pulled")
-    p.add_argument("--server", choices=("lean", "uvicorn"), default="lean",
-                   help="HTTP server: lean = fleetwise's httptools server, which calls the app inside the read "
-                        "that completed a request (less wall time per request, which the time scale multiplies); "
-                        "uvicorn = the reference")
+    p.add_argument("--http-limits", metavar="JSON", default=None,
+                   help="connection limits and timeouts as JSON, e.g. '{\"header_timeout_s\": 5}' (fields: "
+                        "header_timeout_s, body_timeout_s, keep_alive_timeout_s, max_header_bytes, max_headers; "
+                        "see docs/gateway.md, Production checklist)")
+    p.add_argument("--server", choices=("lean", "uvicorn"), default=None,
+                   help="deprecated and ignored: the emulator is always served by uvicorn")
     p.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="server log level (default warning)")
     p.set_defaults(func=run)
 
@@ -111,6 +114,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from fleetwise.spec.workload import IndependentLengths
 
     extra: dict[str, Any] = {}
+    if getattr(args, "http_limits", None) is not None:
+        from fleetwise.spec.http import HttpLimitsSpec
+
+        extra["http"] = validate(HttpLimitsSpec, parse_json(args.http_limits, "--http-limits"), "--http-limits")
     if args.output_lengths is not None:
         dist = parse_json(args.output_lengths, "--output-lengths")
         extra["output_lengths"] = validate(IndependentLengths, {"input": {"kind": "fixed", "tokens": 1},
@@ -123,7 +130,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     for name in ("tp", "pp", "port"):
         if getattr(args, name) < (0 if name == "port" else 1):
             raise SpecError(f"--{name}={getattr(args, name)} must be at least {0 if name == 'port' else 1}")
-    return EmulatorConfig(
+    return validate(EmulatorConfig, dict(
         model=args.model, gpu=args.gpu, tp=args.tp, pp=args.pp, role=args.role, model_version=args.model_version,
         time_scale=args.time_scale, spin=not args.no_spin, seed=args.seed, host=args.host, port=args.port,
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,
@@ -131,7 +138,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching, profile=args.profile,
         admin_token=args.admin_token, kv_link=validate(KvLinkSpec, link, "--kv-link-*"), kv_lease_s=args.kv_lease,
-        **extra)
+        **extra), "emulator options")
 
 
 FLEET_START_TIMEOUT_S = 60.0
@@ -149,8 +156,7 @@ def fleet_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]
               "--kv-link-latency", repr(plan.kv_link.latency_s)]
     if args.no_spin:
         common.append("--no-spin")
-    common += ["--server", args.server]
-    for name in ("profile", "output_lengths", "max_model_len", "served_model_name"):
+    for name in ("profile", "output_lengths", "max_model_len", "served_model_name", "http_limits"):
         value = getattr(args, name)
         if value is not None:
             common += [f"--{name.replace('_', '-')}", str(value)]
@@ -284,26 +290,16 @@ def run(args: argparse.Namespace) -> int:
     gc.freeze()
     print(f"fleetwise emulate: {cfg.name} on {cfg.tp}x{cfg.gpu} role={cfg.role} time-scale={cfg.time_scale:g} "
           f"at http://{cfg.host}:{cfg.port}", flush=True)
-    if args.server == "uvicorn":
-        import uvicorn
+    if args.server is not None:
+        print(f"fleetwise emulate: --server {args.server} is deprecated and ignored (the emulator is served by "
+              "uvicorn)", file=sys.stderr, flush=True)
+    from fleetwise.live.http import listening_socket, uvicorn_server
+    from fleetwise.spec.inputs import MAX_BODY_BYTES
 
-        uvicorn.run(app.state.front, host=cfg.host, port=cfg.port, log_level=args.log_level, access_log=False)
-        return 0
-    import asyncio
-    import logging
-
-    from fleetwise.emulator.server import serve
-
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
-    main = serve(app.state.front, lambda: app.router.lifespan_context(app), cfg.host, cfg.port)
     try:
-        try:
-            import uvloop
-        except ImportError:
-            asyncio.run(main)
-        else:
-            uvloop.run(main)
-    except OSError as err:  # the listening socket: the port is taken, or the address is not ours
+        sock = listening_socket(cfg.host, cfg.port)
+    except OSError as err:  # the port is taken, or the address is not ours
         raise SpecError(f"--port={cfg.port}: cannot listen on {cfg.host}:{cfg.port} ({err.strerror or err}); "
                         "pick a free port") from None
+    uvicorn_server(app.state.front, cfg.http, MAX_BODY_BYTES, args.log_level).run(sockets=[sock])
     return 0

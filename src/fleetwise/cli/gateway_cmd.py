@@ -17,6 +17,8 @@ from fleetwise.errors import SpecError
 from fleetwise.routing import policy_names
 from fleetwise.spec.base import load_document, validate
 
+MAX_WORKERS = 256
+"""Most --workers (processes on one port; one or two per core is the useful range)."""
 MAX_HASH_BLOCK_TOKENS = 1 << 20
 """Largest --hash-block-tokens accepted (a million-token block: far beyond any engine's)."""
 
@@ -50,6 +52,9 @@ def register(subparsers: Any) -> None:
                    help="prompt tokens per prefix-hash block (default 64; with --kv-events the engine's "
                         "KV block size, 16 for `fleetwise emulate`)")
     p.add_argument("--ledger", metavar="URL", help="usage ledger: SQLite file or postgresql://... (metering)")
+    p.add_argument("--workers", type=int_flag(1, MAX_WORKERS), default=1, metavar="N",
+                   help="serve from N processes sharing the port (SO_REUSEPORT; each follows the backends' "
+                        "metrics and KV events itself; see docs/gateway.md, Production checklist)")
     p.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="server log level (default warning)")
     p.set_defaults(func=run)
 
@@ -98,12 +103,21 @@ def started_line(gw: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from fleetwise.gateway import Gateway, serve
+    from fleetwise.gateway.server import serve_workers
     from fleetwise.report.dashboard import render_dashboard
 
     cfg = build_config(args)
     check_listen_address(cfg.host, "--host" if args.host is not None else f"{args.config}: host")
-    gw = Gateway(cfg, dashboard=render_dashboard)  # live page at /dashboard?token=ADMIN_TOKEN
+    workers = getattr(args, "workers", 1)
+    # Built here so a mistake stops the command before binding; with workers, each builds its own
+    # after the fork, so this one opens no ledger connection a fork would share.
+    gw = Gateway(cfg if workers == 1 else cfg.model_copy(update={"ledger": None}), dashboard=render_dashboard)
     try:
+        if workers > 1:  # each worker builds its own gateway after the fork (nothing shared but the port)
+            print(f"fleetwise gateway on http://{cfg.host}:{cfg.port}: {workers} workers, policy "
+                  f"{cfg.routing.policy}", flush=True)
+            return serve_workers(lambda: Gateway(cfg, dashboard=render_dashboard), cfg.host, cfg.port, workers,
+                                 args.log_level)
         serve(gw, cfg.host, cfg.port, args.log_level, on_ready=lambda: print(started_line(gw), flush=True))
     except OSError as err:
         raise SpecError(f"--port {cfg.port}: cannot listen on {cfg.host}:{cfg.port} ({err.strerror}); "

@@ -2,8 +2,8 @@
 
 `create_app(cfg)` returns a Starlette app; tests drive it in-process through an ASGI transport.
 `fleetwise emulate` serves its `Front` (`app.state.front`: the arrival stamped first, the hot
-routes straight to their handlers, the rest through Starlette) on the lean HTTP server
-(`fleetwise.emulator.server`), or on uvicorn with `--server uvicorn`. Routes:
+routes straight to their handlers, the rest through Starlette) on uvicorn with the connection
+limits of `fleetwise.live.http`. Routes:
 
 - `POST /v1/completions`, `POST /v1/chat/completions` (stream or not), `GET /v1/models`,
   `GET /health`, `GET /metrics` (vLLM names, `fleetwise:` extras), `GET /version`;
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -33,20 +34,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleetwise import __version__
+from fleetwise.core.openai_request import ApiError, Kind, parse_body
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.faults import FaultError
-from fleetwise.emulator.protocol import (
-    ApiError,
-    ChunkWriter,
-    GenRequest,
-    Kind,
-    full_response,
-    parse_body,
-    parse_request,
-)
-from fleetwise.emulator.replica import RECORD_COLUMNS, EmulatedReplica, Live
-from fleetwise.emulator.server import RX_EXTENSION
-from fleetwise.live.eager import start_now
+from fleetwise.emulator.protocol import GenRequest, full_response, parse_request
+from fleetwise.emulator.replica import EmulatedReplica
+from fleetwise.emulator.running import RECORD_COLUMNS, Live
+from fleetwise.emulator.streams import AnswerAtEnd, PushStream, StreamCursor
 from fleetwise.perf.roofline import PerfModel
 
 CRASH_EXIT_CODE = 1
@@ -55,178 +49,6 @@ ARRIVAL_KEY = "fleetwise.arrival_s"
 """ASGI scope key: when the request reached the replica (modelled s), stamped on entry."""
 KV_PULL_TIMEOUT_S = 30.0
 """Wall seconds a decode replica waits for a prefill replica to answer a KV pull."""
-
-
-class StreamDropped(Exception):
-    """Raised inside a streaming body to cut the connection (the `drop_streams` fault)."""
-
-
-MORE, END, DROP = 0, 1, 2
-"""`StreamCursor.advance` states: more may come, the stream is complete, the stream is cut."""
-
-
-class StreamCursor:
-    """What one streamed response has sent of its request (`Live`) and what is due next: the one
-    place that decides a stream's chunks, whichever way they are driven (`PushStream`, or the
-    pull reference `pull_chunks`)."""
-
-    def __init__(self, live: Live, created: int, faults: Any) -> None:
-        self.live, self.faults = live, faults
-        self.w = ChunkWriter(live.req, live.rid, created)
-        self.sent = 0
-
-    def advance(self) -> tuple[list[bytes], int]:
-        """The chunks due now, and `MORE`, `END` (the last ones were among them) or `DROP` (cut the
-        stream after sending them: the `drop_streams` fault)."""
-        live, w = self.live, self.w
-        out: list[bytes] = []
-        while True:
-            if live.error is not None:
-                out.append(w.error(live.error))
-                out.append(w.DONE)
-                return out, END
-            if live.gated:  # the KV pull is not confirmed yet
-                return out, MORE
-            n = live.emitted
-            drop = self.faults.drop_after_tokens
-            if drop is not None and n >= drop:
-                if drop > self.sent:
-                    out.append(w.delta(live.text(self.sent, drop), None, drop))
-                    self.sent = drop
-                return out, DROP
-            if n > self.sent:
-                last = live.done and n >= live.target
-                out.append(w.delta(live.text(self.sent, n), live.finish_reason if last else None, n))
-                self.sent = n
-                if last:
-                    break
-            elif live.done:
-                out.append(w.delta("", live.finish_reason, self.sent))
-                break
-            else:
-                return out, MORE
-        if live.req.include_usage:
-            out.append(w.usage_chunk(self.sent))
-        out.append(w.DONE)
-        return out, END
-
-
-async def pull_chunks(cur: StreamCursor) -> AsyncIterator[bytes]:
-    """The reference way to drive a stream: a body iterator (Starlette's `StreamingResponse`)
-    that waits on its request between chunks; `PushStream` must send the same bytes."""
-    while True:
-        chunks, state = cur.advance()
-        for chunk in chunks:
-            yield chunk
-        if state == DROP:
-            raise StreamDropped(f"stream {cur.live.rid} cut after {cur.sent} tokens (injected fault)")
-        if state == END:
-            return
-        if not chunks:
-            await cur.live.wait()
-
-
-class PushStream(Response):
-    """A streamed response whose chunks are written by the step end that produced them
-    (`Live.on_change`), not by a task woken after it: a token reaches its socket while the step
-    end runs (first tokens first, see `EmulatedReplica._on_output`), and no task or iterator
-    runs per token. Sends what `pull_chunks` sends; a send that must wait for the socket holds
-    the next ones back until it is done (they go out together)."""
-
-    def __init__(self, cur: StreamCursor, watcher: asyncio.Task[None], on_end: Callable[[], None],
-                 headers: dict[str, str]) -> None:
-        # As StreamingResponse sets itself up: no body, hence no content-length header.
-        self.status_code, self.media_type, self.background = 200, "text/event-stream", None
-        self.init_headers(headers)
-        self.cur, self.watcher, self.on_end = cur, watcher, on_end
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        live = self.cur.live
-        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        busy: asyncio.Future[None] | None = None
-
-        def sent(f: asyncio.Future[None]) -> None:
-            nonlocal busy
-            busy = None
-            if f.cancelled():
-                return
-            err = f.exception()
-            if err is not None:
-                if not ended.done():
-                    ended.set_exception(err)
-                return
-            pump()
-
-        def pump() -> None:
-            nonlocal busy
-            if busy is not None or ended.done():
-                return
-            try:
-                chunks, state = self.cur.advance()
-            except Exception as err:  # a bug: end the response with it, not the step end
-                ended.set_exception(err)
-                return
-            if chunks:
-                f = start_now(send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True}))
-                if not f.done():
-                    busy = f
-                    f.add_done_callback(sent)
-                    if state == MORE:
-                        return
-                elif f.exception() is not None:
-                    ended.set_exception(f.exception())  # type: ignore[arg-type]
-                    return
-            if state == DROP:
-                ended.set_exception(StreamDropped(f"stream {live.rid} cut after {self.cur.sent} tokens "
-                                                  "(injected fault)"))
-            elif state == END:
-                ended.set_result(None)
-
-        live.on_change = pump
-        try:
-            pump()
-            await ended
-            if busy is not None:
-                await busy
-        finally:
-            live.on_change = None
-            self.watcher.cancel()
-            self.on_end()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-class AnswerAtEnd(Response):
-    """A non-streaming answer written by the step end (or abort) that finishes its request,
-    inside it (`Live.on_change`, `start_now`): a prefill replica's hand-off reaches its socket
-    before the driver schedules the next step, not on a later turn of the loop."""
-
-    def __init__(self, live: Live, watcher: asyncio.Task[None], build: Callable[[], Response]) -> None:
-        super().__init__(status_code=200)
-        self.live, self.watcher, self.build = live, watcher, build
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        live = self.live
-        sent: asyncio.Future[asyncio.Future[None]] = asyncio.get_running_loop().create_future()
-
-        def answer() -> None:
-            if sent.done() or not live.done or live.gated:
-                return
-            live.on_change = None
-            self.watcher.cancel()
-            try:
-                sent.set_result(start_now(self.build()(scope, receive, send)))
-            except Exception as err:  # raised where the handler awaits it, not in the step end
-                sent.set_exception(err)
-
-        live.on_change = answer
-        answer()  # finished already
-        try:
-            written = await sent
-        finally:
-            live.on_change = None
-            self.watcher.cancel()
-        await written
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -264,25 +86,19 @@ def header(scope: Scope, name: bytes) -> str | None:
 
 class Front:
     """The replica's ASGI entry as `fleetwise emulate` serves it (`app.state.front`): stamps a
-    request's arrival on the replica's clock (when its bytes reached the socket, where the server
-    says so, `RX_EXTENSION`; else now) before anything else (routing, the body read and
+    request's arrival on the replica's clock before anything else (routing, the body read and
     parsed, see `submit`: that is the emulation's wall time, which the time scale would
     multiply, not the modelled server's), sends the hot routes (exact path, POST) to their
     handlers without Starlette's middleware, routing and `Request`, and everything else
     (other routes, wrong methods, lifespan) to the Starlette app, whose routes hold the same
     handlers (the reference: tests drive it in-process)."""
 
-    def __init__(self, app: Starlette, now_s: Callable[[], float], time_of: Callable[[float], float],
-                 hot: dict[str, Handler]) -> None:
-        self.app, self.now_s, self.time_of, self.hot = app, now_s, time_of, hot
+    def __init__(self, app: Starlette, now_s: Callable[[], float], hot: dict[str, Handler]) -> None:
+        self.app, self.now_s, self.hot = app, now_s, hot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            ext = scope.get("extensions")
-            rx = ext.get(RX_EXTENSION) if ext else None
-            # The server says when the request's bytes reached the socket (the lean server
-            # reads that from the kernel): the arrival, before this process even woke up.
-            scope[ARRIVAL_KEY] = self.time_of(rx["monotonic_s"]) if rx else self.now_s()
+            scope[ARRIVAL_KEY] = self.now_s()
             if scope["method"] == "POST" and not scope.get("root_path"):
                 handler = self.hot.get(scope["path"])
                 if handler is not None:
@@ -336,104 +152,116 @@ def make_kv_pull(post: KvPost) -> KvPull:
     return pull
 
 
-def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Callable[[], None] | None = None,
-               kv_post: KvPost | None = None, push_streams: bool = True) -> Starlette:
-    """The ASGI app of one emulated replica. `on_crash` replaces process exit (tests);
-    `kv_post` is how a decode replica reaches prefill replicas (default: an aiohttp session);
-    `push_streams=False` streams through the pull reference (`pull_chunks`) instead of `PushStream`."""
-    session: aiohttp.ClientSession | None = None
+class ReplicaApi:
+    """The handlers of one emulated replica's routes, each a method a test can call alone: the
+    generation routes take the ASGI scope and receive (`Front` calls them without Starlette),
+    the others a Starlette `Request`."""
 
-    async def default_post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
-        nonlocal session
-        if session is None:
-            session = aiohttp.ClientSession()
-        return await aiohttp_post(session)(url, body)
+    def __init__(self, cfg: EmulatorConfig, perf: PerfModel | None, on_crash: Callable[[], None],
+                 kv_post: KvPost | None) -> None:
+        self.cfg = cfg
+        self.session: aiohttp.ClientSession | None = None
+        self.replica = EmulatedReplica(cfg, perf, on_crash, make_kv_pull(kv_post or self._default_post))
 
-    replica = EmulatedReplica(cfg, perf, on_crash or _crash_process, make_kv_pull(kv_post or default_post))
+    async def _default_post(self, url: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if self.session is None:
+            self.session = aiohttp.ClientSession()
+        return await aiohttp_post(self.session)(url, body)
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        replica.start()
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """Start the replica's engine loop; stop it (and the KV client) at shutdown."""
+        self.replica.start()
         try:
             yield
         finally:
-            await replica.stop()
-            if session is not None:
-                await session.close()
+            await self.replica.stop()
+            if self.session is not None:
+                await self.session.close()
 
-    async def generate(scope: Scope, receive: Receive, kind: Kind) -> Response:
+    # ---- generation ----------------------------------------------------------------------------
+    async def generate(self, scope: Scope, receive: Receive, kind: Kind) -> Response:
+        """One completion or chat request: parsed, admitted, answered as it runs."""
+        replica = self.replica
         arrival_s = scope.get(ARRIVAL_KEY)
         if not isinstance(arrival_s, float):  # an app mounted without `stamp_arrival` outside it
             arrival_s = replica.now_s()
         try:
-            body = parse_body(await read_body(receive))
-            req = parse_request(kind, body, cfg.name)
-            prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-            rid = header(scope, b"x-request-id") or prefix + uuid.uuid4().hex
+            req = parse_request(kind, parse_body(await read_body(receive)), self.cfg.name)
+            rid = header(scope, b"x-request-id") or uuid.uuid4().hex
+            created = int(time.time())  # per response, as vLLM stamps it
             watchers: list[asyncio.Task[None]] = []
             live = await replica.submit(req, rid, lambda lv: watchers.append(
-                asyncio.create_task(_abort_on_disconnect(receive, lv))), arrival_s)
+                asyncio.create_task(self._abort_on_disconnect(receive, lv))), arrival_s)
         except ApiError as err:
             replica.metrics.reject(err.status)
             return _error(err)
         watcher = watchers[0]
         if req.stream:
-            cur = StreamCursor(live, replica.created, replica.faults)
-            if push_streams:
-                return PushStream(cur, watcher, lambda: replica.abort(live), {"x-request-id": live.rid})
-            return StreamingResponse(_stream(cur, watcher), media_type="text/event-stream",
-                                     headers={"x-request-id": live.rid})
-        return AnswerAtEnd(live, watcher, lambda: _answer(req, live))
+            cur = StreamCursor(live, created, replica.faults)
+            return PushStream(cur, watcher, lambda: replica.abort(live), {"x-request-id": live.rid})
+        return AnswerAtEnd(live, watcher, lambda: self._answer(req, live, created))
 
-    def _answer(req: GenRequest, live: Live) -> Response:
+    def _answer(self, req: GenRequest, live: Live, created: int) -> Response:
         """The response of a finished non-streaming request."""
         if live.finish_reason == "abort":
             return Response(status_code=499)  # nobody is listening (nginx's "client closed request")
         if live.error is not None:
-            replica.metrics.reject(live.error.status)
+            self.replica.metrics.reject(live.error.status)
             return _error(live.error)
         text = live.text(0, live.emitted)
-        return JSONResponse(full_response(req, live.rid, replica.created, text, live.finish_reason, live.emitted,
+        return JSONResponse(full_response(req, live.rid, created, text, live.finish_reason, live.emitted,
                                           live.kv_transfer_params), headers={"x-request-id": live.rid})
 
-    async def _abort_on_disconnect(receive: Receive, live: Live) -> None:
+    async def _abort_on_disconnect(self, receive: Receive, live: Live) -> None:
         """Wait for the client to go away (`http.disconnect`); abort the request if it was still
         running. The body has been read, so the next message is the disconnect (servers send
         it at the latest when the response is complete)."""
         while (await receive())["type"] != "http.disconnect":
             pass
-        replica.abort(live)
+        self.replica.abort(live)
 
-    async def _stream(cur: StreamCursor, watcher: asyncio.Task[None]) -> AsyncIterator[bytes]:
+    async def completions(self, scope: Scope, receive: Receive) -> Response:
+        """`POST /v1/completions`."""
+        return await self.generate(scope, receive, "completion")
+
+    async def chat(self, scope: Scope, receive: Receive) -> Response:
+        """`POST /v1/chat/completions`."""
+        return await self.generate(scope, receive, "chat")
+
+    async def kv_pull(self, scope: Scope, receive: Receive) -> Response:
+        """`POST /fleetwise/kv/pull`: a decode replica pulls a leased request's KV (prefill role)."""
         try:
-            async for chunk in pull_chunks(cur):
-                yield chunk
-        finally:  # the stream ended, failed, or was cancelled because the client went away
-            watcher.cancel()
-            replica.abort(cur.live)
+            body = parse_body(await read_body(receive))
+            role = self.replica.pool.role
+            if role != "prefill":
+                raise ApiError(400, f"this replica has role {role}; KV is pulled from prefill replicas")
+            return JSONResponse(await self.replica.serve_pull(body))
+        except ApiError as err:
+            return _error(err)
 
-    async def completions(scope: Scope, receive: Receive) -> Response:
-        return await generate(scope, receive, "completion")
-
-    async def chat(scope: Scope, receive: Receive) -> Response:
-        return await generate(scope, receive, "chat")
-
-    async def models(request: Request) -> Response:
+    # ---- the other routes ----------------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        """`GET /v1/models`."""
+        r = self.replica
         return JSONResponse({"object": "list", "data": [{
-            "id": cfg.name, "object": "model", "created": replica.created, "owned_by": "fleetwise",
-            "root": cfg.model, "parent": None, "max_model_len": replica.max_model_len, "permission": []}]})
+            "id": self.cfg.name, "object": "model", "created": r.created, "owned_by": "fleetwise",
+            "root": self.cfg.model, "parent": None, "max_model_len": r.max_model_len, "permission": []}]})
 
-    async def health(request: Request) -> Response:
+    async def health(self, request: Request) -> Response:
+        """`GET /health`."""
         return Response(status_code=200)
 
-    async def version(request: Request) -> Response:
+    async def version(self, request: Request) -> Response:
+        """`GET /version`."""
         return JSONResponse({"version": f"fleetwise-emulator-{__version__}"})
 
-    async def metrics(request: Request) -> Response:
-        return Response(replica.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def metrics(self, request: Request) -> Response:
+        """`GET /metrics` (Prometheus text)."""
+        return Response(self.replica.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    def _authorized(request: Request) -> ApiError | None:
-        token = cfg.admin_token
+    def _authorized(self, request: Request) -> ApiError | None:
+        token = self.cfg.admin_token
         got = request.headers.get("authorization", "")
         if not token:
             return ApiError(401, "admin is disabled: start the emulator with --admin-token or "
@@ -442,22 +270,24 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
             return ApiError(401, "missing or wrong bearer token: send `Authorization: Bearer <admin token>`")
         return None
 
-    async def admin_faults(request: Request) -> Response:
-        denied = _authorized(request)
+    async def admin_faults(self, request: Request) -> Response:
+        """`GET /admin/faults` (the active faults) and `POST /admin/faults` (inject one)."""
+        denied = self._authorized(request)
         if denied is not None:
             return _error(denied)
         if request.method == "GET":
-            return JSONResponse({"active": dict(replica.faults.active)})
+            return JSONResponse({"active": dict(self.replica.faults.active)})
         try:
-            body = parse_body(await request.body())
-            return JSONResponse(replica.inject(body))
+            return JSONResponse(self.replica.inject(parse_body(await request.body())))
         except ApiError as err:
             return _error(err)
         except FaultError as err:
             return _error(ApiError(400, str(err), "kind"))
 
-    async def kv_events(request: Request) -> Response:
-        q = replica.events.subscribe(replica.now_s())
+    async def kv_events(self, request: Request) -> Response:
+        """`GET /kv_events`: KV event batches, one JSON object per line, as they happen."""
+        events = self.replica.events
+        q = events.subscribe(self.replica.now_s())
 
         async def lines() -> AsyncIterator[bytes]:
             try:
@@ -467,58 +297,84 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
                         return
                     yield line
             finally:
-                replica.events.unsubscribe(q)
+                events.unsubscribe(q)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    async def kv_pull(scope: Scope, receive: Receive) -> Response:
-        try:
-            body = parse_body(await read_body(receive))
-            if replica.pool.role != "prefill":
-                raise ApiError(400, f"this replica has role {replica.pool.role}; KV is pulled from prefill replicas")
-            return JSONResponse(await replica.serve_pull(body))
-        except ApiError as err:
-            return _error(err)
+    async def status(self, request: Request) -> Response:
+        """`GET /fleetwise/status`: replica counters in modelled seconds."""
+        return JSONResponse(replica_report(self.replica))
 
-    async def status(request: Request) -> Response:
-        return JSONResponse(replica.report())
+    async def records(self, request: Request) -> Response:
+        """`GET /fleetwise/requests`: the most recent finished requests (modelled seconds)."""
+        r = self.replica
+        return JSONResponse({"columns": RECORD_COLUMNS, "rows": list(r.records), "origin_unix_s": r.origin_unix_s,
+                             "origin_monotonic_s": r.origin_monotonic_s, "time_scale": self.cfg.time_scale})
 
-    async def records(request: Request) -> Response:
-        return JSONResponse({"columns": RECORD_COLUMNS, "rows": list(replica.records), "origin_unix_s": replica.origin_unix_s,
-                             "origin_monotonic_s": replica.origin_monotonic_s,
-                             "time_scale": cfg.time_scale})
+    def hot(self) -> dict[str, Handler]:
+        """The routes `Front` sends straight to their handlers (exact path, POST)."""
+        return {"/v1/completions": self.completions, "/v1/chat/completions": self.chat,
+                "/fleetwise/kv/pull": self.kv_pull}
 
-    hot: dict[str, Handler] = {"/v1/completions": completions, "/v1/chat/completions": chat,
-                               "/fleetwise/kv/pull": kv_pull}
+    def routes(self) -> list[Route]:
+        """Every route, the hot ones included (reached through Starlette's routing)."""
+        return [*(Route(path, _routed(handler), methods=["POST"]) for path, handler in self.hot().items()),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/version", self.version, methods=["GET"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
+                Route("/admin/faults", self.admin_faults, methods=["GET", "POST"]),
+                Route("/kv_events", self.kv_events, methods=["GET"]),
+                Route("/fleetwise/status", self.status, methods=["GET"]),
+                Route("/fleetwise/requests", self.records, methods=["GET"])]
 
-    def routed(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        """A hot handler as a Starlette endpoint (the same handler, reached through routing)."""
-        async def endpoint(request: Request) -> Response:
-            return await handler(request.scope, request.receive)
-        return endpoint
 
-    routes = [
-        *(Route(path, routed(handler), methods=["POST"]) for path, handler in hot.items()),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/version", version, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/admin/faults", admin_faults, methods=["GET", "POST"]),
-        Route("/kv_events", kv_events, methods=["GET"]),
-        Route("/fleetwise/status", status, methods=["GET"]),
-        Route("/fleetwise/requests", records, methods=["GET"]),
-    ]
-    def stamp_arrival(inner: ASGIApp) -> ASGIApp:
-        """Outermost: a request's arrival on the replica's clock, stamped before Starlette's
-        middleware and routing, the body read and parsed (see `submit`): that is the
-        emulation's wall time, which the time scale would multiply, not the modelled server's."""
+def replica_report(r: EmulatedReplica) -> dict[str, Any]:
+    """Replica counters (modelled seconds) for load generators and tests (`GET /fleetwise/status`)."""
+    s = r.status
+    return {"name": r.cfg.name, "role": r.pool.role, "time_scale": r.cfg.time_scale,
+            "origin_unix_s": r.origin_unix_s, "origin_monotonic_s": r.origin_monotonic_s,
+            "now_s": r.now_s(), "steps": s.steps, "busy_s": s.busy_s, "requests": s.requests,
+            "overrun_mean_s": s.overrun_sum_s / s.steps if s.steps else 0.0, "overrun_max_s": s.overrun_max_s,
+            "running": r.engine.num_running, "waiting": r.engine.num_waiting,
+            "kv_usage": r.engine.kv_usage, "prefix_hit_rate": r.engine.prefix_hit_rate,
+            "kv_capacity_tokens": r.kv_capacity_tokens, "max_model_len": r.max_model_len,
+            "leases": len(r.leases.held), "faults": dict(r.faults.active),
+            "pull_holds": s.pull_holds, "pull_late": s.pull_late, "pull_hold_wall_s": s.pull_hold_wall_s,
+            "pull_speculated": s.pull_speculated, "pull_early": s.pull_early,
+            "precise_clock": r.clock is not None and r.clock.precise,
+            "spin_wall_s": r.clock.spun_s if r.clock is not None else 0.0}
+
+
+def _routed(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """A hot handler as a Starlette endpoint (the same handler, reached through routing)."""
+    async def endpoint(request: Request) -> Response:
+        return await handler(request.scope, request.receive)
+    return endpoint
+
+
+def _stamp_arrival(now_s: Callable[[], float]) -> Callable[[ASGIApp], ASGIApp]:
+    """Middleware, outermost: a request's arrival on the replica's clock, stamped before
+    Starlette's middleware and routing, the body read and parsed (see `submit`: that is the
+    emulation's wall time, which the time scale would multiply, not the modelled server's)."""
+    def wrap(inner: ASGIApp) -> ASGIApp:
         async def stamped(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http" and ARRIVAL_KEY not in scope:  # `Front` stamped it already
-                scope[ARRIVAL_KEY] = replica.now_s()
+                scope[ARRIVAL_KEY] = now_s()
             await inner(scope, receive, send)
         return stamped
+    return wrap
 
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(stamp_arrival)])
-    app.state.replica = replica
-    app.state.front = Front(app, replica.now_s, replica.time_of, hot)
+
+def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Callable[[], None] | None = None,
+               kv_post: KvPost | None = None) -> Starlette:
+    """The ASGI app of one emulated replica (`app.state.replica`, `app.state.api` its handlers,
+    `app.state.front` the entry `fleetwise emulate` serves). `on_crash` replaces process exit
+    (tests); `kv_post` is how a decode replica reaches prefill replicas (default: an aiohttp
+    session)."""
+    api = ReplicaApi(cfg, perf, on_crash or _crash_process, kv_post)
+    app = Starlette(routes=api.routes(), lifespan=api.lifespan,
+                    middleware=[Middleware(_stamp_arrival(api.replica.now_s))])
+    app.state.replica, app.state.api = api.replica, api
+    app.state.front = Front(app, api.replica.now_s, api.hot())
     return app

@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import Field, field_validator, model_validator
+
 from fleetwise.emulator.generation import DEFAULT_OUTPUT_LENGTHS
-from fleetwise.errors import SpecError
-from fleetwise.spec.base import validate
+from fleetwise.spec.base import Spec, validate
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION
+from fleetwise.spec.http import HttpLimitsSpec
 from fleetwise.spec.inputs import MAX_FACTOR, MIN_FACTOR
 from fleetwise.spec.plan import KvLinkSpec, PoolSpec
 from fleetwise.spec.workload import LengthDist
@@ -27,14 +28,14 @@ KV_LEASE_S = 480.0
 seconds): vLLM's NIXL connector frees unclaimed blocks after VLLM_NIXL_ABORT_REQUEST_TIMEOUT=480 s."""
 
 
-@dataclass
-class EmulatorConfig:
-    """One replica: model and hardware, role, clock, identity, admin token, length model."""
+class EmulatorConfig(Spec):
+    """One replica: model and hardware, role, clock, identity, admin token, length model
+    (validated like every spec: `fleetwise.spec.base.validate` turns a mistake into one line)."""
 
     model: str
     gpu: str
-    tp: int = 1
-    pp: int = 1
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
     role: Literal["mixed", "prefill", "decode"] = "mixed"
     model_version: str = "v1"
     time_scale: float = 1.0
@@ -44,10 +45,10 @@ class EmulatorConfig:
     (`fleetwise.live.clock`); False sleeps to the deadline (less CPU, later step ends)."""
     seed: int = 0
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(default=8000, ge=0, le=65535)
     served_model_name: str | None = None
     """Name clients send as `model` (default: the catalog model name)."""
-    max_model_len: int | None = None
+    max_model_len: int | None = Field(default=None, ge=1)
     """Longest prompt + output (default: the model's context)."""
     weight_dtype: Literal["bf16", "fp8", "int4"] = "bf16"
     kv_dtype: Literal["bf16", "fp8"] = "bf16"
@@ -59,20 +60,35 @@ class EmulatorConfig:
     profile: str | None = None
     """Calibrated perf profile JSON (default: the built-in efficiencies)."""
     admin_token: str | None = None
+    """Bearer token of /admin (default: the `FLEETWISE_EMULATOR_ADMIN_TOKEN` environment variable)."""
     output_lengths: LengthDist = DEFAULT_OUTPUT_LENGTHS
-    kv_link: KvLinkSpec = field(default_factory=KvLinkSpec)
+    kv_link: KvLinkSpec = KvLinkSpec()
     """Per-GPU NIC of the KV path (decode side pulls over it)."""
     kv_lease_s: float = KV_LEASE_S
-    engine_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    engine_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    http: HttpLimitsSpec = HttpLimitsSpec()
+    """Connection limits and timeouts of the replica's HTTP server (`fleetwise.live.http`)."""
 
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.time_scale) and MIN_FACTOR <= self.time_scale <= MAX_FACTOR):
-            raise SpecError(f"--time-scale={self.time_scale} must be in [{MIN_FACTOR:g}, {MAX_FACTOR:g}]; "
-                            "10 runs ten times faster than the modelled hardware")
-        if self.admin_token is None:
-            self.admin_token = os.environ.get(ADMIN_TOKEN_ENV) or None
-        if not (math.isfinite(self.kv_lease_s) and self.kv_lease_s > 0):
-            raise SpecError(f"--kv-lease={self.kv_lease_s} must be a positive number of seconds")
+    @field_validator("time_scale")
+    @classmethod
+    def _time_scale(cls, v: float) -> float:
+        if not (math.isfinite(v) and MIN_FACTOR <= v <= MAX_FACTOR):
+            raise ValueError(f"--time-scale={v} must be in [{MIN_FACTOR:g}, {MAX_FACTOR:g}]; "
+                             "10 runs ten times faster than the modelled hardware")
+        return v
+
+    @field_validator("kv_lease_s")
+    @classmethod
+    def _kv_lease(cls, v: float) -> float:
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"--kv-lease={v} must be a positive number of seconds")
+        return v
+
+    @model_validator(mode="after")
+    def _admin_token_from_env(self) -> EmulatorConfig:
+        if self.admin_token is None and os.environ.get(ADMIN_TOKEN_ENV):
+            object.__setattr__(self, "admin_token", os.environ[ADMIN_TOKEN_ENV])
+        return self
 
     @property
     def name(self) -> str:

@@ -17,23 +17,24 @@ per decoding request, as a server streams them (`StepOutput.tokens`).
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from fleetwise.core.openai_request import ApiError
 from fleetwise.core.request import Request
 from fleetwise.core.tokens import block_hashes, digest
 from fleetwise.emulator import faults as fault_kinds
 from fleetwise.emulator.config import EmulatorConfig
-from fleetwise.emulator.generation import OutputLengthModel, TokenStream
+from fleetwise.emulator.generation import OutputLengthModel
 from fleetwise.emulator.kv_events import KvEventPublisher
+from fleetwise.emulator.kv_leases import MAX_DST_KINDS, KvLeases
 from fleetwise.emulator.kv_link import KvPort
 from fleetwise.emulator.metrics import ReplicaMetrics
-from fleetwise.emulator.protocol import ApiError, GenRequest
+from fleetwise.emulator.protocol import GenRequest
+from fleetwise.emulator.running import MAX_RECORDS, Live, ReplicaStatus, output_length, single_passes
 from fleetwise.engine.clock import ORDER_ARRIVAL
 from fleetwise.engine.driver import DOWN, UP, EngineDriver
 from fleetwise.engine.pools import build_pool
@@ -43,140 +44,15 @@ from fleetwise.live import AsyncioClock
 from fleetwise.perf.kv import kv_shards, kv_transfer_bytes
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
-from fleetwise.perf.types import Deployment
-from fleetwise.spec.plan import PoolSpec
 
-MAX_DST_KINDS = 64
-"""Decode-side deployments remembered by a prefill replica (more are rebuilt on demand)."""
 KV_PULL_HOLD_MAX_S = 0.02
 """Wall seconds a decode replica holds its clock for a KV pull's answer once the pull has landed
 on its own port (the answer says when it landed on the prefill's port, which decides when the
 request reaches the engine). On this host an answer takes ~2 ms of wall time; a prefill replica
 slower than this (hung, overloaded) must not freeze every stream here: past it the clock runs on
 and the request reaches the engine when the answer comes (late; counted in `pull_late`)."""
-MAX_RECORDS = 100_000
-"""Finished requests kept for `GET /fleetwise/requests` (about 10 MB)."""
-RECORD_COLUMNS = ("id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
-                  "finish_reason", "scheduled_s", "kv_pull_start_s", "kv_pull_end_s", "finish_seen_s",
-                  "first_token_seen_s")
-"""Columns of `GET /fleetwise/requests`: arrival = when the request reached the server; first
-token and finish = the step ends that produced them (scheduled times); scheduled = the start of
-the step that first ran it; KV pull start and end (decode role) = when the pull was sent and
-answered; finish seen = when the process handled the finishing step (its deadline overrun is
-finish seen - finish), first token seen likewise for the first token's step. A stage that did not
-happen is null."""
 WHERE = "emulator"
 """How errors in the emulator's options name their source."""
-
-
-def output_length(req: GenRequest, room: int, eos: Callable[[], int]) -> tuple[int, str]:
-    """Tokens a request generates and its finish reason, as vLLM decides them: `max_tokens` (else
-    the `room` left in the context) is a cap; without `ignore_eos` the output ends earlier at the
-    model's EOS (`eos()`: the seeded length model's draw for this prompt), reason `stop`; a request
-    that reaches its cap ends with `length` (vLLM checks the cap before the EOS)."""
-    cap = room if req.max_tokens is None else min(req.max_tokens, room)
-    if not req.ignore_eos:
-        n = eos()
-        if n < cap:
-            return n, "stop"
-    return cap, "length"
-
-
-def single_passes(driver: EngineDriver, now_s: float) -> tuple[float, float]:
-    """Horizons (0, 0): every step is one pass, so tokens stream pass by pass."""
-    return 0.0, 0.0
-
-
-@dataclass(eq=False, slots=True)
-class Live:
-    """One request in flight: what the client asked, how far it got, and when (modelled s)."""
-
-    rid: str
-    eid: str
-    req: GenRequest
-    digest: int
-    target: int
-    """Tokens this request will generate (max_tokens, or the length model's draw)."""
-    finish_reason: str
-    arrival_s: float
-    emitted: int = 0
-    sched_s: float | None = None
-    first_token_s: float | None = None
-    first_token_seen_s: float | None = None
-    """When the process handled the step end that produced the first token (modelled s)."""
-    last_token_s: float = 0.0
-    finish_s: float | None = None
-    pull_start_s: float | None = None
-    """Decode role: when the KV pull was sent, and when it came back (modelled s)."""
-    pull_end_s: float | None = None
-    pull_id: int | None = None
-    """Decode role: the pull on the KV port until it lands."""
-    hold: asyncio.TimerHandle | None = None
-    """Decode role: the clock is held for this request's pull answer (the hold's wall timeout)."""
-    hold_since: float = 0.0
-    """time.monotonic() when the hold began."""
-    gated: bool = False
-    """Decode role: in the engine from its pull's landing on this port, before the prefill's
-    answer came; nothing streams to the client until it does."""
-    admitted: bool = False
-    """The engine holds the request (it reached the engine at its arrival on the clock)."""
-    done: bool = False
-    error: ApiError | None = None
-    kv_transfer_params: dict[str, Any] | None = None
-    tokens: TokenStream | None = None
-    on_change: Callable[[], None] | None = None
-    """Runs on every change (tokens, end, error, gate opened), inside the step end (or abort)
-    that made it, before the driver schedules its next step: a pushed stream writes its chunks
-    there (`fleetwise.emulator.app.PushStream`), a finished request its answer (`AnswerAtEnd`)."""
-    _waiter: asyncio.Future[None] | None = None
-
-    def notify(self) -> None:
-        if self.on_change is not None:
-            self.on_change()
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    async def wait(self) -> None:
-        """Until more tokens, the end, or an error."""
-        self._waiter = asyncio.get_running_loop().create_future()
-        await self._waiter
-        self._waiter = None
-
-    def text(self, start: int, stop: int) -> str:
-        """Generated text of positions [start, stop)."""
-        if self.tokens is None:
-            self.tokens = TokenStream(self.req.prompt_ids)
-        return self.tokens.text(start, stop)
-
-
-@dataclass(slots=True)
-class _Lease:
-    live: Live
-    prompt_tokens: int
-    expires: asyncio.TimerHandle | None = None
-
-
-@dataclass
-class ReplicaStatus:
-    """Counters the load generator and tests read besides /metrics."""
-
-    steps: int = 0
-    overrun_sum_s: float = 0.0
-    overrun_max_s: float = 0.0
-    busy_s: float = 0.0
-    requests: int = 0
-    pull_holds: int = 0
-    """KV pulls that landed here before their answer came, so the clock waited for it."""
-    pull_late: int = 0
-    """KV pulls whose answer came after `KV_PULL_HOLD_MAX_S` (they reached the engine late)."""
-    pull_hold_wall_s: float = 0.0
-    """Wall seconds the clock was held for pull answers, summed over pulls."""
-    pull_speculated: int = 0
-    """KV pulls that reached the engine at their landing on this port, ahead of the answer."""
-    pull_early: int = 0
-    """Of those, pulls the prefill's port landed later (the engine got them early by the gap)."""
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class EmulatedReplica:
@@ -190,7 +66,7 @@ class EmulatedReplica:
         self.pool = pool = cfg.pool()
         if perf is None:
             perf = PerfModel(Profile.load(cfg.profile) if cfg.profile else None)
-        self._perf_model = perf
+        self.perf_model = perf
         self.build = build = build_pool(pool, perf, WHERE)
         self.deployment = build.deployment
         self.block_size = build.config.block_size
@@ -210,10 +86,10 @@ class EmulatedReplica:
         self._on_crash = on_crash
         self._kv_pull = kv_pull
         self._live: dict[str, Live] = {}
-        self._leases: dict[str, _Lease] = {}
+        self.leases = KvLeases(self)
+        """Prefill role: the KV held for decode replicas to pull."""
         self._next_eid = 0
         self._fault_timers: dict[str, asyncio.TimerHandle] = {}
-        self._dst_cache: dict[str, Deployment] = {}
         self._egress_exclusive: dict[str, bool] = {}
         """Decode role: per prefill KV port, whether its last pull's answer said no other decode
         replica's transfer shared its egress (see `_pull`)."""
@@ -270,16 +146,15 @@ class EmulatedReplica:
             self.driver.state = DOWN
         for t in self._fault_timers.values():
             t.cancel()
-        for lease in self._leases.values():
-            if lease.expires is not None:
-                lease.expires.cancel()
+        self.leases.cancel_timers()
         for live in list(self._live.values()):
             self._fail(live, ApiError(503, "the server is shutting down; retry elsewhere"))
         self.events.close()
         if self.clock is not None:
             self.clock.close()
 
-    def _kick(self) -> None:
+    def kick(self) -> None:
+        """Let the driver schedule a step now (something changed between steps)."""
         if self.driver is not None:
             self.driver.kick(self.now_s())
 
@@ -393,7 +268,7 @@ class EmulatedReplica:
         else:
             self.engine.abort(live.eid)
             self._update_gauges()
-            self._kick()
+            self.kick()
 
     def _update_gauges(self) -> None:
         eng, m = self.engine, self.metrics
@@ -537,100 +412,13 @@ class EmulatedReplica:
             "remote_host": self.cfg.host, "remote_port": self.cfg.port, "remote_request_id": lv.rid,
             "tp_size": self.pool.parallelism.tp, "pp_size": self.pool.parallelism.pp,
         }
-        lease = _Lease(lv, len(lv.req.prompt_ids))
-        self._leases[lv.rid] = lease
-        loop = asyncio.get_running_loop()
-        lease.expires = loop.call_later(self._wall_s(t + self.cfg.kv_lease_s - self.now_s()), self._expire, lv.rid)
-        self.metrics.kv_leases.set(len(self._leases))
+        self.leases.hold(lv, t)
         self._emit(lv, 1, t)
         self._finish(lv, t)
 
-    def _expire(self, rid: str) -> None:
-        lease = self._leases.pop(rid, None)
-        if lease is not None:
-            self.engine.release(lease.live.eid)
-            self.metrics.kv_leases.set(len(self._leases))
-            self._kick()
-
     async def serve_pull(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Prefill role: a decode replica pulls a leased request's KV. The transfer runs on this
-        replica's egress port (`KvPort`, shared with every pull in flight to any decode replica)
-        from the moment the pull arrives; the pull is held open until it lands (a crash in that
-        time breaks it), then the blocks are freed and the answer says how long the transfer
-        took as priced on this port (`transfer_s`, modelled seconds; the decode side lands it at
-        the later of that and its own ingress pricing)."""
-        rid = body.get("remote_request_id")
-        if not isinstance(rid, str) or rid not in self._leases:
-            raise ApiError(404, f"no KV lease for remote_request_id={rid!r} (expired, pulled already, or "
-                                "never prefilled here)", "remote_request_id")
-        if body.get("remote_engine_id") not in (None, self.cfg.engine_id):
-            raise ApiError(404, f"remote_engine_id={body.get('remote_engine_id')!r} is not this engine "
-                                f"({self.cfg.engine_id})", "remote_engine_id")
-        dst = body.get("dst") or {}
-        try:
-            dst_dep = self._dst_deployment(dst)
-            dst_bw = float(body.get("link_bytes_per_s", self.cfg.kv_link.bytes_per_s)) * kv_shards(dst_dep)
-            if not (math.isfinite(dst_bw) and dst_bw > 0):
-                raise ValueError(f"link_bytes_per_s={body.get('link_bytes_per_s')!r} must be a positive number")
-        except (SpecError, ValueError, TypeError) as err:
-            raise ApiError(400, f"KV pull: {str(err)[:200]}", "dst") from None
-        # The decode replica's port; a pull that does not name it shares no port but ours.
-        dst_port = str(body.get("dst_port") or f"pull:{rid}")
-        lease = self._leases.pop(rid)
-        self.metrics.kv_leases.set(len(self._leases))
-        if lease.expires is not None:
-            lease.expires.cancel()
-        port, clock = self.kv_port, self.clock
-        assert port is not None and clock is not None  # serving means started
-        nbytes = kv_transfer_bytes(lease.prompt_tokens, self.deployment)
-        landed: asyncio.Future[tuple[float, float, bool]] = asyncio.get_running_loop().create_future()
-        pid: list[int] = []
-
-        def on_landed(t: float, seconds: float, shared: bool) -> None:
-            if not landed.done():
-                landed.set_result((t, seconds, shared))
-
-        def start(t: float, _: Any) -> None:
-            # On the clock, as arrivals are: a late process first ends the transfers that were due.
-            pid.append(port.start(t, dst_port, dst_bw, nbytes, on_landed))
-
-        clock.call_at(self.now_s(), ORDER_ARRIVAL, start)
-        try:
-            end_s, seconds, shared = await landed
-        finally:
-            if not landed.done() and pid:
-                port.cancel(self.now_s(), pid[0])  # the pull was broken off: the others speed up
-        self._release(lease.live.eid)
-        return {"remote_request_id": rid, "prompt_tokens": lease.prompt_tokens, "transfer_s": seconds,
-                "transfer_start_s": end_s - seconds, "remote_engine_id": self.cfg.engine_id,
-                "egress_shared": shared}
-
-    def _release(self, eid: str) -> None:
-        if self.driver is not None and self.driver.state == DOWN and self.engine.busy:
-            return  # stopped with a step in flight: nothing to free any more
-        self.engine.release(eid)
-        self._kick()
-
-    def _dst_deployment(self, dst: dict[str, Any]) -> Deployment:
-        """The decode side's deployment named in a pull (memoised: a fleet has few kinds)."""
-        key = json.dumps(dst, sort_keys=True)
-        dep = self._dst_cache.get(key)
-        if dep is None:
-            if len(self._dst_cache) >= MAX_DST_KINDS:
-                self._dst_cache.clear()
-            pool = PoolSpec.model_validate({
-                "name": "dst", "role": "decode", "accelerator": dst.get("accelerator", self.cfg.gpu),
-                "model": dst.get("model", self.cfg.model),
-                "parallelism": {"tp": dst.get("tp", 1), "pp": dst.get("pp", 1)},
-                "kv_dtype": dst.get("kv_dtype", self.cfg.kv_dtype)})
-            dep = self._dst_cache[key] = build_pool(pool, self._perf_model, "KV pull dst").deployment
-        return dep
-
-    def _src_deployment(self, ktp: dict[str, Any]) -> Deployment:
-        """The prefill side's deployment as its kv_transfer_params name it (same model and card)."""
-        tp, pp = ktp.get("tp_size", 1), ktp.get("pp_size", 1)
-        return self._dst_deployment({"model": self.cfg.model, "accelerator": self.cfg.gpu, "tp": tp, "pp": pp,
-                                     "kv_dtype": self.cfg.kv_dtype})
+        """Prefill role: a decode replica pulls a leased request's KV (`KvLeases.serve_pull`)."""
+        return await self.leases.serve_pull(body)
 
     def kv_port_name(self) -> str:
         """This replica's KV port as its peers name it (`engine_id@host:port`)."""
@@ -664,7 +452,7 @@ class EmulatedReplica:
         req = {"remote_request_id": ktp.get("remote_request_id"), "remote_engine_id": ktp.get("remote_engine_id"),
                "dst": dst, "dst_port": self.kv_port_name(), "link_bytes_per_s": self.cfg.kv_link.bytes_per_s}
         try:
-            src_bw = self.cfg.kv_link.bytes_per_s * kv_shards(self._src_deployment(ktp))
+            src_bw = self.cfg.kv_link.bytes_per_s * kv_shards(self.leases.src_deployment(ktp))
         except (SpecError, ValueError, TypeError) as err:
             self._fail(lv, ApiError(400, f"kv_transfer_params: {str(err)[:200]}", "kv_transfer_params"))
             return
@@ -773,7 +561,7 @@ class EmulatedReplica:
             self._fault_timers.clear()
             self._faults_changed()
         else:
-            actions = fault_kinds.FaultActions(crash=self._crash, changed=self._kick)
+            actions = fault_kinds.FaultActions(crash=self._crash, changed=self.kick)
             kind.apply(st, params, actions)
             self._faults_changed()
             st.active[kind.name] = params.model_dump()
@@ -784,7 +572,7 @@ class EmulatedReplica:
                 loop = asyncio.get_running_loop()
                 self._fault_timers[kind.name] = loop.call_later(
                     self._wall_s(params.duration_s), self._clear_kind, kind.name)
-        self._kick()
+        self.kick()
         return {"active": dict(st.active)}
 
     def _clear_kind(self, name: str) -> None:
@@ -804,29 +592,8 @@ class EmulatedReplica:
                 d.state = DOWN
         elif d.state == DOWN:
             d.state = UP
-            self._kick()
+            self.kick()
 
     def _crash(self) -> None:
         if self._on_crash is not None:
             self._on_crash()
-
-    # ---- views ------------------------------------------------------------------------------------
-    def mean_overrun_s(self) -> float:
-        """Mean deadline overrun per step (modelled seconds)."""
-        return self.status.overrun_sum_s / self.status.steps if self.status.steps else 0.0
-
-    def report(self) -> dict[str, Any]:
-        """Replica counters (modelled seconds) for load generators and tests."""
-        s = self.status
-        return {"name": self.cfg.name, "role": self.pool.role, "time_scale": self.cfg.time_scale,
-                "origin_unix_s": self.origin_unix_s, "origin_monotonic_s": self.origin_monotonic_s,
-                "now_s": self.now_s(), "steps": s.steps, "busy_s": s.busy_s, "requests": s.requests,
-                "overrun_mean_s": self.mean_overrun_s(), "overrun_max_s": s.overrun_max_s,
-                "running": self.engine.num_running, "waiting": self.engine.num_waiting,
-                "kv_usage": self.engine.kv_usage, "prefix_hit_rate": self.engine.prefix_hit_rate,
-                "kv_capacity_tokens": self.kv_capacity_tokens, "max_model_len": self.max_model_len,
-                "leases": len(self._leases), "faults": dict(self.faults.active),
-                "pull_holds": s.pull_holds, "pull_late": s.pull_late, "pull_hold_wall_s": s.pull_hold_wall_s,
-                "pull_speculated": s.pull_speculated, "pull_early": s.pull_early,
-                "precise_clock": self.clock is not None and self.clock.precise,
-                "spin_wall_s": self.clock.spun_s if self.clock is not None else 0.0}

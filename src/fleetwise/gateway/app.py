@@ -938,7 +938,7 @@ class Gateway:
         self.telemetry.answered(call.endpoint, status)
 
     async def _send_error(self, send: Send, endpoint: str, status: int, message: str, type_: str,
-                          param: str | None, code: str | None, retry_after_s: float | None) -> None:
+                          param: str | None, code: str | int | None, retry_after_s: float | None) -> None:
         data = error_body(status, message, type_, param, code)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         if retry_after_s is not None:

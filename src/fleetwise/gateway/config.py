@@ -25,6 +25,7 @@ from pydantic import Field, field_validator, model_validator
 
 from fleetwise.spec.base import Spec
 from fleetwise.spec.failure_domains import FailureDomainSpec
+from fleetwise.spec.http import HttpLimitsSpec
 from fleetwise.spec.inputs import MAX_BODY_BYTES
 from fleetwise.spec.routing import RoutingSpec
 
@@ -210,6 +211,8 @@ class GatewayConfig(Spec):
     timeouts: TimeoutSpec = TimeoutSpec()
     retries: RetrySpec = RetrySpec()
     limits: LimitsSpec = LimitsSpec()
+    http: HttpLimitsSpec = HttpLimitsSpec()
+    """Connection limits and timeouts (head, body, keep-alive, header count and size)."""
     tenants: tuple[TenantSpec, ...] = ()
     require_api_key: bool = False
     """Refuse requests without a known key (401); otherwise they run as tenant `default`."""

@@ -18,15 +18,15 @@ A token-id prompt needs no tokenizer: its ids are used as they are.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from fleetwise.core import tokens
+from fleetwise.core.openai_request import chat_turns
 from fleetwise.errors import SpecError
 from fleetwise.gateway.config import FLEETWISE_TOKENIZER
 
-__all__ = ["TURN_CACHE_CHARS", "FleetwiseTokenizer", "PromptTokenizer", "chat_turns", "make_tokenizer", "request_ids"]
+__all__ = ["TURN_CACHE_CHARS", "FleetwiseTokenizer", "PromptTokenizer", "make_tokenizer", "request_ids"]
 
 
 
@@ -146,17 +146,6 @@ def make_tokenizer(spec: str | None) -> PromptTokenizer | None:
     if spec == FLEETWISE_TOKENIZER:
         return FleetwiseTokenizer()
     return HfTokenizer(spec)
-
-
-def chat_turns(messages: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
-    """`(role, text)` of messages that `openai.parse_request` accepted (text parts joined)."""
-    out = []
-    for m in messages:
-        c = m.get("content")
-        if isinstance(c, list):
-            c = "".join(p["text"] for p in c if isinstance(p.get("text"), str))
-        out.append((str(m["role"]), c if isinstance(c, str) else ""))
-    return out
 
 
 def request_ids(tok: PromptTokenizer, body: dict[str, Any], chat: bool) -> list[int]:

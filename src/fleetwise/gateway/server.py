@@ -1,9 +1,7 @@
-"""Serving a `Gateway` with uvicorn on a listening socket that has TCP_NODELAY set.
-
-Accepted connections inherit TCP_NODELAY from the listening socket on Linux, and asyncio sets
-it on every TCP transport as well, so the first SSE chunk after the response headers is never
-held back waiting for the client's delayed ACK.
-"""
+"""Serving a `Gateway`: uvicorn with the project's connection limits (`fleetwise.live.http`), on
+a listening socket with TCP_NODELAY, so the first SSE chunk after the response headers is never
+held back waiting for the client's delayed ACK; or several worker processes sharing the port
+(`serve_workers`)."""
 
 from __future__ import annotations
 
@@ -13,50 +11,27 @@ from collections.abc import Callable
 import uvicorn
 
 from fleetwise.gateway.app import Gateway
+from fleetwise.live import http
+from fleetwise.live.http import listening_socket
 
-__all__ = ["listening_socket", "serve", "uvicorn_server"]
-
-LISTEN_BACKLOG = 2048
-"""Pending connections the kernel queues for the gateway (bursts of new clients)."""
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening TCP socket with SO_REUSEADDR and TCP_NODELAY."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.bind((host, port))
-    s.listen(LISTEN_BACKLOG)
-    s.setblocking(False)
-    return s
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, telling `on_ready` once the gateway has started (its backends file read)."""
-
-    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None) -> None:
-        super().__init__(config)
-        self.on_ready = on_ready
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and self.on_ready is not None:
-            self.on_ready()
+__all__ = ["listening_socket", "serve", "serve_workers", "uvicorn_server"]
 
 
 def uvicorn_server(gw: Gateway, log_level: str = "warning",
                    on_ready: Callable[[], None] | None = None) -> uvicorn.Server:
-    """A uvicorn server for the gateway's app (no access log: the gateway's /metrics counts);
+    """A uvicorn server for the gateway's app with its `http` limits and `limits.max_body_bytes`;
     `on_ready` is called once it serves, after the gateway's start (backends file read)."""
-    config = uvicorn.Config(gw.app(), lifespan="on", access_log=False, log_level=log_level,
-                            timeout_keep_alive=75, loop="auto", http="auto")
-    return _Server(config, on_ready)
+    return http.uvicorn_server(gw.app(), gw.cfg.http, gw.cfg.limits.max_body_bytes, log_level, on_ready)
 
 
-def serve(gw: Gateway, host: str, port: int, log_level: str = "warning",
+def serve(gw: Gateway, host: str, port: int, log_level: str = "warning", sock: socket.socket | None = None,
           on_ready: Callable[[], None] | None = None) -> None:
-    """Serve until interrupted (blocking); `on_ready()` once serving, its backends known."""
-    sock = listening_socket(host, port)
-    server = uvicorn_server(gw, log_level, on_ready)
-    server.run(sockets=[sock])
+    """Serve until interrupted (blocking), on `sock` or a new socket on host:port; `on_ready()` once serving."""
+    uvicorn_server(gw, log_level, on_ready).run(sockets=[sock or listening_socket(host, port)])
+
+
+def serve_workers(make_gateway: Callable[[], Gateway], host: str, port: int, workers: int,
+                  log_level: str = "warning") -> int:
+    """Serve from `workers` processes on one port (SO_REUSEPORT), each with its own `Gateway`
+    built by `make_gateway` after the fork; the exit status once all have stopped."""
+    return http.run_workers(host, port, workers, lambda sock: serve(make_gateway(), host, port, log_level, sock))

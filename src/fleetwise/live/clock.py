@@ -15,8 +15,9 @@ loop's poller (epoll, or libuv under uvloop) takes its timeout in whole millisec
 up; at a time scale of 5 that is up to 5 modelled ms on every step. So on Linux the clock arms
 a `timerfd` (`PreciseTimer`) at the deadline's absolute monotonic nanosecond and the loop
 watches it like a socket: the kernel wakes the poller when it expires, with no rounding, no
-busy wait and no thread. Elsewhere (or with `precise=False`, the reference) it uses
-`loop.call_at`. Both run the same callbacks in the same order with the same times.
+busy wait and no thread. Where the platform has no timerfd (not Linux), or after `close()`,
+it falls back to `loop.call_at`, which runs the same callbacks in the same order with the same
+times, later (tested).
 
 Early wake and spin: a kernel wake-up is late by the time the machine takes to put a sleeping
 core back to work, and on a virtual machine that time grows with how long the process slept
@@ -178,10 +179,10 @@ class WakeMargin:
 class AsyncioClock:
     """A `Clock` on the running asyncio loop; see the module docstring."""
 
-    def __init__(self, time_scale: float = 1.0, precise: bool = True, spin: bool = True) -> None:
+    def __init__(self, time_scale: float = 1.0, spin: bool = True) -> None:
         """Start at 0 s now, on the running loop; `time_scale` wall seconds per clock second;
-        `precise`: wake on a timerfd where the platform has one (else `loop.call_at`);
-        `spin`: with the timerfd, wake early and spin to the deadline (see the module docstring)."""
+        `spin`: wake early and spin to the deadline (see the module docstring). Wake-ups use a
+        timerfd where the platform has one, else `loop.call_at`."""
         if not time_scale > 0:
             raise ValueError(f"time_scale={time_scale} must be > 0")
         self.time_scale = time_scale
@@ -192,11 +193,10 @@ class AsyncioClock:
         self._time_s = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._precise: PreciseTimer | None = None
-        if precise:
-            try:
-                self._precise = PreciseTimer(self._loop, self._on_timer)
-            except (NotImplementedError, OSError):
-                self._precise = None
+        try:
+            self._precise = PreciseTimer(self._loop, self._on_timer)
+        except (NotImplementedError, OSError):  # no timerfd here: the loop's timers
+            self._precise = None
         self._armed_s = float("inf")
         self.margins: WakeMargin | None = WakeMargin() if spin else None
         """Learned wake-up margins (None: no early wake)."""

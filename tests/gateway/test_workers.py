@@ -1,0 +1,71 @@
+"""`fleetwise gateway --workers N`: N processes on one port (SO_REUSEPORT), each answering
+requests on its own (their request ids carry their process id), all stopped by one SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+RESPONDER = Path(__file__).parent / "responder.py"
+WALL_S = 60.0
+CONNECTIONS = 40
+"""Fresh connections sent; the kernel spreads them over the workers by their ports (all on one
+worker of two has probability 2^-39)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + WALL_S
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, f"{url} did not start"
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_two_workers_share_the_port_answer_alike_and_stop_together() -> None:
+    bport, gport = _free_port(), _free_port()
+    backend = subprocess.Popen([sys.executable, str(RESPONDER), "--port", str(bport)], stdout=subprocess.DEVNULL,
+                               start_new_session=True)
+    gateway = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "gateway", "--workers", "2", "--backend",
+                                f"http://127.0.0.1:{bport}", "--model", "m", "--port", str(gport)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _ready(f"http://127.0.0.1:{bport}/health", backend)
+        _ready(f"http://127.0.0.1:{gport}/health", gateway)
+        prefixes = set()
+        for i in range(CONNECTIONS):
+            req = urllib.request.Request(f"http://127.0.0.1:{gport}/v1/completions", method="POST",
+                                         data=json.dumps({"model": "m", "prompt": f"hi {i}", "max_tokens": 2}).encode(),
+                                         headers={"content-type": "application/json", "connection": "close"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200 and json.loads(r.read())["choices"]
+                prefixes.add(r.headers["x-request-id"][:8])  # the worker's process id
+        assert len(prefixes) == 2
+        gateway.send_signal(signal.SIGTERM)
+        out, err = gateway.communicate(timeout=30)
+        assert gateway.returncode == 0, err.decode()[-2000:]
+        assert b"2 workers" in out
+        with pytest.raises(OSError):  # nothing listens any more
+            socket.create_connection(("127.0.0.1", gport), timeout=1).close()
+    finally:
+        for p in (gateway, backend):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

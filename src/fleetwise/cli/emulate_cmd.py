@@ -43,11 +43,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", metavar="M", help="catalog model name or model spec file (required without --plan)")
     p.add_argument("--gpu", metavar="G", help="catalog accelerator name or accelerator spec file (required "
                                                "without --plan)")
-    p.add_argument("--plan", metavar="PLAN.yaml", default=None, type=input_file("plan file"),
-                   help="start one emulator process per replica of this plan (its pools give model, gpu, tp, pp, "
-                        "role, dtypes and engine knobs; its kv_link the KV path); ports count up from --port")
+    p.add_argument("--plan", metavar="PLAN", default=None, type=input_file("plan file"),
+                   help="start one emulator process per replica of this fleet document (`fleetwise plan "
+                        "--json/--fleet-out` or a plan YAML: its pools give model, gpu, tp, pp, role, dtypes and "
+                        "engine knobs; its kv_link the KV path); ports count up from --port")
     p.add_argument("--endpoints", metavar="FILE", default=None,
-                   help="with --plan: write the replicas' names, roles and URLs here as JSON")
+                   help="with --plan: write the replicas as the gateway's backend list (name, url, role, pool, "
+                        "model_version, region, accelerator), for `fleetwise gateway --plan PLAN --backends-file FILE`")
     p.add_argument("--tp", type=int_flag(1, 1024), default=1, help="tensor parallel degree of the replica")
     p.add_argument("--pp", type=int_flag(1, 1024), default=1, help="pipeline parallel degree of the replica")
     p.add_argument("--role", choices=("mixed", "prefill", "decode"), default="mixed",
@@ -130,11 +132,8 @@ FLEET_START_TIMEOUT_S = 60.0
 """Wall seconds a fleet's processes get to answer /health before the command gives up."""
 
 
-def fleet_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
-    """(replica name, role, argv) of every replica of `--plan`, ports from `--port` in plan order."""
-    from fleetwise.spec.plan import PlanSpec
-
-    plan = PlanSpec.load(args.plan)
+def fleet_commands(args: argparse.Namespace, plan: Any) -> list[tuple[str, str, list[str]]]:
+    """(replica name, role, argv) of every replica of fleet `plan`, ports from `--port` in plan order."""
     common = ["--time-scale", repr(args.time_scale), "--seed", str(args.seed), "--host", args.host,
               "--log-level", args.log_level, "--kv-lease", repr(args.kv_lease),
               "--kv-link-gbps", repr(plan.kv_link.bytes_per_s * 8 / 1e9),
@@ -177,8 +176,12 @@ def run_fleet(args: argparse.Namespace) -> int:
     import os
 
     from fleetwise.emulator.config import ADMIN_TOKEN_ENV
+    from fleetwise.gateway.config import fleet_backends
+    from fleetwise.spec.plan import PlanSpec
 
-    cmds = fleet_commands(args)
+    plan = PlanSpec.load(args.plan)
+    cmds = fleet_commands(args, plan)
+    names = [name for name, _, _ in cmds]
     env = dict(os.environ)
     if args.admin_token:  # through the environment, not the command line other users can read
         env[ADMIN_TOKEN_ENV] = args.admin_token
@@ -210,7 +213,8 @@ def run_fleet(args: argparse.Namespace) -> int:
                                     f"{FLEET_START_TIMEOUT_S:g} s")
                 time.sleep(0.2)
         if args.endpoints:
-            write_json(args.endpoints, endpoints)
+            write_json(args.endpoints, fleet_backends(
+                plan, lambda pool, i: endpoints[names.index(f"{pool}-{i}")]["url"]))
         for ep in endpoints:
             print(f"{ep['name']:>16}  {ep['role']:<8} {ep['url']}", flush=True)
         reported: set[int] = set()

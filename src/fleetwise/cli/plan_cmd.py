@@ -40,6 +40,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("spec", nargs="?", default=None, type=input_file("planning spec"), help="SPEC.yaml (default: the built-in 70B chat question)")
     p.add_argument("--json", dest="json_out", metavar="OUT", default=None,
                    help="write the plan document (JSON) to OUT; `-` prints it instead of the report")
+    p.add_argument("--fleet-out", metavar="FLEET.json", default=None,
+                   help="write the chosen plan's fleet document alone (what simulate, emulate --plan, gateway "
+                        "--plan, up and deploy read; the --json document carries it as `fleet`)")
     p.add_argument("--top", type=int_flag(1, MAX_TOP), default=None, metavar="K",
                    help="plans to report (default: spec.search.top_k)")
     p.add_argument("--workers", type=int_flag(1, MAX_WORKERS), default=None, metavar="N",
@@ -85,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.json_out and args.json_out != "-":
         check_writable_file(args.json_out, "--json")
+    if args.fleet_out:
+        check_writable_file(args.fleet_out, "--fleet-out")
     check_report_path(args.report)
     spec = load_planning_spec(args.spec) if args.spec else default_spec()
     columns = trace_columns.parse(args.trace_columns)
@@ -109,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         render(search, Console(highlight=False))
         if args.json_out:
             write_json(args.json_out, doc)
+    if args.fleet_out and doc["fleet"] is not None:
+        write_json(args.fleet_out, doc["fleet"])
     if args.report:
         from fleetwise.cli.report_cmd import write_document
 

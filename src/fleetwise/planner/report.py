@@ -14,13 +14,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleetwise.planner.candidates import candidate_records, pd_sweep
+from fleetwise.planner.fleet import fleet_json
 from fleetwise.planner.simulate import SimVerdict
 from fleetwise.planner.state import Candidate, Search
+from fleetwise.spec.plan import PLAN_SEARCH_SCHEMA
 
 if TYPE_CHECKING:
     from fleetwise.planner.refinement import HeadroomCheck
 
-SCHEMA = "fleetwise-plan/1"
+SCHEMA = PLAN_SEARCH_SCHEMA
 
 
 def _r(x: float, nd: int = 6) -> float:
@@ -141,6 +143,7 @@ def to_json(search: Search) -> dict[str, Any]:
         "candidates": candidate_records(search),
         "pd_sweep": pd_sweep(search),
         "infeasible": search.infeasible,
+        "fleet": fleet_json(search),
         "search": {"layouts_estimated": len(search.estimates), "candidates_sized": len(search.candidates),
                    "simulations": search.simulations, "wall_s": _r(search.wall_s, 2)},
     }

@@ -60,3 +60,26 @@ def test_gateway_plan_without_backends_names_the_endpoints_file(planned, capsys)
     assert main(["gateway", "--plan", str(planned / "fleet.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--backends-file FILE (`fleetwise emulate --plan PLAN --endpoints FILE`" in err[0]
+
+
+@pytest.mark.parametrize("target", ["vllm", "k8s", "compose"])
+def test_deploy_writes_the_plans_fleet(planned, target, capsys):
+    out = planned / f"deploy-{target}"
+    assert main(["deploy", str(planned / "p.json"), "--target", target, "-o", str(out)]) == 0
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    expected = {"vllm": ["fleet.json", "gateway.yaml", "vllm/mixed.sh"],
+                "compose": ["compose.yaml", "fleet.json", "gateway.yaml"],
+                "k8s": ["k8s/gateway-secret.yaml", "k8s/gateway.yaml", "k8s/namespace.yaml", "k8s/pool-mixed.yaml",
+                        "k8s/servicemonitor.yaml"]}[target]
+    assert [w for w in written if w != "k8s/grafana-dashboard.yaml"] == expected
+    assert "as " + target in capsys.readouterr().out
+
+
+def test_deploy_of_an_older_plan_is_one_line(planned, capsys):
+    doc = json.loads((planned / "p.json").read_text(encoding="utf-8"))
+    del doc["fleet"]
+    old = planned / "old.json"
+    old.write_text(json.dumps(doc), encoding="utf-8")
+    assert main(["deploy", str(old), "--target", "k8s", "-o", str(planned / "old-out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "old.json: fleet: missing" in err[0]

@@ -134,13 +134,12 @@ FLEET_START_TIMEOUT_S = 60.0
 
 def fleet_commands(args: argparse.Namespace, plan: Any) -> list[tuple[str, str, list[str]]]:
     """(replica name, role, argv) of every replica of fleet `plan`, ports from `--port` in plan order."""
-    common = ["--time-scale", repr(args.time_scale), "--seed", str(args.seed), "--host", args.host,
-              "--log-level", args.log_level, "--kv-lease", repr(args.kv_lease),
-              "--kv-link-gbps", repr(plan.kv_link.bytes_per_s * 8 / 1e9),
-              "--kv-link-latency", repr(plan.kv_link.latency_s)]
+    from fleetwise.deploy.emulated import emulate_args
+
+    common = ["--time-scale", repr(args.time_scale), "--seed", str(args.seed), "--log-level", args.log_level,
+              "--kv-lease", repr(args.kv_lease), "--server", args.server]
     if args.no_spin:
         common.append("--no-spin")
-    common += ["--server", args.server]
     for name in ("profile", "output_lengths", "max_model_len", "served_model_name"):
         value = getattr(args, name)
         if value is not None:
@@ -149,18 +148,9 @@ def fleet_commands(args: argparse.Namespace, plan: Any) -> list[tuple[str, str, 
         common += ["--profile", str(plan.perf_profile)]
     out: list[tuple[str, str, list[str]]] = []
     for pool in plan.pools:
-        k = pool.engine
         for j in range(pool.replicas):
-            port = args.port + len(out)
-            argv = [sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", pool.model,
-                    "--gpu", pool.accelerator, "--tp", str(pool.parallelism.tp), "--pp", str(pool.parallelism.pp),
-                    "--role", pool.role, "--model-version", pool.model_version, "--port", str(port),
-                    "--weight-dtype", pool.weight_dtype, "--kv-dtype", pool.kv_dtype,
-                    "--gpu-memory-utilization", repr(pool.gpu_memory_utilization),
-                    "--max-num-seqs", str(k.max_num_seqs), "--max-num-batched-tokens", str(k.max_num_batched_tokens),
-                    "--block-size", str(k.block_size), *common]
-            if not k.enable_prefix_caching:
-                argv.append("--no-prefix-caching")
+            argv = [sys.executable, "-m", "fleetwise.cli.main", "emulate",
+                    *emulate_args(plan, pool, args.host, args.port + len(out)), *common]
             out.append((f"{pool.name}-{j}", pool.role, argv))
     return out
 

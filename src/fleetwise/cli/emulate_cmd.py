@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import gc
 import signal
-import subprocess
 import sys
 import time
 from typing import Any
 
 from fleetwise.cli.common import SEED_MAX, check_listen_address, float_flag, input_file, int_flag
+from fleetwise.cli.local_fleet import FLEET_START_TIMEOUT_S
 from fleetwise.errors import SpecError
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from fleetwise.spec.inputs import (
@@ -128,8 +128,6 @@ def config_from_args(args: argparse.Namespace) -> Any:
         **extra)
 
 
-FLEET_START_TIMEOUT_S = 60.0
-"""Wall seconds a fleet's processes get to answer /health before the command gives up."""
 
 
 def fleet_commands(args: argparse.Namespace, plan: Any) -> list[tuple[str, str, list[str]]]:
@@ -155,12 +153,25 @@ def fleet_commands(args: argparse.Namespace, plan: Any) -> list[tuple[str, str, 
     return out
 
 
+def replica_fleet(args: argparse.Namespace, plan: Any, env: dict[str, str]) -> Any:
+    """A `LocalFleet` of one emulator process per replica of `plan`, ports from `--port` in plan order."""
+    from fleetwise.cli.local_fleet import LocalFleet, Member
+
+    members = []
+    for i, (name, _, argv) in enumerate(fleet_commands(args, plan)):
+        members.append(Member(name, argv, f"http://{args.host}:{args.port + i}/health", env))
+    return LocalFleet(members)
+
+
+def replica_url(fleet: Any, name: str) -> str:
+    """Base URL of replica `name` of a fleet `replica_fleet` built."""
+    return str(fleet.member(name).health_url).removesuffix("/health")
+
+
 def run_fleet(args: argparse.Namespace) -> int:
     """Start every replica of `--plan` as its own process; stop them all on Ctrl-C or SIGTERM. A
     replica that exits (a `crash` fault) is reported and the others keep serving; the command
     ends (status 1) when none is left."""
-    import urllib.request
-
     if args.model or args.gpu:
         raise SpecError("give either --plan or --model/--gpu, not both")
     import os
@@ -170,63 +181,35 @@ def run_fleet(args: argparse.Namespace) -> int:
     from fleetwise.spec.plan import PlanSpec
 
     plan = PlanSpec.load(args.plan)
-    cmds = fleet_commands(args, plan)
-    names = [name for name, _, _ in cmds]
     env = dict(os.environ)
     if args.admin_token:  # through the environment, not the command line other users can read
         env[ADMIN_TOKEN_ENV] = args.admin_token
-    procs: list[subprocess.Popen[bytes]] = []
-    endpoints = []
+    fleet = replica_fleet(args, plan, env)
+    roles = {f"{p.name}-{i}": p.role for p in plan.pools for i in range(p.replicas)}
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)  # SIGTERM stops the fleet like Ctrl-C (SIGINT may be ignored)
     try:
-        for i, (name, role, argv) in enumerate(cmds):
-            procs.append(subprocess.Popen(argv, env=env))
-            endpoints.append({"name": name, "role": role, "url": f"http://{args.host}:{args.port + i}"})
-        deadline = time.monotonic() + FLEET_START_TIMEOUT_S
-        for ep, proc in zip(endpoints, procs, strict=True):
-            while True:
-                if proc.poll() is not None:
-                    raise SpecError(f"--plan: replica {ep['name']} exited with status {proc.returncode} at start "
-                                    "(see its message above)")
-                try:
-                    with urllib.request.urlopen(ep["url"] + "/health", timeout=1.0) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SpecError(f"--plan: replica {ep['name']} did not answer /health within "
-                                    f"{FLEET_START_TIMEOUT_S:g} s")
-                time.sleep(0.2)
+        fleet.start(FLEET_START_TIMEOUT_S)
         if args.endpoints:
-            write_json(args.endpoints, fleet_backends(
-                plan, lambda pool, i: endpoints[names.index(f"{pool}-{i}")]["url"]))
-        for ep in endpoints:
-            print(f"{ep['name']:>16}  {ep['role']:<8} {ep['url']}", flush=True)
-        reported: set[int] = set()
-        while len(reported) < len(procs):  # a replica that exits (a crash fault) is reported, not fatal
-            for i, p in enumerate(procs):
-                if i not in reported and p.poll() is not None:
-                    reported.add(i)
-                    print(f"fleetwise emulate: replica {endpoints[i]['name']} exited with status {p.returncode}; "
-                          f"{len(procs) - len(reported)} still serving", file=sys.stderr, flush=True)
+            write_json(args.endpoints, fleet_backends(plan, lambda pool, i: replica_url(fleet, f"{pool}-{i}")))
+        for m in fleet.members:
+            print(f"{m.name:>16}  {roles[m.name]:<8} {replica_url(fleet, m.name)}", flush=True)
+        reported: set[str] = set()
+        while len(reported) < len(fleet.members):  # a replica that exits (a crash fault) is reported, not fatal
+            for m in fleet.exited():
+                if m.name not in reported:
+                    reported.add(m.name)
+                    print(f"fleetwise emulate: replica {m.name} exited with status {m.proc.returncode}; "
+                          f"{len(fleet.members) - len(reported)} still serving", file=sys.stderr, flush=True)
             time.sleep(0.5)
         return 1
     except KeyboardInterrupt:
         return 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()  # uvicorn shuts down gracefully on SIGTERM
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        fleet.stop()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import yaml
 from fleetwise.errors import SpecError, UnknownNameError
 from fleetwise.spec.catalog import resolve_model
 from fleetwise.spec.plan import PlanSpec, PoolSpec
+from fleetwise.spec.registry import register_into
 
 ENGINE_PORT = 8000
 """Port every engine server listens on in a deployed fleet: `vllm serve`'s default
@@ -46,20 +47,13 @@ TARGETS: dict[str, Renderer] = {}
 
 def target(name: str) -> Callable[[Renderer], Renderer]:
     """Register a deploy target's renderer under `name` (once)."""
-
-    def wrap(fn: Renderer) -> Renderer:
-        if name in TARGETS:
-            raise ValueError(f"deploy target {name!r} registered twice")
-        TARGETS[name] = fn
-        return fn
-
-    return wrap
+    return register_into(TARGETS, name, "deploy target")
 
 
 def render(plan: PlanSpec, name: str, opts: DeployOptions) -> dict[str, str]:
     """The files (relative path -> text) of target `name` for fleet `plan`."""
     if name not in TARGETS:
-        raise SpecError(str(UnknownNameError("--target", name, sorted(TARGETS))))
+        raise SpecError(str(UnknownNameError("--target", name, TARGETS)))
     return TARGETS[name](plan, opts)
 
 

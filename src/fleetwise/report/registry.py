@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetwise.report.page import Page, Progress
+from fleetwise.spec.registry import register_into
 
 Builder = Callable[[Path | None, dict[str, Any], Progress | None], Page]
 """(where the document was read from, or None; the document; told the share drawn) -> page."""
@@ -19,11 +20,4 @@ KINDS: dict[str, Builder] = {}
 
 def report_kind(schema_prefix: str) -> Callable[[Builder], Builder]:
     """Register `fn(path, document, progress) -> Page` for documents whose schema starts with `schema_prefix`."""
-
-    def deco(fn: Builder) -> Builder:
-        if schema_prefix in KINDS:
-            raise ValueError(f"report kind {schema_prefix!r} registered twice")
-        KINDS[schema_prefix] = fn
-        return fn
-
-    return deco
+    return register_into(KINDS, schema_prefix, "report kind")

@@ -15,6 +15,7 @@ from typing import Any
 
 from fleetwise.errors import SpecError
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash, Slowdown
+from fleetwise.spec.registry import register_into
 
 LIVE_KINDS = ("crash", "slowdown")
 """Spec fault kinds a live fleet replays."""
@@ -38,14 +39,7 @@ CONVERTERS: dict[type, Converter] = {}
 
 def converts(kind: type) -> Callable[[Converter], Converter]:
     """Register the converter of one spec fault kind (once)."""
-
-    def wrap(fn: Converter) -> Converter:
-        if kind in CONVERTERS:
-            raise ValueError(f"live converter for {kind.__name__} registered twice")
-        CONVERTERS[kind] = fn
-        return fn
-
-    return wrap
+    return register_into(CONVERTERS, kind, "live fault converter")
 
 
 @converts(ReplicaCrash)

@@ -50,6 +50,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--profile", default=None, metavar="PROFILE.json", type=input_file("perf profile"),
                    help="perf profile (`fleetwise calibrate`) pricing the estimate and the simulations; "
                         "overrides the spec's `profile`")
+    p.add_argument("--measured", default=None, metavar="MEASURED.json", type=input_file("measured service file"),
+                   help="size from service rates measured on a running fleet (`fleetwise calibrate --from-metrics`): "
+                        "its step-time factor per accelerator applies to every simulation; the report says per "
+                        "plan which numbers are measured and which modelled")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="run simulations on a Ray cluster (fleetwise[ray])")
     p.add_argument("--write-schema", nargs="?", const="docs/schema/planning-spec.schema.json", default=None,
                    metavar="PATH", help="write the SPEC.yaml JSON Schema and exit")
@@ -102,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
 
         Profile.load(args.profile)  # a bad file is one line naming it, before any work
         spec = spec.model_copy(update={"profile": args.profile})
+    if args.measured:
+        from fleetwise.planner.measured import load_measured
+        from fleetwise.spec.base import read_document
+
+        spec = spec.model_copy(update={"measured_service": load_measured(read_document(args.measured), args.measured)})
     workers = args.workers if args.workers is not None else max(1, os.cpu_count() or 1)
     quiet = args.quiet or args.json_out == "-"
     with progress.progress("planning", 1.0, quiet) as update:

@@ -21,7 +21,15 @@ from fleetwise.spec import engine_defaults as ed
 from fleetwise.spec.base import Spec, read_document, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
-from fleetwise.spec.inputs import MAX_BLOCK_TOKENS, MAX_DURATION_S, MAX_ENGINE_SEQS, MAX_REPLICAS, MAX_TOKENS
+from fleetwise.spec.inputs import (
+    MAX_BLOCK_TOKENS,
+    MAX_DURATION_S,
+    MAX_ENGINE_SEQS,
+    MAX_FACTOR,
+    MAX_REPLICAS,
+    MAX_TOKENS,
+    MIN_FACTOR,
+)
 from fleetwise.spec.parallel import ParallelismSpec
 from fleetwise.spec.planning import PlanSLOSpec
 from fleetwise.spec.roles import Role
@@ -70,6 +78,9 @@ class PoolSpec(Spec):
     """Fraction of HBM the engine may use for weights, activations and KV cache."""
     expert_imbalance: float = Field(default=1.0, ge=1)
     """MoE with ep > 1: busiest expert-parallel rank's routed tokens over the mean (1.0: even)."""
+    step_time_factor: float = Field(default=1.0, ge=MIN_FACTOR, le=MAX_FACTOR)
+    """Measured correction of the perf model: every step of this pool's replicas takes this many
+    times the modelled time (`fleetwise calibrate --from-metrics`; 1.0: the model as is)."""
     spare_replicas: int = Field(default=0, ge=0, le=MAX_REPLICAS)
     """The k of N+k: replicas beyond what the load needs (failure spares plus the rolling-upgrade
     batch, as the planner sized them); at most this many may be down at once with the SLO kept

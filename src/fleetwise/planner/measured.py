@@ -259,17 +259,21 @@ def fit_document(plan: PlanSpec, by_pool: dict[str, list[ReplicaMetrics]], seed:
     return {"schema": MEASURED_SCHEMA, "fleet": plan.name, "pools": pools}
 
 
-def load_measured(doc: Any, where: str) -> list[MeasuredService]:
+def load_measured(doc: Any, where: str, model: str) -> list[MeasuredService]:
     """The step-time factors of a `fleetwise-measured/1` document, one per accelerator (replicas
-    on one card pooled, weighted by requests); SpecError naming the field of a bad document."""
+    on one card pooled, weighted by requests); SpecError naming the field of a bad document or of
+    a measurement of another model than `model` (the factor corrects one model on one card)."""
     if not isinstance(doc, dict) or doc.get("schema") != MEASURED_SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise SpecError(f"{where}: schema: {got!r} is not {MEASURED_SCHEMA}; write it with "
                         "`fleetwise calibrate --from-metrics ... --plan FLEET -o FILE`")
     acc: dict[str, list[dict[str, Any]]] = {}
     for i, p in enumerate(doc.get("pools") or []):
-        if not isinstance(p, dict) or not {"accelerator", "step_time_factor", "ci95", "requests"} <= set(p):
-            raise SpecError(f"{where}: pools.{i}: needs accelerator, step_time_factor, ci95 and requests")
+        if not isinstance(p, dict) or not {"accelerator", "model", "step_time_factor", "ci95", "requests"} <= set(p):
+            raise SpecError(f"{where}: pools.{i}: needs accelerator, model, step_time_factor, ci95 and requests")
+        if p["model"] != model:
+            raise SpecError(f"{where}: pools.{i}.model: measured on {p['model']!r}, but the spec plans {model!r}; "
+                            "measure a fleet of this model")
         acc.setdefault(str(p["accelerator"]), []).append(p)
     out = []
     for gpu, ps in acc.items():

@@ -9,7 +9,7 @@ from fleetwise.spec.plan import PlanSpec
 
 COLOCATED = {"name": "chat", "routing": "fleetwise-default", "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
              "pools": [{"name": "mixed", "replicas": 3, "spare_replicas": 1, "accelerator": "h100-sxm",
-                        "model": "llama-3.1-8b"}]}
+                        "model": "llama-3.1-8b", "step_time_factor": 1.3}]}
 PD = {"name": "pd-70b", "routing": "fleetwise-default", "kv_link": {"gbps": 400},
       "pools": [{"name": "prefill", "role": "prefill", "replicas": 3, "spare_replicas": 1, "accelerator": "h200-sxm",
                  "model": "llama-3.1-70b", "parallelism": {"tp": 4}, "weight_dtype": "fp8"},

@@ -25,8 +25,8 @@ def test_compose_runs_every_replica_emulated_behind_the_gateway(fleet):
             cfg = config_from_args(parser.parse_args(svc["command"][1:]))
             assert (cfg.model, cfg.gpu, cfg.tp, cfg.pp, cfg.role) == (
                 pool.model, pool.accelerator, pool.parallelism.tp, pool.parallelism.pp, pool.role)
-            assert (cfg.max_num_seqs, cfg.enable_prefix_caching, cfg.port) == (
-                pool.engine.max_num_seqs, pool.engine.enable_prefix_caching, 8000)
+            assert (cfg.max_num_seqs, cfg.enable_prefix_caching, cfg.port, cfg.step_time_factor) == (
+                pool.engine.max_num_seqs, pool.engine.enable_prefix_caching, 8000, pool.step_time_factor)
     gw = compose["services"]["gateway"]
     assert set(gw["depends_on"]) == set(names) and gw["ports"] == ["8000:8000"]
     cfg = validate(GatewayConfig, yaml.safe_load(files["gateway.yaml"]), "gateway.yaml", strict=True)

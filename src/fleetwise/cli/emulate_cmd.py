@@ -87,6 +87,9 @@ def register(subparsers: Any) -> None:
                    help="one-way latency of a KV transfer in seconds (default 2e-05)")
     p.add_argument("--kv-lease", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=480.0, metavar="S",
                    help="prefill role: modelled seconds a prefilled request's KV waits to be pulled")
+    p.add_argument("--step-time-factor", type=float, default=1.0, metavar="X",
+                   help="every step takes X times the modelled time: a fleet's measured speed "
+                        "(`fleetwise calibrate --from-metrics`), before any slowdown fault")
     p.add_argument("--server", choices=("lean", "uvicorn"), default="lean",
                    help="HTTP server: lean = fleetwise's httptools server, which calls the app inside the read "
                         "that completed a request (less wall time per request, which the time scale multiplies); "
@@ -125,6 +128,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching, profile=args.profile,
         admin_token=args.admin_token, kv_link=validate(KvLinkSpec, link, "--kv-link-*"), kv_lease_s=args.kv_lease,
+        step_time_factor=args.step_time_factor,
         **extra)
 
 

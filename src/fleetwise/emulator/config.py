@@ -63,6 +63,9 @@ class EmulatorConfig:
     kv_link: KvLinkSpec = field(default_factory=KvLinkSpec)
     """Per-GPU NIC of the KV path (decode side pulls over it)."""
     kv_lease_s: float = KV_LEASE_S
+    step_time_factor: float = 1.0
+    """Measured correction of the perf model (a fleet document's `step_time_factor`): every step
+    takes this many times the modelled time, before any slowdown fault."""
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -71,6 +74,8 @@ class EmulatorConfig:
                             "10 runs ten times faster than the modelled hardware")
         if self.admin_token is None:
             self.admin_token = os.environ.get(ADMIN_TOKEN_ENV) or None
+        if not (math.isfinite(self.step_time_factor) and MIN_FACTOR <= self.step_time_factor <= MAX_FACTOR):
+            raise SpecError(f"--step-time-factor={self.step_time_factor} must be in [{MIN_FACTOR:g}, {MAX_FACTOR:g}]")
         if not (math.isfinite(self.kv_lease_s) and self.kv_lease_s > 0):
             raise SpecError(f"--kv-lease={self.kv_lease_s} must be a positive number of seconds")
 

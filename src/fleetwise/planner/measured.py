@@ -178,7 +178,7 @@ def _cv(x: Any) -> float:
     return float(x.std(ddof=1) / x.mean()) if x.size > 1 and x.mean() > 0 else 0.0
 
 
-def _modelled(plan: PlanSpec, pool_name: str, rates: ServiceRates, factor: float, seed: int) -> Modelled:
+def modelled_service(plan: PlanSpec, pool_name: str, rates: ServiceRates, factor: float, seed: int) -> Modelled:
     """`pool_name`'s service when the fleet is simulated at the measured per-replica rate and mean
     lengths with step times x `factor`."""
     import numpy as np
@@ -217,7 +217,7 @@ def fit_factor(plan: PlanSpec, pool_name: str, rates: ServiceRates, seed: int = 
     role = next(p.role for p in plan.pools if p.name == pool_name)
 
     def ratio(factor: float) -> tuple[float, float]:
-        m = _modelled(plan, pool_name, rates, factor, seed)
+        m = modelled_service(plan, pool_name, rates, factor, seed)
         parts = []  # (measured / modelled, weight, per-request cv)
         if role != "decode" and m.prefill_s > 0:
             parts.append((rates.prefill_s / m.prefill_s, rates.prefill_s, m.prefill_cv))

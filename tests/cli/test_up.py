@@ -17,6 +17,7 @@ from fleetwise.emulator.faults.replay import live_actions
 from fleetwise.errors import SpecError
 from fleetwise.spec.base import validate
 from fleetwise.spec.faults import FaultScenario
+from fleetwise.spec.plan import PlanSpec
 
 PLAN = {"name": "rehearsal", "routing": "fleetwise-default",
         "pools": [{"name": "mixed", "replicas": 2, "spare_replicas": 1, "accelerator": "h100-sxm",
@@ -31,17 +32,24 @@ UP_WAIT_S = 120.0
 
 def test_simulator_faults_become_live_actions():
     scen = validate(FaultScenario, FAULTS, "faults")
-    acts = live_actions(scen, "faults")
+    acts = live_actions(scen, validate(PlanSpec, PLAN, "plan"), "faults")
     assert [(a.at_s, a.replica, a.body) for a in acts] == [
         (0.0, "mixed-1", {"kind": "slowdown", "factor": 3.0, "duration_s": 50.0}),
         (5.0, "mixed-0", {"kind": "crash"}),
         (15.0, "mixed-0", None)]
+    pd = validate(PlanSpec, {"pools": [{"name": "p", "role": "prefill", "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+                                       {"name": "d", "role": "decode", "replicas": 2, "accelerator": "h100-sxm",
+                                        "model": "llama-3.1-8b"}]}, "pd")
+    full = validate(FaultScenario, {"faults": [{"kind": "decode_full", "start_s": 3, "end_s": 7}]}, "f")
+    assert [(a.at_s, a.replica, a.body) for a in live_actions(full, pd, "f")] == [
+        (3, "d-0", {"kind": "fail_requests", "status": 503, "duration_s": 4}),
+        (3, "d-1", {"kind": "fail_requests", "status": 503, "duration_s": 4})]
 
 
 def test_a_fault_without_a_live_counterpart_is_refused_by_name():
     scen = validate(FaultScenario, {"faults": [{"kind": "stale_view", "start_s": 1, "end_s": 2}]}, "f")
-    with pytest.raises(SpecError, match=r"f.yaml: faults.0 \(stale_view\): a live fleet replays crash, slowdown"):
-        live_actions(scen, "f.yaml")
+    with pytest.raises(SpecError, match=r"f.yaml: faults.0 \(stale_view\): a live fleet replays crash, slowdown, decode_full only"):
+        live_actions(scen, validate(PlanSpec, PLAN, "plan"), "f.yaml")
 
 
 def _free_block(n: int) -> int:

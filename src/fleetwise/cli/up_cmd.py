@@ -6,7 +6,8 @@ Starts the fleet document's replicas as emulated engines (`fleetwise emulate`, o
 ports after the gateway's), then the gateway in front of them with the fleet's routing and
 failure domains, wired to every replica; prints the OpenAI base URL and the dashboard URL.
 `--faults` replays a simulator fault file against the live fleet (`emulator.faults.replay`: a
-crash kills the replica's process and restarts it after `restart_after_s`, a slowdown slows it).
+crash kills the replica's process and restarts it after `restart_after_s`, a slowdown slows it,
+a full decode pool refuses new hand-offs).
 Ctrl-C (or SIGTERM, or the end of `--duration`) stops everything.
 """
 
@@ -45,7 +46,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--time-scale", type=float_flag(positive=True), default=1.0, metavar="X",
                    help="modelled seconds per wall second of the emulated replicas (and of the fault times)")
     p.add_argument("--faults", metavar="F.yaml", type=input_file("fault file"),
-                   help="simulator fault file replayed live (crash, slowdown), times in modelled seconds")
+                   help="simulator fault file replayed live (crash, slowdown, decode_full), times in modelled seconds")
     p.add_argument("--duration", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=None,
                    metavar="S", help="stop by itself after S wall seconds (default: run until Ctrl-C)")
     p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="seed of the replicas' output lengths")
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.faults:
         scenario = FaultScenario.load(args.faults)
         check_faults_apply(scenario, plan, args.faults)
-        actions = live_actions(scenario, args.faults)
+        actions = live_actions(scenario, plan, args.faults)
     token = secrets.token_urlsafe(16)
     env = {**os.environ, EMULATOR_TOKEN_ENV: token, GatewayConfig().admin_token_env: token}
     fleet = replica_fleet(_replica_args(args), plan, env)

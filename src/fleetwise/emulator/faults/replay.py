@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetwise.errors import SpecError
-from fleetwise.spec.faults import FaultScenario, ReplicaCrash, Slowdown
+from fleetwise.spec.faults import DecodeFull, FaultScenario, ReplicaCrash, Slowdown
+from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.registry import register_into
 
-LIVE_KINDS = ("crash", "slowdown")
+LIVE_KINDS = ("crash", "slowdown", "decode_full")
 """Spec fault kinds a live fleet replays."""
 
 
@@ -33,7 +34,7 @@ class LiveAction:
     """One line for the operator (what happens, to whom)."""
 
 
-Converter = Callable[[Any], list[LiveAction]]
+Converter = Callable[[Any, "PlanSpec"], list[LiveAction]]
 CONVERTERS: dict[type, Converter] = {}
 
 
@@ -43,7 +44,7 @@ def converts(kind: type) -> Callable[[Converter], Converter]:
 
 
 @converts(ReplicaCrash)
-def _crash(f: ReplicaCrash) -> list[LiveAction]:
+def _crash(f: ReplicaCrash, plan: PlanSpec) -> list[LiveAction]:
     out = [LiveAction(f.at_s, f.replica, {"kind": "crash"}, f"crash {f.replica}")]
     if f.restart_after_s is not None:
         out.append(LiveAction(f.at_s + f.restart_after_s, f.replica, None, f"restart {f.replica}"))
@@ -51,13 +52,24 @@ def _crash(f: ReplicaCrash) -> list[LiveAction]:
 
 
 @converts(Slowdown)
-def _slowdown(f: Slowdown) -> list[LiveAction]:
+def _slowdown(f: Slowdown, plan: PlanSpec) -> list[LiveAction]:
     body = {"kind": "slowdown", "factor": f.factor, "duration_s": f.end_s - f.start_s}
     return [LiveAction(f.start_s, f.replica, body, f"slow {f.replica} down x{f.factor:g} for "
                                                     f"{f.end_s - f.start_s:g} modelled s")]
 
 
-def live_actions(scenario: FaultScenario, where: str) -> list[LiveAction]:
+@converts(DecodeFull)
+def _decode_full(f: DecodeFull, plan: PlanSpec) -> list[LiveAction]:
+    """A full decode replica refuses the hand-off: it answers new requests 503 for the interval,
+    so the prefill side frees the KV and the request is prefilled again, as in the simulator."""
+    names = [f.replica] if f.replica else [f"{p.name}-{i}" for p in plan.pools if p.role == "decode"
+                                           for i in range(p.replicas)]
+    body = {"kind": "fail_requests", "status": 503, "duration_s": f.end_s - f.start_s}
+    return [LiveAction(f.start_s, n, body, f"{n} refuses new KV (decode full) for {f.end_s - f.start_s:g} "
+                                           "modelled s") for n in names]
+
+
+def live_actions(scenario: FaultScenario, plan: PlanSpec, where: str) -> list[LiveAction]:
     """Every fault of `scenario` as live actions in time order; SpecError naming a fault whose kind
     a live fleet cannot replay."""
     out: list[LiveAction] = []
@@ -66,5 +78,5 @@ def live_actions(scenario: FaultScenario, where: str) -> list[LiveAction]:
         if conv is None:
             raise SpecError(f"{where}: faults.{k} ({f.kind}): a live fleet replays {', '.join(LIVE_KINDS)} only; "
                             f"remove it, or run the scenario in the simulator (`fleetwise simulate PLAN --faults`)")
-        out.extend(conv(f))
+        out.extend(conv(f, plan))
     return sorted(out, key=lambda a: a.at_s)

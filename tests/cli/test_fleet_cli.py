@@ -73,6 +73,14 @@ def test_deploy_writes_the_plans_fleet(planned, target, capsys):
                         "k8s/servicemonitor.yaml"]}[target]
     assert [w for w in written if w != "k8s/grafana-dashboard.yaml"] == expected
     assert "as " + target in capsys.readouterr().out
+    if target == "k8s":  # the acceptance line: plan --json, deploy --target k8s, and the manifests validate
+        kv = pytest.importorskip("kubernetes_validate")
+        import yaml
+
+        for rel in written:
+            for obj in yaml.safe_load_all((out / rel).read_text(encoding="utf-8")):
+                if obj["kind"] not in ("ServiceMonitor", "LeaderWorkerSet"):
+                    kv.validate(obj, "1.30", strict=True)
 
 
 def test_deploy_of_an_older_plan_is_one_line(planned, capsys):

@@ -74,17 +74,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--admin-token", default=None,
                    help="bearer token for POST /admin/faults (default: $FLEETWISE_EMULATOR_ADMIN_TOKEN; "
                         "unset = admin disabled, every admin call gets 401)")
-    p.add_argument("--weight-dtype", choices=("bf16", "fp8", "int4"), default="bf16", help="weight dtype")
-    p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="KV cache dtype")
-    p.add_argument("--gpu-memory-utilization", type=float_flag(positive=True, maximum=1.0), default=GPU_MEMORY_UTILIZATION, help=f"fraction of HBM the engine may use (default {GPU_MEMORY_UTILIZATION})")
-    p.add_argument("--max-num-seqs", type=int_flag(1, MAX_ENGINE_SEQS), default=None, help=f"most running sequences (default {MAX_NUM_SEQS})")
-    p.add_argument("--max-num-batched-tokens", type=int_flag(1, MAX_TOKENS), default=None, help=f"token budget per step (default {MAX_NUM_BATCHED_TOKENS})")
-    p.add_argument("--block-size", type=int_flag(1, MAX_BLOCK_TOKENS), default=None, help="tokens per KV block (default 16)")
-    p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    p.add_argument("--kv-link-gbps", type=float_flag(positive=True), default=None,
-                   help="per-GPU NIC of the KV path in Gbit/s (the KV port: a prefill replica sends, a decode replica pulls over it; default 400)")
-    p.add_argument("--kv-link-latency", type=float_flag(0.0, MAX_DURATION_S), default=None, metavar="S",
-                   help="one-way latency of a KV transfer in seconds (default 2e-05)")
+    add_engine_flags(p)
     p.add_argument("--kv-lease", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=480.0, metavar="S",
                    help="prefill role: modelled seconds a prefilled request's KV waits to be pulled")
     p.add_argument("--step-time-factor", type=float, default=1.0, metavar="X",
@@ -97,6 +87,21 @@ def register(subparsers: Any) -> None:
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn log level")
     p.set_defaults(func=run)
+
+
+def add_engine_flags(p: Any) -> None:
+    """The replica's dtypes, memory share, engine knobs and KV link flags."""
+    p.add_argument("--weight-dtype", choices=("bf16", "fp8", "int4"), default="bf16", help="weight dtype")
+    p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="KV cache dtype")
+    p.add_argument("--gpu-memory-utilization", type=float_flag(positive=True, maximum=1.0), default=GPU_MEMORY_UTILIZATION, help=f"fraction of HBM the engine may use (default {GPU_MEMORY_UTILIZATION})")
+    p.add_argument("--max-num-seqs", type=int_flag(1, MAX_ENGINE_SEQS), default=None, help=f"most running sequences (default {MAX_NUM_SEQS})")
+    p.add_argument("--max-num-batched-tokens", type=int_flag(1, MAX_TOKENS), default=None, help=f"token budget per step (default {MAX_NUM_BATCHED_TOKENS})")
+    p.add_argument("--block-size", type=int_flag(1, MAX_BLOCK_TOKENS), default=None, help="tokens per KV block (default 16)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument("--kv-link-gbps", type=float_flag(positive=True), default=None,
+                   help="per-GPU NIC of the KV path in Gbit/s (the KV port: a prefill replica sends, a decode replica pulls over it; default 400)")
+    p.add_argument("--kv-link-latency", type=float_flag(0.0, MAX_DURATION_S), default=None, metavar="S",
+                   help="one-way latency of a KV transfer in seconds (default 2e-05)")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:

@@ -112,3 +112,17 @@ def test_grafana_dashboard_is_shipped_when_the_report_package_has_one(fleet, tmp
     kubernetes_validate.validate(cm, KUBERNETES_VERSION, strict=True)
     monkeypatch.setattr(k8s_target, "DASHBOARD", tmp_path / "absent.json")
     assert "k8s/grafana-dashboard.yaml" not in render(fleet, "k8s", DeployOptions())
+
+
+def test_names_kubernetes_refuses_are_named(fleet):
+    from fleetwise.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"--namespace='Bad_NS' is not a Kubernetes name"):
+        render(fleet, "k8s", DeployOptions(namespace="Bad_NS"))
+    pools = [fleet.pools[0].model_copy(update={"name": "Prefill_A"}), *fleet.pools[1:]]
+    with pytest.raises(SpecError, match=r"pools.0.name='Prefill_A' cannot name a Kubernetes workload"):
+        render(fleet.model_copy(update={"pools": pools}), "k8s", DeployOptions())
+    odd = fleet.model_copy(update={"name": "my plan: 70B / H200 (v2)!"})
+    for _, obj in _objects(render(odd, "k8s", DeployOptions())):
+        if obj["kind"] not in CRDS:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)

@@ -14,6 +14,7 @@ package ships one.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shlex
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 from fleetwise.deploy.base import ENGINE_PORT, GATEWAY_PORT, DeployOptions, target, yaml_text
 from fleetwise.deploy.vllm import NIXL_SIDE_CHANNEL_PORT, engine_env, gateway_document, serve_argv
+from fleetwise.errors import SpecError
 from fleetwise.gateway.config import GatewayConfig
 from fleetwise.spec.catalog import resolve_gpu
 from fleetwise.spec.plan import PlanSpec, PoolSpec
@@ -43,6 +45,27 @@ RAY_PORT = 6379
 """Ray head's GCS port (Ray's default), which the workers of a multi-node replica join."""
 
 
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A Kubernetes object name that is also a DNS label (RFC 1123): what a Service and its pods' host names need."""
+LABEL_VALUE_CHARS = 63
+
+
+def _check_names(plan: PlanSpec, opts: DeployOptions) -> None:
+    """SpecError naming a pool or namespace that cannot be a Kubernetes name."""
+    if not DNS_LABEL.fullmatch(opts.namespace):
+        raise SpecError(f"--namespace={opts.namespace!r} is not a Kubernetes name (lowercase letters, digits and "
+                        "'-', at most 63); pick another")
+    for i, pool in enumerate(plan.pools):
+        if not DNS_LABEL.fullmatch(pool.name) or len(pool.name) > LABEL_VALUE_CHARS - 6:
+            raise SpecError(f"pools.{i}.name={pool.name!r} cannot name a Kubernetes workload (lowercase letters, "
+                            f"digits and '-', at most {LABEL_VALUE_CHARS - 6}); rename the pool in the fleet document")
+
+
+def _label_value(text: str) -> str:
+    """`text` as a label value: letters, digits, `-_.`, at most 63, alphanumeric at both ends."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:LABEL_VALUE_CHARS].strip("-_.") or "fleet"
+
+
 def _meta(name: str, ns: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"name": name, "namespace": ns, "labels": labels}
     if annotations:
@@ -52,7 +75,7 @@ def _meta(name: str, ns: str, labels: dict[str, str], annotations: dict[str, str
 
 def _labels(plan: PlanSpec, component: str, pool: str | None = None) -> dict[str, str]:
     out = {"app.kubernetes.io/name": "fleetwise", "app.kubernetes.io/component": component,
-           "fleetwise.dev/fleet": plan.name}
+           "fleetwise.dev/fleet": _label_value(plan.name)}
     if pool is not None:
         out["fleetwise.dev/pool"] = pool
     return out
@@ -156,7 +179,7 @@ def _monitoring(plan: PlanSpec, opts: DeployOptions) -> dict[str, str]:
     monitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
                "metadata": _meta("fleetwise", ns, _labels(plan, "monitoring")),
                "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "fleetwise",
-                                                     "fleetwise.dev/fleet": plan.name}},
+                                                     "fleetwise.dev/fleet": _label_value(plan.name)}},
                         "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]}}
     out = {"k8s/servicemonitor.yaml": _dump([monitor])}
     if DASHBOARD.is_file():
@@ -174,6 +197,7 @@ def _dump(objs: list[dict[str, Any]]) -> str:
 @target("k8s")
 def render_k8s(plan: PlanSpec, opts: DeployOptions) -> dict[str, str]:
     """Namespace, one file per pool, the gateway, its Secret, and the monitoring objects."""
+    _check_names(plan, opts)
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": opts.namespace}}
     files = {"k8s/namespace.yaml": _dump([ns])}
     for pool in plan.pools:

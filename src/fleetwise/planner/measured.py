@@ -158,7 +158,7 @@ def service_rates(replicas: Iterable[ReplicaMetrics]) -> ServiceRates:
     dec = sum((r.histo("decode") for r in reps), Histo())
     gen = sum(r.counter("generation_tokens") for r in reps)
     spans = [r.span_s for r in reps]
-    rate = None if any(s is None for s in spans) else n / sum(s for s in spans if s is not None) * 1.0
+    rate = None if any(s is None for s in spans) else n / sum(s for s in spans if s is not None)
     return ServiceRates(n, sum(r.counter("prompt_tokens") for r in reps) / n, gen / n, pre.total / max(pre.count, 1),
                         dec.total / max(gen - n, 1.0), rate)
 

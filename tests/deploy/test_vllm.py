@@ -30,9 +30,29 @@ def _commands(files):
     for rel, text in files.items():
         if rel.startswith("vllm/"):
             line = next(ln for ln in text.splitlines() if ln.startswith("exec "))
-            argv = shlex.split(line.removeprefix("exec "))
-            out[rel] = argv[argv.index("vllm"):]
+            out[rel] = shlex.split(line.removeprefix("exec "))
     return out
+
+
+def test_scripts_run_under_sh(fleet, tmp_path):
+    """Each script is valid sh and execs `vllm serve` with the pool's environment (a stub `vllm`
+    on PATH prints what it got)."""
+    import os
+    import subprocess
+
+    stub = tmp_path / "bin" / "vllm"
+    stub.parent.mkdir()
+    stub.write_text('#!/bin/sh\necho "$VLLM_NIXL_SIDE_CHANNEL_PORT|$1 $2 $3"\n', encoding="utf-8")
+    stub.chmod(0o755)
+    for rel, text in render(fleet, "vllm", OPTS).items():
+        if rel.startswith("vllm/"):
+            script = tmp_path / "s.sh"
+            script.write_text(text, encoding="utf-8")
+            env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}"}
+            out = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            port, _, args = out.stdout.strip().partition("|")
+            assert args.startswith("serve ") and port == ("5600" if "prefill" in rel or "decode" in rel else "")
 
 
 def test_record_names_its_source_and_version():

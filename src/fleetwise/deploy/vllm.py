@@ -108,11 +108,17 @@ def gateway_document(plan: PlanSpec, url_of: Any, extra: dict[str, Any] | None =
 
 
 def _script(plan: PlanSpec, pool: PoolSpec, opts: DeployOptions) -> str:
-    env = " ".join(f"{k}={v}" for k, v in engine_env(pool).items())
     lines = ["#!/bin/sh", f"# fleet {plan.name}: pool {pool.name} ({pool.role}), {pool.replicas} replica(s) of "
              f"{pool.parallelism.gpus} x {pool.accelerator}: run this on each replica's host",
              f"# ({', '.join(replica_names(pool))}); the gateway config names them by these host names.",
-             f"exec {env + ' ' if env else ''}{shlex.join(serve_argv(pool, opts))}", ""]
+             *(f"export {k}={shlex.quote(v)}" for k, v in engine_env(pool).items())]
+    nodes = -(-pool.parallelism.gpus // resolve_gpu(pool.accelerator).gpus_per_node)
+    if nodes > 1:
+        lines.insert(3, f"# One replica spans {nodes} nodes: start a Ray cluster over them first (`ray start --head` "
+                        "here, `ray start --address=HEAD:6379` on the others), then run this on the head.")
+    if pool.role != "mixed":  # the address the other side's NIXL agent reaches this one at
+        lines.append('export VLLM_NIXL_SIDE_CHANNEL_HOST="${VLLM_NIXL_SIDE_CHANNEL_HOST:-$(hostname -i | cut -d" " -f1)}"')
+    lines += [f"exec {shlex.join(serve_argv(pool, opts))}", ""]
     return "\n".join(lines)
 
 

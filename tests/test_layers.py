@@ -30,6 +30,7 @@ LAYER = {
     "gateway": 5,
     "emulator": 5,
     "report": 6,
+    "deploy": 6,
     "cli": 7,
 }
 SIBLINGS_APART = {("engine", "routing"), ("routing", "engine"), ("planner", "gateway"), ("planner", "emulator"),

@@ -91,6 +91,23 @@ def test_slowdown_multiplies_step_time():
     run(go())
 
 
+def test_a_measured_step_time_factor_scales_every_step_and_faults_multiply_it():
+    async def go():
+        busy = []
+        for factor in (1.0, 1.3):
+            async with serve(cfg(step_time_factor=factor)) as (app, c):
+                rep = app.state.replica
+                await c.post("/v1/completions", json=OK)
+                busy.append(rep.status.busy_s)
+                if factor != 1.0:
+                    await c.post("/admin/faults", json={"kind": "slowdown", "factor": 2.0}, headers=AUTH)
+                    assert rep.driver.slowdown == pytest.approx(2.6)
+                    await c.post("/admin/faults", json={"kind": "clear"}, headers=AUTH)
+                    assert rep.driver.slowdown == pytest.approx(1.3)
+        assert busy[1] == pytest.approx(1.3 * busy[0], rel=1e-9)
+    run(go())
+
+
 def test_hang_stalls_requests_until_cleared_and_health_stays_up():
     async def go():
         async with serve() as (app, c):

@@ -18,7 +18,7 @@ PREDICTED_KEYS = {"ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "goodp
 def test_top_level_keys(small_search):
     doc = to_json(small_search)
     assert set(doc) == {"schema", "name", "model", "workload", "slo", "prices", "calibration", "plans",
-                        "disaggregation", "rejected", "candidates", "pd_sweep", "infeasible", "search"}
+                        "disaggregation", "rejected", "candidates", "pd_sweep", "infeasible", "fleet", "search"}
     assert doc["schema"] == SCHEMA
     assert doc["infeasible"] is None
     json.dumps(doc)  # serialisable as is

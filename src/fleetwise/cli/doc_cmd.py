@@ -21,6 +21,7 @@ DOC_PATH = Path("docs/cli.md")
 """Where the generated flag table lives in the repository."""
 
 SHARED_FLAGS: dict[str, str] = {
+    "--faults": "a fault scenario file (the simulator's vocabulary; `up` replays it live)",
     "--gpu": "an accelerator: a catalog name (`fleetwise catalog gpus`) or an AcceleratorSpec file",
     "--gpu-memory-utilization": "fraction of each GPU's memory the engine may use (0-1]",
     "--host": "the address a server listens on",
@@ -34,6 +35,7 @@ SHARED_FLAGS: dict[str, str] = {
     "--out": "the directory the command writes its results into",
     "--output": "the file the command writes (-o)",
     "--over-context": "what a request longer than the model's context does: reject the run, truncate it, or skip it",
+    "--plan": "a fleet document: a plan YAML, `fleetwise plan --fleet-out`, or a whole `plan --json` file",
     "--policy": "a routing policy preset (`fleetwise.spec.routing.PRESETS`)",
     "--port": "the TCP port a server listens on",
     "--profile": "a calibrated perf profile JSON (`fleetwise calibrate`)",
@@ -41,6 +43,7 @@ SHARED_FLAGS: dict[str, str] = {
     "--report": "also write the HTML report of the result to this .html file",
     "--served-model-name": "the model name clients send in requests (vLLM's flag of that name)",
     "--seed": "seed of the command's random streams (same seed, same output)",
+    "--time-scale": "modelled (engine) seconds per wall second of emulated replicas: 10 runs ten times faster",
     "--tp": "tensor-parallel degree of one replica",
     "--trace": "a workload trace file replayed as the traffic (Azure CSV, Mooncake JSONL, BurstGPT CSV, ...)",
     "--trace-columns": "the trace file's own column (CSV) or field (JSONL) names",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import gc
 import signal
-import subprocess
 import sys
 import time
 from typing import Any
@@ -29,6 +28,7 @@ from fleetwise.cli.common import (
     input_file,
     int_flag,
 )
+from fleetwise.cli.local_fleet import FLEET_START_TIMEOUT_S
 from fleetwise.errors import SpecError
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
@@ -53,11 +53,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", metavar="M", help="catalog model name or model spec file (required without --plan)")
     p.add_argument("--gpu", metavar="G", help="catalog accelerator name or accelerator spec file (required "
                                                "without --plan)")
-    p.add_argument("--plan", metavar="PLAN.yaml", default=None, type=input_file("plan file"),
-                   help="start one emulator process per replica of this plan (its pools give model, gpu, tp, pp, "
-                        "role, dtypes and engine knobs; its kv_link the KV path); ports count up from --port")
+    p.add_argument("--plan", metavar="PLAN", default=None, type=input_file("plan file"),
+                   help="start one emulator process per replica of this fleet document (`fleetwise plan "
+                        "--json/--fleet-out` or a plan YAML: its pools give model, gpu, tp, pp, role, dtypes and "
+                        "engine knobs; its kv_link the KV path); ports count up from --port")
     p.add_argument("--endpoints", metavar="FILE", default=None,
-                   help="with --plan: write the replicas' names, roles and URLs here as JSON")
+                   help="with --plan: write the replicas as the gateway's backend list (name, url, role, pool, "
+                        "model_version, region, accelerator), for `fleetwise gateway --plan PLAN --backends-file FILE`")
     p.add_argument("--tp", type=int_flag(1, 1024), default=1, help="tensor parallel degree of the replica")
     p.add_argument("--pp", type=int_flag(1, 1024), default=1, help="pipeline parallel degree of the replica")
     p.add_argument("--role", choices=("mixed", "prefill", "decode"), default="mixed",
@@ -68,7 +70,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--served-model-name", default=None, help="model name clients send (default: --model)")
     p.add_argument("--max-model-len", type=int_flag(2, MAX_TOKENS), default=None, help="longest prompt + output (default: the "
                                                                    "model's context)")
-    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
+    p.add_argument("--time-scale", type=float_flag(positive=True), default=1.0, metavar="X",
                    help="modelled seconds per wall second: 10 runs ten times faster than the modelled hardware")
     p.add_argument("--no-spin", action="store_true",
                    help="sleep until each step deadline instead of waking early (by the learned wake-up lateness, "
@@ -82,6 +84,24 @@ def register(subparsers: Any) -> None:
     p.add_argument("--admin-token", default=None,
                    help="bearer token for POST /admin/faults (default: $FLEETWISE_EMULATOR_ADMIN_TOKEN; "
                         "unset = admin disabled, every admin call gets 401)")
+    add_engine_flags(p)
+    p.add_argument("--kv-lease", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=480.0, metavar="S",
+                   help="prefill role: modelled seconds a prefilled request's KV waits to be pulled")
+    p.add_argument("--step-time-factor", type=float, default=1.0, metavar="X",
+                   help="every step takes X times the modelled time: a fleet's measured speed "
+                        "(`fleetwise calibrate --from-metrics`), before any slowdown fault")
+    p.add_argument("--http-limits", metavar="JSON", default=None,
+                   help="connection limits and timeouts as JSON, e.g. '{\"header_timeout_s\": 5}' (fields: "
+                        "header_timeout_s, body_timeout_s, keep_alive_timeout_s, max_header_bytes, max_headers; "
+                        "see docs/gateway.md, Production checklist)")
+    p.add_argument("--server", choices=("lean", "uvicorn"), default=None,
+                   help="deprecated and ignored: the emulator is always served by uvicorn")
+    p.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="server log level (default warning)")
+    p.set_defaults(func=run)
+
+
+def add_engine_flags(p: Any) -> None:
+    """The replica's dtypes, memory share, engine knobs and KV link flags."""
     p.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default="bf16", help="weight storage format (default bf16)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="KV-cache format (default bf16)")
     p.add_argument("--gpu-memory-utilization", type=float_flag(positive=True, maximum=1.0), default=GPU_MEMORY_UTILIZATION, help=f"fraction of HBM the engine may use (default {GPU_MEMORY_UTILIZATION})")
@@ -93,16 +113,6 @@ def register(subparsers: Any) -> None:
                    help="per-GPU NIC of the KV path in Gbit/s (the KV port: a prefill replica sends, a decode replica pulls over it; default 400)")
     p.add_argument("--kv-link-latency", type=float_flag(0.0, MAX_DURATION_S), default=None, metavar="S",
                    help="one-way latency of a KV transfer in seconds (default 2e-05)")
-    p.add_argument("--kv-lease", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=480.0, metavar="S",
-                   help="prefill role: modelled seconds a prefilled request's KV waits to be pulled")
-    p.add_argument("--http-limits", metavar="JSON", default=None,
-                   help="connection limits and timeouts as JSON, e.g. '{\"header_timeout_s\": 5}' (fields: "
-                        "header_timeout_s, body_timeout_s, keep_alive_timeout_s, max_header_bytes, max_headers; "
-                        "see docs/gateway.md, Production checklist)")
-    p.add_argument("--server", choices=("lean", "uvicorn"), default=None,
-                   help="deprecated and ignored: the emulator is always served by uvicorn")
-    p.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="server log level (default warning)")
-    p.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -138,22 +148,18 @@ def config_from_args(args: argparse.Namespace) -> Any:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching, profile=args.profile,
         admin_token=args.admin_token, kv_link=validate(KvLinkSpec, link, "--kv-link-*"), kv_lease_s=args.kv_lease,
+        step_time_factor=args.step_time_factor,
         **extra), "emulator options")
 
 
-FLEET_START_TIMEOUT_S = 60.0
-"""Wall seconds a fleet's processes get to answer /health before the command gives up."""
 
 
-def fleet_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
-    """(replica name, role, argv) of every replica of `--plan`, ports from `--port` in plan order."""
-    from fleetwise.spec.plan import PlanSpec
+def fleet_commands(args: argparse.Namespace, plan: Any) -> list[tuple[str, str, list[str]]]:
+    """(replica name, role, argv) of every replica of fleet `plan`, ports from `--port` in plan order."""
+    from fleetwise.deploy.emulated import emulate_args
 
-    plan = PlanSpec.load(args.plan)
-    common = ["--time-scale", repr(args.time_scale), "--seed", str(args.seed), "--host", args.host,
-              "--log-level", args.log_level, "--kv-lease", repr(args.kv_lease),
-              "--kv-link-gbps", repr(plan.kv_link.bytes_per_s * 8 / 1e9),
-              "--kv-link-latency", repr(plan.kv_link.latency_s)]
+    common = ["--time-scale", repr(args.time_scale), "--seed", str(args.seed), "--log-level", args.log_level,
+              "--kv-lease", repr(args.kv_lease)]
     if args.no_spin:
         common.append("--no-spin")
     for name in ("profile", "output_lengths", "max_model_len", "served_model_name", "http_limits"):
@@ -164,50 +170,31 @@ def fleet_commands(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]
         common += ["--profile", str(plan.perf_profile)]
     out: list[tuple[str, str, list[str]]] = []
     for pool in plan.pools:
-        k = pool.engine
         for j in range(pool.replicas):
-            port = args.port + len(out)
-            argv = [sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", pool.model,
-                    "--gpu", pool.accelerator, "--tp", str(pool.parallelism.tp), "--pp", str(pool.parallelism.pp),
-                    "--role", pool.role, "--model-version", pool.model_version, "--port", str(port),
-                    "--weight-dtype", pool.weight_dtype, "--kv-dtype", pool.kv_dtype,
-                    "--gpu-memory-utilization", repr(pool.gpu_memory_utilization),
-                    "--max-num-seqs", str(k.max_num_seqs), "--max-num-batched-tokens", str(k.max_num_batched_tokens),
-                    "--block-size", str(k.block_size), *common]
-            if not k.enable_prefix_caching:
-                argv.append("--no-prefix-caching")
+            argv = [sys.executable, "-m", "fleetwise.cli.main", "emulate",
+                    *emulate_args(plan, pool, args.host, args.port + len(out)), *common]
             out.append((f"{pool.name}-{j}", pool.role, argv))
     return out
+
+
+def replica_fleet(args: argparse.Namespace, plan: Any, env: dict[str, str]) -> Any:
+    """A `LocalFleet` of one emulator process per replica of `plan`, ports from `--port` in plan order."""
+    from fleetwise.cli.local_fleet import LocalFleet, Member
+
+    members = []
+    for i, (name, _, argv) in enumerate(fleet_commands(args, plan)):
+        members.append(Member(name, argv, f"http://{args.host}:{args.port + i}/health", env))
+    return LocalFleet(members)
+
+
+def replica_url(fleet: Any, name: str) -> str:
+    """Base URL of replica `name` of a fleet `replica_fleet` built."""
+    return str(fleet.member(name).health_url).removesuffix("/health")
 
 
 def serving(endpoints: list[dict[str, str]], procs: list[Any]) -> list[dict[str, str]]:
     """The endpoints whose replica process is still running (what `--endpoints` lists)."""
     return [ep for ep, p in zip(endpoints, procs, strict=True) if p.poll() is None]
-
-
-def _wait_serving(endpoints: list[dict[str, str]], procs: list[Any]) -> None:
-    """Wait until every replica answers /health; SpecError naming the first that exits or stays silent."""
-    import urllib.request
-
-    deadline = time.monotonic() + FLEET_START_TIMEOUT_S
-    for ep, proc in zip(endpoints, procs, strict=True):
-        while True:
-            if proc.poll() is not None:
-                raise SpecError(f"--plan: replica {ep['name']} exited with status {proc.returncode} at start "
-                                "(see its message above)")
-            try:
-                with urllib.request.urlopen(ep["url"] + "/health", timeout=1.0) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SpecError(f"--plan: replica {ep['name']} did not answer /health within "
-                                f"{FLEET_START_TIMEOUT_S:g} s")
-            time.sleep(0.2)
-    gone = [ep["name"] for ep, p in zip(endpoints, procs, strict=True) if p.poll() is not None]
-    if gone:  # answered /health, then exited: another process answered on its port
-        raise SpecError(f"--plan: replica {gone[0]} exited right after start (see its message above)")
 
 
 def _watch(endpoints: list[dict[str, str]], procs: list[Any], endpoints_file: str | None) -> None:
@@ -235,42 +222,40 @@ def run_fleet(args: argparse.Namespace) -> int:
     import os
 
     from fleetwise.emulator.config import ADMIN_TOKEN_ENV
+    from fleetwise.gateway.config import fleet_backends
+    from fleetwise.spec.plan import PlanSpec
 
-    cmds = fleet_commands(args)
+    plan = PlanSpec.load(args.plan)
+    cmds = fleet_commands(args, plan)
     for i, (name, _, _) in enumerate(cmds):  # a port held by another server would answer its /health
         check_port_free(args.host, args.port + i, f"--plan: replica {name} (--port {args.port} + {i})")
     env = dict(os.environ)
     if args.admin_token:  # through the environment, not the command line other users can read
         env[ADMIN_TOKEN_ENV] = args.admin_token
-    procs: list[subprocess.Popen[bytes]] = []
-    endpoints = []
+    fleet = replica_fleet(args, plan, env)
+    roles = {f"{p.name}-{i}": p.role for p in plan.pools for i in range(p.replicas)}
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)  # SIGTERM stops the fleet like Ctrl-C (SIGINT may be ignored)
     try:
-        for i, (name, role, argv) in enumerate(cmds):
-            procs.append(subprocess.Popen(argv, env=env))
-            endpoints.append({"name": name, "role": role, "url": f"http://{args.host}:{args.port + i}"})
-        _wait_serving(endpoints, procs)
+        fleet.start(FLEET_START_TIMEOUT_S)
+        gone = [m.name for m in fleet.exited()]
+        if gone:  # answered /health, then exited: another process answered on its port
+            raise SpecError(f"--plan: replica {gone[0]} exited right after start (see its message above)")
+        endpoints = fleet_backends(plan, lambda pool, i: replica_url(fleet, f"{pool}-{i}"))
+        procs = [fleet.member(ep["name"]).proc for ep in endpoints]
         if args.endpoints:
             write_json(args.endpoints, serving(endpoints, procs))
-        for ep in endpoints:
-            print(f"{ep['name']:>16}  {ep['role']:<8} {ep['url']}", flush=True)
+        for m in fleet.members:
+            print(f"{m.name:>16}  {roles[m.name]:<8} {replica_url(fleet, m.name)}", flush=True)
         _watch(endpoints, procs, args.endpoints)
         return 1
     except KeyboardInterrupt:
         return 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()  # uvicorn shuts down gracefully on SIGTERM
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        fleet.stop()
 
 
 def run(args: argparse.Namespace) -> int:

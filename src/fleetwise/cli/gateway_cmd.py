@@ -3,6 +3,7 @@
     fleetwise gateway --config gateway.yaml
     fleetwise gateway --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 [--policy P] --port N
     fleetwise gateway --prefill URL --decode URL [--policy P] --port N
+    fleetwise gateway --plan FLEET.json --backends-file ENDPOINTS.json   # the fleet's routing and recovery
 
 Owns argument handling only; the gateway is `fleetwise.gateway`.
 """
@@ -31,6 +32,9 @@ def register(subparsers: Any) -> None:
                     "/metrics, retries before the first byte, orchestrates vLLM prefill/decode pairs and "
                     "enforces tenant limits. See docs/gateway.md.")
     p.add_argument("--config", metavar="G.yaml", type=input_file("gateway config"), help="gateway config file (flags below override it)")
+    p.add_argument("--plan", metavar="FLEET", type=input_file("plan file"),
+                   help="fleet document (`fleetwise plan --json/--fleet-out`, or a plan YAML): its routing policy "
+                        "and failure-domain decisions (over --config; flags override)")
     p.add_argument("--backend", action="append", default=[], metavar="URL", help="a mixed backend (repeatable)")
     p.add_argument("--prefill", action="append", default=[], metavar="URL", help="a prefill backend (repeatable)")
     p.add_argument("--decode", action="append", default=[], metavar="URL", help="a decode backend (repeatable)")
@@ -65,6 +69,11 @@ def build_config(args: argparse.Namespace) -> Any:
 
     cfg = load_document(GatewayConfig, args.config) if args.config else GatewayConfig()
     doc = cfg.model_dump(exclude_unset=True)
+    if getattr(args, "plan", None):
+        from fleetwise.gateway.config import fleet_settings
+        from fleetwise.spec.plan import PlanSpec
+
+        doc.update(fleet_settings(PlanSpec.load(args.plan)))
     flags = [(u, "mixed", "--backend") for u in args.backend] + [(u, "prefill", "--prefill") for u in args.prefill] + \
         [(u, "decode", "--decode") for u in args.decode]
     for url, role, flag in flags:  # a bad URL is named by its flag, not by its place in the merged list
@@ -84,7 +93,8 @@ def build_config(args: argparse.Namespace) -> Any:
         doc["limits"] = {**doc.get("limits", {}), "hash_block_tokens": args.hash_block_tokens}
     out = validate(GatewayConfig, doc, args.config or "command line")
     if not out.backends and not out.backends_file:
-        raise SpecError("no backends: pass --backend URL (or --prefill/--decode), or list `backends:` in --config")
+        raise SpecError("no backends: pass --backend URL (or --prefill/--decode), list `backends:` in --config, or "
+                        "--backends-file FILE (`fleetwise emulate --plan PLAN --endpoints FILE` writes one)")
     return out
 
 

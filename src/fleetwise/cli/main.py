@@ -32,7 +32,7 @@ EXIT_INTERNAL_ERROR = 70
 
 # Modules under fleetwise.cli that provide subcommands, in help order.
 SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "report_cmd", "fit_cmd", "catalog_cmd", "perf_cmd",
-                      "ledger_cmd", "gateway_cmd", "emulate_cmd", "doc_cmd")
+                      "ledger_cmd", "gateway_cmd", "emulate_cmd", "deploy_cmd", "up_cmd", "doc_cmd")
 
 
 class OneLineParser(argparse.ArgumentParser):

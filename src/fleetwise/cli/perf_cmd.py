@@ -34,12 +34,15 @@ def register(subparsers: Any) -> None:
         "calibrate", help="fit perf-model efficiency factors to measured step times",
         description="Fit the shared efficiency/overhead factors of the roofline to ground-truth files "
                     "(fleetwise-groundtruth/1) and write a profile JSON.")
-    c.add_argument("files", nargs="+", metavar="GROUND_TRUTH.json", type=input_file("ground-truth file"), help="measured step timings")
+    c.add_argument("files", nargs="*", metavar="GROUND_TRUTH.json", type=input_file("ground-truth file"), help="measured step timings")
     c.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
     c.add_argument("--gpu", default="h200-sxm", metavar="G", help="accelerator the files were measured on")
     c.add_argument("--json", action="store_true", help="print the profile as JSON")
     c.add_argument("--no-band", action="store_true",
                    help="skip the held-out residuals (5 more fits) that give predictions their uncertainty band")
+    from fleetwise.cli import from_metrics
+
+    from_metrics.add_flags(c)
     c.set_defaults(func=run_calibrate)
 
     p = subparsers.add_parser(
@@ -56,6 +59,12 @@ def register(subparsers: Any) -> None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    if args.from_metrics:
+        from fleetwise.cli import from_metrics
+
+        return from_metrics.run(args)
+    if not args.files:
+        raise SpecError("give GROUND_TRUTH.json files (measured steps), or --from-metrics SOURCE... --plan FLEET")
     check_writable_file(args.output, "--output")
     files = [load_groundtruth(f) for f in args.files]
     gpu = resolve_gpu(args.gpu)

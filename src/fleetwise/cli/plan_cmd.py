@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="OUT", default=None,
                    help="print the plan document (JSON) instead of the report (the older `--json FILE` still "
                         "writes FILE: spell it -o FILE)")
+    p.add_argument("--fleet-out", metavar="FLEET.json", default=None,
+                   help="write the chosen plan's fleet document alone (what simulate, emulate --plan, gateway "
+                        "--plan, up and deploy read; the --json document carries it as `fleet`)")
     p.add_argument("--top", type=int_flag(1, MAX_TOP), default=None, metavar="K",
                    help="plans to report (default: spec.search.top_k)")
     p.add_argument("--workers", type=int_flag(1, MAX_WORKERS), default=None, metavar="N",
@@ -49,6 +52,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--profile", default=None, metavar="PROFILE.json", type=input_file("perf profile"),
                    help="perf profile (`fleetwise calibrate`) pricing the estimate and the simulations; "
                         "overrides the spec's `profile`")
+    p.add_argument("--measured", default=None, metavar="MEASURED.json", type=input_file("measured service file"),
+                   help="size from service rates measured on a running fleet (`fleetwise calibrate --from-metrics`): "
+                        "its step-time factor per accelerator applies to every simulation; the report says per "
+                        "plan which numbers are measured and which modelled")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="run simulations on a Ray cluster (fleetwise[ray])")
     p.add_argument("--write-schema", nargs="?", const="docs/schema/planning-spec.schema.json", default=None,
                    metavar="PATH", help="write the SPEC.yaml JSON Schema and exit")
@@ -91,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         args.output, args.json_out = args.output or args.json_out, None
     if args.output:
         check_writable_file(args.output, "--output")
+    if args.fleet_out:
+        check_writable_file(args.fleet_out, "--fleet-out")
     check_report_path(args.report)
     spec = load_planning_spec(args.spec) if args.spec else default_spec()
     columns = trace_columns.parse(args.trace_columns)
@@ -103,6 +112,12 @@ def run(args: argparse.Namespace) -> int:
 
         Profile.load(args.profile)  # a bad file is one line naming it, before any work
         spec = spec.model_copy(update={"profile": args.profile})
+    if args.measured:
+        from fleetwise.planner.measured import load_measured
+        from fleetwise.spec.base import read_document
+
+        spec = spec.model_copy(update={"measured_service": load_measured(read_document(args.measured), args.measured,
+                                                                              resolve_model(spec.model).name)})
     workers = args.workers if args.workers is not None else max(1, os.cpu_count() or 1)
     quiet = args.quiet or args.json_out == "-"
     with progress.progress("planning", 1.0, quiet) as update:
@@ -115,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         render(doc, console(markup=True))
     if args.output:
         write_json(args.output, doc)
+    if args.fleet_out and doc["fleet"] is not None:
+        write_json(args.fleet_out, doc["fleet"])
     if args.report:
         from fleetwise.cli.report_cmd import write_document
 

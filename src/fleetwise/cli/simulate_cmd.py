@@ -1,10 +1,12 @@
 """`fleetwise simulate`: replay a workload or trace against a plan's fleet; write summary.json + records.
 
 Two forms:
-    fleetwise simulate PLAN.yaml (--workload W.yaml | --trace FILE) [--faults F.yaml] --out DIR
+    fleetwise simulate PLAN (--workload W.yaml | --trace FILE) [--faults F.yaml] --out DIR
     fleetwise simulate --model M --gpu G --replicas N [--tp T] [--policy P] --trace FILE --out DIR
 The second builds a one-pool colocated plan (routing: `--policy`, default round-robin); with a
-plan file `--policy` replaces the plan's routing. Owns argument handling and printing only; the
+plan file `--policy` replaces the plan's routing. PLAN is any fleet document (`PlanSpec.load`: a
+plan YAML, `fleetwise plan --fleet-out`, or `--json`'s `fleet` section); its SLO is the goodput
+target unless `--ttft-slo`/`--tpot-slo`/`--e2e-slo` give one. Owns argument handling and printing only; the
 simulation is `fleetwise.sim.simulate`.
 """
 
@@ -175,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_events and Path(args.trace_events).resolve().parent != Path(args.out).resolve():
         check_writable_file(args.trace_events, "--trace-events")  # inside --out: made with it
     plan = load_plan(args)
+    if plan.slo is not None and slo == SLOSpec():  # a fleet document's targets, unless flags give some
+        slo = SLOSpec(ttft_max_s=plan.slo.ttft_s, tpot_max_s=plan.slo.tpot_s)
     faults = FaultScenario.load(args.faults) if args.faults else None
     if faults is not None:
         check_faults_apply(faults, plan, args.faults)

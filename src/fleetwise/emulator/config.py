@@ -65,6 +65,9 @@ class EmulatorConfig(Spec):
     kv_link: KvLinkSpec = KvLinkSpec()
     """Per-GPU NIC of the KV path (decode side pulls over it)."""
     kv_lease_s: float = KV_LEASE_S
+    step_time_factor: float = 1.0
+    """Measured correction of the perf model (a fleet document's `step_time_factor`): every step
+    takes this many times the modelled time, before any slowdown fault."""
     engine_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     http: HttpLimitsSpec = HttpLimitsSpec()
     """Connection limits and timeouts of the replica's HTTP server (`fleetwise.live.http`)."""
@@ -75,6 +78,13 @@ class EmulatorConfig(Spec):
         if not (math.isfinite(v) and MIN_FACTOR <= v <= MAX_FACTOR):
             raise ValueError(f"--time-scale={v} must be in [{MIN_FACTOR:g}, {MAX_FACTOR:g}]; "
                              "10 runs ten times faster than the modelled hardware")
+        return v
+
+    @field_validator("step_time_factor")
+    @classmethod
+    def _step_time_factor(cls, v: float) -> float:
+        if not (math.isfinite(v) and MIN_FACTOR <= v <= MAX_FACTOR):
+            raise ValueError(f"--step-time-factor={v} must be in [{MIN_FACTOR:g}, {MAX_FACTOR:g}]")
         return v
 
     @field_validator("kv_lease_s")

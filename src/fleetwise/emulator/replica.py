@@ -138,6 +138,7 @@ class EmulatedReplica:
                                    pool_name=self.pool.name, accelerator=self.deployment.accelerator.name,
                                    model_version=self.pool.model_version, region=self.pool.region,
                                    kv_capacity_tokens=self.kv_capacity_tokens)
+        self._faults_changed()  # a measured step-time factor applies from the first step
 
     async def stop(self) -> None:
         """Stop stepping; requests still in flight fail with 503."""
@@ -585,8 +586,9 @@ class EmulatedReplica:
         d = self.driver
         if d is None:
             return
-        if d.slowdown != self.faults.slowdown:
-            d.slowdown = self.faults.slowdown
+        factor = self.cfg.step_time_factor * self.faults.slowdown  # the fleet's measured speed, then faults
+        if d.slowdown != factor:
+            d.slowdown = factor
         if self.faults.hung:
             if not d.busy:
                 d.state = DOWN

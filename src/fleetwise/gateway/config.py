@@ -18,7 +18,8 @@ flags. Durations are seconds, sizes bytes, rates per second.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -29,9 +30,12 @@ from fleetwise.spec.http import HttpLimitsSpec
 from fleetwise.spec.inputs import MAX_BODY_BYTES
 from fleetwise.spec.routing import RoutingSpec
 
+if TYPE_CHECKING:
+    from fleetwise.spec.plan import PlanSpec
+
 __all__ = [
     "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "KvEventsSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "TenantSpec",
-    "TimeoutSpec", "backend_name",
+    "TimeoutSpec", "backend_name", "fleet_backends", "fleet_settings",
 ]
 
 Role = Literal["mixed", "prefill", "decode"]
@@ -254,3 +258,26 @@ class GatewayConfig(Spec):
         if dupk:
             raise ValueError(f"tenants: {dupk} API key(s) listed under more than one tenant; keep each key once")
         return self
+
+
+def fleet_backends(plan: PlanSpec, url_of: Callable[[str, int], str], kv_events_path: str | None = None) -> list[
+        dict[str, Any]]:
+    """The gateway's backend entries for every replica of a fleet document, `url_of(pool, index)`
+    giving each replica's base URL; what `emulate --endpoints` writes and `--backends-file` reads."""
+    out: list[dict[str, Any]] = []
+    for pool in plan.pools:
+        for i in range(pool.replicas):
+            entry: dict[str, Any] = {"name": f"{pool.name}-{i}", "url": url_of(pool.name, i), "role": pool.role,
+                                     "pool": pool.name, "model_version": pool.model_version,
+                                     "region": pool.region, "accelerator": pool.accelerator}
+            if kv_events_path is not None:
+                entry["kv_events_path"] = kv_events_path
+            out.append(entry)
+    return out
+
+
+def fleet_settings(plan: PlanSpec) -> dict[str, Any]:
+    """The part of a gateway document a fleet document decides: its routing policy (with
+    parameters and safe mode) and its failure-domain decisions."""
+    routing = {"policy": plan.routing} if isinstance(plan.routing, str) else plan.routing.model_dump(mode="json")
+    return {"routing": routing, "failure_domains": plan.failure_domains.model_dump(mode="json")}

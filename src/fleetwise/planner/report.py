@@ -14,13 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from fleetwise.planner.calibration import calibration, prices
 from fleetwise.planner.candidates import candidate_records, pd_sweep
-from fleetwise.planner.simulate import SimVerdict
+from fleetwise.planner.fleet import fleet_json
+from fleetwise.planner.measured import provenance
+from fleetwise.planner.simulate import SimVerdict, simulated_policy
 from fleetwise.planner.state import Candidate, Search
+from fleetwise.spec.plan import PLAN_SEARCH_SCHEMA
 
 if TYPE_CHECKING:
     from fleetwise.planner.refinement import HeadroomCheck
 
-SCHEMA = "fleetwise-plan/1"
+SCHEMA = PLAN_SEARCH_SCHEMA
 
 
 def _r(x: float, nd: int = 6) -> float:
@@ -98,7 +101,7 @@ def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
         "cost_per_hour": _r(c.cost_per_hour, 4),
         "cost_per_1m_tokens": _r(c.cost_per_hour / rate_out, 4),
         "predicted": _predicted(c),
-        "routing_policy": search.spec.routing_policy or "round-robin",
+        "routing_policy": simulated_policy(search.spec),
         "engine": {"max_num_batched_tokens": 8192, "max_num_seqs": 256},
         "headroom": {role: {"load_replicas": _r(s.load_replicas, 4), "ramp_replicas": _r(s.ramp_replicas, 4),
                             "serving": c.refined.serving.pool(role).replicas, "failures": s.failures,
@@ -107,7 +110,7 @@ def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
                             "goodput_per_replica_rps": _r(s.goodput_per_replica_rps, 4)}
                      for role, s in c.sizings.items()},
         "headroom_checks": [_check_json(h, search.spec.slo.percentile) for h in c.refined.headroom],
-        "explanation": [*c.steps, *_evidence(search, c),
+        "explanation": [*c.steps, *_evidence(search, c), *provenance(search, c),
                         f"cost: {full.gpus} GPUs -> ${c.cost_per_hour:.2f}/h, ${c.cost_per_hour / rate_out:.2f} per 1M "
                         f"output tokens at {search.spec.workload.rate_rps:g} req/s"],
     }
@@ -143,6 +146,7 @@ def to_json(search: Search) -> dict[str, Any]:
         "candidates": candidate_records(search),
         "pd_sweep": pd_sweep(search),
         "infeasible": search.infeasible,
+        "fleet": fleet_json(search),
         "search": {"layouts_estimated": len(search.estimates), "candidates_sized": len(search.candidates),
                    "simulations": search.simulations, "wall_s": _r(search.wall_s, 2)},
     }

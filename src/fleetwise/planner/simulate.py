@@ -26,6 +26,7 @@ from fleetwise.spec.faults import FaultScenario, ReplicaCrash
 from fleetwise.spec.plan import KvLinkSpec, PlanSpec, PoolSpec
 from fleetwise.spec.planning import PlanningSpec
 from fleetwise.spec.roles import Role
+from fleetwise.spec.routing import DEFAULT_POLICY
 from fleetwise.spec.slo import SLOSpec
 
 if TYPE_CHECKING:
@@ -118,13 +119,22 @@ def pool_spec(layout: Layout, model: str, kv_dtype: str, imbalance: float, role:
 
 def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]) -> PlanSpec:
     """The simulator's plan document for a fleet shape."""
+    factors = {m.accelerator: m.step_time_factor for m in spec.measured_service}
     pools = [pool_spec(p.layout, spec.model, spec.kv_dtype,
                        planned_imbalance(spec.moe.expert_imbalance, spec.moe.expert_load, p.layout.ep), p.role,
                        p.replicas, prices[p.layout.accelerator]) for p in fleet.pools]
+    pools = [p.model_copy(update={"step_time_factor": factors[p.accelerator]}) if p.accelerator in factors else p
+             for p in pools]
     kv = KvLinkSpec(bandwidth_bytes_per_s=fleet.kv_link_bytes_per_s, latency_s=fleet.kv_link_latency_s) \
         if fleet.kv_link_bytes_per_s else KvLinkSpec()
-    return PlanSpec(name=spec.name, pools=pools, kv_link=kv, routing=spec.routing_policy or "round-robin",
+    return PlanSpec(name=spec.name, pools=pools, kv_link=kv, routing=simulated_policy(spec),
                     perf_profile=spec.profile, failure_domains=spec.failure_domains)
+
+
+def simulated_policy(spec: PlanningSpec) -> str:
+    """The routing policy the search simulates: the spec's, else the gateway's default, since that is
+    what the fleet will run behind `fleetwise gateway`."""
+    return spec.routing_policy or DEFAULT_POLICY
 
 
 def requests_for(rate_rps: float, sample: int) -> int:

@@ -47,6 +47,8 @@ class Replica(EngineDriver):
         """Request indices this replica currently holds (queued, running, or awaiting KV)."""
         self.pending: deque[float] = deque()
         """Arrival times of requests already routed here that have not arrived yet (delayed mode)."""
+        if pool.step_time_factor != 1.0:  # a measured correction of the model; slowdown faults multiply it
+            self.slowdown = pool.step_time_factor
 
 
 class Fleet:

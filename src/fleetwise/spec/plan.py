@@ -1,8 +1,12 @@
-"""`PlanSpec`: a deployment plan the simulator can run — pools of replicas, the KV link, routing.
+"""`PlanSpec`: the fleet document — pools of replicas, the KV link, routing, headroom, SLOs.
 
-Owns the plan document and its static checks (role families, catalog names, parallelism for the
-model and card). The memory fit (KV capacity > 0) needs the perf layer and is checked when the
-simulator builds the fleet (`fleetwise.sim.fleet`), with the same kind of message.
+Owns the one document every command that runs a fleet reads (`simulate`, `emulate --plan`,
+`gateway --plan`, `up`, `deploy`) and its static checks (role families, catalog names,
+parallelism for the model and card). `PlanSpec.load` takes a hand-written plan (YAML/JSON), a
+fleet document written by `fleetwise plan --fleet-out` (`schema: fleetwise-fleet/1`) or the whole
+search of `fleetwise plan --json` (its `fleet` section). The memory fit (KV capacity > 0) needs
+the perf layer and is checked when the simulator builds the fleet (`fleetwise.sim.fleet`), with
+the same kind of message.
 """
 
 from __future__ import annotations
@@ -12,13 +16,22 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from fleetwise.errors import SpecError, UnknownNameError
+from fleetwise.errors import SpecError, UnknownNameError, quote
 from fleetwise.spec import engine_defaults as ed
-from fleetwise.spec.base import Spec, load_document
+from fleetwise.spec.base import Spec, read_document, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
-from fleetwise.spec.inputs import MAX_BLOCK_TOKENS, MAX_DURATION_S, MAX_ENGINE_SEQS, MAX_REPLICAS, MAX_TOKENS
+from fleetwise.spec.inputs import (
+    MAX_BLOCK_TOKENS,
+    MAX_DURATION_S,
+    MAX_ENGINE_SEQS,
+    MAX_FACTOR,
+    MAX_REPLICAS,
+    MAX_TOKENS,
+    MIN_FACTOR,
+)
 from fleetwise.spec.parallel import ParallelismSpec
+from fleetwise.spec.planning import PlanSLOSpec
 from fleetwise.spec.roles import Role
 from fleetwise.spec.routing import PRESETS, RoutingSpec
 
@@ -65,6 +78,13 @@ class PoolSpec(Spec):
     """Fraction of HBM the engine may use for weights, activations and KV cache."""
     expert_imbalance: float = Field(default=1.0, ge=1)
     """MoE with ep > 1: busiest expert-parallel rank's routed tokens over the mean (1.0: even)."""
+    step_time_factor: float = Field(default=1.0, ge=MIN_FACTOR, le=MAX_FACTOR)
+    """Measured correction of the perf model: every step of this pool's replicas takes this many
+    times the modelled time (`fleetwise calibrate --from-metrics`; 1.0: the model as is)."""
+    spare_replicas: int = Field(default=0, ge=0, le=MAX_REPLICAS)
+    """The k of N+k: replicas beyond what the load needs (failure spares plus the rolling-upgrade
+    batch, as the planner sized them); at most this many may be down at once with the SLO kept
+    (a Kubernetes PodDisruptionBudget's `maxUnavailable`)."""
 
 
 DEFAULT_KV_LINK_GBPS = 400.0
@@ -133,6 +153,8 @@ class PlanSpec(Spec):
     proxy, llm-d): the decode replica's first pass after the KV lands, so TTFT = prefill + KV
     transfer + one decode pass. `prefill` (DistServe, Splitwise): the prefill replica streams it
     when the prompt is done, and the decode replica generates the remaining tokens."""
+    slo: PlanSLOSpec | None = None
+    """Latency targets the fleet was sized for (written by `fleetwise plan`; null: none declared)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -155,6 +177,10 @@ class PlanSpec(Spec):
         if total > MAX_REPLICAS:
             raise ValueError(f"pools hold {total:,} replicas in all; at most {MAX_REPLICAS:,} per plan "
                              "(see docs/errors.md); split the fleet into several plans")
+        over = [p.name for p in self.pools if p.spare_replicas >= p.replicas]
+        if over:
+            raise ValueError(f"pools: {over[0]}: spare_replicas must be below replicas (a pool keeps at least "
+                             "one replica serving); lower spare_replicas or add replicas")
         names = [p.name for p in self.pools]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -176,10 +202,16 @@ class PlanSpec(Spec):
 
     @staticmethod
     def load(path: str | Path) -> PlanSpec:
-        """Read, validate and check a plan file (SpecError naming the field on a bad one)."""
-        plan = load_document(PlanSpec, path)
-        plan.check(where=str(path))
+        """Read, validate and check a fleet document, a plan file or a `plan --json` search's `fleet`
+        section (SpecError naming the field on a bad or older one)."""
+        section, where = fleet_section(read_document(path), str(path))
+        plan = validate(PlanSpec, section, where, strict=True)
+        plan.check(where=where)
         return plan
+
+    def document(self) -> dict[str, Any]:
+        """The fleet document (JSON-ready, `schema` first) that `PlanSpec.load` reads back."""
+        return {"schema": FLEET_SCHEMA, **self.model_dump(mode="json")}
 
     def check(self, where: str = "plan") -> None:
         """Resolve every pool's model and accelerator and check its parallelism; raise SpecError."""
@@ -189,6 +221,36 @@ class PlanSpec(Spec):
                 pool.parallelism.check(model, gpu)
             except SpecError as err:
                 raise SpecError(f"{where}: pools.{i} ({pool.name}): {err}") from None
+
+
+FLEET_SCHEMA = "fleetwise-fleet/1"
+"""`schema` of a fleet document (`fleetwise plan --fleet-out`, the `fleet` section of `--json`)."""
+PLAN_SEARCH_SCHEMA = "fleetwise-plan/1"
+"""`schema` of the whole search `fleetwise plan --json` writes (`fleetwise.planner.report.SCHEMA`)."""
+
+
+def fleet_section(data: Any, where: str) -> tuple[dict[str, Any], str]:
+    """The plan mapping inside a document and where it is: the document itself (hand-written, no
+    `schema`), a fleet document without its `schema`, or the `fleet` section of a plan search;
+    SpecError naming the field."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+    schema = data.get("schema")
+    if schema is None:
+        return data, where
+    if schema == FLEET_SCHEMA:
+        return {k: v for k, v in data.items() if k != "schema"}, where
+    if schema == PLAN_SEARCH_SCHEMA:
+        fleet = data.get("fleet")
+        if isinstance(fleet, dict):
+            return fleet_section(fleet, f"{where}: fleet")
+        if "fleet" in data:  # null: the search found no plan
+            raise SpecError(f"{where}: fleet: null: this plan search found no feasible fleet (see its "
+                            "`infeasible`); relax the spec and rerun `fleetwise plan --json`")
+        raise SpecError(f"{where}: fleet: missing: this plan was written by an older fleetwise, before plans "
+                        "carried their fleet document; rerun `fleetwise plan --json` (or --fleet-out)")
+    raise SpecError(f"{where}: schema: {quote(schema)} is not a fleet document; expected {FLEET_SCHEMA} "
+                    f"or {PLAN_SEARCH_SCHEMA} (rerun `fleetwise plan` with this release to rewrite it)")
 
 
 def resolve_pool(pool: PoolSpec, where: str) -> tuple[Any, Any]:

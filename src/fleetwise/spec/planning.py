@@ -247,6 +247,20 @@ class MeasuredThroughput(Spec):
     """Offered rate of the test, for result files that do not record it (fleetwise's load test)."""
 
 
+class MeasuredService(Spec):
+    """Service rates measured on a running fleet (`fleetwise calibrate --from-metrics`): every step
+    on `accelerator` takes `step_time_factor` times the perf model's time."""
+
+    accelerator: str
+    """Catalog name of the card the measured replicas ran on."""
+    step_time_factor: float = Field(gt=0)
+    """Measured step time over modelled step time (1.3: the replicas are 30% slower than the model)."""
+    ci95: tuple[float, float]
+    """95% confidence interval of the factor."""
+    source: str = ""
+    """Where it was measured (metrics sources, replicas, requests)."""
+
+
 class PlanningSpec(Spec):
     """SPEC.yaml of `fleetwise plan`: the deployment question."""
 
@@ -273,9 +287,13 @@ class PlanningSpec(Spec):
     moe: MoEPlanningSpec = Field(default_factory=MoEPlanningSpec)
     """MoE assumptions (ignored for dense models)."""
     routing_policy: str | None = None
-    """Routing policy name for simulated plans; None uses the registry default."""
+    """Routing policy the fleet will run, which every simulation of the search uses; None: the
+    gateway's default (`fleetwise-default`)."""
     measured: list[MeasuredThroughput] = Field(default_factory=list)
     """Load-test results of real replicas; each replaces the simulated goodput of its layout."""
+    measured_service: list[MeasuredService] = Field(default_factory=list)
+    """Step-time corrections measured on a running fleet (`fleetwise plan --measured`): every
+    simulation of a layout on that accelerator runs its steps this much slower or faster."""
     profile: str | None = None
     """Perf profile JSON (`fleetwise calibrate`) that prices every step, in the estimate and in the
     simulator alike; None uses the default, uncalibrated factors. `fleetwise plan --profile` overrides."""

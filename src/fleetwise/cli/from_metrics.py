@@ -1,0 +1,114 @@
+"""`fleetwise calibrate --from-metrics SOURCE... --plan FLEET -o MEASURED.json`: service rates from a running fleet.
+
+Each SOURCE is one replica's metrics, `NAME=` in front naming the replica (`mixed-0=http://...`),
+else the replicas of the fleet document in plan order: a /metrics URL (scraped twice,
+`--interval` seconds apart, and differenced), a saved text-format dump (totals over `--interval`
+seconds), or two dumps `BEFORE,AFTER` taken `--interval` seconds apart. `--time-scale` converts
+wall seconds to the engine's seconds for an emulated fleet. The fit is `fleetwise.planner.measured`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from fleetwise.cli.common import float_flag, input_file
+from fleetwise.errors import SpecError
+from fleetwise.spec.inputs import MAX_DURATION_S, check_writable_file, write_json
+
+MAX_METRICS_BYTES = 16 << 20
+"""Largest metrics page or dump read (a vLLM server's page is tens of kB)."""
+
+
+def add_flags(c: Any) -> None:
+    """The `--from-metrics` flags of `fleetwise calibrate`."""
+    c.add_argument("--from-metrics", nargs="+", metavar="SOURCE", default=None,
+                   help="fit measured service rates instead: one replica's /metrics URL or saved dump(s) per "
+                        "SOURCE ([NAME=]URL|FILE|BEFORE,AFTER), vLLM metric names; needs --plan")
+    c.add_argument("--plan", metavar="FLEET", default=None, type=input_file("plan file"), help="with --from-metrics: the fleet document the "
+                   "replicas run (`fleetwise plan --fleet-out`)")
+    c.add_argument("--interval", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=None, metavar="S",
+                   help="with --from-metrics: seconds between the two scrapes of a URL (default 60), or seconds "
+                        "a dump (or a BEFORE,AFTER pair) covers")
+    c.add_argument("--time-scale", type=float_flag(positive=True), default=1.0, metavar="X",
+                   help="with --from-metrics: engine seconds per wall second (an emulated fleet's --time-scale)")
+
+
+def _read(src: str) -> str:
+    if src.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(src, timeout=10.0) as r:
+                return str(r.read(MAX_METRICS_BYTES).decode("utf-8", "replace"))
+        except OSError as err:
+            raise SpecError(f"--from-metrics {src}: cannot scrape it ({err}); check the URL") from None
+    path = Path(src)
+    if not path.is_file():
+        raise SpecError(f"--from-metrics {src}: no such file or URL; give a /metrics URL or a saved dump")
+    return path.read_text(encoding="utf-8", errors="replace")[:MAX_METRICS_BYTES]
+
+
+def _named(args: argparse.Namespace, plan: Any) -> list[tuple[str, str]]:
+    names = [f"{p.name}-{i}" for p in plan.pools for i in range(p.replicas)]
+    out = []
+    for k, src in enumerate(args.from_metrics):
+        name, sep, rest = src.partition("=")
+        if sep and not name.startswith(("http", "/", ".")) and "://" not in name:
+            if name not in names:
+                raise SpecError(f"--from-metrics {src}: {name!r} is not a replica of {args.plan}; known: "
+                                f"{', '.join(names)}")
+            out.append((name, rest))
+        elif k < len(names):
+            out.append((names[k], src))
+        else:
+            raise SpecError(f"--from-metrics: {len(args.from_metrics)} sources for {len(names)} replicas; name "
+                            "each (NAME=SOURCE) or give one per replica")
+    return out
+
+
+def collect(args: argparse.Namespace, plan: Any) -> dict[str, list[Any]]:
+    """Each pool's replica metrics over the measured span, in engine seconds."""
+    from fleetwise.planner.measured import parse_metrics
+
+    named = _named(args, plan)
+    urls = [(n, s) for n, s in named if s.startswith(("http://", "https://"))]
+    interval = args.interval if args.interval is not None else (60.0 if urls else None)
+    if interval is None:
+        raise SpecError("--from-metrics with saved dumps needs --interval S: the seconds the dumps cover")
+    span = interval * args.time_scale
+    first = {n: parse_metrics(_read(s), s) for n, s in urls}
+    if urls:
+        time.sleep(interval)
+    by_pool: dict[str, list[Any]] = {}
+    for name, src in named:
+        if name in first:
+            m = parse_metrics(_read(src), src).minus(first[name], span)
+        elif "," in src:
+            a, b = src.split(",", 1)
+            m = parse_metrics(_read(b), b).minus(parse_metrics(_read(a), a), span)
+        else:
+            m = parse_metrics(_read(src), src)
+            m.span_s = span
+        by_pool.setdefault(name.rpartition("-")[0], []).append(m)
+    return by_pool
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetwise.planner.measured import fit_document
+    from fleetwise.spec.plan import PlanSpec
+
+    if args.plan is None:
+        raise SpecError("--from-metrics needs --plan FLEET: the fleet document the measured replicas run")
+    check_writable_file(args.output, "--output")
+    plan = PlanSpec.load(args.plan)
+    doc = fit_document(plan, collect(args, plan))
+    write_json(args.output, doc)
+    for p in doc["pools"]:
+        lo, hi = p["ci95"]
+        print(f"{p['pool']}: {p['replicas_measured']} replica(s), {p['requests']:g} requests: prefill "
+              f"{p['prefill_tokens_per_s']:,.0f} tok/s, decode {p['decode_tokens_per_s']:,.1f} tok/s per request; "
+              f"step time x{p['step_time_factor']:.3f} of the model (95% CI {lo:.3f}-{hi:.3f})")
+    print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,308 @@
+"""Service rates measured on a running fleet, fitted against the model, and where a plan's numbers come from.
+
+Owns reading Prometheus text-format metrics with vLLM's names (what `fleetwise emulate` and vLLM
+serve), the per-replica effective service rates they give (prefill tokens per second of prefill
+time, decode tokens per second of decode time), fitting each pool's step-time factor against the
+perf model (the same replica simulated at the measured load: measured over modelled, iterated
+once at the fitted factor so batching follows the slower steps) with a 95% interval, the
+`fleetwise-measured/1` document `calibrate --from-metrics` writes and `plan --measured` reads,
+and the provenance lines of a ranked plan (which numbers are measured, which modelled, which
+routing policy every simulation used).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleetwise.errors import SpecError
+from fleetwise.planner.simulate import simulated_policy
+from fleetwise.spec.planning import MeasuredService
+
+if TYPE_CHECKING:
+    from fleetwise.planner.state import Candidate, Search
+    from fleetwise.spec.plan import PlanSpec
+
+MEASURED_SCHEMA = "fleetwise-measured/1"
+COUNTERS = {"requests": "vllm:request_success", "prompt_tokens": "vllm:prompt_tokens",
+            "generation_tokens": "vllm:generation_tokens", "prefix_hits": "vllm:prefix_cache_hits",
+            "prefix_queries": "vllm:prefix_cache_queries"}
+"""vLLM counter names (vllm/v1/metrics/loggers.py; the emulator serves the same) -> field."""
+HISTOGRAMS = {"prefill": "vllm:request_prefill_time_seconds", "decode": "vllm:request_decode_time_seconds",
+              "queue": "vllm:request_queue_time_seconds", "ttft": "vllm:time_to_first_token_seconds",
+              "tpot": "vllm:request_time_per_output_token_seconds", "itl": "vllm:inter_token_latency_seconds",
+              "e2e": "vllm:e2e_request_latency_seconds"}
+"""vLLM histogram names -> field; the fit uses prefill and decode time (queueing excluded)."""
+Z95 = 1.959963984540054
+"""Two-sided 95% quantile of the standard normal (scipy.stats.norm.ppf(0.975))."""
+MIN_REQUESTS = 20
+"""Fewest completed requests of a pool before a factor is fitted from it."""
+FIT_REQUESTS = 1500
+"""Requests of the simulation that models a measured replica (its noise stays well under 1%)."""
+
+
+@dataclass
+class Histo:
+    """One histogram's count, sum and cumulative buckets (upper bound -> count), summed over series."""
+
+    count: float = 0.0
+    total: float = 0.0
+    buckets: dict[float, float] = field(default_factory=dict)
+
+    def __add__(self, other: Histo) -> Histo:
+        keys = set(self.buckets) | set(other.buckets)
+        return Histo(self.count + other.count, self.total + other.total,
+                     {le: self.buckets.get(le, 0.0) + other.buckets.get(le, 0.0) for le in keys})
+
+    def minus(self, other: Histo) -> Histo:
+        """This histogram's growth since `other` (an earlier scrape)."""
+        return Histo(self.count - other.count, self.total - other.total,
+                     {le: n - other.buckets.get(le, 0.0) for le, n in self.buckets.items()})
+
+
+@dataclass
+class ReplicaMetrics:
+    """What one replica's metrics say over the measured span (counters and histograms summed over labels)."""
+
+    source: str
+    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histo] = field(default_factory=dict)
+    span_s: float | None = None
+    """Seconds between the two scrapes whose difference this is (None: totals since start)."""
+
+    def minus(self, earlier: ReplicaMetrics, span_s: float) -> ReplicaMetrics:
+        """The growth since an `earlier` scrape of the same replica, `span_s` seconds before."""
+        return ReplicaMetrics(self.source, {k: v - earlier.counters.get(k, 0.0) for k, v in self.counters.items()},
+                              {k: h.minus(earlier.histograms.get(k, Histo())) for k, h in self.histograms.items()},
+                              span_s)
+
+    def counter(self, name: str) -> float:
+        """A counter's value (0 when the replica does not export it)."""
+        return self.counters.get(name, 0.0)
+
+    def histo(self, name: str) -> Histo:
+        """A histogram (empty when absent)."""
+        return self.histograms.get(name, Histo())
+
+
+def parse_metrics(text: str, source: str) -> ReplicaMetrics:
+    """A replica's vLLM metrics from Prometheus text format; SpecError naming the source when none is there."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = ReplicaMetrics(source)
+    by_counter = {v: k for k, v in COUNTERS.items()}
+    by_histo = {v: k for k, v in HISTOGRAMS.items()}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as err:
+        first = (str(err).splitlines() or [""])[0][:80]
+        raise SpecError(f"{source}: not Prometheus text format ({first}); give a /metrics URL or a saved dump") from None
+    for fam in families:
+        counter = by_counter.get(fam.name) or by_counter.get(fam.name.removesuffix("_total"))
+        if counter is not None:  # `# TYPE x counter` or `# TYPE x_total counter`: the samples are x_total
+            total = sum(s.value for s in fam.samples if s.name.endswith("_total"))
+            out.counters[counter] = out.counters.get(counter, 0.0) + total
+        if fam.name in by_histo:
+            h = out.histograms.setdefault(by_histo[fam.name], Histo())
+            for s in fam.samples:
+                if s.name.endswith("_count"):
+                    h.count += s.value
+                elif s.name.endswith("_sum"):
+                    h.total += s.value
+                elif s.name.endswith("_bucket"):
+                    le = float(s.labels["le"])
+                    h.buckets[le] = h.buckets.get(le, 0.0) + s.value
+    if "requests" not in out.counters or "prefill" not in out.histograms:
+        raise SpecError(f"{source}: no vLLM request metrics (vllm:request_success, vllm:request_prefill_time_seconds);"
+                        " point at a vLLM or `fleetwise emulate` /metrics")
+    return out
+
+
+@dataclass(frozen=True)
+class ServiceRates:
+    """One pool's effective service rates: means per request, with their relative standard errors."""
+
+    requests: float
+    prompt_tokens: float
+    """Mean prompt tokens per request."""
+    output_tokens: float
+    """Mean generated tokens per request."""
+    prefill_s: float
+    """Mean prefill time per request (scheduled to first token)."""
+    decode_s_per_token: float
+    """Mean decode time per generated token after the first."""
+    rate_rps: float | None
+    """Requests per second per replica over the span (None when the span is unknown)."""
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """Prompt tokens per second of prefill time."""
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Generated tokens per second of decode time."""
+        return 1.0 / self.decode_s_per_token if self.decode_s_per_token > 0 else 0.0
+
+
+def service_rates(replicas: Iterable[ReplicaMetrics]) -> ServiceRates:
+    """The pooled service rates of replicas of one pool."""
+    reps = list(replicas)
+    n = sum(r.counter("requests") for r in reps)
+    if n < MIN_REQUESTS:
+        raise SpecError(f"{', '.join(r.source for r in reps)}: {n:g} completed request(s); at least {MIN_REQUESTS} "
+                        "are needed to fit a service rate (scrape over a longer interval or under load)")
+    pre = sum((r.histo("prefill") for r in reps), Histo())
+    dec = sum((r.histo("decode") for r in reps), Histo())
+    gen = sum(r.counter("generation_tokens") for r in reps)
+    spans = [r.span_s for r in reps]
+    rate = None if any(s is None for s in spans) else n / sum(s for s in spans if s is not None)
+    return ServiceRates(n, sum(r.counter("prompt_tokens") for r in reps) / n, gen / n, pre.total / max(pre.count, 1),
+                        dec.total / max(gen - n, 1.0), rate)
+
+
+@dataclass(frozen=True)
+class Modelled:
+    """A pool's modelled service at the measured load: means and per-request coefficients of variation."""
+
+    prefill_s: float
+    decode_s_per_token: float
+    prefill_cv: float
+    decode_cv: float
+    requests: int
+
+
+def _cv(x: Any) -> float:
+    return float(x.std(ddof=1) / x.mean()) if x.size > 1 and x.mean() > 0 else 0.0
+
+
+def modelled_service(plan: PlanSpec, pool_name: str, rates: ServiceRates, factor: float, seed: int) -> Modelled:
+    """`pool_name`'s service when the fleet is simulated at the measured per-replica rate and mean
+    lengths with step times x `factor`."""
+    import numpy as np
+
+    from fleetwise.core.request import Request
+    from fleetwise.sim.runner import SimOptions, simulate
+
+    pools = [p.model_copy(update={"step_time_factor": factor}) for p in plan.pools]
+    sim_plan = plan.model_copy(update={"pools": pools})
+    pool = next(p for p in plan.pools if p.name == pool_name)
+    rate = (rates.rate_rps or 1.0) * pool.replicas
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, FIT_REQUESTS)
+    prompt, output = max(1, round(rates.prompt_tokens)), max(2, round(rates.output_tokens))
+    reqs = [Request(f"fit-{i}", float(t), prompt, output) for i, t in enumerate(np.cumsum(gaps))]
+    rec = simulate(sim_plan, reqs, options=SimOptions(seed=seed)).records
+    names = [f"{p.name}-{i}" for p in plan.pools for i in range(p.replicas)]
+    ours = np.array([names[w].rpartition("-")[0] == pool_name if w >= 0 else False for w in rec.column("worker")])
+    mine_p = np.array([names[w].rpartition("-")[0] == pool_name if w >= 0 else False
+                       for w in rec.column("prefill_worker")]) if plan.disaggregated else ours
+    start, first, end = rec.column("prefill_start_s"), rec.column("first_token_s"), rec.column("finish_s")
+    prefill_end = rec.column("prefill_end_s") if plan.disaggregated else first
+    ok_p = mine_p & np.isfinite(start) & np.isfinite(prefill_end)
+    ok_d = ours & np.isfinite(first) & np.isfinite(end)
+    tokens = np.full(len(reqs), output)
+    pre = prefill_end[ok_p] - start[ok_p]
+    dec = (end[ok_d] - first[ok_d]) / np.maximum(tokens[ok_d] - 1, 1)
+    return Modelled(float(pre.mean()) if pre.size else 0.0, float(dec.mean()) if dec.size else 0.0,
+                    _cv(pre), _cv(dec), int(max(pre.size, dec.size)))
+
+
+def fit_factor(plan: PlanSpec, pool_name: str, rates: ServiceRates, seed: int = 0) -> tuple[float, float, float]:
+    """(step-time factor, 95% low, 95% high) of a pool: measured over modelled prefill and decode
+    time (weighted by their share of a request's service), refined once at the first estimate.
+    The interval takes the per-request spread the model predicts at that load (histogram buckets
+    are too coarse to give it) over the measured and the simulated request counts."""
+    role = next(p.role for p in plan.pools if p.name == pool_name)
+
+    def ratio(factor: float) -> tuple[float, float]:
+        m = modelled_service(plan, pool_name, rates, factor, seed)
+        parts = []  # (measured / modelled, weight, per-request cv)
+        if role != "decode" and m.prefill_s > 0:
+            parts.append((rates.prefill_s / m.prefill_s, rates.prefill_s, m.prefill_cv))
+        if role != "prefill" and m.decode_s_per_token > 0:
+            parts.append((rates.decode_s_per_token / m.decode_s_per_token,
+                          rates.decode_s_per_token * rates.output_tokens, m.decode_cv))
+        if not parts:
+            raise SpecError(f"pool {pool_name}: the model served no request of it at the measured load; "
+                            "check that the metrics belong to this fleet")
+        weight = sum(w for _, w, _ in parts)
+        cv = math.sqrt(sum((w / weight * c) ** 2 for _, w, c in parts))
+        rel_se = cv * math.sqrt(1 / rates.requests + 1 / max(m.requests, 1))
+        return sum(r * w for r, w, _ in parts) / weight, rel_se
+
+    first, _ = ratio(1.0)
+    again, rel_se = ratio(first)
+    factor = first * again
+    half = Z95 * rel_se * factor
+    return factor, max(0.0, factor - half), factor + half
+
+
+def fit_document(plan: PlanSpec, by_pool: dict[str, list[ReplicaMetrics]], seed: int = 0) -> dict[str, Any]:
+    """The `fleetwise-measured/1` document: per measured pool its service rates, the modelled
+    ones and the fitted step-time factor with its 95% interval."""
+    pools = []
+    for name, reps in by_pool.items():
+        pool = next(p for p in plan.pools if p.name == name)
+        rates = service_rates(reps)
+        factor, lo, hi = fit_factor(plan, name, rates, seed)
+        pools.append({"pool": name, "role": pool.role, "accelerator": pool.accelerator, "model": pool.model,
+                      "replicas_measured": len(reps), "requests": rates.requests,
+                      "rate_rps_per_replica": None if rates.rate_rps is None else round(rates.rate_rps, 6),
+                      "prompt_tokens_mean": round(rates.prompt_tokens, 3),
+                      "output_tokens_mean": round(rates.output_tokens, 3),
+                      "prefill_tokens_per_s": round(rates.prefill_tokens_per_s, 3),
+                      "decode_tokens_per_s": round(rates.decode_tokens_per_s, 3),
+                      "step_time_factor": round(factor, 4), "ci95": [round(lo, 4), round(hi, 4)],
+                      "sources": [r.source for r in reps]})
+    return {"schema": MEASURED_SCHEMA, "fleet": plan.name, "pools": pools}
+
+
+def load_measured(doc: Any, where: str, model: str) -> list[MeasuredService]:
+    """The step-time factors of a `fleetwise-measured/1` document, one per accelerator (replicas
+    on one card pooled, weighted by requests); SpecError naming the field of a bad document or of
+    a measurement of another model than `model` (the factor corrects one model on one card)."""
+    if not isinstance(doc, dict) or doc.get("schema") != MEASURED_SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise SpecError(f"{where}: schema: {got!r} is not {MEASURED_SCHEMA}; write it with "
+                        "`fleetwise calibrate --from-metrics ... --plan FLEET -o FILE`")
+    acc: dict[str, list[dict[str, Any]]] = {}
+    for i, p in enumerate(doc.get("pools") or []):
+        if not isinstance(p, dict) or not {"accelerator", "model", "step_time_factor", "ci95", "requests"} <= set(p):
+            raise SpecError(f"{where}: pools.{i}: needs accelerator, model, step_time_factor, ci95 and requests")
+        if p["model"] != model:
+            raise SpecError(f"{where}: pools.{i}.model: measured on {p['model']!r}, but the spec plans {model!r}; "
+                            "measure a fleet of this model")
+        acc.setdefault(str(p["accelerator"]), []).append(p)
+    out = []
+    for gpu, ps in acc.items():
+        n = sum(float(p["requests"]) for p in ps)
+        f = sum(float(p["step_time_factor"]) * float(p["requests"]) for p in ps) / n
+        lo = min(float(p["ci95"][0]) for p in ps)
+        hi = max(float(p["ci95"][1]) for p in ps)
+        src = f"{where}: {', '.join(p.get('pool', '?') for p in ps)}, {n:g} requests"
+        out.append(MeasuredService(accelerator=gpu, step_time_factor=f, ci95=(lo, hi), source=src))
+    return out
+
+
+def provenance(search: Search, c: Candidate) -> list[str]:
+    """Where a ranked plan's numbers come from: the routing every simulation used, and per pool
+    whether its replicas were sized from measured service rates or from the perf model alone."""
+    spec = search.spec
+    why = "the spec's routing_policy" if spec.routing_policy else "the gateway's default; the spec names none"
+    out = [f"routing: every simulation routed with {simulated_policy(spec)} ({why})"]
+    measured = {m.accelerator: m for m in spec.measured_service}
+    assert c.refined is not None
+    for p in c.refined.full.pools:
+        m = measured.get(p.layout.accelerator)
+        if m is not None:
+            lo, hi = m.ci95
+            out.append(f"{p.role} replicas: sized from measured service: step times x{m.step_time_factor:.3f} "
+                       f"(95% CI {lo:.3f}-{hi:.3f}; {m.source}) on the modelled ones; fit, memory and latency "
+                       "floors modelled")
+        elif (p.role, p.layout) in search.measured:
+            out.append(f"{p.role} replicas: sized from a load test ({search.measured[(p.role, p.layout)]})")
+        else:
+            out.append(f"{p.role} replicas: sized from the perf model (no measurement of {p.layout.accelerator})")
+    return out

@@ -1,0 +1,34 @@
+"""Target `compose`: one emulated replica per plan replica (its `fleetwise emulate` command parses
+and builds a valid emulator config) and the gateway, whose config names every replica."""
+
+from __future__ import annotations
+
+import yaml
+
+from fleetwise.cli.emulate_cmd import config_from_args
+from fleetwise.cli.main import build_parser
+from fleetwise.deploy import DeployOptions, render
+from fleetwise.gateway.config import GatewayConfig
+from fleetwise.spec.base import validate
+
+
+def test_compose_runs_every_replica_emulated_behind_the_gateway(fleet):
+    files = render(fleet, "compose", DeployOptions(fleetwise_image="fw:test"))
+    compose = yaml.safe_load(files["compose.yaml"])
+    names = [f"{p.name}-{i}" for p in fleet.pools for i in range(p.replicas)]
+    assert list(compose["services"]) == [*names, "gateway"]
+    parser = build_parser()
+    for pool in fleet.pools:
+        for i in range(pool.replicas):
+            svc = compose["services"][f"{pool.name}-{i}"]
+            assert svc["image"] == "fw:test" and svc["command"][:2] == ["fleetwise", "emulate"]
+            cfg = config_from_args(parser.parse_args(svc["command"][1:]))
+            assert (cfg.model, cfg.gpu, cfg.tp, cfg.pp, cfg.role) == (
+                pool.model, pool.accelerator, pool.parallelism.tp, pool.parallelism.pp, pool.role)
+            assert (cfg.max_num_seqs, cfg.enable_prefix_caching, cfg.port, cfg.step_time_factor) == (
+                pool.engine.max_num_seqs, pool.engine.enable_prefix_caching, 8000, pool.step_time_factor)
+    gw = compose["services"]["gateway"]
+    assert set(gw["depends_on"]) == set(names) and gw["ports"] == ["8000:8000"]
+    cfg = validate(GatewayConfig, yaml.safe_load(files["gateway.yaml"]), "gateway.yaml", strict=True)
+    assert [b.url for b in cfg.backends] == [f"http://{n}:8000" for n in names]
+    assert cfg.tokenizer == "fleetwise" and cfg.limits.hash_block_tokens == fleet.pools[0].engine.block_size

@@ -141,7 +141,7 @@ def test_a_pull_reaches_the_decode_engine_at_its_modelled_landing_however_late_i
             post = _slow(asgi_post({"http://127.0.0.1:9111": papp}), answer_delay_s, shared)
             async with serve(cfg(role="decode", port=9112), kv_post=post) as (dapp, dc):
                 drep = dapp.state.replica
-                busy = asyncio.create_task(pd(pc, dc, "busy", 3000))  # decode steps run all along
+                busy = asyncio.create_task(pd(pc, dc, "busy", 60000))  # decode steps run all along (about 8 wall s)
                 for _ in range(5000):
                     if drep.engine.num_running:
                         break

@@ -10,7 +10,7 @@ import pytest
 from hostile_cli import ALIAS_BOMB
 
 from fleetwise.errors import SpecError, UnknownNameError, quote
-from fleetwise.spec import inputs
+from fleetwise.spec import inputs, output
 
 
 def _err(fn, *args, **kw) -> str:
@@ -130,16 +130,16 @@ def test_finite_and_whole():
 
 
 def test_strict_json_dumps_never_writes_nan():
-    text = inputs.strict_json_dumps({"a": math.nan, "b": [math.inf, 1.5], "c": (1, 2), 3: -math.inf}, indent=None)
+    text = output.strict_json_dumps({"a": math.nan, "b": [math.inf, 1.5], "c": (1, 2), 3: -math.inf}, indent=None)
     assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": [1, 2], "3": None}
     assert "NaN" not in text and "Infinity" not in text
 
 
 def test_writable_checks(tmp_path):
     (tmp_path / "f").write_text("x")
-    assert inputs.check_writable_dir(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
-    assert "exists and is not a directory" in _err(inputs.check_writable_dir, tmp_path / "f")
-    assert "is a file" in _err(inputs.check_writable_dir, tmp_path / "f" / "sub")
-    assert inputs.check_writable_file(tmp_path / "out.json") == tmp_path / "out.json"
-    assert "does not exist" in _err(inputs.check_writable_file, tmp_path / "missing" / "out.json")
-    assert "is a directory" in _err(inputs.check_writable_file, tmp_path)
+    assert output.check_writable_dir(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
+    assert "exists and is not a directory" in _err(output.check_writable_dir, tmp_path / "f")
+    assert "is a file" in _err(output.check_writable_dir, tmp_path / "f" / "sub")
+    assert output.check_writable_file(tmp_path / "out.json") == tmp_path / "out.json"
+    assert "does not exist" in _err(output.check_writable_file, tmp_path / "missing" / "out.json")
+    assert "is a directory" in _err(output.check_writable_file, tmp_path)

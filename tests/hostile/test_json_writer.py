@@ -1,5 +1,5 @@
 """Every JSON file and `--json` document the tools write is strict JSON: one writer
-(`fleetwise.spec.inputs.write_json` / `strict_json_dumps`), checked here by behaviour and by a
+(`fleetwise.spec.output.write_json` / `strict_json_dumps`), checked here by behaviour and by a
 scan of the source that fails when a module writes JSON another way."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hostile_cli import load_strict_json
 
 from fleetwise.cli.scenarios_cmd import dumps as scenarios_dumps
 from fleetwise.perf.profile import Profile
-from fleetwise.spec.inputs import strict_json_dumps, write_json
+from fleetwise.spec.output import strict_json_dumps, write_json
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "fleetwise"
 WIRE_PACKAGES = ("emulator", "gateway")
@@ -73,12 +73,12 @@ def test_no_module_writes_json_past_the_strict_writer():
     offenders = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC)
-        if rel.as_posix() == "spec/inputs.py" or rel.parts[0] in WIRE_PACKAGES:
+        if rel.as_posix() == "spec/output.py" or rel.parts[0] in WIRE_PACKAGES:
             continue
         for call in _json_writes(ast.parse(path.read_text(encoding="utf-8"))):
             if not _strict(call):
                 offenders.append(f"{rel}:{call.lineno}")
-    assert not offenders, ("json.dump(s) without allow_nan=False; write files with spec.inputs.write_json and "
+    assert not offenders, ("json.dump(s) without allow_nan=False; write files with spec.output.write_json and "
                            f"documents with strict_json_dumps: {offenders}")
 
 
@@ -99,7 +99,7 @@ def test_write_json_replaces_a_file_whole_and_leaves_no_temporary(tmp_path: Path
     is written beside it and renamed over it, and nothing else is left in the directory."""
     import os
 
-    from fleetwise.spec.inputs import write_json
+    from fleetwise.spec.output import write_json
 
     target = tmp_path / "endpoints.json"
     write_json(target, {"replicas": ["a"]})

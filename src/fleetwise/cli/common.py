@@ -22,13 +22,11 @@ from rich.console import Console
 
 from fleetwise.errors import SpecError, quote
 from fleetwise.spec.catalog import resolve_gpu, resolve_model
+from fleetwise.spec.context import OVER_CONTEXT_POLICIES
 from fleetwise.spec.hardware import AcceleratorSpec
-from fleetwise.spec.inputs import (
-    OVER_CONTEXT_POLICIES,
-    check_file,
-    strict_json_dumps,
-)
+from fleetwise.spec.inputs import check_file
 from fleetwise.spec.model import ModelSpec
+from fleetwise.spec.output import strict_json_dumps
 
 T = TypeVar("T", bound=BaseModel)
 

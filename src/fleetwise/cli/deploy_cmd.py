@@ -12,7 +12,7 @@ from typing import Any
 from fleetwise.cli.common import input_file
 from fleetwise.deploy import TARGETS, DeployOptions, render, write_files
 from fleetwise.deploy.base import FLEETWISE_IMAGE, VLLM_IMAGE
-from fleetwise.spec.inputs import check_writable_dir
+from fleetwise.spec.output import check_writable_dir
 
 
 def register(subparsers: Any) -> None:

@@ -32,13 +32,8 @@ from fleetwise.cli.local_fleet import FLEET_START_TIMEOUT_S
 from fleetwise.errors import SpecError
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
-from fleetwise.spec.inputs import (
-    MAX_BLOCK_TOKENS,
-    MAX_DURATION_S,
-    MAX_ENGINE_SEQS,
-    MAX_TOKENS,
-    write_json,
-)
+from fleetwise.spec.limits import MAX_BLOCK_TOKENS, MAX_DURATION_S, MAX_ENGINE_SEQS, MAX_TOKENS
+from fleetwise.spec.output import write_json
 
 
 def register(subparsers: Any) -> None:
@@ -279,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleetwise emulate: --server {args.server} is deprecated and ignored (the emulator is served by "
               "uvicorn)", file=sys.stderr, flush=True)
     from fleetwise.live.http import listening_socket, uvicorn_server
-    from fleetwise.spec.inputs import MAX_BODY_BYTES
+    from fleetwise.spec.limits import MAX_BODY_BYTES
 
     try:
         sock = listening_socket(cfg.host, cfg.port)

@@ -27,7 +27,7 @@ from fleetwise.cli.common import (
 from fleetwise.perf.memory import FitOptions, FitReport, LayoutFit, fit
 from fleetwise.spec import engine_defaults as ed
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
-from fleetwise.spec.inputs import MAX_TOKENS
+from fleetwise.spec.limits import MAX_TOKENS
 
 
 def register(subparsers: Any) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 
 from fleetwise.cli.common import float_flag, input_file
 from fleetwise.errors import SpecError
-from fleetwise.spec.inputs import MAX_DURATION_S, check_writable_file, write_json
+from fleetwise.spec.limits import MAX_DURATION_S
+from fleetwise.spec.output import check_writable_file, write_json
 
 MAX_METRICS_BYTES = 16 << 20
 """Largest metrics page or dump read (a vLLM server's page is tens of kB)."""

@@ -17,7 +17,6 @@ run stopped by its budget keeps what it measured.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,9 @@ from fleetwise.cli.common import float_flag, input_file, int_flag
 from fleetwise.errors import SpecError
 from fleetwise.perf.groundtruth import GROUNDTRUTH_SCHEMA
 from fleetwise.spec.catalog import resolve_model
-from fleetwise.spec.inputs import check_writable_file, read_document
+from fleetwise.spec.inputs import read_document
 from fleetwise.spec.model import ModelSpec
+from fleetwise.spec.output import check_writable_file, write_json
 
 # The shipped ground truth's grid (its README; the GPU timing tool's PREFILL, DECODE_*, MIXED):
 PREFILL = ((1, 128), (1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (1, 16384), (1, 32768),
@@ -178,7 +178,7 @@ def run_measure(args: argparse.Namespace) -> int:
 
     def save() -> None:
         doc["elapsed_s"] = round(time.monotonic() - t0, 3)
-        out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        write_json(out, doc, indent=1)
 
     model = Decoder(cfg, device, torch.bfloat16)
     kv_token = 2 * cfg["layers"] * cfg["kv_heads"] * cfg["head_dim"] * 2

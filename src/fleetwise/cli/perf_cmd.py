@@ -26,7 +26,7 @@ from fleetwise.perf.calibrate import calibrate, held_out_residuals, predict, sum
 from fleetwise.perf.groundtruth import load_groundtruth
 from fleetwise.perf.profile import Profile
 from fleetwise.spec.catalog import resolve_gpu
-from fleetwise.spec.inputs import check_writable_file
+from fleetwise.spec.output import check_writable_file
 
 
 def register(subparsers: Any) -> None:

@@ -20,7 +20,8 @@ from fleetwise.cli.common import console, input_file, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError
 from fleetwise.spec.catalog import resolve_model
-from fleetwise.spec.inputs import check_writable_file, request_tokens_problem, strict_json_dumps, write_json
+from fleetwise.spec.context import request_tokens_problem
+from fleetwise.spec.output import check_writable_file, strict_json_dumps, write_json
 from fleetwise.spec.planning import PlanningSpec
 from fleetwise.spec.workload import IndependentLengths, PresetLengths, longest_tokens
 

@@ -26,7 +26,8 @@ from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError, UnknownNameError
 from fleetwise.routing.registry import DEFAULT_POLICY, policy_names
 from fleetwise.sim import scenarios as sc
-from fleetwise.spec.inputs import MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS, check_writable_dir, strict_json_dumps
+from fleetwise.spec.limits import MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS
+from fleetwise.spec.output import check_writable_dir, strict_json_dumps
 
 MAX_JOBS = 1_024
 """Most worker processes `--jobs` may start."""

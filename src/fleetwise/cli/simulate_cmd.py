@@ -36,13 +36,8 @@ from fleetwise.sim.results import RECORDS_FORMATS, require_parquet
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.base import load_document
 from fleetwise.spec.faults import FaultScenario, check_faults_apply
-from fleetwise.spec.inputs import (
-    MAX_DURATION_S,
-    MAX_REPLICAS,
-    MAX_REQUESTS,
-    check_writable_dir,
-    check_writable_file,
-)
+from fleetwise.spec.limits import MAX_DURATION_S, MAX_REPLICAS, MAX_REQUESTS
+from fleetwise.spec.output import check_writable_dir, check_writable_file
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.slo import SLOSpec
 from fleetwise.spec.workload import TraceArrival

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from fleetwise.cli.common import SEED_MAX, check_listen_address, float_flag, input_file, int_flag
-from fleetwise.spec.inputs import MAX_DURATION_S
+from fleetwise.spec.limits import MAX_DURATION_S
+from fleetwise.spec.output import strict_json_dumps
 
 SUPERVISE_POLL_S = 0.2
 """Wall seconds between two looks at the fleet (faults due, processes exited)."""
@@ -78,9 +79,8 @@ def _gateway_member(args: argparse.Namespace, plan: Any, urls: dict[str, str], e
 
 
 def _post_fault(url: str, token: str, body: dict[str, Any]) -> str:
-    import json
 
-    req = urllib.request.Request(url + "/admin/faults", data=json.dumps(body).encode(), method="POST",
+    req = urllib.request.Request(url + "/admin/faults", data=strict_json_dumps(body, indent=None).encode(), method="POST",
                                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=5.0) as r:

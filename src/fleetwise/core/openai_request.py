@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleetwise.errors import SpecError, quote
-from fleetwise.spec.inputs import MAX_BODY_BYTES, parse_json
+from fleetwise.spec.inputs import parse_json
+from fleetwise.spec.limits import MAX_BODY_BYTES
 
 __all__ = [
     "COMPLETION_ID_PREFIX", "CHAT_ID_PREFIX", "MAX_CHOICES", "MAX_LOGPROBS", "MAX_TOKEN_ID", "ApiError",

@@ -7,7 +7,6 @@ API (no GPU), so a team can try routing, faults and metering before renting the 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from fleetwise.deploy.emulated import emulate_args
 from fleetwise.deploy.vllm import gateway_document
 from fleetwise.emulator.config import ADMIN_TOKEN_ENV as EMULATOR_ADMIN_TOKEN_ENV
 from fleetwise.gateway.config import FLEETWISE_TOKENIZER, GatewayConfig
+from fleetwise.spec.output import strict_json_dumps
 from fleetwise.spec.plan import PlanSpec
 
 ADMIN_TOKEN_ENV = GatewayConfig().admin_token_env
@@ -58,4 +58,4 @@ def render_compose(plan: PlanSpec, opts: DeployOptions) -> dict[str, str]:
     compose = {"name": re.sub(r"[^a-z0-9_-]+", "-", f"fleetwise-{plan.name}".lower()), "services": services}
     return {"compose.yaml": yaml_text(compose),
             "gateway.yaml": yaml_text(doc),
-            "fleet.json": json.dumps(plan.document(), indent=2) + "\n"}
+            "fleet.json": strict_json_dumps(plan.document(), indent=2) + "\n"}

@@ -25,6 +25,7 @@ from fleetwise.deploy.vllm import NIXL_SIDE_CHANNEL_PORT, engine_env, gateway_do
 from fleetwise.errors import SpecError
 from fleetwise.gateway.config import GatewayConfig
 from fleetwise.spec.catalog import resolve_gpu
+from fleetwise.spec.output import strict_json_dumps
 from fleetwise.spec.plan import PlanSpec, PoolSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -185,7 +186,7 @@ def _monitoring(plan: PlanSpec, opts: DeployOptions) -> dict[str, str]:
     if DASHBOARD.is_file():
         cm = {"apiVersion": "v1", "kind": "ConfigMap",
               "metadata": _meta("fleetwise-grafana-dashboard", ns, {**_labels(plan, "monitoring"), "grafana_dashboard": "1"}),
-              "data": {DASHBOARD.name: json.dumps(json.loads(DASHBOARD.read_text(encoding="utf-8")), indent=1)}}
+              "data": {DASHBOARD.name: strict_json_dumps(json.loads(DASHBOARD.read_text(encoding="utf-8")), indent=1)}}
         out["k8s/grafana-dashboard.yaml"] = _dump([cm])
     return out
 

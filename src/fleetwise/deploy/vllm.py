@@ -27,6 +27,7 @@ from fleetwise.deploy.base import (
 from fleetwise.errors import SpecError
 from fleetwise.gateway.config import fleet_backends, fleet_settings
 from fleetwise.spec.catalog import resolve_gpu
+from fleetwise.spec.output import strict_json_dumps
 from fleetwise.spec.plan import PlanSpec, PoolSpec
 
 RECORDED_ARGS = Path(__file__).with_name("vllm_serve_args.json")
@@ -88,7 +89,7 @@ def serve_argv(pool: PoolSpec, opts: DeployOptions, port: int = ENGINE_PORT) -> 
     if resolve_gpu(pool.accelerator).gpus_per_node < par.gpus:
         argv += ["--distributed-executor-backend", "ray"]  # a replica over several nodes
     if pool.role != "mixed":
-        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(pool.role), separators=(",", ":"))]
+        argv += ["--kv-transfer-config", strict_json_dumps(kv_transfer_config(pool.role), indent=None, separators=(",", ":"))]
     bad = unknown_flags(argv[3:])
     if bad:
         raise SpecError(f"pool {pool.name}: vllm serve flag(s) {', '.join(bad)} are not in the recorded vLLM "
@@ -128,5 +129,5 @@ def render_vllm(plan: PlanSpec, opts: DeployOptions) -> dict[str, str]:
     files = {f"vllm/{pool.name}.sh": _script(plan, pool, opts) for pool in plan.pools}
     doc = gateway_document(plan, lambda pool, i: f"http://{pool}-{i}:{ENGINE_PORT}")
     files["gateway.yaml"] = yaml_text(doc)
-    files["fleet.json"] = json.dumps(plan.document(), indent=2) + "\n"
+    files["fleet.json"] = strict_json_dumps(plan.document(), indent=2) + "\n"
     return files

@@ -17,7 +17,7 @@ from fleetwise.emulator.generation import DEFAULT_OUTPUT_LENGTHS
 from fleetwise.spec.base import Spec, validate
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION
 from fleetwise.spec.http import HttpLimitsSpec
-from fleetwise.spec.inputs import MAX_FACTOR, MIN_FACTOR
+from fleetwise.spec.limits import MAX_FACTOR, MIN_FACTOR
 from fleetwise.spec.plan import KvLinkSpec, PoolSpec
 from fleetwise.spec.workload import LengthDist
 

@@ -27,7 +27,7 @@ from pydantic import Field, field_validator, model_validator
 from fleetwise.spec.base import Spec
 from fleetwise.spec.failure_domains import FailureDomainSpec
 from fleetwise.spec.http import HttpLimitsSpec
-from fleetwise.spec.inputs import MAX_BODY_BYTES
+from fleetwise.spec.limits import MAX_BODY_BYTES
 from fleetwise.spec.routing import RoutingSpec
 
 if TYPE_CHECKING:

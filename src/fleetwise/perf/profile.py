@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 
 from fleetwise.errors import SpecError
 from fleetwise.spec.base import Spec, read_document, validate
-from fleetwise.spec.inputs import write_json
+from fleetwise.spec.output import write_json
 
 PROFILE_SCHEMA = "fleetwise-profile/3"
 # Profiles of the schemas before: /1 fitted `moe_row_passes` and `grouped_m_half_tokens`; /2 had one

@@ -17,7 +17,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from fleetwise.spec.inputs import strict_json_dumps
+from fleetwise.spec.output import strict_json_dumps
 
 POLL_INTERVAL_S = 1.0
 """How often the page refreshes the fleet state (seconds)."""

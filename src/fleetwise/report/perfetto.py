@@ -26,7 +26,7 @@ from typing import Any
 from fleetwise.errors import SpecError
 from fleetwise.sim.recording import StepRecorder
 from fleetwise.sim.runner import SimResult
-from fleetwise.spec.inputs import write_json
+from fleetwise.spec.output import write_json
 
 US = 1e6
 """Trace-event timestamps are microseconds."""

@@ -104,7 +104,7 @@ class SimResult:
         """Write summary.json and requests.csv (or .parquet) into `out_dir`."""
         from pathlib import Path
 
-        from fleetwise.spec.inputs import write_json
+        from fleetwise.spec.output import write_json
 
         d = Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from fleetwise.errors import SpecError, quote
 from fleetwise.spec.base import Spec, load_document
-from fleetwise.spec.inputs import MAX_DURATION_S, MAX_FACTOR, MIN_FACTOR
+from fleetwise.spec.limits import MAX_DURATION_S, MAX_FACTOR, MIN_FACTOR
 
 if TYPE_CHECKING:
     from fleetwise.spec.plan import PlanSpec

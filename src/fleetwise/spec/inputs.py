@@ -1,4 +1,4 @@
-"""Untrusted input, read once and bounded: files, request bodies, flags and the limits they obey.
+"""Untrusted input, read once and bounded: files, request bodies and values read outside a spec.
 
 Every file a user names (plan, workload, faults, planning spec, scenario, profile, ground truth,
 model or accelerator spec, trace) and every body a live server receives is decoded and parsed
@@ -8,7 +8,8 @@ duplicate key. Stdlib + PyYAML only (L0): every layer, the CLI and the live serv
 
 Usage (CLI, emulator, gateway alike):
 
-    from fleetwise.spec.inputs import parse_json, read_document, quote, finite, strict_json_dumps
+    from fleetwise.spec.inputs import parse_json, read_document, quote, finite
+    from fleetwise.spec.output import strict_json_dumps
 
     doc = read_document(path)                       # YAML or JSON file -> plain data
     body = parse_json(raw_bytes, "request body")    # bytes off the wire; depth and size bounded
@@ -18,76 +19,30 @@ Usage (CLI, emulator, gateway alike):
 
 A `SpecError` maps to exit code 2 on the command line and to HTTP 400 on a server. Specs built on
 `fleetwise.spec.base.Spec` already refuse NaN and infinities in every float field; `finite` is for
-values read outside a spec. The size limits below are the one place the project bounds what a
-user may ask for; docs/errors.md lists them with their reasons.
+values read outside a spec. The size limits are in `spec.limits`, the writers in `spec.output`, the context checks in
+`spec.context`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fleetwise.errors import QUOTE_CHARS, SpecError, quote
-
-# ---------------------------------------------------------------------------------------------
-# Limits (docs/errors.md lists each with its reason)
-# ---------------------------------------------------------------------------------------------
-
-MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
-"""Largest spec-like document (plan, workload, faults, profile, ground truth): 16 MiB. The
-largest shipped document is a few KiB; anything near this limit is not a hand-written spec."""
-MAX_BODY_BYTES = 4 * 1024 * 1024
-"""Largest HTTP request body a live server parses: 4 MiB, about a 1M-token prompt as text."""
-MAX_NESTING_DEPTH = 64
-"""Deepest nesting of lists/mappings in a document or body; specs nest fewer than 10 levels.
-Bounded so a hostile document cannot exhaust the parser's stack."""
-MAX_YAML_NODES = 200_000
-"""Most YAML nodes a document may expand to, aliases counted at every use. Stops alias bombs
-(a few hundred bytes that expand to billions of nodes) before anything is built."""
-MAX_QUOTE_CHARS = QUOTE_CHARS
-"""Longest quote of an offending value in an error message (the rest is elided; `quote`)."""
-MAX_INT_DIGITS = 30
-"""Longest integer literal accepted in a JSON body (beyond any count or id the project uses)."""
-
-MAX_REPLICAS = 10_000
-"""Most replicas in one plan (all pools). The simulator and the router keep per-replica state and
-score every eligible replica per request; 10k replicas of 8 GPUs is 80k GPUs, beyond any
-published single-model serving fleet."""
-MAX_GPUS = 80_000
-"""Most GPUs a plan search may use (`search.max_gpus`): MAX_REPLICAS replicas' worth of 8-GPU nodes."""
-MAX_ENGINE_SEQS = 65_536
-"""Most sequences one replica may run at once (vLLM's default is 256); per-sequence state is
-kept for each, and no accelerator holds the KV of more."""
-MAX_BLOCK_TOKENS = 1_024
-"""Largest KV block in tokens (vLLM offers 8 to 256; larger blocks waste most of the last one)."""
-MAX_REQUESTS = 10_000_000
-"""Most requests one run generates or replays (`num_requests`, `--requests`, trace rows). A
-request costs about 1 KiB across its input, record and result rows, so 10M is ~10 GiB."""
-MAX_SEEDS = 1_000
-"""Most seeds one command runs (`scenarios --seeds`, `search.seeds`): each seed is a full run,
-and 1000 already puts a 95% interval within a few percent of its mean."""
-MAX_SESSION_TURNS = 1_000
-"""Most turns per multi-turn session (`mean_turns`, `max_turns`): each turn's prompt carries
-every earlier turn, so 1000 turns outgrow any model's context long before the cap."""
-MAX_TOKENS = 100_000_000
-"""Most tokens one length field may state (prompt, output, prefix): 100M is 100x the longest
-context of any catalog model; the model-aware check then applies the model's own context."""
-MAX_DURATION_S = 366 * 24 * 3600.0
-"""Longest virtual time a run may state (`duration_s`, fault times, think time): one year."""
-MAX_RATE_RPS = 1_000_000.0
-"""Highest arrival rate (requests/s): a million requests per second, 100x the busiest public trace."""
-MAX_FACTOR = 1_000.0
-"""Largest slowdown or time-scale factor: beyond it a run is dominated by one term."""
-MIN_FACTOR = 1e-3
-"""Smallest slowdown or time-scale factor (a factor of 1e-300 would make a step free)."""
-
+from fleetwise.errors import SpecError, quote
+from fleetwise.spec.limits import (
+    MAX_BODY_BYTES,
+    MAX_DOCUMENT_BYTES,
+    MAX_INT_DIGITS,
+    MAX_NESTING_DEPTH,
+    MAX_QUOTE_CHARS,
+    MAX_YAML_NODES,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Decoding
@@ -438,125 +393,3 @@ def whole(value: Any, field: str, minimum: int | None = None, maximum: int | Non
     if maximum is not None and value > maximum:
         raise SpecError(f"{field}: must be at most {maximum:,} (see docs/errors.md for limits), got {quote(value)}")
     return value
-
-
-# ---------------------------------------------------------------------------------------------
-# Output
-# ---------------------------------------------------------------------------------------------
-
-
-def jsonable(obj: Any) -> Any:
-    """A copy of `obj` that strict JSON can hold: non-finite floats become None, tuples lists,
-    mapping keys strings (numpy scalars and arrays via their `tolist`)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (str, int)):
-        return obj
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    tolist = getattr(obj, "tolist", None)
-    if callable(tolist):
-        return jsonable(tolist())
-    if isinstance(obj, Iterable) and not isinstance(obj, (bytes, bytearray)):
-        return [jsonable(v) for v in obj]
-    return obj
-
-
-def strict_json_dumps(obj: Any, indent: int | None = 2, **kwargs: Any) -> str:
-    """JSON text of `obj` with NaN/Infinity written as null, so any JSON parser accepts it."""
-    return json.dumps(jsonable(obj), indent=indent, allow_nan=False, **kwargs)
-
-
-def write_json(path: str | Path, obj: Any, indent: int | None = 2, **kwargs: Any) -> Path:
-    """Write `obj` to `path` as strict JSON (`strict_json_dumps`) in UTF-8 with a final newline:
-    the one writer of every JSON file the tools produce, so none holds NaN or Infinity. A regular
-    file is replaced atomically (written beside it, then renamed), so a reader polling it (a test
-    waiting for a fleet's endpoints file) never sees half of it."""
-    p = Path(path)
-    text = strict_json_dumps(obj, indent=indent, **kwargs) + "\n"
-    if p.exists() and not p.is_file():  # a device or pipe (/dev/stdout): written in place
-        p.write_text(text, encoding="utf-8")
-        return p
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, p)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return p
-
-
-def check_writable_dir(path: str | Path, what: str = "--out") -> Path:
-    """`path` as a directory that exists or can be created and written; checked before any work."""
-    p = Path(path)
-    try:
-        if p.exists() and not p.is_dir():
-            raise SpecError(f"{what}={quote(str(p), 200)}: exists and is not a directory; pick a directory")
-        anchor = p
-        while not anchor.exists():
-            anchor = anchor.parent
-        if not anchor.is_dir():
-            raise SpecError(f"{what}={quote(str(p), 200)}: {anchor} is a file, so the directory cannot be made")
-        if not os.access(anchor, os.W_OK | os.X_OK):
-            raise SpecError(f"{what}={quote(str(p), 200)}: {anchor} is not writable; pick another directory")
-    except (OSError, ValueError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-        raise SpecError(f"{what}={quote(str(p), 200)}: not a usable path ({reason})") from None
-    return p
-
-
-def check_writable_file(path: str | Path, what: str = "--json") -> Path:
-    """`path` as a file that can be created or overwritten; checked before any work."""
-    p = Path(path)
-    try:
-        if p.is_dir():
-            raise SpecError(f"{what}={quote(str(p), 200)}: is a directory; give a file name")
-        parent = p.parent if str(p.parent) else Path(".")
-        if not parent.is_dir():
-            raise SpecError(f"{what}={quote(str(p), 200)}: folder {parent} does not exist; create it first")
-        if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-            raise SpecError(f"{what}={quote(str(p), 200)}: not writable; pick another path")
-    except (OSError, ValueError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-        raise SpecError(f"{what}={quote(str(p), 200)}: not a usable path ({reason})") from None
-    return p
-
-
-# ---------------------------------------------------------------------------------------------
-# Model-aware request checks
-# ---------------------------------------------------------------------------------------------
-
-OVER_CONTEXT_POLICIES = ("reject", "truncate", "skip")
-"""What a run does with a request whose prompt plus output exceeds the model's context: `reject`
-the run with the first such request named (vLLM answers such a request with HTTP 400), `truncate`
-the prompt (then the output) to fit, or `skip` the request; truncated and skipped requests are
-counted in the run's summary."""
-
-
-def request_tokens_problem(prompt_tokens: int, output_tokens: int, max_context_tokens: int) -> str | None:
-    """Why a request cannot be served by a model with this context (None when it can)."""
-    if prompt_tokens < 1:
-        return f"prompt of {prompt_tokens} tokens: a request needs at least 1 prompt token"
-    if output_tokens < 1:
-        return f"output of {output_tokens} tokens: a request generates at least 1 token"
-    if prompt_tokens + output_tokens > max_context_tokens:
-        return (f"prompt {prompt_tokens:,} + output {output_tokens:,} tokens exceeds the model's context of "
-                f"{max_context_tokens:,} tokens")
-    return None
-
-
-def check_request_tokens(prompt_tokens: int, output_tokens: int, max_context_tokens: int, where: str) -> None:
-    """SpecError (HTTP 400 on a server) when a request's lengths cannot be served by the model."""
-    problem = request_tokens_problem(prompt_tokens, output_tokens, max_context_tokens)
-    if problem:
-        raise SpecError(f"{where}: {problem}; shorten the prompt or lower the output length")
-
-
-def fit_to_context(prompt_tokens: int, output_tokens: int, max_context_tokens: int) -> tuple[int, int]:
-    """(prompt, output) cut to fit the context: the prompt keeps at most context - 1 tokens and
-    loses what the output needs (vLLM's `truncate_prompt_tokens` cuts the prompt), then the output
-    is cut to what is left. Lengths below 1 become 1."""
-    prompt = max(1, min(prompt_tokens, max_context_tokens - min(max(output_tokens, 1), max_context_tokens - 1)))
-    return prompt, max(1, min(output_tokens, max_context_tokens - prompt))

@@ -21,7 +21,7 @@ from fleetwise.spec import engine_defaults as ed
 from fleetwise.spec.base import Spec, read_document, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
-from fleetwise.spec.inputs import (
+from fleetwise.spec.limits import (
     MAX_BLOCK_TOKENS,
     MAX_DURATION_S,
     MAX_ENGINE_SEQS,

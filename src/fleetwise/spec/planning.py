@@ -18,7 +18,8 @@ from fleetwise.errors import UnknownNameError
 from fleetwise.spec.base import Spec, load_document, on_off, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
-from fleetwise.spec.inputs import MAX_GPUS, MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS, strict_json_dumps
+from fleetwise.spec.limits import MAX_GPUS, MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS
+from fleetwise.spec.output import strict_json_dumps
 from fleetwise.spec.routing import PRESETS
 from fleetwise.spec.workload import PrefixSpec, TraceArrival, WorkloadSpec
 

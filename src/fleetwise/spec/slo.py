@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from fleetwise.spec.base import Spec
-from fleetwise.spec.inputs import MAX_DURATION_S
+from fleetwise.spec.limits import MAX_DURATION_S
 
 
 class SLOSpec(Spec):

@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from fleetwise.errors import SpecError, quote
 from fleetwise.spec.base import Spec
-from fleetwise.spec.inputs import (
+from fleetwise.spec.limits import (
     MAX_DURATION_S,
     MAX_FACTOR,
     MAX_RATE_RPS,

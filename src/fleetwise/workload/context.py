@@ -14,7 +14,7 @@ import numpy as np
 
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
-from fleetwise.spec.inputs import OVER_CONTEXT_POLICIES, fit_to_context, request_tokens_problem
+from fleetwise.spec.context import OVER_CONTEXT_POLICIES, fit_to_context, request_tokens_problem
 from fleetwise.spec.plan import PlanSpec, resolve_pool
 
 __all__ = ["OVER_CONTEXT_POLICIES", "apply_context_limit", "limit_lengths", "plan_context_tokens"]

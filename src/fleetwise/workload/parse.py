@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from fleetwise.errors import SpecError, quote
-from fleetwise.spec.inputs import MAX_TOKENS, parse_json_line, whole
+from fleetwise.spec.inputs import parse_json_line, whole
+from fleetwise.spec.limits import MAX_TOKENS
 
 
 @dataclass(frozen=True, slots=True)

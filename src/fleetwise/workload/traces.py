@@ -26,7 +26,7 @@ import numpy as np
 from fleetwise.core.request import Request
 from fleetwise.core.rng import RngStreams
 from fleetwise.errors import SpecError, quote
-from fleetwise.spec.inputs import MAX_DURATION_S
+from fleetwise.spec.limits import MAX_DURATION_S
 from fleetwise.workload.formats import COLUMNS_HINT, TRACE_FORMATS, get_format, supported
 from fleetwise.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
 from fleetwise.workload.parse import TraceTable, check_path, header_names

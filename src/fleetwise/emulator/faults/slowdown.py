@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from fleetwise.emulator.faults import FaultActions, FaultKind, FaultParams, FaultState, register
-from fleetwise.spec.inputs import MAX_FACTOR, MIN_FACTOR
+from fleetwise.spec.limits import MAX_FACTOR, MIN_FACTOR
 
 
 class SlowdownParams(FaultParams):

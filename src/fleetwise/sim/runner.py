@@ -55,6 +55,7 @@ from fleetwise.sim.recording import StepRecorder
 from fleetwise.sim.recovery import Recovery
 from fleetwise.sim.results import Records, summarize, write_records
 from fleetwise.spec.faults import FaultScenario
+from fleetwise.spec.kv_format import kv_compat
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.slo import SLOSpec
 
@@ -383,13 +384,15 @@ class Simulation:
             self.release_prefill(rep, i, now_s)
             self.recovery.lost(i, now_s, "decode_lost" if dec.state == DOWN else "decode_pool_full")
             return
-        if dec.model_version != rep.model_version:
-            # KV of one model version is meaningless to another: the decode side refuses the
-            # hand-off, the KV is freed and recovery prefills the request again (or fails it),
-            # pinned to the refusing replica's version so the new attempt lands on a matching pair.
+        if not kv_compat(rep.format_now(), dec.format_now()).ok:
+            # The decode side cannot read this KV (another model version, no common format): it
+            # refuses the hand-off, the KV is freed and recovery prefills the request again (or
+            # fails it); on version skew, pinned to the refusing replica's version.
             self.release_prefill(rep, i, now_s)
-            self.reqs[i] = dataclasses.replace(self.reqs[i], model_version=dec.model_version)
-            self.recovery.lost(i, now_s, "kv_version_skew")
+            skew = dec.model_version != rep.model_version
+            if skew:
+                self.reqs[i] = dataclasses.replace(self.reqs[i], model_version=dec.model_version)
+            self.recovery.lost(i, now_s, "kv_version_skew" if skew else "kv_format_mismatch")
             return
         rec.kv_start_s[i] = now_s
         nbytes = dec.kv_bytes_per_token * self.recovery.request(i).prompt_tokens

@@ -94,8 +94,27 @@ def test_a_failed_claim_demotes_the_plan_with_its_reason(pd_search: Search) -> N
     ranking.run(again)
     assert [c.key for c in again.ranked] == [dear.key, cheap.key]
     row = to_json(again)["plans"][1]
-    assert row["demoted"] == ("demoted: claim(s) failed in simulation: KV transfer cost stays bounded; "
-                              "the two pools' queues balance")
+    # the claim and by how much it failed: the transfer p99 over its 100 ms bound (20% of 0.5 s)
+    kv99 = float(str(kv["evidence"]).split()[2]) / 1e3
+    assert row["demoted"].startswith(
+        "demoted: claim(s) failed in simulation: KV transfer cost stays bounded (transfer p99 "
+        f"{kv99 * 1e3:.0f} ms is {(kv99 - 0.1) * 1e3:.0f} ms over the 100 ms bound); the two pools' queues balance (")
+    assert kv["short_by"] and all(c["short_by"] for c in claims.results if not c["holds"])
     assert row["explanation"][-1] == row["demoted"]
     assert [r.candidate for r in again.rejected] == [cheap.key]
     assert again.rejected[0].reason.endswith("meets the SLO but " + row["demoted"])
+
+
+@pytest.mark.slow
+def test_the_planner_chooses_an_upgrade_procedure_that_keeps_pairs(spec_factory) -> None:
+    # Asked to plan rolling upgrades, a P/D plan's upgrade claim is measured under the matched-slices
+    # procedure first; it holds with it (the router pairs within a version, nothing is refused) and
+    # the plan names the procedure.
+    spec = planning_spec_from_dict({**PD_SPEC, "headroom": {**PD_SPEC["headroom"], "upgrade_batch_replicas": 1},
+                                    "search": {**PD_SPEC["search"], "refine_top": 1, "top_k": 1, "max_gpus": 4}})
+    doc = to_json(plan(spec, PlanOptions(workers=1)))
+    best = doc["plans"][0]
+    up = next(c for c in best["claims"] if c["claim"] == "service survives a rolling upgrade of both pools")
+    assert up["holds"] and up["procedure"].startswith("matched slices") and up["short_by"] == ""
+    assert best["upgrade_procedure"] == up["procedure"]
+    assert " 0 request(s) routed again" in up["evidence"]

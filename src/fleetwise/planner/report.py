@@ -115,6 +115,10 @@ def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
         d["pd_ratio"] = f"{full.pool('prefill').replicas}:{full.pool('decode').replicas}"
     if c.claims is not None:
         d["claims"] = c.claims.results
+        if c.claims.procedure:
+            d["upgrade_procedure"] = c.claims.procedure
+            d["explanation"] = [*d["explanation"], f"upgrade procedure: {c.claims.procedure} (the rolling-upgrade "  # type: ignore[misc]
+                                                   "claim holds with it in simulation)"]
     if c.demoted:
         d["demoted"] = c.demoted
         d["explanation"] = [*d["explanation"], c.demoted]  # type: ignore[misc]
@@ -157,6 +161,9 @@ def render(search: Search, console: Console) -> None:
         console.print(f"[bold red]infeasible:[/bold red] {escape(doc['infeasible'])}")
     if doc["plans"]:
         console.print(_table(doc["plans"]))
+        for p in doc["plans"]:  # D: ranked below every plan whose claims hold, and why
+            if p.get("demoted"):
+                console.print(f"  D #{p['rank']} {escape(p['demoted'])}", highlight=False)
     for p in doc["plans"]:
         console.print(f"\n[bold]#{p['rank']} {p['kind']}[/bold] ({p['gpus']} GPUs, ${p['cost_per_hour']:.2f}/h)")
         for i, line in enumerate(p["explanation"], 1):
@@ -188,7 +195,7 @@ def _table(plans: list[dict[str, Any]]) -> Table:
                           for q in p["pools"])
         pr = p["predicted"]
         lo, hi = pr["slo_attainment_ci95"]
-        t.add_row(str(p["rank"]), pools, str(p["gpus"]), f"{p['cost_per_hour']:.2f}", f"{p['cost_per_1m_tokens']:.2f}",
+        t.add_row(f"{p['rank']}\nD" if p.get("demoted") else str(p["rank"]), pools, str(p["gpus"]), f"{p['cost_per_hour']:.2f}", f"{p['cost_per_1m_tokens']:.2f}",
                   f"{pr['ttft_p99_s'] * 1e3:.0f} ms", f"{pr['tpot_p99_s'] * 1e3:.1f} ms", f"{pr['goodput_rps']:.2f}",
                   f"{pr['slo_attainment']:.1%} ({lo:.1%}-{hi:.1%})")
     return t

@@ -72,7 +72,7 @@ class Candidate:
         """Why the plan ranks below the plans whose claims hold (None when its claims hold)."""
         if self.claims is None or not self.claims.failed:
             return None
-        return "demoted: claim(s) failed in simulation: " + "; ".join(self.claims.failed)
+        return "demoted: claim(s) failed in simulation: " + "; ".join(self.claims.failed_by)
 
 
 @dataclass

@@ -45,7 +45,7 @@ class ApiError(Exception):
     """A request the server refuses: HTTP `status` with an OpenAI-style error body."""
 
     TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-             413: "BadRequestError", 503: "ServiceUnavailableError"}
+             409: "ConflictError", 413: "BadRequestError", 503: "ServiceUnavailableError"}
 
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)

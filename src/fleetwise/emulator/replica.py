@@ -31,6 +31,7 @@ from fleetwise.emulator import faults as fault_kinds
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.generation import OutputLengthModel, TokenStream
 from fleetwise.emulator.kv_events import KvEventPublisher
+from fleetwise.emulator.kv_format import check_pull, format_params, params_format
 from fleetwise.emulator.kv_link import KvPort
 from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.protocol import ApiError, GenRequest
@@ -44,6 +45,7 @@ from fleetwise.perf.kv import kv_shards, kv_transfer_bytes
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.perf.types import Deployment
+from fleetwise.spec.kv_format import declared_format
 from fleetwise.spec.plan import PoolSpec
 
 MAX_DST_KINDS = 64
@@ -194,6 +196,9 @@ class EmulatedReplica:
         self.build = build = build_pool(pool, perf, WHERE)
         self.deployment = build.deployment
         self.block_size = build.config.block_size
+        self.kv_format = declared_format(cfg.model_version, cfg.kv_dtype, self.block_size, pool.parallelism.tp,
+                                         build.deployment.accelerator)
+        """The KV format this replica declares in hand-offs and checks every pull against."""
         self.kv_capacity_tokens = build.kv_capacity_tokens
         self.engine = build.engine(cfg.name)
         self.engine.per_request_outputs = True
@@ -535,7 +540,7 @@ class EmulatedReplica:
             "do_remote_prefill": True, "do_remote_decode": False,
             "remote_block_ids": list(range(n_blocks)), "remote_engine_id": self.cfg.engine_id,
             "remote_host": self.cfg.host, "remote_port": self.cfg.port, "remote_request_id": lv.rid,
-            "tp_size": self.pool.parallelism.tp, "pp_size": self.pool.parallelism.pp,
+            "tp_size": self.pool.parallelism.tp, "pp_size": self.pool.parallelism.pp, **format_params(self.kv_format),
         }
         lease = _Lease(lv, len(lv.req.prompt_ids))
         self._leases[lv.rid] = lease
@@ -567,6 +572,8 @@ class EmulatedReplica:
             raise ApiError(404, f"remote_engine_id={body.get('remote_engine_id')!r} is not this engine "
                                 f"({self.cfg.engine_id})", "remote_engine_id")
         dst = body.get("dst") or {}
+        check_pull(self.kv_format, params_format(body.get("kv_format") or {}, self.cfg.model_version),
+                   "the prefill replica")
         try:
             dst_dep = self._dst_deployment(dst)
             dst_bw = float(body.get("link_bytes_per_s", self.cfg.kv_link.bytes_per_s)) * kv_shards(dst_dep)
@@ -659,10 +666,16 @@ class EmulatedReplica:
         if self._kv_pull is None or self.kv_port is None or self.clock is None:
             self._fail(lv, ApiError(503, "this replica cannot reach prefill replicas (no KV client)"))
             return
+        try:  # an incompatible KV format is refused before anything moves
+            check_pull(params_format(ktp, self.cfg.model_version), self.kv_format, "this decode replica")
+        except ApiError as err:
+            self._fail(lv, err)
+            return
         dst = {"model": self.cfg.model, "accelerator": self.cfg.gpu, "tp": self.cfg.tp, "pp": self.cfg.pp,
                "kv_dtype": self.cfg.kv_dtype}
         req = {"remote_request_id": ktp.get("remote_request_id"), "remote_engine_id": ktp.get("remote_engine_id"),
-               "dst": dst, "dst_port": self.kv_port_name(), "link_bytes_per_s": self.cfg.kv_link.bytes_per_s}
+               "dst": dst, "dst_port": self.kv_port_name(), "link_bytes_per_s": self.cfg.kv_link.bytes_per_s,
+               "kv_format": {**format_params(self.kv_format), "tp_size": self.cfg.tp}}
         try:
             src_bw = self.cfg.kv_link.bytes_per_s * kv_shards(self._src_deployment(ktp))
         except (SpecError, ValueError, TypeError) as err:

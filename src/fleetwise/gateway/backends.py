@@ -13,8 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwise.core.views import FleetView, WorkerView
+from fleetwise.errors import UnknownNameError
 from fleetwise.gateway.config import BackendSpec, BreakerSpec
 from fleetwise.gateway.scrape import EngineLoad
+from fleetwise.spec.catalog import get_gpu
+from fleetwise.spec.hardware import AcceleratorSpec
+from fleetwise.spec.kv_format import KvFormat, declared_format
 
 __all__ = ["Backend", "Backends", "Breaker", "Decision"]
 
@@ -100,6 +104,12 @@ class Backend:
     tpot_ewma_s: float | None = None
     recent: deque[Decision] = field(default_factory=deque)
     removed: bool = False
+    kv_format: KvFormat | None = None
+    """The KV format its config declares (`backend_kv_format`, set when the backend is added)."""
+
+    def __post_init__(self) -> None:
+        if self.kv_format is None:
+            self.kv_format = backend_kv_format(self.spec)
 
     @property
     def name(self) -> str:
@@ -133,7 +143,8 @@ class Backend:
         return WorkerView(name=s.key, role=s.role, pool=s.pool, accelerator=s.accelerator,
                           model_version=s.model_version, region=s.region, healthy=self.available(now_s),
                           queued_requests=waiting, running_requests=running, queued_prefill_tokens=pre,
-                          running_decode_tokens=dec, kv_usage=kv, weight=s.weight, reported_at_s=at)
+                          running_decode_tokens=dec, kv_usage=kv, weight=s.weight, reported_at_s=at,
+                          kv_format=self.kv_format)
 
     def scraped(self, load: EngineLoad, now_s: float) -> None:
         """A scrape landed: the engine's load, and the gateway's own token counts as of now."""
@@ -170,6 +181,19 @@ class Backend:
             "recent": [{"request_id": d.request_id, "at_s": round(d.at_s, 3), "kind": d.kind,
                         "reason": d.reason, "score": d.score} for d in self.recent],
         }
+
+
+def backend_kv_format(s: BackendSpec) -> KvFormat:
+    """The KV format a backend's config declares: its version, KV dtype (as its card encodes it
+    when `accelerator` is a catalog name), block size, TP degree and vendor; undeclared parts None."""
+    try:
+        gpu: AcceleratorSpec | None = get_gpu(s.accelerator) if s.accelerator else None
+    except UnknownNameError:
+        gpu = None
+    if gpu is not None and s.kv_dtype is not None:
+        return declared_format(s.model_version, s.kv_dtype, s.block_size, s.tp, gpu)
+    return KvFormat(s.model_version, s.kv_dtype, s.block_size, s.tp, gpu.vendor if gpu else None,
+                    tuple(sorted(set(gpu.kv_formats.values()))) if gpu else ())
 
 
 class Backends:

@@ -114,7 +114,8 @@ def kv_conversion_s(nbytes: float, compat: KvCompat, receiver_hbm_bytes_per_s: f
     return CONVERSION_PASSES * nbytes / receiver_hbm_bytes_per_s
 
 
-def declared_format(model_version: str, kv_dtype: str, block_size: int, tp: int, accelerator: AcceleratorSpec) -> KvFormat:
+def declared_format(model_version: str, kv_dtype: str, block_size: int | None, tp: int | None,
+                    accelerator: AcceleratorSpec) -> KvFormat:
     """The KV format a replica of this pool declares: its card's encoding of `kv_dtype`, block
     size, TP degree and vendor; it reads every encoding its card's engines store."""
     return KvFormat(model_version, accelerator.kv_encoding(kv_dtype), block_size, tp, accelerator.vendor,

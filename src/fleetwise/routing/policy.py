@@ -60,7 +60,7 @@ from fleetwise.routing.plugins import (
 )
 from fleetwise.routing.predictor import OutputPredictor
 from fleetwise.routing.prefix_index import PrefixIndex
-from fleetwise.routing.safe_mode import SafeModeTracker
+from fleetwise.routing.safe_mode import SafeModeTracker, as_fresh
 from fleetwise.routing.state import InFlight, LatencyFeedback, Pending
 from fleetwise.routing.vector import VECTOR_SCORERS, VIEW_ONLY_SCORERS, Columns, ScoreTable
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
@@ -216,6 +216,9 @@ class ComposedPolicy:
         self._expected = 0 if self._simple else self.predictor.expect(
             req.request_id, req.tenant, req.prompt_tokens, req.max_output_tokens)
         e = self._eligible_cached(req, fleet)
+        if not self.safe.spec.enabled and self.safe.stale(now, e.reported):  # off: the stale view taken as fresh
+            fleet = as_fresh(fleet)
+            e = self._eligible_cached(req, fleet)
         ws = e.ws
         self.picker.weights = e.weights
         if not ws:

@@ -54,7 +54,8 @@ def _reconcile(search: Search) -> None:
     dg["best_plan"] = {"kind": top.kind, "plan": top.key, "cost_per_hour": top.cost_per_hour}
     split_wins = top.kind != "colocated"
     if split_wins != (dg.get("verdict") == "disaggregate"):
-        dg["reason"] = f"{dg['reason']}; but {verdict_sentence(search.ranked, dg.get('pd_split'))}"
+        pd_split = dg.get("pd_split")
+        dg["reason"] = f"{dg['reason']}; but {verdict_sentence(search.ranked, pd_split if isinstance(pd_split, list) else None)}"
         dg["verdict"] = "disaggregate" if split_wins else "colocate"
 
 
@@ -80,8 +81,8 @@ def verdict_sentence(ranked: list[Candidate], pd_split: list[int] | None) -> str
         return head + (f", which uses a different layout per phase (prefill {pre.layout.label}, decode "
                        f"{dec.layout.label})")
     ratio = f"{pre.replicas}:{dec.replicas}" if pre is not None and dec is not None else "its own"
-    split = f"{pd_split[0]}:{pd_split[1]}" if pd_split else "the equal-cost"
-    return head + f", sized P:D {ratio} for the target rate rather than the {split} split of the colocated fleet"
+    equal = f"{pd_split[0]}:{pd_split[1]}" if pd_split else "the equal-cost"
+    return head + f", sized P:D {ratio} for the target rate rather than the {equal} split of the colocated fleet"
 
 
 def _miss(search: Search, v: SimVerdict) -> str:

@@ -118,3 +118,36 @@ def test_the_planner_chooses_an_upgrade_procedure_that_keeps_pairs(spec_factory)
     assert up["holds"] and up["procedure"].startswith("matched slices") and up["short_by"] == ""
     assert best["upgrade_procedure"] == up["procedure"]
     assert " 0 request(s) routed again" in up["evidence"]
+
+
+def test_the_confirmation_also_moves_the_ratio_down(pd_search: Search) -> None:
+    from fleetwise.planner.refinement import refine_plan
+
+    # The cheapest plan's fleet given two decode replicas too many: once the run at peak passes,
+    # the less-utilised pool sheds replicas while the SLO still holds without them.
+    best = pd_search.ranked[0]
+    assert best.refined is not None
+    big = best.refined.serving.with_replicas(decode=best.refined.serving.pool("decode").replicas + 2)
+    r = refine_plan(pd_search.ctx, "oversized", big, {})
+    assert r.corrections and all(c.startswith("removed a decode replica") for c in r.corrections)
+    assert r.serving.pool("decode").replicas < big.pool("decode").replicas
+    assert r.confirm is not None and r.confirm.passed
+
+
+def test_the_prefill_queue_is_m_g_1_over_the_prompt_lengths() -> None:
+    import math
+
+    from fleetwise.perf.roofline import PerfModel
+    from fleetwise.perf.types import Deployment
+    from fleetwise.planner.latency import _wait_quantile, service_cv2
+    from fleetwise.spec.catalog import get_gpu, get_model
+    from fleetwise.spec.parallel import ParallelismSpec
+
+    # Pollaczek-Khinchine: C^2 = 0 is M/D/1, C^2 = 1 doubles the mean wait (M/M/1's); the p90
+    # quantile is (Wq / rho) ln(rho / 0.1) with Wq = rho S (1 + C^2) / (2 (1 - rho))
+    assert _wait_quantile(0.5, 1.0, 90) == pytest.approx(0.5 / 0.5 * math.log(0.5 / 0.1))
+    assert _wait_quantile(0.5, 1.0, 90, 1.0) == pytest.approx(2 * _wait_quantile(0.5, 1.0, 90))
+    dep = PerfModel().bind(Deployment(get_model("llama-3.1-8b"), get_gpu("h200-sxm"), ParallelismSpec()))
+    assert service_cv2(dep, (2000.0,) * 10) == pytest.approx(0.0, abs=1e-12)
+    spread = service_cv2(dep, tuple(float(x) for x in (200, 500, 1000, 2000, 4000, 8000, 16000)))
+    assert 0.5 < spread < 2.0  # service times roughly proportional to prompt length: C^2 near the lengths'

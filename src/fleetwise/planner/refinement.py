@@ -75,6 +75,31 @@ def _correct(ctx: Context, v: SimVerdict, fleet: FleetShape) -> tuple[FleetShape
     return fleet.with_replicas(**{role: n + 1}), f"added a {role} replica ({n} -> {n + 1}) after the check missed"
 
 
+def _trim(ctx: Context, out: Refined, fleet: FleetShape) -> FleetShape:
+    """The P:D ratio moved down as well as up: while a pool of the confirmed P/D fleet (the
+    less-utilised first) has a replica to spare and the run at peak still meets the SLO without
+    it, drop it (at most MAX_CORRECTIONS corrections in all). Returns the fleet kept."""
+    assert out.confirm is not None
+    shrunk = True
+    while shrunk and fleet.disaggregated and len(out.corrections) < MAX_CORRECTIONS:
+        shrunk = False
+        util = out.confirm.utilization
+        for role in sorted(("prefill", "decode"), key=lambda r: (util.get(r, 1.0), r)):
+            n = fleet.pool(role).replicas
+            if n <= 1:
+                continue
+            smaller = fleet.with_replicas(**{role: n - 1})
+            v = run_fleet(ctx.spec, ctx.mix, smaller, ctx.prices, ctx.peak_rps, seed=0)
+            out.runs += 1
+            out.tried.append((smaller, v))
+            if v.passed:
+                out.corrections.append(f"removed a {role} replica ({n} -> {n - 1}): at {util.get(role, 0.0):.0%} "
+                                       "utilisation the run at peak still met the SLO without it")
+                fleet, out.confirm, shrunk = smaller, v, True
+                break
+    return fleet
+
+
 def refine_plan(ctx: Context, key: str, serving: FleetShape, spare: dict[str, int]) -> Refined:
     """Confirm at peak (correcting up to MAX_CORRECTIONS times), then seeds at the target rate, then failures."""
     out = Refined(key, serving, serving)
@@ -90,6 +115,8 @@ def refine_plan(ctx: Context, key: str, serving: FleetShape, spare: dict[str, in
             break
         fleet, why = fix
         out.corrections.append(why)
+    if out.confirm is not None and out.confirm.passed:
+        fleet = _trim(ctx, out, fleet)
     out.serving = fleet
     out.full = fleet.with_replicas(**{p.role: p.replicas + spare.get(p.role, 0) for p in fleet.pools})
     rate = ctx.spec.workload.rate_rps

@@ -150,7 +150,7 @@ def _pd_steps(search: Search, p: Layout, d: Layout, sp: Sizing, sd: Sizing) -> l
     return [
         (f"P:D from the queueing model: input/output tokens {st.prompt_mean:,.0f}/{st.output_mean:,.0f} = "
          f"{st.prompt_mean / st.output_mean:.1f}; prefill service {ep.prefill_s_per_request * 1e3:.0f} ms per mean "
-         f"prompt (M/D/1 queue, TTFT budget after the p{search.spec.slo.percentile} prefill and a KV transfer p99 of "
+         f"prompt (M/G/1 queue, service-time C^2 {ep.prefill_service_cv2:.2f} over the prompt lengths, TTFT budget after the p{search.spec.slo.percentile} prefill and a KV transfer p99 of "
          f"{ep.kv_transfer_p99_s * 1e3:.1f} ms = {kvb * st.prompt_p99 / 1e9:.2f} GB) gives {ep.mu_prefill_rps:.2f} "
          f"req/s per prefill replica; decode batch {ed.decode_batch} at {ed.tpot_at_batch_s * 1e3:.1f} ms per step "
          f"for {st.output_mean:.0f} tokens gives {ed.mu_decode_rps:.2f} req/s per decode replica; analytical "

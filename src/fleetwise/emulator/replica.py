@@ -700,6 +700,8 @@ class EmulatedReplica:
                 return
             lv.pull_end_s = t
             self.metrics.kv_transfer.observe(t - start_s)
+            self.metrics.nixl_xfer_time.observe(t - start_s)
+            self.metrics.nixl_bytes.observe(nbytes)
             self._admit(t, (lv, er))
 
         def ingress_landed(t: float, _seconds: float, _shared: bool) -> None:
@@ -727,6 +729,7 @@ class EmulatedReplica:
         try:
             res = await self._kv_pull(ktp, req)
         except ApiError as err:
+            self.metrics.nixl_failed.inc()
             self._fail(lv, ApiError(503 if err.status >= 500 else err.status, f"KV pull failed: {err.message}",
                                     "kv_transfer_params"))
             return

@@ -381,7 +381,7 @@ class Gateway:
         k = tuple(key)
         if k != self._fleet_key or self._fleet_workers is None:
             self._fleet_key, self._fleet_workers = k, self.backends.fleet(now_s)
-        return FleetView(now_s=now_s, workers=self._fleet_workers.workers)
+        return FleetView(now_s=now_s, workers=self._fleet_workers.workers, links=self.backends.links(now_s))
 
     # ---- the ASGI application --------------------------------------------------------------------
 

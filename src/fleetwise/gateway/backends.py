@@ -12,9 +12,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetwise.core.views import FleetView, WorkerView
+from fleetwise.core.views import FleetView, KvLinkView, WorkerView
 from fleetwise.errors import UnknownNameError
 from fleetwise.gateway.config import BackendSpec, BreakerSpec
+from fleetwise.gateway.kv_links import LinkEstimate
 from fleetwise.gateway.scrape import EngineLoad
 from fleetwise.spec.catalog import get_gpu
 from fleetwise.spec.hardware import AcceleratorSpec
@@ -106,6 +107,8 @@ class Backend:
     removed: bool = False
     kv_format: KvFormat | None = None
     """The KV format its config declares (`backend_kv_format`, set when the backend is added)."""
+    kv_link: LinkEstimate = field(default_factory=LinkEstimate)
+    """Its KV transfers' measured bandwidth (decode backends; from the scraped NIXL metrics)."""
 
     def __post_init__(self) -> None:
         if self.kv_format is None:
@@ -149,6 +152,7 @@ class Backend:
     def scraped(self, load: EngineLoad, now_s: float) -> None:
         """A scrape landed: the engine's load, and the gateway's own token counts as of now."""
         self.load, self.scraped_at_s = load, now_s
+        self.kv_link.scraped(load.kv_xfer_s_total, load.kv_xfer_count, load.kv_xfer_bytes_total, now_s)
         self.view_prefill_tokens, self.view_decode_tokens = self.own_prefill_tokens, self.own_decode_tokens
 
     def work(self, prompt_tokens: int, output_tokens: int) -> tuple[int, int]:
@@ -242,4 +246,17 @@ class Backends:
     def fleet(self, now_s: float, exclude: frozenset[str] = frozenset()) -> FleetView:
         """The view a policy routes on; `exclude` hides backends a retry must avoid."""
         workers = tuple(b.view(now_s) for name, b in self.live.items() if name not in exclude)
-        return FleetView(now_s=now_s, workers=workers)
+        return FleetView(now_s=now_s, workers=workers, links=self.links(now_s))
+
+    def links(self, now_s: float) -> tuple[KvLinkView, ...]:
+        """Each prefill->decode pair's KV link as measured at its decode backend (`kv_links`): the
+        decayed bandwidth estimate, relaxed towards the fleet's best fresh one; empty until some
+        decode backend has reported a transfer."""
+        dec = [b for b in self.live.values() if b.spec.role == "decode"]
+        fresh = [b.kv_link.bytes_per_s for b in dec if b.kv_link.bytes_per_s is not None]
+        if not fresh:
+            return ()
+        best = max(fresh)
+        pre = [b for b in self.live.values() if b.spec.role == "prefill"]
+        return tuple(KvLinkView(p.name, d.name, d.kv_link.at(now_s, best), 0.0, 0, d.available(now_s))
+                     for p in pre for d in dec)

@@ -23,11 +23,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fleetwise.perf.kv import handoff_extra_s, kv_shards
 from fleetwise.planner.fit import Layout, Rejection
 from fleetwise.planner.goodput import kv_link_rates
 from fleetwise.planner.latency import latency_line, profile_line
 from fleetwise.planner.simulate import FleetShape, PoolShape
 from fleetwise.planner.state import Candidate, Search
+from fleetwise.spec.engine_defaults import BLOCK_SIZE
+from fleetwise.spec.kv_format import declared_format, kv_compat
 from fleetwise.spec.planning import HeadroomSpec
 
 
@@ -159,9 +162,39 @@ def _pd_steps(search: Search, p: Layout, d: Layout, sp: Sizing, sd: Sizing) -> l
     ]
 
 
+def handoff_line(search: Search, p: Layout, d: Layout) -> tuple[bool, str | None]:
+    """Whether a decode replica of layout `d` can take a prefill replica of `p`'s KV (`kv_compat`
+    on the formats the two cards declare), and for a pair that is not direct, the explanation of
+    what crossing costs per mean prompt (staging copies between vendors, a conversion pass)."""
+    kv_dtype = search.spec.kv_dtype
+    dp, dd = search.hw.deployment(p, kv_dtype), search.hw.deployment(d, kv_dtype)
+    src = declared_format("v1", kv_dtype, BLOCK_SIZE, p.tp, dp.accelerator)
+    dst = declared_format("v1", kv_dtype, BLOCK_SIZE, d.tp, dd.accelerator)
+    c = kv_compat(src, dst)
+    if not c.ok:
+        return False, f"prefill {p.label} -> decode {d.label}: {c.reason}"
+    if c.direct:
+        return True, None
+    nbytes = search.hw.model.kv_bytes_per_token(kv_dtype) * search.stats.prompt_mean
+    link_bw, _ = kv_link_rates(search, p)
+    wire = nbytes / (min(kv_shards(dp), kv_shards(dd)) * link_bw)
+    extra = handoff_extra_s(nbytes, c, dp, dd)
+    what = ([f"no device-to-device path between {src.vendor} and {dst.vendor}: each side stages the KV through "
+             "host memory"] if c.cross_vendor else []) + [f"the decode side converts {x}" for x in c.conversions]
+    return True, (f"KV hand-off {src.label()} -> {dst.label()}: {'; '.join(what)}: +{extra * 1e3:.1f} ms per mean "
+                  f"prompt ({nbytes / 1e6:.0f} MB) on top of {wire * 1e3:.1f} ms on the link, priced in every "
+                  "simulation of this plan")
+
+
 def _disaggregated(search: Search, p: Layout, d: Layout) -> Candidate | None:
     gp, gd = search.goodput.get(("prefill", p), 0.0), search.goodput.get(("decode", d), 0.0)
     if gp <= 0 or gd <= 0:
+        return None
+    ok, crossing = handoff_line(search, p, d)
+    if not ok:
+        kind = "heterogeneous" if p.accelerator != d.accelerator else "disaggregated"
+        search.rejected.append(Rejection(f"{kind} P[{p.label}] D[{d.label}]",
+                                         f"no common KV format: {crossing}"))
         return None
     w, h = search.spec.workload, search.spec.headroom
     sp, sd = size_pool("prefill", gp, w.rate_rps, search.burst, h), size_pool("decode", gd, w.rate_rps, search.burst, h)
@@ -169,6 +202,8 @@ def _disaggregated(search: Search, p: Layout, d: Layout) -> Candidate | None:
     kind = "heterogeneous" if p.accelerator != d.accelerator else "disaggregated"
     both = _base_steps(search, "prefill", p) + _base_steps(search, "decode", d)
     steps = list(dict.fromkeys(both)) + _pd_steps(search, p, d, sp, sd) + [sp.explain(h), sd.explain(h)]
+    if crossing:
+        steps.append(crossing)
     return Candidate(f"{kind} P[{p.label}] D[{d.label}]", kind, fleet, {"prefill": sp, "decode": sd}, steps)
 
 

@@ -60,3 +60,23 @@ def test_the_gateway_avoids_a_degraded_kv_link() -> None:
         assert "e1" in picks[:6]  # it was tried before anything was known
         assert "e1" not in picks[12:]  # then skipped: below half the best healthy link
     run(scenario)
+
+
+def test_the_link_view_counts_the_gateways_hand_offs_in_flight_per_pair():
+    from fleetwise.gateway.backends import Backends
+    from fleetwise.gateway.config import BackendSpec, BreakerSpec
+
+    bs = Backends(BreakerSpec(), 4)
+    for name, role in (("p0", "prefill"), ("d0", "decode"), ("d1", "decode")):
+        bs.upsert(BackendSpec(url=f"http://127.0.0.1:1/{name}", name=name, role=role))
+    assert bs.links(0.0) == ()  # nothing measured yet: no link data
+    bs.get("d0").kv_link.scraped(0.1, 1.0, 1e9, 1.0)  # 10 GB/s
+    bs.get("d1").kv_link.scraped(1.0, 1.0, 1e9, 1.0)  # 1 GB/s
+    bs.handoff_started("r1", "p0", "d1")
+    bs.handoff_started("r2", "p0", "d1")
+    links = {lk.dst: lk for lk in bs.links(1.0)}
+    assert (links["d0"].bandwidth_bytes_per_s, links["d0"].active_transfers) == (1e10, 0)
+    assert (links["d1"].bandwidth_bytes_per_s, links["d1"].active_transfers) == (1e9, 2)
+    bs.handoff_ended("r1")
+    bs.handoff_ended("r1")  # idempotent
+    assert {lk.dst: lk.active_transfers for lk in bs.links(1.0)} == {"d0": 0, "d1": 1}

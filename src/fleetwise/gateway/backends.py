@@ -8,7 +8,7 @@ until its last in-flight request ends. Times are the gateway clock's seconds (`n
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +212,9 @@ class Backends:
         self._view_workers: tuple[WorkerView, ...] = ()
         self.version = 0
         """Bumped on every change of membership, health or breaker state."""
+        self.handoffs: dict[str, tuple[str, str]] = {}
+        """Request id -> (prefill, decode) of each P/D hand-off in flight (prefill answered, decode
+        leg's first event not yet come)."""
 
     def upsert(self, spec: BackendSpec) -> tuple[Backend, bool]:
         """Add a backend, or replace the labels of an existing one; True when newly added."""
@@ -250,13 +253,23 @@ class Backends:
 
     def links(self, now_s: float) -> tuple[KvLinkView, ...]:
         """Each prefill->decode pair's KV link as measured at its decode backend (`kv_links`): the
-        decayed bandwidth estimate, relaxed towards the fleet's best fresh one; empty until some
-        decode backend has reported a transfer."""
+        decayed bandwidth estimate, relaxed towards the fleet's best fresh one, and the hand-offs
+        this gateway has in flight on the pair; empty until some decode backend has reported a
+        transfer."""
         dec = [b for b in self.live.values() if b.spec.role == "decode"]
         fresh = [b.kv_link.bytes_per_s for b in dec if b.kv_link.bytes_per_s is not None]
         if not fresh:
             return ()
         best = max(fresh)
         pre = [b for b in self.live.values() if b.spec.role == "prefill"]
-        return tuple(KvLinkView(p.name, d.name, d.kv_link.at(now_s, best), 0.0, 0, d.available(now_s))
-                     for p in pre for d in dec)
+        active = Counter(self.handoffs.values())
+        return tuple(KvLinkView(p.name, d.name, d.kv_link.at(now_s, best), 0.0, active[(p.name, d.name)],
+                                d.available(now_s)) for p in pre for d in dec)
+
+    def handoff_started(self, request_id: str, prefill: str, decode: str) -> None:
+        """A prefill leg answered: request `request_id`'s KV is on its way from `prefill` to `decode`."""
+        self.handoffs[request_id] = (prefill, decode)
+
+    def handoff_ended(self, request_id: str) -> None:
+        """The decode leg's first event (or answer, or failure) came: the hand-off is over."""
+        self.handoffs.pop(request_id, None)

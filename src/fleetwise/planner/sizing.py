@@ -47,6 +47,8 @@ class Sizing:
     serving: int
     failures: int
     upgrade: int
+    load_s: float = 0.0
+    """Seconds a replica reads its weights on a cold start (added to `cold_start_s`)."""
 
     @property
     def total(self) -> int:
@@ -54,9 +56,11 @@ class Sizing:
 
     def explain(self, headroom: HeadroomSpec) -> str:
         """One plain sentence with every term and its inputs."""
+        cold = (f"{headroom.cold_start_s + self.load_s:.0f} s = {headroom.cold_start_s:g} s start + "
+                f"{self.load_s:.1f} s reading the weights")
         ramp = (f" + cold-start ramp {self.ramp_replicas:.2f} ({headroom.rate_growth_per_min:.0%}/min growth over "
-                f"{headroom.cold_start_s:.0f} s)" if self.ramp_replicas > 0 else
-                f" (cold start {headroom.cold_start_s:.0f} s adds no ramp term: rate_growth_per_min is 0)")
+                f"{cold})" if self.ramp_replicas > 0 else
+                f" (cold start {cold} adds no ramp term: rate_growth_per_min is 0)")
         upgrade_why = ("an upgrade batch also out during failures" if headroom.failures_during_upgrade
                        else "upgrade batch beyond the failure spares")
         return (
@@ -67,19 +71,21 @@ class Sizing:
         )
 
 
-def size_pool(role: str, goodput_rps: float, rate_rps: float, burst: float, headroom: HeadroomSpec) -> Sizing:
-    """Replicas for one pool (goodput must be > 0: callers drop candidates that cannot meet the SLO)."""
+def size_pool(role: str, goodput_rps: float, rate_rps: float, burst: float, headroom: HeadroomSpec,
+              load_s: float = 0.0) -> Sizing:
+    """Replicas for one pool (goodput must be > 0: callers drop candidates that cannot meet the
+    SLO); `load_s`: seconds a replica reads its weights on a cold start."""
     if goodput_rps <= 0:
         raise ValueError("goodput_rps must be positive")
     load = rate_rps * burst / goodput_rps
-    ramp = load * headroom.rate_growth_per_min * headroom.cold_start_s / 60.0
+    ramp = load * headroom.rate_growth_per_min * (headroom.cold_start_s + load_s) / 60.0
     serving = max(1, math.ceil(load + ramp - 1e-9))
     failures = headroom.failures_to_survive
     if headroom.failures_during_upgrade:
         upgrade = headroom.upgrade_batch_replicas
     else:
         upgrade = max(0, headroom.upgrade_batch_replicas - failures)
-    return Sizing(role, goodput_rps, rate_rps, burst, load, ramp, serving, failures, upgrade)
+    return Sizing(role, goodput_rps, rate_rps, burst, load, ramp, serving, failures, upgrade, load_s)
 
 
 def pd_ratio_text(prefill: Sizing, decode: Sizing) -> str:
@@ -139,7 +145,7 @@ def _colocated(search: Search, lay: Layout) -> Candidate | None:
     if g <= 0:
         return None
     w = search.spec.workload
-    s = size_pool("mixed", g, w.rate_rps, search.burst, search.spec.headroom)
+    s = size_pool("mixed", g, w.rate_rps, search.burst, search.spec.headroom, search.ctx.load_s(lay))
     fleet = FleetShape((PoolShape("mixed", lay, s.serving),))
     steps = _base_steps(search, "mixed", lay) + [s.explain(search.spec.headroom)]
     return Candidate(f"colocated {lay.label}", "colocated", fleet, {"mixed": s}, steps)
@@ -197,7 +203,8 @@ def _disaggregated(search: Search, p: Layout, d: Layout) -> Candidate | None:
                                          f"no common KV format: {crossing}"))
         return None
     w, h = search.spec.workload, search.spec.headroom
-    sp, sd = size_pool("prefill", gp, w.rate_rps, search.burst, h), size_pool("decode", gd, w.rate_rps, search.burst, h)
+    sp = size_pool("prefill", gp, w.rate_rps, search.burst, h, search.ctx.load_s(p))
+    sd = size_pool("decode", gd, w.rate_rps, search.burst, h, search.ctx.load_s(d))
     fleet = FleetShape((PoolShape("prefill", p, sp.serving), PoolShape("decode", d, sd.serving)), *kv_link_rates(search, p))
     kind = "heterogeneous" if p.accelerator != d.accelerator else "disaggregated"
     both = _base_steps(search, "prefill", p) + _base_steps(search, "decode", d)

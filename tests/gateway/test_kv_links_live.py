@@ -34,6 +34,23 @@ def test_the_estimate_is_bytes_over_transfer_seconds_and_fades_towards_the_best(
     assert (e.bytes_per_s, e.measured_at_s) == (1e9, 60.0)
 
 
+def _simulated_picks(n: int) -> list[str]:
+    """The same fleet in the simulator (decode `d-0`'s port at 5% for the whole run), the same
+    sequential requests: where the default policy sends each one."""
+    from fleetwise.core.request import Request
+    from fleetwise.sim.runner import simulate
+    from fleetwise.spec.faults import FaultScenario, KvLinkFault
+    from fleetwise.spec.plan import PlanSpec
+
+    plan = PlanSpec(kv_link={"gbps": 100}, routing="fleetwise-default", pools=[
+        {"name": "p", "role": "prefill", "accelerator": "h100-sxm", "model": MODEL},
+        {"name": "d", "role": "decode", "replicas": 3, "accelerator": "h100-sxm", "model": MODEL}])
+    faults = FaultScenario(name="slow", faults=[KvLinkFault(replica="d-0", start_s=0, end_s=1e6,
+                                                             bandwidth_factor=0.05)])
+    res = simulate(plan, [Request(str(k), k * 0.5, 2001, 4) for k in range(n)], faults=faults)
+    return [res.replica_names[w] for w in res.records.worker]
+
+
 def test_the_gateway_avoids_a_degraded_kv_link() -> None:
     async def scenario() -> None:
         each = [{"kv_link": FAST}, {"kv_link": SLOW}, {"kv_link": FAST}, {"kv_link": FAST}]
@@ -59,6 +76,8 @@ def test_the_gateway_avoids_a_degraded_kv_link() -> None:
         assert links[("e0", "e1")].bandwidth_bytes_per_s < 0.5 * links[("e0", "e2")].bandwidth_bytes_per_s
         assert "e1" in picks[:6]  # it was tried before anything was known
         assert "e1" not in picks[12:]  # then skipped: below half the best healthy link
+        # the simulator, whose router sees the link from the start, never sends it anything
+        assert set(_simulated_picks(24)) == {"d-1", "d-2"}
     run(scenario)
 
 

@@ -64,3 +64,15 @@ def handoff_extra_s(nbytes: float, compat: KvCompat, src: Deployment, dst: Deplo
     lanes = min(kv_shards(src), kv_shards(dst))
     staging = 2 * nbytes / (lanes * STAGING_COPY_BYTES_PER_S) if compat.cross_vendor else 0.0
     return staging + kv_conversion_s(nbytes, compat, dst.accelerator.hbm_bytes_per_s * dst.parallelism.gpus)
+
+
+def shared_rate(src_bytes_per_s: float, src_active: int, dst_bytes_per_s: float, dst_active: int) -> float:
+    """Bytes/s one transfer gets between two processor-shared KV ports: `min(bw_s / n_s, bw_d / n_d)`,
+    `n_x` the transfers active on port x (this one included). The one rate the simulator's network
+    and the emulator's ports both move KV at."""
+    return min(src_bytes_per_s / src_active, dst_bytes_per_s / dst_active)
+
+
+def bytes_left(remaining: float, rate_bytes_per_s: float, elapsed_s: float) -> float:
+    """Bytes of a transfer still to move after `elapsed_s` at `rate_bytes_per_s` (never negative)."""
+    return max(0.0, remaining - rate_bytes_per_s * elapsed_s)

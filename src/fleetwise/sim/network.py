@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetwise.core.views import KvLinkView
+from fleetwise.perf.kv import bytes_left, shared_rate
 from fleetwise.sim.events import EventLoop, Priority, TransferEnd
 
 
@@ -129,13 +130,13 @@ class KvNetwork:
 
     def _rate(self, tr: Transfer) -> float:
         ps, pd = self.ports[tr.src], self.ports[tr.dst]
-        return min(ps.effective_bw / len(ps.active), pd.effective_bw / len(pd.active))
+        return shared_rate(ps.effective_bw, len(ps.active), pd.effective_bw, len(pd.active))
 
     def _reschedule(self, now_s: float, tids: set[int]) -> None:
         """Bring `remaining` up to `now_s` at the old rate, then set the new rate and end time."""
         for tid in sorted(tids):
             tr = self.transfers[tid]
-            tr.remaining = max(0.0, tr.remaining - tr.rate * (now_s - tr.last_s))
+            tr.remaining = bytes_left(tr.remaining, tr.rate, now_s - tr.last_s)
             tr.last_s = now_s
             tr.rate = self._rate(tr)
             tr.version += 1

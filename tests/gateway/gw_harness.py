@@ -134,15 +134,17 @@ async def running_fleet(n: int = 2, *, roles: tuple[str, ...] | None = None, ver
 
 
 @contextlib.asynccontextmanager
-async def emulators(roles: tuple[str, ...], **emu: Any) -> AsyncIterator[list[tuple[Any, str]]]:
+async def emulators(roles: tuple[str, ...], each: list[dict[str, Any]] | None = None,
+                    **emu: Any) -> AsyncIterator[list[tuple[Any, str]]]:
     """One emulator app per role, each on its own 127.0.0.1 port (real sockets); `emu` sets
-    further EmulatorConfig fields."""
+    further EmulatorConfig fields, `each[i]` those of the i-th emulator alone."""
     socks = [listening_socket("127.0.0.1", 0) for _ in roles]
     servers, tasks, out = [], [], []
-    for role, sock in zip(roles, socks, strict=True):
+    for k, (role, sock) in enumerate(zip(roles, socks, strict=True)):
         port = sock.getsockname()[1]
         cfg = EmulatorConfig(model=MODEL, gpu="h100-sxm", role=role, time_scale=TIME_SCALE,  # type: ignore[arg-type]
-                             admin_token=TOKEN, port=port, engine_id=f"{role}-{port}", **emu)
+                             admin_token=TOKEN, port=port, engine_id=f"{role}-{port}",
+                             **{**emu, **(each[k] if each else {})})
         app = create_app(cfg)
         server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
         servers.append(server)

@@ -12,6 +12,7 @@ from fleetwise.planner.refinement import Refined, check_headroom, headroom_runs
 from fleetwise.planner.report import to_json
 from fleetwise.planner.simulate import FleetShape, PoolShape, burst_requests, requests_over
 from fleetwise.planner.workload import LengthMix, build_mix, burst_factor
+from fleetwise.spec.catalog import get_model
 
 
 def _two_replicas_checked(spec_factory, headroom: dict) -> Refined:
@@ -29,14 +30,23 @@ def test_every_term_is_simulated_against_the_sized_plan(small_search) -> None:
     # 0.2 req/s, 200-request runs: a standard run spans S = 1,000 s. Each term runs long enough
     # for its whole event plus S: the upgrade of 2 replicas at 120 s each 1,240 s (248 requests),
     # the cold join 120 + 1,000 s (224 requests). The burst factor is 1 (given): no burst run.
+    # A cold start is the spec's 120 s plus reading the weights (16 GB of bf16 8B weights on one
+    # card at 6.5 GB/s: 2.5 s), so each event lasts that much longer.
+    plan = small_search.ranked[0]
+    lay = plan.fleet.pools[0].layout
+    load = small_search.ctx.load_s(lay)
+    assert load == pytest.approx(small_search.hw.model.weight_bytes("bf16") / 6.5e9)
+    cold = 120 + load
     lines = [s for s in to_json(small_search)["plans"][0]["explanation"] if s.startswith("headroom checked")]
     assert [ln.split(": ")[1] for ln in lines] == [
         "1 mixed replica(s) down for the whole run",
-        "a rolling upgrade of the mixed pool (2 replicas, one out at a time, 120 s each)",
-        "a mixed replica joining cold (empty cache) after 120 s of loading",
+        f"a rolling upgrade of the mixed pool (2 replicas, one out at a time, {cold:.0f} s each)",
+        f"a mixed replica joining cold (empty cache) after {cold:.0f} s (120 s start + {load:.1f} s reading its "
+        "weights from storage)",
     ]
     assert [ln.split(": ")[2].split(",")[0] for ln in lines] == [
-        "200 requests over 1000 s", "248 requests over 1240 s", "224 requests over 1120 s"]
+        "200 requests over 1000 s", f"{math.ceil(0.2 * (2 * cold + 1000))} requests over {2 * cold + 1000:.0f} s",
+        f"{math.ceil(0.2 * (cold + 1000))} requests over {cold + 1000:.0f} s"]
     assert all("-> holds" in ln and "added" not in ln for ln in lines)
 
 
@@ -45,19 +55,23 @@ def test_each_run_covers_its_whole_event(spec_factory) -> None:
     ctx = prepare(spec).ctx
     full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 3),))
     runs = headroom_runs(ctx, full)
+    load = ctx.load_s(full.pools[0].layout)
+    cold = 300 + load
     assert [(r.term, r.role, r.span_s, len(r.requests)) for r in runs] == [
         ("1 mixed replica(s) down for the whole run", "mixed", 1000.0, 200),
-        ("a rolling upgrade of the mixed pool (3 replicas, one out at a time, 300 s each)", "mixed", 1900.0, 380),
-        ("a mixed replica joining cold (empty cache) after 300 s of loading", "mixed", 1300.0, 260),
+        (f"a rolling upgrade of the mixed pool (3 replicas, one out at a time, {cold:.0f} s each)", "mixed",
+         3 * cold + 1000, math.ceil(0.2 * (3 * cold + 1000))),
+        (f"a mixed replica joining cold (empty cache) after {cold:.0f} s (300 s start + {load:.1f} s reading its "
+         "weights from storage)", "mixed", cold + 1000, math.ceil(0.2 * (cold + 1000))),
         # S/2 at 0.2 req/s, 100 s at 0.3 req/s, S/2 at 0.2 req/s: 100 + 30 + 100 requests
         ("a burst of x1.50 the target rate for 100 s (the workload's burst factor)", None, 1100.0, 230),
     ]
-    upgrade, cold = runs[1].faults, runs[2].faults
-    assert upgrade is not None and upgrade.faults[0].restart_after_s == 300.0
-    assert cold is not None and cold.faults[0].restart_after_s == 300.0  # the full load time, never cut
+    upgrade, cold_join = runs[1].faults, runs[2].faults
+    assert upgrade is not None and upgrade.faults[0].restart_after_s == 300.0 + load
+    assert cold_join is not None and cold_join.faults[0].restart_after_s == 300.0 + load  # the full load, never cut
     # the runs are longer than the mix holds: the mix is repeated
     assert [r.prompt_tokens for r in runs[1].requests[-3:]] == [256, 256, 256]
-    assert runs[1].requests[-1].arrival_s < 1900.0 <= runs[1].requests[-1].arrival_s + 5 / 0.2 * 2
+    assert runs[1].requests[-1].arrival_s < 3 * cold + 1000 <= runs[1].requests[-1].arrival_s + 5 / 0.2 * 2
 
 
 def test_the_burst_run_uses_the_derived_factor(spec_factory) -> None:
@@ -121,11 +135,15 @@ def test_a_missed_upgrade_is_rerun_in_full_for_the_larger_pool(spec_factory) -> 
     # with a third replica the upgrade takes one more 60 s outage, and the rerun covers it (3 x 60 s + S).
     out = _two_replicas_checked(spec_factory, {"failures_to_survive": 0, "upgrade_batch_replicas": 1, "cold_start_s": 60.0})
     upgrade, cold = out.headroom
+    load = get_model("llama-3.1-8b").weight_bytes("bf16") / 6.5e9  # one H100 reads 16 GB at 6.5 GB/s
+    c = 60 + load
     assert (upgrade.term, upgrade.span_s, upgrade.requests, upgrade.added, upgrade.verdict.passed) == (
-        "a rolling upgrade of the mixed pool (3 replicas, one out at a time, 60 s each)", 240.0, 3360, 1, True)
+        f"a rolling upgrade of the mixed pool (3 replicas, one out at a time, {c:.0f} s each)", pytest.approx(3 * c + 60),
+        math.ceil(14 * (3 * c + 60)), 1, True)
     # the cold join then runs against the three replicas the upgrade left
     assert (cold.term, cold.span_s, cold.requests, cold.added) == (
-        "a mixed replica joining cold (empty cache) after 60 s of loading", 120.0, 1680, 0)
+        f"a mixed replica joining cold (empty cache) after {c:.0f} s (60 s start + {load:.1f} s reading its weights "
+        "from storage)", pytest.approx(c + 60), math.ceil(14 * (c + 60)), 0)
     assert out.full.pool("mixed").replicas == 3
 
 

@@ -94,8 +94,60 @@ def test_a_failed_claim_demotes_the_plan_with_its_reason(pd_search: Search) -> N
     ranking.run(again)
     assert [c.key for c in again.ranked] == [dear.key, cheap.key]
     row = to_json(again)["plans"][1]
-    assert row["demoted"] == ("demoted: claim(s) failed in simulation: KV transfer cost stays bounded; "
-                              "the two pools' queues balance")
+    # the claim and by how much it failed: the transfer p99 over its 100 ms bound (20% of 0.5 s)
+    kv99 = float(str(kv["evidence"]).split()[2]) / 1e3
+    assert row["demoted"].startswith(
+        "demoted: claim(s) failed in simulation: KV transfer cost stays bounded (transfer p99 "
+        f"{kv99 * 1e3:.0f} ms is {(kv99 - 0.1) * 1e3:.0f} ms over the 100 ms bound); the two pools' queues balance (")
+    assert kv["short_by"] and all(c["short_by"] for c in claims.results if not c["holds"])
     assert row["explanation"][-1] == row["demoted"]
     assert [r.candidate for r in again.rejected] == [cheap.key]
     assert again.rejected[0].reason.endswith("meets the SLO but " + row["demoted"])
+
+
+@pytest.mark.slow
+def test_the_planner_chooses_an_upgrade_procedure_that_keeps_pairs(spec_factory) -> None:
+    # Asked to plan rolling upgrades, a P/D plan's upgrade claim is measured under the matched-slices
+    # procedure first; it holds with it (the router pairs within a version, nothing is refused) and
+    # the plan names the procedure.
+    spec = planning_spec_from_dict({**PD_SPEC, "headroom": {**PD_SPEC["headroom"], "upgrade_batch_replicas": 1},
+                                    "search": {**PD_SPEC["search"], "refine_top": 1, "top_k": 1, "max_gpus": 4}})
+    doc = to_json(plan(spec, PlanOptions(workers=1)))
+    best = doc["plans"][0]
+    up = next(c for c in best["claims"] if c["claim"] == "service survives a rolling upgrade of both pools")
+    assert up["holds"] and up["procedure"].startswith("matched slices") and up["short_by"] == ""
+    assert best["upgrade_procedure"] == up["procedure"]
+    assert " 0 request(s) routed again" in up["evidence"]
+
+
+def test_the_confirmation_also_moves_the_ratio_down(pd_search: Search) -> None:
+    from fleetwise.planner.refinement import refine_plan
+
+    # The cheapest plan's fleet given two decode replicas too many: once the run at peak passes,
+    # the less-utilised pool sheds replicas while the SLO still holds without them.
+    best = pd_search.ranked[0]
+    assert best.refined is not None
+    big = best.refined.serving.with_replicas(decode=best.refined.serving.pool("decode").replicas + 2)
+    r = refine_plan(pd_search.ctx, "oversized", big, {})
+    assert r.corrections and all(c.startswith("removed a decode replica") for c in r.corrections)
+    assert r.serving.pool("decode").replicas < big.pool("decode").replicas
+    assert r.confirm is not None and r.confirm.passed
+
+
+def test_the_prefill_queue_is_m_g_1_over_the_prompt_lengths() -> None:
+    import math
+
+    from fleetwise.perf.roofline import PerfModel
+    from fleetwise.perf.types import Deployment
+    from fleetwise.planner.latency import _wait_quantile, service_cv2
+    from fleetwise.spec.catalog import get_gpu, get_model
+    from fleetwise.spec.parallel import ParallelismSpec
+
+    # Pollaczek-Khinchine: C^2 = 0 is M/D/1, C^2 = 1 doubles the mean wait (M/M/1's); the p90
+    # quantile is (Wq / rho) ln(rho / 0.1) with Wq = rho S (1 + C^2) / (2 (1 - rho))
+    assert _wait_quantile(0.5, 1.0, 90) == pytest.approx(0.5 / 0.5 * math.log(0.5 / 0.1))
+    assert _wait_quantile(0.5, 1.0, 90, 1.0) == pytest.approx(2 * _wait_quantile(0.5, 1.0, 90))
+    dep = PerfModel().bind(Deployment(get_model("llama-3.1-8b"), get_gpu("h200-sxm"), ParallelismSpec()))
+    assert service_cv2(dep, (2000.0,) * 10) == pytest.approx(0.0, abs=1e-12)
+    spread = service_cv2(dep, tuple(float(x) for x in (200, 500, 1000, 2000, 4000, 8000, 16000)))
+    assert 0.5 < spread < 2.0  # service times roughly proportional to prompt length: C^2 near the lengths'

@@ -54,3 +54,15 @@ def test_bisect_stops_at_the_floor():
 
     assert bisect_rate(never, guess_rps=8.0, steps=20, floor_rps=0.5) == 0.0
     assert calls == [8.0, 2.0, 0.5]
+
+
+def test_the_ramp_term_counts_the_weights_load_time_from_the_catalog():
+    from fleetwise.planner.sizing import size_pool
+    from fleetwise.spec.planning import HeadroomSpec
+
+    h = HeadroomSpec(rate_growth_per_min=0.5, cold_start_s=60.0, failures_to_survive=0, upgrade_batch_replicas=0)
+    s = size_pool("decode", 4.0, 10.0, 1.0, h, load_s=30.0)
+    # load 2.5 replicas x 50%/min growth over a 90 s cold start (60 s start + 30 s reading weights)
+    assert s.ramp_replicas == pytest.approx(2.5 * 0.5 * 90 / 60)
+    assert s.serving == 5
+    assert "over 90 s = 60 s start + 30.0 s reading the weights" in s.explain(h)

@@ -75,3 +75,26 @@ def test_headroom_counts_hand_offs_the_view_cannot_show_yet():
     # round-robin reads the view only: without the view changing it keeps d0 in its rotation
     rr = make_policy("round-robin")
     assert [rr.route(req(i), view).worker for i in range(6)].count("d0") == 2
+
+
+def test_every_preset_pairs_only_replicas_of_compatible_kv_formats():
+    from fleetwise.spec.routing import PRESETS
+
+    ws = (WorkerView("p0", role="prefill", model_version="v1"), WorkerView("p1", role="prefill", model_version="v2"),
+          WorkerView("d0", role="decode", model_version="v1", kv_capacity_tokens=100_000),
+          WorkerView("d1", role="decode", model_version="v2", kv_capacity_tokens=100_000),
+          WorkerView("d2", role="decode", model_version="v2", kv_capacity_tokens=100_000))
+    version = {w.name: w.model_version for w in ws}
+    for name in PRESETS:
+        pol = make_policy(name, seed=5)
+        seen = set()
+        for i in range(30):
+            d = pol.route(req(i), FleetView(0.0, ws, links()))
+            assert d.prefill_worker is not None and d.worker is not None, (name, d.reason)
+            assert version[d.prefill_worker] == version[d.worker], (name, d.prefill_worker, d.worker)
+            seen.add((d.prefill_worker, d.worker))
+        assert {p for p, _ in seen} == {"p0", "p1"}, name  # both versions keep serving
+    # no compatible pair at all: a one-line rejection naming the pair and the field
+    lone = (ws[0], ws[3])
+    d = make_policy(DEFAULT_POLICY).route(req(0), FleetView(0.0, lone))
+    assert d.rejected and "model_version 'v1' -> 'v2'" in d.reason and "p0->d1" in d.reason

@@ -17,28 +17,37 @@ def _plan(prefill_versions: list[str], decode_version: str) -> PlanSpec:
     return PlanSpec(kv_link={"gbps": 100, "latency_s": 1e-3}, pools=pools)
 
 
-def test_skewed_handoff_is_refused_and_reprefilled_on_the_refusing_version():
+def test_no_prefill_replica_is_paired_across_versions():
     reqs = [Request(str(i), i * 0.5, 1024, 16) for i in range(4)]
     res = simulate(_plan(["v1"], "v2"), reqs)
     s = res.summary
-    # Every hand-off v1 -> v2 is refused: no KV moves. The re-prefill is pinned to v2, the refusing
-    # replica's version, and no prefill replica serves v2: the router rejects it.
+    # No pair of matching versions exists: the router rejects each request before any prefill,
+    # rather than prefilling KV the decode side would refuse.
     assert s["kv_transfer"]["count"] == 0
-    assert s["requests_retried"] == 4
+    assert s["requests_retried"] == 0
     assert s["failure_reasons"] == {"rejected": 4}
     assert all(math.isnan(t) for t in res.records.kv_start_s)
 
 
-def test_reprefill_on_a_matching_version_completes():
-    # Two prefill replicas, one per version: round-robin sends each request to p0 (v1) first; its
-    # re-prefill, pinned to v2, goes to p1, whose version matches the decode replica: done.
+def test_pairs_form_within_a_version():
+    # Two prefill replicas, one per version, and a v2 decode replica: every request is paired
+    # p1 (v2) -> d (v2) at once; nothing is refused, nothing prefilled twice.
     reqs = [Request(str(i), i * 0.5, 1024, 16) for i in range(4)]
     res = simulate(_plan(["v1", "v2"], "v2"), reqs)
     s = res.summary
     assert s["requests_completed"] == 4 and s["requests_failed"] == 0
     assert s["kv_transfer"]["count"] == 4
-    assert s["requests_retried"] == 4
+    assert s["requests_retried"] == 0
     assert list(res.records.prefill_worker) == [1, 1, 1, 1]
+
+
+def test_pools_with_no_common_kv_format_are_never_paired():
+    # H100 prefill stores fp8 as OCP E4M3FN; MI300X decode reads only bf16 and E4M3FNUZ.
+    pools = [{"name": "p", "role": "prefill", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "kv_dtype": "fp8"},
+             {"name": "d", "role": "decode", "accelerator": "mi300x", "model": "llama-3.1-8b", "kv_dtype": "fp8"}]
+    res = simulate(PlanSpec(kv_link={"gbps": 100}, pools=pools), [Request(str(i), i * 0.5, 1024, 16) for i in range(3)])
+    assert res.summary["failure_reasons"] == {"rejected": 3}
+    assert res.summary["kv_transfer"]["count"] == 0
 
 
 def test_same_version_handoff_is_untouched():

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fleetwise.spec.kv_format import KvFormat
 from fleetwise.spec.roles import Role
 
-__all__ = ["FleetView", "KvLinkView", "Role", "RouteRequest", "RoutingDecision", "WorkerView"]
+__all__ = ["FleetView", "KvLinkView", "Role", "RouteRequest", "RoutingDecision", "WorkerView", "kv_format_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +43,16 @@ class WorkerView:
     """When this view was taken (virtual or wall seconds, same clock as FleetView.now_s)."""
     weight: float = 1.0
     """Relative capacity (1 = nominal): round-robin and random picks are proportional to it, and
-    scored picks divide the worker's predicted cost and outstanding requests by it. The last
-    field, so views built positionally (the simulator's hot path) stay valid."""
+    scored picks divide the worker's predicted cost and outstanding requests by it."""
+    kv_format: KvFormat | None = None
+    """The KV format the replica declares (dtype encoding, block size, TP, vendor); None: only its
+    `model_version` is known. The last field, so views built positionally stay valid."""
+
+
+def kv_format_of(w: WorkerView) -> KvFormat:
+    """The replica's KV format with its current `model_version` (a rolling upgrade changes it)."""
+    f = w.kv_format
+    return KvFormat(w.model_version) if f is None else f.at_version(w.model_version)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from fleetwise.core.openai_request import ApiError
+from fleetwise.emulator.kv_format import check_pull, params_format
 from fleetwise.emulator.running import Lease, Live
 from fleetwise.engine.clock import ORDER_ARRIVAL
 from fleetwise.engine.driver import DOWN
@@ -74,6 +75,8 @@ class KvLeases:
             raise ApiError(404, f"remote_engine_id={body.get('remote_engine_id')!r} is not this engine "
                                 f"({self.r.cfg.engine_id})", "remote_engine_id")
         dst = body.get("dst") or {}
+        check_pull(self.r.kv_format, params_format(body.get("kv_format") or {}, self.r.cfg.model_version),
+                   "the prefill replica")
         try:
             dst_dep = self.dst_deployment(dst)
             dst_bw = float(body.get("link_bytes_per_s", self.r.cfg.kv_link.bytes_per_s)) * kv_shards(dst_dep)

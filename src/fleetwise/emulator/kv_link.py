@@ -2,7 +2,8 @@
 
 Owns the transfers on one replica's port (a prefill replica's egress, a decode replica's
 ingress) and when each lands, in modelled seconds on the replica's clock. The model is the
-simulator's (`fleetwise.sim.network`, processor sharing per port): every replica has one KV
+simulator's (`fleetwise.sim.network`, processor sharing per port; both move bytes by
+`perf.kv.shared_rate` and `perf.kv.bytes_left`): every replica has one KV
 port of `link bandwidth x KV shards`; a transfer from port s to port d moves at
 `min(bw_s / n_s, bw_d / n_d)`, `n_x` the transfers active on port x, recomputed whenever one
 starts or ends; it lands `latency_s` after its last byte. Alone on idle ports that is
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwise.engine.clock import ORDER_ARRIVAL, Clock
+from fleetwise.perf.kv import bytes_left, shared_rate
 
 
 @dataclass(slots=True)
@@ -79,9 +81,9 @@ class KvPort:
         for pid, p in self._pulls.items():
             if shared:
                 p.shared = True
-            p.remaining = max(0.0, p.remaining - p.rate * (now_s - p.last_s))
+            p.remaining = bytes_left(p.remaining, p.rate, now_s - p.last_s)
             p.last_s = now_s
-            p.rate = min(self._peer_bw[p.peer] / self._peer_n[p.peer], self.bandwidth_bytes_per_s / n_d)
+            p.rate = shared_rate(self._peer_bw[p.peer], self._peer_n[p.peer], self.bandwidth_bytes_per_s, n_d)
             p.version += 1
             self.clock.call_at(now_s + p.remaining / p.rate, ORDER_ARRIVAL, self._on_end, (pid, p.version))
 

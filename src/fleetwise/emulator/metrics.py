@@ -31,6 +31,10 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 """vLLM's e2e / queue / prefill / decode / inference time buckets."""
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 """vLLM's `vllm:iteration_tokens_total` buckets."""
+NIXL_XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+"""vLLM's `vllm:nixl_xfer_time_seconds` buckets (its NIXL connector's `NixlPromMetrics`)."""
+NIXL_BYTES_BUCKETS = tuple(float(2 ** k) for k in range(20, 41, 2))
+"""`vllm:nixl_bytes_transferred` buckets: 1 MiB to 1 TiB by powers of 4 (fleetwise's choice)."""
 OVERRUN_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 """Deadline overrun buckets (fleetwise's own): 0.1 ms to 5 s of modelled time."""
 
@@ -109,6 +113,16 @@ class ReplicaMetrics:
         self.inference_time = Histogram("vllm:request_inference_time_seconds",
                                         "Histogram of time spent in RUNNING phase for request.",
                                         lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
+        # vLLM's NIXL KV-connector metrics, observed on the decode side as vLLM does (the pull's
+        # transfer time, in modelled seconds, and its bytes); the gateway's KV-link view reads them
+        self.nixl_xfer_time = Histogram("vllm:nixl_xfer_time_seconds",
+                                        "Histogram of transfer duration for NIXL KV Cache transfers.",
+                                        lab, registry=r, buckets=NIXL_XFER_BUCKETS).labels(*v)
+        self.nixl_bytes = Histogram("vllm:nixl_bytes_transferred",
+                                    "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                                    lab, registry=r, buckets=NIXL_BYTES_BUCKETS).labels(*v)
+        self.nixl_failed = Counter("vllm:nixl_num_failed_transfers",
+                                   "Number of failed NIXL KV Cache transfers.", lab, registry=r).labels(*v)
         # fleetwise extras
         self.overrun = Histogram("fleetwise:step_deadline_overrun_seconds",
                                  "How late the event loop woke for a step deadline (modelled seconds).",

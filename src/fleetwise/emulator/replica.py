@@ -30,6 +30,7 @@ from fleetwise.emulator import faults as fault_kinds
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.generation import OutputLengthModel
 from fleetwise.emulator.kv_events import KvEventPublisher
+from fleetwise.emulator.kv_format import check_pull, format_params, params_format
 from fleetwise.emulator.kv_leases import MAX_DST_KINDS, KvLeases
 from fleetwise.emulator.kv_link import KvPort
 from fleetwise.emulator.metrics import ReplicaMetrics
@@ -44,6 +45,7 @@ from fleetwise.live import AsyncioClock
 from fleetwise.perf.kv import kv_shards, kv_transfer_bytes
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
+from fleetwise.spec.kv_format import declared_format
 
 KV_PULL_HOLD_MAX_S = 0.02
 """Wall seconds a decode replica holds its clock for a KV pull's answer once the pull has landed
@@ -70,6 +72,9 @@ class EmulatedReplica:
         self.build = build = build_pool(pool, perf, WHERE)
         self.deployment = build.deployment
         self.block_size = build.config.block_size
+        self.kv_format = declared_format(cfg.model_version, cfg.kv_dtype, self.block_size, pool.parallelism.tp,
+                                         build.deployment.accelerator)
+        """The KV format this replica declares in hand-offs and checks every pull against."""
         self.kv_capacity_tokens = build.kv_capacity_tokens
         self.engine = build.engine(cfg.name)
         self.engine.per_request_outputs = True
@@ -411,7 +416,7 @@ class EmulatedReplica:
             "do_remote_prefill": True, "do_remote_decode": False,
             "remote_block_ids": list(range(n_blocks)), "remote_engine_id": self.cfg.engine_id,
             "remote_host": self.cfg.host, "remote_port": self.cfg.port, "remote_request_id": lv.rid,
-            "tp_size": self.pool.parallelism.tp, "pp_size": self.pool.parallelism.pp,
+            "tp_size": self.pool.parallelism.tp, "pp_size": self.pool.parallelism.pp, **format_params(self.kv_format),
         }
         self.leases.hold(lv, t)
         self._emit(lv, 1, t)
@@ -448,10 +453,16 @@ class EmulatedReplica:
         if self._kv_pull is None or self.kv_port is None or self.clock is None:
             self._fail(lv, ApiError(503, "this replica cannot reach prefill replicas (no KV client)"))
             return
+        try:  # an incompatible KV format is refused before anything moves
+            check_pull(params_format(ktp, self.cfg.model_version), self.kv_format, "this decode replica")
+        except ApiError as err:
+            self._fail(lv, err)
+            return
         dst = {"model": self.cfg.model, "accelerator": self.cfg.gpu, "tp": self.cfg.tp, "pp": self.cfg.pp,
                "kv_dtype": self.cfg.kv_dtype}
         req = {"remote_request_id": ktp.get("remote_request_id"), "remote_engine_id": ktp.get("remote_engine_id"),
-               "dst": dst, "dst_port": self.kv_port_name(), "link_bytes_per_s": self.cfg.kv_link.bytes_per_s}
+               "dst": dst, "dst_port": self.kv_port_name(), "link_bytes_per_s": self.cfg.kv_link.bytes_per_s,
+               "kv_format": {**format_params(self.kv_format), "tp_size": self.cfg.tp}}
         try:
             src_bw = self.cfg.kv_link.bytes_per_s * kv_shards(self.leases.src_deployment(ktp))
         except (SpecError, ValueError, TypeError) as err:
@@ -476,6 +487,8 @@ class EmulatedReplica:
                 return
             lv.pull_end_s = t
             self.metrics.kv_transfer.observe(t - start_s)
+            self.metrics.nixl_xfer_time.observe(t - start_s)
+            self.metrics.nixl_bytes.observe(nbytes)
             self._admit(t, (lv, er))
 
         def ingress_landed(t: float, _seconds: float, _shared: bool) -> None:
@@ -503,6 +516,7 @@ class EmulatedReplica:
         try:
             res = await self._kv_pull(ktp, req)
         except ApiError as err:
+            self.metrics.nixl_failed.inc()
             self._fail(lv, ApiError(503 if err.status >= 500 else err.status, f"KV pull failed: {err.message}",
                                     "kv_transfer_params"))
             return

@@ -31,6 +31,7 @@ from fleetwise.engine.records import Step, StepOutput
 from fleetwise.engine.scheduler import Engine
 from fleetwise.perf.roofline import BoundPerf
 from fleetwise.perf.types import BatchShape
+from fleetwise.spec.kv_format import KvFormat
 
 __all__ = ["DOWN", "DRAINING", "UP", "EngineDriver", "HorizonFn", "OutputFn", "no_horizon", "step_time_fns"]
 
@@ -54,11 +55,12 @@ class EngineDriver:
     __slots__ = ("name", "role", "engine", "clock", "on_output", "horizon", "perf", "_slowdown", "state",
                  "epoch", "busy", "kick_pending", "step_start_s", "step_dur_s", "step_passes", "step", "busy_s",
                  "view_cache", "view_pass", "pool_name", "accelerator", "model_version", "region",
-                 "kv_capacity_tokens")
+                 "kv_capacity_tokens", "kv_format")
 
     def __init__(self, engine: Engine, clock: Clock, on_output: OutputFn, horizon: HorizonFn = no_horizon,
                  perf: BoundPerf | None = None, *, pool_name: str = "default", accelerator: str = "",
-                 model_version: str = "v1", region: str = "default", kv_capacity_tokens: int | None = None) -> None:
+                 model_version: str = "v1", region: str = "default", kv_capacity_tokens: int | None = None,
+                 kv_format: KvFormat | None = None) -> None:
         """Drive `engine` on `clock`; `perf`, when given, is what `slowdown` rescales. The keyword
         arguments are the identity the router's `view` shows (capacity in tokens; default: the
         engine's blocks times the block size)."""
@@ -85,6 +87,8 @@ class EngineDriver:
         self.pool_name, self.accelerator, self.model_version, self.region = pool_name, accelerator, model_version, region
         self.kv_capacity_tokens = (kv_capacity_tokens if kv_capacity_tokens is not None
                                    else engine.pool.capacity * engine.config.block_size)
+        self.kv_format = kv_format
+        """The KV format the view declares (its model version follows `model_version`)."""
 
     # ---- slowdown ------------------------------------------------------------------------------
     @property
@@ -181,7 +185,7 @@ class EngineDriver:
             v = self.view_cache = self.engine.snapshot(
                 now_s, elapsed, j, pool=self.pool_name, accelerator=self.accelerator,
                 model_version=self.model_version, region=self.region, healthy=self.state == UP,
-                kv_capacity_tokens=self.kv_capacity_tokens)
+                kv_capacity_tokens=self.kv_capacity_tokens, kv_format=self.kv_format)
         return v
 
     def kv_usage_now(self, now_s: float) -> float:

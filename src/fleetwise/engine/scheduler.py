@@ -38,6 +38,7 @@ from fleetwise.engine.records import EngineConfig, Step, StepOutput
 from fleetwise.engine.sequence import DECODE, HANDOFF, PREFILL, WAITING, SeqState, cdiv, hit_blocks, lookup
 from fleetwise.errors import InfeasibleError, SpecError
 from fleetwise.perf.types import BatchShape
+from fleetwise.spec.kv_format import KvFormat
 
 StepTimeFn = Callable[[BatchShape], float]
 
@@ -615,7 +616,8 @@ class Engine:
     def snapshot(self, now_s: float, elapsed_s: float | None = None, passes_done: int | None = None, *,
                  pool: str = "default", accelerator: str = "", model_version: str = "v1",
                  region: str = "default", healthy: bool = True,
-                 kv_capacity_tokens: int | None = None, token_loads: bool = False) -> WorkerView:
+                 kv_capacity_tokens: int | None = None, token_loads: bool = False,
+                 kv_format: KvFormat | None = None) -> WorkerView:
         """The engine as a router sees it at `now_s`: the one place a `WorkerView` is built.
 
         What a vLLM `/metrics` endpoint reports: waiting and running requests, KV usage and the
@@ -630,6 +632,6 @@ class Engine:
         cap = self.pool.capacity * self._bs if kv_capacity_tokens is None else kv_capacity_tokens
         if not token_loads:
             return WorkerView(self.name, self.role, pool, accelerator, model_version, region, healthy, waiting,
-                              running, None, None, usage, cap, self._bs, now_s)
+                              running, None, None, usage, cap, self._bs, now_s, 1.0, kv_format)
         return WorkerView(self.name, self.role, pool, accelerator, model_version, region, healthy, waiting,
-                          running, queued, decode_left, usage, cap, self._bs, now_s)
+                          running, queued, decode_left, usage, cap, self._bs, now_s, 1.0, kv_format)

@@ -381,7 +381,7 @@ class Gateway:
         k = tuple(key)
         if k != self._fleet_key or self._fleet_workers is None:
             self._fleet_key, self._fleet_workers = k, self.backends.fleet(now_s)
-        return FleetView(now_s=now_s, workers=self._fleet_workers.workers)
+        return FleetView(now_s=now_s, workers=self._fleet_workers.workers, links=self.backends.links(now_s))
 
     # ---- the ASGI application --------------------------------------------------------------------
 
@@ -657,6 +657,7 @@ class Gateway:
             if kv is None:
                 return  # the prefill leg's client error was relayed
             payload = json.dumps({**body, "kv_transfer_params": kv}).encode()
+            self.backends.handoff_started(call.rid, pre.name, dec.name)
         try:
             await self._relay(call, dec, payload, headers, send, receive)
         except _Retry as r:
@@ -664,6 +665,8 @@ class Gateway:
                 raise
             self._fault(pre, "handoff")  # the KV the prefill held is gone: try another pair
             raise _Retry(pre, r.cause, r.detail) from None
+        finally:
+            self.backends.handoff_ended(call.rid)
 
     async def _prefill(self, call: _Call, b: Backend, headers: dict[str, str], send: Send,
                        body: dict[str, Any]) -> Any:
@@ -783,6 +786,7 @@ class Gateway:
                         self._fault(b, cause)
                     raise _Retry(b, cause, first[6:200].decode("utf-8", "replace").strip())
                 t_first = self.now()
+                self.backends.handoff_ended(call.rid)  # the decode leg has its KV
                 b.done(pre_left, 0)
                 pre_left = 0
                 if not call.resumed:

@@ -8,13 +8,18 @@ until its last in-flight request ends. Times are the gateway clock's seconds (`n
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetwise.core.views import FleetView, WorkerView
+from fleetwise.core.views import FleetView, KvLinkView, WorkerView
+from fleetwise.errors import UnknownNameError
 from fleetwise.gateway.config import BackendSpec, BreakerSpec
+from fleetwise.gateway.kv_links import LinkEstimate
 from fleetwise.gateway.scrape import EngineLoad
+from fleetwise.spec.catalog import get_gpu
+from fleetwise.spec.hardware import AcceleratorSpec
+from fleetwise.spec.kv_format import KvFormat, declared_format
 
 __all__ = ["Backend", "Backends", "Breaker", "Decision"]
 
@@ -100,6 +105,14 @@ class Backend:
     tpot_ewma_s: float | None = None
     recent: deque[Decision] = field(default_factory=deque)
     removed: bool = False
+    kv_format: KvFormat | None = None
+    """The KV format its config declares (`backend_kv_format`, set when the backend is added)."""
+    kv_link: LinkEstimate = field(default_factory=LinkEstimate)
+    """Its KV transfers' measured bandwidth (decode backends; from the scraped NIXL metrics)."""
+
+    def __post_init__(self) -> None:
+        if self.kv_format is None:
+            self.kv_format = backend_kv_format(self.spec)
 
     @property
     def name(self) -> str:
@@ -133,11 +146,13 @@ class Backend:
         return WorkerView(name=s.key, role=s.role, pool=s.pool, accelerator=s.accelerator,
                           model_version=s.model_version, region=s.region, healthy=self.available(now_s),
                           queued_requests=waiting, running_requests=running, queued_prefill_tokens=pre,
-                          running_decode_tokens=dec, kv_usage=kv, weight=s.weight, reported_at_s=at)
+                          running_decode_tokens=dec, kv_usage=kv, weight=s.weight, reported_at_s=at,
+                          kv_format=self.kv_format)
 
     def scraped(self, load: EngineLoad, now_s: float) -> None:
         """A scrape landed: the engine's load, and the gateway's own token counts as of now."""
         self.load, self.scraped_at_s = load, now_s
+        self.kv_link.scraped(load.kv_xfer_s_total, load.kv_xfer_count, load.kv_xfer_bytes_total, now_s)
         self.view_prefill_tokens, self.view_decode_tokens = self.own_prefill_tokens, self.own_decode_tokens
 
     def work(self, prompt_tokens: int, output_tokens: int) -> tuple[int, int]:
@@ -172,6 +187,19 @@ class Backend:
         }
 
 
+def backend_kv_format(s: BackendSpec) -> KvFormat:
+    """The KV format a backend's config declares: its version, KV dtype (as its card encodes it
+    when `accelerator` is a catalog name), block size, TP degree and vendor; undeclared parts None."""
+    try:
+        gpu: AcceleratorSpec | None = get_gpu(s.accelerator) if s.accelerator else None
+    except UnknownNameError:
+        gpu = None
+    if gpu is not None and s.kv_dtype is not None:
+        return declared_format(s.model_version, s.kv_dtype, s.block_size, s.tp, gpu)
+    return KvFormat(s.model_version, s.kv_dtype, s.block_size, s.tp, gpu.vendor if gpu else None,
+                    tuple(sorted(set(gpu.kv_formats.values()))) if gpu else ())
+
+
 class Backends:
     """Every backend by name, in insertion order; builds the fleet view."""
 
@@ -184,6 +212,9 @@ class Backends:
         self._view_workers: tuple[WorkerView, ...] = ()
         self.version = 0
         """Bumped on every change of membership, health or breaker state."""
+        self.handoffs: dict[str, tuple[str, str]] = {}
+        """Request id -> (prefill, decode) of each P/D hand-off in flight (prefill answered, decode
+        leg's first event not yet come)."""
 
     def upsert(self, spec: BackendSpec) -> tuple[Backend, bool]:
         """Add a backend, or replace the labels of an existing one; True when newly added."""
@@ -218,4 +249,27 @@ class Backends:
     def fleet(self, now_s: float, exclude: frozenset[str] = frozenset()) -> FleetView:
         """The view a policy routes on; `exclude` hides backends a retry must avoid."""
         workers = tuple(b.view(now_s) for name, b in self.live.items() if name not in exclude)
-        return FleetView(now_s=now_s, workers=workers)
+        return FleetView(now_s=now_s, workers=workers, links=self.links(now_s))
+
+    def links(self, now_s: float) -> tuple[KvLinkView, ...]:
+        """Each prefill->decode pair's KV link as measured at its decode backend (`kv_links`): the
+        decayed bandwidth estimate, relaxed towards the fleet's best fresh one, and the hand-offs
+        this gateway has in flight on the pair; empty until some decode backend has reported a
+        transfer."""
+        dec = [b for b in self.live.values() if b.spec.role == "decode"]
+        fresh = [b.kv_link.bytes_per_s for b in dec if b.kv_link.bytes_per_s is not None]
+        if not fresh:
+            return ()
+        best = max(fresh)
+        pre = [b for b in self.live.values() if b.spec.role == "prefill"]
+        active = Counter(self.handoffs.values())
+        return tuple(KvLinkView(p.name, d.name, d.kv_link.at(now_s, best), 0.0, active[(p.name, d.name)],
+                                d.available(now_s)) for p in pre for d in dec)
+
+    def handoff_started(self, request_id: str, prefill: str, decode: str) -> None:
+        """A prefill leg answered: request `request_id`'s KV is on its way from `prefill` to `decode`."""
+        self.handoffs[request_id] = (prefill, decode)
+
+    def handoff_ended(self, request_id: str) -> None:
+        """The decode leg's first event (or answer, or failure) came: the hand-off is over."""
+        self.handoffs.pop(request_id, None)

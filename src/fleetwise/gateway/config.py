@@ -25,9 +25,10 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from fleetwise.spec.base import Spec
+from fleetwise.spec.dtypes import KvDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
 from fleetwise.spec.http import HttpLimitsSpec
-from fleetwise.spec.limits import MAX_BODY_BYTES
+from fleetwise.spec.limits import MAX_BLOCK_TOKENS, MAX_BODY_BYTES
 from fleetwise.spec.routing import RoutingSpec
 
 if TYPE_CHECKING:
@@ -85,7 +86,13 @@ class BackendSpec(Spec):
     region: str = "default"
     """Region label; a request naming a region only goes to backends in it."""
     accelerator: str = ""
-    """Accelerator label (reported)."""
+    """Accelerator label (reported); a catalog name also declares the card's vendor and KV encodings."""
+    kv_dtype: KvDtype | None = None
+    """KV-cache dtype the engine stores (declared: P/D pairs only compatible formats); null: undeclared."""
+    block_size: int | None = Field(default=None, gt=0, le=MAX_BLOCK_TOKENS)
+    """Tokens per KV block of the engine (declared); null: undeclared."""
+    tp: int | None = Field(default=None, gt=0)
+    """Tensor-parallel degree of the engine (declared); null: undeclared."""
     weight: float = Field(default=1.0, gt=0.0)
     """Relative capacity: round-robin and random picks are proportional to it, and scored policies
     divide a backend's predicted cost by it (2 = takes twice the work of a weight-1 backend)."""

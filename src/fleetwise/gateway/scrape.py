@@ -28,6 +28,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
                 "sglang:inter_token_latency_seconds_sum", "sglang:time_per_output_token_seconds_sum"),
     "itl_count": ("vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count",
                   "sglang:inter_token_latency_seconds_count", "sglang:time_per_output_token_seconds_count"),
+    "kv_xfer_sum": ("vllm:nixl_xfer_time_seconds_sum",),
+    "kv_xfer_count": ("vllm:nixl_xfer_time_seconds_count",),
+    "kv_bytes_sum": ("vllm:nixl_bytes_transferred_sum",),
 }
 """WorkerView-side field -> exposed metric names, preferred first."""
 
@@ -48,6 +51,12 @@ class EngineLoad:
     """Mean time to first token over the engine's lifetime, None when not exported."""
     itl_mean_s: float | None = None
     """Mean inter-token latency over the engine's lifetime, None when not exported."""
+    kv_xfer_s_total: float = 0.0
+    """Seconds of KV transfers the engine has received (vLLM's `nixl_xfer_time_seconds_sum`)."""
+    kv_xfer_count: float = 0.0
+    """KV transfers the engine has received (`nixl_xfer_time_seconds_count`)."""
+    kv_xfer_bytes_total: float = 0.0
+    """Bytes of those transfers (`nixl_bytes_transferred_sum`)."""
     names_seen: int = 0
     """How many of the known metric names the page had (0: not a page we understand)."""
 
@@ -85,6 +94,9 @@ def parse_metrics(text: str) -> EngineLoad:
         prefix_hit_rate=hit_rate,
         ttft_mean_s=_mean(vals, "ttft"),
         itl_mean_s=_mean(vals, "itl"),
+        kv_xfer_s_total=vals.get("kv_xfer_sum", 0.0),
+        kv_xfer_count=vals.get("kv_xfer_count", 0.0),
+        kv_xfer_bytes_total=vals.get("kv_bytes_sum", 0.0),
         names_seen=sum(len(p) for p in found.values()),
     )
 

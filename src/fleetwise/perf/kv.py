@@ -13,6 +13,7 @@ holds kv_heads/tp of the heads (GQA; a head replicated over ranks when tp > kv_h
 once) and each PP stage its own layers, and every GPU has its own NIC, so shards move in
 parallel: lanes = min(shards(src), shards(dst)), shards = min(tp, kv_heads) * pp (MLA: the
 latent is replicated over TP ranks, so shards = pp). Bytes grow linearly with layers and context.
+A pair that is not direct (another vendor, another KV format) adds `handoff_extra_s`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import Deployment
 from fleetwise.spec.hardware import LinkSpec
+from fleetwise.spec.kv_format import KvCompat, kv_conversion_s
 
 
 def kv_transfer_bytes(tokens: int, deployment: Deployment) -> float:
@@ -47,3 +49,30 @@ def kv_transfer_s(tokens: int, src: Deployment, dst: Deployment, link: LinkSpec)
         return 0.0
     lanes = min(kv_shards(src), kv_shards(dst))
     return link.latency_s + kv_transfer_bytes(tokens, src) / (lanes * link.bandwidth_bytes_per_s)
+
+
+STAGING_COPY_BYTES_PER_S = 50e9
+"""One GPU's device<->host copy rate of a cross-vendor hand-off's staging buffer: PCIe Gen5 x16
+(64 GB/s per direction, PCI-SIG) at about 80% efficiency, what pinned-memory copies reach."""
+
+
+def handoff_extra_s(nbytes: float, compat: KvCompat, src: Deployment, dst: Deployment) -> float:
+    """Seconds a hand-off of `nbytes` spends beyond the link when the pair is not direct
+    (`spec.kv_format.kv_compat`): between vendors there is no device-to-device path, so each
+    shard is staged through host memory on both sides (two copies at STAGING_COPY_BYTES_PER_S per
+    GPU); a format conversion is a memory-bound pass on the receiver's GPUs (`kv_conversion_s`)."""
+    lanes = min(kv_shards(src), kv_shards(dst))
+    staging = 2 * nbytes / (lanes * STAGING_COPY_BYTES_PER_S) if compat.cross_vendor else 0.0
+    return staging + kv_conversion_s(nbytes, compat, dst.accelerator.hbm_bytes_per_s * dst.parallelism.gpus)
+
+
+def shared_rate(src_bytes_per_s: float, src_active: int, dst_bytes_per_s: float, dst_active: int) -> float:
+    """Bytes/s one transfer gets between two processor-shared KV ports: `min(bw_s / n_s, bw_d / n_d)`,
+    `n_x` the transfers active on port x (this one included). The one rate the simulator's network
+    and the emulator's ports both move KV at."""
+    return min(src_bytes_per_s / src_active, dst_bytes_per_s / dst_active)
+
+
+def bytes_left(remaining: float, rate_bytes_per_s: float, elapsed_s: float) -> float:
+    """Bytes of a transfer still to move after `elapsed_s` at `rate_bytes_per_s` (never negative)."""
+    return max(0.0, remaining - rate_bytes_per_s * elapsed_s)

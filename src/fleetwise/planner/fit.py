@@ -212,7 +212,9 @@ def prepare(spec: PlanningSpec) -> Search:
         burst = burst_factor(mix, spec.workload.rate_rps, spec.headroom.burst_window_s)
         src = f"p99 over mean arrivals per {spec.headroom.burst_window_s:g} s window of the workload"
     profile = Profile.load(spec.profile) if spec.profile else None
-    ctx = Context(spec, mix, {n: hw.price(n) for n in hw.gpus}, burst)
+    ctx = Context(spec, mix, {n: hw.price(n) for n in hw.gpus}, burst,
+                  {d: hw.model.weight_bytes(d) for d in spec.weight_dtypes},
+                  {n: g.storage_bytes_per_s for n, g in hw.gpus.items()})
     search = Search(spec, hw, stats, burst, src, PerfModel(profile), ctx)
     search.enumeration = enumerate_layouts(hw, spec)
     search.rejected.extend(search.enumeration.rejected)

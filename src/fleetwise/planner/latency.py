@@ -9,8 +9,11 @@ a layout cannot meet the SLO at any load (with what would help):
   size P:D:
   decode   mu_d = B* / (out_mean * t_dec(B*)),  B* = largest batch with t_dec(B) <= 0.9 * TPOT;
   prefill  mu_p = rho* / S_p, S_p = prefill seconds of a mean prompt at full token budget and
-           rho* the largest load with  t_alone(p) + Wq_p(rho) + t_kv(p) <= TTFT, where M/D/1
-           waiting has mean Wq = rho*S/(2(1-rho)) and tail quantile Wq_p ~ (Wq/rho)*ln(rho/(1-p));
+           rho* the largest load with  t_alone(p) + Wq_p(rho) + t_kv(p) <= TTFT, where M/G/1
+           waiting (Pollaczek-Khinchine) has mean Wq = rho*S*(1 + C^2)/(2(1-rho)), C^2 the squared
+           coefficient of variation of the prefill service time over the prompt-length
+           distribution (each bin of `LengthStats.prompt_bins` priced by the perf model; 0 gives
+           M/D/1), and tail quantile Wq_p ~ (Wq/rho)*ln(rho/(1-p));
   mixed    the largest rate whose decode steps, stretched by prefill work sharing the GPU
            (t_dec(B)/(1 - lambda*S_p), B = lambda*out_mean*TPOT by Little's law), meet TPOT and
            whose prefill queue meets TTFT as above.
@@ -42,7 +45,7 @@ MAX_SEQS = MAX_NUM_SEQS
 TPOT_MARGIN = 0.9  # plan decode batches to 90% of the TPOT target
 
 MAX_UTILISATION = 0.98
-"""Highest utilisation the load bisection tries: M/D/1 waits diverge as rho -> 1."""
+"""Highest utilisation the load bisection tries: M/G/1 waits diverge as rho -> 1."""
 MIN_UTILISATION = 1e-6
 """Lowest utilisation the load bisection tries; a layout failing even this has no capacity."""
 BISECT_STEPS = 30
@@ -75,6 +78,8 @@ class LayoutEstimate:
     mu_mixed_rps: float
     ttft_ok: bool
     tpot_ok: bool
+    prefill_service_cv2: float = 0.0
+    """C^2 of the prefill service time over the prompt-length distribution (the M/G/1 queue's)."""
 
     @property
     def latency_ok(self) -> bool:
@@ -110,11 +115,12 @@ def _max_decode_batch(dep: BoundPerf, ctx: int, target_s: float, kv_cap: int, se
     return lo
 
 
-def _wait_quantile(rho: float, service_s: float, pct: float) -> float:
-    """M/D/1 waiting-time quantile, exponential-tail approximation (0 when rho <= 1-p)."""
+def _wait_quantile(rho: float, service_s: float, pct: float, cv2: float = 0.0) -> float:
+    """M/G/1 waiting-time quantile for service-time squared CV `cv2` (0: M/D/1), exponential-tail
+    approximation (0 when rho <= 1-p)."""
     if rho <= 0:
         return 0.0
-    mean = rho * service_s / (2 * (1 - rho))
+    mean = rho * service_s * (1 + cv2) / (2 * (1 - rho))
     tail = 1 - pct / 100
     return 0.0 if rho <= tail else (mean / rho) * math.log(rho / tail)
 
@@ -143,6 +149,16 @@ def _per_request_prefill_s(perf: BoundPerf, prompt_mean: float) -> float:
     return step / n
 
 
+def service_cv2(perf: BoundPerf, prompt_bins: tuple[float, ...]) -> float:
+    """Squared coefficient of variation of the prefill service time over the prompt-length bins
+    (each bin's prompt priced packed at the token budget); 0 with fewer than two bins."""
+    if len(prompt_bins) < 2:
+        return 0.0
+    s = [_per_request_prefill_s(perf, b) for b in prompt_bins]
+    m = sum(s) / len(s)
+    return max(0.0, sum(x * x for x in s) / len(s) / (m * m) - 1.0) if m > 0 else 0.0
+
+
 def estimate(dep: BoundPerf, layout: Layout, kv_cap: int, stats: LengthStats, slo: PlanSLOSpec,
              kv_p99_s: float) -> LayoutEstimate:
     """All analytical figures of one layout, priced by `dep` (the perf model bound to its deployment)."""
@@ -155,21 +171,23 @@ def estimate(dep: BoundPerf, layout: Layout, kv_cap: int, stats: LengthStats, sl
     bstar = _max_decode_batch(dep, ctx, TPOT_MARGIN * slo.tpot_s, kv_cap, seq_tokens)
     t_b = decode_step_s(dep, bstar, ctx) if bstar else t1_cost.total_s
     s_p = _per_request_prefill_s(dep, stats.prompt_mean)
+    cv2 = service_cv2(dep, stats.prompt_bins)
     mu_d = bstar / (stats.output_mean * t_b) if bstar else 0.0
     budget = slo.ttft_s - t_alone - kv_p99_s
 
     def prefill_ok(rho: float) -> bool:
-        return _wait_quantile(rho, s_p, slo.percentile) <= budget
+        return _wait_quantile(rho, s_p, slo.percentile, cv2) <= budget
 
     mu_p = _max_load(prefill_ok) / s_p if budget > 0 else 0.0
-    mu_mix = _mixed_capacity(dep, stats, slo, s_p, t_alone, ctx, kv_cap, seq_tokens)
+    mu_mix = _mixed_capacity(dep, stats, slo, s_p, t_alone, ctx, kv_cap, seq_tokens, cv2)
     return LayoutEstimate(
         layout, kv_cap, p50, t_alone, pbound, t1_cost.total_s, t1_cost.bound, bstar, t_b, s_p, kv_p99_s,
-        mu_p, mu_d, mu_mix, ttft_ok=t_alone <= slo.ttft_s, tpot_ok=t1_cost.total_s <= slo.tpot_s)
+        mu_p, mu_d, mu_mix, ttft_ok=t_alone <= slo.ttft_s, tpot_ok=t1_cost.total_s <= slo.tpot_s,
+        prefill_service_cv2=cv2)
 
 
 def _mixed_capacity(dep: BoundPerf, stats: LengthStats, slo: PlanSLOSpec, s_p: float, t_alone: float,
-                    ctx: int, kv_cap: int, seq_tokens: float) -> float:
+                    ctx: int, kv_cap: int, seq_tokens: float, cv2: float) -> float:
     def ok(lam: float) -> bool:
         rho_p = lam * s_p
         if rho_p >= MIXED_PREFILL_UTILISATION:
@@ -179,7 +197,7 @@ def _mixed_capacity(dep: BoundPerf, stats: LengthStats, slo: PlanSLOSpec, s_p: f
             return False
         if decode_step_s(dep, batch, ctx) / (1 - rho_p) > TPOT_MARGIN * slo.tpot_s:
             return False
-        return t_alone + _wait_quantile(rho_p, s_p, slo.percentile) <= slo.ttft_s
+        return t_alone + _wait_quantile(rho_p, s_p, slo.percentile, cv2) <= slo.ttft_s
 
     hi = MIXED_PREFILL_UTILISATION / s_p
     return _max_load(lambda x: ok(x * hi), hi=1.0) * hi

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fleetwise.planner.fit import Rejection
 from fleetwise.planner.simulate import SimVerdict
 from fleetwise.planner.sizing import over_limits
-from fleetwise.planner.state import Search
+from fleetwise.planner.state import Candidate, Search
 
 
 def run(search: Search) -> None:
@@ -44,8 +44,9 @@ def run(search: Search) -> None:
 
 
 def _reconcile(search: Search) -> None:
-    """The equal-cost verdict splits one layout; the ranking may still prefer a plan with other
-    layouts per phase. Say which plan kind won overall, so the two answers never contradict."""
+    """The equal-cost verdict splits one layout; the ranking may still prefer another plan. Say
+    which plan kind won overall and why, from the plans' own facts, so the two answers never
+    contradict."""
     dg = search.disaggregation
     if not dg or not search.ranked:
         return
@@ -53,9 +54,35 @@ def _reconcile(search: Search) -> None:
     dg["best_plan"] = {"kind": top.kind, "plan": top.key, "cost_per_hour": top.cost_per_hour}
     split_wins = top.kind != "colocated"
     if split_wins != (dg.get("verdict") == "disaggregate"):
-        dg["reason"] = (f"{dg['reason']}; but the cheapest plan meeting the SLO is {top.kind} ({top.key}, "
-                        f"${top.cost_per_hour:.2f}/h), which uses a different layout per phase")
+        pd_split = dg.get("pd_split")
+        dg["reason"] = f"{dg['reason']}; but {verdict_sentence(search.ranked, pd_split if isinstance(pd_split, list) else None)}"
         dg["verdict"] = "disaggregate" if split_wins else "colocate"
+
+
+def verdict_sentence(ranked: list[Candidate], pd_split: list[int] | None) -> str:
+    """Why the top-ranked plan wins over the equal-cost verdict, stated from the plans' facts:
+    for a colocated winner, what became of the P/D plans (demoted by a named claim, dearer, or
+    none met the SLO); for a P/D winner, what it does differently from the equal-cost split."""
+    top = ranked[0]
+    head = f"the cheapest plan meeting the SLO is {top.kind} ({top.key}, ${top.cost_per_hour:.2f}/h)"
+    if top.kind == "colocated":
+        split = [c for c in ranked if c.kind != "colocated"]
+        cheaper = [c for c in split if c.cost_per_hour < top.cost_per_hour and c.demoted]
+        if cheaper:
+            return head + "; the cheaper P/D plans were demoted: " + "; ".join(
+                f"{c.key} (${c.cost_per_hour:.2f}/h) {c.demoted}" for c in cheaper)
+        if split:
+            c = min(split, key=lambda c: c.cost_per_hour)
+            return head + f"; the cheapest P/D plan meeting the SLO, {c.key}, costs ${c.cost_per_hour:.2f}/h"
+        return head + "; no P/D plan met the SLO in simulation"
+    pools = {p.role: p for p in (top.refined.full if top.refined else top.fleet).pools}
+    pre, dec = pools.get("prefill"), pools.get("decode")
+    if pre is not None and dec is not None and pre.layout != dec.layout:
+        return head + (f", which uses a different layout per phase (prefill {pre.layout.label}, decode "
+                       f"{dec.layout.label})")
+    ratio = f"{pre.replicas}:{dec.replicas}" if pre is not None and dec is not None else "its own"
+    equal = f"{pd_split[0]}:{pd_split[1]}" if pd_split else "the equal-cost"
+    return head + f", sized P:D {ratio} for the target rate rather than the {equal} split of the colocated fleet"
 
 
 def _miss(search: Search, v: SimVerdict) -> str:

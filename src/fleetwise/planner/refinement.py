@@ -75,6 +75,31 @@ def _correct(ctx: Context, v: SimVerdict, fleet: FleetShape) -> tuple[FleetShape
     return fleet.with_replicas(**{role: n + 1}), f"added a {role} replica ({n} -> {n + 1}) after the check missed"
 
 
+def _trim(ctx: Context, out: Refined, fleet: FleetShape) -> FleetShape:
+    """The P:D ratio moved down as well as up: while a pool of the confirmed P/D fleet (the
+    less-utilised first) has a replica to spare and the run at peak still meets the SLO without
+    it, drop it (at most MAX_CORRECTIONS corrections in all). Returns the fleet kept."""
+    assert out.confirm is not None
+    shrunk = True
+    while shrunk and fleet.disaggregated and len(out.corrections) < MAX_CORRECTIONS:
+        shrunk = False
+        util = out.confirm.utilization
+        for role in sorted(("prefill", "decode"), key=lambda r: (util.get(r, 1.0), r)):
+            n = fleet.pool(role).replicas
+            if n <= 1:
+                continue
+            smaller = fleet.with_replicas(**{role: n - 1})
+            v = run_fleet(ctx.spec, ctx.mix, smaller, ctx.prices, ctx.peak_rps, seed=0)
+            out.runs += 1
+            out.tried.append((smaller, v))
+            if v.passed:
+                out.corrections.append(f"removed a {role} replica ({n} -> {n - 1}): at {util.get(role, 0.0):.0%} "
+                                       "utilisation the run at peak still met the SLO without it")
+                fleet, out.confirm, shrunk = smaller, v, True
+                break
+    return fleet
+
+
 def refine_plan(ctx: Context, key: str, serving: FleetShape, spare: dict[str, int]) -> Refined:
     """Confirm at peak (correcting up to MAX_CORRECTIONS times), then seeds at the target rate, then failures."""
     out = Refined(key, serving, serving)
@@ -90,6 +115,8 @@ def refine_plan(ctx: Context, key: str, serving: FleetShape, spare: dict[str, in
             break
         fleet, why = fix
         out.corrections.append(why)
+    if out.confirm is not None and out.confirm.passed:
+        fleet = _trim(ctx, out, fleet)
     out.serving = fleet
     out.full = fleet.with_replicas(**{p.role: p.replicas + spare.get(p.role, 0) for p in fleet.pools})
     rate = ctx.spec.workload.rate_rps
@@ -151,10 +178,10 @@ def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
     enough for the whole event plus a standard run's span S after it:
 
     - per pool, `failures_to_survive` replicas down for the whole run (S);
-    - per pool, a rolling upgrade, one replica out at a time for `cold_start_s` each
-      (replicas x cold_start_s + S);
-    - a replica of the largest pool joining cold, with an empty cache, after `cold_start_s` of
-      loading (cold_start_s + S);
+    - per pool, a rolling upgrade, one replica out at a time for a cold start each (`cold_start_s`
+      plus the layout's weights load time, `Context.cold_s`) (replicas x cold start + S);
+    - a replica of the largest pool joining cold, with an empty cache, after a cold start
+      (cold start + S);
     - a burst at the workload's burst factor for `burst_window_s`, between S/2 of the target
       rate before and after (when the factor exceeds 1).
     """
@@ -170,16 +197,19 @@ def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
         n = h.failures_to_survive
         if n > 0 and p.replicas > n:
             over(f"failure:{p.role}", f"{n} {p.role} replica(s) down for the whole run", p.role, span, crash_scenario(full, p.role, n))
+        cold = ctx.cold_s(p.layout)
         if h.upgrade_batch_replicas > 0 and p.replicas > 1:
             over(f"upgrade:{p.role}", f"a rolling upgrade of the {p.role} pool ({p.replicas} replicas, one out at a time, "
-                 f"{h.cold_start_s:g} s each)", p.role, p.replicas * h.cold_start_s + span,
+                 f"{cold:.0f} s each)", p.role, p.replicas * cold + span,
                  FaultScenario(name=f"{p.role} upgrade", faults=[RollingUpgrade(
-                     pool=p.role, start_s=0.0, new_model_version="v1", restart_after_s=h.cold_start_s)]))
+                     pool=p.role, start_s=0.0, new_model_version="v1", restart_after_s=cold)]))
     big = max(full.pools, key=lambda p: p.gpus)
-    if h.cold_start_s > 0 and big.replicas > 1:
-        over("cold", f"a {big.role} replica joining cold (empty cache) after {h.cold_start_s:g} s of loading", big.role,
-             h.cold_start_s + span, FaultScenario(name="cold join", faults=[ReplicaCrash(
-                 replica=f"{big.role}-0", at_s=0.0, restart_after_s=h.cold_start_s)]))
+    cold, load = ctx.cold_s(big.layout), ctx.load_s(big.layout)
+    if h.cold_start_s > 0 and big.replicas > 1:  # cold_start_s 0: the spec asks for no cold-join check
+        over("cold", f"a {big.role} replica joining cold (empty cache) after {cold:.0f} s ({h.cold_start_s:g} s start "
+             f"+ {load:.1f} s reading its weights from storage)", big.role,
+             cold + span, FaultScenario(name="cold join", faults=[ReplicaCrash(
+                 replica=f"{big.role}-0", at_s=0.0, restart_after_s=cold)]))
     if ctx.burst > 1.0:
         w = h.burst_window_s
         out.append(HeadroomRun(

@@ -118,6 +118,10 @@ def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
         d["pd_ratio"] = f"{full.pool('prefill').replicas}:{full.pool('decode').replicas}"
     if c.claims is not None:
         d["claims"] = c.claims.results
+        if c.claims.procedure:
+            d["upgrade_procedure"] = c.claims.procedure
+            d["explanation"] = [*d["explanation"], f"upgrade procedure: {c.claims.procedure} (the rolling-upgrade "  # type: ignore[misc]
+                                                   "claim holds with it in simulation)"]
     if c.demoted:
         d["demoted"] = c.demoted
         d["explanation"] = [*d["explanation"], c.demoted]  # type: ignore[misc]

@@ -24,11 +24,14 @@ import math
 from dataclasses import dataclass
 
 from fleetwise.perf.expert_load import ASSUMED_IMBALANCE_NOTE
+from fleetwise.perf.kv import handoff_extra_s, kv_shards
 from fleetwise.planner.fit import Layout, Rejection
 from fleetwise.planner.goodput import kv_link_rates
 from fleetwise.planner.latency import latency_line, profile_line
 from fleetwise.planner.simulate import FleetShape, PoolShape
 from fleetwise.planner.state import Candidate, Search
+from fleetwise.spec.engine_defaults import BLOCK_SIZE
+from fleetwise.spec.kv_format import declared_format, kv_compat
 from fleetwise.spec.planning import HeadroomSpec
 
 
@@ -45,6 +48,8 @@ class Sizing:
     serving: int
     failures: int
     upgrade: int
+    load_s: float = 0.0
+    """Seconds a replica reads its weights on a cold start (added to `cold_start_s`)."""
 
     @property
     def total(self) -> int:
@@ -52,9 +57,11 @@ class Sizing:
 
     def explain(self, headroom: HeadroomSpec) -> str:
         """One plain sentence with every term and its inputs."""
+        cold = (f"{headroom.cold_start_s + self.load_s:.0f} s = {headroom.cold_start_s:g} s start + "
+                f"{self.load_s:.1f} s reading the weights")
         ramp = (f" + cold-start ramp {self.ramp_replicas:.2f} ({headroom.rate_growth_per_min:.0%}/min growth over "
-                f"{headroom.cold_start_s:.0f} s)" if self.ramp_replicas > 0 else
-                f" (cold start {headroom.cold_start_s:.0f} s adds no ramp term: rate_growth_per_min is 0)")
+                f"{cold})" if self.ramp_replicas > 0 else
+                f" (cold start {cold} adds no ramp term: rate_growth_per_min is 0)")
         upgrade_why = ("an upgrade batch also out during failures" if headroom.failures_during_upgrade
                        else "upgrade batch beyond the failure spares")
         return (
@@ -65,19 +72,21 @@ class Sizing:
         )
 
 
-def size_pool(role: str, goodput_rps: float, rate_rps: float, burst: float, headroom: HeadroomSpec) -> Sizing:
-    """Replicas for one pool (goodput must be > 0: callers drop candidates that cannot meet the SLO)."""
+def size_pool(role: str, goodput_rps: float, rate_rps: float, burst: float, headroom: HeadroomSpec,
+              load_s: float = 0.0) -> Sizing:
+    """Replicas for one pool (goodput must be > 0: callers drop candidates that cannot meet the
+    SLO); `load_s`: seconds a replica reads its weights on a cold start."""
     if goodput_rps <= 0:
         raise ValueError("goodput_rps must be positive")
     load = rate_rps * burst / goodput_rps
-    ramp = load * headroom.rate_growth_per_min * headroom.cold_start_s / 60.0
+    ramp = load * headroom.rate_growth_per_min * (headroom.cold_start_s + load_s) / 60.0
     serving = max(1, math.ceil(load + ramp - 1e-9))
     failures = headroom.failures_to_survive
     if headroom.failures_during_upgrade:
         upgrade = headroom.upgrade_batch_replicas
     else:
         upgrade = max(0, headroom.upgrade_batch_replicas - failures)
-    return Sizing(role, goodput_rps, rate_rps, burst, load, ramp, serving, failures, upgrade)
+    return Sizing(role, goodput_rps, rate_rps, burst, load, ramp, serving, failures, upgrade, load_s)
 
 
 def pd_ratio_text(prefill: Sizing, decode: Sizing) -> str:
@@ -156,7 +165,7 @@ def _colocated(search: Search, lay: Layout) -> Candidate | None:
     if g <= 0:
         return None
     w = search.spec.workload
-    s = size_pool("mixed", g, w.rate_rps, search.burst, search.spec.headroom)
+    s = size_pool("mixed", g, w.rate_rps, search.burst, search.spec.headroom, search.ctx.load_s(lay))
     fleet = FleetShape((PoolShape("mixed", lay, s.serving),))
     steps = _base_steps(search, "mixed", lay) + [s.explain(search.spec.headroom)]
     return Candidate(f"colocated {lay.label}", "colocated", fleet, {"mixed": s}, steps)
@@ -170,7 +179,7 @@ def _pd_steps(search: Search, p: Layout, d: Layout, sp: Sizing, sd: Sizing) -> l
     return [
         (f"P:D from the queueing model: input/output tokens {st.prompt_mean:,.0f}/{st.output_mean:,.0f} = "
          f"{st.prompt_mean / st.output_mean:.1f}; prefill service {ep.prefill_s_per_request * 1e3:.0f} ms per mean "
-         f"prompt (M/D/1 queue, TTFT budget after the p{search.spec.slo.percentile} prefill and a KV transfer p99 of "
+         f"prompt (M/G/1 queue, service-time C^2 {ep.prefill_service_cv2:.2f} over the prompt lengths, TTFT budget after the p{search.spec.slo.percentile} prefill and a KV transfer p99 of "
          f"{ep.kv_transfer_p99_s * 1e3:.1f} ms = {kvb * st.prompt_p99 / 1e9:.2f} GB) gives {ep.mu_prefill_rps:.2f} "
          f"req/s per prefill replica; decode batch {ed.decode_batch} at {ed.tpot_at_batch_s * 1e3:.1f} ms per step "
          f"for {st.output_mean:.0f} tokens gives {ed.mu_decode_rps:.2f} req/s per decode replica; analytical "
@@ -179,16 +188,49 @@ def _pd_steps(search: Search, p: Layout, d: Layout, sp: Sizing, sd: Sizing) -> l
     ]
 
 
+def handoff_line(search: Search, p: Layout, d: Layout) -> tuple[bool, str | None]:
+    """Whether a decode replica of layout `d` can take a prefill replica of `p`'s KV (`kv_compat`
+    on the formats the two cards declare), and for a pair that is not direct, the explanation of
+    what crossing costs per mean prompt (staging copies between vendors, a conversion pass)."""
+    kv_dtype = search.spec.kv_dtype
+    dp, dd = search.hw.deployment(p, kv_dtype), search.hw.deployment(d, kv_dtype)
+    src = declared_format("v1", kv_dtype, BLOCK_SIZE, p.tp, dp.accelerator)
+    dst = declared_format("v1", kv_dtype, BLOCK_SIZE, d.tp, dd.accelerator)
+    c = kv_compat(src, dst)
+    if not c.ok:
+        return False, f"prefill {p.label} -> decode {d.label}: {c.reason}"
+    if c.direct:
+        return True, None
+    nbytes = search.hw.model.kv_bytes_per_token(kv_dtype) * search.stats.prompt_mean
+    link_bw, _ = kv_link_rates(search, p)
+    wire = nbytes / (min(kv_shards(dp), kv_shards(dd)) * link_bw)
+    extra = handoff_extra_s(nbytes, c, dp, dd)
+    what = ([f"no device-to-device path between {src.vendor} and {dst.vendor}: each side stages the KV through "
+             "host memory"] if c.cross_vendor else []) + [f"the decode side converts {x}" for x in c.conversions]
+    return True, (f"KV hand-off {src.label()} -> {dst.label()}: {'; '.join(what)}: +{extra * 1e3:.1f} ms per mean "
+                  f"prompt ({nbytes / 1e6:.0f} MB) on top of {wire * 1e3:.1f} ms on the link, priced in every "
+                  "simulation of this plan")
+
+
 def _disaggregated(search: Search, p: Layout, d: Layout) -> Candidate | None:
     gp, gd = search.goodput.get(("prefill", p), 0.0), search.goodput.get(("decode", d), 0.0)
     if gp <= 0 or gd <= 0:
         return None
+    ok, crossing = handoff_line(search, p, d)
+    if not ok:
+        kind = "heterogeneous" if p.accelerator != d.accelerator else "disaggregated"
+        search.rejected.append(Rejection(f"{kind} P[{p.label}] D[{d.label}]",
+                                         f"no common KV format: {crossing}"))
+        return None
     w, h = search.spec.workload, search.spec.headroom
-    sp, sd = size_pool("prefill", gp, w.rate_rps, search.burst, h), size_pool("decode", gd, w.rate_rps, search.burst, h)
+    sp = size_pool("prefill", gp, w.rate_rps, search.burst, h, search.ctx.load_s(p))
+    sd = size_pool("decode", gd, w.rate_rps, search.burst, h, search.ctx.load_s(d))
     fleet = FleetShape((PoolShape("prefill", p, sp.serving), PoolShape("decode", d, sd.serving)), *kv_link_rates(search, p))
     kind = "heterogeneous" if p.accelerator != d.accelerator else "disaggregated"
     both = _base_steps(search, "prefill", p) + _base_steps(search, "decode", d)
     steps = list(dict.fromkeys(both)) + _pd_steps(search, p, d, sp, sd) + [sp.explain(h), sd.explain(h)]
+    if crossing:
+        steps.append(crossing)
     return Candidate(f"{kind} P[{p.label}] D[{d.label}]", kind, fleet, {"prefill": sp, "decode": sd}, steps)
 
 

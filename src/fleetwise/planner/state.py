@@ -33,6 +33,20 @@ class Context:
     mix: LengthMix
     prices: dict[str, float]
     burst: float
+    weight_bytes: dict[str, float] = field(default_factory=dict)
+    """The model's weight bytes per weight dtype (what a cold start reads from storage)."""
+    storage_bytes_per_s: dict[str, float] = field(default_factory=dict)
+    """Each allowed card's storage read rate per GPU (`AcceleratorSpec.storage_bytes_per_s`)."""
+
+    def load_s(self, lay: Layout) -> float:
+        """Seconds a `lay` replica reads its weights on a cold start: each card's share of the
+        weights over its storage read rate (0 when the context does not know the card)."""
+        rate = self.storage_bytes_per_s.get(lay.accelerator)
+        return self.weight_bytes.get(lay.weight_dtype, 0.0) / lay.gpus / rate if rate else 0.0
+
+    def cold_s(self, lay: Layout) -> float:
+        """A cold start of a `lay` replica: the spec's `cold_start_s` plus its weights' load time."""
+        return self.spec.headroom.cold_start_s + self.load_s(lay)
 
     @property
     def peak_rps(self) -> float:
@@ -72,7 +86,7 @@ class Candidate:
         """Why the plan ranks below the plans whose claims hold (None when its claims hold)."""
         if self.claims is None or not self.claims.failed:
             return None
-        return "demoted: claim(s) failed in simulation: " + "; ".join(self.claims.failed)
+        return "demoted: claim(s) failed in simulation: " + "; ".join(self.claims.failed_by)
 
 
 @dataclass

@@ -41,6 +41,11 @@ class LengthMix:
         return LengthStats.of(self.prompt, self.output, self.unit_gaps)
 
 
+PROMPT_BINS = 40
+"""Equal-probability bins of the prompt-length distribution kept for the service-time moments
+(40: each bin 2.5% of requests, so the p99 tail's weight is in the second moment)."""
+
+
 @dataclass(frozen=True)
 class LengthStats:
     """Percentiles and means of the mix, as the analytical estimate uses them."""
@@ -55,14 +60,18 @@ class LengthStats:
     output_p99: float
     output_max: int
     interarrival_cv: float
+    prompt_bins: tuple[float, ...] = ()
+    """The prompt-length distribution as PROMPT_BINS equal-probability bins (each bin's midpoint
+    quantile): what the P:D queueing model prices service times over (M/G/1)."""
 
     @staticmethod
     def of(prompt: np.ndarray, output: np.ndarray, gaps: np.ndarray) -> LengthStats:
         pp = np.percentile(prompt, [50, 90, 99])
         op = np.percentile(output, [50, 99])
         cv = float(gaps.std() / gaps.mean()) if len(gaps) and gaps.mean() > 0 else 1.0
+        bins = tuple(float(x) for x in np.percentile(prompt, (np.arange(PROMPT_BINS) + 0.5) * 100 / PROMPT_BINS))
         return LengthStats(float(prompt.mean()), float(pp[0]), float(pp[1]), float(pp[2]), int(prompt.max()),
-                           float(output.mean()), float(op[0]), float(op[1]), int(output.max()), cv)
+                           float(output.mean()), float(op[0]), float(op[1]), int(output.max()), cv, bins)
 
     def percentile_prompt(self, pct: int) -> float:
         return {50: self.prompt_p50, 90: self.prompt_p90, 99: self.prompt_p99}[pct]

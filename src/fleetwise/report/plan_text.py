@@ -81,6 +81,9 @@ def render(doc: dict[str, Any], console: Console) -> None:
         console.print(f"[bold red]infeasible:[/bold red] {escape(doc['infeasible'])}")
     if doc["plans"]:
         console.print(_table(doc["plans"]))
+        for p in doc["plans"]:  # D: ranked below every plan whose claims hold, and why
+            if p.get("demoted"):
+                console.print(f"  D #{p['rank']} {escape(p['demoted'])}", highlight=False)
     for p in doc["plans"]:
         console.print(f"\n[bold]#{p['rank']} {p['kind']}[/bold] ({p['gpus']} GPUs, ${p['cost_per_hour']:.2f}/h)")
         for i, line in enumerate(p["explanation"], 1):
@@ -108,8 +111,9 @@ TABLE_COLUMNS = ("#", "pools", "GPUs", "$/h", "$/1M output tok", "TTFT p99 (ms)"
 
 
 def table_rows(plans: list[dict[str, Any]], sep: str = " + ") -> list[list[str]]:
-    """The ranked table's rows (TABLE_COLUMNS), numbers formatted to at most 4 significant digits."""
-    return [[str(p["rank"]), pools_label(p, sep), str(p["gpus"]), num(p["cost_per_hour"]),
+    """The ranked table's rows (TABLE_COLUMNS), numbers formatted to at most 4 significant digits; a
+    demoted plan's rank carries D (its claim that failed is printed under the table)."""
+    return [[f"{p['rank']} D" if p.get("demoted") else str(p["rank"]), pools_label(p, sep), str(p["gpus"]), num(p["cost_per_hour"]),
              num(p["cost_per_1m_tokens"]), num(p["predicted"]["ttft_p99_s"] * 1e3),
              num(p["predicted"]["tpot_p99_s"] * 1e3), num(p["predicted"]["goodput_rps"]),
              attainment_text(p["predicted"])] for p in plans]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from fleetwise.core.views import KvLinkView, RouteRequest
+from fleetwise.core.views import KvLinkView, RouteRequest, kv_format_of
 from fleetwise.routing.plugins import Candidate, clamp01
+from fleetwise.spec.kv_format import kv_compat
 from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
 Pair = tuple[Candidate, Candidate]
@@ -22,6 +23,18 @@ PairScorerFn = Callable[[RouteRequest, Sequence[Pair], Links], dict[str, float]]
 def pair_key(p: Candidate, d: Candidate) -> str:
     """`"<prefill>-><decode>"`: how a pair's score is keyed in totals and decisions."""
     return f"{p.view.name}->{d.view.name}"
+
+
+def compatible_pairs(cp: Sequence[Candidate], cd: Sequence[Candidate]) -> tuple[list[Pair], str]:
+    """Every (prefill, decode) pair whose KV formats are compatible (`kv_compat`: model version,
+    KV encoding, block size, TP layout), and when none is, the first pair's refusal."""
+    pf = [(p, kv_format_of(p.view)) for p in cp]
+    df = [(d, kv_format_of(d.view)) for d in cd]
+    pairs = [(p, d) for p, a in pf for d, b in df if kv_compat(a, b).ok]
+    if pairs or not pf or not df:
+        return pairs, ""
+    (p, a), (d, b) = pf[0], df[0]
+    return pairs, f"no decode replica can take a prefill replica's KV ({p.name}->{d.name}: {kv_compat(a, b).reason})"
 
 
 @ROUTING_PLUGINS.implements("scorer", "kv_room")

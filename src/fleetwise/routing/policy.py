@@ -44,7 +44,7 @@ from fleetwise.core.rng import RngStreams
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, RoutingDecision, WorkerView
 from fleetwise.routing import kernels
 from fleetwise.routing.incoming import IncomingKv
-from fleetwise.routing.pd_scorers import PAIR_SCORERS, healthy_bandwidth, pair_key
+from fleetwise.routing.pd_scorers import PAIR_SCORERS, compatible_pairs, healthy_bandwidth, pair_key
 from fleetwise.routing.plugins import (
     FILTERS,
     PICKER_KINDS,
@@ -60,7 +60,7 @@ from fleetwise.routing.plugins import (
 )
 from fleetwise.routing.predictor import OutputPredictor
 from fleetwise.routing.prefix_index import PrefixIndex
-from fleetwise.routing.safe_mode import SafeModeTracker
+from fleetwise.routing.safe_mode import SafeModeTracker, as_fresh
 from fleetwise.routing.state import InFlight, LatencyFeedback, Pending
 from fleetwise.routing.vector import VECTOR_SCORERS, VIEW_ONLY_SCORERS, Columns, ScoreTable
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
@@ -216,6 +216,9 @@ class ComposedPolicy:
         self._expected = 0 if self._simple else self.predictor.expect(
             req.request_id, req.tenant, req.prompt_tokens, req.max_output_tokens)
         e = self._eligible_cached(req, fleet)
+        if not self.safe.spec.enabled and self.safe.stale(now, e.reported):  # off: the stale view taken as fresh
+            fleet = as_fresh(fleet)
+            e = self._eligible_cached(req, fleet)
         ws = e.ws
         self.picker.weights = e.weights
         if not ws:
@@ -596,11 +599,19 @@ class ComposedPolicy:
                 return RoutingDecision(worker=None, reason=f"rejected: {side} side: {why}", kind="rejected")
         cp = self._candidates(req, sides["prefill"], "prefill", now)
         cd_all = self._candidates(req, sides["decode"], "decode", now)
-        cd = [c for c in cd_all if c.kv_room >= pdp.kv_reserve] or cd_all
-        pairs = [(p, d) for p in cp for d in cd if links.get((p.name, d.name)) is None or links[(p.name, d.name)].healthy]
+        fit, why = compatible_pairs(cp, cd_all)  # only replicas whose KV formats match are ever paired
+        if not fit:
+            return RoutingDecision(worker=None, reason=f"rejected: {why}", kind="rejected")
+        ok_p, ok_d = {p.name for p, _ in fit}, {d.name for _, d in fit}
+        cp = [p for p in cp if p.name in ok_p]
+        cd_all = [d for d in cd_all if d.name in ok_d]
+        roomy = {d.name for d in cd_all if d.kv_room >= pdp.kv_reserve} or ok_d
+        fit = [(p, d) for p, d in fit if d.name in roomy]
+        cd = [d for d in cd_all if d.name in roomy]
+        pairs = [(p, d) for p, d in fit if links.get((p.name, d.name)) is None or links[(p.name, d.name)].healthy]
         no_link = not pairs
         if no_link:  # soft, like the region filter: the prefill takes a while, a link may be back by then
-            pairs = [(p, d) for p in cp for d in cd]
+            pairs = fit
         if safe and self.safe.spec.action == "round_robin":
             kp = kd = "round_robin"
         else:

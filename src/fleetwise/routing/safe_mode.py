@@ -3,18 +3,27 @@
 A worker's state is stale when `now_s - reported_at_s > stale_after_s`; safe mode starts when at
 least `stale_fraction` of the eligible workers are stale. This module only tracks the state and
 the time spent in it; what a policy does while in safe mode (`round_robin`, `last_known`,
-`reject`) is the policy's business.
+`reject`) is the policy's business. With safe mode off, a policy routes on a stale view as if it
+were fresh (`as_fresh`): it trusts the view's loads and health as of now, without the in-flight
+estimates `last_known` adds since the view was taken, so comparing the two shows what safe mode buys.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from fleetwise.core.views import WorkerView
+from fleetwise.core.views import FleetView, WorkerView
 from fleetwise.spec.routing import SafeModeSpec
 
-__all__ = ["SafeModeTracker"]
+__all__ = ["SafeModeTracker", "as_fresh"]
+
+
+def as_fresh(fleet: FleetView) -> FleetView:
+    """The view with every worker's state dated `fleet.now_s`: what a router unaware of staleness sees."""
+    now = fleet.now_s
+    return FleetView(now, tuple(replace(w, reported_at_s=now) for w in fleet.workers), fleet.links)
 
 MAX_PERIODS = 1_000
 """Safe-mode periods kept for the report (the first ones; `entries` still counts them all), so a
@@ -49,9 +58,15 @@ class SafeModeTracker:
         """`update` given the eligible workers' `reported_at_s`, ascending (same result: ages
         fall as report times rise, so the stale ones are a prefix and the oldest comes first)."""
         self.tick(now_s)
-        n = len(reported_at)
-        if not self.spec.enabled or not n:
+        if not self.spec.enabled or not reported_at:
             return self._set(False, now_s)
+        self.last_age_s = now_s - reported_at[0]
+        return self._set(self.stale(now_s, reported_at), now_s)
+
+    def stale(self, now_s: float, reported_at: Sequence[float]) -> bool:
+        """Whether the view is stale by the spec's rule (enabled or not), given the eligible
+        workers' `reported_at_s` ascending."""
+        n = len(reported_at)
         limit = self.spec.stale_after_s
         lo, hi = 0, n  # ages[:lo] are stale, ages[hi:] are not
         while lo < hi:
@@ -60,8 +75,7 @@ class SafeModeTracker:
                 lo = mid + 1
             else:
                 hi = mid
-        self.last_age_s = now_s - reported_at[0]
-        return self._set(lo >= self.spec.stale_fraction * n, now_s)
+        return n > 0 and lo >= self.spec.stale_fraction * n
 
     def tick(self, now_s: float) -> None:
         """Advance the clock (from a route call or any feedback event)."""

@@ -136,10 +136,30 @@ class StaleViewKind(Interval):
         inj.note(now_s, k, ev.phase)
 
 
+def upgrade_order(reps: list[Replica], fault: RollingUpgrade) -> list[int]:
+    """Replica indices in upgrade order: `pool`'s in plan order; with `matched_with`, the two
+    pools' replicas interleaved, the next from the pool with the smaller upgraded fraction
+    (ties to `pool`), so each version keeps replicas of both pools until the last turns."""
+    a = [r.idx for r in reps if r.pool.name == fault.pool]
+    if fault.matched_with is None:
+        return a
+    b = [r.idx for r in reps if r.pool.name == fault.matched_with]
+    out: list[int] = []
+    i = j = 0
+    while i < len(a) or j < len(b):
+        if j >= len(b) or (i < len(a) and i * len(b) <= j * len(a)):
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
+    return out
+
+
 @fault_kind(RollingUpgrade)
 class RollingUpgradeKind:
     """One replica of the pool at a time drains, goes down for `restart_after_s`, and returns
-    with the new model version; then the next."""
+    with the new model version; then the next (`upgrade_order`)."""
 
     def schedule(self, inj: FaultInjector, k: int, fault: RollingUpgrade) -> None:
         """Push the first replica's turn."""
@@ -149,7 +169,7 @@ class RollingUpgradeKind:
         """Drain the next replica, or bring the upgraded one back and go on."""
         if ev.phase == "upgrade_back":
             restart(inj, inj.reps[ev.target], now_s, k, fault.new_model_version)
-        todo = inj.upgrade.setdefault(k, [r.idx for r in inj.reps if r.pool.name == fault.pool])
+        todo = inj.upgrade.setdefault(k, upgrade_order(inj.reps, fault))
         if not todo:
             inj.note(now_s, k, "done")
             return

@@ -16,6 +16,8 @@ failure reason.
 - stale_view: the router keeps the view it had at the start of the interval.
 - rolling_upgrade: one replica of the pool at a time is drained (no new routes; in-flight work
   finishes), goes down for `restart_after_s`, returns with the new model version; then the next.
+  With `matched_with`, a second pool's replicas take turns with the first's, the next from the
+  pool with the smaller upgraded fraction (matched slices of a P/D fleet).
 
 Each kind is a registered plugin (`fault_kind`, in `fleetwise.sim.fault_kinds`): it schedules its
 events and applies them. Faults act on the simulation only through `FaultTarget`, a narrow
@@ -120,8 +122,11 @@ class FaultInjector:
             name = getattr(f, "replica", None)
             if name is not None and name not in fleet.by_name:
                 raise SpecError(f"faults.{k}.replica={name!r} is not in the plan; replicas are {', '.join(fleet.names)}")
-            if isinstance(f, RollingUpgrade) and f.pool not in {p.name for p in self.sim.plan.pools}:
+            pools = {p.name for p in self.sim.plan.pools}
+            if isinstance(f, RollingUpgrade) and f.pool not in pools:
                 raise SpecError(f"faults.{k}.pool={f.pool!r} is not a pool of the plan")
+            if isinstance(f, RollingUpgrade) and f.matched_with is not None and f.matched_with not in pools:
+                raise SpecError(f"faults.{k}.matched_with={f.matched_with!r} is not a pool of the plan")
 
     @property
     def next_time_s(self) -> float:
@@ -166,7 +171,8 @@ class FaultInjector:
         """A replica finished or handed off work: a draining one with nothing left goes down."""
         if rep.state != DRAINING or rep.inflight or rep.pending:
             return
-        k = next(k for k, f in enumerate(self.faults) if isinstance(f, RollingUpgrade) and f.pool == rep.pool.name)
+        k = next(k for k, f in enumerate(self.faults)
+                 if isinstance(f, RollingUpgrade) and rep.pool.name in (f.pool, f.matched_with))
         FAULT_KINDS[RollingUpgrade].drained(self, rep, now_s, k)  # type: ignore[attr-defined]
 
 

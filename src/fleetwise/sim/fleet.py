@@ -21,6 +21,7 @@ from fleetwise.engine.records import StepOutput
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.sim.events import EventLoop
 from fleetwise.sim.results import ReplicaStats
+from fleetwise.spec.kv_format import KvFormat, declared_format
 from fleetwise.spec.plan import PlanSpec, PoolSpec
 
 __all__ = ["DOWN", "DRAINING", "UP", "Fleet", "Replica", "engine_config"]
@@ -36,7 +37,9 @@ class Replica(EngineDriver):
         pool = build.pool
         super().__init__(build.engine(name), loop, on_output, horizon, build.perf, pool_name=pool.name,
                          accelerator=build.deployment.accelerator.name, model_version=pool.model_version,
-                         region=pool.region, kv_capacity_tokens=build.kv_capacity_tokens)
+                         region=pool.region, kv_capacity_tokens=build.kv_capacity_tokens,
+                         kv_format=declared_format(pool.model_version, pool.kv_dtype, pool.engine.block_size,
+                                                   pool.parallelism.tp, build.deployment.accelerator))
         self.idx = idx
         self.pool: PoolSpec = pool
         self.deployment = build.deployment
@@ -49,6 +52,11 @@ class Replica(EngineDriver):
         """Arrival times of requests already routed here that have not arrived yet (delayed mode)."""
         if pool.step_time_factor != 1.0:  # a measured correction of the model; slowdown faults multiply it
             self.slowdown = pool.step_time_factor
+
+    def format_now(self) -> KvFormat:
+        """The KV format this replica declares, at the model version it serves now."""
+        assert self.kv_format is not None
+        return self.kv_format.at_version(self.model_version)
 
 
 class Fleet:

@@ -10,7 +10,8 @@ Model (processor sharing per port):
   `rate = min(bw_s / n_s, bw_d / n_d)` where `n_x` counts active transfers on port x; rates are
   recomputed for the transfers that share a port whenever a transfer starts or ends, so one
   prefill node sending to many decode nodes slows them all;
-- a transfer completes `latency_s` after its last byte leaves;
+- a transfer completes `latency_s` after its last byte leaves, plus its own `extra_s` when the
+  pair is not direct (a staging copy between vendors, a format conversion on the receiver);
 - `queue_s` of a transfer = its duration minus what it would take alone on idle ports.
 A port with factor 0 is down: its transfers fail at once and new ones fail on start.
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetwise.core.views import KvLinkView
+from fleetwise.perf.kv import bytes_left, shared_rate
 from fleetwise.sim.events import EventLoop, Priority, TransferEnd
 
 
@@ -49,6 +51,8 @@ class Transfer:
     rate: float = 0.0
     last_s: float = 0.0
     version: int = 0
+    extra_s: float = 0.0
+    """Seconds after its last byte lands before the KV is usable (staging copy, conversion)."""
 
 
 @dataclass(slots=True)
@@ -91,29 +95,33 @@ class KvNetwork:
     def active_on(self, port: int) -> int:
         return len(self.ports[port].active)
 
-    def link_views(self, pairs: list[tuple[str, int, str, int]]) -> tuple[KvLinkView, ...]:
-        """The router's view of each (src name, src port, dst name, dst port) path now: the
-        bandwidth a transfer started on it alone would get (`min` of the two ports' effective
-        bandwidths), the transfers it would share a port with, and whether both ports are up."""
+    def link_views(self, pairs: list[tuple[str, int, str, int, float]]) -> tuple[KvLinkView, ...]:
+        """The router's view of each (src name, src port, dst name, dst port, extra seconds per
+        byte) path now: the bandwidth a transfer started on it alone would get (`min` of the two
+        ports' effective bandwidths, slowed by the pair's per-byte staging and conversion when it
+        is not direct), the transfers it would share a port with, and whether both ports are up."""
         ports, lat = self.ports, self.latency_s
         out = []
-        for sn, sp, dn, dp in pairs:
+        for sn, sp, dn, dp, extra in pairs:
             ps, pd = ports[sp], ports[dp]
             bw = min(ps.effective_bw, pd.effective_bw)
+            if extra > 0 and bw > 0:
+                bw = 1.0 / (1.0 / bw + extra)
             active = len(ps.active) + len(pd.active) - len(ps.active & pd.active)
             out.append(KvLinkView(sn, dn, bw, lat, active, bw > 0))
         return tuple(out)
 
     # ---- transfers -------------------------------------------------------------------------
-    def start(self, now_s: float, tag: int, src: int, dst: int, nbytes: float) -> int:
-        """Start moving `nbytes` from port `src` to port `dst`; returns the transfer id."""
+    def start(self, now_s: float, tag: int, src: int, dst: int, nbytes: float, extra_s: float = 0.0) -> int:
+        """Start moving `nbytes` from port `src` to port `dst`, usable `extra_s` after it lands
+        (`perf.kv.handoff_extra_s`); returns the transfer id."""
         self._next += 1
         tid = self._next
         ps, pd = self.ports[src], self.ports[dst]
         if ps.factor <= 0 or pd.factor <= 0:
-            self._finish(now_s, Transfer(tid, tag, src, dst, nbytes, now_s, nbytes), ok=False)
+            self._finish(now_s, Transfer(tid, tag, src, dst, nbytes, now_s, nbytes, extra_s=extra_s), ok=False)
             return tid
-        tr = Transfer(tid, tag, src, dst, nbytes, now_s, nbytes, last_s=now_s)
+        tr = Transfer(tid, tag, src, dst, nbytes, now_s, nbytes, last_s=now_s, extra_s=extra_s)
         self.transfers[tid] = tr
         ps.active.add(tid)
         pd.active.add(tid)
@@ -122,13 +130,13 @@ class KvNetwork:
 
     def _rate(self, tr: Transfer) -> float:
         ps, pd = self.ports[tr.src], self.ports[tr.dst]
-        return min(ps.effective_bw / len(ps.active), pd.effective_bw / len(pd.active))
+        return shared_rate(ps.effective_bw, len(ps.active), pd.effective_bw, len(pd.active))
 
     def _reschedule(self, now_s: float, tids: set[int]) -> None:
         """Bring `remaining` up to `now_s` at the old rate, then set the new rate and end time."""
         for tid in sorted(tids):
             tr = self.transfers[tid]
-            tr.remaining = max(0.0, tr.remaining - tr.rate * (now_s - tr.last_s))
+            tr.remaining = bytes_left(tr.remaining, tr.rate, now_s - tr.last_s)
             tr.last_s = now_s
             tr.rate = self._rate(tr)
             tr.version += 1
@@ -153,13 +161,13 @@ class KvNetwork:
         if tr is None or tr.version != ev.version:
             return
         self._reschedule(now_s, self._detach(tr))
-        # The last byte left at now_s; it lands latency_s later.
+        # The last byte left at now_s; it lands latency_s later (and is usable extra_s after that).
         self._landing[tr.tid] = tr
-        self._landing_s[tr.tid] = now_s + self.latency_s
-        self.loop.push(now_s + self.latency_s, Priority.TRANSFER_END, TransferEnd(tr.tid, _LANDED))
+        self._landing_s[tr.tid] = now_s + self.latency_s + tr.extra_s
+        self.loop.push(now_s + self.latency_s + tr.extra_s, Priority.TRANSFER_END, TransferEnd(tr.tid, _LANDED))
 
     def _finish(self, end_s: float, tr: Transfer, ok: bool) -> None:
-        alone = self.alone_s(tr.src, tr.dst, tr.bytes_total)
+        alone = self.alone_s(tr.src, tr.dst, tr.bytes_total) + tr.extra_s
         rec = TransferRecord(tr.tag, tr.src, tr.dst, tr.start_s, end_s, tr.bytes_total, max(0.0, end_s - tr.start_s - alone), ok)
         self.records.append(rec)
         self.on_done(end_s, tr.tag, rec)

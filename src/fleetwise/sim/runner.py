@@ -41,7 +41,7 @@ from fleetwise.core.feedback import (
 from fleetwise.core.request import Request
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest
 from fleetwise.engine.api import StepOutput
-from fleetwise.perf.kv import kv_shards
+from fleetwise.perf.kv import handoff_extra_s, kv_shards
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.routing.base import RoutingPolicy, winning_scores
@@ -55,6 +55,7 @@ from fleetwise.sim.recording import StepRecorder
 from fleetwise.sim.recovery import Recovery
 from fleetwise.sim.results import Records, summarize, write_records
 from fleetwise.spec.faults import FaultScenario
+from fleetwise.spec.kv_format import kv_compat
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.slo import SLOSpec
 
@@ -142,9 +143,10 @@ class Simulation:
         self.client_region = plan.regions.clients or plan.pools[0].region
         """Region of the clients of requests that name none."""
         self.cross_region_rtt_s = 2 * plan.regions.latency_s
-        self.link_pairs = [(p.name, p.port, d.name, d.port) for p in self.prefill_reps
+        self.link_pairs = [(p.name, p.port, d.name, d.port, _extra_per_byte(p, d)) for p in self.prefill_reps
                            for d in self.reps if d.role == "decode"]
-        """Every prefill -> decode KV path the router may pick, as `KvNetwork.link_views` takes them."""
+        """Every prefill -> decode KV path the router may pick, as `KvNetwork.link_views` takes them
+        (with the seconds per byte a pair that is not direct adds: staging copies, conversion)."""
         self.links: tuple[KvLinkView, ...] = ()
         self.scorer_names = tuple(SCORERS)
         """Scorers whose per-worker parts a decision may carry (for the records' decision column)."""
@@ -383,18 +385,22 @@ class Simulation:
             self.release_prefill(rep, i, now_s)
             self.recovery.lost(i, now_s, "decode_lost" if dec.state == DOWN else "decode_pool_full")
             return
-        if dec.model_version != rep.model_version:
-            # KV of one model version is meaningless to another: the decode side refuses the
-            # hand-off, the KV is freed and recovery prefills the request again (or fails it),
-            # pinned to the refusing replica's version so the new attempt lands on a matching pair.
+        compat = kv_compat(rep.format_now(), dec.format_now())
+        if not compat.ok:
+            # The decode side cannot read this KV (another model version, no common format): it
+            # refuses the hand-off, the KV is freed and recovery prefills the request again (or
+            # fails it); on version skew, pinned to the refusing replica's version.
             self.release_prefill(rep, i, now_s)
-            self.reqs[i] = dataclasses.replace(self.reqs[i], model_version=dec.model_version)
-            self.recovery.lost(i, now_s, "kv_version_skew")
+            skew = dec.model_version != rep.model_version
+            if skew:
+                self.reqs[i] = dataclasses.replace(self.reqs[i], model_version=dec.model_version)
+            self.recovery.lost(i, now_s, "kv_version_skew" if skew else "kv_format_mismatch")
             return
         rec.kv_start_s[i] = now_s
         nbytes = dec.kv_bytes_per_token * self.recovery.request(i).prompt_tokens
         self.recovery.open_lease(i, rep, now_s, nbytes)
-        tid = self.net.start(now_s, self.recovery.tag(i), rep.port, dec.port, nbytes)
+        extra = 0.0 if compat.direct else handoff_extra_s(nbytes, compat, rep.deployment, dec.deployment)
+        tid = self.net.start(now_s, self.recovery.tag(i), rep.port, dec.port, nbytes, extra)
         if i in self.recovery.leases:  # a transfer refused at start has ended the lease already
             self.recovery.leases[i].transfer = tid
 
@@ -504,6 +510,12 @@ class Simulation:
 def plan_perf(plan: PlanSpec) -> PerfModel:
     """The perf model a plan names: its `perf_profile` loaded, or the uncalibrated roofline."""
     return PerfModel(Profile.load(plan.perf_profile) if plan.perf_profile else None)
+
+
+def _extra_per_byte(p: Replica, d: Replica) -> float:
+    """Seconds per KV byte a hand-off p -> d spends beyond the link (0 for a direct pair)."""
+    compat = kv_compat(p.format_now(), d.format_now())
+    return 0.0 if compat.direct or not compat.ok else handoff_extra_s(1.0, compat, p.deployment, d.deployment)
 
 
 def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | None = None,

@@ -8,11 +8,12 @@ BASELINE = "round-robin"
 """The policy every other one is compared with, paired by seed."""
 SCENARIO_NAMES = (
     "heterogeneous", "cache-mix", "long-short", "slowdown", "rolling-upgrade", "hot-tenant",
-    "stale-control-plane", "pd-fan-out", "pd-degraded-link", "pd-kv-limit", "two-regions",
+    "stale-control-plane", "pd-fan-out", "pd-degraded-link", "pd-kv-limit", "pd-rolling-upgrade", "pd-cross-vendor",
+    "two-regions",
 )
 """The built-in scenarios of examples/scenarios, in report order."""
 TTFT_RULE_SCENARIOS = ("heterogeneous", "cache-mix", "long-short", "slowdown", "hot-tenant", "pd-fan-out",
-                       "pd-degraded-link", "pd-kv-limit", "two-regions")
+                       "pd-degraded-link", "pd-kv-limit", "pd-rolling-upgrade", "pd-cross-vendor", "two-regions")
 """Scenarios where the default policy must beat round-robin on P99 TTFT (CI excluding zero)."""
 GOODPUT_TOLERANCE = 0.05
 """The default policy's mean goodput may be at most this fraction below round-robin's."""

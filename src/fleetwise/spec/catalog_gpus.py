@@ -29,6 +29,22 @@ DRIVER_MEMORY: dict[str, tuple[float, str]] = {
 }
 
 
+OCP_FP8 = {"bf16": "bf16", "fp8": "fp8_e4m3fn"}
+"""KV encodings of engines on cards with OCP FP8 (E4M3FN): NVIDIA Ampere to Blackwell, AMD CDNA4, Intel Gaudi 3."""
+FNUZ_FP8 = {"bf16": "bf16", "fp8": "fp8_e4m3fnuz"}
+"""KV encodings on AMD CDNA3 (MI300X, MI325X), whose FP8 is E4M3FNUZ (no negative zero, bias 8), not OCP E4M3FN."""
+BF16_ONLY = {"bf16": "bf16"}
+"""KV encodings on cards without an FP8 format (Ascend 910B/910C)."""
+KV_FORMATS: dict[str, tuple[dict[str, str], str]] = {
+    **{n: (OCP_FP8, "OCP 8-bit floating point spec (E4M3FN) as the card's FP8; vLLM --kv-cache-dtype fp8_e4m3")
+       for n in ("a100-80g", "h100-sxm", "h200-sxm", "b200", "b300", "l40s", "mi355x", "gaudi3")},
+    **{n: (FNUZ_FP8, "AMD ROCm precision-support docs: CDNA3 FP8 is E4M3FNUZ; CDNA4 adds OCP E4M3FN")
+       for n in ("mi300x", "mi325x")},
+    **{n: (BF16_ONLY, "Ascend 910B/910C datasheets list no FP8 format") for n in ("ascend-910b", "ascend-910c")},
+}
+"""Per card: the KV encoding its engines store each KV dtype in, and the source."""
+
+
 def _gpu(name: str, vendor: str, hbm_gb: float, tb_s: float, flops: dict[str, float], link: tuple[str, float],
          per_node: int, net_gbit: float, price: float, sources: dict[str, str]) -> AcceleratorSpec:
     link_name, link_bytes_per_s = link
@@ -44,7 +60,8 @@ def _gpu(name: str, vendor: str, hbm_gb: float, tb_s: float, flops: dict[str, fl
         gpus_per_node=per_node,
         network=LinkSpec(name=f"{net_gbit:g} Gb/s NIC", bandwidth_bytes_per_s=net_gbit * 1e9 / 8, latency_s=10e-6,
                          source=sources.get("network", "")),
-        price_per_hour_usd=price, sources={**sources, "price_per_hour_usd": PRICE_NOTE},
+        price_per_hour_usd=price, sources={**sources, "price_per_hour_usd": PRICE_NOTE, "kv_formats": KV_FORMATS[name][1]},
+        kv_formats=dict(KV_FORMATS[name][0]),
     )
 
 

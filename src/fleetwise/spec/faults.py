@@ -101,11 +101,16 @@ class StaleView(Spec):
 
 class RollingUpgrade(Spec):
     """Replicas of `pool` leave one at a time from `start_s`: drain (no new requests, finish
-    in-flight), stay down `restart_after_s`, come back serving `new_model_version`."""
+    in-flight), stay down `restart_after_s`, come back serving `new_model_version`. With
+    `matched_with`, the replicas of both pools take turns in matched slices."""
 
     kind: Literal["rolling_upgrade"] = "rolling_upgrade"
     pool: str
     """Pool name in the plan."""
+    matched_with: str | None = None
+    """A second pool upgraded in the same sequence (a P/D fleet's other side): one replica at a
+    time, the next from whichever pool has the smaller upgraded fraction, so both versions keep
+    prefill and decode replicas that can pair until the last turn."""
     start_s: float = Field(ge=0, le=MAX_DURATION_S)
     new_model_version: str
     """Model version the replicas report after the upgrade."""
@@ -155,6 +160,7 @@ def check_faults_apply(scenario: FaultScenario, plan: PlanSpec, where: str = "fa
             if isinstance(f, DecodeFull) and pool.role != "decode":
                 raise SpecError(f"{at}: replica={quote(name)} is a {pool.role} replica; decode_full applies to "
                                 "decode replicas")
-        if isinstance(f, RollingUpgrade) and f.pool not in replicas:
-            raise SpecError(f"{at}: pool={quote(f.pool)} is not a pool of the plan; pools are "
-                            f"{', '.join(p.name for p in plan.pools[:8])}")
+        for field, pool_name in (("pool", getattr(f, "pool", None)), ("matched_with", getattr(f, "matched_with", None))):
+            if isinstance(f, RollingUpgrade) and pool_name is not None and pool_name not in replicas:
+                raise SpecError(f"{at}: {field}={quote(pool_name)} is not a pool of the plan; pools are "
+                                f"{', '.join(p.name for p in plan.pools[:8])}")

@@ -22,6 +22,12 @@ class LinkSpec(Spec):
     source: str = ""
 
 
+DEFAULT_STORAGE_BYTES_PER_S = 6.5e9
+"""Weights read rate per GPU when a replica loads its model: one Gen4 NVMe drive's sequential read
+(~6.5 GB/s, e.g. Samsung PM1733: 7.0 GB/s) per GPU of an 8-GPU node with eight data drives
+(DGX H100: 8x 3.84 TB U.2 NVMe). An assumption, not a datasheet figure of the card; override it."""
+
+
 class AcceleratorSpec(Spec):
     """One accelerator card as the datasheet gives it."""
 
@@ -43,6 +49,12 @@ class AcceleratorSpec(Spec):
     """Default on-demand price per GPU-hour; users override this."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where each figure comes from (field name -> datasheet/URL)."""
+    storage_bytes_per_s: float = Field(default=DEFAULT_STORAGE_BYTES_PER_S, gt=0)
+    """Rate at which one GPU of the node reads model weights from storage (a cold start's load)."""
+    kv_formats: dict[str, str] = Field(default_factory=dict)
+    """The KV-cache encoding its serving engines store for each KV dtype (`fp8` -> `fp8_e4m3fn` on
+    OCP-FP8 cards, `fp8_e4m3fnuz` on CDNA3); a dtype not listed is stored under its own name.
+    These are also the encodings its engines can convert a received cache from."""
 
     @model_validator(mode="after")
     def _check(self) -> AcceleratorSpec:
@@ -53,6 +65,10 @@ class AcceleratorSpec(Spec):
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for a compute dtype; a dtype the card lacks runs at its bf16 rate."""
         return self.flops_per_s.get(dtype, self.flops_per_s["bf16"])
+
+    def kv_encoding(self, kv_dtype: str) -> str:
+        """The encoding this card's engines store a `kv_dtype` cache in."""
+        return self.kv_formats.get(kv_dtype, kv_dtype)
 
     @property
     def bf16_flops(self) -> float:

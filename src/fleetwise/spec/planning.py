@@ -171,7 +171,8 @@ class HeadroomSpec(Spec):
     failures_to_survive: int = Field(default=1, ge=0)
     """Replicas per pool that may fail at once with the SLO still met (N+k)."""
     cold_start_s: float = Field(default=120.0, ge=0)
-    """Seconds a new or restarted replica needs before it serves."""
+    """Seconds a new or restarted replica needs before it serves, besides reading its weights (the
+    planner adds that from the catalog: each card's share of the weights / its storage read rate)."""
     rate_growth_per_min: float = Field(default=0.0, ge=0)
     """Fraction of the rate by which load can grow per minute while a new replica starts (0: no ramp)."""
     upgrade_batch_replicas: int = Field(default=1, ge=0)

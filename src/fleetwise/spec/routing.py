@@ -222,7 +222,7 @@ class SafeModeSpec(Spec):
     """What to do when the fleet view is too old to trust."""
 
     enabled: bool = True
-    """Watch view ages at all."""
+    """Watch view ages at all; off, a stale view is routed on as if it were fresh (no in-flight estimates since it was taken)."""
     stale_after_s: float = Field(default=5.0, gt=0.0)
     """A worker's state is stale when `now_s - reported_at_s` exceeds this."""
     stale_fraction: float = Field(default=0.5, gt=0.0, le=1.0)

@@ -341,10 +341,7 @@ class ComposedPolicy:
         tot: dict[str, float] = {}
         for c in cs:
             name = c.view.name
-            t: float = 0  # as `sum()`: 0 + w1*v1 + w2*v2 ..., in scorer order
-            for wt, vals in terms:
-                t += wt * vals[name]
-            tot[name] = t
+            tot[name] = sum([wt * vals[name] for wt, vals in terms])  # 0 + w1*v1 + w2*v2 ..., in scorer order
         return {k: v / wsum for k, v in tot.items()} if normalise else tot
 
     def _rounded_scores(self, totals: dict[str, float], per: dict[str, dict[str, float]]) -> dict[str, float]:

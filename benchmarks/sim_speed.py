@@ -4,6 +4,7 @@ Run:  python3 benchmarks/sim_speed.py [--sizes 10000:8,100000:64] [--skip-1m]
                                       [--default-size 1000000:64 | --skip-default] [--only-default]
                                       [--busy-size 1000000 | --skip-busy] [--only-busy]
                                       [--busy-policies round-robin,fleetwise-default]
+                                      [--long-size 1000000 | --skip-long] [--only-long]
                                       [--profile DIR] [--out benchmarks/results/sim_speed.json]
 
 Workload: Poisson arrivals at `--rate-per-replica` x replicas, prompt/output lengths drawn
@@ -22,6 +23,11 @@ replicas, Poisson arrivals at 640 req/s (10 req/s per replica), Azure-conversati
 and output p50/p90 129/424, ../shared/traces/README.md), `--busy-size` requests, routed by
 round-robin and by `fleetwise-default` in the same run (`busy.round_robin`, `busy.default`,
 `busy.default_over_rr_cpu`); `--only-busy` runs just that and merges it into `--out`.
+Long-output busy load (`busy_long`): the same fleet, rate and prompts with outputs uniform in
+600-2,000 tokens (median 1,300: reasoning and agent traffic), `--long-size` requests, both
+policies; `--only-long` runs just that (with `--only-busy`, both busy loads) and merges it into
+`--out`. Busy rows add `engine_steps` (a fused step counts once), `passes_per_step`,
+`us_per_event` and `us_per_engine_step` (CPU).
 `--profile DIR` profiles each busy run with cProfile instead (DIR/busy-<policy>.prof and a
 text summary of the top functions; timings under the profiler are not speed figures).
 Each row records `compiled`: whether the mypyc-compiled simulator modules ran (setup.py,
@@ -71,12 +77,16 @@ class Load:
     rate_per_replica: float
     prompt: tuple[float, float, int, int]
     output: tuple[float, float, int, int]
+    output_uniform: tuple[int, int] | None = None
+    """Outputs uniform in [lo, hi] tokens instead of `output`'s log-normal."""
 
 
 LIGHT = Load("h100-sxm", 2.0, (1024, 0.6, 16, 8000), (256, 0.6, 2, 2000))
 """The original speed workload (replicas mostly idle between requests)."""
 BUSY = Load("h200-sxm", 10.0, (900, 0.8, 16, 8000), (120, 0.9, 2, 1000))
 """Replicas kept busy: 64 x 10 = 640 req/s, Azure-conversation-like lengths (see the docstring)."""
+LONG = Load("h200-sxm", 10.0, (900, 0.8, 16, 8000), (0, 0, 0, 0), output_uniform=(600, 2000))
+"""Reasoning/agent-like outputs on the busy fleet: outputs uniform in 600-2,000 tokens (median 1,300)."""
 BUSY_REPLICAS = 64
 BUSY_TARGETS_S = {"round-robin": 60.0, "fleetwise-default": 120.0}
 """CPU-second targets of the busy 1M-request run on the 2-core reference machine."""
@@ -87,7 +97,10 @@ def make_requests(n: int, rate_rps: float, seed: int, load: Load = LIGHT) -> lis
     t = np.cumsum(rng.exponential(1 / rate_rps, n))
     (pm, ps, plo, phi), (om, os_, olo, ohi) = load.prompt, load.output
     ins = np.clip(rng.lognormal(np.log(pm), ps, n), plo, phi).astype(int)
-    outs = np.clip(rng.lognormal(np.log(om), os_, n), olo, ohi).astype(int)
+    if load.output_uniform is None:
+        outs = np.clip(rng.lognormal(np.log(om), os_, n), olo, ohi).astype(int)
+    else:
+        outs = rng.integers(load.output_uniform[0], load.output_uniform[1] + 1, n)
     return [Request(str(i), float(t[i]), int(ins[i]), int(outs[i])) for i in range(n)]
 
 
@@ -120,7 +133,7 @@ def run_one(n: int, replicas: int, rate_per_replica: float, delay: float, seed: 
         prof = cProfile.Profile()
         res = prof.runcall(simulate, plan, reqs, options=opts)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        _write_profile(prof, profile, f"busy-{policy}")
+        _write_profile(prof, profile, f"{'long' if load.output_uniform else 'busy'}-{policy}")
     else:
         res = simulate(plan, reqs, options=opts)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
@@ -138,6 +151,8 @@ def run_one(n: int, replicas: int, rate_per_replica: float, delay: float, seed: 
         "requests_per_cpu_s": round(n / cpu, 1),
         "events_processed": s["events_processed"],
         "events_per_cpu_s": round(s["events_processed"] / cpu, 1),
+        "engine_steps": res.engine_steps,
+        "passes_per_step": round(res.engine_passes / max(res.engine_steps, 1), 2),
         "simulated_s": s["duration_s"],
         "requests_completed": s["requests_completed"],
         "ttft_p50_s": s["ttft_s"]["p50"],
@@ -171,23 +186,28 @@ BUSY_POLICIES = {"round-robin": "round_robin", "fleetwise-default": "default"}
 """Policies of the busy rows and their keys under `busy`."""
 
 
-def run_busy(a: argparse.Namespace) -> dict[str, Any]:
-    """The busy load routed by each of `--busy-policies` (round-robin, then the default policy), in this one run."""
-    out: dict[str, Any] = {"workload": (f"{BUSY_REPLICAS} x llama-3.1-8b on {BUSY.accelerator}, "
-                                        f"{BUSY.rate_per_replica * BUSY_REPLICAS:g} req/s Poisson, prompts "
-                                        f"lognormal(median {BUSY.prompt[0]:g}, sigma {BUSY.prompt[1]:g}) <= "
-                                        f"{BUSY.prompt[3]}, outputs lognormal(median {BUSY.output[0]:g}, sigma "
-                                        f"{BUSY.output[1]:g}) <= {BUSY.output[3]}"),
+def run_busy(a: argparse.Namespace, load: Load = BUSY, size: int | None = None) -> dict[str, Any]:
+    """`load` on the busy fleet routed by each of `--busy-policies` (round-robin, then the default
+    policy), in this one run; `size` requests (default `--busy-size`)."""
+    n = a.busy_size if size is None else size
+    outs = (f"outputs uniform {load.output_uniform[0]}-{load.output_uniform[1]}" if load.output_uniform else
+            f"outputs lognormal(median {load.output[0]:g}, sigma {load.output[1]:g}) <= {load.output[3]}")
+    out: dict[str, Any] = {"workload": (f"{BUSY_REPLICAS} x llama-3.1-8b on {load.accelerator}, "
+                                        f"{load.rate_per_replica * BUSY_REPLICAS:g} req/s Poisson, prompts "
+                                        f"lognormal(median {load.prompt[0]:g}, sigma {load.prompt[1]:g}) <= "
+                                        f"{load.prompt[3]}, {outs}"),
                            "targets_cpu_s_at_1m": BUSY_TARGETS_S}
     policies = [p for p in BUSY_POLICIES if p in a.busy_policies.split(",")]
     for policy in policies:
-        r = run_one(a.busy_size, BUSY_REPLICAS, BUSY.rate_per_replica, a.feedback_delay, a.seed, policy, BUSY,
+        r = run_one(n, BUSY_REPLICAS, load.rate_per_replica, a.feedback_delay, a.seed, policy, load,
                     a.profile)
+        r["us_per_event"] = round(r["cpu_s"] / r["events_processed"] * 1e6, 2)
+        r["us_per_engine_step"] = round(r["cpu_s"] / r["engine_steps"] * 1e6, 2)
         print(json.dumps(r), flush=True)
         out[BUSY_POLICIES[policy]] = r
     if len(policies) == len(BUSY_POLICIES):
         out["default_over_rr_cpu"] = round(out["default"]["cpu_s"] / out["round_robin"]["cpu_s"], 2)
-    if a.busy_size == 1_000_000 and a.profile is None:
+    if n == 1_000_000 and a.profile is None:
         out["target_met_cpu"] = {p: out[BUSY_POLICIES[p]]["cpu_s"] < BUSY_TARGETS_S[p] for p in policies}
     return out
 
@@ -229,18 +249,25 @@ def main() -> None:
                     help="policies of the busy rows (with --only-busy, rows of policies not rerun are kept)")
     ap.add_argument("--only-busy", action="store_true",
                     help="run only the busy-load runs and merge them into an existing --out")
+    ap.add_argument("--long-size", type=int, default=1_000_000, help="requests of the long-output busy runs")
+    ap.add_argument("--skip-long", action="store_true", help="skip the long-output busy runs")
+    ap.add_argument("--only-long", action="store_true",
+                    help="run only the long-output busy runs and merge them into an existing --out")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="profile the busy-load runs with cProfile into DIR (timings then are not speed figures)")
     ap.add_argument("--out", default="benchmarks/results/sim_speed.json")
     a = ap.parse_args()
-    if a.only_busy:
-        busy = run_busy(a)
+    if a.only_busy or a.only_long:
+        rows = {"busy": run_busy(a)} if a.only_busy else {}
+        if not a.skip_long:
+            rows["busy_long"] = run_busy(a, LONG, a.long_size)
         if a.profile is None:
             path = Path(a.out)
             out = json.loads(path.read_text()) if path.exists() else {"benchmark": "sim_speed"}
-            out["busy"] = merge_busy(out.get("busy", {}), busy)
+            for key, busy in rows.items():
+                out[key] = merge_busy(out.get(key, {}), busy)
             path.write_text(json.dumps(out, indent=2) + "\n")
-        print(json.dumps(busy, indent=2))
+        print(json.dumps(rows, indent=2))
         return
     if a.only_default:
         out = json.loads(Path(a.out).read_text())
@@ -276,6 +303,8 @@ def main() -> None:
         out["default_policy"] = run_default(a)
     if not a.skip_busy:
         out["busy"] = run_busy(a)
+    if not a.skip_long:
+        out["busy_long"] = run_busy(a, LONG, a.long_size)
     big = next((r for r in runs if r["requests"] == 1_000_000 and r["replicas"] == 64), None)
     if big is not None:
         out["target_met_wall"] = big["wall_s"] < TARGET_S

@@ -10,7 +10,17 @@ from hypothesis import strategies as st
 from fleetwise.core.views import FleetView, RouteRequest, WorkerView
 from fleetwise.errors import SpecError
 from fleetwise.routing import make_policy
-from fleetwise.routing.plugins import FILTERS, PICKERS, SCORERS, Candidate, PickerState, load_bound, own_cost
+from fleetwise.routing.plugins import (
+    FILTERS,
+    PICKERS,
+    SCORERS,
+    Candidate,
+    PickerState,
+    candidate_columns,
+    load_bound,
+    own_cost,
+    score_candidates,
+)
 from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.spec.base import validate
 from fleetwise.spec.routing import CostParams, LoadBoundParams, RoutingSpec
@@ -57,12 +67,21 @@ def test_prefix_index_matches_a_reference_model(inserts, query):
 
 def test_scorers_exact():
     cs = [cand("a", load=100, prefix=4, requests=1, kv=0.25), cand("b", load=300, slowness=2.0, requests=3, kv=1.5)]
-    assert SCORERS["load"](REQ, cs) == {"a": 200 / 200, "b": 200 / 800}
-    assert SCORERS["requests"](REQ, cs) == {"a": 1.0, "b": 0.5}
-    assert SCORERS["prefix"](REQ, cs) == {"a": 1.0, "b": 0.0}
-    assert SCORERS["kv"](REQ, cs) == {"a": 0.75, "b": 0.0}  # clamped to [0, 1]
-    assert SCORERS["feedback"](REQ, cs) == {"a": 1.0, "b": 0.5}
-    assert SCORERS["prefix"](RouteRequest("x", 10, 1), cs) == {"a": 0.0, "b": 0.0}
+    got = score_candidates(REQ, cs, ("load", "requests", "prefix", "kv", "feedback"))
+    assert got["load"] == {"a": 200 / 200, "b": 200 / 800}
+    assert got["requests"] == {"a": 1.0, "b": 0.5}
+    assert got["prefix"] == {"a": 1.0, "b": 0.0}
+    assert got["kv"] == {"a": 0.75, "b": 0.0}  # clamped to [0, 1]
+    assert got["feedback"] == {"a": 1.0, "b": 0.5}
+    assert score_candidates(RouteRequest("x", 10, 1), cs, ("prefix",))["prefix"] == {"a": 0.0, "b": 0.0}
+
+
+def test_scorers_score_only_the_kept_workers_in_order():
+    cs = [cand("a", load=100, requests=1), cand("b", load=300, requests=3), cand("c", load=50, requests=0)]
+    cols = candidate_columns(REQ, cs)
+    cols.kept = [0, 1]
+    assert SCORERS["load"](REQ, cols) == [1.0, 200 / 400]  # the best of a and b, not c
+    assert SCORERS["requests"](REQ, cols) == [1.0, 0.5]
 
 
 def test_own_cost_subtracts_cached_blocks():

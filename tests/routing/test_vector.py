@@ -1,5 +1,6 @@
-"""The columns fast path against its scalar references: scorer twins, the load bound, totals and
-ties, the feedback factor, the scores table."""
+"""The columns fast path against its scalar references: the scorers (against their per-candidate
+readings in `reference_scorers.py`), the load bound, totals and ties, the feedback factor, the
+scores table."""
 
 from __future__ import annotations
 
@@ -9,45 +10,60 @@ from collections import deque
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_scorers import REFERENCE
 
 from fleetwise.core.views import RouteRequest, WorkerView
 from fleetwise.routing import kernels
 from fleetwise.routing.base import winning_scores
-from fleetwise.routing.plugins import SCORERS, TIE_TOLERANCE, Candidate, PickerState, load_bound
+from fleetwise.routing.plugins import (
+    SCORERS,
+    TIE_TOLERANCE,
+    Candidate,
+    PickerState,
+    candidate_columns,
+    load_bound,
+)
 from fleetwise.routing.state import LatencyFeedback
-from fleetwise.routing.vector import VECTOR_SCORERS, Columns, ScoreTable
+from fleetwise.routing.vector import Columns, ScoreTable
 from fleetwise.spec.routing import FeedbackParams, LoadBoundParams
 
 cand = st.tuples(st.floats(0, 1e6), st.floats(0, 1e4), st.floats(0.25, 8), st.integers(0, 300), st.integers(0, 12),
-                 st.floats(-0.5, 1.5))
+                 st.floats(-0.5, 1.5), st.sampled_from([1.0, 0.5, 2.0, 3.0]), st.floats(-1.0, 2.0))
 
 
-def candidates(rows):
-    return [Candidate(WorkerView(f"w{i:02d}", kv_usage=kv), reqs, load, own, slow, pre)
-            for i, (load, own, slow, reqs, pre, kv) in enumerate(rows)]
+def candidates(rows, weighted: bool = False):
+    return [Candidate(WorkerView(f"w{i:02d}", kv_usage=kv, weight=wt if weighted else 1.0), reqs, load, own, slow,
+                      pre, room)
+            for i, (load, own, slow, reqs, pre, kv, wt, room) in enumerate(rows)]
 
 
 def columns(cs, n_hashes, kept):
+    """The default policy's columns: every weight 1 (None), no KV room."""
     return Columns([c.load for c in cs], [c.own for c in cs], [c.slowness for c in cs], [c.requests for c in cs],
                    [c.prefix_blocks for c in cs], [c.view.kv_usage for c in cs], n_hashes, kept)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(cand, min_size=1, max_size=12), st.integers(0, 12), st.data())
-def test_each_twin_equals_its_scorer_on_the_kept_workers(rows, n_hashes, data):
+def test_each_scorer_equals_its_reference_on_the_kept_workers(rows, n_hashes, data):
     req = RouteRequest("r", 1000, 10, block_hashes=tuple(range(n_hashes)))
-    cs = candidates(rows)
-    kept = sorted(data.draw(st.sets(st.integers(0, len(cs) - 1), min_size=1)))
-    cols = columns(cs, n_hashes, kept)
-    for name, twin in VECTOR_SCORERS.items():
-        assert twin(cols) == list(SCORERS[name](req, [cs[i] for i in kept]).values()), name
+    kept = sorted(data.draw(st.sets(st.integers(0, len(rows) - 1), min_size=1)))
+    unit = candidates([(*r[:-1], 0.0) for r in rows])  # the columns fast path: weights 1, no KV room
+    cols = columns(unit, n_hashes, kept)
+    weighted = candidates(rows, weighted=True)  # the per-candidate paths: weights, KV room
+    wcols = candidate_columns(req, weighted)
+    wcols.kept = kept
+    assert set(SCORERS) == set(REFERENCE)
+    for name, scorer in SCORERS.items():
+        assert scorer(req, cols) == list(REFERENCE[name](req, [unit[i] for i in kept]).values()), name
+        assert scorer(req, wcols) == list(REFERENCE[name](req, [weighted[i] for i in kept]).values()), name
 
 
-def test_prefix_twin_without_any_cached_prefix_scores_zero():
-    cs = candidates([(10.0, 5.0, 1.0, 0, 0, 0.5)] * 3)
+def test_prefix_scorer_without_any_cached_prefix_scores_zero():
+    cs = candidates([(10.0, 5.0, 1.0, 0, 0, 0.5, 1.0, 0.0)] * 3)
     cols = Columns([10.0] * 3, [5.0] * 3, [1.0] * 3, [0] * 3, None, [0.5] * 3, 4, [0, 2])
-    assert VECTOR_SCORERS["prefix"](cols) == [0.0, 0.0] == list(SCORERS["prefix"](RouteRequest("r", 1, 1, (1, 2, 3, 4)),
-                                                                                    [cs[0], cs[2]]).values())
+    req = RouteRequest("r", 1, 1, (1, 2, 3, 4))
+    assert SCORERS["prefix"](req, cols) == [0.0, 0.0] == list(REFERENCE["prefix"](req, [cs[0], cs[2]]).values())
 
 
 @settings(max_examples=200, deadline=None)

@@ -32,27 +32,31 @@ def policy(preset: str, seed: int, reference: bool = False) -> ComposedPolicy:
     return ComposedPolicy(spec.policy, spec.resolved(), spec.safe_mode, seed=seed, reference=reference)
 
 
-def logged(p: ComposedPolicy) -> list[RoutingDecision]:
-    """Every decision `p` makes from now on, in order (its `route` wrapped on the instance)."""
-    log: list[RoutingDecision] = []
-    inner = p.route
+class Logged:
+    """A policy that records every decision of the policy it wraps (which may be compiled, and
+    then cannot have its methods replaced), and otherwise is that policy."""
 
-    def route(req: RouteRequest, fleet: FleetView) -> RoutingDecision:
-        d = inner(req, fleet)
-        log.append(d)
+    def __init__(self, inner: ComposedPolicy) -> None:
+        self.inner = inner
+        self.log: list[RoutingDecision] = []
+
+    def route(self, req: RouteRequest, fleet: FleetView) -> RoutingDecision:
+        d = self.inner.route(req, fleet)
+        self.log.append(d)
         return d
 
-    p.route = route  # type: ignore[method-assign]
-    return log
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def run(plan: PlanSpec, reqs: list[Request], faults: FaultScenario | None, preset: str, seed: int, delay_s: float,
         reference: bool) -> tuple[dict[str, Any], list[RoutingDecision], dict[str, Any]]:
     """(summary without its wall time, every decision, the policy's report) of one seeded run."""
     p = policy(preset, seed, reference)
-    log = logged(p)
+    logged = Logged(p)
     res = simulate(plan.model_copy(update={"routing": preset}), reqs, faults,
-                   SimOptions(seed=seed, feedback_delay_s=delay_s, policy=p))
+                   SimOptions(seed=seed, feedback_delay_s=delay_s, policy=logged))  # type: ignore[arg-type]
+    log = logged.log
     res.summary.pop("sim_wall_s")
     return res.summary, log, p.report()
 

@@ -2,7 +2,9 @@
 
 Each function computes, for every worker (or every worker in `kept`) at once, exactly the floats
 its reference computes one candidate at a time: `LatencyFeedback.factors`'s arithmetic for the
-slowness factor, `plugins.load_bound` for the load bound, the `plugins` scorers for the scores,
+slowness factor, `plugins.load_bound` for the load bound, the scores of the `plugins` scorers
+(which call these loops: each scorer has this one implementation; `tests/routing/
+reference_scorers.py` keeps the per-candidate readings they are checked against),
 `ComposedPolicy._totals` and `PickerState.max` for the totals and the tie. The same operations
 in the same order on the same doubles (sums are the builtin `sum` over a list, as the references
 sum), so each result is the same double; `tests/routing/test_vector.py` checks each against its
@@ -78,22 +80,22 @@ def clamped(x: float) -> float:
 
 
 def load_scores(load: list[float], own: list[float], slow: list[float], kept: list[int]) -> list[float]:
-    """`plugins.score_load` of the `kept` workers: `min cost / cost`, cost `(load + own) * slow`."""
+    """`plugins.score_load`'s loop over the `kept` workers: `min cost / cost`, cost `(load + own) * slow`."""
     costs = [(load[i] + own[i]) * slow[i] for i in kept]
     best = min(costs)
     return [clamped(best / k) if k > 0 else 1.0 for k in costs]
 
 
 def min_ratio_scores(xs: list[float], kept: list[int]) -> list[float]:
-    """`min x / x` of the `kept` workers, clamped: `plugins.score_requests` (x = requests + 1,
-    every weight 1) and `plugins.score_feedback` (x = slowness)."""
+    """`min x / x` of the `kept` workers, clamped: `plugins.score_requests` (x = (requests + 1) /
+    weight) and `plugins.score_feedback` (x = slowness)."""
     sub = [xs[i] for i in kept]
     best = min(sub)
     return [clamped(best / x) for x in sub]
 
 
 def prefix_scores(prefix: list[int], n_hashes: int, kept: list[int]) -> list[float]:
-    """`plugins.score_prefix` of the `kept` workers: cached fraction of the prompt's blocks."""
+    """`plugins.score_prefix`'s loop over the `kept` workers: cached fraction of the prompt's blocks."""
     if not n_hashes:
         return [0.0] * len(kept)
     return [clamped(prefix[i] / n_hashes) for i in kept]

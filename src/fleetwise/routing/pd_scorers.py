@@ -2,7 +2,7 @@
 
 A P/D fleet is routed by two profiles of the same machinery (filters, scorers, picker), one per
 side, and by pair scorers that rank a prefill->decode pair as a whole. `kv_room` is an ordinary
-scorer that reads `Candidate.kv_room` (set on decode candidates); a pair scorer maps every pair
+scorer that reads `Columns.kv_room` (`Candidate.kv_room`, set on decode candidates); a pair scorer maps every pair
 `(prefill, decode)` to [0, 1], keyed `"<prefill>-><decode>"`, given the fleet's KV link views.
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from fleetwise.core.views import KvLinkView, RouteRequest, kv_format_of
 from fleetwise.routing.plugins import Candidate, clamp01
+from fleetwise.routing.vector import Columns
 from fleetwise.spec.kv_format import kv_compat
 from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
@@ -38,9 +39,10 @@ def compatible_pairs(cp: Sequence[Candidate], cd: Sequence[Candidate]) -> tuple[
 
 
 @ROUTING_PLUGINS.implements("scorer", "kv_room")
-def score_kv_room(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
+def score_kv_room(req: RouteRequest, c: Columns) -> list[float]:
     """KV fraction left after admitting the request, `max(kv_room, 0)` (0 on a non-decode candidate)."""
-    return {c.view.name: clamp01(c.kv_room) for c in cs}
+    room = c.kv_room
+    return [clamp01(room[i]) for i in c.kept] if room is not None else [0.0] * len(c.kept)
 
 
 def healthy_bandwidth(links: Links) -> float:

@@ -5,8 +5,9 @@
 - A picker chooses one candidate from the totals (max with a seeded tie-break, round-robin,
   random, power-of-two).
 
-Signals come precomputed in `Candidate` (load, this request's own cost, slowness, prefix match)
-so every scorer is a pure function of its inputs and easy to test with exact numbers. Parameter
+Signals come precomputed in `Candidate` (load, this request's own cost, slowness, prefix match);
+scorers read them as `vector.Columns` (one list per signal), so every scorer is a pure function
+of its inputs, easy to test with exact numbers, and fast on the default policy's columns path. Parameter
 models live in `fleetwise.spec.routing` (each plugin's `Params`).
 """
 
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleetwise.core.views import RouteRequest, WorkerView
+from fleetwise.routing import kernels
+from fleetwise.routing.vector import Columns
 from fleetwise.spec.routing import CostParams, LoadBoundParams
 from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
@@ -30,10 +33,12 @@ __all__ = [
     "SCORERS",
     "Candidate",
     "PickerState",
+    "candidate_columns",
     "clamp01",
     "has_token_backlog",
     "load_bound",
     "own_cost",
+    "score_candidates",
 ]
 
 
@@ -155,52 +160,66 @@ FILTERS: dict[str, FilterFn] = ROUTING_PLUGINS.implementations("filter")
 """Every filter by name (the registry's live mapping)."""
 
 
-# ---- scorers: candidates -> {name: score in [0, 1]} ---------------------------------------------
+# ---- scorers: columns -> the kept workers' scores in [0, 1] -----------------------------------
 
-ScorerFn = Callable[[RouteRequest, Sequence[Candidate]], dict[str, float]]
+ScorerFn = Callable[[RouteRequest, Columns], list[float]]
+"""A scorer: the request and the candidates' `Columns` -> one score in [0, 1] per worker of
+`Columns.kept`, in that order. One implementation serves the default policy's columns fast path
+and every per-candidate path (`score_candidates`)."""
 
 
 @ROUTING_PLUGINS.implements("scorer", "load")
-def score_load(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
-    """`min cost / cost`: 1 for the cheapest worker, 0.5 for one twice as expensive."""
-    costs = [(c.load + c.own) * c.slowness for c in cs]  # `Candidate.cost`, once each
-    best = min(costs)
-    return {c.view.name: _clamp01(best / k) if k > 0 else 1.0 for c, k in zip(cs, costs, strict=True)}
+def score_load(req: RouteRequest, c: Columns) -> list[float]:
+    """`min cost / cost`, cost `(load + own) * slowness`: 1 for the cheapest worker, 0.5 for one twice as expensive."""
+    return kernels.load_scores(c.load, c.own, c.slowness, c.kept)
 
 
 @ROUTING_PLUGINS.implements("scorer", "requests")
-def score_requests(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
+def score_requests(req: RouteRequest, c: Columns) -> list[float]:
     """`min r / r` with `r = (requests + 1) / weight`: fewest outstanding requests per unit of
     weight scores 1 (with equal weights, `(min requests + 1) / (requests + 1)`)."""
-    rs = [(c.requests + 1) / c.view.weight for c in cs]
-    best = min(rs)
-    return {c.view.name: _clamp01(best / r) for c, r in zip(cs, rs, strict=True)}
+    w = c.weight
+    xs = [float(r + 1) for r in c.requests] if w is None else [(r + 1) / x for r, x in zip(c.requests, w, strict=True)]
+    return kernels.min_ratio_scores(xs, c.kept)
 
 
 @ROUTING_PLUGINS.implements("scorer", "prefix")
-def score_prefix(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
+def score_prefix(req: RouteRequest, c: Columns) -> list[float]:
     """Cached fraction of the prompt's blocks: `prefix_blocks / len(block_hashes)` (0 without)."""
-    n = len(req.block_hashes)
-    if not n:
-        return {c.view.name: 0.0 for c in cs}
-    return {c.view.name: _clamp01(c.prefix_blocks / n) for c in cs}
+    if c.prefix is None:
+        return [0.0] * len(c.kept)
+    return kernels.prefix_scores(c.prefix, c.n_hashes, c.kept)
 
 
 @ROUTING_PLUGINS.implements("scorer", "kv")
-def score_kv(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
-    """KV headroom: `1 - kv_usage`."""
-    return {c.view.name: _clamp01(1.0 - c.view.kv_usage) for c in cs}
+def score_kv(req: RouteRequest, c: Columns) -> list[float]:
+    """KV headroom: `1 - kv_usage` (reads only the view: `vector.VIEW_ONLY_SCORERS`)."""
+    kv = c.kv_usage
+    return [kernels.clamped(1.0 - kv[i]) for i in c.kept]
 
 
 @ROUTING_PLUGINS.implements("scorer", "feedback")
-def score_feedback(req: RouteRequest, cs: Sequence[Candidate]) -> dict[str, float]:
+def score_feedback(req: RouteRequest, c: Columns) -> list[float]:
     """`min slowness / slowness`: the fastest-looking worker scores 1."""
-    best = min(c.slowness for c in cs)
-    return {c.view.name: _clamp01(best / c.slowness) for c in cs}
+    return kernels.min_ratio_scores(c.slowness, c.kept)
 
 
 SCORERS: dict[str, ScorerFn] = ROUTING_PLUGINS.implementations("scorer")
 """Every scorer by name (the registry's live mapping)."""
+
+
+def candidate_columns(req: RouteRequest, cs: Sequence[Candidate]) -> Columns:
+    """`cs` as the columns scorers read, every candidate kept."""
+    return Columns([c.load for c in cs], [c.own for c in cs], [c.slowness for c in cs], [c.requests for c in cs],
+                   [c.prefix_blocks for c in cs], [c.view.kv_usage for c in cs], len(req.block_hashes),
+                   list(range(len(cs))), [c.view.weight for c in cs], [c.kv_room for c in cs])
+
+
+def score_candidates(req: RouteRequest, cs: Sequence[Candidate], scorers: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Each of `scorers`' scores of `cs` by worker name (the per-candidate paths: P/D sides, pickers' totals)."""
+    cols = candidate_columns(req, cs)
+    names = [c.view.name for c in cs]
+    return {s: dict(zip(names, SCORERS[s](req, cols), strict=True)) for s in scorers}
 
 
 # ---- bounded load ------------------------------------------------------------------------------

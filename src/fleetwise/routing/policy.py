@@ -56,13 +56,14 @@ from fleetwise.routing.plugins import (
     has_token_backlog,
     load_bound,
     own_cost,
+    score_candidates,
     view_load,
 )
 from fleetwise.routing.predictor import OutputPredictor
 from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.routing.safe_mode import SafeModeTracker, as_fresh
 from fleetwise.routing.state import InFlight, LatencyFeedback, Pending
-from fleetwise.routing.vector import VECTOR_SCORERS, VIEW_ONLY_SCORERS, Columns, ScoreTable
+from fleetwise.routing.vector import VIEW_ONLY_SCORERS, Columns, ScoreTable
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
 
 __all__ = ["ComposedPolicy", "fmt_tokens"]
@@ -101,7 +102,7 @@ class _ViewColumns:
     __slots__ = ("load", "requests", "mark", "base", "reqs0", "backlog", "kv_usage", "keys", "key_lists", "where",
                  "pos", "every", "counts", "counts_k", "counts_seq", "fixed")
 
-    def __init__(self, e: _Eligible, cost: Any, scorers: list[str]) -> None:
+    def __init__(self, e: _Eligible, cost: Any, scorers: list[str], req: RouteRequest) -> None:
         ws = e.ws
         n = len(ws)
         self.base = [view_load(w, cost) for w in ws]
@@ -111,7 +112,7 @@ class _ViewColumns:
         self.every = list(range(n))
         """Every position (the kept workers when the load bound keeps all or is off)."""
         full = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, self.kv_usage, 0, self.every)
-        self.fixed = {s: VECTOR_SCORERS[s](full) for s in scorers if s in VIEW_ONLY_SCORERS}
+        self.fixed = {s: SCORERS[s](req, full) for s in scorers if s in VIEW_ONLY_SCORERS}
         """Every worker's score by each view-only scorer (`VIEW_ONLY_SCORERS`)."""
         self.keys = {s: [f"{name}.{s}" for name in e.names] for s in scorers}
         self.key_lists = [self.keys[s] for s in scorers]
@@ -197,9 +198,8 @@ class ComposedPolicy:
         self._vector_scorers = [str(k) for k, wt in params.scorers.items() if wt > 0]
         self._vector_weights = [self._weights[s] for s in self._vector_scorers]
         self._vector_columns = {s: k for k, s in enumerate(self._vector_scorers, start=1)}
-        """Each twinned scorer's column in a `ScoreTable` (0: the totals)."""
-        self._vector = (not reference and params.picker == "max" and bool(self._vector_scorers)
-                        and all(k in VECTOR_SCORERS for k in self._vector_scorers))
+        """Each weighted scorer's column in a `ScoreTable` (0: the totals)."""
+        self._vector = not reference and params.picker == "max" and bool(self._vector_scorers)
         """Scored colocated picks take the array fast path (`_pick_mixed_vector`)."""
         self.wants_kv_events = any(wt > 0 for wt in (*params.scorers.values(), *self._profiles["prefill"].values()))
         """Scores read the prefix index (load through the cached prefix, prefix): a driver should
@@ -333,7 +333,7 @@ class ComposedPolicy:
     def _scores(self, req: RouteRequest, cs: list[Candidate],
                 weights: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
         """Each weighted scorer's scores of `cs`: the policy's scorers, or a profile's `weights`."""
-        return {s: SCORERS[s](req, cs) for s, wt in (weights or self.params.scorers).items() if wt > 0}
+        return score_candidates(req, cs, [s for s, wt in (weights or self.params.scorers).items() if wt > 0])
 
     def _totals(self, cs: list[Candidate], per: dict[str, dict[str, float]], normalise: bool = False,
                 weights: dict[str, float] | None = None) -> dict[str, float]:
@@ -344,10 +344,7 @@ class ComposedPolicy:
         tot: dict[str, float] = {}
         for c in cs:
             name = c.view.name
-            t: float = 0  # as `sum()`: 0 + w1*v1 + w2*v2 ..., in scorer order
-            for wt, vals in terms:
-                t += wt * vals[name]
-            tot[name] = t
+            tot[name] = sum([wt * vals[name] for wt, vals in terms])  # 0 + w1*v1 + w2*v2 ..., in scorer order
         return {k: v / wsum for k, v in tot.items()} if normalise else tot
 
     def _rounded_scores(self, totals: dict[str, float], per: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -465,7 +462,7 @@ class ComposedPolicy:
 
         def picker_totals() -> dict[str, float]:
             # power-of-two with no weighted scorer compares outstanding requests
-            return totals if per or kind != "power_of_two" else self._totals(kept, {"requests": SCORERS["requests"](req, kept)})
+            return totals if per or kind != "power_of_two" else self._totals(kept, score_candidates(req, kept, ("requests",)))
 
         name, reason, tied = PICKERS[kind](self.picker, names, picker_totals, "mixed", self.params.tie_break)
         if kind != "max":
@@ -474,12 +471,12 @@ class ComposedPolicy:
         reason, lead = self._explain(req, c, per, bound, excluded, tied)
         return name, scores, reason, lead
 
-    def _view_columns(self, e: _Eligible) -> _ViewColumns:
+    def _view_columns(self, e: _Eligible, req: RouteRequest) -> _ViewColumns:
         """`e`'s fast-path state with every worker's load and requests brought up to date: those
         whose in-flight entries changed since last asked are recomputed as `_candidate` does."""
         v = e.vec
         if v is None:
-            v = e.vec = _ViewColumns(e, self.params.cost, self._vector_scorers)
+            v = e.vec = _ViewColumns(e, self.params.cost, self._vector_scorers, req)
         cost = self.params.cost
         dw, per_req = cost.decode_token_weight, cost.per_request_tokens
         inflight = self.inflight
@@ -514,10 +511,10 @@ class ComposedPolicy:
 
     def _pick_mixed_vector(self, req: RouteRequest, now: float,
                            e: _Eligible) -> tuple[Candidate, ScoreTable, str, str]:
-        """`_candidates` + `_pick_mixed` for a `max` picker over twinned scorers, on per-worker
+        """`_candidates` + `_pick_mixed` for a `max` picker, on per-worker
         columns (`fleetwise.routing.kernels`): the same candidate, scores, reason and kind. Every
         weight is 1 (`_Eligible.unit`): slowness is the feedback factor itself."""
-        v = self._view_columns(e)
+        v = self._view_columns(e, req)
         cost, names, n = self.params.cost, e.names, len(e.names)
         exp, hashes = self._expected, req.block_hashes
         own = [own_cost(req, 0, cost, exp)] * n
@@ -546,7 +543,7 @@ class ComposedPolicy:
         cols = Columns(load, own, slow, v.requests, prefix, v.kv_usage, len(hashes), kept)
         fixed = v.fixed
         every = len(kept) == n
-        per = {s: (fixed[s] if every else kernels.picked(fixed[s], kept)) if s in fixed else VECTOR_SCORERS[s](cols)
+        per = {s: (fixed[s] if every else kernels.picked(fixed[s], kept)) if s in fixed else SCORERS[s](req, cols)
                for s in self._vector_scorers}
         columns = list(per.values())
         totals = kernels.totals(columns, self._vector_weights)
@@ -669,7 +666,7 @@ class ComposedPolicy:
 
     def _requests_totals(self, req: RouteRequest, cs: list[Candidate]) -> dict[str, float]:
         """Totals by the `requests` scorer alone (what power-of-two compares without weights)."""
-        return self._totals(cs, {"requests": SCORERS["requests"](req, cs)})
+        return self._totals(cs, score_candidates(req, cs, ("requests",)))
 
     def _profile_totals(self, req: RouteRequest, cs: list[Candidate], side: str) -> dict[str, float]:
         """Each candidate's score in [0, 1] by the P/D profile of `side` (weighted mean of its scorers)."""

@@ -1,21 +1,18 @@
-"""Twins of the built-in scorers over the policy's per-worker columns, and the scores table.
+"""The shape scorers read (`Columns`: the candidates' signals, one list per signal) and the scores table.
 
-Each twin computes, for the workers a decision kept, exactly the floats its reference scorer
-(`fleetwise.routing.plugins`) computes one candidate at a time, by the loops of
-`fleetwise.routing.kernels`. `tests/routing/test_vector.py` checks each twin against its
-reference.
+Every scorer plugin (`fleetwise.routing.plugins`) maps `Columns` to the scores of the workers a
+decision kept, so the default policy's fast path and the per-candidate paths (P/D sides,
+pickers' totals) run the one implementation of each scorer.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fleetwise.routing import kernels
-
-__all__ = ["SCORE_DIGITS", "VECTOR_SCORERS", "VIEW_ONLY_SCORERS", "Columns", "ScoreTable"]
+__all__ = ["SCORE_DIGITS", "VIEW_ONLY_SCORERS", "Columns", "ScoreTable"]
 
 SCORE_DIGITS = 6
 """Decimal places of a decision's scores (`round(v, 6)`, as the reference rounds)."""
@@ -37,38 +34,16 @@ class Columns:
     """Blocks in the request's prompt (`len(req.block_hashes)`)."""
     kept: list[int]
     """Ascending positions of the workers the load bound kept (the ones scored)."""
+    weight: list[float] | None = None
+    """Each worker's relative capacity (None: every weight is 1)."""
+    kv_room: list[float] | None = None
+    """KV fraction left after admitting the request (decode candidates of a P/D fleet; None: 0 everywhere)."""
 
-
-def _load(c: Columns) -> list[float]:
-    return kernels.load_scores(c.load, c.own, c.slowness, c.kept)
-
-
-def _requests(c: Columns) -> list[float]:
-    return kernels.min_ratio_scores([float(r + 1) for r in c.requests], c.kept)  # (r + 1) / weight 1
-
-
-def _prefix(c: Columns) -> list[float]:
-    if c.prefix is None:
-        return [0.0] * len(c.kept)
-    return kernels.prefix_scores(c.prefix, c.n_hashes, c.kept)
-
-
-def _kv(c: Columns) -> list[float]:
-    return [kernels.clamped(1.0 - c.kv_usage[i]) for i in c.kept]
-
-
-def _feedback(c: Columns) -> list[float]:
-    return kernels.min_ratio_scores(c.slowness, c.kept)
-
-
-VECTOR_SCORERS: dict[str, Callable[[Columns], list[float]]] = {
-    "load": _load, "requests": _requests, "prefix": _prefix, "kv": _kv, "feedback": _feedback,
-}
-"""The twin of each built-in scorer (a scorer plugin without one is served by the reference)."""
 
 VIEW_ONLY_SCORERS = frozenset({"kv"})
-"""Twins that read only what the view reports (`Columns.kv_usage`), worker by worker: computed
-once per view over every worker, then picked out for the workers each decision keeps."""
+"""Scorers that read only what the view reports (`Columns.kv_usage`), worker by worker, and not
+the request: computed once per view over every worker, then picked out for the workers each
+decision keeps."""
 
 
 class ScoreTable(Mapping[str, float]):

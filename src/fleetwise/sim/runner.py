@@ -100,6 +100,10 @@ class SimResult:
     summary: dict[str, Any]
     records: Records
     replica_names: list[str]
+    engine_steps: int = 0
+    """Steps the engines ran (a fused step counts once); the cost unit of `benchmarks/sim_speed.py`."""
+    engine_passes: int = 0
+    """Forward passes those steps stood for."""
 
     def write(self, out_dir: Any, records_format: str = "csv") -> dict[str, str]:
         """Write summary.json and requests.csv (or .parquet) into `out_dir`."""
@@ -549,7 +553,8 @@ def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | No
     summary["sim_wall_s"] = round(time.perf_counter() - wall0, 3)
     if opts.recorder is not None:
         opts.recorder.transfers.extend(sim.net.records)
-    return SimResult(summary, sim.rec, sim.fleet.names)
+    return SimResult(summary, sim.rec, sim.fleet.names, sum(r.engine.stats.steps for r in sim.reps),
+                     sum(r.engine.stats.passes for r in sim.reps))
 
 
 def _fail_unfinished(sim: Simulation) -> None:

@@ -1,0 +1,99 @@
+"""Seeded runs against the digests recorded before the simulator's speed work: byte-identical results.
+
+Each case replays a seeded request list against a fleet and hashes the summary (less its wall
+time) and the request records (CSV bytes). The digests were recorded on commit 7a11b65 (before
+issue 26's changes to the engine, the simulator and the routing fast paths); any change of a
+step time, a routing decision, a score or a record changes them. A change that is meant to
+alter results must say why in its commit and record the new digests here.
+
+Cases: the long-output busy fleet of `benchmarks/sim_speed.py` (outputs uniform in 600-2,000
+tokens, 10 req/s per replica: every replica holds `max_num_seqs` decodes and a queue) routed
+round-robin and by the default policy, in the fast (feedback delay 0.25 s) and the exact mode;
+the short-output busy fleet (Azure-like lengths) by the default policy; a P/D fleet with faults.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fleetwise.core.request import Request
+from fleetwise.sim.results import write_records
+from fleetwise.sim.runner import SimOptions, simulate
+from fleetwise.spec.base import validate
+from fleetwise.spec.faults import FaultScenario
+from fleetwise.spec.plan import PlanSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def busy_requests(n: int, rate_rps: float, seed: int, long_outputs: bool) -> list[Request]:
+    """Poisson arrivals, log-normal prompts (median 900); outputs uniform 600-2,000 or log-normal (median 120)."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate_rps, n))
+    ins = np.clip(rng.lognormal(np.log(900), 0.8, n), 16, 8000).astype(int)
+    if long_outputs:
+        outs = rng.integers(600, 2001, n)
+    else:
+        outs = np.clip(rng.lognormal(np.log(120), 0.9, n), 2, 1000).astype(int)
+    return [Request(str(i), float(t[i]), int(ins[i]), int(outs[i])) for i in range(n)]
+
+
+def digest(plan: PlanSpec, reqs: list[Request], faults: FaultScenario | None, delay_s: float,
+           tmp: Path) -> tuple[str, dict]:
+    res = simulate(plan, reqs, faults, SimOptions(seed=7, feedback_delay_s=delay_s))
+    summary = {k: v for k, v in res.summary.items() if k != "sim_wall_s"}
+    h = hashlib.sha256(json.dumps(summary, sort_keys=True).encode())
+    h.update(write_records(res.records, res.replica_names, tmp / "requests.csv").read_bytes())
+    return h.hexdigest(), summary
+
+
+def busy_plan(replicas: int, routing: str) -> PlanSpec:
+    return PlanSpec(name="busy", pools=[{"name": "m", "accelerator": "h200-sxm", "model": "llama-3.1-8b",
+                                         "replicas": replicas}], routing=routing)
+
+
+CASES = {
+    # case: (replicas, routing, requests, long outputs, feedback delay s)
+    "long-rr": (6, "round-robin", 2400, True, 0.25),
+    "long-default": (6, "fleetwise-default", 2400, True, 0.25),
+    "long-default-exact": (4, "fleetwise-default", 900, True, 0.0),
+    "short-default": (16, "fleetwise-default", 1500, False, 0.25),
+}
+GOLDEN = {
+    "long-rr": "ad4f5ade27ca1e1e97ba126e8f2e19b7df1966eaa42dbf3304dcaf8a33a6899d",
+    "long-default": "416a7080c14d97dccacb4b45f56bdc428d136934a8e825e6e1d8beaadc4a18a4",
+    "long-default-exact": "bdbb2cf5c4e97bfa0883226b27a72e861717cc1bca39072d7bab9285857cf081",
+    "short-default": "ccdd90b31d942805842dd95bcc6f4db810454a2c54ec98b0dca2697d791c2741",
+    "pd-faults": "e44ffc8fb3dc48ec386ccb378a5e9b76b1fc0d7d36eaf5cb588b9dc85756e4eb",
+}
+"""SHA-256 of each case's summary and records, recorded on commit 7a11b65."""
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_busy_fleet_results_are_unchanged(case: str, tmp_path: Path) -> None:
+    replicas, routing, n, long_outputs, delay = CASES[case]
+    reqs = busy_requests(n, 10.0 * replicas, 7, long_outputs)
+    got, summary = digest(busy_plan(replicas, routing), reqs, None, delay, tmp_path)
+    assert summary["requests_completed"] == n
+    assert got == GOLDEN[case], f"{case}: results changed ({summary['ttft_s']}, {summary['events_processed']} events)"
+
+
+def test_pd_fleet_with_faults_results_are_unchanged(tmp_path: Path) -> None:
+    plan = validate(PlanSpec, yaml.safe_load((ROOT / "examples/plans/pd-70b.yaml").read_text()), "pd-70b.yaml")
+    faults = validate(FaultScenario, yaml.safe_load((ROOT / "examples/plans/pd-70b.faults.yaml").read_text()),
+                      "faults")
+    rng = np.random.default_rng(7)
+    n = 300
+    t = np.cumsum(rng.exponential(1 / 6.0, n))
+    ins = np.clip(rng.lognormal(np.log(900), 0.8, n), 16, 8000).astype(int)
+    outs = rng.integers(600, 2001, n)
+    reqs = [Request(str(i), float(t[i]), int(ins[i]), int(outs[i])) for i in range(n)]
+    got, summary = digest(plan, reqs, faults, 0.05, tmp_path)
+    assert summary["requests_completed"] > 0
+    assert got == GOLDEN["pd-faults"], f"pd-faults: results changed ({summary['events_processed']} events)"

@@ -42,6 +42,7 @@ from fleetwise.gateway.config import BackendSpec, GatewayConfig, TenantSpec
 from fleetwise.gateway.kv_events import KvEventFeed, kv_source
 from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
 from fleetwise.gateway.limits import Admission, TenantLimiter
+from fleetwise.gateway.metering import ledger_ready, open_writer
 from fleetwise.gateway.migration import (
     COUNTED_USAGE,
     client_wants_continuous,
@@ -61,7 +62,7 @@ from fleetwise.gateway.prompt_tokens import make_tokenizer, request_ids
 from fleetwise.gateway.scrape import parse_metrics
 from fleetwise.gateway.telemetry import Telemetry
 from fleetwise.gateway.upstream import FAULT_ERRORS, SseFramer, Upstream, fault_kind
-from fleetwise.ledger import IdempotencyKeyError, idempotency_key, open_ledger
+from fleetwise.ledger import IdempotencyKeyError, idempotency_key
 from fleetwise.ledger.meter import Meter
 from fleetwise.routing import make_policy
 from fleetwise.routing.base import reason_kind
@@ -178,7 +179,9 @@ class Gateway:
         self._fleet_key: tuple[Any, ...] | None = None
         self._fleet_workers: FleetView | None = None
         self.block_bytes = max(1, round(cfg.limits.hash_block_tokens * cfg.limits.chars_per_token))
-        self.ledger = open_ledger(cfg.ledger, cfg.failure_domains) if cfg.ledger else None
+        self.ledger = open_writer(cfg)
+        """Usage metering: the ledger behind its background writer and spool (None: no ledger)."""
+        self.telemetry.watch_ledger(self.ledger)
         self.wants_hashes = bool(getattr(self.policy, "wants_kv_events", True))
         """Prompt prefix hashes are computed only for policies that read the prefix index."""
         self.tokenizer = make_tokenizer(cfg.tokenizer)
@@ -226,7 +229,7 @@ class Gateway:
             await self._unfollow_kv(name)
         await self.upstream.close()
         if self.ledger is not None:
-            self.ledger.close()
+            await asyncio.to_thread(self.ledger.close)
 
     async def _every(self, period_s: float, fn: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -425,7 +428,12 @@ class Gateway:
     async def _readiness(self, _: Request) -> Response:
         now = self.now()
         n = sum(b.available(now) for b in self.backends.live.values())
-        return JSONResponse({"ready": n > 0, "available_backends": n}, status_code=200 if n else 503)
+        metering_ok, ledger = ledger_ready(self.ledger, self.cfg)
+        ready = n > 0 and metering_ok
+        doc: dict[str, Any] = {"ready": ready, "available_backends": n}
+        if ledger is not None:
+            doc["ledger"] = ledger
+        return JSONResponse(doc, status_code=200 if ready else 503)
 
     async def _metrics(self, _: Request) -> Response:
         return Response(self.telemetry.render(), media_type="text/plain; version=0.0.4")

@@ -29,7 +29,7 @@ from fleetwise.spec.inputs import MAX_BODY_BYTES
 from fleetwise.spec.routing import RoutingSpec
 
 __all__ = [
-    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "KvEventsSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "TenantSpec",
+    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "KvEventsSpec", "LedgerOutageSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "TenantSpec",
     "TimeoutSpec", "backend_name",
 ]
 
@@ -168,6 +168,24 @@ class LimitsSpec(Spec):
     """`max_tokens` assumed for routing when a request sets none."""
 
 
+class LedgerOutageSpec(Spec):
+    """What the gateway does while its ledger cannot take writes (docs/gateway.md, production checklist)."""
+
+    spool_path: str | None = None
+    """Local file usage records are fsynced to while the ledger is unreachable, replayed when it
+    returns; null = the SQLite ledger's path + `.spool`, or `fleetwise-ledger.spool` in the
+    working directory for PostgreSQL. Several processes take `PATH`, `PATH.1`, ..."""
+    commit_wait_s: float = Field(default=1.0, gt=0.0)
+    """Longest a request's end waits for the ledger's commit before its record is spooled instead."""
+    retry_s: float = Field(default=1.0, gt=0.0)
+    """Interval between attempts to replay the spool into the ledger."""
+    max_spool_bytes: int = Field(default=1 << 30, gt=0)
+    """Spool size limit; beyond it records are lost (counted, logged, /readiness 503)."""
+    unready_when_degraded: bool = False
+    """/readiness answers 503 while records are being spooled. Off by default: a spooling gateway
+    serves and bills correctly, and gateways sharing one database would all turn unready at once."""
+
+
 class TenantSpec(Spec):
     """A tenant: its API keys and its limits (0 = unlimited)."""
 
@@ -224,6 +242,8 @@ class GatewayConfig(Spec):
     ledger: str | None = None
     """Usage ledger: a SQLite file (or sqlite:///PATH) or postgresql://... shared by several
     gateways; one record per request and idempotency key (docs/failure-domains.md). null = off."""
+    ledger_outage: LedgerOutageSpec = LedgerOutageSpec()
+    """The ledger's spool, write bound and replay interval."""
     failure_domains: FailureDomainSpec = FailureDomainSpec()
     """Recovery and billing decisions (docs/failure-domains.md)."""
 

@@ -25,7 +25,7 @@ from typing import Any
 from fleetwise.errors import SpecError
 from fleetwise.ledger.usage import Usage, WorkItem
 
-__all__ = ["MAX_SPOOL_FILES", "Spool", "SpoolFull", "usage_from_json", "usage_to_json"]
+__all__ = ["MAX_SPOOL_FILES", "Spool", "SpoolFull", "spooled_records", "usage_from_json", "usage_to_json"]
 
 log = logging.getLogger("fleetwise.ledger")
 
@@ -49,6 +49,31 @@ def usage_from_json(line: bytes) -> Usage:
     d: dict[str, Any] = json.loads(line)
     work = tuple(WorkItem(**w) for w in d.pop("work"))
     return Usage(**d, work=work)
+
+
+def spooled_records(path: str | Path) -> list[Usage]:
+    """Records waiting in the spool file at `path` and its siblings (`PATH.1`, ...), read without
+    taking them (a missing file holds none). A spool replayed in part may list records the ledger
+    has already; replaying them again changes nothing."""
+    base = Path(path)
+    out: list[Usage] = []
+    for i in range(MAX_SPOOL_FILES):
+        cand = base if i == 0 else base.with_name(f"{base.name}.{i}")
+        if cand.is_file():
+            out += _parse(cand.read_bytes(), cand)
+    return out
+
+
+def _parse(data: bytes, path: Path) -> list[Usage]:
+    out: list[Usage] = []
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            out.append(usage_from_json(line))
+        except (ValueError, TypeError, KeyError):  # a line cut by a crash mid-append: never acknowledged
+            log.warning("ledger spool %s: skipping a damaged line (%d bytes)", path, len(line))
+    return out
 
 
 class Spool:
@@ -129,12 +154,4 @@ class Spool:
         return os.pread(self._fd, end, 0) if end else b""
 
     def _lines(self, data: bytes) -> list[Usage]:
-        out: list[Usage] = []
-        for line in data.split(b"\n"):
-            if not line.strip():
-                continue
-            try:
-                out.append(usage_from_json(line))
-            except (ValueError, TypeError, KeyError):  # a line cut by a crash mid-append: never acknowledged
-                log.warning("ledger spool %s: skipping a damaged line (%d bytes)", self.path, len(line))
-        return out
+        return _parse(data, self.path)

@@ -37,11 +37,12 @@ from fleetwise.core.feedback import Cancelled, Completed, Dispatched, Failed, Fi
 from fleetwise.core.tokens import block_hashes
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
 from fleetwise.errors import SpecError
+from fleetwise.gateway.admit import check_token_ids, vocabulary
 from fleetwise.gateway.backends import Backend, Backends, Decision
 from fleetwise.gateway.config import BackendSpec, GatewayConfig, TenantSpec
 from fleetwise.gateway.kv_events import KvEventFeed, kv_source
 from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
-from fleetwise.gateway.limits import Admission, TenantLimiter
+from fleetwise.gateway.limits import TenantLimiter
 from fleetwise.gateway.metering import ledger_ready, open_writer
 from fleetwise.gateway.migration import (
     COUNTED_USAGE,
@@ -519,7 +520,6 @@ class Gateway:
         """One completion request, from the first body byte to the last relayed chunk."""
         arrival = self.now()
         endpoint = "chat" if chat else "completions"
-        admission: Admission | None = None
         try:
             raw = await _read_body(scope, receive, self.cfg.limits.max_body_bytes)
             lim = self._tenant(scope)
@@ -532,6 +532,8 @@ class Gateway:
             self._check_labels(version, region)
             max_out = pr.max_tokens or lm.default_max_tokens
             ids = pr.prompt_ids if self.tokenizer is None else self._tokenize(body, chat)
+            if pr.prompt_ids is not None and ids is not None:
+                check_token_ids(ids, vocabulary(lm.vocab_size, self.tokenizer, pr.model))
             prompt_tokens = pr.prompt_tokens if ids is None else max(len(ids), 1)
             key = idempotency_key(_header(scope, IDEMPOTENCY_HEADER)) if self.ledger is not None else ""
             admission = lim.admit(prompt_tokens + max_out, arrival)
@@ -543,26 +545,25 @@ class Gateway:
             await self._send_error(send, endpoint, 400, str(err), "invalid_request_error", "Idempotency-Key",
                                    "invalid_idempotency_key", None)
             return
-        rid = f"{self._id_prefix}{next(self._ids):024x}"
-        hashes: tuple[int, ...] = ()
-        if self.wants_hashes:
-            hashes = prompt_blocks(pr.prompt_text, self.block_bytes) if ids is None else \
-                block_hashes(ids, lm.hash_block_tokens)
-        rr = RouteRequest(request_id=rid, prompt_tokens=prompt_tokens, max_output_tokens=max_out,
-                          block_hashes=hashes, tenant=spec.name, model_version=version, region=region,
-                          arrival_s=arrival, hash_block_tokens=lm.hash_block_tokens)
-        call = _Call(rid, endpoint, scope["path"], arrival, raw, body, pr.stream, pr.include_usage, rr)
-        fd = self.cfg.failure_domains
-        if pr.stream and fd.may_migrate(0):
-            call.track, call.keep_chunk_usage = True, client_wants_continuous(body)
-        if self.ledger is not None:
-            call.meter = Meter(self.ledger, key, rid, spec.name, pr.model, time.time(), prompt_tokens)
-        try:
-            await self._route_and_send(call, send, receive)
-        finally:
-            admission.release()
-            if call.meter is not None and not call.meter.ended:  # every other ending: no answer
-                await asyncio.shield(call.meter.end("failed", "no_answer", time.time()))
+        async with admission:  # released on every way out, exactly once
+            rid = f"{self._id_prefix}{next(self._ids):024x}"
+            hashes: tuple[int, ...] = ()
+            if self.wants_hashes:
+                hashes = prompt_blocks(pr.prompt_text, self.block_bytes) if ids is None else \
+                    block_hashes(ids, lm.hash_block_tokens)
+            rr = RouteRequest(request_id=rid, prompt_tokens=prompt_tokens, max_output_tokens=max_out,
+                              block_hashes=hashes, tenant=spec.name, model_version=version, region=region,
+                              arrival_s=arrival, hash_block_tokens=lm.hash_block_tokens)
+            call = _Call(rid, endpoint, scope["path"], arrival, raw, body, pr.stream, pr.include_usage, rr)
+            if pr.stream and self.cfg.failure_domains.may_migrate(0):
+                call.track, call.keep_chunk_usage = True, client_wants_continuous(body)
+            if self.ledger is not None:
+                call.meter = Meter(self.ledger, key, rid, spec.name, pr.model, time.time(), prompt_tokens)
+            try:
+                await self._route_and_send(call, send, receive)
+            finally:
+                if call.meter is not None and not call.meter.ended:  # every other ending: no answer
+                    await asyncio.shield(call.meter.end("failed", "no_answer", time.time()))
 
     def _tokenize(self, body: dict[str, Any], chat: bool) -> list[int]:
         """The prompt's token ids by the configured tokenizer; a prompt it cannot encode is a 400."""

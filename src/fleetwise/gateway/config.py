@@ -166,6 +166,9 @@ class LimitsSpec(Spec):
     engine's KV block size (`fleetwise emulate --block-size`, 16 by default), so hashes match."""
     default_max_tokens: int = Field(default=256, gt=0)
     """`max_tokens` assumed for routing when a request sets none."""
+    vocab_size: int | None = Field(default=None, gt=0)
+    """Token ids a prompt may hold are in [0, vocab_size) (400 otherwise); null = the tokenizer's
+    vocabulary, else the catalog model's of the request's `model`, else any 32-bit id."""
 
 
 class LedgerOutageSpec(Spec):

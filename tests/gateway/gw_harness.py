@@ -136,12 +136,13 @@ async def running_fleet(n: int = 2, *, roles: tuple[str, ...] | None = None, ver
 @contextlib.asynccontextmanager
 async def emulators(roles: tuple[str, ...], **emu: Any) -> AsyncIterator[list[tuple[Any, str]]]:
     """One emulator app per role, each on its own 127.0.0.1 port (real sockets); `emu` sets
-    further EmulatorConfig fields."""
+    further EmulatorConfig fields (`time_scale` replaces TIME_SCALE)."""
     socks = [listening_socket("127.0.0.1", 0) for _ in roles]
+    scale = emu.pop("time_scale", TIME_SCALE)
     servers, tasks, out = [], [], []
     for role, sock in zip(roles, socks, strict=True):
         port = sock.getsockname()[1]
-        cfg = EmulatorConfig(model=MODEL, gpu="h100-sxm", role=role, time_scale=TIME_SCALE,  # type: ignore[arg-type]
+        cfg = EmulatorConfig(model=MODEL, gpu="h100-sxm", role=role, time_scale=scale,  # type: ignore[arg-type]
                              admin_token=TOKEN, port=port, engine_id=f"{role}-{port}", **emu)
         app = create_app(cfg)
         server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))

@@ -61,6 +61,7 @@ from fleetwise.gateway.openai import (
 )
 from fleetwise.gateway.prompt_tokens import make_tokenizer, request_ids
 from fleetwise.gateway.scrape import parse_metrics
+from fleetwise.gateway.stall import first_token_bound_s, fleet_ttft_s, next_token_bound_s, probe_body
 from fleetwise.gateway.telemetry import Telemetry
 from fleetwise.gateway.upstream import FAULT_ERRORS, SseFramer, Upstream, fault_kind
 from fleetwise.ledger import IdempotencyKeyError, idempotency_key
@@ -217,6 +218,8 @@ class Gateway:
                        asyncio.create_task(self._every(self.cfg.scrape.health_interval_s, self.health_once))]
         if self.cfg.backends_file:
             self._tasks.append(asyncio.create_task(self._every(self.cfg.scrape.watch_interval_s, self._watch)))
+        if self.cfg.stall.enabled and self.cfg.stall.probe_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._every(self.cfg.stall.probe_interval_s, self.probe_once)))
 
     async def stop(self) -> None:
         """Stop the loops and close the client pool."""
@@ -276,6 +279,10 @@ class Gateway:
                         str(m["id"]) for m in doc.get("data", []) if isinstance(m, dict) and "id" in m)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError):
             ok = False
+        self._health_verdict(b, ok and b.probe_ok)
+
+    def _health_verdict(self, b: Backend, ok: bool) -> None:
+        """One health observation: `health_failures` in a row take `b` out, one success brings it back."""
         now = self.now()
         if ok:
             b.health_failures = 0
@@ -291,6 +298,28 @@ class Gateway:
             if b.healthy and b.health_failures >= self.cfg.scrape.health_failures:
                 b.healthy = False
                 self.policy.observe(WorkerDown(now, b.name, "health check failed"))
+
+    async def probe_once(self) -> None:
+        """Actively probe every live mixed backend with a one-token completion (see `stall`)."""
+        await asyncio.gather(*(self._probe(b) for b in list(self.backends.live.values()) if b.spec.role == "mixed"))
+
+    async def _probe(self, b: Backend) -> None:
+        models = self.cfg.models or tuple(sorted(self.discovered_models.get(b.name, ())))
+        if not models:
+            return
+        bound = first_token_bound_s(b, fleet_ttft_s(self.backends.live.values()), self.cfg.stall,
+                                    self.cfg.timeouts)
+        try:
+            async with self.upstream.post(b.spec.url + "/v1/completions", probe_body(models[0]),
+                                          {"content-type": "application/json"}, read_s=bound) as r:
+                await r.read()
+                ok = r.status < 500
+        except FAULT_ERRORS:
+            ok = False
+        b.probe_ok = ok
+        if not ok:
+            self.telemetry.upstream_errors.labels(b.name, "probe").inc()
+            self._health_verdict(b, False)
 
     def add_backend(self, spec: BackendSpec) -> bool:
         """Add or update a backend (config file, admin API); True when new. A new one is routable
@@ -635,6 +664,14 @@ class Gateway:
         await self._send_error(send, call.endpoint, 502, f"backends failed before answering ({detail})",
                                "upstream_error", None, "upstream_failed", None)
 
+    def _whole_bound(self, b: Backend, tokens: int) -> float:
+        """Seconds a non-streamed answer of `tokens` tokens from `b` may take: its first-token bound
+        plus `stall.factor` x its recent TPOT per further token (the first-byte timeout without history)."""
+        first = first_token_bound_s(b, fleet_ttft_s(self.backends.live.values()), self.cfg.stall, self.cfg.timeouts)
+        if b.tpot_ewma_s is None or not self.cfg.stall.enabled:
+            return self.cfg.timeouts.first_byte_s if tokens > 1 else first
+        return min(self.cfg.timeouts.first_byte_s, first + self.cfg.stall.factor * b.tpot_ewma_s * (tokens - 1))
+
     def _note(self, b: Backend, rid: str, now: float, kind: str, d: RoutingDecision) -> None:
         b.selected += 1
         if self.cfg.recent_decisions:
@@ -682,7 +719,7 @@ class Gateway:
         if "max_completion_tokens" in leg:
             leg["max_completion_tokens"] = 1
         leg.pop("stream_options", None)
-        status, data, ctype = await self._request_whole(b, call, json.dumps(leg).encode(), headers)
+        status, data, ctype = await self._request_whole(b, call, json.dumps(leg).encode(), headers, None)
         if status >= 400 and call.resumed:  # the client already has a stream: no error response now
             raise _Retry(b, "continuation_refused", f"HTTP {status}")
         if status >= 400:
@@ -703,15 +740,21 @@ class Gateway:
         b.faults += 1
         b.breaker.fault(self.now())
         self.telemetry.upstream_errors.labels(b.name, kind).inc()
+        if kind == "timeout" and b.probe_ok and self.cfg.stall.enabled and self.cfg.stall.probe_interval_s > 0:
+            # A stalled request: the backend counts as failing its health checks until a probe passes.
+            b.probe_ok = False
+            self._health_verdict(b, False)
 
-    async def _request_whole(self, b: Backend, call: _Call, payload: bytes,
-                             headers: dict[str, str]) -> tuple[int, bytes, str]:
-        """POST and read the whole answer; backend faults raise `_Retry`."""
+    async def _request_whole(self, b: Backend, call: _Call, payload: bytes, headers: dict[str, str],
+                             leg_tokens: int | None) -> tuple[int, bytes, str]:
+        """POST and read the whole answer of `leg_tokens` tokens (None: one, a prefill leg) within its
+        stall bound; backend faults (a stall is a `timeout`) raise `_Retry`."""
+        bound = self._whole_bound(b, 1 if leg_tokens is None else leg_tokens)
         b.in_flight += 1
         b.breaker.attempt(self.now())
         work = b.work(call.route.prompt_tokens, call.route.max_output_tokens or 0)
         try:
-            async with self.upstream.post(b.spec.url + call.path, payload, headers) as r:
+            async with self.upstream.post(b.spec.url + call.path, payload, headers, read_s=bound) as r:
                 data = await r.read()
                 status, ctype = r.status, r.headers.get("content-type", "application/json")
         except FAULT_ERRORS as err:
@@ -733,7 +776,8 @@ class Gateway:
         """Send to `b` and relay its answer; faults before the first relayed byte raise `_Retry`."""
         if not call.stream:
             t0 = self.now()
-            status, data, ctype = await self._request_whole(b, call, payload, headers)
+            status, data, ctype = await self._request_whole(b, call, payload, headers,
+                                                            call.route.max_output_tokens or 1)
             now = self.now()
             if call.meter is not None and status < 400:  # recorded before the answer leaves
                 call.meter.usage_from(data)
@@ -760,8 +804,10 @@ class Gateway:
         gone: list[bool] = []
         watcher: asyncio.Task[None] | None = None
         t_send = self.now()
+        first_bound = first_token_bound_s(b, fleet_ttft_s(self.backends.live.values()), self.cfg.stall,
+                                          self.cfg.timeouts)
         try:
-            async with self.upstream.post(b.spec.url + call.path, payload, headers) as r:
+            async with self.upstream.post(b.spec.url + call.path, payload, headers, read_s=first_bound) as r:
                 watcher = asyncio.create_task(_watch_disconnect(receive, r, gone))
                 if r.status >= 400:
                     data = await r.read()
@@ -777,7 +823,8 @@ class Gateway:
                     return
                 framer = SseFramer()
                 first = b""
-                while not first:
+                while not first:  # the first token within the stall bound, head included
+                    r.timeout_s = max(first_bound - (self.now() - t_send), 1e-3)
                     chunk = await r.content.readany()
                     if not chunk:
                         self._fault(b, "empty")
@@ -805,10 +852,9 @@ class Gateway:
                 self.telemetry.first_byte(call.endpoint, t_first - call.arrival_s)
                 self.policy.observe(FirstToken(t_first, call.rid, b.name, t_first - t_send))
                 content = r.content
-                idle = self.cfg.timeouts.idle_s
+                r.timeout_s = next_token_bound_s(b, self.cfg.stall, self.cfg.timeouts)
                 while True:
-                    chunk = await asyncio.wait_for(content.readany(), idle) if idle < self.cfg.timeouts.first_byte_s \
-                        else await content.readany()
+                    chunk = await content.readany()
                     if not chunk:
                         break
                     out = framer.feed(chunk)

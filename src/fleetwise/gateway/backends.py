@@ -100,6 +100,8 @@ class Backend:
     tpot_ewma_s: float | None = None
     recent: deque[Decision] = field(default_factory=deque)
     removed: bool = False
+    probe_ok: bool = True
+    """The last active probe (a one-token completion) answered within its bound."""
 
     @property
     def name(self) -> str:

@@ -29,7 +29,7 @@ from fleetwise.spec.inputs import MAX_BODY_BYTES
 from fleetwise.spec.routing import RoutingSpec
 
 __all__ = [
-    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "KvEventsSpec", "LedgerOutageSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "TenantSpec",
+    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "KvEventsSpec", "LedgerOutageSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "StallSpec", "TenantSpec",
     "TimeoutSpec", "backend_name",
 ]
 
@@ -145,6 +145,24 @@ class TimeoutSpec(Spec):
     """Longest gap between two chunks of a stream before it counts as a hang."""
 
 
+class StallSpec(Spec):
+    """Per-request stall detection: a replica that accepts requests and answers health checks
+    but produces no token (docs/gateway.md). Bounds are `factor` times what the replica's own
+    recent latency predicts, never below the minimums, never above `timeouts`."""
+
+    enabled: bool = True
+    factor: float = Field(default=4.0, ge=1.0)
+    """Bound = factor x the expected wait (first token: recent TTFT scaled by the queue ahead; next
+    token: recent TPOT)."""
+    min_first_token_s: float = Field(default=2.0, gt=0.0)
+    """Shortest first-token bound (a replica with a very short recent TTFT still gets this long)."""
+    min_next_token_s: float = Field(default=1.0, gt=0.0)
+    """Shortest gap allowed between two chunks of a stream."""
+    probe_interval_s: float = Field(default=5.0, ge=0.0)
+    """Seconds between active probes of each mixed backend (a one-token completion, bounded by the
+    first-token bound); a failed probe counts as a failed health check. 0 = no probes."""
+
+
 class RetrySpec(Spec):
     """Retries before the first byte reached the client (connect error, timeout, 5xx)."""
 
@@ -229,6 +247,7 @@ class GatewayConfig(Spec):
     scrape: ScrapeSpec = ScrapeSpec()
     breaker: BreakerSpec = BreakerSpec()
     timeouts: TimeoutSpec = TimeoutSpec()
+    stall: StallSpec = StallSpec()
     retries: RetrySpec = RetrySpec()
     limits: LimitsSpec = LimitsSpec()
     tenants: tuple[TenantSpec, ...] = ()

@@ -40,6 +40,7 @@ from fleetwise.errors import SpecError
 from fleetwise.gateway.admit import check_token_ids, vocabulary
 from fleetwise.gateway.backends import Backend, Backends, Decision
 from fleetwise.gateway.config import BackendSpec, GatewayConfig, TenantSpec
+from fleetwise.gateway.idempotency import IdempotencyStore, Recorder, fingerprint, key_error
 from fleetwise.gateway.kv_events import KvEventFeed, kv_source
 from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
 from fleetwise.gateway.limits import TenantLimiter
@@ -99,6 +100,11 @@ _EMPTY_CHOICES = re.compile(rb'"choices":\s*\[\s*\]')
 """A usage-only stream event (no choices)."""
 
 
+class _ClientGone(Exception):
+    """The client disconnected while a whole (non-streamed) answer was awaited: the upstream request
+    was closed, so the engine aborts it; nothing was delivered."""
+
+
 class _Retry(Exception):
     """A backend fault before the first byte reached the client: try another backend."""
 
@@ -135,6 +141,18 @@ class _Call:
     migrations: int = 0
     resumed: bool = False
     """The attempt in flight continues a stream the client already has (no new response start)."""
+    receive: Receive | None = None
+    """The client's ASGI receive channel (watched for a disconnect while a whole answer is awaited)."""
+
+
+def _pinned(tenant: str, field_name: str, pin: str | None, asked: str | None, header: bytes) -> str | None:
+    """The tenant's pin wins over the client's header; a header contradicting it is a 403."""
+    if pin is not None and asked is not None and asked != pin:
+        h = header.decode()
+        raise ClientError(403, f"header {h}={asked!r} contradicts tenant {tenant!r}'s {field_name} pin {pin!r}; "
+                               "drop the header or send the pinned value", type_="permission_error", param=h,
+                          code="pinned_by_tenant")
+    return pin if pin is not None else asked
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -161,6 +179,8 @@ class Gateway:
             self.backends.upsert(b)
         self.admin_token = admin_token if admin_token is not None else (
             cfg.admin_token or os.environ.get(cfg.admin_token_env) or None)
+        self.metrics_token = cfg.metrics_token or os.environ.get(cfg.metrics_token_env) or None
+        """Bearer token /metrics requires (None: open)."""
         self.limiters: dict[str, TenantLimiter] = {}
         self.tenant_of_key: dict[str, TenantLimiter] = {}
         for t in cfg.tenants:
@@ -181,6 +201,8 @@ class Gateway:
         self._fleet_key: tuple[Any, ...] | None = None
         self._fleet_workers: FleetView | None = None
         self.block_bytes = max(1, round(cfg.limits.hash_block_tokens * cfg.limits.chars_per_token))
+        self.idempotency = IdempotencyStore(cfg.idempotency.ttl_s, cfg.idempotency.max_bytes)
+        """Keys in flight and the answers of completed ones (`Idempotency-Key` replays)."""
         self.ledger = open_writer(cfg)
         """Usage metering: the ledger behind its background writer and spool (None: no ledger)."""
         self.telemetry.watch_ledger(self.ledger)
@@ -465,7 +487,11 @@ class Gateway:
             doc["ledger"] = ledger
         return JSONResponse(doc, status_code=200 if ready else 503)
 
-    async def _metrics(self, _: Request) -> Response:
+    async def _metrics(self, request: Request) -> Response:
+        if self.metrics_token and not hmac.compare_digest(request.headers.get("authorization", "").encode(),
+                                                          f"Bearer {self.metrics_token}".encode()):
+            return _error_response(401, "/metrics: missing or wrong bearer token (metrics_token_env)",
+                                   "authentication_error")
         return Response(self.telemetry.render(), media_type="text/plain; version=0.0.4")
 
     def _admin_refusal(self, request: Request, presented: str | None = None) -> Response | None:
@@ -540,6 +566,9 @@ class Gateway:
         lim = self.tenant_of_key.get(key) if key is not None else None
         if lim is not None:
             return lim
+        if key is not None and self.cfg.unknown_keys == "reject":
+            raise ClientError(401, "API key is not known; send `Authorization: Bearer <key>` with a key listed "
+                                   "under tenants[].api_keys", type_="authentication_error", code="invalid_api_key")
         if self.cfg.require_api_key:
             raise ClientError(401, "missing or unknown API key; send `Authorization: Bearer <key>`",
                               type_="authentication_error", code="invalid_api_key")
@@ -556,8 +585,9 @@ class Gateway:
             lm = self.cfg.limits
             pr = parse_request(body, chat, self.known_models(), lm.max_output_tokens, lm.chars_per_token)
             spec: TenantSpec = lim.spec
-            version = _header(scope, VERSION_HEADER) or spec.model_version
-            region = _header(scope, REGION_HEADER) or spec.region
+            version = _pinned(spec.name, "model_version", spec.model_version, _header(scope, VERSION_HEADER),
+                              VERSION_HEADER)
+            region = _pinned(spec.name, "region", spec.region, _header(scope, REGION_HEADER), REGION_HEADER)
             self._check_labels(version, region)
             max_out = pr.max_tokens or lm.default_max_tokens
             ids = pr.prompt_ids if self.tokenizer is None else self._tokenize(body, chat)
@@ -575,6 +605,12 @@ class Gateway:
                                    "invalid_idempotency_key", None)
             return
         async with admission:  # released on every way out, exactly once
+            client_key = key if self.ledger is not None and _header(scope, IDEMPOTENCY_HEADER) is not None else None
+            rec: Recorder | None = None
+            if client_key is not None:
+                if await self._idempotent_answer(send, endpoint, spec.name, client_key, raw):
+                    return
+                send = rec = Recorder(send)
             rid = f"{self._id_prefix}{next(self._ids):024x}"
             hashes: tuple[int, ...] = ()
             if self.wants_hashes:
@@ -583,7 +619,8 @@ class Gateway:
             rr = RouteRequest(request_id=rid, prompt_tokens=prompt_tokens, max_output_tokens=max_out,
                               block_hashes=hashes, tenant=spec.name, model_version=version, region=region,
                               arrival_s=arrival, hash_block_tokens=lm.hash_block_tokens)
-            call = _Call(rid, endpoint, scope["path"], arrival, raw, body, pr.stream, pr.include_usage, rr)
+            call = _Call(rid, endpoint, scope["path"], arrival, raw, body, pr.stream, pr.include_usage, rr,
+                         receive=receive)
             if pr.stream and self.cfg.failure_domains.may_migrate(0):
                 call.track, call.keep_chunk_usage = True, client_wants_continuous(body)
             if self.ledger is not None:
@@ -591,8 +628,42 @@ class Gateway:
             try:
                 await self._route_and_send(call, send, receive)
             finally:
+                if rec is not None and client_key is not None:  # before any await: the client may retry at once
+                    done = rec.status == 200 and call.meter is not None and call.meter.status == "completed"
+                    self.idempotency.finish(spec.name, client_key, rec.status, rec.content_type, rec.body, done)
                 if call.meter is not None and not call.meter.ended:  # every other ending: no answer
                     await asyncio.shield(call.meter.end("failed", "no_answer", time.time()))
+
+    async def _idempotent_answer(self, send: Send, endpoint: str, tenant: str, key: str, raw: bytes) -> bool:
+        """Answer a reused `Idempotency-Key` here (the stored answer, 409 or 422) and return True, or
+        claim the key for this request and return False (see `gateway.idempotency`)."""
+        try:
+            stored = self.idempotency.begin(tenant, key, fingerprint(raw), self.now())
+            if stored is None and await self._ledger_completed(tenant, key):
+                self.idempotency.finish(tenant, key, 0, b"", b"", False)
+                raise key_error(409, f"Idempotency-Key {key!r} already completed and its answer is no longer kept; "
+                                     "send a new key for a new request", "idempotency_key_consumed")
+        except ClientError as err:
+            await self._send_error(send, endpoint, err.status, err.message, err.type, err.param, err.code, None)
+            return True
+        if stored is None:
+            return False
+        await send({"type": "http.response.start", "status": stored.status, "headers": [
+            (b"content-type", stored.content_type), (b"content-length", str(len(stored.body)).encode()),
+            (b"idempotent-replayed", b"true")]})
+        await send({"type": "http.response.body", "body": stored.body})
+        self.telemetry.answered(endpoint, stored.status)
+        return True
+
+    async def _ledger_completed(self, tenant: str, key: str) -> bool:
+        """The ledger holds a completed row for `(tenant, key)` (False when it cannot say in time)."""
+        assert self.ledger is not None
+        try:
+            row = await asyncio.wait_for(asyncio.to_thread(self.ledger.ledger.get, tenant, key),
+                                         self.cfg.ledger_outage.commit_wait_s)
+        except Exception:  # an unreachable ledger cannot say: the request runs (billed once by key anyway)
+            return False
+        return row is not None and row.status == "completed"
 
     def _tokenize(self, body: dict[str, Any], chat: bool) -> list[int]:
         """The prompt's token ids by the configured tokenizer; a prompt it cannot encode is a 400."""
@@ -647,6 +718,11 @@ class Gateway:
                                            d.prefill_worker))
             try:
                 await self._dispatch(call, d, dec, pre, send, receive)
+                return
+            except _ClientGone:  # bill what was delivered: nothing
+                await self._meter_end(call, "cancelled", "client_gone", 0)
+                self._release(call.rid, d.worker, "client gone")
+                self.telemetry.answered(call.endpoint, CLIENT_CLOSED_STATUS)
                 return
             except _Retry as r:
                 last = r
@@ -754,9 +830,8 @@ class Gateway:
         b.breaker.attempt(self.now())
         work = b.work(call.route.prompt_tokens, call.route.max_output_tokens or 0)
         try:
-            async with self.upstream.post(b.spec.url + call.path, payload, headers, read_s=bound) as r:
-                data = await r.read()
-                status, ctype = r.status, r.headers.get("content-type", "application/json")
+            status, data, ctype = await _unless_gone(None if call.resumed else call.receive,
+                                                     self._post_whole(b.spec.url + call.path, payload, headers, bound))
         except FAULT_ERRORS as err:
             kind = fault_kind(err)
             self._fault(b, kind)
@@ -770,6 +845,12 @@ class Gateway:
             raise _Retry(b, "5xx", f"HTTP {status}")
         b.breaker.success()
         return status, data, ctype
+
+    async def _post_whole(self, url: str, payload: bytes, headers: dict[str, str],
+                          bound: float) -> tuple[int, bytes, str]:
+        async with self.upstream.post(url, payload, headers, read_s=bound) as r:
+            data = await r.read()
+            return r.status, data, r.headers.get("content-type", "application/json")
 
     async def _relay(self, call: _Call, b: Backend, payload: bytes, headers: dict[str, str], send: Send,
                      receive: Receive) -> None:
@@ -1048,6 +1129,30 @@ async def _read_body(scope: dict[str, Any], receive: Receive, limit: int) -> byt
         parts.append(chunk)
         if not msg.get("more_body"):
             return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+async def _unless_gone(receive: Receive | None, work: Awaitable[tuple[int, bytes, str]]) -> tuple[int, bytes, str]:
+    """`work`'s result, or `_ClientGone` (with `work` cancelled: its upstream connection closes, so
+    the engine aborts) when the client disconnects first."""
+    if receive is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, *FAULT_ERRORS):
+            await task
+        raise _ClientGone()
+    return task.result()
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _watch_disconnect(receive: Receive, upstream: Any, gone: list[bool]) -> None:

@@ -29,7 +29,7 @@ from fleetwise.spec.inputs import MAX_BODY_BYTES
 from fleetwise.spec.routing import RoutingSpec
 
 __all__ = [
-    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "KvEventsSpec", "LedgerOutageSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "StallSpec", "TenantSpec",
+    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "IdempotencySpec", "KvEventsSpec", "LedgerOutageSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "StallSpec", "TenantSpec",
     "TimeoutSpec", "backend_name",
 ]
 
@@ -207,6 +207,15 @@ class LedgerOutageSpec(Spec):
     serves and bills correctly, and gateways sharing one database would all turn unready at once."""
 
 
+class IdempotencySpec(Spec):
+    """How long completed answers are kept for `Idempotency-Key` replays (docs/gateway.md)."""
+
+    ttl_s: float = Field(default=86400.0, gt=0.0)
+    """A key's answer is replayed for this long after the first request (Stripe keeps 24 h)."""
+    max_bytes: int = Field(default=256 << 20, gt=0)
+    """Memory for kept answers; the oldest are dropped first (a dropped key's reuse is a 409)."""
+
+
 class TenantSpec(Spec):
     """A tenant: its API keys and its limits (0 = unlimited)."""
 
@@ -252,7 +261,15 @@ class GatewayConfig(Spec):
     limits: LimitsSpec = LimitsSpec()
     tenants: tuple[TenantSpec, ...] = ()
     require_api_key: bool = False
-    """Refuse requests without a known key (401); otherwise they run as tenant `default`."""
+    """Refuse requests without a key (401); otherwise they run as tenant `default`."""
+    unknown_keys: Literal["default", "reject"] = "default"
+    """A request whose API key no tenant lists: `reject` (401; what the examples use) or
+    `default` (served as tenant `default`, under its limits)."""
+    metrics_token: str | None = None
+    """Bearer token /metrics requires; prefer `metrics_token_env`. Without either, /metrics is open
+    (as vLLM's is)."""
+    metrics_token_env: str = "FLEETWISE_METRICS_TOKEN"
+    """Environment variable holding the /metrics token."""
     default_tenant: TenantSpec = TenantSpec(name="default")
     """Limits for requests without a key (when keys are not required)."""
     admin_token: str | None = None
@@ -265,6 +282,8 @@ class GatewayConfig(Spec):
     """Usage ledger: a SQLite file (or sqlite:///PATH) or postgresql://... shared by several
     gateways; one record per request and idempotency key (docs/failure-domains.md). null = off."""
     ledger_outage: LedgerOutageSpec = LedgerOutageSpec()
+    idempotency: IdempotencySpec = IdempotencySpec()
+    """Replays of completed requests by `Idempotency-Key` (with a ledger)."""
     """The ledger's spool, write bound and replay interval."""
     failure_domains: FailureDomainSpec = FailureDomainSpec()
     """Recovery and billing decisions (docs/failure-domains.md)."""

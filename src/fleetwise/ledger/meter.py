@@ -54,6 +54,8 @@ class Meter:
     work: list[WorkItem] = field(default_factory=list)
     outcome: Outcome | None = None
     ended: bool = False
+    status: Status | None = None
+    """How the request ended (set by `end`)."""
     usage_seen: bool = False
     """The backend reported its counts (`usage_from` found a usage object)."""
 
@@ -103,6 +105,6 @@ class Meter:
         """Write the usage record (once; a later call returns the first outcome)."""
         if self.ended:
             return self.outcome
-        self.ended = True
+        self.ended, self.status = True, status
         self.outcome = await self.sink.record(self.usage(status, reason, ended_at))
         return self.outcome

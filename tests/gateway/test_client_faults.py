@@ -122,3 +122,49 @@ def test_metrics_token_when_set() -> None:
 def test_the_example_config_rejects_unknown_keys() -> None:
     cfg = GatewayConfig.model_validate(read_document(EXAMPLE))
     assert cfg.unknown_keys == "reject" and cfg.tenants and os.path.basename(str(EXAMPLE)) == "gateway.yaml"
+
+
+def test_context_is_checked_before_prefill_and_a_refused_hand_off_frees_the_kv_at_once() -> None:
+    from gw_harness import FAST_SCRAPE, MODEL, TOKEN, emulators, served_gateway
+
+    from fleetwise.core.tokens import words_text
+
+    prompt = words_text(list(range(400)))  # 400 tokens
+
+    async def metric(c: Any, url: str, name: str) -> float:
+        async with c.get(url + "/metrics") as r:
+            text = await r.text()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+    async def scenario() -> None:
+        roles = ("prefill", "decode")
+        async with emulators(roles, max_model_len=1000) as emus:
+            doc = {"backends": [{"url": u, "name": r, "role": r} for (_, u), r in zip(emus, roles, strict=True)],
+                   "scrape": FAST_SCRAPE, "tokenizer": "fleetwise"}
+            async with served_gateway(doc) as (gw, url):
+                import aiohttp
+                async with aiohttp.ClientSession() as c:
+                    await asyncio.sleep(0.2)  # a health round: the backends' context lengths are known
+                    pre_url = emus[0][1]
+                    before = await metric(c, pre_url, "vllm:prompt_tokens_total")
+                    body = {"model": MODEL, "prompt": prompt, "max_tokens": 700}
+                    async with c.post(url + "/v1/completions", json=body) as r:
+                        doc_ = await r.json()
+                    assert r.status == 400 and doc_["error"]["param"] == "max_tokens"
+                    assert "context of 1000 tokens" in doc_["error"]["message"]
+                    assert await metric(c, pre_url, "vllm:prompt_tokens_total") == before  # never prefilled
+                    async with c.post(url + "/v1/completions", json={**body, "max_tokens": 8}) as r:
+                        assert r.status == 200  # within the context: prefilled, handed off, decoded
+                    assert await metric(c, pre_url, "vllm:prompt_tokens_total") == before + 400
+                    async with c.post(emus[1][1] + "/admin/faults", json={"kind": "fail_requests", "status": 429},
+                                      headers={"authorization": f"Bearer {TOKEN}"}) as r:
+                        assert r.status == 200
+                    async with c.post(url + "/v1/completions", json={**body, "max_tokens": 8}) as r:
+                        assert r.status == 429  # the decode side refused the hand-off
+                    for _ in range(100):
+                        if await metric(c, pre_url, "fleetwise:kv_leases") == 0:
+                            break
+                        await asyncio.sleep(0.02)
+                    assert await metric(c, pre_url, "fleetwise:kv_leases") == 0  # freed now, not in 480 s
+                    assert await metric(c, pre_url, "fleetwise:kv_orphaned_byte_seconds_total") > 0
+    run(scenario)

@@ -76,7 +76,8 @@ async def one(session: aiohttp.ClientSession, url: str, key: str, max_tokens: in
     seen["delivered_tokens"] = sum(1 for e in events if e != "data: [DONE]")
     if events and events[-1] == "data: [DONE]":
         seen["status"] = "completed"
-    log.append(seen)
+    if seen.get("http_status") != 409:  # a refused reuse of a completed key is no attempt: nothing to verify
+        log.append(seen)
     return seen
 
 

@@ -9,7 +9,8 @@ routes straight to their handlers, the rest through Starlette) on the lean HTTP 
   `GET /health`, `GET /metrics` (vLLM names, `fleetwise:` extras), `GET /version`;
 - `POST /admin/faults`, `GET /admin/faults` (bearer token; 401 without it);
 - `GET /kv_events`: a stream of KV event batches, one JSON object per line;
-- `POST /fleetwise/kv/pull` (prefill role: a decode replica pulls a leased request's KV) and
+- `POST /fleetwise/kv/pull` (prefill role: a decode replica pulls a leased request's KV),
+  `POST /fleetwise/kv/release` (the router frees a lease whose hand-off was refused) and
   `GET /fleetwise/status` (replica counters in modelled seconds) and `GET /fleetwise/requests`
   (the most recent finished requests, modelled seconds).
 """
@@ -480,6 +481,18 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         except ApiError as err:
             return _error(err)
 
+    async def kv_release(request: Request) -> Response:
+        """Free a KV lease whose hand-off was refused (the router's explicit release)."""
+        try:
+            body = parse_body(await request.body())
+        except ApiError as err:
+            return _error(err)
+        rid = body.get("remote_request_id")
+        if body.get("remote_engine_id") not in (None, cfg.engine_id) or not isinstance(rid, str):
+            return _error(ApiError(404, f"no KV lease for remote_request_id={rid!r} on engine {cfg.engine_id}",
+                                   "remote_request_id"))
+        return JSONResponse({"remote_request_id": rid, "released": replica.release_lease(rid)})
+
     async def status(request: Request) -> Response:
         return JSONResponse(replica.report())
 
@@ -505,6 +518,7 @@ def create_app(cfg: EmulatorConfig, perf: PerfModel | None = None, on_crash: Cal
         Route("/metrics", metrics, methods=["GET"]),
         Route("/admin/faults", admin_faults, methods=["GET", "POST"]),
         Route("/kv_events", kv_events, methods=["GET"]),
+        Route("/fleetwise/kv/release", kv_release, methods=["POST"]),
         Route("/fleetwise/status", status, methods=["GET"]),
         Route("/fleetwise/requests", records, methods=["GET"]),
     ]

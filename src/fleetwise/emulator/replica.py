@@ -154,6 +154,8 @@ class Live:
 class _Lease:
     live: Live
     prompt_tokens: int
+    start_s: float = 0.0
+    """Modelled time the KV was leased (the hand-off)."""
     expires: asyncio.TimerHandle | None = None
 
 
@@ -537,7 +539,7 @@ class EmulatedReplica:
             "remote_host": self.cfg.host, "remote_port": self.cfg.port, "remote_request_id": lv.rid,
             "tp_size": self.pool.parallelism.tp, "pp_size": self.pool.parallelism.pp,
         }
-        lease = _Lease(lv, len(lv.req.prompt_ids))
+        lease = _Lease(lv, len(lv.req.prompt_ids), t)
         self._leases[lv.rid] = lease
         loop = asyncio.get_running_loop()
         lease.expires = loop.call_later(self._wall_s(t + self.cfg.kv_lease_s - self.now_s()), self._expire, lv.rid)
@@ -546,11 +548,22 @@ class EmulatedReplica:
         self._finish(lv, t)
 
     def _expire(self, rid: str) -> None:
+        self.release_lease(rid)
+
+    def release_lease(self, rid: str) -> bool:
+        """Free a lease no decode replica will pull (expired, or released by the router after a
+        refused hand-off, as vLLM's NIXL connector frees on abort); its bytes x seconds count as
+        orphaned KV. False when there is no such lease."""
         lease = self._leases.pop(rid, None)
-        if lease is not None:
-            self.engine.release(lease.live.eid)
-            self.metrics.kv_leases.set(len(self._leases))
-            self._kick()
+        if lease is None:
+            return False
+        if lease.expires is not None:
+            lease.expires.cancel()
+        nbytes = kv_transfer_bytes(lease.prompt_tokens, self.deployment)
+        self.metrics.kv_orphaned.inc(nbytes * max(0.0, self.now_s() - lease.start_s))
+        self.metrics.kv_leases.set(len(self._leases))
+        self._release(lease.live.eid)
+        return True
 
     async def serve_pull(self, body: dict[str, Any]) -> dict[str, Any]:
         """Prefill role: a decode replica pulls a leased request's KV. The transfer runs on this

@@ -37,7 +37,7 @@ from fleetwise.core.feedback import Cancelled, Completed, Dispatched, Failed, Fi
 from fleetwise.core.tokens import block_hashes
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
 from fleetwise.errors import SpecError
-from fleetwise.gateway.admit import check_token_ids, vocabulary
+from fleetwise.gateway.admit import check_context, check_token_ids, vocabulary
 from fleetwise.gateway.backends import Backend, Backends, Decision
 from fleetwise.gateway.config import BackendSpec, GatewayConfig, TenantSpec
 from fleetwise.gateway.idempotency import IdempotencyStore, Recorder, fingerprint, key_error
@@ -83,6 +83,8 @@ VERSION_HEADER = b"x-fleetwise-model-version"
 """Request header pinning a request to a model version."""
 REGION_HEADER = b"x-fleetwise-region"
 """Request header keeping a request in a region."""
+KV_RELEASE_PATH = "/fleetwise/kv/release"
+"""Where a prefill replica frees a leased KV whose hand-off was refused (`fleetwise emulate`)."""
 PD_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                      "remote_block_ids": None, "remote_host": None, "remote_port": None}
 """`kv_transfer_params` of a prefill leg, as vLLM's disaggregated-serving proxy sends them."""
@@ -143,6 +145,8 @@ class _Call:
     """The attempt in flight continues a stream the client already has (no new response start)."""
     receive: Receive | None = None
     """The client's ASGI receive channel (watched for a disconnect while a whole answer is awaited)."""
+    refused: bool = False
+    """The answer relayed was a backend's 4xx (for a P/D decode leg: the hand-off was refused)."""
 
 
 def _pinned(tenant: str, field_name: str, pin: str | None, asked: str | None, header: bytes) -> str | None:
@@ -191,11 +195,15 @@ class Gateway:
         self.telemetry = Telemetry(self.backends, self.now, self.policy.report)
         self.upstream = Upstream(cfg.timeouts.connect_s, cfg.timeouts.first_byte_s, cfg.timeouts.idle_s)
         self.discovered_models: dict[str, frozenset[str]] = {}
+        self.contexts: dict[str, dict[str, int]] = {}
+        """Each backend's context length per model (`max_model_len` of its /v1/models)."""
         self._ids = itertools.count()
         self._id_prefix = f"{os.getpid() & 0xFFFFFFFF:08x}"
         """Request ids are this process's id then a counter, 32 hex digits in all: a UUID's form,
         which some servers require of `X-Request-Id` (llama-cpp-python's answers 400 otherwise)."""
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        """Fire-and-forget requests in flight (KV releases), kept referenced until done."""
         self._file_backends: set[str] = set()
         self._file_mtime: float | None = None
         self._fleet_key: tuple[Any, ...] | None = None
@@ -293,12 +301,13 @@ class Gateway:
         try:
             status, _ = await self.upstream.get(b.spec.url + b.spec.health_path, self.cfg.scrape.timeout_s)
             ok = status == 200
-            if ok and not self.cfg.models:
+            if ok:
                 status, data = await self.upstream.get(b.spec.url + "/v1/models", self.cfg.scrape.timeout_s)
                 if status == 200:
-                    doc = json.loads(data)
-                    self.discovered_models[b.name] = frozenset(
-                        str(m["id"]) for m in doc.get("data", []) if isinstance(m, dict) and "id" in m)
+                    ms = [m for m in json.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
+                    self.discovered_models[b.name] = frozenset(str(m["id"]) for m in ms)
+                    self.contexts[b.name] = {str(m["id"]): int(m["max_model_len"]) for m in ms
+                                             if isinstance(m.get("max_model_len"), int)}
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError):
             ok = False
         self._health_verdict(b, ok and b.probe_ok)
@@ -594,6 +603,8 @@ class Gateway:
             if pr.prompt_ids is not None and ids is not None:
                 check_token_ids(ids, vocabulary(lm.vocab_size, self.tokenizer, pr.model))
             prompt_tokens = pr.prompt_tokens if ids is None else max(len(ids), 1)
+            if pr.max_tokens is not None:  # before any prefill: a decode side would refuse it
+                check_context(prompt_tokens if ids is not None else 0, pr.max_tokens, self._context(pr.model))
             key = idempotency_key(_header(scope, IDEMPOTENCY_HEADER)) if self.ledger is not None else ""
             admission = lim.admit(prompt_tokens + max_out, arrival)
         except ClientError as err:
@@ -664,6 +675,11 @@ class Gateway:
         except Exception:  # an unreachable ledger cannot say: the request runs (billed once by key anyway)
             return False
         return row is not None and row.status == "completed"
+
+    def _context(self, model: str) -> int | None:
+        """The smallest context length a live backend reports for `model` (None: none reports one)."""
+        lens = [c[model] for name, c in self.contexts.items() if model in c and name in self.backends.live]
+        return min(lens) if lens else None
 
     def _tokenize(self, body: dict[str, Any], chat: bool) -> list[int]:
         """The prompt's token ids by the configured tokenizer; a prompt it cannot encode is a 400."""
@@ -782,10 +798,35 @@ class Gateway:
         try:
             await self._relay(call, dec, payload, headers, send, receive)
         except _Retry as r:
-            if pre is None or r.cause != "handoff":
+            if pre is None:
+                raise
+            self._free_kv(pre, kv)  # the decode leg never took the KV: free it now, not at the lease's end
+            if r.cause != "handoff":
                 raise
             self._fault(pre, "handoff")  # the KV the prefill held is gone: try another pair
             raise _Retry(pre, r.cause, r.detail) from None
+        if pre is not None and call.refused:  # the decode side refused the hand-off (a 4xx relayed)
+            self._free_kv(pre, kv)
+
+    def _free_kv(self, pre: Backend, kv: dict[str, Any]) -> None:
+        """Ask the prefill replica to free the KV it leased for a hand-off that will not happen (as
+        vLLM's NIXL connector frees on abort); best effort, in the background."""
+        rid = kv.get("remote_request_id")
+        if not isinstance(rid, str):
+            return
+        body = json.dumps({"remote_request_id": rid, "remote_engine_id": kv.get("remote_engine_id")}).encode()
+        self.telemetry.kv_released.inc()
+
+        async def release() -> None:
+            with contextlib.suppress(*FAULT_ERRORS):
+                async with self.upstream.post(pre.spec.url + KV_RELEASE_PATH, body,
+                                              {"content-type": "application/json"},
+                                              read_s=self.cfg.scrape.timeout_s) as r:
+                    await r.read()
+
+        task = asyncio.get_running_loop().create_task(release())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _prefill(self, call: _Call, b: Backend, headers: dict[str, str], send: Send,
                        body: dict[str, Any]) -> Any:
@@ -1064,6 +1105,7 @@ class Gateway:
                         "more_body": False})
 
     async def _send_bytes(self, send: Send, call: _Call, status: int, data: bytes, ctype: str, backend: str) -> None:
+        call.refused = status >= 400
         await send({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", ctype.encode("latin-1")), (b"content-length", str(len(data)).encode()),
             (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", backend.encode())]})
@@ -1137,22 +1179,19 @@ async def _unless_gone(receive: Receive | None, work: Awaitable[tuple[int, bytes
     if receive is None:
         return await work
     task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_until_disconnect(receive))
+    watch = asyncio.ensure_future(receive())
     try:
         await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
     if not task.done():
+        if watch.result()["type"] != "http.disconnect":  # not a disconnect (the body was read): just wait
+            return await task
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, *FAULT_ERRORS):
             await task
         raise _ClientGone()
     return task.result()
-
-
-async def _until_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _watch_disconnect(receive: Receive, upstream: Any, gone: list[bool]) -> None:

@@ -95,6 +95,8 @@ class Telemetry:
                                registry=r)
         self.pd_handoffs = Counter("fleetwise_gateway_pd_handoffs", "Prefill legs completed and handed to decode",
                                    registry=r)
+        self.kv_released = Counter("fleetwise_gateway_kv_released",
+                                   "Explicit releases of a prefill's KV after a refused or failed hand-off", registry=r)
         self.state = _StateCollector(backends, now, policy_report)
         r.register(self.state)
         self._status_children: dict[tuple[str, int], Any] = {}

@@ -200,14 +200,10 @@ class AdmitStage(DispatchStage):
         return True
 
     async def _ledger_completed(self, tenant: str, key: str) -> bool:
-        """The ledger holds a completed row for `(tenant, key)` (False when it cannot say in time)."""
+        """The ledger holds a completed row for `(tenant, key)`; False when it cannot say in time (an
+        unreachable ledger: the request runs, and the ledger still bills the key once)."""
         assert self.ledger is not None
-        try:
-            row = await asyncio.wait_for(asyncio.to_thread(self.ledger.ledger.get, tenant, key),
-                                         self.cfg.ledger_outage.commit_wait_s)
-        except Exception:  # an unreachable ledger cannot say: the request runs (billed once by key anyway)
-            return False
-        return row is not None and row.status == "completed"
+        return bool(await self.ledger.completed(tenant, key))
 
     def _context(self, model: str) -> int | None:
         """The smallest context length a live backend reports for `model` (None: none reports one)."""

@@ -24,6 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,9 @@ log = logging.getLogger("fleetwise.ledger")
 
 BATCH_MAX = 256
 """Most records one transaction writes."""
+
+READERS = 2
+"""Threads reading the ledger (idempotency checks), apart from the event loop's default pool."""
 
 _STOP = object()
 
@@ -75,6 +79,9 @@ class LedgerWriter:
         self._clock = clock
         self._next_try = 0.0
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._spool_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetwise-ledger-spool")
+        """Waiters spool here, never on the event loop's default pool (a stuck database must not starve it)."""
+        self._read_pool = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="fleetwise-ledger-read")
         self._thread = threading.Thread(target=self._run, name="fleetwise-ledger-writer", daemon=True)
         self._thread.start()
 
@@ -88,9 +95,21 @@ class LedgerWriter:
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.commit_wait_s)
         except TimeoutError:
-            await asyncio.to_thread(self._spool, [usage])
+            await asyncio.get_running_loop().run_in_executor(self._spool_pool, self._spool, [usage])
             self._turn_degraded("a ledger write took longer than commit_wait_s")
             return None
+
+    async def completed(self, tenant: str, key: str) -> bool | None:
+        """Whether the ledger holds `(tenant, key)` completed; None when it cannot say (degraded,
+        or no answer within `commit_wait_s`: its reader threads wait for a stuck database)."""
+        if self.degraded:
+            return None
+        fut = asyncio.get_running_loop().run_in_executor(self._read_pool, self.ledger.get, tenant, key)
+        try:
+            row = await asyncio.wait_for(asyncio.shield(fut), self.commit_wait_s)
+        except Exception:  # a database that does not answer in time cannot say
+            return None
+        return row is not None and row.status == "completed"
 
     def state(self) -> dict[str, Any]:
         """`degraded`, records waiting in the spool and the counters (JSON-ready)."""
@@ -101,6 +120,8 @@ class LedgerWriter:
         """Write what is queued, try one last replay, stop the thread, close the ledger and the spool."""
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
+        self._spool_pool.shutdown(wait=True)
+        self._read_pool.shutdown(wait=False, cancel_futures=True)
         self.ledger.close()
         self.spool.close()
 

@@ -137,12 +137,13 @@ async def running_fleet(n: int = 2, *, roles: tuple[str, ...] | None = None, ver
 async def emulators(roles: tuple[str, ...], each: list[dict[str, Any]] | None = None,
                     **emu: Any) -> AsyncIterator[list[tuple[Any, str]]]:
     """One emulator app per role, each on its own 127.0.0.1 port (real sockets); `emu` sets
-    further EmulatorConfig fields, `each[i]` those of the i-th emulator alone."""
+    further EmulatorConfig fields (`time_scale` replaces TIME_SCALE), `each[i]` those of the i-th emulator alone."""
     socks = [listening_socket("127.0.0.1", 0) for _ in roles]
+    scale = emu.pop("time_scale", TIME_SCALE)
     servers, tasks, out = [], [], []
     for k, (role, sock) in enumerate(zip(roles, socks, strict=True)):
         port = sock.getsockname()[1]
-        cfg = EmulatorConfig(model=MODEL, gpu="h100-sxm", role=role, time_scale=TIME_SCALE,  # type: ignore[arg-type]
+        cfg = EmulatorConfig(model=MODEL, gpu="h100-sxm", role=role, time_scale=scale,  # type: ignore[arg-type]
                              admin_token=TOKEN, port=port, engine_id=f"{role}-{port}",
                              **{**emu, **(each[k] if each else {})})
         app = create_app(cfg)

@@ -8,6 +8,7 @@ root). Tests that need it skip, naming the reason, only when the binaries are no
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -16,7 +17,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -39,9 +42,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class PgServer:
+    """The session's PostgreSQL server: its URL, and `restart` to take it down and up again."""
+
+    url: str
+    prefix: list[str]
+    pg_ctl: str
+    data: str
+    root: str
+    port: int
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run([*self.prefix, self.pg_ctl, "-D", self.data, *args], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, timeout=START_TIMEOUT_S)
+
+    def start(self) -> None:
+        self._ctl("-l", str(Path(self.root) / "log"), "-w", "-t", str(START_TIMEOUT_S),
+                  "-o", f"-h 127.0.0.1 -p {self.port} -k {self.root} -F", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._ctl("-m", mode, "-w", "stop")
+
+    def restart(self, down_s: float) -> None:
+        """Stop the server (open connections are cut), stay down `down_s` seconds, start it again."""
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """URL of a fresh PostgreSQL database owned by user `fleetwise` on 127.0.0.1."""
+def postgres_server() -> Iterator[PgServer]:
+    """A fresh PostgreSQL server owned by user `fleetwise` on 127.0.0.1 (one per session)."""
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not (initdb and pg_ctl):
         pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed; "
@@ -54,21 +86,26 @@ def postgres_url() -> Iterator[str]:
         os.chown(root, user.pw_uid, user.pw_gid)
         prefix = ["runuser", "-u", "nobody", "--"]
     data, port = str(Path(root) / "data"), _free_port()
-    run = dict(check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=START_TIMEOUT_S)
+    srv = PgServer(f"postgresql://fleetwise@127.0.0.1:{port}/postgres", prefix, pg_ctl, data, root, port)
     try:
         subprocess.run([*prefix, initdb, "-D", data, "-A", "trust", "-U", "fleetwise", "--no-sync", "-E", "UTF8"],
-                       **run)  # type: ignore[call-overload]
-        subprocess.run([*prefix, pg_ctl, "-D", data, "-l", str(Path(root) / "log"), "-w", "-t", str(START_TIMEOUT_S),
-                        "-o", f"-h 127.0.0.1 -p {port} -k {root} -F", "start"], **run)  # type: ignore[call-overload]
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=START_TIMEOUT_S)
+        srv.start()
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
         shutil.rmtree(root, ignore_errors=True)
         raise RuntimeError(f"could not start PostgreSQL: {getattr(err, 'stderr', b'')!r}") from err
     try:
-        yield f"postgresql://fleetwise@127.0.0.1:{port}/postgres"
+        yield srv
     finally:
-        subprocess.run([*prefix, pg_ctl, "-D", data, "-m", "immediate", "-w", "stop"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=START_TIMEOUT_S)
+        with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            srv.stop("immediate")
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: PgServer) -> str:
+    """URL of the session server's `postgres` database."""
+    return postgres_server.url
 
 
 @pytest.fixture()

@@ -22,6 +22,7 @@ from rich.table import Table
 from fleetwise.cli.common import add_json_flag, emit_json, input_file
 from fleetwise.errors import SpecError, quote
 from fleetwise.ledger import load_run_records, open_ledger, verify
+from fleetwise.ledger.spool import spooled_records
 from fleetwise.spec.inputs import check_file
 
 LEDGER_ENV = "FLEETWISE_LEDGER"
@@ -46,6 +47,8 @@ def register(subparsers: Any) -> None:
     _ledger_arg(v)
     v.add_argument("--records", required=True, metavar="FILE", type=input_file("records file"),
                    help="the run's request records: requests.csv or a request log (.csv or .jsonl)")
+    v.add_argument("--spool", metavar="PATH", default=None,
+                   help="a gateway's ledger spool: records still waiting there are reported (not yet billed)")
     add_json_flag(v)
     v.set_defaults(func=run_verify)
 
@@ -125,6 +128,12 @@ def run_verify(args: argparse.Namespace) -> int:
     records = load_run_records(args.records)
     with open_ledger(_ledger_url(args), create=False) as led:
         rep = verify(led.rows(), records)
+    if args.spool:
+        waiting = spooled_records(args.spool)
+        if waiting:
+            rep.problems.append({"tenant": "*", "idempotency_key": "*", "problem": (
+                f"{len(waiting)} usage record(s) still in the spool {args.spool} (the ledger was unreachable); "
+                "they are replayed when the gateway reaches the ledger again")})
     if args.json:
         emit_json(rep.to_dict())
     else:

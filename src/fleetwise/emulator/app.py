@@ -9,7 +9,8 @@ limits of `fleetwise.live.http`. Routes:
   `GET /health`, `GET /metrics` (vLLM names, `fleetwise:` extras), `GET /version`;
 - `POST /admin/faults`, `GET /admin/faults` (bearer token; 401 without it);
 - `GET /kv_events`: a stream of KV event batches, one JSON object per line;
-- `POST /fleetwise/kv/pull` (prefill role: a decode replica pulls a leased request's KV) and
+- `POST /fleetwise/kv/pull` (prefill role: a decode replica pulls a leased request's KV),
+  `POST /fleetwise/kv/release` (the router frees a lease whose hand-off was refused) and
   `GET /fleetwise/status` (replica counters in modelled seconds) and `GET /fleetwise/requests`
   (the most recent finished requests, modelled seconds).
 """
@@ -311,6 +312,18 @@ class ReplicaApi:
         return JSONResponse({"columns": RECORD_COLUMNS, "rows": list(r.records), "origin_unix_s": r.origin_unix_s,
                              "origin_monotonic_s": r.origin_monotonic_s, "time_scale": self.cfg.time_scale})
 
+    async def kv_release(self, request: Request) -> Response:
+        """`POST /fleetwise/kv/release`: free a KV lease whose hand-off was refused (the router's explicit release)."""
+        try:
+            body = parse_body(await request.body())
+        except ApiError as err:
+            return _error(err)
+        rid = body.get("remote_request_id")
+        if body.get("remote_engine_id") not in (None, self.cfg.engine_id) or not isinstance(rid, str):
+            return _error(ApiError(404, f"no KV lease for remote_request_id={rid!r} on engine {self.cfg.engine_id}",
+                                   "remote_request_id"))
+        return JSONResponse({"remote_request_id": rid, "released": self.replica.leases.release(rid)})
+
     def hot(self) -> dict[str, Handler]:
         """The routes `Front` sends straight to their handlers (exact path, POST)."""
         return {"/v1/completions": self.completions, "/v1/chat/completions": self.chat,
@@ -325,6 +338,7 @@ class ReplicaApi:
                 Route("/metrics", self.metrics, methods=["GET"]),
                 Route("/admin/faults", self.admin_faults, methods=["GET", "POST"]),
                 Route("/kv_events", self.kv_events, methods=["GET"]),
+                Route("/fleetwise/kv/release", self.kv_release, methods=["POST"]),
                 Route("/fleetwise/status", self.status, methods=["GET"]),
                 Route("/fleetwise/requests", self.records, methods=["GET"])]
 

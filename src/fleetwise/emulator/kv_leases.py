@@ -41,7 +41,7 @@ class KvLeases:
     def hold(self, lv: Live, t: float) -> None:
         """Keep `lv`'s KV (its prefill ended at modelled `t`) for `kv_lease_s` modelled seconds."""
         r = self.r
-        lease = Lease(lv, len(lv.req.prompt_ids))
+        lease = Lease(lv, len(lv.req.prompt_ids), t)
         self.held[lv.rid] = lease
         wall_s = (t + r.cfg.kv_lease_s - r.now_s()) / r.cfg.time_scale
         lease.expires = asyncio.get_running_loop().call_later(wall_s, self._expire, lv.rid)
@@ -54,11 +54,22 @@ class KvLeases:
                 lease.expires.cancel()
 
     def _expire(self, rid: str) -> None:
+        self.release(rid)
+
+    def release(self, rid: str) -> bool:
+        """Free a lease no decode replica will pull (expired, or released by the router after a
+        refused hand-off, as vLLM's NIXL connector frees on abort); its bytes x modelled seconds
+        count as orphaned KV. False when there is no such lease."""
         lease = self.held.pop(rid, None)
-        if lease is not None:
-            self.r.engine.release(lease.live.eid)
-            self.r.metrics.kv_leases.set(len(self.held))
-            self.r.kick()
+        if lease is None:
+            return False
+        if lease.expires is not None:
+            lease.expires.cancel()
+        nbytes = kv_transfer_bytes(lease.prompt_tokens, self.r.deployment)
+        self.r.metrics.kv_orphaned.inc(nbytes * max(0.0, self.r.now_s() - lease.start_s))
+        self.r.metrics.kv_leases.set(len(self.held))
+        self._release(lease.live.eid)
+        return True
 
     async def serve_pull(self, body: dict[str, Any]) -> dict[str, Any]:
         """Prefill role: a decode replica pulls a leased request's KV. The transfer runs on this

@@ -138,6 +138,9 @@ class ReplicaMetrics:
                                      lab, registry=r, buckets=TTFT_BUCKETS).labels(*v)
         self.kv_leases = Gauge("fleetwise:kv_leases", "Prefilled KV held for a decode replica to pull.",
                                lab, registry=r).labels(*v)
+        self.kv_orphaned = Counter("fleetwise:kv_orphaned_byte_seconds",
+                                   "KV bytes x modelled seconds held under leases no decode replica pulled "
+                                   "(freed by expiry or by an explicit release).", lab, registry=r).labels(*v)
         self.time_scale = Gauge("fleetwise:time_scale", "Modelled seconds per wall second.",
                                 lab, registry=r).labels(*v)
         self.rejected = Counter("fleetwise:requests_rejected", "Requests refused with a 4xx/5xx status.",

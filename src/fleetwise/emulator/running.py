@@ -118,6 +118,8 @@ class Lease:
 
     live: Live
     prompt_tokens: int
+    start_s: float = 0.0
+    """Modelled time the KV was leased (the hand-off)."""
     expires: asyncio.TimerHandle | None = None
 
 

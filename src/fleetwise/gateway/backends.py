@@ -105,6 +105,8 @@ class Backend:
     tpot_ewma_s: float | None = None
     recent: deque[Decision] = field(default_factory=deque)
     removed: bool = False
+    probe_ok: bool = True
+    """The last active probe (a one-token completion) answered within its bound."""
     kv_format: KvFormat | None = None
     """The KV format its config declares (`backend_kv_format`, set when the backend is added)."""
     kv_link: LinkEstimate = field(default_factory=LinkEstimate)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from fleetwise.spec.plan import PlanSpec
 
 __all__ = [
-    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "KvEventsSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "TenantSpec",
+    "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "IdempotencySpec", "KvEventsSpec", "LedgerOutageSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "StallSpec", "TenantSpec",
     "TimeoutSpec", "backend_name", "fleet_backends", "fleet_settings",
 ]
 
@@ -157,6 +157,24 @@ class TimeoutSpec(Spec):
     """Longest gap between two chunks of a stream before it counts as a hang."""
 
 
+class StallSpec(Spec):
+    """Per-request stall detection: a replica that accepts requests and answers health checks
+    but produces no token (docs/gateway.md). Bounds are `factor` times what the replica's own
+    recent latency predicts, never below the minimums, never above `timeouts`."""
+
+    enabled: bool = True
+    factor: float = Field(default=4.0, ge=1.0)
+    """Bound = factor x the expected wait (first token: recent TTFT scaled by the queue ahead; next
+    token: recent TPOT)."""
+    min_first_token_s: float = Field(default=2.0, gt=0.0)
+    """Shortest first-token bound (a replica with a very short recent TTFT still gets this long)."""
+    min_next_token_s: float = Field(default=1.0, gt=0.0)
+    """Shortest gap allowed between two chunks of a stream."""
+    probe_interval_s: float = Field(default=5.0, ge=0.0)
+    """Seconds between active probes of each mixed backend (a one-token completion, bounded by the
+    first-token bound); a failed probe counts as a failed health check. 0 = no probes."""
+
+
 class RetrySpec(Spec):
     """Retries before the first byte reached the client (connect error, timeout, 5xx)."""
 
@@ -178,6 +196,36 @@ class LimitsSpec(Spec):
     engine's KV block size (`fleetwise emulate --block-size`, 16 by default), so hashes match."""
     default_max_tokens: int = Field(default=256, gt=0)
     """`max_tokens` assumed for routing when a request sets none."""
+    vocab_size: int | None = Field(default=None, gt=0)
+    """Token ids a prompt may hold are in [0, vocab_size) (400 otherwise); null = the tokenizer's
+    vocabulary, else the catalog model's of the request's `model`, else any 32-bit id."""
+
+
+class LedgerOutageSpec(Spec):
+    """What the gateway does while its ledger cannot take writes (docs/gateway.md, production checklist)."""
+
+    spool_path: str | None = None
+    """Local file usage records are fsynced to while the ledger is unreachable, replayed when it
+    returns; null = the SQLite ledger's path + `.spool`, or `fleetwise-ledger.spool` in the
+    working directory for PostgreSQL. Several processes take `PATH`, `PATH.1`, ..."""
+    commit_wait_s: float = Field(default=1.0, gt=0.0)
+    """Longest a request's end waits for the ledger's commit before its record is spooled instead."""
+    retry_s: float = Field(default=1.0, gt=0.0)
+    """Interval between attempts to replay the spool into the ledger."""
+    max_spool_bytes: int = Field(default=1 << 30, gt=0)
+    """Spool size limit; beyond it records are lost (counted, logged, /readiness 503)."""
+    unready_when_degraded: bool = False
+    """/readiness answers 503 while records are being spooled. Off by default: a spooling gateway
+    serves and bills correctly, and gateways sharing one database would all turn unready at once."""
+
+
+class IdempotencySpec(Spec):
+    """How long completed answers are kept for `Idempotency-Key` replays (docs/gateway.md)."""
+
+    ttl_s: float = Field(default=86400.0, gt=0.0)
+    """A key's answer is replayed for this long after the first request (Stripe keeps 24 h)."""
+    max_bytes: int = Field(default=256 << 20, gt=0)
+    """Memory for kept answers; the oldest are dropped first (a dropped key's reuse is a 409)."""
 
 
 class TenantSpec(Spec):
@@ -220,13 +268,22 @@ class GatewayConfig(Spec):
     scrape: ScrapeSpec = ScrapeSpec()
     breaker: BreakerSpec = BreakerSpec()
     timeouts: TimeoutSpec = TimeoutSpec()
+    stall: StallSpec = StallSpec()
     retries: RetrySpec = RetrySpec()
     limits: LimitsSpec = LimitsSpec()
     http: HttpLimitsSpec = HttpLimitsSpec()
     """Connection limits and timeouts (head, body, keep-alive, header count and size)."""
     tenants: tuple[TenantSpec, ...] = ()
     require_api_key: bool = False
-    """Refuse requests without a known key (401); otherwise they run as tenant `default`."""
+    """Refuse requests without a key (401); otherwise they run as tenant `default`."""
+    unknown_keys: Literal["default", "reject"] = "default"
+    """A request whose API key no tenant lists: `reject` (401; what the examples use) or
+    `default` (served as tenant `default`, under its limits)."""
+    metrics_token: str | None = None
+    """Bearer token /metrics requires; prefer `metrics_token_env`. Without either, /metrics is open
+    (as vLLM's is)."""
+    metrics_token_env: str = "FLEETWISE_METRICS_TOKEN"
+    """Environment variable holding the /metrics token."""
     default_tenant: TenantSpec = TenantSpec(name="default")
     """Limits for requests without a key (when keys are not required)."""
     admin_token: str | None = None
@@ -238,6 +295,10 @@ class GatewayConfig(Spec):
     ledger: str | None = None
     """Usage ledger: a SQLite file (or sqlite:///PATH) or postgresql://... shared by several
     gateways; one record per request and idempotency key (docs/failure-domains.md). null = off."""
+    ledger_outage: LedgerOutageSpec = LedgerOutageSpec()
+    idempotency: IdempotencySpec = IdempotencySpec()
+    """Replays of completed requests by `Idempotency-Key` (with a ledger)."""
+    """The ledger's spool, write bound and replay interval."""
     failure_domains: FailureDomainSpec = FailureDomainSpec()
     """Recovery and billing decisions (docs/failure-domains.md)."""
 

@@ -39,12 +39,23 @@ class TokenBucket:
 
 @dataclass(slots=True)
 class Admission:
-    """A granted request; `release()` when it ends."""
+    """A granted request, held for as long as it runs: `async with limiter.admit(...):` releases it
+    on every way out (answer, client error, upstream failure, disconnect, a bug), exactly once."""
 
     limiter: TenantLimiter
+    released: bool = False
 
     def release(self) -> None:
-        self.limiter.active -= 1
+        """Give the tenant's concurrency slot back (a second call does nothing)."""
+        if not self.released:
+            self.released = True
+            self.limiter.active -= 1
+
+    async def __aenter__(self) -> Admission:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
 
 
 class TenantLimiter:

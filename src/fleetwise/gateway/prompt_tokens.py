@@ -34,6 +34,8 @@ class PromptTokenizer(Protocol):
     """Text -> token ids, the way the backends' engines see it."""
 
     name: str
+    vocab_size: int
+    """Token ids are in [0, vocab_size)."""
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of a completion prompt (special tokens as the engine adds them)."""
@@ -80,6 +82,7 @@ class FleetwiseTokenizer:
     tokenized once each while they stay in a bounded cache (`TURN_CACHE_CHARS`)."""
 
     name = FLEETWISE_TOKENIZER
+    vocab_size = tokens.VOCAB_SIZE
 
     def __init__(self, cache_chars: int = TURN_CACHE_CHARS) -> None:
         self._turns = _TurnCache(cache_chars)
@@ -119,6 +122,7 @@ class HfTokenizer:
             raise SpecError(f"tokenizer: {path!r} is not a tokenizer.json the `tokenizers` library can "
                             f"read ({err}); give a HuggingFace tokenizer.json") from None
         self.name = path
+        self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def completion_ids(self, text: str) -> list[int]:
         """Ids with the model's special tokens (vLLM's completions add BOS)."""

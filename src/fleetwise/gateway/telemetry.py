@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fleetwise.gateway.backends import Backends
+from fleetwise.ledger.writer import LedgerWriter
 
 __all__ = ["Telemetry"]
 
@@ -26,8 +27,9 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 class _StateCollector(Collector):
     def __init__(self, backends: Backends, now: Callable[[], float], policy_report: Callable[[], dict[str, Any]]):
         self.backends, self.now, self.policy_report = backends, now, policy_report
+        self.ledger: LedgerWriter | None = None
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         now = self.now()
         up = GaugeMetricFamily("fleetwise_gateway_backend_up", "1 if healthy, breaker closed or half-open, and in the fleet",
                                labels=["backend"])
@@ -49,6 +51,23 @@ class _StateCollector(Collector):
                                 value=float(bool(safe.get("active"))))
         yield GaugeMetricFamily("fleetwise_gateway_safe_mode_seconds", "Seconds spent in safe mode since start",
                                 value=float(safe.get("time_s", 0.0)))
+        if self.ledger is not None:
+            yield from _ledger_metrics(self.ledger.state())
+
+
+def _ledger_metrics(st: dict[str, Any]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The ledger writer's state as metrics (`fleetwise_gateway_ledger_*`)."""
+    yield GaugeMetricFamily("fleetwise_gateway_ledger_degraded",
+                            "1 while usage records go to the local spool (the ledger is unreachable)",
+                            value=float(st["degraded"]))
+    yield GaugeMetricFamily("fleetwise_gateway_ledger_spool_records", "Usage records waiting in the spool",
+                            value=float(st["spool_records"]))
+    for name, key, text in (("written", "written", "Usage records committed to the ledger directly"),
+                            ("spooled", "spooled", "Usage records appended to the spool"),
+                            ("replayed", "replayed", "Spooled usage records committed to the ledger later"),
+                            ("write_errors", "write_errors", "Ledger transactions that failed"),
+                            ("lost_records", "lost", "Usage records neither committed nor spooled")):
+        yield CounterMetricFamily(f"fleetwise_gateway_ledger_{name}", text, value=float(st[key]))
 
 
 class Telemetry:
@@ -76,11 +95,18 @@ class Telemetry:
                                registry=r)
         self.pd_handoffs = Counter("fleetwise_gateway_pd_handoffs", "Prefill legs completed and handed to decode",
                                    registry=r)
-        r.register(_StateCollector(backends, now, policy_report))
+        self.kv_released = Counter("fleetwise_gateway_kv_released",
+                                   "Explicit releases of a prefill's KV after a refused or failed hand-off", registry=r)
+        self.state = _StateCollector(backends, now, policy_report)
+        r.register(self.state)
         self._status_children: dict[tuple[str, int], Any] = {}
         self._kind_children: dict[str, Any] = {}
         self._ttfb_children: dict[str, Any] = {}
         self._latency_children: dict[str, Any] = {}
+
+    def watch_ledger(self, writer: LedgerWriter | None) -> None:
+        """Report `writer`'s state (degraded, spooled, replayed, lost) at each scrape."""
+        self.state.ledger = writer
 
     def first_byte(self, endpoint: str, seconds: float) -> None:
         """Observe one request's arrival-to-first-byte time (labelled child cached)."""

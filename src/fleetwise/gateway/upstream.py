@@ -278,7 +278,7 @@ class _Post:
 
     __slots__ = ("args", "pool", "resp")
 
-    def __init__(self, pool: HttpPool, args: tuple[str, bytes, dict[str, str]]) -> None:
+    def __init__(self, pool: HttpPool, args: tuple[str, bytes, dict[str, str], float | None]) -> None:
         self.pool, self.args = pool, args
         self.resp: UpstreamResponse | None = None
 
@@ -299,11 +299,12 @@ class HttpPool:
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._tls: ssl.SSLContext | None = None
 
-    def post(self, url: str, data: bytes, headers: dict[str, str]) -> _Post:
-        """Start a POST (use as `async with`)."""
-        return _Post(self, (url, data, headers))
+    def post(self, url: str, data: bytes, headers: dict[str, str], read_s: float | None = None) -> _Post:
+        """Start a POST (use as `async with`); `read_s` bounds each wait for bytes (default the pool's)."""
+        return _Post(self, (url, data, headers, read_s))
 
-    async def request(self, url: str, data: bytes, headers: dict[str, str]) -> UpstreamResponse:
+    async def request(self, url: str, data: bytes, headers: dict[str, str],
+                      read_s: float | None = None) -> UpstreamResponse:
         """Send a POST and wait for the answer's head. A pooled connection the backend had
         already closed (it answers nothing at all) is replaced by a new one, once."""
         o = _origin(url)
@@ -323,7 +324,8 @@ class HttpPool:
             head += (k.encode("latin-1"), b": ", v.encode("latin-1"), b"\r\n")
         head += (b"\r\n", data)
         msg = b"".join(head)
-        resp = self._send(conn, msg)
+        read_s = self.read_s if read_s is None else read_s
+        resp = self._send(conn, msg, read_s)
         try:
             await resp.head()
         except UpstreamBroken:
@@ -331,7 +333,7 @@ class HttpPool:
             if not reused or resp.got_bytes:
                 raise
             conn = await self._connect(o)
-            resp = self._send(conn, msg)
+            resp = self._send(conn, msg, read_s)
             try:
                 await resp.head()
             except BaseException:
@@ -342,8 +344,8 @@ class HttpPool:
             raise
         return resp
 
-    def _send(self, conn: _Conn, msg: bytes) -> UpstreamResponse:
-        resp = conn.resp = UpstreamResponse(conn, self.read_s)
+    def _send(self, conn: _Conn, msg: bytes, read_s: float) -> UpstreamResponse:
+        resp = conn.resp = UpstreamResponse(conn, read_s)
         assert conn.transport is not None
         conn.transport.write(msg)
         return resp
@@ -416,10 +418,11 @@ class Upstream:
             await self.session.close()
             self.session = None
 
-    def post(self, url: str, data: bytes, headers: dict[str, str]) -> _Post:
-        """Start a completion POST (use as `async with`); timeouts: connect, then first byte per read."""
+    def post(self, url: str, data: bytes, headers: dict[str, str], read_s: float | None = None) -> _Post:
+        """Start a completion POST (use as `async with`); timeouts: connect, then `read_s` (default
+        the first-byte timeout) per wait for bytes (`UpstreamResponse.timeout_s` may change it)."""
         assert self.pool is not None, "Upstream.open() first"
-        return self.pool.post(url, data, headers)
+        return self.pool.post(url, data, headers, read_s)
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         """A bounded GET (health checks, scrapes); raises on connect errors and timeouts."""

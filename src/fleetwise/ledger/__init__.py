@@ -7,9 +7,10 @@ Does not decide when a request ends or what it delivered: the gateway does, and 
 `Ledger.record` once per attempt. The decisions it applies are `fleetwise.spec.failure_domains`.
 """
 
+from fleetwise.ledger.backends import open_ledger
 from fleetwise.ledger.keys import IdempotencyKeyError, check_key, generate_key, idempotency_key
-from fleetwise.ledger.store import Ledger, LedgerRow, Outcome, open_ledger
-from fleetwise.ledger.usage import Billed, Status, Usage, WorkItem, billed
+from fleetwise.ledger.store import Ledger, Outcome
+from fleetwise.ledger.usage import Billed, LedgerRow, Status, Usage, WorkItem, billed
 from fleetwise.ledger.verify import RunRecord, VerifyReport, load_run_records, verify
 
 __all__ = [

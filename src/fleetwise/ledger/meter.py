@@ -3,8 +3,9 @@
 The driver creates a Meter when a request is admitted, notes each attempt (`attempt`), what the
 backend reported (`usage_from`) and what reached the client (`delivered_tokens`), and calls
 `end(status, reason)` exactly where the request ends, before the last byte reaches the client
-(see docs/failure-domains.md, crash safety). `end` writes through a worker thread, so an event
-loop never blocks on the database; a second `end` does nothing.
+(see docs/failure-domains.md, crash safety). `end` hands the record to a `UsageSink` (the
+gateway's `LedgerWriter`: batched on a background thread, spooled while the ledger is down), so
+an event loop never blocks on the database and metering never raises; a second `end` does nothing.
 
 Counts: prompt and cached tokens are the backend's `usage` when the answer carries it, else the
 driver's estimate; delivered tokens are the backend's `completion_tokens` for a completed
@@ -14,23 +15,30 @@ time, so live work items carry `gpu_s = 0`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from fleetwise.ledger.store import Ledger, Outcome
+from fleetwise.ledger.store import Outcome
 from fleetwise.ledger.usage import Status, Usage, WorkItem, WorkKind
 
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
 """The last `"usage": {...}` object of an answer (one level of nesting: prompt_tokens_details)."""
 
 
+class UsageSink(Protocol):
+    """Where a meter's record goes: `record` returns once it is durable (the ledger's outcome, or
+    None when it was kept elsewhere) and never raises."""
+
+    async def record(self, usage: Usage) -> Outcome | None: ...
+
+
 @dataclass
 class Meter:
-    """Usage of one request in flight; `end()` records it in `ledger` once."""
+    """Usage of one request in flight; `end()` records it in `sink` once."""
 
-    ledger: Ledger
+    sink: UsageSink
     idempotency_key: str
     request_id: str
     tenant: str
@@ -46,6 +54,8 @@ class Meter:
     work: list[WorkItem] = field(default_factory=list)
     outcome: Outcome | None = None
     ended: bool = False
+    status: Status | None = None
+    """How the request ended (set by `end`)."""
     usage_seen: bool = False
     """The backend reported its counts (`usage_from` found a usage object)."""
 
@@ -95,6 +105,6 @@ class Meter:
         """Write the usage record (once; a later call returns the first outcome)."""
         if self.ended:
             return self.outcome
-        self.ended = True
-        self.outcome = await asyncio.to_thread(self.ledger.record, self.usage(status, reason, ended_at))
+        self.ended, self.status = True, status
+        self.outcome = await self.sink.record(self.usage(status, reason, ended_at))
         return self.outcome

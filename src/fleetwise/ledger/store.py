@@ -1,27 +1,33 @@
 """The ledger store: usage written once per (tenant, idempotency key), work recorded, read back.
 
 One SQL schema, two backends (`sqlite.py`: an embedded file in WAL mode, the default;
-`postgres.py`: a shared server for several gateway processes). `open_ledger(url)` picks one.
+`postgres.py`: a shared server for several gateway processes); `fleetwise.ledger.backends`
+chooses one from a URL. A backend drops a connection that failed and opens a new one at the next
+transaction, so a database restart costs the writes made while it was down (the gateway spools
+those, `fleetwise.ledger.writer`), never the connection for good.
 
 Write rule (`Ledger.record`, one transaction): the usage row of `(tenant, key)` is inserted; if
 a row exists and is `completed`, the new attempt is a duplicate (a client retry of a request
 already served) and bills nothing; otherwise (the earlier attempt failed or was cancelled) the
 new attempt replaces it, so a key is billed once, for its last attempt that ended. Every
-attempt's work items are appended to `work`, billed or not. A crash before the commit leaves no
+attempt's work items are appended to `work`, billed or not. Each record is applied at most once
+(`ledger_applied` holds its identity, `record_id`), so replaying a spool that was partly
+written already, or a batch whose commit succeeded but whose answer was lost, doubles nothing. A crash before the commit leaves no
 trace of the attempt; after it, the row is durable (SQLite `synchronous=FULL`, PostgreSQL's
 default commit).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from fleetwise.errors import SpecError
-from fleetwise.ledger.usage import Usage, billed
+from fleetwise.ledger.summary import summarize
+from fleetwise.ledger.usage import LedgerRow, Usage, billed
 from fleetwise.spec.failure_domains import FailureDomainSpec
 
 SCHEMA_VERSION = "1"
@@ -39,35 +45,15 @@ WORK_COLUMNS = ("tenant", "idempotency_key", "request_id", "kind", "reason", "po
                 "tokens_computed", "gpu_s", "at")
 _WORK_TYPES = {c: _TEXT for c in WORK_COLUMNS[:7]} | {"tokens_computed": _INT, "gpu_s": _REAL, "at": _REAL}
 
-Outcome = Literal["billed", "replaced", "duplicate"]
+Outcome = Literal["billed", "replaced", "duplicate", "already_recorded"]
 """`billed`: first record of its key; `replaced`: replaced an earlier failed/cancelled attempt;
-`duplicate`: the key was already completed, nothing more billed."""
+`duplicate`: the key was already completed, nothing more billed; `already_recorded`: this very
+record was applied before (a replay), nothing changed."""
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerRow:
-    """One usage row as stored (billed counts fixed when it was written)."""
-
-    tenant: str
-    idempotency_key: str
-    request_id: str
-    model: str
-    prefill_pool: str
-    decode_pool: str
-    status: str
-    reason: str
-    prompt_tokens: int
-    cached_tokens: int
-    delivered_tokens: int
-    billed_prompt_tokens: int
-    billed_cached_tokens: int
-    billed_generated_tokens: int
-    computed_tokens: int
-    gpu_s: float
-    recovery_gpu_s: float
-    attempts: int
-    started_at: float
-    ended_at: float
+def record_id(usage: Usage) -> str:
+    """The identity of one usage record (one attempt of one request): what makes a replay a no-op."""
+    return f"{usage.tenant}\x1f{usage.idempotency_key}\x1f{usage.request_id}\x1f{usage.started_at!r}"
 
 
 class Ledger(ABC):
@@ -82,15 +68,21 @@ class Ledger(ABC):
 
     # ---- backend hooks --------------------------------------------------------------------------
     @abstractmethod
-    def _connection(self) -> Any: ...
+    def _connection(self) -> Any:
+        """The open connection, opening a new one when the last one failed."""
 
     @abstractmethod
     def _begin(self, cur: Any) -> None: ...
 
+    def _failed(self, err: BaseException) -> None:
+        """A transaction raised `err`: drop the connection if it is no longer usable (default: keep it)."""
+        return None
+
     def close(self) -> None:
         """Close the connection (idempotent)."""
         with self._lock:
-            self._connection().close()
+            with contextlib.suppress(Exception):
+                self._connection().close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -107,6 +99,7 @@ class Ledger(ABC):
         work_cols = ", ".join(f"{c} {t}" for c, t in _WORK_TYPES.items())
         statements = [
             "CREATE TABLE IF NOT EXISTS ledger_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS ledger_applied (record_id TEXT PRIMARY KEY)",
             f"CREATE TABLE IF NOT EXISTS usage ({usage_cols}, PRIMARY KEY (tenant, idempotency_key))",
             f"CREATE TABLE IF NOT EXISTS work ({self.id_column}, {work_cols})",
             "CREATE INDEX IF NOT EXISTS usage_ended ON usage (ended_at)",
@@ -129,6 +122,18 @@ class Ledger(ABC):
     # ---- writes ---------------------------------------------------------------------------------
     def record(self, usage: Usage) -> Outcome:
         """Write `usage` (once per tenant and key; see the module docstring) and its work; durable on return."""
+        return self.record_many([usage])[0]
+
+    def record_many(self, usages: Sequence[Usage]) -> list[Outcome]:
+        """Write several records in one transaction (one commit for all; durable on return), in order."""
+        with self._tx() as cur:
+            return [self._apply(cur, u) for u in usages]
+
+    def _apply(self, cur: Any, usage: Usage) -> Outcome:
+        cur.execute(self._sql("INSERT INTO ledger_applied (record_id) VALUES (?) ON CONFLICT (record_id) DO NOTHING"),
+                    (record_id(usage),))
+        if cur.rowcount != 1:
+            return "already_recorded"
         b = billed(usage, self.decisions)
         values = (usage.tenant, usage.idempotency_key, usage.request_id, usage.model, usage.prefill_pool,
                   usage.decode_pool, usage.status, usage.reason, usage.prompt_tokens, usage.cached_tokens,
@@ -138,27 +143,26 @@ class Ledger(ABC):
         marks = ", ".join("?" for _ in USAGE_COLUMNS)
         update = ", ".join(f"{c} = ?" for c in USAGE_COLUMNS[2:] if c != "attempts")
         key = (usage.tenant, usage.idempotency_key)
-        with self._tx() as cur:
-            # Three statements, each atomic on its own, so concurrent writers of one key (several
-            # gateway processes on PostgreSQL) agree: the first insert wins, a completed row stays.
-            cur.execute(self._sql(f"INSERT INTO usage ({cols}) VALUES ({marks}) "
-                                  "ON CONFLICT (tenant, idempotency_key) DO NOTHING"), values)
-            outcome: Outcome = "billed"
+        # Three statements, each atomic on its own, so concurrent writers of one key (several
+        # gateway processes on PostgreSQL) agree: the first insert wins, a completed row stays.
+        cur.execute(self._sql(f"INSERT INTO usage ({cols}) VALUES ({marks}) "
+                              "ON CONFLICT (tenant, idempotency_key) DO NOTHING"), values)
+        outcome: Outcome = "billed"
+        if cur.rowcount != 1:
+            cur.execute(self._sql(f"UPDATE usage SET {update}, attempts = attempts + 1 "
+                                  "WHERE tenant = ? AND idempotency_key = ? AND status <> 'completed'"),
+                        (*values[2:17], *values[18:], *key))
+            outcome = "replaced"
             if cur.rowcount != 1:
-                cur.execute(self._sql(f"UPDATE usage SET {update}, attempts = attempts + 1 "
-                                      "WHERE tenant = ? AND idempotency_key = ? AND status <> 'completed'"),
-                            (*values[2:17], *values[18:], *key))
-                outcome = "replaced"
-                if cur.rowcount != 1:
-                    outcome = "duplicate"
-                    cur.execute(self._sql("UPDATE usage SET attempts = attempts + 1 "
-                                          "WHERE tenant = ? AND idempotency_key = ?"), key)
-            if usage.work:
-                wcols = ", ".join(WORK_COLUMNS)
-                wmarks = ", ".join("?" for _ in WORK_COLUMNS)
-                cur.executemany(self._sql(f"INSERT INTO work ({wcols}) VALUES ({wmarks})"), [
-                    (usage.tenant, usage.idempotency_key, usage.request_id, w.kind, w.reason, w.pool, w.replica,
-                     w.tokens_computed, w.gpu_s, usage.ended_at) for w in usage.work])
+                outcome = "duplicate"
+                cur.execute(self._sql("UPDATE usage SET attempts = attempts + 1 "
+                                      "WHERE tenant = ? AND idempotency_key = ?"), key)
+        if usage.work:
+            wcols = ", ".join(WORK_COLUMNS)
+            wmarks = ", ".join("?" for _ in WORK_COLUMNS)
+            cur.executemany(self._sql(f"INSERT INTO work ({wcols}) VALUES ({wmarks})"), [
+                (usage.tenant, usage.idempotency_key, usage.request_id, w.kind, w.reason, w.pool, w.replica,
+                 w.tokens_computed, w.gpu_s, usage.ended_at) for w in usage.work])
         return outcome
 
     # ---- reads ----------------------------------------------------------------------------------
@@ -187,8 +191,6 @@ class Ledger(ABC):
 
     def summary(self, tenant: str | None = None, since: float | None = None) -> dict[str, Any]:
         """Billed usage per tenant and per pool, with the work done (see docs/failure-domains.md)."""
-        from fleetwise.ledger.summary import summarize
-
         return summarize(self.rows(tenant, since), self.work(tenant, since))
 
 
@@ -213,41 +215,27 @@ class _Transaction:
     def __enter__(self) -> Any:
         self.ledger._lock.acquire()
         try:
-            conn = self.ledger._connection()
-            self.cur = conn.cursor()
+            self.conn = self.ledger._connection()
+            self.cur = self.conn.cursor()
             self.ledger._begin(self.cur)
-        except BaseException:
+        except BaseException as err:
+            self.ledger._failed(err)
             self.ledger._lock.release()
             raise
         return self.cur
 
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        conn = self.ledger._connection()
+    def __exit__(self, exc_type: object, exc: BaseException | None, *rest: object) -> None:
         try:
-            if exc_type is None:
-                conn.commit()
+            if exc is None:
+                self.conn.commit()
             else:
-                conn.rollback()
+                self.ledger._failed(exc)
+                with contextlib.suppress(Exception):  # a dead connection cannot roll back; the server did
+                    self.conn.rollback()
+        except BaseException as err:  # the commit failed: the connection may be gone
+            self.ledger._failed(err)
+            raise
         finally:
-            self.cur.close()
+            with contextlib.suppress(Exception):
+                self.cur.close()
             self.ledger._lock.release()
-
-
-def open_ledger(url: str, decisions: FailureDomainSpec | None = None, create: bool = True) -> Ledger:
-    """A ledger from `url`: `postgresql://...` (shared server) or a SQLite file path / `sqlite:///path`;
-    `create=False` refuses a SQLite file that does not exist yet (readers)."""
-    if url.startswith(("postgresql://", "postgres://")):
-        from fleetwise.ledger.postgres import PostgresLedger
-
-        return PostgresLedger(url, decisions)
-    if "://" in url and not url.startswith("sqlite:///"):
-        scheme = url.split("://", 1)[0]
-        raise SpecError(f"ledger URL scheme {scheme!r} is not supported; use a file path, sqlite:///PATH "
-                        "or postgresql://USER@HOST:PORT/DB")
-    from fleetwise.ledger.sqlite import SqliteLedger
-
-    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
-    if not create and not Path(path).is_file():
-        raise SpecError(f"ledger {path!r} not found; pass the --ledger a gateway wrote to")
-    return SqliteLedger(path, decisions)
-

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fleetwise.ledger.store import LedgerRow
+from fleetwise.ledger.usage import LedgerRow
 
 RECOVERY_KINDS = ("reprefill", "migration")
 

@@ -103,3 +103,29 @@ def billed(usage: Usage, decisions: FailureDomainSpec) -> Billed:
     if usage.status == "failed" and decisions.bill_failed == "nothing":
         return Billed(0, 0, 0)
     return Billed(usage.prompt_tokens, usage.cached_tokens, usage.delivered_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    """One usage row as stored (billed counts fixed when it was written)."""
+
+    tenant: str
+    idempotency_key: str
+    request_id: str
+    model: str
+    prefill_pool: str
+    decode_pool: str
+    status: str
+    reason: str
+    prompt_tokens: int
+    cached_tokens: int
+    delivered_tokens: int
+    billed_prompt_tokens: int
+    billed_cached_tokens: int
+    billed_generated_tokens: int
+    computed_tokens: int
+    gpu_s: float
+    recovery_gpu_s: float
+    attempts: int
+    started_at: float
+    ended_at: float

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetwise.errors import SpecError
-from fleetwise.ledger.store import LedgerRow
+from fleetwise.ledger.usage import LedgerRow
 from fleetwise.spec.inputs import parse_json_line, read_text
 
 

@@ -110,3 +110,107 @@ def test_no_wall_clock_in_pure_layers(rel, tree):
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             assert (node.value.id, node.attr) not in CLOCK_CALLS, f"{rel} reads the wall clock"
+
+
+def module_name(rel: Path) -> str:
+    """`planner/fit.py` -> `fleetwise.planner.fit`; a package's `__init__.py` is the package."""
+    parts = list(rel.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["fleetwise", *parts])
+
+
+def module_imports(name: str, is_package: bool, tree: ast.AST, known: set[str]) -> set[str]:
+    """The modules of `known` that module `name` imports: every static import, function-local and
+    TYPE_CHECKING ones included; `from pkg import sub` imports the submodule `pkg.sub` when there
+    is one (else the package itself)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = name.split(".") if is_package else name.split(".")[:-1]
+                here = here[: len(here) - (node.level - 1)]
+                base = ".".join(here + ([node.module] if node.module else []))
+            out.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
+    return {m for m in out if m in known and m != name}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle of `graph` (module -> modules it imports) as one path `a -> ... -> a` per
+    strongly connected group of two or more modules."""
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        reach[start] = seen
+    circles, done = [], set()
+    for m in sorted(graph):
+        if m in done or m not in reach[m]:
+            continue
+        group = {n for n in reach[m] if m in reach[n]}
+        done |= group
+        circles.append(_path_back(graph, m, group))
+    return circles
+
+
+def _path_back(graph: dict[str, set[str]], start: str, group: set[str]) -> list[str]:
+    """A shortest import path from `start` back to itself inside `group`."""
+    prev: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt_frontier = []
+        for m in frontier:
+            for n in sorted(graph[m] & group):
+                if n == start:
+                    path = [m]
+                    while path[-1] != start:
+                        path.append(prev[path[-1]])
+                    return [start, *reversed(path[:-1]), start]
+                if n not in prev:
+                    prev[n] = m
+                    nxt_frontier.append(n)
+        frontier = nxt_frontier
+    raise AssertionError(f"{start} is in a circle but no path leads back to it")
+
+
+def package_graph(pkg: str, sources: dict[Path, ast.AST]) -> dict[str, set[str]]:
+    """Imports among the modules of package `pkg` (subpackages included)."""
+    names = {module_name(rel): (rel, tree) for rel, tree in sources.items() if package_of(rel) == pkg}
+    known = set(names)
+    return {n: module_imports(n, rel.name == "__init__.py", tree, known) for n, (rel, tree) in names.items()}
+
+
+PACKAGES = sorted({package_of(rel) for rel, _ in CASES})
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_no_import_circle_inside_a_package(pkg):
+    """Modules of a package import each other only one way (a type-only circle ties them too)."""
+    circles = import_circles(package_graph(pkg, dict(CASES)))
+    assert circles == [], "import circle(s): " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_an_import_circle_is_caught_and_named():
+    """A type-only and a function-local import close a circle; `from pkg import sub` names the
+    submodule, and `from pkg import value` the package's `__init__`, which closes none here."""
+    sources = {
+        Path("pkg/__init__.py"): ast.parse("VALUE = 1\n"),
+        Path("pkg/a.py"): ast.parse("from fleetwise.pkg import b, VALUE\n"),
+        Path("pkg/b.py"): ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                    "    from fleetwise.pkg.c import C\n"),
+        Path("pkg/c.py"): ast.parse("def f():\n    from fleetwise.pkg.a import A\n"),
+        Path("pkg/d.py"): ast.parse("from fleetwise.pkg import VALUE\nfrom fleetwise.pkg.a import A\n"),
+    }
+    graph = package_graph("pkg", sources)
+    assert graph["fleetwise.pkg.a"] == {"fleetwise.pkg", "fleetwise.pkg.b"}
+    assert graph["fleetwise.pkg.d"] == {"fleetwise.pkg", "fleetwise.pkg.a"}
+    assert import_circles(graph) == [["fleetwise.pkg.a", "fleetwise.pkg.b", "fleetwise.pkg.c", "fleetwise.pkg.a"]]
+    del sources[Path("pkg/c.py")]
+    assert import_circles(package_graph("pkg", sources)) == []

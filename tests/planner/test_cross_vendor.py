@@ -4,7 +4,7 @@ crossing costs, and a pair with no common KV format is refused with the reason."
 from __future__ import annotations
 
 from fleetwise.planner import fit, latency
-from fleetwise.planner.fit import Layout
+from fleetwise.planner.layout import Layout
 from fleetwise.planner.sizing import handoff_line
 from fleetwise.spec.planning import planning_spec_from_dict
 

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.perf.types import BatchShape
-from fleetwise.planner.fit import Layout, resolve_hardware
+from fleetwise.planner.fit import resolve_hardware
+from fleetwise.planner.layout import Layout
 from fleetwise.planner.simulate import FleetShape, PoolShape, to_plan_spec
 from fleetwise.sim.runner import SimOptions, Simulation
 

@@ -7,9 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from fleetwise.planner.fit import Layout, prepare
-from fleetwise.planner.refinement import Refined, check_headroom, headroom_runs
+from fleetwise.planner.fit import prepare
+from fleetwise.planner.layout import Layout
+from fleetwise.planner.refinement import check_headroom, headroom_runs
 from fleetwise.planner.report import to_json
+from fleetwise.planner.results import Refined
 from fleetwise.planner.simulate import FleetShape, PoolShape, burst_requests, requests_over
 from fleetwise.planner.workload import LengthMix, build_mix, burst_factor
 from fleetwise.spec.catalog import get_model

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fleetwise.perf.roofline import PerfModel
-from fleetwise.planner.fit import Layout, resolve_hardware
+from fleetwise.planner.fit import resolve_hardware
 from fleetwise.planner.latency import estimate
+from fleetwise.planner.layout import Layout
 from fleetwise.planner.workload import build_mix
 
 

@@ -12,7 +12,7 @@ from fleetwise.core.feedback import Completed, FirstToken
 from fleetwise.planner import disaggregation
 from fleetwise.planner import simulate as sim
 from fleetwise.planner.executor import Executor
-from fleetwise.planner.refinement import Refined
+from fleetwise.planner.results import Refined
 from fleetwise.planner.simulate import (
     FleetShape,
     PoolShape,

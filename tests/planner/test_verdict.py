@@ -5,9 +5,9 @@ winner with a layout per phase or with one layout sized off the equal-cost split
 
 from __future__ import annotations
 
-from fleetwise.planner.disaggregation import Claims
-from fleetwise.planner.fit import Layout
+from fleetwise.planner.layout import Layout
 from fleetwise.planner.ranking import verdict_sentence
+from fleetwise.planner.results import Claims
 from fleetwise.planner.simulate import FleetShape, PoolShape
 from fleetwise.planner.state import Candidate
 

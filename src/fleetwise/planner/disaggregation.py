@@ -11,41 +11,17 @@ how much it failed. Does not size or rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from fleetwise.planner.executor import Executor
-from fleetwise.planner.fit import Layout
 from fleetwise.planner.goodput import kv_link_rates
+from fleetwise.planner.layout import Layout
+from fleetwise.planner.results import Claims
 from fleetwise.planner.simulate import FleetShape, PoolShape, SimVerdict, requests_for, run_fleet
 from fleetwise.planner.state import Candidate, Context, Search
 from fleetwise.planner.workload import LengthMix
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash, RollingUpgrade
 from fleetwise.spec.planning import PlanSLOSpec
-
-
-@dataclass
-class Claims:
-    """The four claims of a PD plan, each with its evidence; a failed one demotes the plan."""
-
-    results: list[dict[str, object]]
-    runs: int
-
-    @property
-    def failed(self) -> list[str]:
-        return [str(r["claim"]) for r in self.results if not r["holds"]]
-
-    @property
-    def failed_by(self) -> list[str]:
-        """Each failed claim with by how much it failed: `claim (shortfall)`."""
-        return [f"{r['claim']} ({r['short_by']})" if r.get("short_by") else str(r["claim"])
-                for r in self.results if not r["holds"]]
-
-    @property
-    def procedure(self) -> str | None:
-        """The upgrade procedure the plan's upgrade claim holds with (None: no such claim, or it failed)."""
-        return next((str(r["procedure"]) for r in self.results if r.get("procedure")), None)
-
 
 APART_TAIL = 1.5
 """Decode steps free of prompt chunks show as a short TPOT tail: p99 within 1.5x of p50 (a prompt

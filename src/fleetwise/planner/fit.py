@@ -1,8 +1,7 @@
 """Phase 1, fit: resolve the hardware and enumerate replica layouts that fit.
 
-Owns the `Layout` value (accelerator x weight precision x TP/PP/EP), the accelerator overrides
-of the spec (price, node shape, links), the fit check of each layout with the reason a layout is
-dropped, and `prepare` (the spec into the `Search` state: request mix, burst factor, perf model).
+Owns the accelerator overrides of the spec (price, node shape, links), the enumeration of
+layouts (`planner.layout.Layout`) with the fit check of each and the reason a layout is dropped, and `prepare` (the spec into the `Search` state: request mix, burst factor, perf model).
 TP stays inside a node (`tp_candidates`); PP is only tried once TP fills the node (splitting a
 model across nodes before using the node's fast link only adds hops); for MoE models EP spans the
 replica's GPUs when the expert count allows it. Does not time anything.
@@ -10,88 +9,19 @@ replica's GPUs when the expert count allows it. Does not time anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from fleetwise.errors import InfeasibleError
-from fleetwise.perf.expert_load import planned_imbalance
 from fleetwise.perf.memory import FitOptions, LayoutFit, layout_fit, tp_candidates
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
-from fleetwise.perf.types import Deployment, pool_deployment
-from fleetwise.planner.simulate import MAX_REQUESTS_PER_RUN, pool_spec
+from fleetwise.planner.layout import Enumeration, Hardware, Layout, Rejection
+from fleetwise.planner.simulate import MAX_REQUESTS_PER_RUN
 from fleetwise.planner.state import Context, Search
 from fleetwise.planner.workload import build_mix, burst_factor
 from fleetwise.spec.catalog import resolve_gpu, resolve_model
-from fleetwise.spec.hardware import AcceleratorSpec, LinkSpec
-from fleetwise.spec.model import ModelSpec
-from fleetwise.spec.parallel import ParallelismSpec
+from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.planning import AcceleratorChoice, PlanningSpec
 
 GB = 1e9
-
-
-@dataclass(frozen=True)
-class Layout:
-    """One replica shape: `tp*pp` cards of `accelerator`, weights at `weight_dtype`."""
-
-    accelerator: str
-    weight_dtype: str
-    tp: int
-    pp: int = 1
-    ep: int = 1
-
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.pp
-
-    @property
-    def parallelism(self) -> ParallelismSpec:
-        return ParallelismSpec(tp=self.tp, pp=self.pp, ep=self.ep)
-
-    @property
-    def label(self) -> str:
-        ep = f" EP={self.ep}" if self.ep > 1 else ""
-        return f"{self.accelerator} {self.weight_dtype} TP={self.tp} PP={self.pp}{ep}"
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A candidate dropped, and why (plain words with numbers)."""
-
-    candidate: str
-    reason: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"candidate": self.candidate, "reason": self.reason}
-
-
-@dataclass
-class Hardware:
-    """The model and the allowed accelerators with the spec's overrides applied."""
-
-    model: ModelSpec
-    gpus: dict[str, AcceleratorSpec]
-    max_gpus: dict[str, int]
-    context_tokens: int
-    """KV the fit must hold for one request: the longest prompt+output of the workload sample."""
-    fit_options: FitOptions
-    imbalance: float = 1.0
-    notes: list[str] = field(default_factory=list)
-    expert_load: str | None = None
-    """Measured expert-load histogram (spec `moe.expert_load`): each layout's imbalance comes from it."""
-
-    def imbalance_for(self, ep: int) -> float:
-        """Expert load imbalance of a layout with `ep` expert-parallel ranks (measured, or assumed)."""
-        experts = self.model.moe.num_experts if self.model.moe is not None else None
-        return planned_imbalance(self.imbalance, self.expert_load, ep, experts)
-
-    def price(self, accelerator: str) -> float:
-        return self.gpus[accelerator].price_per_hour_usd
-
-    def deployment(self, layout: Layout, kv_dtype: str) -> Deployment:
-        """The layout's deployment, built as the simulator builds a pool's (`pool_deployment`)."""
-        pool = pool_spec(layout, self.model.name, kv_dtype, self.imbalance_for(layout.ep))
-        return pool_deployment(self.model, self.gpus[layout.accelerator], pool)
 
 
 def _apply_overrides(gpu: AcceleratorSpec, choice: AcceleratorChoice) -> AcceleratorSpec:
@@ -122,16 +52,6 @@ def resolve_hardware(spec: PlanningSpec, context_tokens: int) -> Hardware:
                     expert_load=spec.moe.expert_load)
 
 
-def kv_link(spec: PlanningSpec, gpu: AcceleratorSpec, layout: Layout) -> LinkSpec:
-    """KV hand-off link per GPU NIC: the spec's, or the card's scale-out NIC. A replica moves its
-    KV shards over one NIC each (`perf.kv.kv_shards`), in the estimate and in the simulator."""
-    if spec.kv_link is not None:
-        return LinkSpec(name="kv_link", bandwidth_bytes_per_s=spec.kv_link.bandwidth_bytes_per_s,
-                        latency_s=spec.kv_link.latency_s)
-    return LinkSpec(name=gpu.network.name, bandwidth_bytes_per_s=gpu.network.bandwidth_bytes_per_s,
-                    latency_s=gpu.network.latency_s)
-
-
 def _layouts_for(hw: Hardware, name: str, dtype: str, max_pp: int) -> list[Layout]:
     gpu, model = hw.gpus[name], hw.model
     tps = tp_candidates(model, gpu)
@@ -153,14 +73,6 @@ def _reject_reason(f: LayoutFit, ctx: int) -> str:
     return (f"does not fit: per card {f.weight_bytes / GB:.1f} GB weights + {f.activation_bytes / GB:.1f} GB "
             f"activations + {f.reserve_bytes / GB:.1f} GB reserve of {f.usable_bytes / GB:.1f} GB usable leaves "
             f"KV for {max(0, f.kv_capacity_tokens):,} tokens; one request needs {ctx:,}")
-
-
-@dataclass
-class Enumeration:
-    """Layouts that fit (with their KV capacity) and the ones dropped."""
-
-    fitting: list[tuple[Layout, LayoutFit]]
-    rejected: list[Rejection]
 
 
 def enumerate_layouts(hw: Hardware, spec: PlanningSpec) -> Enumeration:

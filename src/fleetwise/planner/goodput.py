@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 
 from fleetwise.planner.executor import Executor
-from fleetwise.planner.fit import Layout, Rejection, kv_link
-from fleetwise.planner.latency import LayoutEstimate
+from fleetwise.planner.layout import Layout, Rejection, kv_link
 from fleetwise.planner.loadtest import load_measurement
+from fleetwise.planner.results import LayoutEstimate
 from fleetwise.planner.simulate import FleetShape, PoolShape, bisect_rate, passes
 from fleetwise.planner.state import Context, Search
 

@@ -24,13 +24,14 @@ decide replica counts (sizing) or simulate (goodput).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from fleetwise.errors import InfeasibleError
 from fleetwise.perf.kv import kv_transfer_s
 from fleetwise.perf.roofline import BoundPerf
 from fleetwise.perf.types import BatchShape, Deployment, SeqWork
-from fleetwise.planner.fit import Layout, Rejection, fit_line, kv_link, nothing_fits
+from fleetwise.planner.fit import fit_line, nothing_fits
+from fleetwise.planner.layout import Layout, Rejection, kv_link
+from fleetwise.planner.results import LayoutEstimate
 from fleetwise.planner.state import Search
 from fleetwise.planner.workload import LengthStats
 from fleetwise.spec.engine_defaults import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
@@ -52,38 +53,6 @@ BISECT_STEPS = 30
 """Halvings of the load bisection: a resolution of 2**-30 of the range."""
 MIXED_PREFILL_UTILISATION = 0.95
 """Most of a mixed replica's time prefills may take; decode steps stall behind the rest."""
-
-
-@dataclass(frozen=True)
-class LayoutEstimate:
-    """Analytical figures of one replica layout under one length mix and SLO."""
-
-    layout: Layout
-    kv_capacity_tokens: int
-    ttft_alone_p50_s: float
-    ttft_alone_slo_s: float
-    """Prefill of the SLO-percentile prompt alone (the TTFT floor)."""
-    prefill_bound: str
-    tpot_floor_s: float
-    """Decode step at batch 1."""
-    decode_bound: str
-    decode_batch: int
-    """B*: largest decode batch meeting the TPOT target with margin (0 when none does)."""
-    tpot_at_batch_s: float
-    prefill_s_per_request: float
-    """S_p: GPU seconds of a mean prompt when prefills are batched at the token budget."""
-    kv_transfer_p99_s: float
-    mu_prefill_rps: float
-    mu_decode_rps: float
-    mu_mixed_rps: float
-    ttft_ok: bool
-    tpot_ok: bool
-    prefill_service_cv2: float = 0.0
-    """C^2 of the prefill service time over the prompt-length distribution (the M/G/1 queue's)."""
-
-    @property
-    def latency_ok(self) -> bool:
-        return self.ttft_ok and self.tpot_ok
 
 
 def prefill_alone_s(perf: BoundPerf, prompt_tokens: int, budget: int = TOKEN_BUDGET) -> tuple[float, str]:

@@ -7,7 +7,7 @@ cheapest plan, and the infeasible answer when nothing passes.
 
 from __future__ import annotations
 
-from fleetwise.planner.fit import Rejection
+from fleetwise.planner.layout import Rejection
 from fleetwise.planner.simulate import SimVerdict
 from fleetwise.planner.sizing import over_limits
 from fleetwise.planner.state import Candidate, Search

@@ -10,11 +10,12 @@ rank (ranking).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fleetwise.core.request import Request
 from fleetwise.planner.executor import Executor
-from fleetwise.planner.fit import Rejection
+from fleetwise.planner.layout import Rejection
+from fleetwise.planner.results import HeadroomCheck, Refined
 from fleetwise.planner.simulate import (
     FleetShape,
     SimVerdict,
@@ -29,27 +30,6 @@ from fleetwise.planner.state import Candidate, Context, Search
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash, RollingUpgrade
 
 MAX_CORRECTIONS = 4
-
-
-@dataclass
-class Refined:
-    """A fleet after confirmation, its seeds at the target rate, and its run with failures spent."""
-
-    key: str
-    serving: FleetShape
-    full: FleetShape
-    corrections: list[str] = field(default_factory=list)
-    confirm: SimVerdict | None = None
-    seeds: list[SimVerdict] = field(default_factory=list)
-    headroom: list[HeadroomCheck] = field(default_factory=list)
-    """Each headroom term simulated against the sized plan (and what was added when one missed)."""
-    runs: int = 0
-    tried: list[tuple[FleetShape, SimVerdict]] = field(default_factory=list)
-    """Each fleet the confirmation ran at peak rate, in order (the P:D ratios tried, for PD plans)."""
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.seeds) and all(v.passed for v in self.seeds)
 
 
 def _role_to_grow(ctx: Context, v: SimVerdict, fleet: FleetShape) -> str:
@@ -143,34 +123,6 @@ class HeadroomRun:
     requests: list[Request]
     span_s: float
     faults: FaultScenario | None = None
-
-
-@dataclass
-class HeadroomCheck:
-    """One headroom term simulated at the target rate against the full plan."""
-
-    term: str
-    role: str
-    verdict: SimVerdict
-    added: int = 0
-    requests: int = 0
-    """Requests in the run."""
-    span_s: float = 0.0
-    """Seconds of arrivals in the run."""
-    first: SimVerdict | None = None
-    """The run against the plan as sized, when it missed and replicas were added."""
-
-    def line(self, pct: int, slo_ttft_s: float, slo_tpot_s: float) -> str:
-        v, k = self.verdict, f"p{pct}"
-        f = self.first
-        was = (f" (as sized: attainment {f.attainment:.1%}, TTFT {k} {f.ttft[k] * 1e3:.0f} ms, TPOT {k} "
-               f"{f.tpot[k] * 1e3:.1f} ms)" if f is not None else "")
-        fix = (f"; missed first{was}, so {self.added} {self.role} replica(s) were added" if self.added and v.passed
-               else f"; STILL MISSES after adding {self.added} {self.role} replica(s){was}" if self.added else "")
-        return (f"headroom checked in simulation: {self.term}: {self.requests} requests over {self.span_s:.0f} s, "
-                f"attainment {v.attainment:.1%}, TTFT {k} {v.ttft[k] * 1e3:.0f} ms (target {slo_ttft_s * 1e3:.0f}), "
-                f"TPOT {k} {v.tpot[k] * 1e3:.1f} ms (target {slo_tpot_s * 1e3:.0f}) -> "
-                f"{'holds' if v.passed else 'misses'}{fix}")
 
 
 def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:

@@ -21,7 +21,7 @@ from fleetwise.planner.state import Candidate, Search
 from fleetwise.spec.plan import PLAN_SEARCH_SCHEMA
 
 if TYPE_CHECKING:
-    from fleetwise.planner.refinement import HeadroomCheck
+    from fleetwise.planner.results import HeadroomCheck
 
 SCHEMA = PLAN_SEARCH_SCHEMA
 

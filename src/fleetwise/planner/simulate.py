@@ -17,20 +17,18 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from fleetwise.core.request import Request
 from fleetwise.perf.expert_load import planned_imbalance
+from fleetwise.planner.layout import Layout, pool_spec
 from fleetwise.planner.workload import LengthMix, requests_at
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash
-from fleetwise.spec.plan import KvLinkSpec, PlanSpec, PoolSpec
+from fleetwise.spec.plan import KvLinkSpec, PlanSpec
 from fleetwise.spec.planning import PlanningSpec
 from fleetwise.spec.roles import Role
 from fleetwise.spec.routing import DEFAULT_POLICY
 from fleetwise.spec.slo import SLOSpec
-
-if TYPE_CHECKING:
-    from fleetwise.planner.fit import Layout
 
 Check = Literal["both", "ttft", "tpot"]
 MIN_REQUESTS_PER_RUN = 200
@@ -107,14 +105,6 @@ class SimVerdict:
     waits: dict[str, float] = field(default_factory=dict)
     """SLO-percentile seconds of `prefill_queue` (arrival to first prefill step) and, in PD plans,
     `decode_wait` (KV landed to first token: the decode pool's admission queue)."""
-
-
-def pool_spec(layout: Layout, model: str, kv_dtype: str, imbalance: float, role: str = "mixed",
-              replicas: int = 1, price: float | None = None) -> PoolSpec:
-    """The simulator's pool for `replicas` replicas of a layout (the planner's only pool builder)."""
-    return PoolSpec(name=role, role=role, replicas=replicas, accelerator=layout.accelerator,  # type: ignore[arg-type]
-                    model=model, parallelism=layout.parallelism, weight_dtype=layout.weight_dtype,  # type: ignore[arg-type]
-                    kv_dtype=kv_dtype, price_per_gpu_hour_usd=price, expert_imbalance=imbalance)  # type: ignore[arg-type]
 
 
 def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]) -> PlanSpec:

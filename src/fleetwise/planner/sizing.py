@@ -21,55 +21,18 @@ that produced it. Does not measure anything.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from fleetwise.perf.expert_load import ASSUMED_IMBALANCE_NOTE
 from fleetwise.perf.kv import handoff_extra_s, kv_shards
-from fleetwise.planner.fit import Layout, Rejection
 from fleetwise.planner.goodput import kv_link_rates
 from fleetwise.planner.latency import latency_line, profile_line
+from fleetwise.planner.layout import Layout, Rejection
+from fleetwise.planner.results import Sizing
 from fleetwise.planner.simulate import FleetShape, PoolShape
 from fleetwise.planner.state import Candidate, Search
 from fleetwise.spec.engine_defaults import BLOCK_SIZE
 from fleetwise.spec.kv_format import declared_format, kv_compat
 from fleetwise.spec.planning import HeadroomSpec
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """A replica count with each term that produced it."""
-
-    role: str
-    goodput_per_replica_rps: float
-    rate_rps: float
-    burst_factor: float
-    load_replicas: float
-    ramp_replicas: float
-    serving: int
-    failures: int
-    upgrade: int
-    load_s: float = 0.0
-    """Seconds a replica reads its weights on a cold start (added to `cold_start_s`)."""
-
-    @property
-    def total(self) -> int:
-        return self.serving + self.failures + self.upgrade
-
-    def explain(self, headroom: HeadroomSpec) -> str:
-        """One plain sentence with every term and its inputs."""
-        cold = (f"{headroom.cold_start_s + self.load_s:.0f} s = {headroom.cold_start_s:g} s start + "
-                f"{self.load_s:.1f} s reading the weights")
-        ramp = (f" + cold-start ramp {self.ramp_replicas:.2f} ({headroom.rate_growth_per_min:.0%}/min growth over "
-                f"{cold})" if self.ramp_replicas > 0 else
-                f" (cold start {cold} adds no ramp term: rate_growth_per_min is 0)")
-        upgrade_why = ("an upgrade batch also out during failures" if headroom.failures_during_upgrade
-                       else "upgrade batch beyond the failure spares")
-        return (
-            f"{self.role} replicas: {self.rate_rps:g} req/s x burst {self.burst_factor:.2f} / effective goodput "
-            f"{self.goodput_per_replica_rps:.2f} req/s per replica = {self.load_replicas:.2f}{ramp} -> "
-            f"{self.serving} serving + {self.failures} for {headroom.failures_to_survive} failure(s) + "
-            f"{self.upgrade} for {upgrade_why} ({headroom.upgrade_batch_replicas} at a time) = {self.total}"
-        )
 
 
 def size_pool(role: str, goodput_rps: float, rate_rps: float, burst: float, headroom: HeadroomSpec,

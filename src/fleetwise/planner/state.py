@@ -16,12 +16,9 @@ from fleetwise.perf.roofline import PerfModel
 from fleetwise.spec.planning import PlanningSpec
 
 if TYPE_CHECKING:
-    from fleetwise.planner.disaggregation import Claims
-    from fleetwise.planner.fit import Enumeration, Hardware, Layout, Rejection
-    from fleetwise.planner.latency import LayoutEstimate
-    from fleetwise.planner.refinement import Refined
+    from fleetwise.planner.layout import Enumeration, Hardware, Layout, Rejection
+    from fleetwise.planner.results import Claims, LayoutEstimate, Refined, Sizing
     from fleetwise.planner.simulate import FleetShape
-    from fleetwise.planner.sizing import Sizing
     from fleetwise.planner.workload import LengthMix, LengthStats
 
 

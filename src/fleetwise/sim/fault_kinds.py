@@ -12,7 +12,7 @@ from typing import Any
 
 from fleetwise.core.feedback import WorkerDown, WorkerUp
 from fleetwise.sim.events import FaultEvent
-from fleetwise.sim.faults import FaultInjector, fault_kind
+from fleetwise.sim.fault_api import FaultHost, fault_kind
 from fleetwise.sim.fleet import DOWN, DRAINING, UP, Replica
 from fleetwise.spec.faults import DecodeFull, KvLinkFault, ReplicaCrash, RollingUpgrade, Slowdown, StaleView
 
@@ -23,13 +23,13 @@ CRASH_REASONS = {"prefill": "prefill_lost", "decode": "decode_lost"}
 class Interval:
     """A fault active from `start_s` to `end_s`: `start` and `end` events."""
 
-    def schedule(self, inj: FaultInjector, k: int, fault: Any) -> None:
+    def schedule(self, inj: FaultHost, k: int, fault: Any) -> None:
         """Push the start and end of fault `k`."""
         inj.push(fault.start_s, k, "start")
         inj.push(fault.end_s, k, "end")
 
 
-def restart(inj: FaultInjector, rep: Replica, now_s: float, k: int, version: str | None) -> None:
+def restart(inj: FaultHost, rep: Replica, now_s: float, k: int, version: str | None) -> None:
     """`rep` comes back up (empty) at `now_s`, with model `version` when given."""
     if version is not None:
         rep.model_version = version
@@ -45,11 +45,11 @@ class Crash:
     """The replica goes down at `at_s` (step discarded, engine aborted, KV ports failed); its
     requests go to recovery with the tokens they had streamed; back after `restart_after_s`."""
 
-    def schedule(self, inj: FaultInjector, k: int, fault: ReplicaCrash) -> None:
+    def schedule(self, inj: FaultHost, k: int, fault: ReplicaCrash) -> None:
         """Push the crash of fault `k`."""
         inj.push(fault.at_s, k, "crash", inj.sim.fleet.by_name[fault.replica])
 
-    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: ReplicaCrash, ev: FaultEvent) -> None:
+    def apply(self, inj: FaultHost, now_s: float, k: int, fault: ReplicaCrash, ev: FaultEvent) -> None:
         """Crash, or restart, the target replica."""
         rep = inj.reps[ev.target]
         if ev.phase == "restart":
@@ -86,13 +86,13 @@ class Crash:
 class SlowdownKind(Interval):
     """Every step of the replica takes `factor` times longer during the interval."""
 
-    def schedule(self, inj: FaultInjector, k: int, fault: Slowdown) -> None:
+    def schedule(self, inj: FaultHost, k: int, fault: Slowdown) -> None:
         """Push start and end; steps must not straddle either."""
         super().schedule(inj, k, fault)
         inj.boundary(fault.start_s)
         inj.boundary(fault.end_s)
 
-    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: Slowdown, ev: FaultEvent) -> None:
+    def apply(self, inj: FaultHost, now_s: float, k: int, fault: Slowdown, ev: FaultEvent) -> None:
         """Scale the replica's step time by `factor` (start) or back (end)."""
         rep = inj.rep(fault.replica)
         rep.slowdown = rep.slowdown * fault.factor if ev.phase == "start" else rep.slowdown / fault.factor
@@ -103,7 +103,7 @@ class SlowdownKind(Interval):
 class KvLinkKind(Interval):
     """The KV port bandwidth of one replica (or all) is scaled; factor 0 fails transfers."""
 
-    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: KvLinkFault, ev: FaultEvent) -> None:
+    def apply(self, inj: FaultHost, now_s: float, k: int, fault: KvLinkFault, ev: FaultEvent) -> None:
         """Scale the ports' bandwidth (start) or restore it (end)."""
         sim = inj.sim
         if not sim.plan.disaggregated:
@@ -118,7 +118,7 @@ class KvLinkKind(Interval):
 class DecodeFullKind(Interval):
     """Decode replicas refuse new KV during the interval (decode admission fails)."""
 
-    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: DecodeFull, ev: FaultEvent) -> None:
+    def apply(self, inj: FaultHost, now_s: float, k: int, fault: DecodeFull, ev: FaultEvent) -> None:
         """Start or stop refusing KV on the replica (or every decode replica)."""
         reps = [inj.rep(fault.replica)] if fault.replica else [r for r in inj.reps if r.role == "decode"]
         for r in reps:
@@ -130,7 +130,7 @@ class DecodeFullKind(Interval):
 class StaleViewKind(Interval):
     """The router keeps the view it had at the start of the interval."""
 
-    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: StaleView, ev: FaultEvent) -> None:
+    def apply(self, inj: FaultHost, now_s: float, k: int, fault: StaleView, ev: FaultEvent) -> None:
         """Freeze (start) or thaw (end) the router's view."""
         inj.sim.freeze_view(ev.phase == "start")
         inj.note(now_s, k, ev.phase)
@@ -161,11 +161,11 @@ class RollingUpgradeKind:
     """One replica of the pool at a time drains, goes down for `restart_after_s`, and returns
     with the new model version; then the next (`upgrade_order`)."""
 
-    def schedule(self, inj: FaultInjector, k: int, fault: RollingUpgrade) -> None:
+    def schedule(self, inj: FaultHost, k: int, fault: RollingUpgrade) -> None:
         """Push the first replica's turn."""
         inj.push(fault.start_s, k, "upgrade_next")
 
-    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: RollingUpgrade, ev: FaultEvent) -> None:
+    def apply(self, inj: FaultHost, now_s: float, k: int, fault: RollingUpgrade, ev: FaultEvent) -> None:
         """Drain the next replica, or bring the upgraded one back and go on."""
         if ev.phase == "upgrade_back":
             restart(inj, inj.reps[ev.target], now_s, k, fault.new_model_version)
@@ -180,7 +180,7 @@ class RollingUpgradeKind:
         inj.sim.feedback(WorkerDown(now_s, rep.name, "draining for upgrade"))
         inj.on_replica_progress(rep, now_s)
 
-    def drained(self, inj: FaultInjector, rep: Replica, now_s: float, k: int) -> None:
+    def drained(self, inj: FaultHost, rep: Replica, now_s: float, k: int) -> None:
         """A draining replica has nothing left: it goes down and comes back upgraded later."""
         fault = inj.faults[k]
         assert isinstance(fault, RollingUpgrade)

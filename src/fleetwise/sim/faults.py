@@ -19,85 +19,24 @@ failure reason.
   With `matched_with`, a second pool's replicas take turns with the first's, the next from the
   pool with the smaller upgraded fraction (matched slices of a P/D fleet).
 
-Each kind is a registered plugin (`fault_kind`, in `fleetwise.sim.fault_kinds`): it schedules its
-events and applies them. Faults act on the simulation only through `FaultTarget`, a narrow
-protocol the runner satisfies, so this module never imports the runner.
+Each kind is a registered plugin (`fault_api.fault_kind`, the built-ins in `fleetwise.sim.fault_kinds`):
+it schedules its events and applies them through the injector (`fault_api.FaultHost`). Faults act on
+the simulation only through `fault_api.FaultTarget`, a narrow protocol the runner satisfies, so this
+module never imports the runner.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-from fleetwise.core.feedback import Feedback
 from fleetwise.errors import SpecError
-from fleetwise.sim.events import EventLoop, FaultEvent, Priority
-from fleetwise.sim.fleet import DRAINING, Fleet, Replica
-from fleetwise.sim.network import KvNetwork
+from fleetwise.sim import fault_kinds  # noqa: F401  (registers the built-in kinds)
+from fleetwise.sim.events import FaultEvent, Priority
+from fleetwise.sim.fault_api import FAULT_KINDS, FaultTarget
+from fleetwise.sim.fleet import DRAINING, Replica
 from fleetwise.spec.faults import FaultScenario, RollingUpgrade
-from fleetwise.spec.plan import PlanSpec
-
-
-class FaultTarget(Protocol):
-    """What a fault may act on: the simulation's loop, fleet, network and plan, and four calls."""
-
-    loop: EventLoop
-    fleet: Fleet
-    net: KvNetwork
-    plan: PlanSpec
-
-    def feedback(self, fb: Feedback) -> None:
-        """Report a worker event (down, up) to the routing policy."""
-        ...
-
-    def request_id(self, i: int) -> str:
-        """The id of request index `i`."""
-        ...
-
-    def awaiting_kv(self, i: int) -> bool:
-        """Request `i` was routed to a decode replica whose KV has not landed yet."""
-        ...
-
-    def lost(self, i: int, now_s: float, reason: str, streamed: int) -> None:
-        """Request `i` lost its replica at `now_s` after `streamed` output tokens: recover or fail it."""
-        ...
-
-    def refuse_kv(self, replica: int, refusing: bool) -> None:
-        """Decode replica index `replica` starts (True) or stops refusing new KV."""
-        ...
-
-    def freeze_view(self, frozen: bool) -> None:
-        """The router keeps its current fleet view (True) or refreshes it again."""
-        ...
-
-
-class FaultKind(Protocol):
-    """One kind of fault: when its events happen, and what each does."""
-
-    def schedule(self, inj: FaultInjector, k: int, fault: Any) -> None:
-        """Push the events of fault `k` (its spec `fault`) on the loop."""
-        ...
-
-    def apply(self, inj: FaultInjector, now_s: float, k: int, fault: Any, ev: FaultEvent) -> None:
-        """Apply event `ev` of fault `k` at `now_s`."""
-        ...
-
-
-FAULT_KINDS: dict[type, FaultKind] = {}
-"""Fault spec model -> its kind (registered with `fault_kind`)."""
-K = TypeVar("K")
-
-
-def fault_kind(spec_model: type) -> Callable[[type[K]], type[K]]:
-    """Class decorator registering a fault kind for `spec_model` (a model of `spec.faults`)."""
-    def register(cls: type[K]) -> type[K]:
-        if spec_model in FAULT_KINDS:
-            raise ValueError(f"fault kind for {spec_model.__name__} registered twice")
-        FAULT_KINDS[spec_model] = cls()  # type: ignore[assignment]
-        return cls
-    return register
 
 
 class FaultInjector:
@@ -175,5 +114,3 @@ class FaultInjector:
                  if isinstance(f, RollingUpgrade) and rep.pool.name in (f.pool, f.matched_with))
         FAULT_KINDS[RollingUpgrade].drained(self, rep, now_s, k)  # type: ignore[attr-defined]
 
-
-from fleetwise.sim import fault_kinds  # noqa: E402, F401  (registers the built-in kinds)

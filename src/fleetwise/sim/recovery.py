@@ -24,7 +24,7 @@ import dataclasses
 import math
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -35,8 +35,35 @@ from fleetwise.sim.events import Event, Priority
 from fleetwise.spec.failure_domains import FailureDomainSpec
 
 if TYPE_CHECKING:
+    from fleetwise.sim.events import EventLoop
+    from fleetwise.sim.faults import FaultInjector
     from fleetwise.sim.fleet import Replica
-    from fleetwise.sim.runner import Simulation
+    from fleetwise.sim.network import KvNetwork
+    from fleetwise.sim.results import Records
+
+
+class RecoveryTarget(Protocol):
+    """What recovery acts on: the simulation's loop, network, replicas, requests, records and faults,
+    and three calls (the runner satisfies it, so this module never imports the runner)."""
+
+    loop: EventLoop
+    net: KvNetwork
+    reps: list[Replica]
+    reqs: list[Request]
+    rec: Records
+    faults: FaultInjector
+
+    def route_and_dispatch(self, i: int, now_s: float) -> None:
+        """Route request `i` again and send it to the chosen replica(s)."""
+        ...
+
+    def release_prefill(self, rep: Replica, i: int, now_s: float) -> None:
+        """Free request `i`'s KV on prefill replica `rep`."""
+        ...
+
+    def fail(self, i: int, now_s: float, reason: str, rep: Replica | None) -> None:
+        """End request `i` as failed for `reason`."""
+        ...
 
 
 @dataclass(slots=True)
@@ -61,7 +88,7 @@ class Lease:
 class Recovery:
     """Leases, re-prefills, migrations and their accounting for one simulation."""
 
-    def __init__(self, sim: Simulation, decisions: FailureDomainSpec) -> None:
+    def __init__(self, sim: RecoveryTarget, decisions: FailureDomainSpec) -> None:
         self.sim = sim
         self.d = decisions
         n = len(sim.reqs)

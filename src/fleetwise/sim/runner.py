@@ -179,7 +179,7 @@ class Simulation:
         else:
             self.policy.observe(fb)
 
-    # ---- what faults act on (`fleetwise.sim.faults.FaultTarget`) ---------------------------------
+    # ---- what faults act on (`fleetwise.sim.fault_api.FaultTarget`) ---------------------------------
     def request_id(self, i: int) -> str:
         """The id of request index `i`."""
         return self.reqs[i].request_id

@@ -1,0 +1,108 @@
+"""What a simulator fault kind is, what it acts through, and where kinds register.
+
+Owns `FaultTarget` (the narrow view of the simulation a fault may act on; the runner satisfies
+it), `FaultHost` (the injector's calls a kind uses; `faults.FaultInjector` satisfies it),
+`FaultKind` and the registry (`fault_kind`, `FAULT_KINDS`). Imports neither the injector nor
+the kinds, so `fault_kinds` and `faults` both depend on it downward. Does not schedule anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from fleetwise.core.feedback import Feedback
+from fleetwise.sim.events import EventLoop, FaultEvent
+from fleetwise.sim.fleet import Fleet, Replica
+from fleetwise.sim.network import KvNetwork
+from fleetwise.spec.plan import PlanSpec
+
+
+class FaultTarget(Protocol):
+    """What a fault may act on: the simulation's loop, fleet, network and plan, and four calls."""
+
+    loop: EventLoop
+    fleet: Fleet
+    net: KvNetwork
+    plan: PlanSpec
+
+    def feedback(self, fb: Feedback) -> None:
+        """Report a worker event (down, up) to the routing policy."""
+        ...
+
+    def request_id(self, i: int) -> str:
+        """The id of request index `i`."""
+        ...
+
+    def awaiting_kv(self, i: int) -> bool:
+        """Request `i` was routed to a decode replica whose KV has not landed yet."""
+        ...
+
+    def lost(self, i: int, now_s: float, reason: str, streamed: int) -> None:
+        """Request `i` lost its replica at `now_s` after `streamed` output tokens: recover or fail it."""
+        ...
+
+    def refuse_kv(self, replica: int, refusing: bool) -> None:
+        """Decode replica index `replica` starts (True) or stops refusing new KV."""
+        ...
+
+    def freeze_view(self, frozen: bool) -> None:
+        """The router keeps its current fleet view (True) or refreshes it again."""
+        ...
+
+
+class FaultHost(Protocol):
+    """What a fault kind acts through: the injector's simulation, replicas, faults and calls."""
+
+    sim: FaultTarget
+    reps: list[Replica]
+    faults: list[Any]
+    upgrade: dict[int, list[int]]
+    """Rolling upgrade fault -> replica indices still to upgrade."""
+
+    def push(self, t_s: float, k: int, phase: str, target: int = -1) -> None:
+        """Schedule phase `phase` of fault `k` at `t_s` (on replica index `target`)."""
+        ...
+
+    def boundary(self, t_s: float) -> None:
+        """Steps must not straddle `t_s` (a step-time change)."""
+        ...
+
+    def rep(self, name: str) -> Replica:
+        """The replica named `name`."""
+        ...
+
+    def note(self, now_s: float, k: int, phase: str, target: str = "") -> None:
+        """Log what fault `k` did at `now_s`."""
+        ...
+
+    def on_replica_progress(self, rep: Replica, now_s: float) -> None:
+        """A replica finished or handed off work (a draining one with nothing left goes down)."""
+        ...
+
+
+class FaultKind(Protocol):
+    """One kind of fault: when its events happen, and what each does."""
+
+    def schedule(self, inj: FaultHost, k: int, fault: Any) -> None:
+        """Push the events of fault `k` (its spec `fault`) on the loop."""
+        ...
+
+    def apply(self, inj: FaultHost, now_s: float, k: int, fault: Any, ev: FaultEvent) -> None:
+        """Apply event `ev` of fault `k` at `now_s`."""
+        ...
+
+
+FAULT_KINDS: dict[type, FaultKind] = {}
+"""Fault spec model -> its kind (registered with `fault_kind`)."""
+K = TypeVar("K")
+
+
+def fault_kind(spec_model: type) -> Callable[[type[K]], type[K]]:
+    """Class decorator registering a fault kind for `spec_model` (a model of `spec.faults`)."""
+    def register(cls: type[K]) -> type[K]:
+        if spec_model in FAULT_KINDS:
+            raise ValueError(f"fault kind for {spec_model.__name__} registered twice")
+        FAULT_KINDS[spec_model] = cls()  # type: ignore[assignment]
+        return cls
+    return register

@@ -121,7 +121,7 @@ def test_the_emulators_batches_name_blocks_as_the_gateway_hashes_prompts() -> No
     stored = [(True, h) for h in hashes]
     batches = [pub.batch(stored[:2]), pub.batch([*stored[2:], (False, hashes[4])]), [["AllBlocksCleared"]]]
     seen: list[Feedback] = []
-    feed = KvFollower("w", "u", "u", BLOCK, True, seen.append, lambda: 3.0)
+    feed = KvFollower("w", "u", "u", BLOCK, seen.append, lambda: 3.0)
     for events in batches:
         feed.apply(batch_events(decode_batch(msgpack.packb([3.0, events]))))
     assert seen == [KvStored(3.0, "w", hashes[:2]), KvStored(3.0, "w", hashes[2:]),

@@ -306,7 +306,7 @@ def test_vllm_batches_decode_array_like_and_map_like() -> None:
 def test_block_names_follow_the_tokens_not_the_engine_hashes() -> None:
     rng = random.Random(16)
     seq = _tokens(rng, 5)
-    names = BlockNames(BLOCK, from_tokens=True)
+    names = BlockNames(BLOCK)
     first = names.stored(Stored((b"x", b"y"), None, tuple(seq[:2 * BLOCK]), BLOCK, True))
     rest = names.stored(Stored((3, 4, 5), b"y", tuple(seq[2 * BLOCK:]), BLOCK, True))
     assert first is not None and rest is not None and first + rest == block_hashes(seq, BLOCK)

@@ -156,16 +156,15 @@ def batch_events(doc: Any) -> list[EngineEvent]:
 class BlockNames:
     """An engine's block hashes -> the gateway's (`core.tokens.block_hashes` of the same tokens).
 
-    With `from_tokens`, each `BlockStored` block is named by hashing its `token_ids` in the chain
-    after its parent's digest, and the engine's hash -> that digest is kept to name children and
-    to apply `BlockRemoved` (vLLM names blocks by sha256 over token ids with a seed of its own).
-    A digest depends on the block's tokens and its prefix only, so it stays true after the block
-    is evicted or the cache cleared: a child stored after its parent's eviction is still named.
-    Without it the engine's hashes are the gateway's already (`fleetwise emulate`, which hashes
-    tokens as the gateway does), and pass through."""
+    Each `BlockStored` block is named by hashing its `token_ids` in the chain after its parent's
+    digest, and the engine's hash -> that digest is kept to name children and to apply
+    `BlockRemoved` (vLLM names blocks by sha256 over token ids with a seed of its own, the
+    emulator by its tokenizer's chained hashes). A digest depends on the block's tokens and its
+    prefix only, so it stays true after the block is evicted or the cache cleared: a child stored
+    after its parent's eviction is still named."""
 
-    def __init__(self, hash_block_tokens: int, from_tokens: bool) -> None:
-        self.hash_block_tokens, self.from_tokens = hash_block_tokens, from_tokens
+    def __init__(self, hash_block_tokens: int) -> None:
+        self.hash_block_tokens = hash_block_tokens
         self._digest: dict[EngineHash, bytes] = {}
 
     def __len__(self) -> int:
@@ -174,10 +173,6 @@ class BlockNames:
     def stored(self, ev: Stored) -> tuple[int, ...] | None:
         """The gateway's hashes of `ev`'s blocks; None when they cannot be named (another block
         size, tokens missing, a parent never seen)."""
-        if not self.from_tokens:
-            if not all(isinstance(h, int) for h in ev.hashes):
-                raise BadBatch("BlockStored.block_hashes is not a list of integers")
-            return ev.hashes  # type: ignore[return-value]
         bs = ev.block_size
         if bs != self.hash_block_tokens or len(ev.token_ids) != bs * len(ev.hashes):
             return None
@@ -195,8 +190,6 @@ class BlockNames:
 
     def removed(self, hashes: tuple[EngineHash, ...]) -> tuple[int, ...]:
         """The gateway's hashes of the removed blocks it could name."""
-        if not self.from_tokens:
-            return tuple(h for h in hashes if isinstance(h, int))
         get = self._digest.get
         return tuple(block_id(d) for d in (get(h) for h in hashes) if d is not None)
 
@@ -205,10 +198,10 @@ class KvFollower:
     """What every KV-event subscription shares: engine events -> the policy's feedback, through
     one `BlockNames`, and the counts /admin/fleet shows."""
 
-    def __init__(self, worker: str, url: str, source: str, hash_block_tokens: int, from_tokens: bool,
+    def __init__(self, worker: str, url: str, source: str, hash_block_tokens: int,
                  observe: Callable[[Feedback], None], now: Callable[[], float]) -> None:
         self.worker, self.url, self.source, self.hash_block_tokens = worker, url, source, hash_block_tokens
-        self.names = BlockNames(hash_block_tokens, from_tokens)
+        self.names = BlockNames(hash_block_tokens)
         self._observe, self._now = observe, now
         self.connected = False
         self.subscriptions = 0

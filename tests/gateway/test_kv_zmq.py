@@ -1,4 +1,4 @@
-"""vLLM's KV events over ZeroMQ: a publisher speaking vLLM's exact wire format (msgpack, topic /
+"""vLLM's KV events over ZeroMQ: the emulator's own publisher (vLLM's wire format: msgpack, topic /
 sequence / payload frames, a ROUTER replay socket) drives a served gateway's prefix index. The
 engine names blocks by hashes of its own; the gateway must hold its own hashes of the same tokens
 (`core.tokens.block_hashes`), across gaps, replays, resets and malformed messages."""

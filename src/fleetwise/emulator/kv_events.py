@@ -97,7 +97,8 @@ class KvEventPublisher:
         """Where the PUB socket listens, once started (a `*` port resolved)."""
         self.replay_endpoint: str | None = None
         self._ctx: zmq.asyncio.Context | None = None
-        self._pub: zmq.asyncio.Socket | None = None
+        self.socket: zmq.asyncio.Socket | None = None
+        """The PUB socket, once bound."""
         self._router: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
         if self.cfg is not None:
@@ -106,17 +107,17 @@ class KvEventPublisher:
     @property
     def active(self) -> bool:
         """Whether batches are published."""
-        return self._pub is not None
+        return self.socket is not None
 
     def _bind(self, cfg: KvEventsConfig) -> None:
         """Bind the PUB (and replay) sockets; `SpecError` naming the endpoint when one is taken."""
         self._ctx = ctx = zmq.asyncio.Context()
         try:
-            self._pub = ctx.socket(zmq.PUB)
-            self._pub.setsockopt(zmq.LINGER, 0)
-            self._pub.setsockopt(zmq.SNDHWM, cfg.hwm)
-            self._pub.bind(cfg.endpoint)
-            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.socket = ctx.socket(zmq.PUB)
+            self.socket.setsockopt(zmq.LINGER, 0)
+            self.socket.setsockopt(zmq.SNDHWM, cfg.hwm)
+            self.socket.bind(cfg.endpoint)
+            self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
             if cfg.replay_endpoint is not None:
                 self._router = ctx.socket(zmq.ROUTER)
                 self._router.setsockopt(zmq.LINGER, 0)
@@ -182,19 +183,25 @@ class KvEventPublisher:
 
     def publish(self, ts: float, events: list[tuple[bool, int]]) -> None:
         """Send one step's engine events `(stored, hash)` as one batch at modelled second `ts`."""
-        if self._pub is None or not events:
+        if self.socket is None or not events:
             return
         self.send([ts, self.batch(events)])
 
-    def send(self, batch: list[Any]) -> None:
-        """Buffer one array-like batch under the next sequence number and publish it."""
-        assert self._pub is not None
-        payload = msgpack.packb(batch)
+    def send(self, batch: list[Any]) -> int:
+        """Buffer one array-like batch under the next sequence number and publish it; returns
+        the sequence number."""
+        return self.send_payload(msgpack.packb(batch))
+
+    def send_payload(self, payload: bytes, live: bool = True) -> int:
+        """Buffer `payload` under the next sequence number and publish it (`live` False: buffered
+        for replay only, as a batch the high-water mark dropped); returns the sequence number."""
+        assert self.socket is not None and self.cfg is not None
         self.seq += 1
         self.buffer.append((self.seq, payload))
-        # a PUB socket never blocks: past the high-water mark ZeroMQ drops (a gap replay fills)
-        self._pub.send_multipart([self.cfg.topic.encode() if self.cfg else b"", self.seq.to_bytes(SEQ_BYTES, "big"),
-                                  payload], flags=zmq.NOBLOCK)
+        if live:  # a PUB socket never blocks: past the high-water mark ZeroMQ drops (a gap replay fills)
+            self.socket.send_multipart([self.cfg.topic.encode(), self.seq.to_bytes(SEQ_BYTES, "big"), payload],
+                                       flags=zmq.NOBLOCK)
+        return self.seq
 
     async def _serve_replays(self) -> None:
         router = self._router
@@ -218,4 +225,4 @@ class KvEventPublisher:
         if self._ctx is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._ctx.destroy(linger=0)
-        self._ctx = self._pub = self._router = None
+        self._ctx = self.socket = self._router = None

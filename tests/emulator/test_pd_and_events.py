@@ -136,6 +136,13 @@ def test_kv_events_report_stored_and_evicted_blocks():
     run(go(), timeout_s=120)
 
 
+def test_the_publisher_follows_vllms_switches():
+    on = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*"}
+    assert [KvEventsConfig.model_validate(doc).publishes for doc in (
+        on, {**on, "publisher": "zmq"}, {**on, "publisher": "null"}, {"publisher": "zmq"}, {})] == \
+        [True, True, False, False, False]
+
+
 def test_kv_events_are_off_without_the_config():
     async def go():
         async with serve(cfg()) as (app, c):

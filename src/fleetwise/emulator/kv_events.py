@@ -57,8 +57,8 @@ class KvEventsConfig(Spec):
     KV events."""
 
     enable_kv_cache_events: bool = False
-    publisher: Literal["null", "zmq"] = "null"
-    """`zmq` publishes; `null` (vLLM's default) publishes nothing."""
+    publisher: Literal["null", "zmq"] | None = None
+    """`zmq` publishes; `null` publishes nothing; unset: `zmq` when events are enabled (as vLLM)."""
     endpoint: str = "tcp://*:5557"
     """Where the PUB socket binds (vLLM's default); `tcp://127.0.0.1:*` picks a free port."""
     replay_endpoint: str | None = None
@@ -77,7 +77,7 @@ class KvEventsConfig(Spec):
     @property
     def publishes(self) -> bool:
         """Whether this configuration publishes anything."""
-        return self.enable_kv_cache_events and self.publisher == "zmq"
+        return self.enable_kv_cache_events and self.publisher in ("zmq", None)
 
 
 class KvEventPublisher:

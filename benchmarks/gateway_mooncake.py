@@ -16,7 +16,8 @@ read from the emulators' /metrics. The simulator runs the same requests on the s
 (examples/plans/colocated-8b.yaml: 4 x Llama-3.1-8B on H100) with the same policy.
 
 By default fleetwise's gateway tokenizes prompts as the emulators do (`--tokenizer fleetwise`)
-and follows their KV events (`--kv-events /kv_events`, `--hash-block-tokens 16`), so its prefix
+and follows their KV events (each emulator publishes over ZeroMQ as vLLM does, `--kv-events-config`;
+each backend's `kv_events` names its endpoints; `--hash-block-tokens 16`), so its prefix
 index holds what the replicas cache; `--no-kv-events` routes on text hashes of its own dispatches.
 `--repeat N` replays every live row N times, policies interleaved, to show run-to-run spread.
 A policy may carry routing params: `NAME:{"feedback": {"enabled": false}}` (JSON after the colon).
@@ -149,9 +150,14 @@ def split_policy(spec: str) -> tuple[str, dict[str, Any]]:
 
 def run_live(router: str, policy: str, rows: list[dict[str, Any]], a: argparse.Namespace) -> dict[str, Any]:
     ports = [free_port() for _ in range(4)]
+    kv = [{"transport": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}",
+           "replay_endpoint": f"tcp://127.0.0.1:{free_port()}", "topic": ""} for _ in ports]
     emus = [start([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", MODEL, "--gpu", GPU,
                    "--time-scale", str(a.time_scale), "--max-num-batched-tokens", "8192", "--max-num-seqs", "256",
-                   "--port", str(p)], p) for p in ports]
+                   "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                     "endpoint": k["endpoint"],
+                                                     "replay_endpoint": k["replay_endpoint"]}),
+                   "--port", str(p)], p) for p, k in zip(ports, kv, strict=True)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     port = free_port()
     try:
@@ -159,15 +165,13 @@ def run_live(router: str, policy: str, rows: list[dict[str, Any]], a: argparse.N
             name, params = split_policy(policy)
             doc: dict[str, Any] = {"scrape": {"interval_s": a.scrape_interval},
                                    "routing": {"policy": name, "params": params}}
+            doc["backends"] = [{"url": u, **({} if a.no_kv_events else {"kv_events": k})}
+                               for u, k in zip(urls, kv, strict=True)]
             if not a.no_kv_events:
                 doc.update(tokenizer="fleetwise", limits={"hash_block_tokens": EMULATOR_BLOCK_TOKENS})
             cfg = Path(f"/tmp/gateway-mooncake-{port}.json")
             cfg.write_text(json.dumps(doc))
             cmd = [sys.executable, "-m", "fleetwise.cli.main", "gateway", "--config", str(cfg), "--port", str(port)]
-            if not a.no_kv_events:
-                cmd += ["--kv-events", "/kv_events"]
-            for u in urls:
-                cmd += ["--backend", u]
         else:
             cmd = [str(PEER_VENVS[router] / "bin/python"), "-m", "sglang_router.launch_router", "--worker-urls",
                    *urls, "--policy", policy, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]

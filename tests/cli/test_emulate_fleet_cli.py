@@ -74,3 +74,27 @@ def test_endpoints_list_only_replicas_still_running():
     eps = [{"name": f"r{i}", "role": "mixed", "url": f"http://127.0.0.1:{8000 + i}"} for i in range(3)]
     assert [e["name"] for e in serving(eps, [_Proc(None), _Proc(1), _Proc(None)])] == ["r0", "r2"]
     assert serving(eps, [_Proc(0), _Proc(1), _Proc(-9)]) == []
+
+
+def test_kv_events_port_gives_each_replica_vllms_config_and_the_endpoints_file_its_feed(tmp_path):
+    import json
+
+    from fleetwise.cli.emulate_cmd import fleet_commands, kv_events_of
+    from fleetwise.cli.main import build_parser
+    from fleetwise.gateway.config import GatewayConfig, fleet_backends
+    from fleetwise.spec.plan import PlanSpec
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(PLAN)
+    args = build_parser().parse_args(["emulate", "--plan", str(path), "--port", "8001", "--kv-events-port", "5600"])
+    plan = PlanSpec.load(str(path))
+    configs = [json.loads(argv[argv.index("--kv-events-config") + 1]) for _, _, argv in fleet_commands(args, plan)]
+    assert configs == [{"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{p}",
+                        "replay_endpoint": f"tcp://127.0.0.1:{p + 1}", "topic": ""} for p in (5600, 5602)]
+    backends = fleet_backends(plan, lambda pool, i: f"http://127.0.0.1:{8001 + i}", lambda n: kv_events_of(args, n))
+    cfg = GatewayConfig.model_validate({"backends": backends, "tokenizer": "fleetwise"})
+    assert [(b.kv_events.endpoint, b.kv_events.replay_endpoint) for b in cfg.backends if b.kv_events] == \
+        [("tcp://127.0.0.1:5600", "tcp://127.0.0.1:5601"), ("tcp://127.0.0.1:5602", "tcp://127.0.0.1:5603")]
+    plain = build_parser().parse_args(["emulate", "--plan", str(path), "--port", "8001"])
+    assert all("--kv-events-config" not in argv for _, _, argv in fleet_commands(plain, plan))
+    assert kv_events_of(plain, 0) is None

@@ -4,6 +4,7 @@ completions through it; a simulator fault file replayed live; Ctrl-C stops every
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -79,7 +80,7 @@ def test_up_serves_streaming_completions_and_replays_faults(tmp_path):
     plan, faults, log = tmp_path / "fleet.json", tmp_path / "faults.yaml", tmp_path / "up.log"
     plan.write_text(json.dumps(PLAN), encoding="utf-8")
     faults.write_text(json.dumps(FAULTS), encoding="utf-8")
-    port = _free_block(3)
+    port = _free_block(7)  # the gateway, two replicas, their KV-event PUB and replay sockets
     t0 = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "up", str(plan), "--port", str(port),
@@ -97,6 +98,20 @@ def test_up_serves_streaming_completions_and_replays_faults(tmp_path):
                 lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
             print(f"first streamed completion {time.monotonic() - t0:.1f} s after `fleetwise up` started")
             assert r.status_code == 200 and lines[-1] == "data: [DONE]" and len(lines) == 6
+            token = re.search(r"dashboard\?token=(\S+)", log.read_text(errors="replace")).group(1)  # type: ignore[union-attr]
+            prompt = " ".join(f"word{i}" for i in range(200))  # whole KV blocks for the replicas to publish
+            assert c.post(f"http://127.0.0.1:{port}/v1/completions",
+                          json={"model": "llama-3.1-8b", "prompt": prompt, "max_tokens": 2}).status_code == 200
+            deadline = time.monotonic() + UP_WAIT_S
+            while True:  # the gateway follows each replica's ZeroMQ KV events (ports after the replicas')
+                fleet = c.get(f"http://127.0.0.1:{port}/admin/fleet",
+                              headers={"Authorization": f"Bearer {token}"}).json()["backends"]
+                kv = [b["kv_events"] for b in fleet]
+                if all(k and k["connected"] for k in kv) and sum(k["blocks_stored"] for k in kv) > 0:
+                    break
+                assert time.monotonic() < deadline, kv
+                time.sleep(0.2)
+            assert sorted(k["url"] for k in kv) == [f"tcp://127.0.0.1:{port + 3}", f"tcp://127.0.0.1:{port + 5}"]
             deadline = time.monotonic() + UP_WAIT_S
             while "restart mixed-0 (serving)" not in log.read_text(errors="replace"):
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
@@ -108,7 +123,7 @@ def test_up_serves_streaming_completions_and_replays_faults(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
-    for p in (port, port + 1, port + 2):  # every process stopped: no one listens there any more
+    for p in range(port, port + 7):  # every process stopped: no one listens there any more
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections may linger in TIME_WAIT
             s.bind(("127.0.0.1", p))

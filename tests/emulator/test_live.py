@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
+import zmq
 from emu_helpers import TOKEN, sse_events
 
 from fleetwise.cli.emulate_cmd import FLEET_START_TIMEOUT_S
@@ -100,17 +102,29 @@ def test_live_client_disconnects_abort_their_requests():
         assert got == (2, 0, 0)  # both aborted, nothing running, their KV freed
 
 
-def test_live_kv_events_stream():
-    with emulator() as (proc, url), httpx.Client(base_url=url, timeout=10.0) as c, \
-            httpx.Client(base_url=url, timeout=10.0) as events:
-        with events.stream("GET", "/kv_events") as r:
-            lines = r.iter_lines()
-            assert json.loads(next(lines))["events"] == [{"type": "AllBlocksCleared"}]
+def test_live_kv_events_over_zeromq():
+    pub_port, replay_port = free_port(), free_port()
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{pub_port}",
+              "replay_endpoint": f"tcp://127.0.0.1:{replay_port}", "topic": ""}
+    ctx = zmq.Context()
+    try:
+        with emulator("--kv-events-config", json.dumps(config)) as (proc, url), \
+                httpx.Client(base_url=url, timeout=10.0) as c:
             prompt = "one two three four five six seven eight " * 8
             assert c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2}).status_code == 200
-            batch = json.loads(next(lines))
-            stored = [e for e in batch["events"] if e["type"] == "BlockStored"]
-            assert stored and stored[0]["block_size"] == 16 and stored[0]["medium"] == "GPU"
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(config["replay_endpoint"])
+            sock.send_multipart([b"", (0).to_bytes(8, "big")])
+            frames = []
+            while not frames or frames[-1][1] != (-1).to_bytes(8, "big", signed=True):
+                assert sock.poll(10_000), "no replay answer"
+                frames.append(sock.recv_multipart())
+            ts, events = msgpack.unpackb(frames[0][2])
+            stored = [e for e in events if e[0] == "BlockStored"]
+            assert int.from_bytes(frames[0][1], "big") == 0 and stored and stored[0][4:7] == [16, None, "GPU"]
+    finally:
+        ctx.destroy(0)
 
 
 def test_bad_option_exits_2_with_one_line():

@@ -6,11 +6,16 @@ import asyncio
 import json
 from typing import Any
 
+import msgpack
 import pytest
+import zmq
+import zmq.asyncio
 from emu_helpers import asgi_post, cfg, metric, run, serve, sse_events
 
 from fleetwise.core.tokens import block_hashes, encode, words_text
 from fleetwise.emulator.generation import text_of
+from fleetwise.emulator.kv_events import KvEventsConfig
+from fleetwise.errors import SpecError
 from fleetwise.perf.kv import kv_transfer_s
 from fleetwise.spec.hardware import LinkSpec
 
@@ -69,40 +74,97 @@ def test_unpulled_kv_is_freed_when_the_lease_expires():
     run(go())
 
 
+KV_EVENTS = KvEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://127.0.0.1:*",
+                           replay_endpoint="tcp://127.0.0.1:*", topic="kv")
+"""vLLM's `--kv-events-config` on free 127.0.0.1 ports."""
+
+
+async def _replay(ctx: zmq.asyncio.Context, endpoint: str, start: int) -> list[tuple[int, Any]]:
+    """What the replay socket answers a request from `start`: (seq, decoded batch) each."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    await sock.send_multipart([b"", start.to_bytes(8, "big")])
+    out: list[tuple[int, Any]] = []
+    while True:
+        assert await sock.poll(10_000), "the replay socket did not answer"
+        empty, seq_b, payload = await sock.recv_multipart()
+        seq = int.from_bytes(seq_b, "big", signed=True)
+        if seq == -1:
+            assert (empty, payload) == (b"", b"")
+            sock.close(0)
+            return out
+        out.append((seq, msgpack.unpackb(payload)))
+
+
 def test_kv_events_report_stored_and_evicted_blocks():
     async def go():
+        ctx = zmq.asyncio.Context()
         # A small cache (about 7k tokens) so eviction happens.
-        async with serve(cfg(gpu_memory_utilization=0.25)) as (app, c):
+        async with serve(cfg(gpu_memory_utilization=0.25, kv_events=KV_EVENTS)) as (app, c):
             rep = app.state.replica
-            q = rep.events.subscribe(rep.now_s())
-            first = json.loads((await q.get()) or b"{}")
-            assert first["events"] == [{"type": "AllBlocksCleared"}]
+            pub = rep.events
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+            sub.connect(pub.endpoint)
+            assert await _replay(ctx, pub.replay_endpoint, 0) == []  # nothing cached, nothing sent
             ids = encode(PROMPT)
             await c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
-            stored = []
-            while not q.empty():
-                batch = json.loads((await q.get()) or b"{}")
-                stored += [e for e in batch["events"] if e["type"] == "BlockStored"]
-            hashes = [h for e in stored for h in e["block_hashes"]]
+            got = await _replay(ctx, pub.replay_endpoint, 0)
+            assert [seq for seq, _ in got] == list(range(len(got))) and got
+            stored = [e for _, (ts, events) in got for e in events if e[0] == "BlockStored"]
+            hashes = [h for e in stored for h in e[1]]
             assert hashes == list(block_hashes(ids, 16))  # every full prompt block, in order
-            assert stored[0]["parent_block_hash"] is None and stored[0]["block_size"] == 16
-            assert [t for e in stored for t in e["token_ids"]] == ids[:len(hashes) * 16]
+            assert stored[0][2] is None and stored[0][4:7] == [16, None, "GPU"]
+            assert [t for e in stored for t in e[3]] == ids[:len(hashes) * 16]
             # Evict by filling the cache with other prompts; BlockRemoved names our blocks.
             cap = rep.engine.pool.capacity * 16
             other = words_text([7] * 3000)
             removed: set[int] = set()
             for i in range(cap // 3000 + 2):
                 await c.post("/v1/completions", json={"prompt": f"{i} {other}", "max_tokens": 1})
-                while not q.empty():
-                    batch = json.loads((await q.get()) or b"{}")
-                    for e in batch["events"]:
-                        if e["type"] == "BlockRemoved":
-                            removed.update(e["block_hashes"])
+                got = await _replay(ctx, pub.replay_endpoint, len(got) and got[-1][0] + 1)
+                removed.update(h for _, (ts, events) in got for e in events if e[0] == "BlockRemoved" for h in e[1])
                 if removed & set(hashes):
                     break
             assert removed & set(hashes)
-            rep.events.unsubscribe(q)
+            # The live socket carries the same batches under the same sequence numbers.
+            buffered = dict(await _replay(ctx, pub.replay_endpoint, 0))
+            topic, seq_b, payload = await asyncio.wait_for(sub.recv_multipart(), 10)
+            assert topic == b"kv" and msgpack.unpackb(payload) == buffered[int.from_bytes(seq_b, "big")]
+            assert sorted(buffered) == list(range(pub.seq + 1))
+        ctx.destroy(0)
     run(go(), timeout_s=120)
+
+
+def test_the_publisher_follows_vllms_switches():
+    on = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*"}
+    assert [KvEventsConfig.model_validate(doc).publishes for doc in (
+        on, {**on, "publisher": "zmq"}, {**on, "publisher": "null"}, {"publisher": "zmq"}, {})] == \
+        [True, True, False, False, False]
+
+
+def test_kv_events_are_off_without_the_config():
+    async def go():
+        async with serve(cfg()) as (app, c):
+            await c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+            pub = app.state.replica.events
+            assert (pub.active, pub.endpoint, pub.seq) == (False, None, -1)
+    run(go())
+
+
+def test_a_taken_kv_events_port_is_one_clear_line():
+    async def go():
+        ctx = zmq.asyncio.Context()
+        taken = ctx.socket(zmq.PUB)
+        taken.bind("tcp://127.0.0.1:*")
+        where = taken.getsockopt_string(zmq.LAST_ENDPOINT)
+        with pytest.raises(SpecError, match="--kv-events-config: cannot bind endpoint tcp://127.0.0.1:"):
+            async with serve(cfg(kv_events=KV_EVENTS.model_copy(update={"endpoint": where}))):
+                pass
+        ctx.destroy(0)
+    run(go())
 
 
 def _slow(post, delay_s: float, shared: bool | None):

@@ -9,24 +9,42 @@ import json
 from typing import Any
 
 import aiohttp
+import msgpack
 import pytest
 from gw_harness import FAST_SCRAPE, MODEL, emulators, run, served_gateway
 
 from fleetwise.core.feedback import Feedback, KvCleared, KvEvicted, KvStored
 from fleetwise.core.tokens import block_hashes, encode, words_text
+from fleetwise.emulator.kv_events import KvEventPublisher, KvEventsConfig
 from fleetwise.emulator.protocol import parse_request as emulator_parse
 from fleetwise.errors import SpecError
 from fleetwise.gateway import Gateway, GatewayConfig
-from fleetwise.gateway.kv_events import BadBatch, KvFollower, json_batch_events
+from fleetwise.gateway.kv_events import KvFollower, batch_events
+from fleetwise.gateway.kv_zmq import decode_batch
 from fleetwise.gateway.prompt_tokens import make_tokenizer, request_ids
-from fleetwise.spec.base import validate
 
 BLOCK = 16
 """The emulator's KV block size (its default), which the gateways hash prompts by."""
 
 
-def _doc(urls: list[str], **extra: Any) -> dict[str, Any]:
-    return {"backends": [{"url": u, "name": f"e{i}", "kv_events_path": "/kv_events"} for i, u in enumerate(urls)],
+KV_EVENTS = {"kv_events": KvEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://127.0.0.1:*",
+                                         replay_endpoint="tcp://127.0.0.1:*", topic="kv")}
+"""The emulators' `--kv-events-config`: vLLM's ZeroMQ publisher on free 127.0.0.1 ports."""
+
+
+def _kv_events(app: Any) -> dict[str, Any]:
+    """The gateway's `kv_events` entry for an emulator app's publisher."""
+    pub = app.state.replica.events
+    return {"transport": "zmq", "endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint, "topic": "kv"}
+
+
+def _engine_blocks(app: Any) -> frozenset[int]:
+    """Hashes of the blocks an emulator's engine caches (every request finished: all evictable)."""
+    return frozenset(key[0] for key in app.state.replica.engine.pool.lru_keys())
+
+
+def _doc(emus: list[tuple[Any, str]], **extra: Any) -> dict[str, Any]:
+    return {"backends": [{"url": u, "name": f"e{i}", "kv_events": _kv_events(app)} for i, (app, u) in enumerate(emus)],
             "scrape": FAST_SCRAPE, "tokenizer": "fleetwise", "limits": {"hash_block_tokens": BLOCK},
             "routing": {"policy": "prefix-affinity", "params": {"load_bound": {"enabled": False}}}, **extra}
 
@@ -42,13 +60,12 @@ def test_two_gateways_converge_on_the_same_prefix_view_from_kv_events() -> None:
     prompts = [words_text(list(range(k * 1000, k * 1000 + 200))) + words_text([7, k]) for k in range(4)]
 
     async def scenario() -> None:
-        async with emulators(("mixed", "mixed")) as emus, aiohttp.ClientSession() as c:
-            urls = [u for _, u in emus]
-            async with served_gateway(_doc(urls)) as (ga, ua), served_gateway(_doc(urls)) as (gb, ub):
+        async with emulators(("mixed", "mixed"), **KV_EVENTS) as emus, aiohttp.ClientSession() as c:
+            async with served_gateway(_doc(emus)) as (ga, ua), served_gateway(_doc(emus)) as (gb, ub):
                 names = ["e0", "e1"]
 
                 def engine_blocks(i: int) -> frozenset[int]:
-                    return frozenset(emus[i][0].state.replica.events.cached)
+                    return _engine_blocks(emus[i][0])
 
                 def converged() -> bool:
                     return all(ga.policy.index.blocks(n) == gb.policy.index.blocks(n) == engine_blocks(i)
@@ -77,40 +94,40 @@ def test_two_gateways_converge_on_the_same_prefix_view_from_kv_events() -> None:
 
 def test_a_resubscription_replaces_the_index_with_the_engine_contents() -> None:
     async def scenario() -> None:
-        async with emulators(("mixed",)) as emus, aiohttp.ClientSession() as c:
-            async with served_gateway(_doc([emus[0][1]])) as (gw, url):
+        async with emulators(("mixed",), **KV_EVENTS) as emus, aiohttp.ClientSession() as c:
+            async with served_gateway(_doc(emus)) as (gw, url):
                 await _complete(c, url, words_text(list(range(100))))
                 gw.policy.index.insert("e0", [12345])  # a guess the engine never confirms
                 feed = gw.kv_feeds["e0"][0]
                 subs = feed.subscriptions
                 feed.resubscribe()
-                cached = frozenset(emus[0][0].state.replica.events.cached)
+                cached = _engine_blocks(emus[0][0])
+                assert cached
                 loop = asyncio.get_running_loop()
                 end = loop.time() + 10
                 while not (feed.subscriptions > subs and gw.policy.index.blocks("e0") == cached):
-                    assert loop.time() < end, "the index was not rebuilt from the engine's snapshot"
+                    assert loop.time() < end, "the index was not rebuilt from the engine's replayed events"
                     await asyncio.sleep(0.02)
 
     run(scenario)
 
 
-def test_batch_lines_become_policy_feedback() -> None:
-    line = json.dumps({"ts": 1.0, "data_parallel_rank": None, "events": [
-        {"type": "AllBlocksCleared"},
-        {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "token_ids": [],
-         "block_size": 16, "lora_id": None, "medium": "GPU"},
-        {"type": "BlockRemoved", "block_hashes": [2], "medium": "GPU"},
-        {"type": "SomethingNew", "x": 1}]}).encode()
+def test_the_emulators_batches_name_blocks_as_the_gateway_hashes_prompts() -> None:
+    pub = KvEventPublisher(BLOCK, KV_EVENTS["kv_events"])
+    pub.close()  # the batches alone
+    ids = list(range(1000, 1000 + 5 * BLOCK + 3))
+    hashes = block_hashes(ids, BLOCK)
+    pub.remember(ids, hashes)
+    stored = [(True, h) for h in hashes]
+    batches = [pub.batch(stored[:2]), pub.batch([*stored[2:], (False, hashes[4])]), [["AllBlocksCleared"]]]
     seen: list[Feedback] = []
-    feed = KvFollower("w", "u", "u", 16, False, seen.append, lambda: 3.0)
-    feed.apply(json_batch_events(line))
-    assert seen == [KvCleared(3.0, "w"), KvStored(3.0, "w", (1, 2)), KvEvicted(3.0, "w", (2,))]
-    assert (feed.block_size, feed.stored, feed.evicted, feed.batches) == (16, 2, 1, 1)
-    assert json_batch_events(b'{"events": []}') == []
-    for bad in (b"not json", b"[1, 2]", b'{"events": 3}',
-                b'{"events": [{"type": "BlockStored", "block_hashes": ["x"]}]}'):
-        with pytest.raises(BadBatch):
-            json_batch_events(bad)
+    feed = KvFollower("w", "u", "u", BLOCK, seen.append, lambda: 3.0)
+    for events in batches:
+        feed.apply(batch_events(decode_batch(msgpack.packb([3.0, events]))))
+    assert seen == [KvStored(3.0, "w", hashes[:2]), KvStored(3.0, "w", hashes[2:]),
+                    KvEvicted(3.0, "w", (hashes[4],)), KvCleared(3.0, "w")]
+    assert (feed.block_size, feed.stored, feed.evicted, feed.unmapped, feed.batches) == (BLOCK, 5, 1, 0, 3)
+    assert batches[0][0][:3] == ["BlockStored", list(hashes[:2]), None]
 
 
 @pytest.mark.parametrize("body,chat", [
@@ -161,13 +178,6 @@ def test_gateway_counts_the_tokenized_length() -> None:
         first, second = asyncio.run(asyncio.wait_for(_statuses(gw, prompt, 2), 10))
         assert first == 502  # admitted; nothing listens on port 9
         assert (second != 429) == second_admitted, (tokenizer, second)
-
-
-def test_kv_events_need_the_engine_tokenizer() -> None:
-    doc = {"backends": [{"url": "http://127.0.0.1:8001", "kv_events_path": "/kv_events"}]}
-    with pytest.raises(SpecError, match="kv_events_path.*tokenizer: fleetwise"):
-        validate(GatewayConfig, doc, "gw.yaml")
-    assert validate(GatewayConfig, {**doc, "tokenizer": "fleetwise"}, "gw.yaml").backends[0].kv_events_path
 
 
 def test_huggingface_tokenizer_json(tmp_path: Any) -> None:

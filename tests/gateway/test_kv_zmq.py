@@ -1,4 +1,4 @@
-"""vLLM's KV events over ZeroMQ: a publisher speaking vLLM's exact wire format (msgpack, topic /
+"""vLLM's KV events over ZeroMQ: the emulator's own publisher (vLLM's wire format: msgpack, topic /
 sequence / payload frames, a ROUTER replay socket) drives a served gateway's prefix index. The
 engine names blocks by hashes of its own; the gateway must hold its own hashes of the same tokens
 (`core.tokens.block_hashes`), across gaps, replays, resets and malformed messages."""
@@ -306,7 +306,7 @@ def test_vllm_batches_decode_array_like_and_map_like() -> None:
 def test_block_names_follow_the_tokens_not_the_engine_hashes() -> None:
     rng = random.Random(16)
     seq = _tokens(rng, 5)
-    names = BlockNames(BLOCK, from_tokens=True)
+    names = BlockNames(BLOCK)
     first = names.stored(Stored((b"x", b"y"), None, tuple(seq[:2 * BLOCK]), BLOCK, True))
     rest = names.stored(Stored((3, 4, 5), b"y", tuple(seq[2 * BLOCK:]), BLOCK, True))
     assert first is not None and rest is not None and first + rest == block_hashes(seq, BLOCK)
@@ -323,9 +323,9 @@ def test_zmq_kv_events_config() -> None:
         validate(GatewayConfig, doc, "gw.yaml")
     cfg = validate(GatewayConfig, {**doc, "tokenizer": "fleetwise"}, "gw.yaml")
     assert cfg.backends[0].kv_events is not None and cfg.backends[0].kv_events.topic == ""
-    with pytest.raises(SpecError, match="keep one"):
+    with pytest.raises(SpecError, match="kv_events_path"):  # the HTTP feed is gone: one clear line
         validate(GatewayConfig, {"tokenizer": "fleetwise", "backends": [
-            {"url": "http://10.0.0.1:8000", "kv_events": kv, "kv_events_path": "/kv_events"}]}, "gw.yaml")
+            {"url": "http://10.0.0.1:8000", "kv_events_path": "/kv_events"}]}, "gw.yaml")
     with pytest.raises(SpecError, match="tcp://host:port"):
         validate(GatewayConfig, {"tokenizer": "fleetwise", "backends": [
             {"url": "http://10.0.0.1:8000", "kv_events": {"endpoint": "10.0.0.1:5557"}}]}, "gw.yaml")

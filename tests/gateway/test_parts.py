@@ -180,12 +180,8 @@ def test_cli_builds_config_from_flags(tmp_path) -> None:  # type: ignore[no-unty
     path.write_text("backends: [{url: 'http://h:1', name: a}, {url: 'http://h:2', name: a}]\n")
     with pytest.raises(SpecError, match="duplicate name"):
         build_config(_args(config=str(path)))
-    cfg = build_config(_args(backend=["http://127.0.0.1:5"], tokenizer="fleetwise", kv_events="/kv_events",
-                             hash_block_tokens=16))
-    assert (cfg.tokenizer, cfg.backends[0].kv_events_path, cfg.limits.hash_block_tokens) == \
-        ("fleetwise", "/kv_events", 16)
-    with pytest.raises(SpecError, match="kv_events_path"):
-        build_config(_args(backend=["http://127.0.0.1:5"], kv_events="/kv_events"))
+    cfg = build_config(_args(backend=["http://127.0.0.1:5"], tokenizer="fleetwise", hash_block_tokens=16))
+    assert (cfg.tokenizer, cfg.backends[0].kv_events, cfg.limits.hash_block_tokens) == ("fleetwise", None, 16)
 
 
 

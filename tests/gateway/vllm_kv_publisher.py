@@ -1,64 +1,60 @@
-"""A KV-event publisher speaking vLLM's ZeroMQ wire format, for tests (127.0.0.1 only).
+"""vLLM's KV events for tests, sent through the emulator's own ZeroMQ publisher (127.0.0.1 only).
 
 What `vllm serve --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'`
 sends (`vllm/distributed/kv_events.py`, `ZmqEventPublisher`): on a PUB socket, three frames per
-batch: topic, the sequence number as 8 big-endian bytes, and the `KVEventBatch` as msgpack. The
-batch and its events are msgspec structs encoded array-like (`[ts, events, data_parallel_rank]`;
-an event is `[tag, field, ...]` in declaration order, trailing defaults omitted). A ROUTER socket
-answers a replay request (start sequence number, 8 bytes) with every buffered batch from there
-on, `[seq, payload]` each, then `[-1, b""]`.
-
-Blocks are named as vLLM names them: a chained sha256 over the parent's hash and the block's
-token ids with a seed of its own, sent as a 64-bit int (or the digest's bytes), so nothing but the
-tokens tells the gateway which of its own hashes a block is.
+batch: topic, the sequence number as 8 big-endian bytes, and the `KVEventBatch` as msgpack; a
+ROUTER socket answers replays. The transport is `fleetwise.emulator.kv_events.KvEventPublisher`,
+the one `fleetwise emulate --kv-events-config` runs, so the gateway's subscriber is tested against
+the real publisher. What this adds is vLLM's side of the content: blocks named as vLLM names them
+(a chained sha256 over the parent's hash and the block's token ids with a seed of its own, sent as
+a 64-bit int or the digest's bytes, so nothing but the tokens tells the gateway which of its own
+hashes a block is), LoRA blocks, a data-parallel rank, batches the subscriber misses, and
+malformed messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import time
-from collections import deque
 from typing import Any
 
 import msgpack
-import zmq
-import zmq.asyncio
+
+from fleetwise.emulator.kv_events import KvEventPublisher, KvEventsConfig
 
 BLOCK = 16
 """Tokens per KV block (vLLM's default `--block-size`)."""
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
-"""The frame that ends a replay."""
 MEDIUM = "GPU"
 CLEARED: list[Any] = ["AllBlocksCleared"]
 """`AllBlocksCleared` array-like: the tag alone."""
 
 
 class VllmKvPublisher:
-    """PUB + ROUTER sockets bound on 127.0.0.1, a replay buffer of `buffer_steps` batches."""
+    """The emulator's publisher (PUB + ROUTER bound on 127.0.0.1, `buffer_steps` batches kept for
+    replay) sending vLLM-named events."""
 
     def __init__(self, *, topic: str = "kv@engine", buffer_steps: int = 10_000, seed: int = 0,
                  hash_bytes: bool = False, dp_rank: int = 0, bind: tuple[str, str] | None = None) -> None:
         self.topic, self.seed, self.hash_bytes, self.dp_rank = topic.encode(), seed.to_bytes(8, "big"), hash_bytes, dp_rank
-        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
-        self.seq = -1
-        self.replays = 0
-        self._ctx = zmq.asyncio.Context()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._router = self._ctx.socket(zmq.ROUTER)
-        self._task: asyncio.Task[None] | None = None
-        self._bind = bind or ("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
-        """Where the PUB and ROUTER sockets bind (a free port each by default)."""
-        self.endpoint = self.replay_endpoint = ""
+        where = bind or ("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+        self.inner = KvEventPublisher(BLOCK, KvEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=where[0], replay_endpoint=where[1],
+            buffer_steps=buffer_steps, topic=topic))
+        self.endpoint, self.replay_endpoint = self.inner.endpoint or "", self.inner.replay_endpoint or ""
+
+    @property
+    def seq(self) -> int:
+        """Sequence number of the last batch."""
+        return self.inner.seq
+
+    @property
+    def replays(self) -> int:
+        """Replay requests answered."""
+        return self.inner.replays
 
     async def __aenter__(self) -> VllmKvPublisher:
-        for s, where in zip((self._pub, self._router), self._bind, strict=True):
-            s.setsockopt(zmq.LINGER, 0)
-            s.bind(where)
-        self.endpoint = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.replay_endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self._task = asyncio.create_task(self._serve_replays())
+        self.inner.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -66,12 +62,8 @@ class VllmKvPublisher:
 
     async def close(self) -> None:
         """Stop serving replays and close both sockets (an engine going away); idempotent."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        self._ctx.destroy(linger=0)
+        self.inner.close()
+        await asyncio.sleep(0)  # let the cancelled replay task end
 
     def spec(self, *, replay: bool = True) -> dict[str, Any]:
         """The gateway's `kv_events` entry for this publisher."""
@@ -113,25 +105,9 @@ class VllmKvPublisher:
 
     async def publish_payload(self, payload: bytes, *, send: bool = True) -> int:
         """Like `publish`, for any payload bytes (malformed ones included)."""
-        self.seq += 1
-        self.buffer.append((self.seq, payload))
-        if send:
-            await self._pub.send_multipart([self.topic, self.seq.to_bytes(8, "big"), payload])
-        return self.seq
+        return self.inner.send_payload(payload, live=send)
 
     async def send_frames(self, frames: list[bytes]) -> None:
         """Send raw frames on the PUB socket (no sequence number is used)."""
-        await self._pub.send_multipart(frames)
-
-    async def _serve_replays(self) -> None:
-        while True:
-            frames = await self._router.recv_multipart()
-            if len(frames) != 3:
-                continue
-            ident, _, start_b = frames
-            start = int.from_bytes(start_b, "big")
-            self.replays += 1
-            for seq, payload in list(self.buffer):
-                if seq >= start:
-                    await self._router.send_multipart([ident, b"", seq.to_bytes(8, "big"), payload])
-            await self._router.send_multipart([ident, b"", END_SEQ, b""])
+        assert self.inner.socket is not None
+        await self.inner.socket.send_multipart(frames)

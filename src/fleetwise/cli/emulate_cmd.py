@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import signal
 import sys
 import time
@@ -89,6 +90,13 @@ def register(subparsers: Any) -> None:
                    help="connection limits and timeouts as JSON, e.g. '{\"header_timeout_s\": 5}' (fields: "
                         "header_timeout_s, body_timeout_s, keep_alive_timeout_s, max_header_bytes, max_headers; "
                         "see docs/gateway.md, Production checklist)")
+    p.add_argument("--kv-events-config", metavar="JSON", default=None,
+                   help="publish KV events as vLLM does, e.g. '{\"enable_kv_cache_events\": true, \"publisher\": "
+                        "\"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\", "
+                        "\"topic\": \"\"}' (vLLM's --kv-events-config; see docs/emulator.md)")
+    p.add_argument("--kv-events-port", type=int_flag(1, 65535), default=None, metavar="P",
+                   help="with --plan: each replica publishes its KV events over ZeroMQ on ports from P (replica i: "
+                        "P+2i, replay P+2i+1), and --endpoints lists them for the gateway")
     p.add_argument("--server", choices=("lean", "uvicorn"), default=None,
                    help="deprecated and ignored: the emulator is always served by uvicorn")
     p.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="server log level (default warning)")
@@ -123,6 +131,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
         from fleetwise.spec.http import HttpLimitsSpec
 
         extra["http"] = validate(HttpLimitsSpec, parse_json(args.http_limits, "--http-limits"), "--http-limits")
+    if getattr(args, "kv_events_config", None) is not None:
+        from fleetwise.emulator.kv_events import KvEventsConfig
+
+        extra["kv_events"] = validate(KvEventsConfig, parse_json(args.kv_events_config, "--kv-events-config"),
+                                      "--kv-events-config")
     if args.output_lengths is not None:
         dist = parse_json(args.output_lengths, "--output-lengths")
         extra["output_lengths"] = validate(IndependentLengths, {"input": {"kind": "fixed", "tokens": 1},
@@ -168,8 +181,24 @@ def fleet_commands(args: argparse.Namespace, plan: Any) -> list[tuple[str, str, 
         for j in range(pool.replicas):
             argv = [sys.executable, "-m", "fleetwise.cli.main", "emulate",
                     *emulate_args(plan, pool, args.host, args.port + len(out)), *common]
+            kv = kv_events_of(args, len(out))
+            if kv is not None:
+                argv += ["--kv-events-config", json.dumps({
+                    "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv["endpoint"],
+                    "replay_endpoint": kv["replay_endpoint"], "topic": kv["topic"]})]
             out.append((f"{pool.name}-{j}", pool.role, argv))
     return out
+
+
+def kv_events_of(args: argparse.Namespace, index: int) -> dict[str, Any] | None:
+    """The gateway's `kv_events` entry of replica `index` (plan order) under `--kv-events-port`:
+    PUB on port P+2i, replay on P+2i+1; None without the flag."""
+    base = getattr(args, "kv_events_port", None)
+    if base is None:
+        return None
+    port = base + 2 * index
+    return {"transport": "zmq", "endpoint": f"tcp://{args.host}:{port}",
+            "replay_endpoint": f"tcp://{args.host}:{port + 1}", "topic": ""}
 
 
 def replica_fleet(args: argparse.Namespace, plan: Any, env: dict[str, str]) -> Any:
@@ -224,6 +253,9 @@ def run_fleet(args: argparse.Namespace) -> int:
     cmds = fleet_commands(args, plan)
     for i, (name, _, _) in enumerate(cmds):  # a port held by another server would answer its /health
         check_port_free(args.host, args.port + i, f"--plan: replica {name} (--port {args.port} + {i})")
+        kv = kv_events_of(args, i) or {}
+        for k in ("endpoint", "replay_endpoint") if kv else ():
+            check_port_free(args.host, int(kv[k].rsplit(":", 1)[1]), f"--plan: replica {name}'s KV events ({k})")
     env = dict(os.environ)
     if args.admin_token:  # through the environment, not the command line other users can read
         env[ADMIN_TOKEN_ENV] = args.admin_token
@@ -239,7 +271,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         gone = [m.name for m in fleet.exited()]
         if gone:  # answered /health, then exited: another process answered on its port
             raise SpecError(f"--plan: replica {gone[0]} exited right after start (see its message above)")
-        endpoints = fleet_backends(plan, lambda pool, i: replica_url(fleet, f"{pool}-{i}"))
+        endpoints = fleet_backends(plan, lambda pool, i: replica_url(fleet, f"{pool}-{i}"),
+                                   lambda n: kv_events_of(args, n))
         procs = [fleet.member(ep["name"]).proc for ep in endpoints]
         if args.endpoints:
             write_json(args.endpoints, serving(endpoints, procs))

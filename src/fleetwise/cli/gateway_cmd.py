@@ -49,12 +49,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tokenizer", metavar="T",
                    help="tokenize prompts for routing: 'fleetwise' (the emulator's tokenizer) or a HuggingFace "
                         "tokenizer.json (needs `tokenizers`); default: estimate from characters")
-    p.add_argument("--kv-events", metavar="PATH",
-                   help="follow each --backend/--prefill/--decode's KV-event stream at PATH (e.g. /kv_events "
-                        "of `fleetwise emulate`; needs --tokenizer fleetwise)")
     p.add_argument("--hash-block-tokens", type=int_flag(1, MAX_HASH_BLOCK_TOKENS), metavar="N",
-                   help="prompt tokens per prefix-hash block (default 64; with --kv-events the engine's "
-                        "KV block size, 16 for `fleetwise emulate`)")
+                   help="prompt tokens per prefix-hash block (default 64; with a backend's kv_events the "
+                        "engine's KV block size, 16 for `fleetwise emulate`)")
     p.add_argument("--ledger", metavar="URL", help="usage ledger: SQLite file or postgresql://... (metering)")
     p.add_argument("--workers", type=int_flag(1, MAX_WORKERS), default=1, metavar="N",
                    help="serve from N processes sharing the port (SO_REUSEPORT; each follows the backends' "
@@ -79,8 +76,7 @@ def build_config(args: argparse.Namespace) -> Any:
     for url, role, flag in flags:  # a bad URL is named by its flag, not by its place in the merged list
         validate(BackendSpec, {"url": url, "role": role}, flag)
     if flags:
-        ev = {"kv_events_path": args.kv_events} if getattr(args, "kv_events", None) else {}
-        doc["backends"] = [*doc.get("backends", []), *({"url": u, "role": r, **ev} for u, r, _ in flags)]
+        doc["backends"] = [*doc.get("backends", []), *({"url": u, "role": r} for u, r, _ in flags)]
     if args.policy:
         doc["routing"] = {**doc.get("routing", {}), "policy": args.policy}
     for key, val in (("host", args.host), ("port", args.port), ("backends_file", args.backends_file),

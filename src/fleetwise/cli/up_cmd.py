@@ -4,7 +4,8 @@
 
 Starts the fleet document's replicas as emulated engines (`fleetwise emulate`, one process each,
 ports after the gateway's), then the gateway in front of them with the fleet's routing and
-failure domains, wired to every replica; prints the OpenAI base URL and the dashboard URL.
+failure domains, wired to every replica (requests, and the KV events each replica publishes over
+ZeroMQ as vLLM does, on the ports after the replicas'); prints the OpenAI base URL and the dashboard URL.
 `--faults` replays a simulator fault file against the live fleet (`emulator.faults.replay`: a
 crash kills the replica's process and restarts it after `restart_after_s`, a slowdown slows it,
 a full decode pool refuses new hand-offs).
@@ -54,17 +55,19 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _replica_args(args: argparse.Namespace) -> argparse.Namespace:
-    """`fleetwise emulate --plan` arguments for the replicas (ports after the gateway's)."""
+def _replica_args(args: argparse.Namespace, replicas: int) -> argparse.Namespace:
+    """`fleetwise emulate --plan` arguments for the replicas: HTTP ports after the gateway's, then
+    their KV-event ports (vLLM's ZeroMQ publisher, two per replica)."""
     from fleetwise.cli.main import build_parser
 
     return build_parser().parse_args(["emulate", "--plan", args.plan, "--host", args.host,
                                       "--port", str(args.port + 1), "--time-scale", repr(args.time_scale),
-                                      "--seed", str(args.seed)])
+                                      "--seed", str(args.seed), "--kv-events-port", str(args.port + 1 + replicas)])
 
 
 def _gateway_member(args: argparse.Namespace, plan: Any, urls: dict[str, str], env: dict[str, str],
-                    workdir: Path) -> Any:
+                    workdir: Path, replica_args: argparse.Namespace) -> Any:
+    from fleetwise.cli.emulate_cmd import kv_events_of
     from fleetwise.cli.local_fleet import Member
     from fleetwise.deploy.base import yaml_text
     from fleetwise.deploy.compose import emulated_gateway_extra
@@ -72,6 +75,8 @@ def _gateway_member(args: argparse.Namespace, plan: Any, urls: dict[str, str], e
 
     doc = gateway_document(plan, lambda pool, i: urls[f"{pool}-{i}"],
                            {**emulated_gateway_extra(plan), "host": args.host, "port": args.port})
+    for n, backend in enumerate(doc["backends"]):  # plan order, as the replicas' KV-event ports
+        backend["kv_events"] = kv_events_of(replica_args, n)
     path = workdir / "gateway.yaml"
     path.write_text(yaml_text(doc), encoding="utf-8")
     argv = [sys.executable, "-m", "fleetwise.cli.main", "gateway", "--config", str(path)]
@@ -106,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         actions = live_actions(scenario, plan, args.faults)
     token = secrets.token_urlsafe(16)
     env = {**os.environ, EMULATOR_TOKEN_ENV: token, GatewayConfig().admin_token_env: token}
-    fleet = replica_fleet(_replica_args(args), plan, env)
+    replica_args = _replica_args(args, sum(p.replicas for p in plan.pools))
+    fleet = replica_fleet(replica_args, plan, env)
     urls = {m.name: replica_url(fleet, m.name) for m in fleet.members}
     workdir = Path(tempfile.mkdtemp(prefix="fleetwise-up-"))
 
@@ -115,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        fleet.members.append(_gateway_member(args, plan, urls, env, workdir))
+        fleet.members.append(_gateway_member(args, plan, urls, env, workdir, replica_args))
         fleet.start()  # all at once: the gateway's readiness waits for its backends
         base = f"http://{args.host}:{args.port}"
         print(f"fleetwise up: {plan.name}: {len(urls)} emulated replica(s) at time scale {args.time_scale:g} "

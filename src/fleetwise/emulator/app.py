@@ -1,4 +1,5 @@
-"""The HTTP face of an emulated replica: vLLM's OpenAI-compatible routes plus admin and KV routes.
+"""The HTTP face of an emulated replica: vLLM's OpenAI-compatible routes plus admin and KV routes
+(KV events go out over ZeroMQ as vLLM sends them: `emulator.kv_events`).
 
 `create_app(cfg)` returns a Starlette app; tests drive it in-process through an ASGI transport.
 `fleetwise emulate` serves its `Front` (`app.state.front`: the arrival stamped first, the hot
@@ -8,7 +9,6 @@ limits of `fleetwise.live.http`. Routes:
 - `POST /v1/completions`, `POST /v1/chat/completions` (stream or not), `GET /v1/models`,
   `GET /health`, `GET /metrics` (vLLM names, `fleetwise:` extras), `GET /version`;
 - `POST /admin/faults`, `GET /admin/faults` (bearer token; 401 without it);
-- `GET /kv_events`: a stream of KV event batches, one JSON object per line;
 - `POST /fleetwise/kv/pull` (prefill role: a decode replica pulls a leased request's KV),
   `POST /fleetwise/kv/release` (the router frees a lease whose hand-off was refused) and
   `GET /fleetwise/status` (replica counters in modelled seconds) and `GET /fleetwise/requests`
@@ -30,7 +30,7 @@ import aiohttp
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -285,23 +285,6 @@ class ReplicaApi:
         except FaultError as err:
             return _error(ApiError(400, str(err), "kind"))
 
-    async def kv_events(self, request: Request) -> Response:
-        """`GET /kv_events`: KV event batches, one JSON object per line, as they happen."""
-        events = self.replica.events
-        q = events.subscribe(self.replica.now_s())
-
-        async def lines() -> AsyncIterator[bytes]:
-            try:
-                while True:
-                    line = await q.get()
-                    if line is None:
-                        return
-                    yield line
-            finally:
-                events.unsubscribe(q)
-
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
-
     async def status(self, request: Request) -> Response:
         """`GET /fleetwise/status`: replica counters in modelled seconds."""
         return JSONResponse(replica_report(self.replica))
@@ -337,7 +320,6 @@ class ReplicaApi:
                 Route("/version", self.version, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
                 Route("/admin/faults", self.admin_faults, methods=["GET", "POST"]),
-                Route("/kv_events", self.kv_events, methods=["GET"]),
                 Route("/fleetwise/kv/release", self.kv_release, methods=["POST"]),
                 Route("/fleetwise/status", self.status, methods=["GET"]),
                 Route("/fleetwise/requests", self.records, methods=["GET"])]

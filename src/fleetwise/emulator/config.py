@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from fleetwise.emulator.generation import DEFAULT_OUTPUT_LENGTHS
+from fleetwise.emulator.kv_events import KvEventsConfig
 from fleetwise.spec.base import Spec, validate
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION
 from fleetwise.spec.http import HttpLimitsSpec
@@ -70,6 +71,8 @@ class EmulatorConfig(Spec):
     takes this many times the modelled time, before any slowdown fault."""
     engine_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     http: HttpLimitsSpec = HttpLimitsSpec()
+    kv_events: KvEventsConfig = KvEventsConfig()
+    """Where the replica publishes its KV events (vLLM's `--kv-events-config`; off by default)."""
     """Connection limits and timeouts of the replica's HTTP server (`fleetwise.live.http`)."""
 
     @field_validator("time_scale")

@@ -85,7 +85,7 @@ class EmulatedReplica:
         self.lengths = OutputLengthModel(cfg.output_lengths, cfg.seed)
         self.metrics = ReplicaMetrics(cfg.name, self.max_model_len)
         self.metrics.time_scale.set(cfg.time_scale)
-        self.events = KvEventPublisher(self.block_size)
+        self.events = KvEventPublisher(self.block_size, cfg.kv_events)
         self.faults = fault_kinds.FaultState()
         self.status = ReplicaStatus()
         self._on_crash = on_crash
@@ -144,6 +144,7 @@ class EmulatedReplica:
                                    model_version=self.pool.model_version, region=self.pool.region,
                                    kv_capacity_tokens=self.kv_capacity_tokens)
         self._faults_changed()  # a measured step-time factor applies from the first step
+        self.events.start()
 
     async def stop(self) -> None:
         """Stop stepping; requests still in flight fail with 503."""

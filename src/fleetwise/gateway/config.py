@@ -101,12 +101,10 @@ class BackendSpec(Spec):
     only the gateway's own in-flight counts and is always fresh)."""
     health_path: str = "/health"
     """Liveness endpoint polled by the health checker."""
-    kv_events_path: str | None = None
-    """HTTP stream of the engine's KV events (vLLM `KVEventBatch`es as JSON lines, what
-    `fleetwise emulate` serves at /kv_events), followed for prefix-aware policies; null: none
-    (the prefix index then learns from this gateway's own dispatches)."""
     kv_events: KvEventsSpec | None = None
-    """The engine's KV events over ZeroMQ (vLLM's publisher), instead of `kv_events_path`."""
+    """The engine's KV events over ZeroMQ (vLLM's `--kv-events-config` publisher, which
+    `fleetwise emulate` speaks too), followed for prefix-aware policies; null: none (the prefix
+    index then learns from this gateway's own dispatches)."""
 
     @field_validator("url")
     @classmethod
@@ -308,14 +306,6 @@ class GatewayConfig(Spec):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"backends: duplicate name(s) {', '.join(dup)}; give each a distinct `name`")
-        events = [b.key for b in self.backends if b.kv_events_path is not None]
-        if events and self.tokenizer != FLEETWISE_TOKENIZER:
-            raise ValueError(f"backends: {events[0]} has kv_events_path but tokenizer is {self.tokenizer!r}; an "
-                             "engine's KV events name blocks by hashes of its token ids, so set tokenizer: "
-                             "fleetwise (the emulator's) or drop kv_events_path")
-        both = [b.key for b in self.backends if b.kv_events_path is not None and b.kv_events is not None]
-        if both:
-            raise ValueError(f"backends: {both[0]} sets both kv_events_path and kv_events; keep one")
         zmq = [b.key for b in self.backends if b.kv_events is not None]
         if zmq and self.tokenizer is None:
             raise ValueError(f"backends: {zmq[0]} has kv_events but no tokenizer is set; the gateway names an "
@@ -328,18 +318,21 @@ class GatewayConfig(Spec):
         return self
 
 
-def fleet_backends(plan: PlanSpec, url_of: Callable[[str, int], str], kv_events_path: str | None = None) -> list[
-        dict[str, Any]]:
+def fleet_backends(plan: PlanSpec, url_of: Callable[[str, int], str],
+                   kv_events_of: Callable[[int], dict[str, Any] | None] | None = None) -> list[dict[str, Any]]:
     """The gateway's backend entries for every replica of a fleet document, `url_of(pool, index)`
-    giving each replica's base URL; what `emulate --endpoints` writes and `--backends-file` reads."""
+    giving each replica's base URL and `kv_events_of(n)` the `kv_events` entry of the n-th replica
+    in plan order (None: it publishes none); what `emulate --endpoints` writes and
+    `--backends-file` reads."""
     out: list[dict[str, Any]] = []
     for pool in plan.pools:
         for i in range(pool.replicas):
             entry: dict[str, Any] = {"name": f"{pool.name}-{i}", "url": url_of(pool.name, i), "role": pool.role,
                                      "pool": pool.name, "model_version": pool.model_version,
                                      "region": pool.region, "accelerator": pool.accelerator}
-            if kv_events_path is not None:
-                entry["kv_events_path"] = kv_events_path
+            kv = kv_events_of(len(out)) if kv_events_of is not None else None
+            if kv is not None:
+                entry["kv_events"] = kv
             out.append(entry)
     return out
 

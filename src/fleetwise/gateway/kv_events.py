@@ -1,16 +1,10 @@
 """Following an engine's KV events: the blocks it stored and evicted, fed to the policy's prefix index.
 
-Two transports carry vLLM's `KVEventBatch`es (`vllm/distributed/kv_events.py`):
+One transport carries vLLM's `KVEventBatch`es (`vllm/distributed/kv_events.py`): vLLM's ZeroMQ
+publisher, which `fleetwise emulate --kv-events-config` speaks too (`kv_events: {transport: zmq,
+...}`, followed by `gateway.kv_zmq`: msgpack batches with sequence numbers and a replay socket).
 
-- `kv_events_path`: an HTTP stream of batches, one JSON object per line (`{"ts", "events": [...],
-  "data_parallel_rank"}`, each event an object with a `type` field); `fleetwise emulate` serves
-  it at `/kv_events`. `AllBlocksCleared` is the first event of every subscription, before the
-  snapshot of what is cached, so after each (re)connection the index holds the engine's true
-  contents. The stream is resubscribed after `RECONNECT_S` when it ends or fails.
-- `kv_events: {transport: zmq, ...}`: vLLM's ZeroMQ publisher (`gateway.kv_zmq`): msgpack
-  batches with sequence numbers and a replay socket.
-
-Both decode to the same engine events (`batch_events`), which `BlockNames` turns into the
+A batch decodes to engine events (`batch_events`), which `BlockNames` turns into the
 gateway's block hashes and `KvFollower.apply` into the policy's `KvStored`, `KvEvicted` and
 `KvCleared`. Until a feed reconnects the index keeps what it had, and the policy's own dispatch
 guesses fill the gaps as they do for a backend without events.
@@ -18,31 +12,25 @@ guesses fill the gaps as they do for a backend without events.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from fleetwise.core.feedback import Feedback, KvCleared, KvEvicted, KvStored
 from fleetwise.core.tokens import block_digests, block_id
 from fleetwise.gateway.config import BackendSpec, KvEventsSpec
-from fleetwise.gateway.upstream import FAULT_ERRORS
 
-__all__ = ["BadBatch", "BlockNames", "Cleared", "KvEventFeed", "KvFollower", "Removed", "Stored", "batch_events",
-           "json_batch_events", "kv_source",
+__all__ = ["BadBatch", "BlockNames", "Cleared", "KvFollower", "Removed", "Stored", "batch_events", "kv_source",
            "zmq_source"]
 
 log = logging.getLogger("fleetwise.gateway")
 
 RECONNECT_S = 1.0
-"""Wait before subscribing again after a stream ended or failed."""
+"""Wait before subscribing again after the sockets failed."""
 MAX_LINE_BYTES = 64 << 20
-"""Longest batch accepted (a snapshot of a full cache is one line); a longer JSON line ends the
-HTTP subscription, which starts over; a longer ZMQ message is dropped by the socket."""
+"""Longest batch accepted; a longer ZeroMQ message is dropped by the socket (a gap the feed fills
+by replay)."""
 MAX_MAPPED_BLOCKS = 1 << 18
 """Most engine block hashes `BlockNames` remembers per backend, cached or evicted (the least
 recently stored forgotten first; a later `BlockRemoved` of a forgotten block is not applied, and
@@ -69,12 +57,9 @@ EngineHash = int | bytes
 
 
 def kv_source(spec: BackendSpec) -> str | None:
-    """Where a backend's KV events come from (the HTTP stream's URL, or the ZeroMQ endpoints and
-    topic); None when it publishes none. A changed source starts a new subscription."""
-    z = spec.kv_events
-    if z is not None:
-        return zmq_source(z)
-    return None if spec.kv_events_path is None else spec.url + spec.kv_events_path
+    """Where a backend's KV events come from (its ZeroMQ endpoints and topic); None when it
+    publishes none. A changed source starts a new subscription."""
+    return None if spec.kv_events is None else zmq_source(spec.kv_events)
 
 
 def zmq_source(z: KvEventsSpec) -> str:
@@ -168,28 +153,18 @@ def batch_events(doc: Any) -> list[EngineEvent]:
     return [e for e in map(_event, events) if e is not None]
 
 
-def json_batch_events(line: bytes) -> list[EngineEvent]:
-    """The events of one JSON batch line (the HTTP stream)."""
-    try:
-        doc = json.loads(line)
-    except ValueError:
-        raise BadBatch(f"not a KV event batch: {line[:80]!r}") from None
-    return batch_events(doc)
-
-
 class BlockNames:
     """An engine's block hashes -> the gateway's (`core.tokens.block_hashes` of the same tokens).
 
-    With `from_tokens`, each `BlockStored` block is named by hashing its `token_ids` in the chain
-    after its parent's digest, and the engine's hash -> that digest is kept to name children and
-    to apply `BlockRemoved` (vLLM names blocks by sha256 over token ids with a seed of its own).
-    A digest depends on the block's tokens and its prefix only, so it stays true after the block
-    is evicted or the cache cleared: a child stored after its parent's eviction is still named.
-    Without it the engine's hashes are the gateway's already (`fleetwise emulate`, which hashes
-    tokens as the gateway does), and pass through."""
+    Each `BlockStored` block is named by hashing its `token_ids` in the chain after its parent's
+    digest, and the engine's hash -> that digest is kept to name children and to apply
+    `BlockRemoved` (vLLM names blocks by sha256 over token ids with a seed of its own, the
+    emulator by its tokenizer's chained hashes). A digest depends on the block's tokens and its
+    prefix only, so it stays true after the block is evicted or the cache cleared: a child stored
+    after its parent's eviction is still named."""
 
-    def __init__(self, hash_block_tokens: int, from_tokens: bool) -> None:
-        self.hash_block_tokens, self.from_tokens = hash_block_tokens, from_tokens
+    def __init__(self, hash_block_tokens: int) -> None:
+        self.hash_block_tokens = hash_block_tokens
         self._digest: dict[EngineHash, bytes] = {}
 
     def __len__(self) -> int:
@@ -198,10 +173,6 @@ class BlockNames:
     def stored(self, ev: Stored) -> tuple[int, ...] | None:
         """The gateway's hashes of `ev`'s blocks; None when they cannot be named (another block
         size, tokens missing, a parent never seen)."""
-        if not self.from_tokens:
-            if not all(isinstance(h, int) for h in ev.hashes):
-                raise BadBatch("BlockStored.block_hashes is not a list of integers")
-            return ev.hashes  # type: ignore[return-value]
         bs = ev.block_size
         if bs != self.hash_block_tokens or len(ev.token_ids) != bs * len(ev.hashes):
             return None
@@ -219,8 +190,6 @@ class BlockNames:
 
     def removed(self, hashes: tuple[EngineHash, ...]) -> tuple[int, ...]:
         """The gateway's hashes of the removed blocks it could name."""
-        if not self.from_tokens:
-            return tuple(h for h in hashes if isinstance(h, int))
         get = self._digest.get
         return tuple(block_id(d) for d in (get(h) for h in hashes) if d is not None)
 
@@ -229,10 +198,10 @@ class KvFollower:
     """What every KV-event subscription shares: engine events -> the policy's feedback, through
     one `BlockNames`, and the counts /admin/fleet shows."""
 
-    def __init__(self, worker: str, url: str, source: str, hash_block_tokens: int, from_tokens: bool,
+    def __init__(self, worker: str, url: str, source: str, hash_block_tokens: int,
                  observe: Callable[[Feedback], None], now: Callable[[], float]) -> None:
         self.worker, self.url, self.source, self.hash_block_tokens = worker, url, source, hash_block_tokens
-        self.names = BlockNames(hash_block_tokens, from_tokens)
+        self.names = BlockNames(hash_block_tokens)
         self._observe, self._now = observe, now
         self.connected = False
         self.subscriptions = 0
@@ -290,61 +259,3 @@ class KvFollower:
                 log.warning("KV events of %s name %d-token blocks but limits.hash_block_tokens is %d: its "
                             "hashes will not match the gateway's; set hash_block_tokens: %d", self.worker, bs,
                             self.hash_block_tokens, bs)
-
-
-_ENDS: tuple[type[BaseException], ...] = (*FAULT_ERRORS, BadBatch)
-"""What ends one HTTP subscription (it is then started again)."""
-
-
-class KvEventFeed(KvFollower):
-    """One backend's HTTP KV-event subscription: connects, relays every batch to `observe`,
-    reconnects."""
-
-    def __init__(self, worker: str, url: str, hash_block_tokens: int,
-                 session: Callable[[], aiohttp.ClientSession | None], observe: Callable[[Feedback], None],
-                 now: Callable[[], float], connect_s: float) -> None:
-        super().__init__(worker, url, url, hash_block_tokens, False, observe, now)
-        self._session = session
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_s, sock_read=None)
-        self._response: aiohttp.ClientResponse | None = None
-
-    def resubscribe(self) -> None:
-        """Drop the current stream; the loop reconnects and the engine sends its contents again."""
-        if self._response is not None:
-            self._response.close()
-
-    async def run(self) -> None:
-        """Follow the stream until cancelled."""
-        while True:
-            try:
-                await self._follow()
-            except asyncio.CancelledError:
-                raise
-            except _ENDS as err:
-                self.errors += 1
-                log.info("KV events of %s: %s; resubscribing in %.0f s", self.worker, err or type(err).__name__,
-                         RECONNECT_S)
-            finally:
-                self.connected, self._response = False, None
-            await asyncio.sleep(RECONNECT_S)
-
-    async def _follow(self) -> None:
-        session = self._session()
-        if session is None:
-            return
-        async with session.get(self.url, timeout=self._timeout) as r:
-            if r.status != 200:
-                raise BadBatch(f"GET {self.url}: HTTP {r.status}")
-            self._response, self.connected = r, True
-            self.subscriptions += 1
-            buf = b""
-            async for chunk in r.content.iter_any():
-                buf += chunk
-                if b"\n" not in chunk:
-                    if len(buf) > MAX_LINE_BYTES:
-                        raise BadBatch(f"a batch line over {MAX_LINE_BYTES} bytes")
-                    continue
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        self.apply(json_batch_events(line))

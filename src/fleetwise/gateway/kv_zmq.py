@@ -76,7 +76,7 @@ class ZmqKvEventFeed(KvFollower):
 
     def __init__(self, worker: str, spec: KvEventsSpec, hash_block_tokens: int, observe: Callable[[Feedback], None],
                  now: Callable[[], float]) -> None:
-        super().__init__(worker, spec.endpoint, zmq_source(spec), hash_block_tokens, True, observe, now)
+        super().__init__(worker, spec.endpoint, zmq_source(spec), hash_block_tokens, observe, now)
         self.replay_endpoint, self.topic = spec.replay_endpoint, spec.topic.encode()
         self.seq: int | None = None
         """Sequence number of the last batch applied."""

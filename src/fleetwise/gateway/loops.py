@@ -21,7 +21,7 @@ from fleetwise.gateway.call import (
     log,
 )
 from fleetwise.gateway.config import BackendSpec
-from fleetwise.gateway.kv_events import KvEventFeed, kv_source
+from fleetwise.gateway.kv_events import kv_source
 from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
 from fleetwise.gateway.scrape import parse_metrics
 from fleetwise.gateway.stall import first_token_bound_s, fleet_ttft_s, probe_body
@@ -153,13 +153,8 @@ class FleetLoops(GatewayState):
             del self.kv_feeds[b.name]
         if src is None:
             return
-        z = b.spec.kv_events
-        f: KvEventFeed | ZmqKvEventFeed
-        if z is not None:
-            f = ZmqKvEventFeed(b.name, z, self.cfg.limits.hash_block_tokens, self.policy.observe, self.now)
-        else:
-            f = KvEventFeed(b.name, b.spec.url + (b.spec.kv_events_path or ""), self.cfg.limits.hash_block_tokens, lambda: self.upstream.session,
-                            self.policy.observe, self.now, self.cfg.timeouts.connect_s)
+        assert b.spec.kv_events is not None
+        f = ZmqKvEventFeed(b.name, b.spec.kv_events, self.cfg.limits.hash_block_tokens, self.policy.observe, self.now)
         self.kv_feeds[b.name] = (f, asyncio.get_running_loop().create_task(f.run()))
 
     async def _unfollow_kv(self, name: str) -> None:

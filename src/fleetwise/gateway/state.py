@@ -25,7 +25,6 @@ from fleetwise.gateway.call import (
 )
 from fleetwise.gateway.config import GatewayConfig
 from fleetwise.gateway.idempotency import IdempotencyStore
-from fleetwise.gateway.kv_events import KvEventFeed
 from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
 from fleetwise.gateway.limits import TenantLimiter
 from fleetwise.gateway.metering import open_writer
@@ -92,7 +91,7 @@ class GatewayState:
         """Prompt prefix hashes are computed only for policies that read the prefix index."""
         self.tokenizer = make_tokenizer(cfg.tokenizer)
         """Prompt -> token ids for exact lengths and id hashes (None: estimate from characters)."""
-        self.kv_feeds: dict[str, tuple[KvEventFeed | ZmqKvEventFeed, asyncio.Task[None]]] = {}
+        self.kv_feeds: dict[str, tuple[ZmqKvEventFeed, asyncio.Task[None]]] = {}
         """Each followed backend's KV-event subscription and the task running it."""
 
     def now(self) -> float:

@@ -109,18 +109,22 @@ class Engine:
     # -- read-only properties -------------------------------------------------------------------
     @property
     def busy(self) -> bool:
+        """A step is in flight (scheduled, not yet completed)."""
         return self._inflight is not None
 
     @property
     def has_work(self) -> bool:
+        """Requests are running or waiting."""
         return bool(self._running) or bool(self._waiting)
 
     @property
     def num_waiting(self) -> int:
+        """Requests waiting for admission."""
         return len(self._waiting)
 
     @property
     def num_running(self) -> int:
+        """Requests admitted (prefilling or decoding)."""
         return len(self._running)
 
     @property
@@ -142,6 +146,7 @@ class Engine:
 
     @property
     def prefix_hit_rate(self) -> float:
+        """Fraction of admitted prompt tokens served from the prefix cache (0 before any)."""
         admitted = self.stats.prompt_tokens_admitted
         return self.stats.prefix_hit_tokens / admitted if admitted else 0.0
 

@@ -299,23 +299,43 @@ class EmulatedReplica:
             if lv is not None:
                 self._handoff(lv, end)
         if out.tokens:
-            # First tokens first: each emission wakes its stream in this order, and a stream's
-            # first chunk is what its client's TTFT waits for.
-            later = []
-            for eid, k in out.tokens:
-                lv = live_of.get(eid)
-                if lv is not None:
-                    if lv.first_token_s is None:
-                        self._emit(lv, lv.emitted + k, end)
-                    else:
-                        later.append((lv, k))
-            for lv, k in later:
-                self._emit(lv, lv.emitted + k, end)
+            self._stream_tokens(out.tokens, end)
         for eid in out.finished:
             lv = live_of.pop(eid, None)
             if lv is not None:
                 self._finish(lv, end)
-        m = self.metrics
+        self._step_metrics(driver, out, late, dur, started)
+        eng = self.engine
+        if self._aborts:
+            for lv in self._aborts:
+                eng.abort(lv.eid)
+            self._aborts.clear()
+        self._update_gauges()
+        if out.kv_events:
+            self.events.publish(end, out.kv_events)
+        if self.faults.hung:
+            driver.state = DOWN  # a hang takes hold at the end of the step in flight
+
+    def _stream_tokens(self, tokens: list[tuple[str, int]], end: float) -> None:
+        """Emit a step's tokens (engine id, count) at modelled `end`, first tokens first: each
+        emission wakes its stream in this order, and a stream's first chunk is what its client's
+        TTFT waits for."""
+        live_of = self._live
+        later = []
+        for eid, k in tokens:
+            lv = live_of.get(eid)
+            if lv is not None:
+                if lv.first_token_s is None:
+                    self._emit(lv, lv.emitted + k, end)
+                else:
+                    later.append((lv, k))
+        for lv, k in later:
+            self._emit(lv, lv.emitted + k, end)
+
+    def _step_metrics(self, driver: EngineDriver, out: StepOutput, late: float, dur: float,
+                      started: list[Live]) -> None:
+        """Count a step that ran `dur` modelled seconds and ended `late` seconds past its deadline."""
+        st, m = self.status, self.metrics
         if late > st.overrun_max_s:
             st.overrun_max_s = late
             m.overrun_max.set(late)
@@ -333,16 +353,6 @@ class EmulatedReplica:
             m.preemptions.inc(len(out.preempted))
         if out.tokens_generated:
             m.generation_tokens.inc(out.tokens_generated)
-        eng = self.engine
-        if self._aborts:
-            for lv in self._aborts:
-                eng.abort(lv.eid)
-            self._aborts.clear()
-        self._update_gauges()
-        if out.kv_events:
-            self.events.publish(end, out.kv_events)
-        if self.faults.hung:
-            driver.state = DOWN  # a hang takes hold at the end of the step in flight
 
     def _emit(self, lv: Live, n: int, t: float) -> None:
         first = lv.first_token_s is None

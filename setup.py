@@ -35,6 +35,7 @@ COMPILED = [
     "src/fleetwise/engine/records.py",
     "src/fleetwise/engine/scheduler.py",
     "src/fleetwise/engine/sequence.py",
+    "src/fleetwise/engine/step_state.py",
     "src/fleetwise/routing/incoming.py",
     "src/fleetwise/routing/kernels.py",
     "src/fleetwise/routing/plugins.py",

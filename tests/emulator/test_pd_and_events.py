@@ -186,9 +186,9 @@ def _slow(post, delay_s: float, shared: bool | None):
 ])
 def test_a_pull_reaches_the_decode_engine_at_its_modelled_landing_however_late_its_answer(
         monkeypatch, answer_delay_s, hold_max_s, shared, holds, late, speculated):
-    from fleetwise.emulator import replica as replica_mod
+    from fleetwise.emulator import kv_pull as kv_pull_mod
 
-    monkeypatch.setattr(replica_mod, "KV_PULL_HOLD_MAX_S", hold_max_s)
+    monkeypatch.setattr(kv_pull_mod, "KV_PULL_HOLD_MAX_S", hold_max_s)
 
     async def pd(pc, dc, rid, max_tokens, stream=False):
         r = await pc.post("/v1/completions", json={"prompt": PROMPT + " " + rid, "max_tokens": 1,

@@ -81,6 +81,12 @@ def register(subparsers: Any) -> None:
                    help="bearer token for POST /admin/faults (default: $FLEETWISE_EMULATOR_ADMIN_TOKEN; "
                         "unset = admin disabled, every admin call gets 401)")
     add_engine_flags(p)
+    add_serving_flags(p)
+    p.set_defaults(func=run)
+
+
+def add_serving_flags(p: Any) -> None:
+    """The replica's KV lease, measured speed, HTTP limits, KV-event publishing and logging flags."""
     p.add_argument("--kv-lease", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=480.0, metavar="S",
                    help="prefill role: modelled seconds a prefilled request's KV waits to be pulled")
     p.add_argument("--step-time-factor", type=float, default=1.0, metavar="X",
@@ -100,7 +106,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--server", choices=("lean", "uvicorn"), default=None,
                    help="deprecated and ignored: the emulator is always served by uvicorn")
     p.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="server log level (default warning)")
-    p.set_defaults(func=run)
 
 
 def add_engine_flags(p: Any) -> None:

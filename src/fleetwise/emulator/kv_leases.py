@@ -7,32 +7,57 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fleetwise.core.openai_request import ApiError
+from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.kv_format import check_pull, params_format
+from fleetwise.emulator.kv_link import KvPort
+from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.running import Lease, Live
 from fleetwise.engine.clock import ORDER_ARRIVAL
-from fleetwise.engine.driver import DOWN
+from fleetwise.engine.driver import DOWN, EngineDriver
 from fleetwise.engine.pools import build_pool
+from fleetwise.engine.scheduler import Engine
 from fleetwise.errors import SpecError
+from fleetwise.live import AsyncioClock
 from fleetwise.perf.kv import kv_shards, kv_transfer_bytes
+from fleetwise.perf.roofline import PerfModel
 from fleetwise.perf.types import Deployment
+from fleetwise.spec.kv_format import KvFormat
 from fleetwise.spec.plan import PoolSpec
 
-if TYPE_CHECKING:
-    from fleetwise.emulator.replica import EmulatedReplica
-
-__all__ = ["MAX_DST_KINDS", "KvLeases"]
+__all__ = ["MAX_DST_KINDS", "KvLeases", "LeaseHost"]
 
 MAX_DST_KINDS = 64
 """Decode-side deployments remembered by a prefill replica (more are rebuilt on demand)."""
 
 
+class LeaseHost(Protocol):
+    """What `KvLeases` reads of the replica that holds them (`EmulatedReplica`), so the leases
+    depend on no replica module."""
+
+    cfg: EmulatorConfig
+    deployment: Deployment
+    kv_format: KvFormat
+    perf_model: PerfModel
+    engine: Engine
+    driver: EngineDriver | None
+    clock: AsyncioClock | None
+    kv_port: KvPort | None
+    metrics: ReplicaMetrics
+
+    def now_s(self) -> float:
+        """The replica's modelled time, seconds."""
+
+    def kick(self) -> None:
+        """Let the engine run a step (blocks were freed)."""
+
+
 class KvLeases:
     """One replica's KV leases (prefill role) and the deployments its pulls name."""
 
-    def __init__(self, replica: EmulatedReplica) -> None:
+    def __init__(self, replica: LeaseHost) -> None:
         self.r = replica
         self.held: dict[str, Lease] = {}
         """Request id -> its lease, until pulled or expired."""

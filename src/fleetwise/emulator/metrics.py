@@ -52,13 +52,24 @@ def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
         exp += 1
 
 
+LABEL_NAMES = ("model_name", "engine")
+"""Labels of every replica metric, as vLLM labels its own (`engine` is "0": one engine core)."""
+
+
 class ReplicaMetrics:
     """Every metric one emulated replica exports; `render()` is the /metrics body."""
 
     def __init__(self, model_name: str, max_model_len: int) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
-        lab = ("model_name", "engine")
-        v = (model_name, "0")
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._labels = (model_name, "0")
+        self._engine_metrics()
+        self._request_metrics(build_1_2_5_buckets(max_model_len))
+        self._kv_connector_metrics()
+        self._fleetwise_metrics()
+
+    def _engine_metrics(self) -> None:
+        """vLLM's engine gauges and counters: batch, queue, KV cache, prefix cache, tokens, finishes."""
+        r, lab, v = self.registry, LABEL_NAMES, self._labels
         self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
                              lab, registry=r).labels(*v)
         self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
@@ -80,7 +91,10 @@ class ReplicaMetrics:
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           (*lab, "finished_reason"), registry=r)
         self.success = {reason: success.labels(*v, reason) for reason in ("stop", "length", "abort")}
-        tok_buckets = build_1_2_5_buckets(max_model_len)
+
+    def _request_metrics(self, tok_buckets: tuple[float, ...]) -> None:
+        """vLLM's per-request histograms: token counts (buckets `tok_buckets`) and phase latencies."""
+        r, lab, v = self.registry, LABEL_NAMES, self._labels
         self.req_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
                                            lab, registry=r, buckets=tok_buckets).labels(*v)
         self.req_generation_tokens = Histogram("vllm:request_generation_tokens",
@@ -113,6 +127,10 @@ class ReplicaMetrics:
         self.inference_time = Histogram("vllm:request_inference_time_seconds",
                                         "Histogram of time spent in RUNNING phase for request.",
                                         lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
+
+    def _kv_connector_metrics(self) -> None:
+        """vLLM's NIXL KV-connector metrics."""
+        r, lab, v = self.registry, LABEL_NAMES, self._labels
         # vLLM's NIXL KV-connector metrics, observed on the decode side as vLLM does (the pull's
         # transfer time, in modelled seconds, and its bytes); the gateway's KV-link view reads them
         self.nixl_xfer_time = Histogram("vllm:nixl_xfer_time_seconds",
@@ -123,7 +141,10 @@ class ReplicaMetrics:
                                     lab, registry=r, buckets=NIXL_BYTES_BUCKETS).labels(*v)
         self.nixl_failed = Counter("vllm:nixl_num_failed_transfers",
                                    "Number of failed NIXL KV Cache transfers.", lab, registry=r).labels(*v)
-        # fleetwise extras
+
+    def _fleetwise_metrics(self) -> None:
+        """fleetwise's own: step deadline overruns, engine busy time, KV hand-offs, time scale, refusals."""
+        r, lab, v = self.registry, LABEL_NAMES, self._labels
         self.overrun = Histogram("fleetwise:step_deadline_overrun_seconds",
                                  "How late the event loop woke for a step deadline (modelled seconds).",
                                  lab, registry=r, buckets=OVERRUN_BUCKETS).labels(*v)
@@ -145,7 +166,6 @@ class ReplicaMetrics:
                                 lab, registry=r).labels(*v)
         self.rejected = Counter("fleetwise:requests_rejected", "Requests refused with a 4xx/5xx status.",
                                 (*lab, "status"), registry=r)
-        self._labels = v
 
     def reject(self, status: int) -> None:
         """Count one refused request."""

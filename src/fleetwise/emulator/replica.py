@@ -17,7 +17,6 @@ per decoding request, as a server streams them (`StepOutput.tokens`).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,9 +29,10 @@ from fleetwise.emulator import faults as fault_kinds
 from fleetwise.emulator.config import EmulatorConfig
 from fleetwise.emulator.generation import OutputLengthModel
 from fleetwise.emulator.kv_events import KvEventPublisher
-from fleetwise.emulator.kv_format import check_pull, format_params, params_format
-from fleetwise.emulator.kv_leases import MAX_DST_KINDS, KvLeases
+from fleetwise.emulator.kv_format import format_params
+from fleetwise.emulator.kv_leases import KvLeases
 from fleetwise.emulator.kv_link import KvPort
+from fleetwise.emulator.kv_pull import KvPulls, PullClient
 from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.protocol import GenRequest
 from fleetwise.emulator.running import MAX_RECORDS, Live, ReplicaStatus, output_length, single_passes
@@ -42,17 +42,11 @@ from fleetwise.engine.pools import build_pool
 from fleetwise.engine.records import StepOutput
 from fleetwise.errors import SpecError
 from fleetwise.live import AsyncioClock
-from fleetwise.perf.kv import kv_shards, kv_transfer_bytes
+from fleetwise.perf.kv import kv_shards
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.spec.kv_format import declared_format
 
-KV_PULL_HOLD_MAX_S = 0.02
-"""Wall seconds a decode replica holds its clock for a KV pull's answer once the pull has landed
-on its own port (the answer says when it landed on the prefill's port, which decides when the
-request reaches the engine). On this host an answer takes ~2 ms of wall time; a prefill replica
-slower than this (hung, overloaded) must not freeze every stream here: past it the clock runs on
-and the request reaches the engine when the answer comes (late; counted in `pull_late`)."""
 WHERE = "emulator"
 """How errors in the emulator's options name their source."""
 
@@ -63,7 +57,7 @@ class EmulatedReplica:
 
     def __init__(self, cfg: EmulatorConfig, perf: PerfModel | None = None,
                  on_crash: Callable[[], None] | None = None,
-                 kv_pull: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None) -> None:
+                 kv_pull: PullClient | None = None) -> None:
         self.cfg = cfg
         self.pool = pool = cfg.pool()
         if perf is None:
@@ -89,15 +83,13 @@ class EmulatedReplica:
         self.faults = fault_kinds.FaultState()
         self.status = ReplicaStatus()
         self._on_crash = on_crash
-        self._kv_pull = kv_pull
         self._live: dict[str, Live] = {}
         self.leases = KvLeases(self)
         """Prefill role: the KV held for decode replicas to pull."""
+        self.pulls = KvPulls(self, kv_pull)
+        """Decode role: the KV pulled from prefill replicas."""
         self._next_eid = 0
         self._fault_timers: dict[str, asyncio.TimerHandle] = {}
-        self._egress_exclusive: dict[str, bool] = {}
-        """Decode role: per prefill KV port, whether its last pull's answer said no other decode
-        replica's transfer shared its egress (see `_pull`)."""
         self._aborts: list[Live] = []
         """Requests to drop from the engine at the end of the step in flight."""
         self.kv_port: KvPort | None = None
@@ -155,7 +147,7 @@ class EmulatedReplica:
             t.cancel()
         self.leases.cancel_timers()
         for live in list(self._live.values()):
-            self._fail(live, ApiError(503, "the server is shutting down; retry elsewhere"))
+            self.fail(live, ApiError(503, "the server is shutting down; retry elsewhere"))
         self.events.close()
         if self.clock is not None:
             self.clock.close()
@@ -228,14 +220,15 @@ class EmulatedReplica:
         if on_live is not None:
             on_live(live)
         if self.pool.role == "decode":
-            await self._pull(live, er, req.kv_transfer_params or {})
+            await self.pulls.pull(live, er, req.kv_transfer_params or {})
         else:
             # The request reaches the engine at its arrival on the clock: a step that ends then,
             # or ended before it while the process was late, runs first (as in the simulator).
-            clock.call_at(now, ORDER_ARRIVAL, self._admit, (live, er))
+            clock.call_at(now, ORDER_ARRIVAL, self.admit, (live, er))
         return live
 
-    def _admit(self, t: float, arg: tuple[Live, Request]) -> None:
+    def admit(self, t: float, arg: tuple[Live, Request]) -> None:
+        """Hand a request to the engine at modelled `t` (a clock callback; a pull's landing)."""
         live, er = arg
         if live.done:
             return
@@ -262,7 +255,7 @@ class EmulatedReplica:
 
     def _drop(self, live: Live) -> None:
         """Take `live` out of the KV port and the engine (between steps)."""
-        self._unhold(live)
+        self.pulls.unhold(live)
         if live.pull_id is not None and self.kv_port is not None:
             self.kv_port.cancel(self.now_s(), live.pull_id)
             live.pull_id = None
@@ -307,23 +300,43 @@ class EmulatedReplica:
             if lv is not None:
                 self._handoff(lv, end)
         if out.tokens:
-            # First tokens first: each emission wakes its stream in this order, and a stream's
-            # first chunk is what its client's TTFT waits for.
-            later = []
-            for eid, k in out.tokens:
-                lv = live_of.get(eid)
-                if lv is not None:
-                    if lv.first_token_s is None:
-                        self._emit(lv, lv.emitted + k, end)
-                    else:
-                        later.append((lv, k))
-            for lv, k in later:
-                self._emit(lv, lv.emitted + k, end)
+            self._stream_tokens(out.tokens, end)
         for eid in out.finished:
             lv = live_of.pop(eid, None)
             if lv is not None:
                 self._finish(lv, end)
-        m = self.metrics
+        self._step_metrics(driver, out, late, dur, started)
+        eng = self.engine
+        if self._aborts:
+            for lv in self._aborts:
+                eng.abort(lv.eid)
+            self._aborts.clear()
+        self._update_gauges()
+        if out.kv_events:
+            self.events.publish(end, out.kv_events)
+        if self.faults.hung:
+            driver.state = DOWN  # a hang takes hold at the end of the step in flight
+
+    def _stream_tokens(self, tokens: list[tuple[str, int]], end: float) -> None:
+        """Emit a step's tokens (engine id, count) at modelled `end`, first tokens first: each
+        emission wakes its stream in this order, and a stream's first chunk is what its client's
+        TTFT waits for."""
+        live_of = self._live
+        later = []
+        for eid, k in tokens:
+            lv = live_of.get(eid)
+            if lv is not None:
+                if lv.first_token_s is None:
+                    self._emit(lv, lv.emitted + k, end)
+                else:
+                    later.append((lv, k))
+        for lv, k in later:
+            self._emit(lv, lv.emitted + k, end)
+
+    def _step_metrics(self, driver: EngineDriver, out: StepOutput, late: float, dur: float,
+                      started: list[Live]) -> None:
+        """Count a step that ran `dur` modelled seconds and ended `late` seconds past its deadline."""
+        st, m = self.status, self.metrics
         if late > st.overrun_max_s:
             st.overrun_max_s = late
             m.overrun_max.set(late)
@@ -341,16 +354,6 @@ class EmulatedReplica:
             m.preemptions.inc(len(out.preempted))
         if out.tokens_generated:
             m.generation_tokens.inc(out.tokens_generated)
-        eng = self.engine
-        if self._aborts:
-            for lv in self._aborts:
-                eng.abort(lv.eid)
-            self._aborts.clear()
-        self._update_gauges()
-        if out.kv_events:
-            self.events.publish(end, out.kv_events)
-        if self.faults.hung:
-            driver.state = DOWN  # a hang takes hold at the end of the step in flight
 
     def _emit(self, lv: Live, n: int, t: float) -> None:
         first = lv.first_token_s is None
@@ -398,8 +401,9 @@ class EmulatedReplica:
             m.tpot.observe((t - first) / (lv.target - 1))
         m.success[lv.finish_reason].inc()
 
-    def _fail(self, lv: Live, err: ApiError) -> None:
-        self._unhold(lv)
+    def fail(self, lv: Live, err: ApiError) -> None:
+        """Drop `lv` and answer its client with `err`."""
+        self.pulls.unhold(lv)
         lv.gated = False
         if not lv.done:
             self._drop(lv)
@@ -430,140 +434,6 @@ class EmulatedReplica:
     def kv_port_name(self) -> str:
         """This replica's KV port as its peers name it (`engine_id@host:port`)."""
         return f"{self.cfg.engine_id}@{self.cfg.host}:{self.cfg.port}"
-
-    async def _pull(self, lv: Live, er: Request, ktp: dict[str, Any]) -> None:
-        """Decode role: the prompt's KV moves over this replica's ingress port (`KvPort`, shared
-        with the other pulls in flight) from the moment the request arrived, and over the
-        prefill replica's egress port, which prices it there and answers the pull message with
-        how long it took (`transfer_s`). The request reaches the engine when both have landed it:
-        at `arrival + max(ingress, egress)`, the simulator's two-port sharing as far as the two
-        ends see it (see `kv_link`). A refused or broken pull drops the request and answers with
-        the error. The message's own wall-clock round trip is the emulation's, not the modelled
-        transfer's (vLLM's NIXL reads the remote blocks directly), so it is not on the modelled
-        path. When the pull lands on this port before the answer has come (the usual case: the
-        answer takes 1-5 ms of wall time, a transfer alone ~0.3 ms at time scale 5):
-        - if the prefill replica's last answer said its egress carried no other decode replica's
-          transfer (`egress_shared` false), its price will be this port's: the request reaches
-          the engine now, at the landing, and nothing streams to the client until the answer
-          confirms the pull (a refusal drops it with the error; an egress that did turn out
-          shared and later counts in `pull_early`);
-        - else the clock is held until the answer comes (`AsyncioClock.hold`, at most
-          KV_PULL_HOLD_MAX_S), so no step starts without a request that should have joined it.
-        Either way the request reaches the engine at the modelled landing, as in the simulator;
-        the hold costs the other streams its wall time, so it is kept to the case that needs it."""
-        if self._kv_pull is None or self.kv_port is None or self.clock is None:
-            self._fail(lv, ApiError(503, "this replica cannot reach prefill replicas (no KV client)"))
-            return
-        try:  # an incompatible KV format is refused before anything moves
-            check_pull(params_format(ktp, self.cfg.model_version), self.kv_format, "this decode replica")
-        except ApiError as err:
-            self._fail(lv, err)
-            return
-        dst = {"model": self.cfg.model, "accelerator": self.cfg.gpu, "tp": self.cfg.tp, "pp": self.cfg.pp,
-               "kv_dtype": self.cfg.kv_dtype}
-        req = {"remote_request_id": ktp.get("remote_request_id"), "remote_engine_id": ktp.get("remote_engine_id"),
-               "dst": dst, "dst_port": self.kv_port_name(), "link_bytes_per_s": self.cfg.kv_link.bytes_per_s,
-               "kv_format": {**format_params(self.kv_format), "tp_size": self.cfg.tp}}
-        try:
-            src_bw = self.cfg.kv_link.bytes_per_s * kv_shards(self.leases.src_deployment(ktp))
-        except (SpecError, ValueError, TypeError) as err:
-            self._fail(lv, ApiError(400, f"kv_transfer_params: {str(err)[:200]}", "kv_transfer_params"))
-            return
-        src = f"{ktp.get('remote_engine_id')}@{ktp.get('remote_host')}:{ktp.get('remote_port')}"
-        port, clock, start_s = self.kv_port, self.clock, lv.arrival_s
-        ends: dict[str, float] = {}
-        """When each end has landed the pull: "ingress" (this port), "egress" (the prefill's)."""
-
-        def landed_on(end: str, t: float) -> None:
-            ends[end] = t
-            if len(ends) == 2 and not lv.done:
-                if lv.admitted:  # it reached the engine at its ingress landing, ahead of the answer
-                    if ends["egress"] > ends["ingress"]:
-                        self.status.pull_early += 1
-                    return
-                clock.call_at(max(ends.values()), ORDER_ARRIVAL, reach_engine)
-
-        def reach_engine(t: float, _: Any) -> None:
-            if lv.done:
-                return
-            lv.pull_end_s = t
-            self.metrics.kv_transfer.observe(t - start_s)
-            self.metrics.nixl_xfer_time.observe(t - start_s)
-            self.metrics.nixl_bytes.observe(nbytes)
-            self._admit(t, (lv, er))
-
-        def ingress_landed(t: float, _seconds: float, _shared: bool) -> None:
-            lv.pull_id = None
-            if "egress" not in ends and not lv.done:
-                if self._egress_exclusive.get(src, False):
-                    # The source's egress carried nothing else last time: its price will be this
-                    # port's; reach the engine now and let nothing stream until the answer says so.
-                    self.status.pull_speculated += 1
-                    lv.gated = True
-                    reach_engine(t, None)
-                else:  # the answer says whether the request reaches the engine now or later
-                    self._hold(lv)
-            landed_on("ingress", t)
-
-        nbytes = kv_transfer_bytes(er.prompt_tokens, self.deployment)
-
-        def start(t: float, _: Any) -> None:
-            # On the clock, as arrivals are: a late process first ends the pulls that were due.
-            if not lv.done:
-                lv.pull_id = port.start(t, src, src_bw, nbytes, ingress_landed)
-
-        lv.pull_start_s = start_s
-        clock.call_at(start_s, ORDER_ARRIVAL, start)
-        try:
-            res = await self._kv_pull(ktp, req)
-        except ApiError as err:
-            self.metrics.nixl_failed.inc()
-            self._fail(lv, ApiError(503 if err.status >= 500 else err.status, f"KV pull failed: {err.message}",
-                                    "kv_transfer_params"))
-            return
-        if int(res.get("prompt_tokens", -1)) != len(lv.req.prompt_ids):
-            self._fail(lv, ApiError(400, f"KV pull: the prefill replica holds {res.get('prompt_tokens')} prompt "
-                                         f"tokens, this request has {len(lv.req.prompt_ids)}; send the same prompt "
-                                         "to both", "prompt"))
-            return
-        egress_s = res.get("transfer_s")
-        if isinstance(egress_s, bool) or not isinstance(egress_s, int | float) or not math.isfinite(egress_s) \
-                or egress_s < 0:
-            self._fail(lv, ApiError(502, f"KV pull: the prefill replica answered transfer_s={egress_s!r}, not a "
-                                         "non-negative number of seconds", "kv_transfer_params"))
-            return
-        if len(self._egress_exclusive) >= MAX_DST_KINDS:
-            self._egress_exclusive.clear()
-        self._egress_exclusive[src] = res.get("egress_shared") is False
-        landed_on("egress", start_s + float(egress_s))
-        self._unhold(lv)
-        if lv.gated:
-            lv.gated = False
-            lv.notify()
-
-    def _hold(self, lv: Live) -> None:
-        """Hold the clock for `lv`'s pull answer (at most KV_PULL_HOLD_MAX_S of wall time)."""
-        assert self.clock is not None
-        self.clock.hold()
-        self.status.pull_holds += 1
-        lv.hold = asyncio.get_running_loop().call_later(KV_PULL_HOLD_MAX_S, self._hold_expired, lv)
-        lv.hold_since = time.monotonic()
-
-    def _hold_expired(self, lv: Live) -> None:
-        if lv.hold is not None and self.clock is not None:
-            lv.hold = None
-            self.status.pull_late += 1
-            self.status.pull_hold_wall_s += time.monotonic() - lv.hold_since
-            self.clock.release()
-
-    def _unhold(self, lv: Live) -> None:
-        """End `lv`'s hold on the clock, if it has one."""
-        h = lv.hold
-        if h is not None and self.clock is not None:
-            lv.hold = None
-            h.cancel()
-            self.status.pull_hold_wall_s += time.monotonic() - lv.hold_since
-            self.clock.release()
 
     # ---- faults ---------------------------------------------------------------------------------
     def inject(self, body: dict[str, Any]) -> dict[str, Any]:

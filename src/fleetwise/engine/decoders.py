@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 
 from fleetwise.engine.sequence import DECODE, LEFT, SeqState
+from fleetwise.perf.types import BatchShape
 
 
 class DecodeSet:
@@ -137,3 +138,23 @@ def _live(item: tuple[int, int, SeqState]) -> bool:
 def _live_a(item: tuple[int, int, SeqState]) -> bool:
     st = item[2]
     return st.phase == DECODE and st.seq == item[1] and st.a == -item[0]
+
+
+def step_shape(dec: DecodeSet, passes: int, chunks: list[tuple[SeqState, int]]) -> BatchShape:
+    """The batch of one pass: `dec`'s decode rows (`passes` passes done) plus the prompt chunks
+    `chunks` (sequence, tokens) scheduled with them."""
+    n, new = dec.n, dec.n
+    kv = dec.kv_read_tokens(passes)
+    longest = dec.max_kv_read(passes) if n else 0
+    pairs, pre, mx = float(kv), 0, 1 if n else 0
+    for st, c in chunks:
+        n += 1
+        new += c
+        kv += st.computed + c
+        pairs += c * (st.computed + (c + 1) / 2)
+        if c > 1:
+            pre += c
+        elif st.computed + 1 > longest:  # a one-token chunk reads its KV like a decode row
+            longest = st.computed + 1
+        mx = max(mx, c)
+    return BatchShape(n, new, kv, pairs, pre, mx, longest)

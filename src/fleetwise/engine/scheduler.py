@@ -27,49 +27,20 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from fleetwise.core.request import Request
 from fleetwise.core.views import Role, WorkerView
 from fleetwise.engine.blocks import BlockPool
 from fleetwise.engine.bundle import DecodeTimeFn, Fused, decode_time_of, plan_fused
-from fleetwise.engine.decoders import DecodeSet
+from fleetwise.engine.decoders import DecodeSet, step_shape
 from fleetwise.engine.records import EngineConfig, Step, StepOutput
 from fleetwise.engine.sequence import DECODE, HANDOFF, PREFILL, WAITING, SeqState, cdiv, hit_blocks, lookup
+from fleetwise.engine.step_state import EngineCounters, ScheduledStep
 from fleetwise.errors import InfeasibleError, SpecError
 from fleetwise.perf.types import BatchShape
 from fleetwise.spec.kv_format import KvFormat
 
 StepTimeFn = Callable[[BatchShape], float]
-
-
-@dataclass(slots=True)
-class _InFlight:
-    """The scheduled step awaiting `complete()`."""
-
-    passes: int
-    duration_s: float
-    num_decoders: int
-    chunks: list[tuple[SeqState, int]]
-    new_decoders: list[SeqState]
-    preempted: list[str]
-    prefix_hit_tokens: int
-    scheduled: list[tuple[str, float]] = field(default_factory=list)
-    """Requests whose prompt was first scheduled in this step (offset 0.0: the step's start)."""
-    fused: Fused | None = None
-    """Pass times of a fused decode step (None for a single pass)."""
-    deferred_blocks: int = 0
-    """Blocks of passes 2..k, taken from the pool at `complete()`."""
-
-
-@dataclass(slots=True)
-class _Counters:
-    prompt_tokens_admitted: int = 0
-    prefix_hit_tokens: int = 0
-    preemptions: int = 0
-    steps: int = 0
-    passes: int = 0
-    carried_preempted: list[str] = field(default_factory=list)
 
 
 class Engine:
@@ -95,9 +66,9 @@ class Engine:
         self._awaiting_release: dict[str, SeqState] = {}
         self._passes = 0  # the decode pass counter G
         self._seq = 0
-        self._inflight: _InFlight | None = None
+        self._inflight: ScheduledStep | None = None
         self._blocked_key: tuple[str | int, ...] | None = None
-        self.stats = _Counters()
+        self.stats = EngineCounters()
         self.per_request_outputs = False
         """Fill `StepOutput.tokens` (which requests got how many tokens): a server streams them."""
 
@@ -109,18 +80,22 @@ class Engine:
     # -- read-only properties -------------------------------------------------------------------
     @property
     def busy(self) -> bool:
+        """A step is in flight (scheduled, not yet completed)."""
         return self._inflight is not None
 
     @property
     def has_work(self) -> bool:
+        """Requests are running or waiting."""
         return bool(self._running) or bool(self._waiting)
 
     @property
     def num_waiting(self) -> int:
+        """Requests waiting for admission."""
         return len(self._waiting)
 
     @property
     def num_running(self) -> int:
+        """Requests admitted (prefilling or decoding)."""
         return len(self._running)
 
     @property
@@ -142,6 +117,7 @@ class Engine:
 
     @property
     def prefix_hit_rate(self) -> float:
+        """Fraction of admitted prompt tokens served from the prefix cache (0 before any)."""
         admitted = self.stats.prompt_tokens_admitted
         return self.stats.prefix_hit_tokens / admitted if admitted else 0.0
 
@@ -217,18 +193,18 @@ class Engine:
             if planned is not None:
                 fused, deferred = planned
                 passes = fused.passes
-                self._inflight = _InFlight(passes, fused.duration_s, n_dec, chunks, new_decoders, preempted,
+                self._inflight = ScheduledStep(passes, fused.duration_s, n_dec, chunks, new_decoders, preempted,
                                            hits, scheduled, fused, deferred)
                 return Step(fused.duration_s, passes, None, n_dec, 0, n_dec * passes, (n_dec, kv, longest))
-        self._inflight = _InFlight(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
+        self._inflight = ScheduledStep(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
         return Step(d0, 1, None, n_dec, 0, n_dec, (n_dec, kv, longest))
 
     def _single_step(self, chunks: list[tuple[SeqState, int]], n_dec: int, new_decoders: list[SeqState],
                      preempted: list[str], hits: int, scheduled: list[tuple[str, float]]) -> Step:
         """A step with prompt chunks: one pass, priced on its full shape."""
-        shape = self._shape(chunks)
+        shape = step_shape(self._decoders, self._passes, chunks)
         d0 = self.step_time(shape)
-        self._inflight = _InFlight(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
+        self._inflight = ScheduledStep(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
         prefill = 0
         for _, c in chunks:
             prefill += c
@@ -355,24 +331,6 @@ class Engine:
             self._waiting_prefill_tokens -= st.target
             st.phase = PREFILL
             self._prefilling.append(st)
-
-    def _shape(self, chunks: list[tuple[SeqState, int]]) -> BatchShape:
-        dec = self._decoders
-        n, new = dec.n, dec.n
-        kv = dec.kv_read_tokens(self._passes)
-        longest = dec.max_kv_read(self._passes) if n else 0
-        pairs, pre, mx = float(kv), 0, 1 if n else 0
-        for st, c in chunks:
-            n += 1
-            new += c
-            kv += st.computed + c
-            pairs += c * (st.computed + (c + 1) / 2)
-            if c > 1:
-                pre += c
-            elif st.computed + 1 > longest:  # a one-token chunk reads its KV like a decode row
-                longest = st.computed + 1
-            mx = max(mx, c)
-        return BatchShape(n, new, kv, pairs, pre, mx, longest)
 
     def _fuse(self, kv: int, longest: int, d0: float, horizon_s: float,
               soft_s: float) -> tuple[Fused, int] | None:
@@ -535,11 +493,10 @@ class Engine:
         elif request_id in self._awaiting_release:
             self.release(request_id)
         else:
-            for st in self._waiting:
-                if st.req.request_id == request_id:
-                    break
-            else:
+            found = next((w for w in self._waiting if w.req.request_id == request_id), None)
+            if found is None:
                 return False
+            st = found
             self._waiting.remove(st)
             self._waiting_prefill_tokens -= 0 if st.transferred else st.target
         self._blocked_key = None
@@ -630,8 +587,6 @@ class Engine:
         default: blocks times block size)."""
         waiting, running, queued, decode_left, usage = self.load(elapsed_s, passes_done)
         cap = self.pool.capacity * self._bs if kv_capacity_tokens is None else kv_capacity_tokens
-        if not token_loads:
-            return WorkerView(self.name, self.role, pool, accelerator, model_version, region, healthy, waiting,
-                              running, None, None, usage, cap, self._bs, now_s, 1.0, kv_format)
+        q, d = (queued, decode_left) if token_loads else (None, None)
         return WorkerView(self.name, self.role, pool, accelerator, model_version, region, healthy, waiting,
-                          running, queued, decode_left, usage, cap, self._bs, now_s, 1.0, kv_format)
+                          running, q, d, usage, cap, self._bs, now_s, 1.0, kv_format)

@@ -138,15 +138,9 @@ class RelayStage(FleetLoops):
                 b.done(pre_left, 0)
                 pre_left = 0
                 if not call.resumed:
-                    await send({"type": "http.response.start", "status": 200, "headers": [
-                        (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                        (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", b.name.encode())]})
+                    await send({"type": "http.response.start", "status": 200, "headers": stream_headers(call, b)})
                 sent_any = True
-                if call.meter is not None or call.track:
-                    first, held = self._relayed(call, first, held)
-                await send({"type": "http.response.body", "body": first, "more_body": True})
-                self.telemetry.first_byte(call.endpoint, t_first - call.arrival_s)
-                self.policy.observe(FirstToken(t_first, call.rid, b.name, t_first - t_send))
+                held = await self._send_first(call, b, first, held, send, t_first, t_send)
                 r.timeout_s = next_token_bound_s(b, self.cfg.stall, self.cfg.timeouts)
                 held = await self._pump(call, r, framer, held, send)
         except Retry:
@@ -173,6 +167,16 @@ class RelayStage(FleetLoops):
             return None
         await self._stream_done(call, b, framer, held, t_send, t_first, send)
         return None
+
+    async def _send_first(self, call: Call, b: Backend, first: bytes, held: bytes, send: Send,
+                          t_first: float, t_send: float) -> bytes:
+        """Send the stream's first event (read at `t_first`, asked for at `t_send`); returns what is held back."""
+        if call.meter is not None or call.track:
+            first, held = self._relayed(call, first, held)
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        self.telemetry.first_byte(call.endpoint, t_first - call.arrival_s)
+        self.policy.observe(FirstToken(t_first, call.rid, b.name, t_first - t_send))
+        return held
 
     async def _pump(self, call: Call, r: UpstreamResponse, framer: SseFramer, held: bytes, send: Send) -> bytes:
         """Relay whole events until the stream ends (each wait bounded by `r.timeout_s`); returns
@@ -266,3 +270,9 @@ class RelayStage(FleetLoops):
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": f"data: {ev}\n\ndata: [DONE]\n\n".encode(),
                         "more_body": False})
+
+
+def stream_headers(call: Call, b: Backend) -> list[tuple[bytes, bytes]]:
+    """The response headers of a relayed event stream from backend `b`."""
+    return [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+            (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", b.name.encode())]

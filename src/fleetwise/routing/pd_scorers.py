@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from fleetwise.core.views import KvLinkView, RouteRequest, kv_format_of
+from fleetwise.core.views import KvLinkView, RouteRequest, WorkerView, kv_format_of
 from fleetwise.routing.plugins import Candidate, clamp01
 from fleetwise.routing.vector import Columns
 from fleetwise.spec.kv_format import kv_compat
@@ -69,3 +69,17 @@ def score_handoff(req: RouteRequest, pairs: Sequence[Pair], links: Links) -> dic
 
 PAIR_SCORERS: dict[str, PairScorerFn] = ROUTING_PLUGINS.implementations("pair_scorer")
 """Every pair scorer by name (the registry's live mapping)."""
+
+
+def kv_headroom(w: WorkerView, need_tokens: int) -> float:
+    """KV fraction left after admitting `need_tokens` (`1 - kv_usage` without a capacity)."""
+    free = 1.0 - w.kv_usage
+    return free - need_tokens / w.kv_capacity_tokens if w.kv_capacity_tokens > 0 else free
+
+
+def reachable_pairs(pairs: list[Pair], links: Links, fraction: float) -> list[Pair]:
+    """The pairs whose KV link (if any) has at least `fraction` of the best healthy bandwidth
+    (bytes/s), or every pair when none has."""
+    floor = fraction * healthy_bandwidth(links)
+    return [(p, d) for p, d in pairs if (lk := links.get((p.name, d.name))) is None
+            or lk.bandwidth_bytes_per_s >= floor] or pairs

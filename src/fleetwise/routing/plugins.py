@@ -33,12 +33,14 @@ __all__ = [
     "SCORERS",
     "Candidate",
     "PickerState",
+    "apply_filters",
     "candidate_columns",
     "clamp01",
     "has_token_backlog",
     "load_bound",
     "own_cost",
     "score_candidates",
+    "weighted_totals",
 ]
 
 
@@ -220,6 +222,29 @@ def score_candidates(req: RouteRequest, cs: Sequence[Candidate], scorers: Sequen
     cols = candidate_columns(req, cs)
     names = [c.view.name for c in cs]
     return {s: dict(zip(names, SCORERS[s](req, cols), strict=True)) for s in scorers}
+
+
+def apply_filters(req: RouteRequest, ws: list[WorkerView], down: frozenset[str],
+                  filters: Sequence[str]) -> tuple[list[WorkerView], str]:
+    """The workers every one of `filters` keeps, in order, or none and the first emptying filter's reason."""
+    for f in filters:
+        ws, why = FILTERS[f](req, ws, down)
+        if not ws:
+            return [], why
+    return ws, ""
+
+
+def weighted_totals(cs: Sequence[Candidate], per: dict[str, dict[str, float]], weights: dict[str, float],
+                    normalise: bool = False) -> dict[str, float]:
+    """Weighted sum of the scores (`per`: scorer -> worker -> score) per candidate, divided by the
+    weights' sum when `normalise`."""
+    wsum = sum(weights[s] for s in per) or 1.0
+    terms = [(weights[s], vals) for s, vals in per.items()]
+    tot: dict[str, float] = {}
+    for c in cs:
+        name = c.view.name
+        tot[name] = sum([wt * vals[name] for wt, vals in terms])  # 0 + w1*v1 + w2*v2 ..., in scorer order
+    return {k: v / wsum for k, v in tot.items()} if normalise else tot
 
 
 # ---- bounded load ------------------------------------------------------------------------------

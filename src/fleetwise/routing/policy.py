@@ -22,9 +22,8 @@ each side's picker chooses in turn (prefill first).
 from __future__ import annotations
 
 import bisect
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import replace
-from operator import itemgetter
 from typing import Any
 
 from fleetwise.core.feedback import (
@@ -44,113 +43,38 @@ from fleetwise.core.rng import RngStreams
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, RoutingDecision, WorkerView
 from fleetwise.routing import kernels
 from fleetwise.routing.incoming import IncomingKv
-from fleetwise.routing.pd_scorers import PAIR_SCORERS, compatible_pairs, healthy_bandwidth, pair_key
+from fleetwise.routing.pd_scorers import (
+    PAIR_SCORERS,
+    compatible_pairs,
+    kv_headroom,
+    pair_key,
+    reachable_pairs,
+)
 from fleetwise.routing.plugins import (
-    FILTERS,
     PICKER_KINDS,
     PICKERS,
     SCORERS,
     TIE_TOLERANCE,
     Candidate,
     PickerState,
+    apply_filters,
     has_token_backlog,
     load_bound,
     own_cost,
     score_candidates,
     view_load,
+    weighted_totals,
 )
 from fleetwise.routing.predictor import OutputPredictor
 from fleetwise.routing.prefix_index import PrefixIndex
+from fleetwise.routing.reasons import max_reason, pair_reason
 from fleetwise.routing.safe_mode import SafeModeTracker, as_fresh
-from fleetwise.routing.state import InFlight, LatencyFeedback, Pending
-from fleetwise.routing.vector import VIEW_ONLY_SCORERS, Columns, ScoreTable
+from fleetwise.routing.state import InFlight, LatencyFeedback, Pending, RecentPicks
+from fleetwise.routing.vector import Columns, ScoreTable
+from fleetwise.routing.view_cache import Eligible, ScoreKeys, ViewColumns, rounded_scores
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
 
-__all__ = ["ComposedPolicy", "fmt_tokens"]
-
-class _Eligible:
-    """The eligible workers of one view for one (model_version, region), and what every request
-    routed on that view reads of them: names, report times (sorted) and view loads."""
-
-    __slots__ = ("ws", "why", "names", "reported", "base", "backlog", "zero_scores", "vec", "weights", "unit")
-
-    def __init__(self, ws: list[WorkerView], why: str) -> None:
-        self.ws, self.why = ws, why
-        self.names = [w.name for w in ws]
-        self.reported = sorted(w.reported_at_s for w in ws)
-        self.base: list[tuple[float, int]] | None = None
-        self.backlog = True
-        """Every view reports its token backlogs (else signals fall back to the ledger)."""
-        self.zero_scores: dict[str, float] = dict.fromkeys(self.names, 0)
-        """Every worker's total when no scorer has weight (each decision gets a copy)."""
-        self.vec: _ViewColumns | None = None
-        """The array fast path's per-view state (built on first use)."""
-        self.weights: dict[str, float] | None = (
-            {w.name: w.weight for w in ws} if len({w.weight for w in ws}) > 1 else None)
-        """The workers' weights, or None when they are all equal (picks are then unweighted)."""
-        self.unit = all(w.weight == 1.0 for w in ws)
-        """Every weight is 1 (the columns fast path divides by none)."""
-
-
-class _ViewColumns:
-    """What the columns fast path (`ComposedPolicy._pick_mixed_vector`) keeps per view: each
-    worker's load and outstanding requests as `_candidate` computes them, recomputed only for the
-    workers whose in-flight entries changed (`InFlight.changes_since`), the share check's pick
-    counts, plus what depends only on the view (KV usage and view-only scores, score keys,
-    positions)."""
-
-    __slots__ = ("load", "requests", "mark", "base", "reqs0", "backlog", "kv_usage", "keys", "key_lists", "where",
-                 "pos", "every", "counts", "counts_k", "counts_seq", "fixed")
-
-    def __init__(self, e: _Eligible, cost: Any, scorers: list[str], req: RouteRequest) -> None:
-        ws = e.ws
-        n = len(ws)
-        self.base = [view_load(w, cost) for w in ws]
-        self.reqs0 = [w.queued_requests + w.running_requests for w in ws]
-        self.backlog = [has_token_backlog(w) for w in ws]
-        self.kv_usage = [w.kv_usage for w in ws]
-        self.every = list(range(n))
-        """Every position (the kept workers when the load bound keeps all or is off)."""
-        full = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, self.kv_usage, 0, self.every)
-        self.fixed = {s: SCORERS[s](req, full) for s in scorers if s in VIEW_ONLY_SCORERS}
-        """Every worker's score by each view-only scorer (`VIEW_ONLY_SCORERS`)."""
-        self.keys = {s: [f"{name}.{s}" for name in e.names] for s in scorers}
-        self.key_lists = [self.keys[s] for s in scorers]
-        self.where: dict[str, tuple[int, int]] = {name: (0, i) for i, name in enumerate(e.names)}
-        """`ScoreTable` key -> (column, worker index), later keys winning as in the reference dict."""
-        for k, s in enumerate(scorers, start=1):
-            self.where.update((key, (k, i)) for i, key in enumerate(self.keys[s]))
-        self.load = [0.0] * n
-        self.requests = [0] * n
-        self.mark = -1
-        """`InFlight.changes_since` position of the last update (-1: never updated)."""
-        self.pos = {name: i for i, name in enumerate(e.names)}
-        self.counts = [0] * n
-        """Each worker's picks among the recent `mixed` decisions (the load bound's share check)."""
-        self.counts_k = 0
-        """Their sum."""
-        self.counts_seq = -1
-        """`PickerState.seq` when `counts` was last brought up to date (-1: never)."""
-
-
-class _ScoreKeys(dict[str, str]):
-    """`<worker>.<scorer>` score keys of one scorer, built once per worker."""
-
-    def __init__(self, scorer: str) -> None:
-        super().__init__()
-        self.scorer = scorer
-
-    def __missing__(self, worker: str) -> str:
-        key = self[worker] = f"{worker}.{self.scorer}"
-        return key
-
-
-def fmt_tokens(x: float) -> str:
-    """Compact token count: 950, 12.3k, 4.1M."""
-    if abs(x) >= 1e6:
-        return f"{x / 1e6:.1f}M"
-    return f"{x / 1e3:.1f}k" if abs(x) >= 1e4 else f"{x:.0f}"
-
+__all__ = ["ComposedPolicy"]
 
 class ComposedPolicy:
     """A routing policy assembled from `PolicyParams`; see the module docstring for the steps."""
@@ -173,22 +97,20 @@ class ComposedPolicy:
         """Expected output tokens of the request being routed (set at the start of `route`)."""
         self.feedback = LatencyFeedback(params.feedback)
         self.down: dict[str, float] = {}
-        self.recent: dict[str, deque[str]] = {}
-        self._recent_counts: dict[str, Counter[str]] = {}
-        """Per pool, how often each worker appears in `recent` (the share check's counts)."""
+        self.recent = RecentPicks(params.load_bound.share_window)
         self.by_reason: Counter[str] = Counter()
         self.by_worker: Counter[str] = Counter()
         self.last_now_s = 0.0
         self.rejected = 0
         self._down_version = 0
         self._elig_key: tuple[Any, ...] | None = None
-        self._elig: dict[tuple[str | None, str | None], _Eligible] = {}
+        self._elig: dict[tuple[str | None, str | None], Eligible] = {}
         self._simple = all(params.pd_picker(side) in ("round_robin", "random") for side in ("prefill", "decode")) and (
             params.picker in ("round_robin", "random") and not params.load_bound.enabled and not any(
                 wt > 0 for wt in params.scorers.values()))
         """The pick reads no candidate signal: only the chosen worker's is computed (O(1) per request)."""
         self._weights: dict[str, float] = {str(k): v for k, v in params.scorers.items()}
-        self._score_keys: dict[str, _ScoreKeys] = {}
+        self._score_keys: dict[str, ScoreKeys] = {}
         self._profiles = {side: params.pd_profile(side) for side in ("prefill", "decode")}
         """Scorer weights of the P/D prefill and decode profiles (`PolicyParams.pd_profile`)."""
         self._pd_filters = {side: params.pd_filters(side) for side in ("prefill", "decode")}
@@ -245,7 +167,7 @@ class ComposedPolicy:
             self.by_worker[d.prefill_worker] += 1
         return d
 
-    def _eligible_cached(self, req: RouteRequest, fleet: FleetView) -> _Eligible:
+    def _eligible_cached(self, req: RouteRequest, fleet: FleetView) -> Eligible:
         """`_eligible`, memoised while the view (the same workers tuple) and the down set last."""
         key = (fleet.workers, self._down_version)
         if self._elig_key is None or self._elig_key[0] is not key[0] or self._elig_key[1] != key[1]:
@@ -254,17 +176,16 @@ class ComposedPolicy:
         sub = (req.model_version, req.region)
         e = self._elig.get(sub)
         if e is None:
-            e = self._elig[sub] = _Eligible(*self._eligible(req, fleet))
+            e = self._elig[sub] = Eligible(*self._eligible(req, fleet))
         return e
 
     def _eligible(self, req: RouteRequest, fleet: FleetView) -> tuple[list[WorkerView], str]:
-        down = frozenset(w.name for w in fleet.workers if self.down.get(w.name, -1.0) >= w.reported_at_s)
         ws = sorted(fleet.workers, key=lambda w: w.name)
-        for f in (*(f for f in self.params.filters if f != "role"), "role"):
-            ws, why = FILTERS[f](req, ws, down)
-            if not ws:
-                return [], why
-        return ws, ""
+        return apply_filters(req, ws, self._down_set(fleet), (*(f for f in self.params.filters if f != "role"), "role"))
+
+    def _down_set(self, fleet: FleetView) -> frozenset[str]:
+        """The workers reported down since their view was taken."""
+        return frozenset(w.name for w in fleet.workers if self.down.get(w.name, -1.0) >= w.reported_at_s)
 
     def _candidate(self, req: RouteRequest, w: WorkerView, side: str, now: float) -> Candidate:
         cost = self.params.cost
@@ -283,11 +204,11 @@ class ComposedPolicy:
             load += self.inflight.outstanding(w.name, cost.decode_token_weight)[1] - tok_pend
         load += tok_pend + cost.per_request_tokens * n_pend
         requests = w.queued_requests + w.running_requests + n_pend
-        room = _headroom(w, req.prompt_tokens + self._expected) if side == "decode" else 0.0
+        room = kv_headroom(w, req.prompt_tokens + self._expected) if side == "decode" else 0.0
         return Candidate(w, requests, load, own, self.feedback.factor(w.name, now) / w.weight, prefix, room)
 
     def _candidates(self, req: RouteRequest, ws: list[WorkerView], side: str, now: float,
-                    e: _Eligible | None = None) -> list[Candidate]:
+                    e: Eligible | None = None) -> list[Candidate]:
         """Every worker's signals; the same numbers as `_candidate`, with what depends only on the
         view (mixed side: `e.base`) or only on the request (own cost without a prefix) hoisted."""
         if side != "mixed" or e is None or self.reference:
@@ -328,51 +249,17 @@ class ComposedPolicy:
     def _bounded(self, cs: list[Candidate], pool: str) -> tuple[list[Candidate], float | None, list[str]]:
         if not self.params.load_bound.enabled or len(cs) < 2:
             return cs, None, []
-        return load_bound(cs, self.recent.get(pool, ()), self.params.load_bound)
+        return load_bound(cs, self.recent.picks.get(pool, ()), self.params.load_bound)
 
     def _scores(self, req: RouteRequest, cs: list[Candidate],
                 weights: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
         """Each weighted scorer's scores of `cs`: the policy's scorers, or a profile's `weights`."""
         return score_candidates(req, cs, [s for s, wt in (weights or self.params.scorers).items() if wt > 0])
 
-    def _totals(self, cs: list[Candidate], per: dict[str, dict[str, float]], normalise: bool = False,
-                weights: dict[str, float] | None = None) -> dict[str, float]:
-        """Weighted sum of the scores per candidate (divided by the weights' sum when `normalise`)."""
-        weights = weights or self._weights
-        wsum = sum(weights[s] for s in per) or 1.0
-        terms = [(weights[s], vals) for s, vals in per.items()]
-        tot: dict[str, float] = {}
-        for c in cs:
-            name = c.view.name
-            tot[name] = sum([wt * vals[name] for wt, vals in terms])  # 0 + w1*v1 + w2*v2 ..., in scorer order
-        return {k: v / wsum for k, v in tot.items()} if normalise else tot
-
-    def _rounded_scores(self, totals: dict[str, float], per: dict[str, dict[str, float]]) -> dict[str, float]:
-        """The decision's scores: totals, then `<worker>.<scorer>` per scorer, to 6 places."""
-        scores = {k: round(v, 6) for k, v in totals.items()}
-        for s, vals in per.items():
-            keys = self._score_keys.get(s)
-            if keys is None:
-                keys = self._score_keys[s] = _ScoreKeys(s)
-            for k, v in vals.items():
-                scores[keys[k]] = round(v, 6)
-        return scores
-
     def _record(self, pool: str, name: str) -> str | None:
         """Note `name` as chosen in `pool`; returns the name that fell out of the recent window."""
         self.picker.chosen(name)
-        dq = self.recent.get(pool)
-        if dq is None:
-            dq = self.recent[pool] = deque(maxlen=max(1, self.params.load_bound.share_window))
-            self._recent_counts[pool] = Counter()
-        counts = self._recent_counts[pool]
-        dropped = None
-        if len(dq) == dq.maxlen:
-            dropped = dq[0]
-            counts[dropped] -= 1  # about to fall out of the window
-        dq.append(name)
-        counts[name] += 1
-        return dropped
+        return self.recent.add(pool, name)
 
     def _dispatch(self, req: RouteRequest, c: Candidate, worker: str, prefill: str | None, now: float) -> None:
         uncached = max(req.prompt_tokens - c.prefix_blocks * req.hash_block_tokens, 0)
@@ -382,7 +269,7 @@ class ComposedPolicy:
 
     # ---- colocated ---------------------------------------------------------------------------
 
-    def _route_mixed_simple(self, req: RouteRequest, fleet: FleetView, e: _Eligible, safe: bool) -> RoutingDecision:
+    def _route_mixed_simple(self, req: RouteRequest, fleet: FleetView, e: Eligible, safe: bool) -> RoutingDecision:
         """Round-robin or random picks (or safe-mode round-robin): the same decision as
         `_route_mixed`, computing only the chosen worker's signals."""
         names = e.names
@@ -411,7 +298,7 @@ class ComposedPolicy:
         return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
     def _route_mixed(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool,
-                     e: _Eligible | None = None) -> RoutingDecision:
+                     e: Eligible | None = None) -> RoutingDecision:
         if self._vector and e is not None and e.unit and not (
                 safe and self.safe.spec.action == "round_robin"):  # weights other than 1: the reference path
             return self._route_mixed_vector(req, fleet.now_s, e, safe)
@@ -431,7 +318,7 @@ class ComposedPolicy:
         self._dispatch(req, by_name[name], name, None, fleet.now_s)
         return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
-    def _route_mixed_vector(self, req: RouteRequest, now: float, e: _Eligible, safe: bool) -> RoutingDecision:
+    def _route_mixed_vector(self, req: RouteRequest, now: float, e: Eligible, safe: bool) -> RoutingDecision:
         """`_route_mixed` by the array fast path (a `max` pick, not safe-mode round-robin)."""
         c, scores, reason, kind = self._pick_mixed_vector(req, now, e)
         if safe:
@@ -455,66 +342,31 @@ class ComposedPolicy:
         """(worker, scores, reason, kind) by the configured picker over the bounded candidates."""
         kept, bound, excluded = self._bounded(cs, "mixed")
         per = self._scores(req, kept)
-        totals = self._totals(kept, per)
-        scores = self._rounded_scores(totals, per)
+        totals = weighted_totals(kept, per, self._weights)
+        scores = rounded_scores(totals, per, self._score_keys)
         kind = self.params.picker
         names = [c.name for c in kept]
 
         def picker_totals() -> dict[str, float]:
             # power-of-two with no weighted scorer compares outstanding requests
-            return totals if per or kind != "power_of_two" else self._totals(kept, score_candidates(req, kept, ("requests",)))
+            return totals if per or kind != "power_of_two" else weighted_totals(kept, score_candidates(req, kept, ("requests",)), self._weights)
 
         name, reason, tied = PICKERS[kind](self.picker, names, picker_totals, "mixed", self.params.tie_break)
         if kind != "max":
             return name, scores, reason, PICKER_KINDS[kind]
         c = next(x for x in kept if x.name == name)
-        reason, lead = self._explain(req, c, per, bound, excluded, tied)
+        reason, lead = max_reason(self.params, req, c, per, bound, excluded, tied)
         return name, scores, reason, lead
 
-    def _view_columns(self, e: _Eligible, req: RouteRequest) -> _ViewColumns:
-        """`e`'s fast-path state with every worker's load and requests brought up to date: those
-        whose in-flight entries changed since last asked are recomputed as `_candidate` does."""
-        v = e.vec
-        if v is None:
-            v = e.vec = _ViewColumns(e, self.params.cost, self._vector_scorers, req)
-        cost = self.params.cost
-        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
-        inflight = self.inflight
-        since, outstanding = inflight.since, inflight.outstanding
-        load, requests = v.load, v.requests
-        changed, mark = inflight.changes_since(v.mark) if v.mark >= 0 else (None, inflight.changes_since(0)[1])
-        v.mark = mark
-        pos = v.pos
-        todo: Any = range(len(e.ws)) if changed is None else [pos[n] for n in dict.fromkeys(changed) if n in pos]
-        for i in todo:
-            w = e.ws[i]
-            name = w.name
-            n_pend, tok_pend = since(name, w.reported_at_s, dw)
-            x = v.base[i]
-            if not v.backlog[i]:
-                x += outstanding(name, dw)[1] - tok_pend
-            x += tok_pend + per_req * n_pend
-            load[i] = x
-            requests[i] = v.reqs0[i] + n_pend
-        return v
-
-    def _share_counts(self, v: _ViewColumns, names: list[str]) -> tuple[list[int], int]:
-        """Each worker's picks among the recent `mixed` decisions, and their sum (as
-        `plugins.load_bound` counts them): `v.counts`, rebuilt unless this path's own picks
-        have kept it current (`_route_mixed_vector`)."""
-        if v.counts_seq != self.picker.seq:
-            seen = self._recent_counts["mixed"]  # = Counter(recent): 0 for a name not seen
-            v.counts = [seen[name] for name in names]
-            v.counts_k = sum(v.counts)
-            v.counts_seq = self.picker.seq
-        return v.counts, v.counts_k
-
     def _pick_mixed_vector(self, req: RouteRequest, now: float,
-                           e: _Eligible) -> tuple[Candidate, ScoreTable, str, str]:
+                           e: Eligible) -> tuple[Candidate, ScoreTable, str, str]:
         """`_candidates` + `_pick_mixed` for a `max` picker, on per-worker
         columns (`fleetwise.routing.kernels`): the same candidate, scores, reason and kind. Every
-        weight is 1 (`_Eligible.unit`): slowness is the feedback factor itself."""
-        v = self._view_columns(e, req)
+        weight is 1 (`Eligible.unit`): slowness is the feedback factor itself."""
+        v = e.vec
+        if v is None:
+            v = e.vec = ViewColumns(e, self.params.cost, self._vector_scorers, req)
+        v.refresh(e, self.inflight, self.params.cost)
         cost, names, n = self.params.cost, e.names, len(e.names)
         exp, hashes = self._expected, req.block_hashes
         own = [own_cost(req, 0, cost, exp)] * n
@@ -535,8 +387,8 @@ class ComposedPolicy:
         kept = v.every
         lb = self.params.load_bound
         if lb.enabled and n >= 2:  # `plugins.load_bound`
-            share = lb.share_window > 0 and bool(self.recent.get("mixed"))
-            counts, k = self._share_counts(v, names) if share else (None, 0)
+            share = lb.share_window > 0 and bool(self.recent.picks.get("mixed"))
+            counts, k = v.share_counts(names, self.picker.seq, self.recent.counts["mixed"]) if share else (None, 0)
             bound, kept = kernels.bounded(load, own, slow, lb.c, TIE_TOLERANCE, counts, k)
             if len(kept) < n:
                 excluded = kernels.left_out(names, kept)
@@ -557,32 +409,8 @@ class ComposedPolicy:
             j = kept_names.index(pick)
         i = kept[j]
         c = Candidate(e.ws[i], v.requests[i], load[i], own[i], slow[i], 0 if prefix is None else prefix[i])
-        reason, lead = self._explain(req, c, per, bound, excluded, n_tied)  # type: ignore[arg-type]
+        reason, lead = max_reason(self.params, req, c, per, bound, excluded, n_tied)  # type: ignore[arg-type]
         return c, scores, reason, lead
-
-    def _explain(self, req: RouteRequest, c: Candidate, per: dict[str, dict[str, float]],
-                 bound: float | None, excluded: list[str], tied: int) -> tuple[str, str]:
-        """The reason of a `max` pick, and the decision kind: its leading signal."""
-        n = len(req.block_hashes)
-        if "prefix" in per and c.prefix_blocks > 0:
-            lead, head = "prefix", f"prefix {c.prefix_blocks}/{n} blocks on {c.name}"
-        elif "requests" in per and "load" not in per:
-            lead, head = "least-outstanding", f"least-outstanding {c.name} ({c.requests} outstanding)"
-        elif "load" in per:
-            lead, head = "least-cost", f"least-cost {c.name} (cost {fmt_tokens(c.cost)} tok)"
-        else:
-            lead, head = "tie", f"tie {c.name}"
-        parts = [head]
-        if bound is not None:
-            limit = bound + c.own * c.slowness  # the bound plus this request's own cost (granularity)
-            parts.append(f"{c.name} load {fmt_tokens(c.current)} within bound {fmt_tokens(limit)}")
-        if excluded:
-            parts.append(f"over bound: {', '.join(excluded)}")
-        if abs(c.slowness - 1.0) > self.params.feedback.deadband:  # a factor the feedback did not round to 1
-            parts.append(f"slowness x{c.slowness:.2f}")
-        if tied > 1:
-            parts.append(f"tie of {tied} broken {self.params.tie_break}")
-        return "; ".join(parts), lead
 
     # ---- prefill/decode pairs: a prefill profile, a decode profile, pair scorers --------------
 
@@ -639,13 +467,8 @@ class ComposedPolicy:
         filters = self._pd_filters[side]
         if filters is None:
             return [w for w in ws if w.role == side], ""
-        down = frozenset(w.name for w in fleet.workers if self.down.get(w.name, -1.0) >= w.reported_at_s)
         kept = sorted((w for w in fleet.workers if w.role == side), key=lambda w: w.name)
-        for f in filters:
-            kept, why = FILTERS[f](req, kept, down)
-            if not kept:
-                return [], why
-        return kept, ""
+        return apply_filters(req, kept, self._down_set(fleet), filters)
 
     def _pick_pd_simple(self, req: RouteRequest, pairs: list[tuple[Candidate, Candidate]],
                         kind_p: str, kind_d: str) -> tuple[Candidate, Candidate, str]:
@@ -666,12 +489,12 @@ class ComposedPolicy:
 
     def _requests_totals(self, req: RouteRequest, cs: list[Candidate]) -> dict[str, float]:
         """Totals by the `requests` scorer alone (what power-of-two compares without weights)."""
-        return self._totals(cs, score_candidates(req, cs, ("requests",)))
+        return weighted_totals(cs, score_candidates(req, cs, ("requests",)), self._weights)
 
     def _profile_totals(self, req: RouteRequest, cs: list[Candidate], side: str) -> dict[str, float]:
         """Each candidate's score in [0, 1] by the P/D profile of `side` (weighted mean of its scorers)."""
         weights = self._profiles[side]
-        return self._totals(cs, self._scores(req, cs, weights), normalise=True, weights=weights)
+        return weighted_totals(cs, self._scores(req, cs, weights), weights or self._weights, normalise=True)
 
     def _pick_pd_max(self, req: RouteRequest, pairs: list[tuple[Candidate, Candidate]], cp: list[Candidate],
                      cd: list[Candidate], links: dict[tuple[str, str], KvLinkView],
@@ -682,16 +505,14 @@ class ComposedPolicy:
         # KV headroom net of the hand-offs this policy sent that the view cannot show yet (their
         # prefill or KV transfer is still running): the reserve applies to it, kv_room scores it.
         need = req.prompt_tokens + self._expected
-        cd = [replace(c, kv_room=_headroom(c.view, need + self.incoming.tokens(c.name))) for c in cd]
+        cd = [replace(c, kv_room=kv_headroom(c.view, need + self.incoming.tokens(c.name))) for c in cd]
         by_name = {c.name: c for c in cd}
         pairs = [(p, by_name[d.name]) for p, d in pairs]
         pairs = [(p, d) for p, d in pairs if d.kv_room >= pdp.kv_reserve] or pairs
         # Links degraded below a fraction of the best healthy bandwidth are skipped while another
         # pair is left, before the load bound, so the bound shares work among the workers still
         # reachable instead of pushing it back onto the degraded link.
-        floor = pdp.degraded_link_fraction * healthy_bandwidth(links)
-        pairs = [(p, d) for p, d in pairs if (lk := links.get((p.name, d.name))) is None
-                 or lk.bandwidth_bytes_per_s >= floor] or pairs
+        pairs = reachable_pairs(pairs, links, pdp.degraded_link_fraction)
         pn, dn = {p.name for p, _ in pairs}, {d.name for _, d in pairs}
         kp, _, _ = self._bounded([c for c in cp if c.name in pn], "prefill")
         kd, _, _ = self._bounded([c for c in cd if c.name in dn], "decode")
@@ -709,10 +530,7 @@ class ComposedPolicy:
             totals[key] = t
         key, _ = self.picker.max(totals, self.params.tie_break)
         p, d = next((p, d) for p, d in pairs if pair_key(p, d) == key)
-        lk = links.get((p.name, d.name))
-        pre = f"prefix {p.prefix_blocks}/{len(req.block_hashes)} blocks" if p.prefix_blocks else "no prefix"
-        reason = (f"pair {p.name}->{d.name}: prefill {pre}, cost {fmt_tokens(p.cost)} tok; "
-                  f"decode kv headroom {d.kv_room:.2f}; link {lk.active_transfers if lk else 0} active")
+        reason = pair_reason(req, p, d, links.get((p.name, d.name)))
         return p, d, {k: round(v, 6) for k, v in totals.items()}, reason
 
     # ---- feedback ----------------------------------------------------------------------------
@@ -780,16 +598,3 @@ class ComposedPolicy:
             "in_flight": len(self.inflight),
             "output_predictor": self.predictor.report(),
         }
-
-
-def _pick(items: list[str], at: list[int]) -> list[str]:
-    """`[items[i] for i in at]` (by `operator.itemgetter`)."""
-    if len(at) == 1:
-        return [items[at[0]]]
-    return list(itemgetter(*at)(items)) if at else []
-
-
-def _headroom(w: WorkerView, need_tokens: int) -> float:
-    """KV fraction left after admitting `need_tokens` (`1 - kv_usage` without a capacity)."""
-    free = 1.0 - w.kv_usage
-    return free - need_tokens / w.kv_capacity_tokens if w.kv_capacity_tokens > 0 else free

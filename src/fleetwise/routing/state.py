@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from fleetwise.routing import kernels
 from fleetwise.spec.routing import FeedbackParams
 
-__all__ = ["InFlight", "LatencyFeedback", "Pending"]
+__all__ = ["InFlight", "LatencyFeedback", "Pending", "RecentPicks"]
 
 MAX_TRACKED = 1 << 17
 """In-flight entries kept at most (the oldest are dropped: a driver that never reports back)."""
@@ -551,3 +551,30 @@ class LatencyFeedback:
     def snapshot(self, now_s: float) -> dict[str, float]:
         """Every known worker's current factor (for reports)."""
         return {w: round(self.factor(w, now_s), 4) for w in sorted(self._w)}
+
+
+class RecentPicks:
+    """Per pool (`mixed`, `prefill`, `decode`), the last `window` workers chosen and how often each
+    appears among them (the load bound's share check)."""
+
+    __slots__ = ("window", "picks", "counts")
+
+    def __init__(self, window: int) -> None:
+        self.window = max(1, window)
+        self.picks: dict[str, deque[str]] = {}
+        self.counts: dict[str, Counter[str]] = {}
+
+    def add(self, pool: str, name: str) -> str | None:
+        """Note `name` as chosen in `pool`; returns the name that fell out of the window."""
+        dq = self.picks.get(pool)
+        if dq is None:
+            dq = self.picks[pool] = deque(maxlen=self.window)
+            self.counts[pool] = Counter()
+        counts = self.counts[pool]
+        dropped = None
+        if len(dq) == dq.maxlen:
+            dropped = dq[0]
+            counts[dropped] -= 1  # about to fall out of the window
+        dq.append(name)
+        counts[name] += 1
+        return dropped

@@ -24,6 +24,11 @@ def _llama(name: str, repo: str, layers: int, hidden: int, heads: int, ffn: int)
 
 
 def _build() -> list[ModelSpec]:
+    """Every built-in model, dense first, then mixture-of-experts, then MLA (the catalog's order)."""
+    return [*_dense(), *_moe(), *_mla()]
+
+
+def _dense() -> list[ModelSpec]:
     return [
         _llama("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 32, 4096, 32, 14336),
         _llama("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", 80, 8192, 64, 28672),
@@ -38,6 +43,11 @@ def _build() -> list[ModelSpec]:
             head_dim=128, ffn_size=25600, vocab_size=151936, max_context_tokens=32768,
             source=_HF.format("Qwen/Qwen3-32B"),
         ),
+    ]
+
+
+def _moe() -> list[ModelSpec]:
+    return [
         ModelSpec(
             name="qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_attention_heads=32, num_kv_heads=4,
             head_dim=128, ffn_size=0, vocab_size=151936, max_context_tokens=32768,
@@ -56,6 +66,12 @@ def _build() -> list[ModelSpec]:
             moe=MoESpec(num_experts=8, experts_per_token=2, expert_ffn_size=14336),
             source=_HF.format("mistralai/Mixtral-8x7B-v0.1"),
         ),
+    ]
+
+
+def _mla() -> list[ModelSpec]:
+    """DeepSeek-style models: multi-head latent attention over a mixture of experts."""
+    return [
         ModelSpec(
             name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
             head_dim=128, ffn_size=18432, vocab_size=129280, max_context_tokens=131072,

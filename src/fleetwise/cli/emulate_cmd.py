@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import signal
 import sys
 import time
@@ -34,7 +33,7 @@ from fleetwise.errors import SpecError
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from fleetwise.spec.limits import MAX_BLOCK_TOKENS, MAX_DURATION_S, MAX_ENGINE_SEQS, MAX_TOKENS
-from fleetwise.spec.output import write_json
+from fleetwise.spec.output import strict_json_dumps, write_json
 
 
 def register(subparsers: Any) -> None:
@@ -188,7 +187,7 @@ def fleet_commands(args: argparse.Namespace, plan: Any) -> list[tuple[str, str, 
                     *emulate_args(plan, pool, args.host, args.port + len(out)), *common]
             kv = kv_events_of(args, len(out))
             if kv is not None:
-                argv += ["--kv-events-config", json.dumps({
+                argv += ["--kv-events-config", strict_json_dumps(indent=None, obj={
                     "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv["endpoint"],
                     "replay_endpoint": kv["replay_endpoint"], "topic": kv["topic"]})]
             out.append((f"{pool.name}-{j}", pool.role, argv))

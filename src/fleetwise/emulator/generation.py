@@ -88,7 +88,7 @@ def text_of(prompt_ids: Sequence[int], start: int, stop: int) -> str:
 
 DEFAULT_OUTPUT_LENGTHS = LognormalLength(median_tokens=200, p99_tokens=2000, max_tokens=8192)
 """Output lengths when a client sets no max_tokens: log-normal, median 200 and p99 2000 tokens,
-the shape of ShareGPT conversation replies (sharegpt_8k stats in ../shared/traces: median ~190)."""
+the shape of ShareGPT conversation replies (the public sharegpt_8k length statistics: median ~190)."""
 
 
 class OutputLengthModel:

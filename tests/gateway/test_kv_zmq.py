@@ -323,7 +323,8 @@ def test_zmq_kv_events_config() -> None:
         validate(GatewayConfig, doc, "gw.yaml")
     cfg = validate(GatewayConfig, {**doc, "tokenizer": "fleetwise"}, "gw.yaml")
     assert cfg.backends[0].kv_events is not None and cfg.backends[0].kv_events.topic == ""
-    with pytest.raises(SpecError, match="kv_events_path"):  # the HTTP feed is gone: one clear line
+    # the HTTP feed is gone: one clear line naming what to write instead
+    with pytest.raises(SpecError, match=r"backends\.0\.kv_events_path: no longer read; KV events now come over ZeroMQ"):
         validate(GatewayConfig, {"tokenizer": "fleetwise", "backends": [
             {"url": "http://10.0.0.1:8000", "kv_events_path": "/kv_events"}]}, "gw.yaml")
     with pytest.raises(SpecError, match="tcp://host:port"):

@@ -145,3 +145,19 @@ def test_lognormal_mean_p99_round_trips(mean: float, ratio: float) -> None:
     mu, s = LognormalLength(mean_tokens=mean, p99_tokens=mean * ratio).mu_sigma()
     assert math.exp(mu + s * s / 2) == pytest.approx(mean, rel=1e-9)
     assert math.exp(mu + Z99 * s) == pytest.approx(mean * ratio, rel=1e-9)
+
+
+def test_a_retired_field_names_its_replacement_and_a_typo_stays_unknown() -> None:
+    from fleetwise.spec.base import Spec
+
+    class Inner(Spec):
+        retired_fields = {"old": "write `new` instead"}
+        new: int = 0
+
+    class Outer(Spec):
+        items: tuple[Inner, ...] = ()
+
+    with pytest.raises(SpecError, match=r"^f: items\.1\.old: no longer read; write `new` instead \(got 3\)$"):
+        validate(Outer, {"items": [{}, {"old": 3}]}, "f", strict=True)
+    with pytest.raises(SpecError, match=r"items\.0\.od: unknown field; remove it"):
+        validate(Outer, {"items": [{"od": 3}]}, "f", strict=True)

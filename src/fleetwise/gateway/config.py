@@ -73,6 +73,9 @@ class KvEventsSpec(Spec):
 class BackendSpec(Spec):
     """One OpenAI-compatible engine server the gateway may send requests to."""
 
+    retired_fields = {"kv_events_path": "KV events now come over ZeroMQ as vLLM publishes them: give "
+                      "`kv_events: {endpoint: tcp://host:port}` (docs/gateway.md, KV events)"}
+
     url: str
     """Base URL, `http://host:port` (paths such as /v1/completions are appended)."""
     name: str = ""

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
@@ -25,6 +26,10 @@ class Spec(BaseModel):
     """Frozen, strict base for every declared spec."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+    retired_fields: ClassVar[dict[str, str]] = {}
+    """Field names a spec no longer takes -> what to write instead (an old file gets the fix, not
+    only "unknown field"; read by `describe_validation_error`)."""
 
 
 YAML_ON = ("on", "yes", "true", "y")
@@ -66,8 +71,42 @@ def _is_union_member(part: Any) -> bool:
     return isinstance(part, str) and (part in _UNION_MEMBER_TAGS or "[" in part)
 
 
-def describe_validation_error(err: ValidationError, where: str) -> str:
-    """One line: `where: field.path: message (got value)` for the first problems, values quoted short."""
+def _spec_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The spec class that holds the field at `loc` under `model` (list indices and union tags skipped)."""
+    for part in loc:
+        if model is None:
+            return None
+        if not isinstance(part, str) or _is_union_member(part):
+            continue
+        field = model.model_fields.get(part)
+        model = _model_in(field.annotation) if field is not None else None
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The first pydantic model in a field's type (`tuple[BackendSpec, ...]` -> BackendSpec)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _unknown_field(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
+    """The message for a field the spec does not take: its replacement where it was retired."""
+    holder = _spec_at(model, loc[:-1]) if loc else None
+    retired = getattr(holder, "retired_fields", {}) if holder is not None else {}
+    name = loc[-1] if loc else None
+    if isinstance(name, str) and name in retired:
+        return f"no longer read; {retired[name]}"
+    return "unknown field; remove it or check its spelling"
+
+
+def describe_validation_error(err: ValidationError, where: str, model: type[BaseModel] | None = None) -> str:
+    """One line: `where: field.path: message (got value)` for the first problems, values quoted short;
+    `model` (the validated spec class) lets a retired field name its replacement."""
     parts = []
     # an unknown field first: it usually explains the "Field required" of its misspelt twin
     errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
@@ -75,7 +114,7 @@ def describe_validation_error(err: ValidationError, where: str) -> str:
         loc = ".".join(str(p) for p in e["loc"] if not _is_union_member(p))
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown field; remove it or check its spelling"
+            msg = _unknown_field(model, tuple(e["loc"]))
         elif e["type"] == "finite_number":
             msg = "must be a finite number"
         elif e["type"] == "union_tag_invalid":
@@ -142,7 +181,7 @@ def validate(model: type[T], data: Any, where: str, strict: bool = False) -> T:
             return model.model_validate_json(text, strict=True)
         return model.model_validate(data)
     except ValidationError as err:
-        raise SpecError(describe_validation_error(err, where)) from None
+        raise SpecError(describe_validation_error(err, where, model)) from None
 
 
 def read_document(path: str | Path) -> Any:

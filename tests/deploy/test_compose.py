@@ -27,8 +27,14 @@ def test_compose_runs_every_replica_emulated_behind_the_gateway(fleet):
                 pool.model, pool.accelerator, pool.parallelism.tp, pool.parallelism.pp, pool.role)
             assert (cfg.max_num_seqs, cfg.enable_prefix_caching, cfg.port, cfg.step_time_factor) == (
                 pool.engine.max_num_seqs, pool.engine.enable_prefix_caching, 8000, pool.step_time_factor)
+            kv = cfg.kv_events  # each replica publishes its KV events as vLLM does, on every interface
+            assert kv is not None and kv.publishes and (kv.endpoint, kv.replay_endpoint) == (
+                "tcp://*:5557", "tcp://*:5558")
     gw = compose["services"]["gateway"]
     assert set(gw["depends_on"]) == set(names) and gw["ports"] == ["8000:8000"]
     cfg = validate(GatewayConfig, yaml.safe_load(files["gateway.yaml"]), "gateway.yaml", strict=True)
     assert [b.url for b in cfg.backends] == [f"http://{n}:8000" for n in names]
+    # the gateway follows each replica's feed by its service name (prefix-aware routing sees the caches)
+    assert [(b.kv_events.endpoint, b.kv_events.replay_endpoint) for b in cfg.backends if b.kv_events] == [
+        (f"tcp://{n}:5557", f"tcp://{n}:5558") for n in names]
     assert cfg.tokenizer == "fleetwise" and cfg.limits.hash_block_tokens == fleet.pools[0].engine.block_size

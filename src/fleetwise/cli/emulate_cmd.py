@@ -33,7 +33,7 @@ from fleetwise.errors import SpecError
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from fleetwise.spec.limits import MAX_BLOCK_TOKENS, MAX_DURATION_S, MAX_ENGINE_SEQS, MAX_TOKENS
-from fleetwise.spec.output import strict_json_dumps, write_json
+from fleetwise.spec.output import write_json
 
 
 def register(subparsers: Any) -> None:
@@ -168,7 +168,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def fleet_commands(args: argparse.Namespace, plan: Any) -> list[tuple[str, str, list[str]]]:
     """(replica name, role, argv) of every replica of fleet `plan`, ports from `--port` in plan order."""
-    from fleetwise.deploy.emulated import emulate_args
+    from fleetwise.deploy.emulated import emulate_args, kv_events_args
 
     common = ["--time-scale", repr(args.time_scale), "--seed", str(args.seed), "--log-level", args.log_level,
               "--kv-lease", repr(args.kv_lease)]
@@ -187,9 +187,7 @@ def fleet_commands(args: argparse.Namespace, plan: Any) -> list[tuple[str, str, 
                     *emulate_args(plan, pool, args.host, args.port + len(out)), *common]
             kv = kv_events_of(args, len(out))
             if kv is not None:
-                argv += ["--kv-events-config", strict_json_dumps(indent=None, obj={
-                    "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv["endpoint"],
-                    "replay_endpoint": kv["replay_endpoint"], "topic": kv["topic"]})]
+                argv += kv_events_args(kv)
             out.append((f"{pool.name}-{j}", pool.role, argv))
     return out
 

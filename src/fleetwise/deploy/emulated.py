@@ -6,6 +6,9 @@ processes) and the compose target (containers).
 
 from __future__ import annotations
 
+from typing import Any
+
+from fleetwise.spec.output import strict_json_dumps
 from fleetwise.spec.plan import PlanSpec, PoolSpec
 
 
@@ -24,3 +27,16 @@ def emulate_args(plan: PlanSpec, pool: PoolSpec, host: str, port: int) -> list[s
     if pool.step_time_factor != 1.0:
         out += ["--step-time-factor", repr(pool.step_time_factor)]
     return out
+
+
+def kv_events_args(kv: dict[str, Any], bind_host: str | None = None) -> list[str]:
+    """`--kv-events-config` making a replica publish where the gateway's `kv_events` entry `kv`
+    subscribes (PUB and replay sockets; bound on `bind_host`'s interfaces, `*` for all, or on the
+    entry's own host when None)."""
+
+    def bound(url: str) -> str:
+        return url if bind_host is None else f"tcp://{bind_host}:{url.rsplit(':', 1)[1]}"
+
+    return ["--kv-events-config", strict_json_dumps(indent=None, obj={
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": bound(kv["endpoint"]),
+        "replay_endpoint": bound(kv["replay_endpoint"]), "topic": kv["topic"]})]

@@ -102,10 +102,12 @@ def engine_env(pool: PoolSpec) -> dict[str, str]:
     return {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(NIXL_SIDE_CHANNEL_PORT)} if pool.role != "mixed" else {}
 
 
-def gateway_document(plan: PlanSpec, url_of: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The `fleetwise gateway --config` document fronting the fleet's replicas at `url_of(pool, i)`."""
+def gateway_document(plan: PlanSpec, url_of: Any, extra: dict[str, Any] | None = None,
+                     kv_events_of: Any = None) -> dict[str, Any]:
+    """The `fleetwise gateway --config` document fronting the fleet's replicas at `url_of(pool, i)`
+    (`kv_events_of(n)`: the n-th replica's KV-event feed, or None)."""
     return {"host": "0.0.0.0", "port": GATEWAY_PORT, "models": sorted({p.model for p in plan.pools}),
-            **fleet_settings(plan), "backends": fleet_backends(plan, url_of), **(extra or {})}
+            **fleet_settings(plan), "backends": fleet_backends(plan, url_of, kv_events_of), **(extra or {})}
 
 
 def _script(plan: PlanSpec, pool: PoolSpec, opts: DeployOptions) -> str:

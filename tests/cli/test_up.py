@@ -49,7 +49,8 @@ def test_simulator_faults_become_live_actions():
 
 def test_a_fault_without_a_live_counterpart_is_refused_by_name():
     scen = validate(FaultScenario, {"faults": [{"kind": "stale_view", "start_s": 1, "end_s": 2}]}, "f")
-    with pytest.raises(SpecError, match=r"f.yaml: faults.0 \(stale_view\): a live fleet replays crash, slowdown, decode_full only"):
+    with pytest.raises(SpecError, match=r"f.yaml: faults.0 \(stale_view\): a live fleet cannot replay it: the router's "
+                                        r"view is the gateway's, and faults are injected into replicas"):
         live_actions(scen, validate(PlanSpec, PLAN, "plan"), "f.yaml")
 
 
@@ -117,7 +118,7 @@ def test_up_serves_streaming_completions_and_replays_faults(tmp_path):
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
                 time.sleep(0.2)
             text = log.read_text(errors="replace")
-            assert "slow mixed-1 down x3 for 50 modelled s (200)" in text
+            assert "mixed-1: slowdown factor=3.0 for 50 modelled s (200)" in text
             assert "crash mixed-0" in text and "replica mixed-0 exited with status 1" in text
             assert c.get(f"http://127.0.0.1:{port + 1}/health").status_code == 200  # restarted
     finally:

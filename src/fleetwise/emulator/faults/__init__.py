@@ -1,10 +1,13 @@
-"""Fault kinds an operator can inject into a running emulator through `POST /admin/faults`.
+"""The live effect of each fault kind: what it does to a running emulated replica.
 
-Owns the registry of kinds and the state they set (`FaultState`). Each kind is one small module
-in this package that subclasses `FaultKind`, declares its parameters as a pydantic model and
-registers itself with `@register`; the server reads `FaultState` where it matters (step time,
-stepping, intake, streaming, process exit). Adding a kind is a new file plus one import line
-in `_KIND_MODULES`, never an edit to an if-chain.
+The kinds and their parameters are declared once, in `fleetwise.spec.faults` (the vocabulary the
+simulator reads too). Owns the replica's fault state (`FaultState`) and the kinds an operator can
+inject through `POST /admin/faults` (`REGISTRY`). Each kind is one small module in this package
+that subclasses `FaultKind`, names its spec model (`spec`: the admin body's parameters are that
+model's `EFFECT_FIELDS`, validated by the same fields) and registers itself with `@register`,
+which also registers its timed replay of a fault file (`replay.LIVE`); the server reads
+`FaultState` where it matters (step time, stepping, intake, streaming, process exit). Adding a
+kind is a new file plus one import line in `_KIND_MODULES`, never an edit to an if-chain.
 
 Body: `{"kind": NAME, ...params, "duration_s": S?}`; `duration_s` (modelled seconds) clears the
 fault by itself after that long. `{"kind": "clear"}` clears every fault.
@@ -17,7 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from fleetwise.emulator.faults.replay import LIVE, LiveAction, interval_actions
+from fleetwise.spec.base import Spec
+from fleetwise.spec.plan import PlanSpec
 
 
 @dataclass
@@ -46,9 +53,13 @@ class FaultParams(BaseModel):
 
 
 class FaultKind:
-    """One kind: `params` validates the body, `apply` sets the state, `clear` undoes it."""
+    """One kind: the live effect of `spec`. `params` (built by `register` from the spec model's
+    `EFFECT_FIELDS`) validates the body, `apply` sets the state, `clear` undoes it, `actions`
+    replays a fault of the file on a live fleet."""
 
+    spec: ClassVar[type[Spec]]
     name: ClassVar[str]
+    """The spec model's `kind` (set by `register`)."""
     params: ClassVar[type[FaultParams]] = FaultParams
 
     def apply(self, state: FaultState, p: Any, actions: FaultActions) -> None:
@@ -56,6 +67,13 @@ class FaultKind:
 
     def clear(self, state: FaultState) -> None:
         """Undo this kind (default: nothing to undo)."""
+
+    def actions(self, fault: Any, plan: PlanSpec) -> list[LiveAction]:
+        """Fault `fault` of a file on a live fleet: this kind's body, with the fault's effect
+        fields, sent to its replica (or every replica) at its start, for its interval."""
+        effect = {f: getattr(fault, f) for f in self.spec.EFFECT_FIELDS}  # type: ignore[attr-defined]
+        what = " ".join([self.name, *(f"{k}={v}" for k, v in effect.items())])
+        return interval_actions(fault, plan, {"kind": self.name, **effect}, what)
 
 
 @dataclass
@@ -71,10 +89,17 @@ REGISTRY: dict[str, FaultKind] = {}
 
 
 def register(cls: type[FaultKind]) -> type[FaultKind]:
-    """Class decorator: add a kind to the registry under `cls.name`."""
+    """Class decorator: add a kind to the registry under its spec model's `kind`, its body's
+    parameters the model's `EFFECT_FIELDS`, and its replay to `replay.LIVE`."""
+    spec = cls.spec
+    cls.name = spec.model_fields["kind"].default
     if cls.name in REGISTRY:
         raise ValueError(f"fault kind {cls.name!r} registered twice")
-    REGISTRY[cls.name] = cls()
+    fields: dict[str, Any] = {f: (spec.model_fields[f].annotation, spec.model_fields[f])
+                              for f in spec.EFFECT_FIELDS}  # type: ignore[attr-defined]
+    cls.params = create_model(f"{cls.__name__}Params", __base__=FaultParams, **fields)
+    kind = REGISTRY[cls.name] = cls()
+    LIVE.add(spec, kind.actions)
     return cls
 
 

@@ -3,23 +3,16 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from fleetwise.emulator.faults import FaultActions, FaultKind, FaultParams, FaultState, register
-
-
-class DropParams(FaultParams):
-    after_tokens: int = Field(default=1, ge=0)
-    """Tokens a stream sends before it is cut (0: cut before the first token)."""
+from fleetwise.spec import faults as vocab
 
 
 @register
 class DropStreams(FaultKind):
-    name = "drop_streams"
-    params = DropParams
+    spec = vocab.DropStreams
 
-    def apply(self, state: FaultState, p: DropParams, actions: FaultActions) -> None:
-        state.drop_after_tokens = p.after_tokens
+    def apply(self, state: FaultState, p: FaultParams, actions: FaultActions) -> None:
+        state.drop_after_tokens = p.after_tokens  # type: ignore[attr-defined]
 
     def clear(self, state: FaultState) -> None:
         state.drop_after_tokens = None

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from fleetwise.emulator.faults import FaultActions, FaultKind, FaultParams, FaultState, register
+from fleetwise.spec import faults as vocab
 
 
 @register
 class Hang(FaultKind):
-    name = "hang"
+    spec = vocab.Hang
 
     def apply(self, state: FaultState, p: FaultParams, actions: FaultActions) -> None:
         state.hung = True

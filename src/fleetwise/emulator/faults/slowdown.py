@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from fleetwise.emulator.faults import FaultActions, FaultKind, FaultParams, FaultState, register
-from fleetwise.spec.limits import MAX_FACTOR, MIN_FACTOR
-
-
-class SlowdownParams(FaultParams):
-    factor: float = Field(ge=MIN_FACTOR, le=MAX_FACTOR)
-    """Multiplier on step time (2.0 = twice as slow)."""
+from fleetwise.spec import faults as vocab
 
 
 @register
 class Slowdown(FaultKind):
-    name = "slowdown"
-    params = SlowdownParams
+    spec = vocab.Slowdown
 
-    def apply(self, state: FaultState, p: SlowdownParams, actions: FaultActions) -> None:
-        state.slowdown = p.factor
+    def apply(self, state: FaultState, p: FaultParams, actions: FaultActions) -> None:
+        state.slowdown = p.factor  # type: ignore[attr-defined]
 
     def clear(self, state: FaultState) -> None:
         state.slowdown = 1.0

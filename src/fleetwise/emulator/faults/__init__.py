@@ -54,19 +54,29 @@ class FaultParams(BaseModel):
 
 class FaultKind:
     """One kind: the live effect of `spec`. `params` (built by `register` from the spec model's
-    `EFFECT_FIELDS`) validates the body, `apply` sets the state, `clear` undoes it, `actions`
-    replays a fault of the file on a live fleet."""
+    `EFFECT_FIELDS`) validates the body; `apply` sets the `FaultState` field `state_field` to
+    `value(params)`, `clear` puts its all-clear default back; `actions` replays a fault of a file
+    on a live fleet."""
 
     spec: ClassVar[type[Spec]]
     name: ClassVar[str]
     """The spec model's `kind` (set by `register`)."""
     params: ClassVar[type[FaultParams]] = FaultParams
+    state_field: ClassVar[str] = ""
+    """The `FaultState` field this kind sets ("" for a kind that only acts, as `crash`)."""
+
+    def value(self, p: Any) -> Any:
+        """What `apply` sets `state_field` to: by default the value of the kind's one effect field."""
+        return getattr(p, self.spec.EFFECT_FIELDS[0])  # type: ignore[attr-defined]
 
     def apply(self, state: FaultState, p: Any, actions: FaultActions) -> None:
-        raise NotImplementedError
+        """Set this kind's state field."""
+        setattr(state, self.state_field, self.value(p))
 
     def clear(self, state: FaultState) -> None:
-        """Undo this kind (default: nothing to undo)."""
+        """Undo this kind: its state field back to the all-clear default."""
+        if self.state_field:
+            setattr(state, self.state_field, FaultState.__dataclass_fields__[self.state_field].default)
 
     def actions(self, fault: Any, plan: PlanSpec) -> list[LiveAction]:
         """Fault `fault` of a file on a live fleet: this kind's body, with the fault's effect
@@ -95,6 +105,8 @@ def register(cls: type[FaultKind]) -> type[FaultKind]:
     cls.name = spec.model_fields["kind"].default
     if cls.name in REGISTRY:
         raise ValueError(f"fault kind {cls.name!r} registered twice")
+    if cls.state_field and cls.state_field not in FaultState.__dataclass_fields__:
+        raise ValueError(f"fault kind {cls.name!r}: state_field={cls.state_field!r} is not a FaultState field")
     fields: dict[str, Any] = {f: (spec.model_fields[f].annotation, spec.model_fields[f])
                               for f in spec.EFFECT_FIELDS}  # type: ignore[attr-defined]
     cls.params = create_model(f"{cls.__name__}Params", __base__=FaultParams, **fields)

@@ -5,7 +5,7 @@ and the request is prefilled again, as in the simulator."""
 
 from __future__ import annotations
 
-from fleetwise.emulator.faults import FaultActions, FaultKind, FaultParams, FaultState, register
+from fleetwise.emulator.faults import FaultKind, register
 from fleetwise.emulator.faults.replay import LiveAction, interval_actions, live_effect
 from fleetwise.spec import faults as vocab
 from fleetwise.spec.plan import PlanSpec
@@ -17,12 +17,7 @@ DECODE_FULL_STATUS = 503
 @register
 class FailRequests(FaultKind):
     spec = vocab.FailRequests
-
-    def apply(self, state: FaultState, p: FaultParams, actions: FaultActions) -> None:
-        state.fail_status = p.status  # type: ignore[attr-defined]
-
-    def clear(self, state: FaultState) -> None:
-        state.fail_status = None
+    state_field = "fail_status"
 
 
 @live_effect(vocab.DecodeFull)

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from fleetwise.emulator.faults import FaultActions, FaultKind, FaultParams, FaultState, register
+from fleetwise.emulator.faults import FaultKind, register
 from fleetwise.spec import faults as vocab
 
 
 @register
 class Slowdown(FaultKind):
     spec = vocab.Slowdown
-
-    def apply(self, state: FaultState, p: FaultParams, actions: FaultActions) -> None:
-        state.slowdown = p.factor  # type: ignore[attr-defined]
-
-    def clear(self, state: FaultState) -> None:
-        state.slowdown = 1.0
+    state_field = "slowdown"

@@ -135,7 +135,17 @@ def test_faults_replay_on_the_plans_replicas_and_a_crashed_one_restarts(tmp_path
         return "200"
 
     monkeypatch.setattr(fault_replay, "post_fault", post)
-    monkeypatch.setattr(fault_replay, "SUPERVISE_POLL_S", 0.001)
+    monkeypatch.setattr(fault_replay, "SUPERVISE_POLL_S", 0.0)
+
+    class Clock:  # each look at the clock is half a modelled second later (time scale 1000), however loaded the host
+        t = 0.0
+
+        @classmethod
+        def monotonic(cls) -> float:
+            cls.t += 0.0005
+            return cls.t
+
+    monkeypatch.setattr(fault_replay, "time", Clock)
     acts = [LiveAction(0.0, "decode-0", {"kind": "hang", "duration_s": 1.0}, "decode-0: hang"),
             LiveAction(0.0, "decode-0", {"kind": "crash"}, "crash decode-0"),
             LiveAction(0.0, "prefill-0", {"kind": "crash"}, "crash prefill-0"),

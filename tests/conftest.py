@@ -94,8 +94,9 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/emulator/test_lean_server.py": ("wallclock",),
     "tests/gateway/test_gateway.py": ("wallclock",),
 }
-"""Test tiers (markers registered in pyproject.toml): `slow` (seconds to minutes each; `pytest -m "not
-slow"` runs the rest in about a minute), `external` (a real PostgreSQL server, Chromium or subprocess
+"""Test tiers (markers registered in pyproject.toml): `slow` (about a second or more each; `pytest -m "not
+slow"` runs the rest in about a minute of CPU: 52 s user + 2 s system measured, pure Python, no bytecode
+cache, 1,563 tests), `external` (a real PostgreSQL server, Chromium or subprocess
 fleets), `wallclock` (asserts on real elapsed time, with margins a loaded 2-core machine meets). CI runs
 every tier. Tests using the PostgreSQL fixtures are `external` wherever they are."""
 

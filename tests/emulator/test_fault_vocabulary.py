@@ -108,3 +108,51 @@ def test_overlapping_refusals_nest_in_the_simulator():
     # every replica refuses until 3.2 (the later end): arrivals 1.0..3.0 fail, 3.5.. complete
     assert (s["requests_failed"], s["requests_completed"], s["failure_reasons"]) == (5, 3, {"replica_refused": 5})
     assert not math.isnan(s["e2e_s"]["p50"])
+
+
+def test_a_degraded_kv_link_slows_a_live_port_as_it_slows_the_simulators():
+    from fleetwise.emulator.kv_link import KvPort
+    from fleetwise.engine.clock import ORDER_ARRIVAL
+    from fleetwise.sim.events import EventLoop
+    from fleetwise.sim.network import KvNetwork
+
+    bw, lat, nbytes = 4e9, 2e-5, 8e8  # alone: 0.2 s; at half bandwidth from 0.1 s: 0.3 s
+    loop = EventLoop()
+    port = KvPort(loop, bw, lat)
+    got: list[float] = []
+    loop.call_at(0.0, ORDER_ARRIVAL, lambda t, _: port.start(t, "p0", bw, nbytes, lambda e, s, sh: got.append(e)))
+    loop.call_at(0.1, ORDER_ARRIVAL, lambda t, _: port.set_factor(t, 0.5))
+    loop.run()
+    ref = EventLoop()
+    want: list[float] = []
+    net = KvNetwork(ref, lat, lambda now, tag, rec: want.append(now))
+    src, dst = net.add_port("p0", bw), net.add_port("d", bw)
+    ref.call_at(0.0, ORDER_ARRIVAL, lambda t, _: net.start(t, 0, src, dst, nbytes))
+    ref.call_at(0.1, ORDER_ARRIVAL, lambda t, _: net.set_factor(t, [dst], 0.5))
+    ref.run()
+    assert got == want and got[0] == pytest.approx(0.3 + lat)
+
+
+def test_kv_link_faults_replay_live_unless_the_link_is_down():
+    pd = validate(PlanSpec, {"pools": [
+        {"name": "p", "role": "prefill", "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+        {"name": "d", "role": "decode", "accelerator": "h100-sxm", "model": "llama-3.1-8b"}]}, "pd")
+    slow = FaultScenario(faults=[{"kind": "kv_link", "replica": "d-0", "start_s": 1, "end_s": 3,
+                                  "bandwidth_factor": 0.25}])
+    acts = live_actions(slow, pd, "f")
+    assert [(a.at_s, a.replica, a.body) for a in acts] == [
+        (1, "d-0", {"kind": "kv_link", "bandwidth_factor": 0.25, "duration_s": 2})]
+    down = FaultScenario(faults=[{"kind": "kv_link", "start_s": 1, "end_s": 3, "bandwidth_factor": 0}])
+    with pytest.raises(SpecError, match=r"f: faults.0 \(kv_link\): a live fleet cannot replay it: bandwidth_factor=0"):
+        live_actions(down, pd, "f")
+
+    async def go() -> None:
+        async with serve() as (app, c):
+            port = app.state.replica.kv_port
+            assert (await c.post("/admin/faults", json=acts[0].body, headers=AUTH)).status_code == 200
+            assert port.factor == 0.25
+            r = await c.post("/admin/faults", json={"kind": "kv_link", "bandwidth_factor": 0}, headers=AUTH)
+            assert r.status_code == 400 and "link down" in r.text
+            await c.post("/admin/faults", json={"kind": "clear"}, headers=AUTH)
+            assert port.factor == 1.0
+    run(go())

@@ -48,6 +48,15 @@ class KvPort:
         """This replica's port: link bandwidth x its KV shards."""
         return self.ports.ports[self.own].bandwidth_bytes_per_s
 
+    def set_factor(self, now_s: float, factor: float) -> None:
+        """This port keeps `factor` of its bandwidth from `now_s` (a `kv_link` fault; 1 = healthy)."""
+        self.ports.set_factor(now_s, [self.own], factor)
+
+    @property
+    def factor(self) -> float:
+        """Fraction of its bandwidth this port has now."""
+        return self.ports.ports[self.own].factor
+
     @property
     def active(self) -> int:
         """Transfers moving bytes now."""

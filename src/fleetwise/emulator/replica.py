@@ -465,14 +465,18 @@ class EmulatedReplica:
         self._faults_changed()
 
     def _faults_changed(self) -> None:
-        """Apply the fault state to the driver: step-time factor, hang (stops stepping at the end of
-        the step in flight, as the simulator's hang does: `EngineDriver.stalled`)."""
+        """Apply the fault state to the driver and the KV port: step-time factor, the port's
+        bandwidth factor, hang (stops stepping at the end of the step in flight, as the
+        simulator's hang does: `EngineDriver.stalled`)."""
         d = self.driver
         if d is None:
             return
         factor = self.cfg.step_time_factor * self.faults.slowdown  # the fleet's measured speed, then faults
         if d.slowdown != factor:
             d.slowdown = factor
+        port = self.kv_port
+        if port is not None and port.factor != self.faults.kv_link_factor:
+            port.set_factor(self.now_s(), self.faults.kv_link_factor)
         if d.stalled != self.faults.hung:
             d.stalled = self.faults.hung
             if not d.stalled:

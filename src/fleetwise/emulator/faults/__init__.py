@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from fleetwise.emulator.faults.replay import LIVE, LiveAction, interval_actions
+from fleetwise.errors import SpecError
 from fleetwise.spec.base import Spec
 from fleetwise.spec.plan import PlanSpec
 
@@ -39,6 +40,8 @@ class FaultState:
     """New generation requests get this HTTP status with an error body."""
     drop_after_tokens: int | None = None
     """Streams are cut (connection closed, no [DONE]) once they have sent this many tokens."""
+    kv_link_factor: float = 1.0
+    """Fraction of its bandwidth this replica's KV port keeps (a degraded link)."""
     active: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Active kinds and the parameters they were injected with (GET /admin/faults)."""
 
@@ -65,6 +68,10 @@ class FaultKind:
     state_field: ClassVar[str] = ""
     """The `FaultState` field this kind sets ("" for a kind that only acts, as `crash`)."""
 
+    def refused(self, p: Any) -> str:
+        """Why these parameters cannot be applied live ("" when they can)."""
+        return ""
+
     def value(self, p: Any) -> Any:
         """What `apply` sets `state_field` to: by default the value of the kind's one effect field."""
         return getattr(p, self.spec.EFFECT_FIELDS[0])  # type: ignore[attr-defined]
@@ -82,6 +89,9 @@ class FaultKind:
         """Fault `fault` of a file on a live fleet: this kind's body, with the fault's effect
         fields, sent to its replica (or every replica) at its start, for its interval."""
         effect = {f: getattr(fault, f) for f in self.spec.EFFECT_FIELDS}  # type: ignore[attr-defined]
+        why = self.refused(self.params.model_validate({"kind": self.name, **effect}))
+        if why:
+            raise SpecError(f"a live fleet cannot replay it: {why}")
         what = " ".join([self.name, *(f"{k}={v}" for k, v in effect.items())])
         return interval_actions(fault, plan, {"kind": self.name, **effect}, what)
 
@@ -136,6 +146,9 @@ def parse(body: dict[str, Any]) -> tuple[FaultKind | None, FaultParams]:
         raise FaultError(f"{name}: {_first_error(err)}") from None
     if params.duration_s is not None and not params.duration_s > 0:
         raise FaultError(f"{name}: duration_s={params.duration_s} must be > 0 (omit it to keep the fault)")
+    why = kind.refused(params)
+    if why:
+        raise FaultError(f"{name}: {why}")
     return kind, params
 
 
@@ -157,6 +170,6 @@ def clear_one(state: FaultState, name: str) -> None:
         REGISTRY[name].clear(state)
 
 
-_KIND_MODULES = ("slowdown", "hang", "fail_requests", "drop_streams", "crash")
+_KIND_MODULES = ("slowdown", "hang", "fail_requests", "drop_streams", "crash", "kv_link")
 for _m in _KIND_MODULES:
     importlib.import_module(f"{__name__}.{_m}")

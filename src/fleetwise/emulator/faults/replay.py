@@ -16,7 +16,7 @@ from typing import Any
 
 from fleetwise.errors import SpecError
 from fleetwise.registry import Registry
-from fleetwise.spec.faults import CannotModel, FaultScenario, KvLinkFault, RollingUpgrade, StaleView
+from fleetwise.spec.faults import CannotModel, FaultScenario, RollingUpgrade, StaleView
 from fleetwise.spec.plan import PlanSpec
 
 
@@ -57,8 +57,6 @@ def interval_actions(fault: Any, plan: PlanSpec, body: dict[str, Any], what: str
             for n in names]
 
 
-LIVE.add(KvLinkFault, CannotModel(
-    "each emulated replica prices its own KV transfers; no link between two replica processes can be throttled"))
 LIVE.add(StaleView, CannotModel("the router's view is the gateway's, and faults are injected into replicas"))
 LIVE.add(RollingUpgrade, CannotModel(
     "a live fleet restarts a replica only with the model version it was started with"))
@@ -74,5 +72,8 @@ def live_actions(scenario: FaultScenario, plan: PlanSpec, where: str) -> list[Li
             why = conv.why if conv is not None else "no live effect is registered"
             raise SpecError(f"{where}: faults.{k} ({f.kind}): a live fleet cannot replay it: {why}; remove it, "
                             "or run the scenario in the simulator (`fleetwise simulate PLAN --faults`)")
-        out.extend(conv(f, plan))
+        try:
+            out.extend(conv(f, plan))
+        except SpecError as err:  # these parameters of the kind cannot be replayed (the reason)
+            raise SpecError(f"{where}: faults.{k} ({f.kind}): {err}") from None
     return sorted(out, key=lambda a: a.at_s)

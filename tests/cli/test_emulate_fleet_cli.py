@@ -98,3 +98,78 @@ def test_kv_events_port_gives_each_replica_vllms_config_and_the_endpoints_file_i
     plain = build_parser().parse_args(["emulate", "--plan", str(path), "--port", "8001"])
     assert all("--kv-events-config" not in argv for _, _, argv in fleet_commands(plain, plan))
     assert kv_events_of(plain, 0) is None
+
+
+class _Member:
+    def __init__(self, name: str) -> None:
+        self.name, self.proc = name, _Proc(None)
+
+
+class _Fleet:
+    """A `LocalFleet` stand-in: a crash body makes the replica exit, a restart brings it back."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.members = [_Member(n) for n in names]
+
+    def member(self, name: str) -> _Member:
+        return next(m for m in self.members if m.name == name)
+
+    def restart(self, name: str) -> None:
+        self.member(name).proc = _Proc(None)
+
+
+def test_faults_replay_on_the_plans_replicas_and_a_crashed_one_restarts(tmp_path, monkeypatch, capsys):
+    import json
+
+    from fleetwise.cli import emulate_cmd, fault_replay
+    from fleetwise.cli.fault_replay import FaultReplay
+    from fleetwise.emulator.faults.replay import LiveAction
+
+    fleet = _Fleet(["prefill-0", "decode-0"])
+    sent: list[tuple[str, dict]] = []
+
+    def post(url: str, token: str, body: dict) -> str:
+        sent.append((url, body))
+        if body["kind"] == "crash":
+            fleet.member(url.rsplit("/", 1)[1]).proc = _Proc(1)
+        return "200"
+
+    monkeypatch.setattr(fault_replay, "post_fault", post)
+    monkeypatch.setattr(fault_replay, "SUPERVISE_POLL_S", 0.0)
+
+    class Clock:  # each look at the clock is half a modelled second later (time scale 1000), however loaded the host
+        t = 0.0
+
+        @classmethod
+        def monotonic(cls) -> float:
+            cls.t += 0.0005
+            return cls.t
+
+    monkeypatch.setattr(fault_replay, "time", Clock)
+    acts = [LiveAction(0.0, "decode-0", {"kind": "hang", "duration_s": 1.0}, "decode-0: hang"),
+            LiveAction(0.0, "decode-0", {"kind": "crash"}, "crash decode-0"),
+            LiveAction(0.0, "prefill-0", {"kind": "crash"}, "crash prefill-0"),
+            LiveAction(1.0, "decode-0", None, "restart decode-0"),
+            LiveAction(2.0, "decode-0", {"kind": "crash"}, "crash decode-0")]
+    eps = [{"name": m.name, "url": f"http://h/{m.name}"} for m in fleet.members]
+    urls = {e["name"]: e["url"] for e in eps}
+    emulate_cmd._watch(eps, fleet, str(tmp_path / "ep.json"), FaultReplay(acts, fleet, urls, "t", 1000.0, "emulate"))
+    assert [b["kind"] for _, b in sent] == ["hang", "crash", "crash", "crash"]
+    out, err = capsys.readouterr()
+    assert "fleetwise emulate: t=1 modelled s: restart decode-0 (serving)" in out
+    assert err.count("replica decode-0 exited with status 1") == 2  # before and after its restart
+    assert json.loads((tmp_path / "ep.json").read_text()) == []
+
+
+def test_faults_without_a_plan_or_that_a_live_fleet_cannot_replay_are_refused_before_anything_starts(tmp_path, capsys):
+    faults = tmp_path / "f.yaml"
+    faults.write_text("faults: [{kind: stale_view, start_s: 1, end_s: 2}]\n")
+    plan = tmp_path / "pd.yaml"
+    plan.write_text(PLAN)
+    assert main(["emulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--faults", str(faults)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.endswith("give --plan PLAN.yaml, or inject faults into this replica through POST "
+                                             "/admin/faults")
+    assert main(["emulate", "--plan", str(plan), "--port", "1", "--faults", str(faults)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "faults.0 (stale_view): a live fleet cannot replay it" in err

@@ -24,7 +24,8 @@ PLAN = {"name": "rehearsal", "routing": "fleetwise-default",
         "pools": [{"name": "mixed", "replicas": 2, "spare_replicas": 1, "accelerator": "h100-sxm",
                    "model": "llama-3.1-8b"}]}
 FAULTS = {"faults": [{"kind": "slowdown", "replica": "mixed-1", "start_s": 0.0, "end_s": 50.0, "factor": 3.0},
-                     {"kind": "crash", "replica": "mixed-0", "at_s": 5.0, "restart_after_s": 10.0}]}
+                     {"kind": "crash", "replica": "mixed-0", "at_s": 5.0, "restart_after_s": 10.0},
+                     {"kind": "hang", "replica": "mixed-1", "start_s": 6.0, "end_s": 8.0}]}
 TIME_SCALE = 10.0
 UP_WAIT_S = 120.0
 """Wall seconds the test waits for the URLs to be printed: far above the ~20 s measured on a busy
@@ -37,6 +38,7 @@ def test_simulator_faults_become_live_actions():
     assert [(a.at_s, a.replica, a.body) for a in acts] == [
         (0.0, "mixed-1", {"kind": "slowdown", "factor": 3.0, "duration_s": 50.0}),
         (5.0, "mixed-0", {"kind": "crash"}),
+        (6.0, "mixed-1", {"kind": "hang", "duration_s": 2.0}),
         (15.0, "mixed-0", None)]
     pd = validate(PlanSpec, {"pools": [{"name": "p", "role": "prefill", "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
                                        {"name": "d", "role": "decode", "replicas": 2, "accelerator": "h100-sxm",
@@ -49,7 +51,8 @@ def test_simulator_faults_become_live_actions():
 
 def test_a_fault_without_a_live_counterpart_is_refused_by_name():
     scen = validate(FaultScenario, {"faults": [{"kind": "stale_view", "start_s": 1, "end_s": 2}]}, "f")
-    with pytest.raises(SpecError, match=r"f.yaml: faults.0 \(stale_view\): a live fleet replays crash, slowdown, decode_full only"):
+    with pytest.raises(SpecError, match=r"f.yaml: faults.0 \(stale_view\): a live fleet cannot replay it: the router's "
+                                        r"view is the gateway's, and faults are injected into replicas"):
         live_actions(scen, validate(PlanSpec, PLAN, "plan"), "f.yaml")
 
 
@@ -117,7 +120,8 @@ def test_up_serves_streaming_completions_and_replays_faults(tmp_path):
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
                 time.sleep(0.2)
             text = log.read_text(errors="replace")
-            assert "slow mixed-1 down x3 for 50 modelled s (200)" in text
+            assert "mixed-1: slowdown factor=3.0 for 50 modelled s (200)" in text
+            assert "mixed-1: hang for 2 modelled s (200)" in text
             assert "crash mixed-0" in text and "replica mixed-0 exited with status 1" in text
             assert c.get(f"http://127.0.0.1:{port + 1}/health").status_code == 200  # restarted
     finally:

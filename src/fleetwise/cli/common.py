@@ -24,11 +24,12 @@ from fleetwise.errors import SpecError, quote
 from fleetwise.spec.catalog import resolve_gpu, resolve_model
 from fleetwise.spec.context import OVER_CONTEXT_POLICIES
 from fleetwise.spec.hardware import AcceleratorSpec
-from fleetwise.spec.inputs import check_file
+from fleetwise.spec.inputs import check_file, out_of_bounds
 from fleetwise.spec.model import ModelSpec
 from fleetwise.spec.output import strict_json_dumps
 
 T = TypeVar("T", bound=BaseModel)
+N = TypeVar("N", int, float)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 """Server log levels (`--log-level` of gateway and emulate: Python logging's and uvicorn's names)."""
@@ -44,14 +45,19 @@ def int_flag(minimum: int | None = None, maximum: int | None = None) -> Callable
             value = int(text.strip().replace("_", ""))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {quote(text)}") from None
-        if minimum is not None and value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum:,}, got {quote(text)}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum:,} (see docs/errors.md), got {quote(text)}")
-        return value
+        return _within(value, text, minimum, maximum, ",", " (see docs/errors.md)")
 
     parse.__name__ = "whole number"
     return parse
+
+
+def _within(value: N, text: str, minimum: float | None, maximum: float | None, fmt: str,
+            max_note: str = "") -> N:
+    """`value` (parsed from `text`) if it lies in [minimum, maximum], else the argparse error saying which bound."""
+    why = out_of_bounds(value, minimum, maximum, fmt, max_note)
+    if why:
+        raise argparse.ArgumentTypeError(f"{why}, got {quote(text)}")
+    return value
 
 
 def float_flag(minimum: float | None = None, maximum: float | None = None,
@@ -67,11 +73,7 @@ def float_flag(minimum: float | None = None, maximum: float | None = None,
             raise argparse.ArgumentTypeError(f"must be a finite number, got {quote(text)}")
         if positive and value <= 0:
             raise argparse.ArgumentTypeError(f"must be greater than 0, got {quote(text)}")
-        if minimum is not None and value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {quote(text)}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {quote(text)}")
-        return value
+        return _within(value, text, minimum, maximum, "g")
 
     parse.__name__ = "number"
     return parse

@@ -21,7 +21,7 @@ DOC_PATH = Path("docs/cli.md")
 """Where the generated flag table lives in the repository."""
 
 SHARED_FLAGS: dict[str, str] = {
-    "--faults": "a fault scenario file (the simulator's vocabulary; `up` replays it live)",
+    "--faults": "a fault scenario file (one vocabulary: `simulate` runs it, `up` and `emulate --plan` replay it live)",
     "--gpu": "an accelerator: a catalog name (`fleetwise catalog gpus`) or an AcceleratorSpec file",
     "--gpu-memory-utilization": "fraction of each GPU's memory the engine may use (0-1]",
     "--host": "the address a server listens on",

@@ -2,10 +2,11 @@
 
     fleetwise emulate --model llama-3.1-8b --gpu h100-sxm --port 8001 [--role prefill|decode|mixed]
         [--tp N] [--time-scale X] [--seed S] [--admin-token T] ...
-    fleetwise emulate --plan PLAN.yaml --port 8001 [--endpoints FILE] ...   # a whole fleet
+    fleetwise emulate --plan PLAN.yaml --port 8001 [--endpoints FILE] [--faults F.yaml] ...   # a whole fleet
 
 Owns argument handling and, for `--plan`, starting one emulator process per replica of the plan
-(ports counting up from --port, in plan order) and stopping them together. The server is
+(ports counting up from --port, in plan order), replaying a fault file on them (`--faults`, the
+simulator's vocabulary: `cli.fault_replay`) and stopping them together. The server is
 `fleetwise.emulator.app.create_app`, served by uvicorn with the connection limits of
 `fleetwise.live.http`.
 """
@@ -55,6 +56,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--endpoints", metavar="FILE", default=None,
                    help="with --plan: write the replicas as the gateway's backend list (name, url, role, pool, "
                         "model_version, region, accelerator), for `fleetwise gateway --plan PLAN --backends-file FILE`")
+    p.add_argument("--faults", metavar="F.yaml", default=None, type=input_file("fault file"),
+                   help="with --plan: replay this fault file (the simulator's vocabulary) on the replicas, times in "
+                        "modelled seconds from when they all serve")
     p.add_argument("--tp", type=int_flag(1, 1024), default=1, help="tensor parallel degree of the replica")
     p.add_argument("--pp", type=int_flag(1, 1024), default=1, help="pipeline parallel degree of the replica")
     p.add_argument("--role", choices=("mixed", "prefill", "decode"), default="mixed",
@@ -223,19 +227,26 @@ def serving(endpoints: list[dict[str, str]], procs: list[Any]) -> list[dict[str,
     return [ep for ep, p in zip(endpoints, procs, strict=True) if p.poll() is None]
 
 
-def _watch(endpoints: list[dict[str, str]], procs: list[Any], endpoints_file: str | None) -> None:
-    """Report each replica that exits (a crash fault: the others keep serving) and keep
-    `endpoints_file` listing the ones still serving; return when none is left."""
-    reported: set[int] = set()
-    while len(reported) < len(procs):
-        for i, p in enumerate(procs):
-            if i not in reported and p.poll() is not None:
-                reported.add(i)
-                print(f"fleetwise emulate: replica {endpoints[i]['name']} exited with status {p.returncode}; "
-                      f"{len(procs) - len(reported)} still serving", file=sys.stderr, flush=True)
-                if endpoints_file:
-                    write_json(endpoints_file, serving(endpoints, procs))
-        time.sleep(0.5)
+def _watch(endpoints: list[dict[str, str]], fleet: Any, endpoints_file: str | None, replay: Any) -> None:
+    """Replay the fault actions on time (restarting a crashed replica on its schedule), report each
+    replica that exits (the others keep serving) and keep `endpoints_file` listing the ones
+    serving; return when none is left and no restart is due."""
+    from fleetwise.cli.fault_replay import SUPERVISE_POLL_S
+
+    reported: set[str] = set()
+    while len(reported) < len(endpoints) or replay.restarts_pending:
+        restarted = replay.tick()
+        reported.difference_update(restarted)
+        procs = [fleet.member(ep["name"]).proc for ep in endpoints]
+        codes = [(ep["name"], p.poll()) for ep, p in zip(endpoints, procs, strict=True) if ep["name"] not in reported]
+        gone = [(name, code) for name, code in codes if code is not None]
+        for name, status in gone:
+            reported.add(name)
+            print(f"fleetwise emulate: replica {name} exited with status {status}; "
+                  f"{len(endpoints) - len(reported)} still serving", file=sys.stderr, flush=True)
+        if endpoints_file and (gone or restarted):
+            write_json(endpoints_file, serving(endpoints, procs))
+        time.sleep(SUPERVISE_POLL_S)
 
 
 def run_fleet(args: argparse.Namespace) -> int:
@@ -246,12 +257,15 @@ def run_fleet(args: argparse.Namespace) -> int:
     if args.model or args.gpu:
         raise SpecError("give either --plan or --model/--gpu, not both")
     import os
+    import secrets
 
+    from fleetwise.cli.fault_replay import FaultReplay, live_fault_actions
     from fleetwise.emulator.config import ADMIN_TOKEN_ENV
     from fleetwise.gateway.config import fleet_backends
     from fleetwise.spec.plan import PlanSpec
 
     plan = PlanSpec.load(args.plan)
+    actions = live_fault_actions(args.faults, plan) if args.faults else []
     cmds = fleet_commands(args, plan)
     for i, (name, _, _) in enumerate(cmds):  # a port held by another server would answer its /health
         check_port_free(args.host, args.port + i, f"--plan: replica {name} (--port {args.port} + {i})")
@@ -261,6 +275,8 @@ def run_fleet(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     if args.admin_token:  # through the environment, not the command line other users can read
         env[ADMIN_TOKEN_ENV] = args.admin_token
+    elif actions and not env.get(ADMIN_TOKEN_ENV):  # the replay needs the replicas' admin API
+        env[ADMIN_TOKEN_ENV] = secrets.token_urlsafe(16)
     fleet = replica_fleet(args, plan, env)
     roles = {f"{p.name}-{i}": p.role for p in plan.pools for i in range(p.replicas)}
 
@@ -280,7 +296,9 @@ def run_fleet(args: argparse.Namespace) -> int:
             write_json(args.endpoints, serving(endpoints, procs))
         for m in fleet.members:
             print(f"{m.name:>16}  {roles[m.name]:<8} {replica_url(fleet, m.name)}", flush=True)
-        _watch(endpoints, procs, args.endpoints)
+        urls = {m.name: replica_url(fleet, m.name) for m in fleet.members}
+        _watch(endpoints, fleet, args.endpoints,
+               FaultReplay(actions, fleet, urls, env.get(ADMIN_TOKEN_ENV, ""), args.time_scale, "emulate"))
         return 1
     except KeyboardInterrupt:
         return 0
@@ -294,6 +312,9 @@ def run(args: argparse.Namespace) -> int:
         return run_fleet(args)
     if not (args.model and args.gpu):
         raise SpecError("give --model M --gpu G for one replica, or --plan PLAN.yaml for a fleet")
+    if args.faults:
+        raise SpecError(f"--faults={args.faults}: a fault file names replicas of a plan (`<pool>-<index>`); give "
+                        "--plan PLAN.yaml, or inject faults into this replica through POST /admin/faults")
 
     from fleetwise.emulator.app import create_app
 

@@ -6,9 +6,10 @@ Starts the fleet document's replicas as emulated engines (`fleetwise emulate`, o
 ports after the gateway's), then the gateway in front of them with the fleet's routing and
 failure domains, wired to every replica (requests, and the KV events each replica publishes over
 ZeroMQ as vLLM does, on the ports after the replicas'); prints the OpenAI base URL and the dashboard URL.
-`--faults` replays a simulator fault file against the live fleet (`emulator.faults.replay`: a
-crash kills the replica's process and restarts it after `restart_after_s`, a slowdown slows it,
-a full decode pool refuses new hand-offs).
+`--faults` replays the fault file `fleetwise simulate --faults` reads against the live fleet
+(`cli.fault_replay`: a crash kills the replica's process and restarts it after `restart_after_s`,
+a slowdown slows it, a hang stalls it, a failing replica or a full decode pool refuses new
+requests, dropped streams are cut; a kind a live fleet cannot model is refused by name).
 Ctrl-C (or SIGTERM, or the end of `--duration`) stops everything.
 """
 
@@ -22,16 +23,11 @@ import signal
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from fleetwise.cli.common import SEED_MAX, check_listen_address, float_flag, input_file, int_flag
 from fleetwise.spec.limits import MAX_DURATION_S
-from fleetwise.spec.output import strict_json_dumps
-
-SUPERVISE_POLL_S = 0.2
-"""Wall seconds between two looks at the fleet (faults due, processes exited)."""
 
 
 def register(subparsers: Any) -> None:
@@ -48,7 +44,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--time-scale", type=float_flag(positive=True), default=1.0, metavar="X",
                    help="modelled seconds per wall second of the emulated replicas (and of the fault times)")
     p.add_argument("--faults", metavar="F.yaml", type=input_file("fault file"),
-                   help="simulator fault file replayed live (crash, slowdown, decode_full), times in modelled seconds")
+                   help="fault file (the simulator's vocabulary) replayed live, times in modelled seconds")
     p.add_argument("--duration", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=None,
                    metavar="S", help="stop by itself after S wall seconds (default: run until Ctrl-C)")
     p.add_argument("--seed", type=int_flag(0, SEED_MAX), default=0, help="seed of the replicas' output lengths")
@@ -83,32 +79,16 @@ def _gateway_member(args: argparse.Namespace, plan: Any, urls: dict[str, str], e
     return Member("gateway", argv, f"http://{args.host}:{args.port}/readiness", env)
 
 
-def _post_fault(url: str, token: str, body: dict[str, Any]) -> str:
-
-    req = urllib.request.Request(url + "/admin/faults", data=strict_json_dumps(body, indent=None).encode(), method="POST",
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5.0) as r:
-            return f"{r.status}"
-    except OSError as err:  # a crash takes the connection with it
-        return f"sent ({type(err).__name__})"
-
-
 def run(args: argparse.Namespace) -> int:
     from fleetwise.cli.emulate_cmd import replica_fleet, replica_url
+    from fleetwise.cli.fault_replay import FaultReplay, live_fault_actions
     from fleetwise.emulator.config import ADMIN_TOKEN_ENV as EMULATOR_TOKEN_ENV
-    from fleetwise.emulator.faults.replay import live_actions
     from fleetwise.gateway.config import GatewayConfig
-    from fleetwise.spec.faults import FaultScenario, check_faults_apply
     from fleetwise.spec.plan import PlanSpec
 
     check_listen_address(args.host)
     plan = PlanSpec.load(args.plan)
-    actions = []
-    if args.faults:
-        scenario = FaultScenario.load(args.faults)
-        check_faults_apply(scenario, plan, args.faults)
-        actions = live_actions(scenario, plan, args.faults)
+    actions = live_fault_actions(args.faults, plan) if args.faults else []
     token = secrets.token_urlsafe(16)
     env = {**os.environ, EMULATOR_TOKEN_ENV: token, GatewayConfig().admin_token_env: token}
     replica_args = _replica_args(args, sum(p.replicas for p in plan.pools))
@@ -130,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
               f"  dashboard:   {base}/dashboard?token={token}\n"
               f"  metrics:     {base}/metrics\n"
               f"Ctrl-C stops everything.", flush=True)
-        return _supervise(fleet, urls, token, actions, args)
+        return _supervise(fleet, FaultReplay(actions, fleet, urls, token, args.time_scale, "up"), args)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -138,23 +118,15 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _supervise(fleet: Any, urls: dict[str, str], token: str, actions: list[Any], args: argparse.Namespace) -> int:
+def _supervise(fleet: Any, replay: Any, args: argparse.Namespace) -> int:
+    from fleetwise.cli.fault_replay import SUPERVISE_POLL_S
+
     """Replay the fault actions on time, report exits, restart on a crash's schedule; 1 when the
     gateway itself stops, 0 at the end of `--duration`."""
     t0 = time.monotonic()
-    pending = list(actions)
     reported: set[str] = set()
     while args.duration is None or time.monotonic() - t0 < args.duration:
-        modelled = (time.monotonic() - t0) * args.time_scale
-        while pending and pending[0].at_s <= modelled:
-            a = pending.pop(0)
-            if a.body is None:
-                fleet.restart(a.replica)
-                reported.discard(a.replica)
-                status = "serving"
-            else:
-                status = _post_fault(urls[a.replica], token, a.body)
-            print(f"fleetwise up: t={a.at_s:g} modelled s: {a.what} ({status})", flush=True)
+        reported.difference_update(replay.tick())
         for m in fleet.exited():
             if m.name == "gateway":
                 print(f"fleetwise up: the gateway exited with status {m.proc.returncode}", file=sys.stderr)

@@ -67,105 +67,83 @@ class ReplicaMetrics:
         self._kv_connector_metrics()
         self._fleetwise_metrics()
 
+    # One labelled child per metric: the replica's `model_name` and `engine` labels.
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, LABEL_NAMES, registry=self.registry).labels(*self._labels)
+
+    def _counter(self, name: str, doc: str) -> Counter:
+        return Counter(name, doc, LABEL_NAMES, registry=self.registry).labels(*self._labels)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(name, doc, LABEL_NAMES, registry=self.registry, buckets=buckets).labels(*self._labels)
+
     def _engine_metrics(self) -> None:
         """vLLM's engine gauges and counters: batch, queue, KV cache, prefix cache, tokens, finishes."""
-        r, lab, v = self.registry, LABEL_NAMES, self._labels
-        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                             lab, registry=r).labels(*v)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                             lab, registry=r).labels(*v)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                              lab, registry=r).labels(*v)
-        self.prefix_queries = Counter("vllm:prefix_cache_queries",
-                                      "Prefix cache queries, in terms of number of queried tokens.",
-                                      lab, registry=r).labels(*v)
-        self.prefix_hits = Counter("vllm:prefix_cache_hits",
-                                   "Prefix cache hits, in terms of number of cached tokens.",
-                                   lab, registry=r).labels(*v)
-        self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                                   lab, registry=r).labels(*v)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                                     lab, registry=r).labels(*v)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                                         lab, registry=r).labels(*v)
+        g, c = self._gauge, self._counter
+        self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = c("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = c("vllm:generation_tokens", "Number of generation tokens processed.")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          (*lab, "finished_reason"), registry=r)
-        self.success = {reason: success.labels(*v, reason) for reason in ("stop", "length", "abort")}
+                          (*LABEL_NAMES, "finished_reason"), registry=self.registry)
+        self.success = {reason: success.labels(*self._labels, reason) for reason in ("stop", "length", "abort")}
 
     def _request_metrics(self, tok_buckets: tuple[float, ...]) -> None:
         """vLLM's per-request histograms: token counts (buckets `tok_buckets`) and phase latencies."""
-        r, lab, v = self.registry, LABEL_NAMES, self._labels
-        self.req_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                           lab, registry=r, buckets=tok_buckets).labels(*v)
-        self.req_generation_tokens = Histogram("vllm:request_generation_tokens",
-                                               "Number of generation tokens processed.",
-                                               lab, registry=r, buckets=tok_buckets).labels(*v)
-        self.req_max_tokens = Histogram("vllm:request_params_max_tokens",
-                                        "Histogram of the max_tokens request parameter.",
-                                        lab, registry=r, buckets=tok_buckets).labels(*v)
-        self.iteration_tokens = Histogram("vllm:iteration_tokens_total",
-                                          "Histogram of number of tokens per engine_step.",
-                                          lab, registry=r, buckets=ITERATION_TOKENS_BUCKETS).labels(*v)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              lab, registry=r, buckets=TTFT_BUCKETS).labels(*v)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             lab, registry=r, buckets=ITL_BUCKETS).labels(*v)
-        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
-                              "Histogram of time_per_output_token_seconds per request.",
-                              lab, registry=r, buckets=ITL_BUCKETS).labels(*v)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
-        self.queue = Histogram("vllm:request_queue_time_seconds",
-                               "Histogram of time spent in WAITING phase for request.",
-                               lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
-        self.prefill_time = Histogram("vllm:request_prefill_time_seconds",
-                                      "Histogram of time spent in PREFILL phase for request.",
-                                      lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
-        self.decode_time = Histogram("vllm:request_decode_time_seconds",
-                                     "Histogram of time spent in DECODE phase for request.",
-                                     lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
-        self.inference_time = Histogram("vllm:request_inference_time_seconds",
-                                        "Histogram of time spent in RUNNING phase for request.",
-                                        lab, registry=r, buckets=REQUEST_LATENCY_BUCKETS).labels(*v)
+        h, lat = self._histogram, REQUEST_LATENCY_BUCKETS
+        self.req_prompt_tokens = h("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok_buckets)
+        self.req_generation_tokens = h("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                                       tok_buckets)
+        self.req_max_tokens = h("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+                                tok_buckets)
+        self.iteration_tokens = h("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                  ITERATION_TOKENS_BUCKETS)
+        self.ttft = h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.tpot = h("vllm:request_time_per_output_token_seconds",
+                      "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+        self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lat)
+        self.queue = h("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", lat)
+        self.prefill_time = h("vllm:request_prefill_time_seconds",
+                              "Histogram of time spent in PREFILL phase for request.", lat)
+        self.decode_time = h("vllm:request_decode_time_seconds",
+                             "Histogram of time spent in DECODE phase for request.", lat)
+        self.inference_time = h("vllm:request_inference_time_seconds",
+                                "Histogram of time spent in RUNNING phase for request.", lat)
 
     def _kv_connector_metrics(self) -> None:
-        """vLLM's NIXL KV-connector metrics."""
-        r, lab, v = self.registry, LABEL_NAMES, self._labels
-        # vLLM's NIXL KV-connector metrics, observed on the decode side as vLLM does (the pull's
-        # transfer time, in modelled seconds, and its bytes); the gateway's KV-link view reads them
-        self.nixl_xfer_time = Histogram("vllm:nixl_xfer_time_seconds",
-                                        "Histogram of transfer duration for NIXL KV Cache transfers.",
-                                        lab, registry=r, buckets=NIXL_XFER_BUCKETS).labels(*v)
-        self.nixl_bytes = Histogram("vllm:nixl_bytes_transferred",
-                                    "Histogram of bytes transferred per NIXL KV Cache transfers.",
-                                    lab, registry=r, buckets=NIXL_BYTES_BUCKETS).labels(*v)
-        self.nixl_failed = Counter("vllm:nixl_num_failed_transfers",
-                                   "Number of failed NIXL KV Cache transfers.", lab, registry=r).labels(*v)
+        """vLLM's NIXL KV-connector metrics, observed on the decode side as vLLM does (the pull's
+        transfer time, in modelled seconds, and its bytes); the gateway's KV-link view reads them."""
+        self.nixl_xfer_time = self._histogram("vllm:nixl_xfer_time_seconds",
+                                              "Histogram of transfer duration for NIXL KV Cache transfers.",
+                                              NIXL_XFER_BUCKETS)
+        self.nixl_bytes = self._histogram("vllm:nixl_bytes_transferred",
+                                          "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                                          NIXL_BYTES_BUCKETS)
+        self.nixl_failed = self._counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.")
 
     def _fleetwise_metrics(self) -> None:
         """fleetwise's own: step deadline overruns, engine busy time, KV hand-offs, time scale, refusals."""
-        r, lab, v = self.registry, LABEL_NAMES, self._labels
-        self.overrun = Histogram("fleetwise:step_deadline_overrun_seconds",
-                                 "How late the event loop woke for a step deadline (modelled seconds).",
-                                 lab, registry=r, buckets=OVERRUN_BUCKETS).labels(*v)
-        self.overrun_max = Gauge("fleetwise:step_deadline_overrun_max_seconds",
-                                 "Largest step deadline overrun so far (modelled seconds).",
-                                 lab, registry=r).labels(*v)
-        self.steps = Counter("fleetwise:engine_steps", "Engine steps completed.", lab, registry=r).labels(*v)
-        self.busy = Counter("fleetwise:engine_busy_seconds", "Modelled seconds the engine spent in steps.",
-                            lab, registry=r).labels(*v)
-        self.kv_transfer = Histogram("fleetwise:kv_transfer_seconds",
-                                     "Modelled KV transfer time of disaggregated hand-offs (decode side).",
-                                     lab, registry=r, buckets=TTFT_BUCKETS).labels(*v)
-        self.kv_leases = Gauge("fleetwise:kv_leases", "Prefilled KV held for a decode replica to pull.",
-                               lab, registry=r).labels(*v)
-        self.kv_orphaned = Counter("fleetwise:kv_orphaned_byte_seconds",
-                                   "KV bytes x modelled seconds held under leases no decode replica pulled "
-                                   "(freed by expiry or by an explicit release).", lab, registry=r).labels(*v)
-        self.time_scale = Gauge("fleetwise:time_scale", "Modelled seconds per wall second.",
-                                lab, registry=r).labels(*v)
+        g, c, h = self._gauge, self._counter, self._histogram
+        self.overrun = h("fleetwise:step_deadline_overrun_seconds",
+                         "How late the event loop woke for a step deadline (modelled seconds).", OVERRUN_BUCKETS)
+        self.overrun_max = g("fleetwise:step_deadline_overrun_max_seconds",
+                             "Largest step deadline overrun so far (modelled seconds).")
+        self.steps = c("fleetwise:engine_steps", "Engine steps completed.")
+        self.busy = c("fleetwise:engine_busy_seconds", "Modelled seconds the engine spent in steps.")
+        self.kv_transfer = h("fleetwise:kv_transfer_seconds",
+                             "Modelled KV transfer time of disaggregated hand-offs (decode side).", TTFT_BUCKETS)
+        self.kv_leases = g("fleetwise:kv_leases", "Prefilled KV held for a decode replica to pull.")
+        self.kv_orphaned = c("fleetwise:kv_orphaned_byte_seconds",
+                             "KV bytes x modelled seconds held under leases no decode replica pulled "
+                             "(freed by expiry or by an explicit release).")
+        self.time_scale = g("fleetwise:time_scale", "Modelled seconds per wall second.")
         self.rejected = Counter("fleetwise:requests_rejected", "Requests refused with a 4xx/5xx status.",
-                                (*lab, "status"), registry=r)
+                                (*LABEL_NAMES, "status"), registry=self.registry)
 
     def reject(self, status: int) -> None:
         """Count one refused request."""

@@ -37,7 +37,7 @@ from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.protocol import GenRequest
 from fleetwise.emulator.running import MAX_RECORDS, Live, ReplicaStatus, output_length, single_passes
 from fleetwise.engine.clock import ORDER_ARRIVAL
-from fleetwise.engine.driver import DOWN, UP, EngineDriver
+from fleetwise.engine.driver import DOWN, EngineDriver
 from fleetwise.engine.pools import build_pool
 from fleetwise.engine.records import StepOutput
 from fleetwise.errors import SpecError
@@ -314,8 +314,6 @@ class EmulatedReplica:
         self._update_gauges()
         if out.kv_events:
             self.events.publish(end, out.kv_events)
-        if self.faults.hung:
-            driver.state = DOWN  # a hang takes hold at the end of the step in flight
 
     def _stream_tokens(self, tokens: list[tuple[str, int]], end: float) -> None:
         """Emit a step's tokens (engine id, count) at modelled `end`, first tokens first: each
@@ -467,19 +465,22 @@ class EmulatedReplica:
         self._faults_changed()
 
     def _faults_changed(self) -> None:
-        """Apply the fault state to the driver: step-time factor, hang (stops stepping)."""
+        """Apply the fault state to the driver and the KV port: step-time factor, the port's
+        bandwidth factor, hang (stops stepping at the end of the step in flight, as the
+        simulator's hang does: `EngineDriver.stalled`)."""
         d = self.driver
         if d is None:
             return
         factor = self.cfg.step_time_factor * self.faults.slowdown  # the fleet's measured speed, then faults
         if d.slowdown != factor:
             d.slowdown = factor
-        if self.faults.hung:
-            if not d.busy:
-                d.state = DOWN
-        elif d.state == DOWN:
-            d.state = UP
-            self.kick()
+        port = self.kv_port
+        if port is not None and port.factor != self.faults.kv_link_factor:
+            port.set_factor(self.now_s(), self.faults.kv_link_factor)
+        if d.stalled != self.faults.hung:
+            d.stalled = self.faults.hung
+            if not d.stalled:
+                self.kick()
 
     def _crash(self) -> None:
         if self._on_crash is not None:

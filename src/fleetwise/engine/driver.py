@@ -55,7 +55,7 @@ class EngineDriver:
     __slots__ = ("name", "role", "engine", "clock", "on_output", "horizon", "perf", "_slowdown", "state",
                  "epoch", "busy", "kick_pending", "step_start_s", "step_dur_s", "step_passes", "step", "busy_s",
                  "view_cache", "view_pass", "pool_name", "accelerator", "model_version", "region",
-                 "kv_capacity_tokens", "kv_format")
+                 "kv_capacity_tokens", "kv_format", "stalled")
 
     def __init__(self, engine: Engine, clock: Clock, on_output: OutputFn, horizon: HorizonFn = no_horizon,
                  perf: BoundPerf | None = None, *, pool_name: str = "default", accelerator: str = "",
@@ -70,6 +70,8 @@ class EngineDriver:
         self.perf = perf
         self._slowdown = 1.0
         self.state = UP
+        self.stalled = False
+        """Steps no more (a hang fault) while it still takes work and shows healthy; `kick` after clearing it."""
         self.epoch = 0
         self.busy = False
         self.kick_pending = False
@@ -121,7 +123,7 @@ class EngineDriver:
         self._schedule(now_s)
 
     def _schedule(self, now_s: float) -> None:
-        if self.busy or self.state == DOWN:
+        if self.busy or self.state == DOWN or self.stalled:
             return
         hard, soft = self.horizon(self, now_s)
         step = self.engine.schedule(hard if hard > 0.0 else 0.0, soft if soft > 0.0 else 0.0)

@@ -2,7 +2,7 @@
 
 Owns `FaultTarget` (the narrow view of the simulation a fault may act on; the runner satisfies
 it), `FaultHost` (the injector's calls a kind uses; `faults.FaultInjector` satisfies it),
-`FaultKind` and the registry (`fault_kind`, `FAULT_KINDS`). Imports neither the injector nor
+`FaultKind` and the registry (`fault_kind`, `cannot_simulate`, `FAULT_KINDS`). Imports neither the injector nor
 the kinds, so `fault_kinds` and `faults` both depend on it downward. Does not schedule anything.
 """
 
@@ -12,9 +12,11 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from fleetwise.core.feedback import Feedback
+from fleetwise.registry import Registry
 from fleetwise.sim.events import EventLoop, FaultEvent
 from fleetwise.sim.fleet import Fleet, Replica
 from fleetwise.sim.network import KvNetwork
+from fleetwise.spec.faults import CannotModel
 from fleetwise.spec.plan import PlanSpec
 
 
@@ -42,8 +44,8 @@ class FaultTarget(Protocol):
         """Request `i` lost its replica at `now_s` after `streamed` output tokens: recover or fail it."""
         ...
 
-    def refuse_kv(self, replica: int, refusing: bool) -> None:
-        """Decode replica index `replica` starts (True) or stops refusing new KV."""
+    def refuse(self, replica: int, refusing: bool) -> None:
+        """Replica index `replica` starts (True) or stops refusing new requests (a decode replica: new KV)."""
         ...
 
     def freeze_view(self, frozen: bool) -> None:
@@ -93,16 +95,19 @@ class FaultKind(Protocol):
         ...
 
 
-FAULT_KINDS: dict[type, FaultKind] = {}
-"""Fault spec model -> its kind (registered with `fault_kind`)."""
+FAULT_KINDS: Registry[type, FaultKind | CannotModel] = Registry("simulated fault kind")
+"""Fault spec model -> its simulated effect (`fault_kind`) or why the simulator cannot model it (`cannot_simulate`)."""
 K = TypeVar("K")
 
 
 def fault_kind(spec_model: type) -> Callable[[type[K]], type[K]]:
-    """Class decorator registering a fault kind for `spec_model` (a model of `spec.faults`)."""
+    """Class decorator registering the simulated effect of `spec_model` (a model of `spec.faults`)."""
     def register(cls: type[K]) -> type[K]:
-        if spec_model in FAULT_KINDS:
-            raise ValueError(f"fault kind for {spec_model.__name__} registered twice")
-        FAULT_KINDS[spec_model] = cls()  # type: ignore[assignment]
+        FAULT_KINDS.add(spec_model, cls())  # type: ignore[arg-type]
         return cls
     return register
+
+
+def cannot_simulate(spec_model: type, why: str) -> None:
+    """Register that the simulator cannot model `spec_model`, and why (a fault file using it is refused)."""
+    FAULT_KINDS.add(spec_model, CannotModel(why))

@@ -1,9 +1,10 @@
-"""The built-in fault kinds of the simulator, one registered class each (see `fleetwise.sim.faults`).
+"""The simulated effect of each fault kind, one registered class each (see `fleetwise.sim.faults`).
 
-A new kind: a spec model in `fleetwise.spec.faults` (added to its `Fault` union), and a class
+A new kind: a spec model in `fleetwise.spec.faults` (added to its `FaultSpec` union), and a class
 here or in a new module imported by `fleetwise.sim.faults`, decorated `@fault_kind(Model)`, with
 `schedule` (push its events through `inj.push`) and `apply` (act through `inj.sim`, a
-`FaultTarget`). Every action is logged with `inj.note`.
+`FaultTarget`); or, where the simulator cannot model it, `cannot_simulate(Model, why)`. Its live
+effect registers in `fleetwise.emulator.faults`. Every action is logged with `inj.note`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,19 @@ from typing import Any
 
 from fleetwise.core.feedback import WorkerDown, WorkerUp
 from fleetwise.sim.events import FaultEvent
-from fleetwise.sim.fault_api import FaultHost, fault_kind
+from fleetwise.sim.fault_api import FaultHost, cannot_simulate, fault_kind
 from fleetwise.sim.fleet import DOWN, DRAINING, UP, Replica
-from fleetwise.spec.faults import DecodeFull, KvLinkFault, ReplicaCrash, RollingUpgrade, Slowdown, StaleView
+from fleetwise.spec.faults import (
+    DecodeFull,
+    DropStreams,
+    FailRequests,
+    Hang,
+    KvLinkFault,
+    ReplicaCrash,
+    RollingUpgrade,
+    Slowdown,
+    StaleView,
+)
 
 CRASH_REASONS = {"prefill": "prefill_lost", "decode": "decode_lost"}
 """Recovery reason of a request whose replica crashed, by the replica's role (else `replica_crashed`)."""
@@ -34,6 +45,7 @@ def restart(inj: FaultHost, rep: Replica, now_s: float, k: int, version: str | N
     if version is not None:
         rep.model_version = version
     rep.state = UP
+    rep.stalled = False  # a new process: a hang does not survive the restart
     rep.view_cache = None
     inj.note(now_s, k, "restart", rep.name)
     inj.sim.feedback(WorkerUp(now_s, rep.name, rep.model_version))
@@ -122,8 +134,43 @@ class DecodeFullKind(Interval):
         """Start or stop refusing KV on the replica (or every decode replica)."""
         reps = [inj.rep(fault.replica)] if fault.replica else [r for r in inj.reps if r.role == "decode"]
         for r in reps:
-            inj.sim.refuse_kv(r.idx, ev.phase == "start")
+            inj.sim.refuse(r.idx, ev.phase == "start")
         inj.note(now_s, k, ev.phase, fault.replica or "all decode")
+
+
+@fault_kind(FailRequests)
+class FailRequestsKind(Interval):
+    """The replica (or every replica) refuses new requests during the interval (a refused one goes
+    to recovery as `replica_refused`; a refused hand-off to a decode replica as `decode_pool_full`)."""
+
+    def apply(self, inj: FaultHost, now_s: float, k: int, fault: FailRequests, ev: FaultEvent) -> None:
+        """Start or stop refusing on the replica (or every replica)."""
+        for r in [inj.rep(fault.replica)] if fault.replica else inj.reps:
+            inj.sim.refuse(r.idx, ev.phase == "start")
+        inj.note(now_s, k, ev.phase, fault.replica or "all")
+
+
+@fault_kind(Hang)
+class HangKind(Interval):
+    """The replica stops stepping at the end of the step in flight (it still takes requests, and
+    the router still sees it healthy) and steps again at the end of the interval."""
+
+    def schedule(self, inj: FaultHost, k: int, fault: Hang) -> None:
+        """Push start and end; a fused step must not straddle the start."""
+        super().schedule(inj, k, fault)
+        inj.boundary(fault.start_s)
+
+    def apply(self, inj: FaultHost, now_s: float, k: int, fault: Hang, ev: FaultEvent) -> None:
+        """Stall the replica's steps (start) or let it step again (end)."""
+        rep = inj.rep(fault.replica)
+        rep.stalled = ev.phase == "start"
+        if not rep.stalled:
+            rep.kick(now_s)
+        inj.note(now_s, k, ev.phase, rep.name)
+
+
+cannot_simulate(DropStreams, "the simulator has no client connections to cut; a cut stream is a transport "
+                             "failure only the gateway's relay sees")
 
 
 @fault_kind(StaleView)

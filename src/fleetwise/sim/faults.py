@@ -13,6 +13,13 @@ failure reason.
 - slowdown: the replica's step time is multiplied by `factor` during the interval.
 - kv_link: the port bandwidth of one replica (or all) is scaled; factor 0 fails transfers.
 - decode_full: decode replicas refuse new KV during the interval (decode admission fails).
+- fail_requests: a replica (or every replica) refuses new requests during the interval: a request
+  dispatched to it goes to recovery (`replica_refused`), a hand-off to a refusing decode replica
+  fails decode admission as `decode_full`'s does.
+- hang: the replica stops stepping at the end of the step in flight and steps again at the end of
+  the interval; it still takes requests and the router still sees it healthy, as a live hang's
+  health probe passes.
+- drop_streams: refused by name (see `fault_kinds`): the simulator has no client connections.
 - stale_view: the router keeps the view it had at the start of the interval.
 - rolling_upgrade: one replica of the pool at a time is drained (no new routes; in-flight work
   finishes), goes down for `restart_after_s`, returns with the new model version; then the next.
@@ -34,9 +41,9 @@ from typing import Any
 from fleetwise.errors import SpecError
 from fleetwise.sim import fault_kinds  # noqa: F401  (registers the built-in kinds)
 from fleetwise.sim.events import FaultEvent, Priority
-from fleetwise.sim.fault_api import FAULT_KINDS, FaultTarget
+from fleetwise.sim.fault_api import FAULT_KINDS, FaultKind, FaultTarget
 from fleetwise.sim.fleet import DRAINING, Replica
-from fleetwise.spec.faults import FaultScenario, RollingUpgrade
+from fleetwise.spec.faults import CannotModel, FaultScenario, RollingUpgrade
 
 
 class FaultInjector:
@@ -56,8 +63,12 @@ class FaultInjector:
     def _check(self) -> None:
         fleet = self.sim.fleet
         for k, f in enumerate(self.faults):
-            if type(f) not in FAULT_KINDS:
+            kind = FAULT_KINDS.get(type(f))
+            if kind is None:
                 raise SpecError(f"faults.{k}: kind {f.kind!r} has no simulator implementation")
+            if isinstance(kind, CannotModel):
+                raise SpecError(f"faults.{k} ({f.kind}): the simulator cannot model it: {kind.why}; remove it, or "
+                                "rehearse it on an emulated fleet (`fleetwise up PLAN --faults`)")
             name = getattr(f, "replica", None)
             if name is not None and name not in fleet.by_name:
                 raise SpecError(f"faults.{k}.replica={name!r} is not in the plan; replicas are {', '.join(fleet.names)}")
@@ -87,7 +98,7 @@ class FaultInjector:
     def schedule(self) -> None:
         """Push every fault's events."""
         for k, f in enumerate(self.faults):
-            FAULT_KINDS[type(f)].schedule(self, k, f)
+            self._kind(f).schedule(self, k, f)
 
     def rep(self, name: str) -> Replica:
         """The replica named `name`."""
@@ -104,7 +115,13 @@ class FaultInjector:
 
     def _on_event(self, now_s: float, ev: FaultEvent) -> None:
         f = self.faults[ev.fault]
-        FAULT_KINDS[type(f)].apply(self, now_s, ev.fault, f, ev)
+        self._kind(f).apply(self, now_s, ev.fault, f, ev)
+
+    @staticmethod
+    def _kind(f: Any) -> FaultKind:
+        kind = FAULT_KINDS[type(f)]
+        assert not isinstance(kind, CannotModel)  # refused by `_check`
+        return kind
 
     def on_replica_progress(self, rep: Replica, now_s: float) -> None:
         """A replica finished or handed off work: a draining one with nothing left goes down."""
@@ -112,5 +129,5 @@ class FaultInjector:
             return
         k = next(k for k, f in enumerate(self.faults)
                  if isinstance(f, RollingUpgrade) and rep.pool.name in (f.pool, f.matched_with))
-        FAULT_KINDS[RollingUpgrade].drained(self, rep, now_s, k)  # type: ignore[attr-defined]
+        self._kind(self.faults[k]).drained(self, rep, now_s, k)  # type: ignore[attr-defined]
 

@@ -108,8 +108,8 @@ class Recovery:
         self.wasted_gpu_s = 0.0
         self.orphaned_kv_byte_s = 0.0
         self.leases_expired = 0
-        self.refusing: set[int] = set()
-        """Decode replicas refusing new KV (a `decode_full` fault)."""
+        self.refusing: dict[int, int] = {}
+        """Replica index -> faults making it refuse new requests now (`decode_full`, `fail_requests`)."""
         sim.loop.on(LeaseEnd, self._on_lease_end)
 
     # ---- the request an attempt runs --------------------------------------------------------------
@@ -169,8 +169,16 @@ class Recovery:
 
     # ---- decode admission -------------------------------------------------------------------------
     def refuses(self, rep: Replica) -> bool:
-        """Whether decode replica `rep` refuses new KV now (decode pool full)."""
+        """Whether replica `rep` refuses new requests now (a decode replica: new KV)."""
         return rep.idx in self.refusing
+
+    def refuse(self, idx: int, refusing: bool) -> None:
+        """One more (True) or one fewer fault makes replica `idx` refuse (overlapping faults nest)."""
+        n = self.refusing.get(idx, 0) + (1 if refusing else -1)
+        if n > 0:
+            self.refusing[idx] = n
+        else:
+            self.refusing.pop(idx, None)
 
     # ---- losing an attempt (decisions 2 and 3) ----------------------------------------------------
     def lost(self, i: int, now_s: float, reason: str, on_engine: int = 0, kv_ready: bool = True) -> None:

@@ -192,12 +192,9 @@ class Simulation:
         """Request `i` lost its replica after `streamed` output tokens: recovery decides."""
         self.recovery.lost(i, now_s, reason, streamed)
 
-    def refuse_kv(self, replica: int, refusing: bool) -> None:
-        """Decode replica index `replica` starts (True) or stops refusing new KV."""
-        if refusing:
-            self.recovery.refusing.add(replica)
-        else:
-            self.recovery.refusing.discard(replica)
+    def refuse(self, replica: int, refusing: bool) -> None:
+        """Replica index `replica` starts (True) or stops refusing new requests (a decode replica: new KV)."""
+        self.recovery.refuse(replica, refusing)
 
     def freeze_view(self, frozen: bool) -> None:
         """The router keeps its current fleet view (True) or refreshes it again."""
@@ -296,6 +293,9 @@ class Simulation:
         dec = self.reps[w]
         if first.state == DOWN or dec.state == DOWN:
             self.recovery.lost(i, now_s, "replica_unavailable", kv_ready=False)
+            return
+        if self.recovery.refusing and self.recovery.refuses(first):  # a fail_requests fault
+            self.recovery.lost(i, now_s, "replica_refused", kv_ready=False)
             return
         first.inflight.add(i)
         dec.inflight.add(i)

@@ -1,23 +1,43 @@
-"""Declarative fault scenarios: what goes wrong in a simulated fleet, and when.
+"""Declarative fault scenarios: what goes wrong in a fleet, and when: the one fault vocabulary.
 
-Owns the shape of each fault (a tagged union on `kind`, times in virtual seconds from the start
-of the run) and loading a scenario file. The simulator (`fleetwise.sim.faults`) applies them.
-Replicas are named `<pool>-<index>` (index from 0), as in the plan's per-replica results.
+Owns the shape of each fault (a tagged union on `kind`, times in modelled seconds from the start
+of the run), its effect parameters (`EFFECT_FIELDS`: what a live replica's `POST /admin/faults`
+body carries besides `kind`), loading a scenario file and checking it against a plan. The same
+file drives the simulator (`fleetwise.sim.fault_kinds`: each kind's simulated effect) and a live
+emulated fleet (`fleetwise.emulator.faults`: each kind's live effect); a side that cannot model
+a kind refuses it by name with the reason. Replicas are named `<pool>-<index>` (index from 0), as
+in the plan's per-replica results.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, get_args
 
 from pydantic import Field, model_validator
 
 from fleetwise.errors import SpecError, quote
 from fleetwise.spec.base import Spec, load_document
-from fleetwise.spec.limits import MAX_DURATION_S, MAX_FACTOR, MIN_FACTOR
+from fleetwise.spec.limits import MAX_DURATION_S, MAX_FACTOR, MAX_TOKENS, MIN_FACTOR
 
 if TYPE_CHECKING:
     from fleetwise.spec.plan import PlanSpec
+
+
+class IntervalFault(Spec):
+    """A fault active during [start_s, end_s) (the subclass declares both fields, so each kind's
+    fields keep their documented order); checks the interval is not empty."""
+
+    EFFECT_FIELDS: ClassVar[tuple[str, ...]] = ()
+    """Fields that say what the fault does (not where or when): a live replica's admin body."""
+
+    @model_validator(mode="after")
+    def _check_interval(self) -> IntervalFault:
+        start_s, end_s = getattr(self, "start_s"), getattr(self, "end_s")  # noqa: B009 (declared by the kind)
+        if end_s <= start_s:
+            raise ValueError(f"end_s={end_s} must be after start_s={start_s}")
+        return self
 
 
 class ReplicaCrash(Spec):
@@ -30,9 +50,10 @@ class ReplicaCrash(Spec):
     """Virtual time of the crash."""
     restart_after_s: float | None = Field(default=60.0, ge=0, le=MAX_DURATION_S)
     """Cold-start delay until the replica serves again; null = never comes back."""
+    EFFECT_FIELDS: ClassVar[tuple[str, ...]] = ()
 
 
-class Slowdown(Spec):
+class Slowdown(IntervalFault):
     """A replica runs every step `factor` times slower during [start_s, end_s) (thermal throttling, noisy neighbour)."""
 
     kind: Literal["slowdown"] = "slowdown"
@@ -42,14 +63,10 @@ class Slowdown(Spec):
     end_s: float = Field(gt=0, le=MAX_DURATION_S)
     factor: float = Field(ge=MIN_FACTOR, le=MAX_FACTOR)
     """Step-time multiplier (2.0 = half speed)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> Slowdown:
-        _check_interval(self.start_s, self.end_s)
-        return self
+    EFFECT_FIELDS = ("factor",)
 
 
-class KvLinkFault(Spec):
+class KvLinkFault(IntervalFault):
     """KV links degrade (`bandwidth_factor` in (0, 1)) or fail (`bandwidth_factor` = 0) during [start_s, end_s).
 
     While a link is down its transfers fail; the plan's `failure_domains` say whether the
@@ -63,14 +80,10 @@ class KvLinkFault(Spec):
     end_s: float = Field(gt=0, le=MAX_DURATION_S)
     bandwidth_factor: float = Field(ge=0, le=1)
     """Fraction of bandwidth left (0 = link down)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> KvLinkFault:
-        _check_interval(self.start_s, self.end_s)
-        return self
+    EFFECT_FIELDS = ("bandwidth_factor",)
 
 
-class DecodeFull(Spec):
+class DecodeFull(IntervalFault):
     """Decode replicas refuse new KV during [start_s, end_s) (their pool is full): a hand-off to
     one fails decode admission, the prefill frees the KV and the request is prefilled again."""
 
@@ -80,23 +93,13 @@ class DecodeFull(Spec):
     start_s: float = Field(ge=0, le=MAX_DURATION_S)
     end_s: float = Field(gt=0, le=MAX_DURATION_S)
 
-    @model_validator(mode="after")
-    def _check(self) -> DecodeFull:
-        _check_interval(self.start_s, self.end_s)
-        return self
 
-
-class StaleView(Spec):
+class StaleView(IntervalFault):
     """The router's view of the fleet stops refreshing during [start_s, end_s) (control plane stall)."""
 
     kind: Literal["stale_view"] = "stale_view"
     start_s: float = Field(ge=0, le=MAX_DURATION_S)
     end_s: float = Field(gt=0, le=MAX_DURATION_S)
-
-    @model_validator(mode="after")
-    def _check(self) -> StaleView:
-        _check_interval(self.start_s, self.end_s)
-        return self
 
 
 class RollingUpgrade(Spec):
@@ -116,11 +119,62 @@ class RollingUpgrade(Spec):
     """Model version the replicas report after the upgrade."""
     restart_after_s: float = Field(default=30.0, ge=0, le=MAX_DURATION_S)
     """Cold-start delay of each replica once drained."""
+    EFFECT_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+
+class Hang(IntervalFault):
+    """A replica stops stepping during [start_s, end_s) (a stuck collective or kernel): it still
+    accepts requests and its health stays up, but nothing it holds progresses until the end."""
+
+    kind: Literal["hang"] = "hang"
+    replica: str
+    """Replica name, `<pool>-<index>`."""
+    start_s: float = Field(ge=0, le=MAX_DURATION_S)
+    end_s: float = Field(gt=0, le=MAX_DURATION_S)
+
+
+class FailRequests(IntervalFault):
+    """A replica (or every replica) refuses new requests with HTTP `status` during [start_s,
+    end_s); requests it already runs continue. A decode replica refusing refuses the hand-off."""
+
+    kind: Literal["fail_requests"] = "fail_requests"
+    replica: str | None = None
+    """Replica that refuses (`<pool>-<index>`); null = every replica."""
+    start_s: float = Field(ge=0, le=MAX_DURATION_S)
+    end_s: float = Field(gt=0, le=MAX_DURATION_S)
+    status: Literal[429, 500, 502, 503] = 503
+    """HTTP status the refused requests get."""
+    EFFECT_FIELDS = ("status",)
+
+
+class DropStreams(IntervalFault):
+    """A replica's (or every replica's) streamed responses are cut once they have sent
+    `after_tokens` tokens during [start_s, end_s): the connection closes without a finish reason."""
+
+    kind: Literal["drop_streams"] = "drop_streams"
+    replica: str | None = None
+    """Replica whose streams are cut (`<pool>-<index>`); null = every replica."""
+    start_s: float = Field(ge=0, le=MAX_DURATION_S)
+    end_s: float = Field(gt=0, le=MAX_DURATION_S)
+    after_tokens: int = Field(default=1, ge=0, le=MAX_TOKENS)
+    """Tokens a stream sends before it is cut (0: cut before the first token)."""
+    EFFECT_FIELDS = ("after_tokens",)
 
 
 FaultSpec = Annotated[
-    ReplicaCrash | Slowdown | KvLinkFault | DecodeFull | StaleView | RollingUpgrade, Field(discriminator="kind")
+    ReplicaCrash | Slowdown | KvLinkFault | DecodeFull | StaleView | RollingUpgrade | Hang | FailRequests
+    | DropStreams, Field(discriminator="kind")
 ]
+FAULT_MODELS: tuple[type[Spec], ...] = get_args(get_args(FaultSpec)[0])
+"""Every fault kind's model, in the union's order (each side registers an effect or a refusal for each)."""
+
+
+@dataclass(frozen=True)
+class CannotModel:
+    """What a side (the simulator, or a live fleet) registers for a fault kind it cannot model:
+    the reason, which the refusal names."""
+
+    why: str
 
 
 class FaultScenario(Spec):
@@ -134,11 +188,6 @@ class FaultScenario(Spec):
     def load(path: str | Path) -> FaultScenario:
         """Read and validate a faults file (SpecError naming the field on a bad one)."""
         return load_document(FaultScenario, path)
-
-
-def _check_interval(start_s: float, end_s: float) -> None:
-    if end_s <= start_s:
-        raise ValueError(f"end_s={end_s} must be after start_s={start_s}")
 
 
 def check_faults_apply(scenario: FaultScenario, plan: PlanSpec, where: str = "faults") -> None:

@@ -185,34 +185,33 @@ def parse_json(data: bytes | str, where: str, max_bytes: int = MAX_BODY_BYTES,
     text = decode_text(data, where, "JSON") if isinstance(data, (bytes, bytearray)) else data
     if text.count("[") + text.count("{") > max_depth and json_depth(text, stop_above=max_depth) > max_depth:
         raise SpecError(f"{where}: nested more than {max_depth} levels deep; flatten the document")
-    bad, constant, number, integer = _number_hooks()
-    try:
-        data = json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=constant,
-                          parse_float=number, parse_int=integer)
-    except json.JSONDecodeError as err:
-        raise SpecError(f"{where}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
-    except ValueError as err:
-        raise SpecError(f"{where}: not accepted: {err}") from None
-    if bad:
-        check_finite_tree(data, where)
-    return data
+    return _loads(text, where, row=False)
 
 
 def parse_json_line(line: str, where: str) -> Any:
     """Parse one JSONL row (a trace line) fast: the C decoder, NaN/Infinity and huge integers
     refused, nesting beyond the interpreter's stack a SpecError instead of a RecursionError."""
+    return _loads(line, where, row=True)
+
+
+def _loads(text: str, where: str, row: bool) -> Any:
+    """`json.loads` with the number hooks (NaN/Infinity and huge integers refused) and every
+    failure a SpecError at `where`: a document also refuses duplicate keys; a `row` (one JSONL
+    line) is only a line, so its messages say the column and a RecursionError is caught here."""
     bad, constant, number, integer = _number_hooks()
     try:
-        row = json.loads(line, parse_constant=constant, parse_float=number, parse_int=integer)
+        data = json.loads(text, object_pairs_hook=None if row else _unique_pairs, parse_constant=constant,
+                          parse_float=number, parse_int=integer)
     except json.JSONDecodeError as err:
-        raise SpecError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+        at = f"({err.msg} at column {err.colno})" if row else f": {err.msg} at line {err.lineno} column {err.colno}"
+        raise SpecError(f"{where}: not valid JSON{' ' if row else ''}{at}") from None
     except RecursionError:
         raise SpecError(f"{where}: nested too deep to be a trace row") from None
     except ValueError as err:
-        raise SpecError(f"{where}: {err}") from None
+        raise SpecError(f"{where}: {'' if row else 'not accepted: '}{err}") from None
     if bad:
-        check_finite_tree(row, where)
-    return row
+        check_finite_tree(data, where)
+    return data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,10 +376,9 @@ def finite(value: Any, field: str, minimum: float | None = None, maximum: float 
         raise SpecError(f"{field}: {quote(value)} is not a finite number; give a finite value")
     if strictly_positive and x <= 0:
         raise SpecError(f"{field}: must be greater than 0, got {quote(value)}")
-    if minimum is not None and x < minimum:
-        raise SpecError(f"{field}: must be at least {minimum:g}, got {quote(value)}")
-    if maximum is not None and x > maximum:
-        raise SpecError(f"{field}: must be at most {maximum:g}, got {quote(value)}")
+    why = out_of_bounds(x, minimum, maximum, "g")
+    if why:
+        raise SpecError(f"{field}: {why}, got {quote(value)}")
     return x
 
 
@@ -388,8 +386,16 @@ def whole(value: Any, field: str, minimum: int | None = None, maximum: int | Non
     """`value` as an int within bounds: a real int, not a bool, float or numeric string."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(f"{field}: expected a whole number, got {quote(value)}")
-    if minimum is not None and value < minimum:
-        raise SpecError(f"{field}: must be at least {minimum:,}, got {quote(value)}")
-    if maximum is not None and value > maximum:
-        raise SpecError(f"{field}: must be at most {maximum:,} (see docs/errors.md for limits), got {quote(value)}")
+    why = out_of_bounds(value, minimum, maximum, ",", " (see docs/errors.md for limits)")
+    if why:
+        raise SpecError(f"{field}: {why}, got {quote(value)}")
     return value
+
+
+def out_of_bounds(value: float, minimum: float | None, maximum: float | None, fmt: str, max_note: str = "") -> str:
+    """Which bound `value` breaks ("must be at least 1", bounds written with format `fmt`), or ""."""
+    if minimum is not None and value < minimum:
+        return f"must be at least {minimum:{fmt}}"
+    if maximum is not None and value > maximum:
+        return f"must be at most {maximum:{fmt}}{max_note}"
+    return ""

@@ -1,10 +1,13 @@
-"""Fault kinds an operator can inject into a running emulator through `POST /admin/faults`.
+"""The live effect of each fault kind: what it does to a running emulated replica.
 
-Owns the registry of kinds and the state they set (`FaultState`). Each kind is one small module
-in this package that subclasses `FaultKind`, declares its parameters as a pydantic model and
-registers itself with `@register`; the server reads `FaultState` where it matters (step time,
-stepping, intake, streaming, process exit). Adding a kind is a new file plus one import line
-in `_KIND_MODULES`, never an edit to an if-chain.
+The kinds and their parameters are declared once, in `fleetwise.spec.faults` (the vocabulary the
+simulator reads too). Owns the replica's fault state (`FaultState`) and the kinds an operator can
+inject through `POST /admin/faults` (`REGISTRY`). Each kind is one small module in this package
+that subclasses `FaultKind`, names its spec model (`spec`: the admin body's parameters are that
+model's `EFFECT_FIELDS`, validated by the same fields) and registers itself with `@register`,
+which also registers its timed replay of a fault file (`replay.LIVE`); the server reads
+`FaultState` where it matters (step time, stepping, intake, streaming, process exit). Adding a
+kind is a new file plus one import line in `_KIND_MODULES`, never an edit to an if-chain.
 
 Body: `{"kind": NAME, ...params, "duration_s": S?}`; `duration_s` (modelled seconds) clears the
 fault by itself after that long. `{"kind": "clear"}` clears every fault.
@@ -17,7 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from fleetwise.emulator.faults.replay import LIVE, LiveAction, interval_actions
+from fleetwise.errors import SpecError
+from fleetwise.spec.base import Spec
+from fleetwise.spec.plan import PlanSpec
 
 
 @dataclass
@@ -32,6 +40,8 @@ class FaultState:
     """New generation requests get this HTTP status with an error body."""
     drop_after_tokens: int | None = None
     """Streams are cut (connection closed, no [DONE]) once they have sent this many tokens."""
+    kv_link_factor: float = 1.0
+    """Fraction of its bandwidth this replica's KV port keeps (a degraded link)."""
     active: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Active kinds and the parameters they were injected with (GET /admin/faults)."""
 
@@ -46,16 +56,44 @@ class FaultParams(BaseModel):
 
 
 class FaultKind:
-    """One kind: `params` validates the body, `apply` sets the state, `clear` undoes it."""
+    """One kind: the live effect of `spec`. `params` (built by `register` from the spec model's
+    `EFFECT_FIELDS`) validates the body; `apply` sets the `FaultState` field `state_field` to
+    `value(params)`, `clear` puts its all-clear default back; `actions` replays a fault of a file
+    on a live fleet."""
 
+    spec: ClassVar[type[Spec]]
     name: ClassVar[str]
+    """The spec model's `kind` (set by `register`)."""
     params: ClassVar[type[FaultParams]] = FaultParams
+    state_field: ClassVar[str] = ""
+    """The `FaultState` field this kind sets ("" for a kind that only acts, as `crash`)."""
+
+    def refused(self, p: Any) -> str:
+        """Why these parameters cannot be applied live ("" when they can)."""
+        return ""
+
+    def value(self, p: Any) -> Any:
+        """What `apply` sets `state_field` to: by default the value of the kind's one effect field."""
+        return getattr(p, self.spec.EFFECT_FIELDS[0])  # type: ignore[attr-defined]
 
     def apply(self, state: FaultState, p: Any, actions: FaultActions) -> None:
-        raise NotImplementedError
+        """Set this kind's state field."""
+        setattr(state, self.state_field, self.value(p))
 
     def clear(self, state: FaultState) -> None:
-        """Undo this kind (default: nothing to undo)."""
+        """Undo this kind: its state field back to the all-clear default."""
+        if self.state_field:
+            setattr(state, self.state_field, FaultState.__dataclass_fields__[self.state_field].default)
+
+    def actions(self, fault: Any, plan: PlanSpec) -> list[LiveAction]:
+        """Fault `fault` of a file on a live fleet: this kind's body, with the fault's effect
+        fields, sent to its replica (or every replica) at its start, for its interval."""
+        effect = {f: getattr(fault, f) for f in self.spec.EFFECT_FIELDS}  # type: ignore[attr-defined]
+        why = self.refused(self.params.model_validate({"kind": self.name, **effect}))
+        if why:
+            raise SpecError(f"a live fleet cannot replay it: {why}")
+        what = " ".join([self.name, *(f"{k}={v}" for k, v in effect.items())])
+        return interval_actions(fault, plan, {"kind": self.name, **effect}, what)
 
 
 @dataclass
@@ -71,10 +109,19 @@ REGISTRY: dict[str, FaultKind] = {}
 
 
 def register(cls: type[FaultKind]) -> type[FaultKind]:
-    """Class decorator: add a kind to the registry under `cls.name`."""
+    """Class decorator: add a kind to the registry under its spec model's `kind`, its body's
+    parameters the model's `EFFECT_FIELDS`, and its replay to `replay.LIVE`."""
+    spec = cls.spec
+    cls.name = spec.model_fields["kind"].default
     if cls.name in REGISTRY:
         raise ValueError(f"fault kind {cls.name!r} registered twice")
-    REGISTRY[cls.name] = cls()
+    if cls.state_field and cls.state_field not in FaultState.__dataclass_fields__:
+        raise ValueError(f"fault kind {cls.name!r}: state_field={cls.state_field!r} is not a FaultState field")
+    fields: dict[str, Any] = {f: (spec.model_fields[f].annotation, spec.model_fields[f])
+                              for f in spec.EFFECT_FIELDS}  # type: ignore[attr-defined]
+    cls.params = create_model(f"{cls.__name__}Params", __base__=FaultParams, **fields)
+    kind = REGISTRY[cls.name] = cls()
+    LIVE.add(spec, kind.actions)
     return cls
 
 
@@ -99,6 +146,9 @@ def parse(body: dict[str, Any]) -> tuple[FaultKind | None, FaultParams]:
         raise FaultError(f"{name}: {_first_error(err)}") from None
     if params.duration_s is not None and not params.duration_s > 0:
         raise FaultError(f"{name}: duration_s={params.duration_s} must be > 0 (omit it to keep the fault)")
+    why = kind.refused(params)
+    if why:
+        raise FaultError(f"{name}: {why}")
     return kind, params
 
 
@@ -120,6 +170,6 @@ def clear_one(state: FaultState, name: str) -> None:
         REGISTRY[name].clear(state)
 
 
-_KIND_MODULES = ("slowdown", "hang", "fail_requests", "drop_streams", "crash")
+_KIND_MODULES = ("slowdown", "hang", "fail_requests", "drop_streams", "crash", "kv_link")
 for _m in _KIND_MODULES:
     importlib.import_module(f"{__name__}.{_m}")

@@ -3,23 +3,11 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from fleetwise.emulator.faults import FaultActions, FaultKind, FaultParams, FaultState, register
-
-
-class DropParams(FaultParams):
-    after_tokens: int = Field(default=1, ge=0)
-    """Tokens a stream sends before it is cut (0: cut before the first token)."""
+from fleetwise.emulator.faults import FaultKind, register
+from fleetwise.spec import faults as vocab
 
 
 @register
 class DropStreams(FaultKind):
-    name = "drop_streams"
-    params = DropParams
-
-    def apply(self, state: FaultState, p: DropParams, actions: FaultActions) -> None:
-        state.drop_after_tokens = p.after_tokens
-
-    def clear(self, state: FaultState) -> None:
-        state.drop_after_tokens = None
+    spec = vocab.DropStreams
+    state_field = "drop_after_tokens"

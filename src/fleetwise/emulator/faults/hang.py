@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-from fleetwise.emulator.faults import FaultActions, FaultKind, FaultParams, FaultState, register
+from typing import Any
+
+from fleetwise.emulator.faults import FaultKind, register
+from fleetwise.spec import faults as vocab
 
 
 @register
 class Hang(FaultKind):
-    name = "hang"
+    spec = vocab.Hang
+    state_field = "hung"
 
-    def apply(self, state: FaultState, p: FaultParams, actions: FaultActions) -> None:
-        state.hung = True
-
-    def clear(self, state: FaultState) -> None:
-        state.hung = False
+    def value(self, p: Any) -> bool:
+        return True

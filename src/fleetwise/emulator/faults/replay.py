@@ -1,10 +1,11 @@
-"""A simulator fault scenario as timed actions on a live emulated fleet.
+"""A fault file as timed actions on a live emulated fleet: each fault kind's live effect.
 
-One fault vocabulary: the fault file `fleetwise simulate --faults` reads (`spec.faults`,
-modelled seconds from the start) is replayed against a running fleet by `fleetwise up --faults`.
-Each spec kind with a live counterpart registers one converter here, mapping it to `LiveAction`s:
-a `POST /admin/faults` body sent to a replica at a modelled time, or a restart of the replica's
-process. A kind without one is refused by name before anything starts.
+One fault vocabulary (`fleetwise.spec.faults`): the file `fleetwise simulate --faults` reads
+(modelled seconds from the start) is replayed against a running fleet by `fleetwise up --faults`
+and `fleetwise emulate --plan --faults`. Every spec kind registers here once (`LIVE`): a converter
+to `LiveAction`s (a `POST /admin/faults` body sent to a replica at a modelled time, or a restart of
+the replica's process; the admin kinds register theirs through `faults.register`), or the reason
+a live fleet cannot model it (`CannotModel`), which refuses the file by name before anything starts.
 """
 
 from __future__ import annotations
@@ -15,11 +16,8 @@ from typing import Any
 
 from fleetwise.errors import SpecError
 from fleetwise.registry import Registry
-from fleetwise.spec.faults import DecodeFull, FaultScenario, ReplicaCrash, Slowdown
+from fleetwise.spec.faults import CannotModel, FaultScenario, RollingUpgrade, StaleView
 from fleetwise.spec.plan import PlanSpec
-
-LIVE_KINDS = ("crash", "slowdown", "decode_full")
-"""Spec fault kinds a live fleet replays."""
 
 
 @dataclass(frozen=True)
@@ -34,49 +32,48 @@ class LiveAction:
     """One line for the operator (what happens, to whom)."""
 
 
-Converter = Callable[[Any, "PlanSpec"], list[LiveAction]]
-CONVERTERS: Registry[type, Converter] = Registry("live fault converter")
+Converter = Callable[[Any, PlanSpec], list[LiveAction]]
+LIVE: Registry[type, Converter | CannotModel] = Registry("live fault effect")
+"""Spec fault model -> its live effect (a converter to timed actions) or why a live fleet cannot model it."""
 
 
-def converts(kind: type) -> Callable[[Converter], Converter]:
+def live_effect(kind: type) -> Callable[[Converter], Converter]:
     """Register the converter of one spec fault kind (once)."""
-    return CONVERTERS.register(kind)
+    return LIVE.register(kind)
 
 
-@converts(ReplicaCrash)
-def _crash(f: ReplicaCrash, plan: PlanSpec) -> list[LiveAction]:
-    out = [LiveAction(f.at_s, f.replica, {"kind": "crash"}, f"crash {f.replica}")]
-    if f.restart_after_s is not None:
-        out.append(LiveAction(f.at_s + f.restart_after_s, f.replica, None, f"restart {f.replica}"))
-    return out
+def replica_names(plan: PlanSpec, role: str | None = None) -> list[str]:
+    """Every replica of `plan` as `<pool>-<index>` in plan order (only `role`'s pools when given)."""
+    return [f"{p.name}-{i}" for p in plan.pools if role is None or p.role == role for i in range(p.replicas)]
 
 
-@converts(Slowdown)
-def _slowdown(f: Slowdown, plan: PlanSpec) -> list[LiveAction]:
-    body = {"kind": "slowdown", "factor": f.factor, "duration_s": f.end_s - f.start_s}
-    return [LiveAction(f.start_s, f.replica, body, f"slow {f.replica} down x{f.factor:g} for "
-                                                    f"{f.end_s - f.start_s:g} modelled s")]
+def interval_actions(fault: Any, plan: PlanSpec, body: dict[str, Any], what: str,
+                     role: str | None = None) -> list[LiveAction]:
+    """`body` (an admin fault body) sent at `fault.start_s` to its replica (or every replica of
+    `role`, or of the plan), cleared by the replica itself after `end_s - start_s` modelled seconds."""
+    span = fault.end_s - fault.start_s
+    names = [fault.replica] if fault.replica else replica_names(plan, role)
+    return [LiveAction(fault.start_s, n, {**body, "duration_s": span}, f"{n}: {what} for {span:g} modelled s")
+            for n in names]
 
 
-@converts(DecodeFull)
-def _decode_full(f: DecodeFull, plan: PlanSpec) -> list[LiveAction]:
-    """A full decode replica refuses the hand-off: it answers new requests 503 for the interval,
-    so the prefill side frees the KV and the request is prefilled again, as in the simulator."""
-    names = [f.replica] if f.replica else [f"{p.name}-{i}" for p in plan.pools if p.role == "decode"
-                                           for i in range(p.replicas)]
-    body = {"kind": "fail_requests", "status": 503, "duration_s": f.end_s - f.start_s}
-    return [LiveAction(f.start_s, n, body, f"{n} refuses new KV (decode full) for {f.end_s - f.start_s:g} "
-                                           "modelled s") for n in names]
+LIVE.add(StaleView, CannotModel("the router's view is the gateway's, and faults are injected into replicas"))
+LIVE.add(RollingUpgrade, CannotModel(
+    "a live fleet restarts a replica only with the model version it was started with"))
 
 
 def live_actions(scenario: FaultScenario, plan: PlanSpec, where: str) -> list[LiveAction]:
     """Every fault of `scenario` as live actions in time order; SpecError naming a fault whose kind
-    a live fleet cannot replay."""
+    a live fleet cannot replay, and why."""
     out: list[LiveAction] = []
     for k, f in enumerate(scenario.faults):
-        conv = CONVERTERS.get(type(f))
-        if conv is None:
-            raise SpecError(f"{where}: faults.{k} ({f.kind}): a live fleet replays {', '.join(LIVE_KINDS)} only; "
-                            f"remove it, or run the scenario in the simulator (`fleetwise simulate PLAN --faults`)")
-        out.extend(conv(f, plan))
+        conv = LIVE.get(type(f))
+        if not callable(conv):
+            why = conv.why if conv is not None else "no live effect is registered"
+            raise SpecError(f"{where}: faults.{k} ({f.kind}): a live fleet cannot replay it: {why}; remove it, "
+                            "or run the scenario in the simulator (`fleetwise simulate PLAN --faults`)")
+        try:
+            out.extend(conv(f, plan))
+        except SpecError as err:  # these parameters of the kind cannot be replayed (the reason)
+            raise SpecError(f"{where}: faults.{k} ({f.kind}): {err}") from None
     return sorted(out, key=lambda a: a.at_s)

@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from fleetwise.emulator.faults import FaultActions, FaultKind, FaultParams, FaultState, register
-from fleetwise.spec.limits import MAX_FACTOR, MIN_FACTOR
-
-
-class SlowdownParams(FaultParams):
-    factor: float = Field(ge=MIN_FACTOR, le=MAX_FACTOR)
-    """Multiplier on step time (2.0 = twice as slow)."""
+from fleetwise.emulator.faults import FaultKind, register
+from fleetwise.spec import faults as vocab
 
 
 @register
 class Slowdown(FaultKind):
-    name = "slowdown"
-    params = SlowdownParams
-
-    def apply(self, state: FaultState, p: SlowdownParams, actions: FaultActions) -> None:
-        state.slowdown = p.factor
-
-    def clear(self, state: FaultState) -> None:
-        state.slowdown = 1.0
+    spec = vocab.Slowdown
+    state_field = "slowdown"

@@ -1,4 +1,6 @@
-"""L2: the performance model: step costs, memory fit, KV transfer. Pure functions of specs.
+"""L2: the performance model: step costs, memory fit, KV transfer. Pure functions of specs, and
+one clockless model of shared KV-link bandwidth (`kv_share.SharedPorts`) that the simulator's
+network and the emulator's KV ports both drive on their own clocks.
 
 `PerfModel` (roofline with a `Profile` of efficiency factors) is the one step-time model the
 planner, simulator and emulator share; `calibrate` fits a `Profile` to measured ground truth;

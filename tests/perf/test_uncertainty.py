@@ -77,3 +77,39 @@ def test_threshold_note_says_when_a_decision_could_flip():
     assert threshold_note("a decode step", b, 0.060, "TPOT budget") == (
         "a decode step 40.0-52.0 ms, all under the TPOT budget (60 ms)")
     assert threshold_note("a decode step", b, 0.030, "TPOT budget").endswith("all over the TPOT budget (30 ms)")
+
+
+@pytest.mark.slow
+def test_plan_shows_its_decisions_at_the_band_ends(calibrated, tmp_path):
+    """A plan priced with a calibrated profile (held-out residuals) lists the fit, TP and disaggregation
+    decisions at both ends of the band, in the JSON and as an explanation line; without residuals none."""
+    from fleetwise.planner.api import plan
+    from fleetwise.planner.report import to_json
+    from fleetwise.planner.state import PlanOptions
+    from fleetwise.spec.planning import planning_spec_from_dict
+
+    path = tmp_path / "h200.json"
+    calibrated.profile.save(path)
+    spec = {
+        "name": "flips", "model": "llama-3.1-8b", "profile": str(path),
+        "accelerators": [{"name": "h200-sxm", "price_per_hour_usd": 3.0}],
+        "workload": {"rate_rps": 2.0, "prompt_tokens": {"kind": "fixed", "tokens": 1024},
+                     "output_tokens": {"kind": "fixed", "tokens": 64}},
+        "slo": {"ttft_s": 1.0, "tpot_s": 0.02, "percentile": 90, "attainment": 0.9},
+        "weight_dtypes": ["bf16"],
+        "headroom": {"failures_to_survive": 0, "upgrade_batch_replicas": 0, "burst_factor": 1.0},
+        "search": {"max_gpus": 8, "top_k": 1, "refine_top": 1, "seeds": 1, "sample_requests": 100,
+                   "disaggregation": "on", "bisect_steps": 3},
+    }
+    doc = to_json(plan(planning_spec_from_dict(spec), PlanOptions(workers=1)))
+    top = doc["plans"][0]
+    decisions = [f["decision"] for f in top["decision_flips"]]
+    assert decisions[:2] == ["fit", "TP"] and "disaggregate" in decisions
+    fit = top["decision_flips"][0]
+    assert fit["chosen"] == "meets the latency targets"  # the plan met the SLO in simulation
+    assert all(f["flips"] == (f["chosen"] != f["at_fast_end"] or f["chosen"] != f["at_slow_end"])
+               for f in top["decision_flips"])
+    line = next(s for s in top["explanation"] if s.startswith("decisions across the step-time band"))
+    assert all(f["decision"] in line for f in top["decision_flips"])
+    if top["kind"] != "colocated":
+        assert top["decision_flips"][-1]["decision"] == "P:D"

@@ -36,3 +36,33 @@ def test_each_key_is_scaled_by_its_own_band():
     f = decide_at_band_ends("TP", lambda s: min(cost, key=lambda k: cost[k] * s(k)), bands)
     assert f == Flip("TP", "a", "a", "b")
     assert decide_at_band_ends("x", lambda s: str(s("c")), bands).slow == "1.0"
+
+
+def test_pd_ratio_and_cost_at_the_band_ends():
+    """A split plan's serving replicas scale with each pool's band (goodput inversely proportional to step
+    time): P:D 3:2 as sized, 3:2 at the fast end, 4:3 at the slow end; the cost follows the replicas."""
+    from types import SimpleNamespace
+
+    from fleetwise.planner.flips import _cost, _serving
+    from fleetwise.planner.layout import Layout
+    from fleetwise.planner.results import Sizing
+    from fleetwise.planner.simulate import FleetShape, PoolShape
+    from fleetwise.planner.state import Candidate
+
+    p, d = Layout("h200-sxm", "bf16", 2), Layout("h200-sxm", "bf16", 1)
+    sizing = {"prefill": Sizing("prefill", 1.0, 2.6, 1.0, 2.6, 0.0, 3, 1, 0),
+              "decode": Sizing("decode", 1.0, 1.7, 1.0, 1.7, 0.0, 2, 0, 0)}
+    c = Candidate("pd", "disaggregated", FleetShape((PoolShape("prefill", p, 3), PoolShape("decode", d, 2))),
+                  sizing, [])
+    bands = {("prefill", p): Band(0.09, 0.1, 0.12, 5), ("decode", d): Band(0.018, 0.02, 0.0244, 5)}
+
+    def ratio(s):
+        n = _serving(c, s)
+        return f"P:D {n['prefill']}:{n['decode']}"
+
+    assert decide_at_band_ends("P:D", ratio, bands) == Flip("P:D", "P:D 3:2", "P:D 3:2", "P:D 4:3")
+    search = SimpleNamespace(hw=SimpleNamespace(price=lambda acc: 3.0))
+    # (3 serving + 1 spare) x 2 GPUs + 2 x 1 GPU at $3 per GPU-hour; at the slow end (4 + 1) x 2 + 3 x 1
+    assert _cost(search, c, lambda k: 1.0) == pytest.approx(30.0)
+    slow = {k: band_scales(b)[1] for k, b in bands.items()}
+    assert _cost(search, c, lambda k: slow[k]) == pytest.approx(39.0)

@@ -73,15 +73,27 @@ def test_factors_are_physical_and_within_bounds(files, profile):
 def test_leave_one_model_out(files):
     cv = cross_validate(files, H200)
     assert set(cv) == {"llama-3.1-8b", "qwen3-30b-a3b"}
-    # measured: dense from MoE median 4.7% (max 16.9%): the target (5% / 20%) holds. MoE from dense
-    # median 7.0% (max 24.0%): it misses. The held-out model's points never reach the fit
+    # measured: dense from MoE median 3.8% (max 15.8%): the target (5% / 20%) holds. MoE from dense
+    # median 5.4% (max 21.0%): it misses narrowly. The held-out model's points never reach the fit
     # (calibrate(models=rest)); with only dense points the MoE-only factors stay at their defaults,
-    # and the grouped-GEMM default (GROUPED_TILE_K_PRIOR, 1,225) comes from a public H100 build of the
-    # same kernel that runs it twice as fast as the H200 ground truth's (fitted: 2,490); see
-    # docs/perf-model.md, "Held out by model". The bound below guards against regressions.
+    # and the grouped-GEMM default (GROUPED_TILE_K_PRIOR, 1,225) comes from a public H100 build of a
+    # fused MoE that runs about twice as fast per tile as the H200 ground truth's (fitted: 1,983; with
+    # that value the MoE from dense is 4.8% / 13.1%); see docs/perf-model.md, "Measured accuracy".
+    # The bound below guards against regressions.
     assert cv["llama-3.1-8b"]["median_abs_pct"] <= 5.0 and cv["llama-3.1-8b"]["max_abs_pct"] <= 20.0
-    assert cv["qwen3-30b-a3b"]["median_abs_pct"] <= 7.5 and cv["qwen3-30b-a3b"]["max_abs_pct"] <= 25.0
+    assert cv["qwen3-30b-a3b"]["median_abs_pct"] <= 6.0 and cv["qwen3-30b-a3b"]["max_abs_pct"] <= 22.0
     assert cv["qwen3-30b-a3b"]["points"] == 30 + 14 and cv["llama-3.1-8b"]["points"] == 30 + 14
+
+
+def test_moe_from_dense_meets_the_target_with_the_engines_grouped_kernel(files):
+    """The dense-only fit carries to the MoE when the grouped kernel's one constant is this engine's
+    (the all-points fit's): median <= 5%, worst <= 20%. What the held-out figure above misses by is
+    that constant's public prior, not the shared factors the dense model fits."""
+    engine = calibrate(files, H200).grouped_tile_k
+    dense = calibrate(files, H200, base=Profile().with_factors(grouped_tile_k=engine), models={"llama-3.1-8b"})
+    assert dense.grouped_tile_k == pytest.approx(engine)  # no MoE point: the factor stays where it was put
+    s = summarize(predict(dense, files, H200, {"qwen3-30b-a3b"}))
+    assert s["median_abs_pct"] <= 5.0 and s["max_abs_pct"] <= 20.0  # measured: 4.8% / 13.1%
 
 
 def test_fit_never_sees_the_held_out_model(files):

@@ -144,10 +144,12 @@ def test_extrapolation_to_larger_shapes(files):
     assert pooled["median_abs_pct"] <= 5.0  # measured: about 4
 
 
-def test_old_profile_schema_asks_for_recalibration(tmp_path):
+@pytest.mark.parametrize("doc", [{"schema": "fleetwise-profile/1", "moe_row_passes": 30.0},
+                                 {"schema": "fleetwise-profile/3", "elementwise_passes": 24.0}])
+def test_old_profile_schema_asks_for_recalibration(tmp_path, doc):
     path = tmp_path / "old.json"
-    path.write_text(json.dumps({"schema": "fleetwise-profile/1", "moe_row_passes": 30.0}))
-    with pytest.raises(SpecError, match=r"fleetwise-profile/1.*recalibrate it with `fleetwise calibrate"):
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match=rf"{doc['schema']}.*recalibrate it with `fleetwise calibrate"):
         Profile.load(path)
 
 

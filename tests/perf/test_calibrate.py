@@ -16,12 +16,19 @@ from fleetwise.perf.calibrate import (
     cross_validate_shapes,
     extrapolate_shapes,
     fit_bounds,
+    grouped_tile_k_from_block,
     predict,
     shape_folds,
     shape_key,
     summarize,
 )
-from fleetwise.perf.groundtruth import SHIPPED_DIR, SHIPPED_FILES, load_groundtruth
+from fleetwise.perf.groundtruth import (
+    MOE_BLOCK_CEILING,
+    MOE_BLOCK_SHAPE,
+    SHIPPED_DIR,
+    SHIPPED_FILES,
+    load_groundtruth,
+)
 from fleetwise.perf.profile import FACTOR_BOUNDS, Profile
 from fleetwise.spec.catalog import get_gpu
 
@@ -94,6 +101,40 @@ def test_moe_from_dense_meets_the_target_with_the_engines_grouped_kernel(files):
     assert dense.grouped_tile_k == pytest.approx(engine)  # no MoE point: the factor stays where it was put
     s = summarize(predict(dense, files, H200, {"qwen3-30b-a3b"}))
     assert s["median_abs_pct"] <= 5.0 and s["max_abs_pct"] <= 20.0  # measured: 4.8% / 13.1%
+
+
+def test_dense_calibration_takes_the_grouped_kernel_from_the_moe_block_ceiling(files):
+    """A dense-only file that carries the run's MoE-block time (`moe_block_ms`) gives `grouped_tile_k` by
+    inverting the routed-expert cost at the reference shape under the dense fit's own factors. With the
+    block time the all-points fit prices (a stand-in for the measurement the shipped files lack) it
+    solves 1,886 against the all-points 1,983, and predicts the MoE better than the public prior does."""
+    engine = calibrate(files, H200)
+    dense_only = calibrate(files, H200, models={"llama-3.1-8b"})
+    block_ms = grouped_tile_k_ms(engine)
+    stamped = [replace(f, ceilings={**f.ceilings, MOE_BLOCK_CEILING: block_ms}) for f in files]
+    dense = calibrate(stamped, H200, models={"llama-3.1-8b"})
+    assert dense_only.grouped_tile_k == pytest.approx(Profile().grouped_tile_k)  # no ceiling: the prior
+    # the solve inverts the block's cost under the dense fit's factors (not the engine's): close, not equal
+    assert dense.grouped_tile_k == pytest.approx(grouped_tile_k_from_block(dense_only, block_ms, H200), rel=1e-6)
+    assert grouped_tile_k_ms(dense) == pytest.approx(block_ms, rel=1e-6)
+    s = summarize(predict(dense, files, H200, {"qwen3-30b-a3b"}))
+    prior = summarize(predict(dense_only, files, H200, {"qwen3-30b-a3b"}))
+    assert s["median_abs_pct"] < prior["median_abs_pct"] and s["max_abs_pct"] < prior["max_abs_pct"]
+    # a block faster than any tile work explains gives the factor's lower bound, never a crash
+    assert grouped_tile_k_from_block(dense_only, 1e-6, H200) == pytest.approx(FACTOR_BOUNDS["grouped_tile_k"][0])
+
+
+def grouped_tile_k_ms(profile: Profile) -> float:
+    """Milliseconds `profile` prices one MoE block of the reference shape at (H200)."""
+    from fleetwise.perf.roofline import PerfModel
+    from fleetwise.perf.types import Deployment
+    from fleetwise.spec.model import ModelSpec, MoESpec
+
+    s = MOE_BLOCK_SHAPE
+    block = ModelSpec(name="b", num_layers=1, hidden_size=s["hidden"], num_attention_heads=16, num_kv_heads=4,
+                      head_dim=128, ffn_size=0, vocab_size=1000,
+                      moe=MoESpec(num_experts=s["experts"], experts_per_token=s["topk"], expert_ffn_size=s["moe_ffn"]))
+    return PerfModel(profile).bind(Deployment(block, H200)).routed_experts_s(s["tokens"]) * 1e3
 
 
 def test_fit_never_sees_the_held_out_model(files):

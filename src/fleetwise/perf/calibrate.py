@@ -29,6 +29,8 @@ from fleetwise.perf.uncertainty import residual
 from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.model import ModelSpec, MoESpec
 
+HELD_OUT_TARGET_PCT = (5.0, 20.0)
+"""Median and worst |error| % a fit must reach on the points it did not see (held out by model, both ways)."""
 FIT_FACTORS: tuple[str, ...] = tuple(FACTOR_BOUNDS)
 PRIOR_WEIGHT = 0.03
 KINDS = ("prefill", "decode", "mixed")

@@ -22,10 +22,17 @@ from typing import Any
 
 from fleetwise.errors import SpecError
 from fleetwise.perf.groundtruth import MOE_BLOCK_CEILING, MOE_BLOCK_SHAPE, GroundTruthFile, GroundTruthPoint
-from fleetwise.perf.profile import FACTOR_BOUNDS, Profile
+from fleetwise.perf.profile import (
+    FACTOR_BOUNDS,
+    PUBLIC_MOE_BLOCK_GPU,
+    PUBLIC_MOE_BLOCK_MS,
+    PUBLIC_MOE_BLOCK_SHAPE,
+    Profile,
+)
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.perf.types import Deployment
 from fleetwise.perf.uncertainty import residual
+from fleetwise.spec.catalog import get_gpu
 from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.model import ModelSpec, MoESpec
 
@@ -150,22 +157,33 @@ def calibrate(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, *, base: P
     sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, diff_step=1e-4, max_nfev=4000)
     fitted = {n: math.exp(v) for n, v in zip(names, sol.x, strict=True)}
     prof = base.with_factors(**fitted)
-    blocks = [f.ceilings[MOE_BLOCK_CEILING] for f in fitted_files if MOE_BLOCK_CEILING in f.ceilings]
-    if blocks and "grouped_tile_k" in names and all(dep.model.moe is None for _, dep in cases):
-        # No MoE point to fit the grouped kernel on: solve it from the MoE block the same run timed.
-        prof = prof.with_factors(grouped_tile_k=grouped_tile_k_from_block(prof, statistics.median(blocks), gpu))
+    if "grouped_tile_k" in names and all(dep.model.moe is None for _, dep in cases):
+        prof = prof.with_factors(grouped_tile_k=_grouped_tile_k_without_moe_points(prof, fitted_files, gpu))
     stats = summarize(predict(prof, files, gpu, models))
     fit = {"points": float(stats["points"]), "median_abs_pct": stats["median_abs_pct"],
            "max_abs_pct": stats["max_abs_pct"]}
     return prof.with_factors(fit=fit)  # type: ignore[arg-type]
 
 
-def grouped_tile_k_from_block(profile: Profile, block_ms: float, gpu: AcceleratorSpec) -> float:
-    """`grouped_tile_k` at which one MoE block of `MOE_BLOCK_SHAPE` takes `block_ms` milliseconds on `gpu`
-    with the profile's other factors (the routed-expert cost; clamped to the factor's bounds)."""
+def _grouped_tile_k_without_moe_points(profile: Profile, files: Sequence[GroundTruthFile],
+                                      gpu: AcceleratorSpec) -> float:
+    """No MoE point to fit the grouped kernel on: solve it from the MoE block the same run timed
+    (`moe_block_ms`), else from the public block timing, each under the profile's fitted factors."""
+    blocks = [f.ceilings[MOE_BLOCK_CEILING] for f in files if MOE_BLOCK_CEILING in f.ceilings]
+    if blocks:
+        return grouped_tile_k_from_block(profile, MOE_BLOCK_SHAPE, statistics.median(blocks), gpu)
+    return grouped_tile_k_from_block(profile, PUBLIC_MOE_BLOCK_SHAPE, PUBLIC_MOE_BLOCK_MS,
+                                     get_gpu(PUBLIC_MOE_BLOCK_GPU))
+
+
+def grouped_tile_k_from_block(profile: Profile, shape: dict[str, int], block_ms: float,
+                              gpu: AcceleratorSpec) -> float:
+    """`grouped_tile_k` at which one MoE block of `shape` (experts, topk, hidden, moe_ffn, tokens) takes
+    `block_ms` milliseconds on `gpu` with the profile's other factors (the routed-expert cost; clamped
+    to the factor's bounds)."""
     from scipy.optimize import brentq
 
-    s = MOE_BLOCK_SHAPE
+    s = shape
     block = ModelSpec(name="moe-block", num_layers=1, hidden_size=s["hidden"], num_attention_heads=16,
                       num_kv_heads=4, head_dim=128, ffn_size=0, vocab_size=1000,
                       moe=MoESpec(num_experts=s["experts"], experts_per_token=s["topk"], expert_ffn_size=s["moe_ffn"]))

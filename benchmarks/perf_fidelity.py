@@ -234,6 +234,17 @@ def _at_fitted_constant(files: list[Any], gpu: Any, full: Profile, dense: set[st
             "max_abs_pct": s["max_abs_pct"]}
 
 
+def _held_out_by_model(doc: dict[str, Any], files: list[Any], gpu: Any, names: set[str]) -> None:
+    """Leave-one-model-out: each model predicted by the fit on the others (`held_out`, `worst_points`)."""
+    for held in sorted(names):
+        rest = names - {held}
+        prof = calibrate(files, gpu, models=rest)
+        preds = predict(prof, files, gpu, {held})
+        doc["held_out"][held] = {"fitted_on": sorted(rest), **_fit_record(prof, preds)}
+        worst = sorted(preds, key=lambda p: -abs(p.error_pct))[:5]
+        doc["worst_points"][held] = [p.as_dict() for p in worst]
+
+
 def _block_sensitivity(files: list[Any], gpu: Any, dense: set[str], moe: set[str]) -> dict[str, Any]:
     """The MoE from dense with the public MoE-block time the grouped-kernel constant is solved from scaled
     by `PRIOR_SHIFTS`: how much of the held-out figure rests on that one timing."""
@@ -255,6 +266,30 @@ def _target_lines(doc: dict[str, Any]) -> list[str]:
     rows.append(("MoE from dense at the all-points grouped_tile_k", doc["moe_from_dense_at_fitted_grouped_tile_k"]))
     return [f"target median <= {med:g}%, worst <= {worst:g}%: {name} {s['median_abs_pct']}/{s['max_abs_pct']} "
             f"{'met' if s['median_abs_pct'] <= med and s['max_abs_pct'] <= worst else 'missed'}" for name, s in rows]
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    """The figures of one run, one line each (what `main` prints)."""
+    out = [f"in sample: median {doc['in_sample']['median_abs_pct']}%  max {doc['in_sample']['max_abs_pct']}%"]
+    for held, s in doc["held_out"].items():
+        kinds = "  ".join(f"{k} {v['median_abs_pct']}/{v['max_abs_pct']}" for k, v in s["by_kind"].items())
+        out.append(f"held out {held} (fit on {', '.join(s['fitted_on'])}): median {s['median_abs_pct']}%  "
+                   f"max {s['max_abs_pct']}%  [{kinds}]")
+    for kind, s in doc["held_out_kinds"].items():
+        models = "  ".join(f"{n} {v['median_abs_pct']}/{v['max_abs_pct']}" for n, v in s["by_model"].items())
+        out.append(f"held out {kind} steps (fit on the other kinds): median {s['median_abs_pct']}%  "
+                   f"max {s['max_abs_pct']}%  [{models}]")
+    s = doc["held_out_shapes"]
+    kinds = "  ".join(f"{k} {v['median_abs_pct']}/{v['max_abs_pct']}" for k, v in s["by_kind"].items())
+    out.append(f"held out shapes (5-fold over shapes): median {s['median_abs_pct']}%  max {s['max_abs_pct']}%  [{kinds}]")
+    for name, s in doc["extrapolation"].items():
+        kinds = "  ".join(f"{k} {v['median_abs_pct']}/{v['max_abs_pct']}" for k, v in s["by_kind"].items())
+        out.append(f"extrapolated {name} (fit on the smaller half): {s['points']} points, "
+                   f"median {s['median_abs_pct']}%  max {s['max_abs_pct']}%  [{kinds}]")
+    shifts = {k: (v["grouped_tile_k"], v["median_abs_pct"], v["max_abs_pct"]) for k, v in doc["prior_sensitivity"].items()}
+    out.append(f"MoE from dense vs the public MoE-block time (grouped_tile_k, median, max): {shifts}")
+    out.extend(_target_lines(doc))
+    return out
 
 
 def main() -> int:
@@ -288,13 +323,7 @@ def main() -> int:
         "in_sample": _fit_record(full, predict(full, files, gpu)),
         "held_out": {}, "worst_points": {}, "prior_sensitivity": {},
     }
-    for held in sorted(names):
-        rest = names - {held}
-        prof = calibrate(files, gpu, models=rest)
-        preds = predict(prof, files, gpu, {held})
-        doc["held_out"][held] = {"fitted_on": sorted(rest), **_fit_record(prof, preds)}
-        worst = sorted(preds, key=lambda p: -abs(p.error_pct))[:5]
-        doc["worst_points"][held] = [p.as_dict() for p in worst]
+    _held_out_by_model(doc, files, gpu, names)
     doc["held_out_kinds"] = {}
     for kind in ("prefill", "decode", "mixed"):
         fit_on, held_files = split_points(files, lambda p, k=kind: p.kind == k)  # type: ignore[misc]
@@ -317,25 +346,7 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.figure:
         print(f"wrote {figure(files, gpu, full)}")
-    print(f"in sample: median {doc['in_sample']['median_abs_pct']}%  max {doc['in_sample']['max_abs_pct']}%")
-    for held, s in doc["held_out"].items():
-        kinds = "  ".join(f"{k} {v['median_abs_pct']}/{v['max_abs_pct']}" for k, v in s["by_kind"].items())
-        print(f"held out {held} (fit on {', '.join(s['fitted_on'])}): median {s['median_abs_pct']}%  "
-              f"max {s['max_abs_pct']}%  [{kinds}]")
-    for kind, s in doc["held_out_kinds"].items():
-        models = "  ".join(f"{n} {v['median_abs_pct']}/{v['max_abs_pct']}" for n, v in s["by_model"].items())
-        print(f"held out {kind} steps (fit on the other kinds): median {s['median_abs_pct']}%  "
-              f"max {s['max_abs_pct']}%  [{models}]")
-    s = doc["held_out_shapes"]
-    kinds = "  ".join(f"{k} {v['median_abs_pct']}/{v['max_abs_pct']}" for k, v in s["by_kind"].items())
-    print(f"held out shapes (5-fold over shapes): median {s['median_abs_pct']}%  max {s['max_abs_pct']}%  [{kinds}]")
-    for name, s in doc["extrapolation"].items():
-        kinds = "  ".join(f"{k} {v['median_abs_pct']}/{v['max_abs_pct']}" for k, v in s["by_kind"].items())
-        print(f"extrapolated {name} (fit on the smaller half): {s['points']} points, median {s['median_abs_pct']}%  "
-              f"max {s['max_abs_pct']}%  [{kinds}]")
-    print("MoE from dense vs the public MoE-block time:", {k: (v["grouped_tile_k"], v["median_abs_pct"], v["max_abs_pct"])
-                                                           for k, v in doc["prior_sensitivity"].items()})
-    for line in _target_lines(doc):
+    for line in summary_lines(doc):
         print(line)
     print(f"wrote {args.out}")
     return 0

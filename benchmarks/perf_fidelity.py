@@ -21,8 +21,8 @@ decode, mixed) and the fitted factors.
 - `extrapolation`: per shape axis (prefill tokens, decode batch, decode context, mixed chunk,
   mixed batch), fit on the smaller half of that axis's values (median included) and every other
   kind, predict the larger half; `all axes` fits only on points in the smaller half of every axis.
-- `prior_sensitivity`: the MoE-from-dense check again with the public block time scaled by 0.5
-  to 2, to show how much of the held-out figure rests on it.
+- `prior_sensitivity`: the MoE-from-dense check again with the public block time scaled by 0.75
+  to 1.5, to show how much of the held-out figure rests on it.
 - `worst_points`: the five largest held-out errors of each held-out model.
 
 Deterministic (a bounded least-squares fit); takes a few seconds of CPU.
@@ -68,7 +68,7 @@ from fleetwise.spec.catalog import get_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 FILES = ("h200_dense.json", "h200_moe.json", "h200_mixed.json")
-PRIOR_SHIFTS = (0.5, 0.75, 1.0, 1.5, 2.0)  # the public MoE-block time the grouped constant is solved from, times these
+PRIOR_SHIFTS = (0.75, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.5)  # the public MoE-block time the grouped constant is solved from, times these
 
 
 def _fit_record(prof: Profile, preds: list[Prediction]) -> dict[str, Any]:

@@ -57,6 +57,16 @@ def test_moe_block_matches_a_per_token_reference():
     assert torch.allclose(got, want, atol=1e-5)
 
 
+def test_moe_block_ceiling_times_the_decoders_own_block():
+    """The MoE-block ceiling (`moe_block_ms`) times the same routed-expert code the steps run; on the CPU a
+    tiny block, to prove the path (the reference shape is timed on a GPU, beside the 8192^3 GEMM)."""
+    torch = pytest.importorskip("torch", reason="fleetwise measure needs PyTorch (pip install 'fleetwise[measure]')")
+    from fleetwise.cli.measure_torch import time_moe_block
+
+    ms = time_moe_block(torch, "cpu", {"experts": 4, "topk": 2, "hidden": 64, "moe_ffn": 32, "tokens": 16}, 2)
+    assert 0.0 < ms < 10_000.0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tiny", ["dense", "moe"])
 def test_tiny_measurement_on_cpu_feeds_calibrate(tmp_path, capsys, tiny):

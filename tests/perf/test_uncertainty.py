@@ -77,3 +77,44 @@ def test_threshold_note_says_when_a_decision_could_flip():
     assert threshold_note("a decode step", b, 0.060, "TPOT budget") == (
         "a decode step 40.0-52.0 ms, all under the TPOT budget (60 ms)")
     assert threshold_note("a decode step", b, 0.030, "TPOT budget").endswith("all over the TPOT budget (30 ms)")
+
+
+@pytest.mark.slow
+def test_plan_shows_its_decisions_at_the_band_ends(tmp_path):
+    """A profile whose held-out errors span -25% to +30% on every shape: the cheapest plan (one TP=1
+    replica) meets the targets as predicted but misses TPOT at the band's slow end, where TP=2 becomes
+    the cheapest colocated layout; colocating holds at both ends. In the JSON and as one explanation line."""
+    import itertools
+
+    from fleetwise.planner.api import plan
+    from fleetwise.planner.report import to_json
+    from fleetwise.planner.state import PlanOptions
+    from fleetwise.spec.planning import planning_spec_from_dict
+
+    rows = [[lt, lc, share, e] for lt, lc, share in itertools.product(range(16), range(0, 16, 2), (0.0, 1.0))
+            for e in (0.3, -0.25)]
+    path = tmp_path / "wide.json"
+    Profile(accelerator="h200-sxm").model_copy(update={"residuals": rows}).save(path)
+    spec = {
+        "name": "flips", "model": "llama-3.1-8b", "profile": str(path),
+        "accelerators": [{"name": "h200-sxm", "price_per_hour_usd": 3.0}],
+        "workload": {"rate_rps": 2.0, "prompt_tokens": {"kind": "fixed", "tokens": 1024},
+                     "output_tokens": {"kind": "fixed", "tokens": 64}},
+        "slo": {"ttft_s": 1.0, "tpot_s": 0.02, "percentile": 90, "attainment": 0.9},
+        "weight_dtypes": ["bf16"],
+        "headroom": {"failures_to_survive": 0, "upgrade_batch_replicas": 0, "burst_factor": 1.0},
+        "search": {"max_gpus": 8, "top_k": 1, "refine_top": 2, "seeds": 1, "sample_requests": 100,
+                   "disaggregation": "on", "bisect_steps": 3},
+    }
+    top = to_json(plan(planning_spec_from_dict(spec), PlanOptions(workers=1)))["plans"][0]
+    assert [(p["role"], p["tp"]) for p in top["pools"]] == [("mixed", 1)]
+    got = {f["decision"]: (f["chosen"], f["at_fast_end"], f["at_slow_end"], f["flips"]) for f in top["decision_flips"]}
+    assert got == {
+        "fit": ("meets the latency targets", "meets the latency targets",
+                "misses TPOT on h200-sxm bf16 TP=1 PP=1", True),
+        "TP": ("TP=1", "TP=1", "TP=2", True),
+        "disaggregate": ("colocate", "colocate", "colocate", False),
+    }
+    line = next(s for s in top["explanation"] if s.startswith("decisions across the step-time band"))
+    assert "TP: TP=1, but TP=1 at the band's fast end and TP=2 at its slow end: this decision could flip" in line
+    assert "disaggregate: colocate at both ends of the band" in line

@@ -7,7 +7,7 @@ import json
 from fleetwise.planner.report import SCHEMA, to_json
 
 PLAN_KEYS = {"rank", "kind", "pools", "gpus", "cost_per_hour", "cost_per_1m_tokens", "predicted", "routing_policy",
-             "engine", "headroom", "headroom_checks", "explanation"}
+             "engine", "headroom", "headroom_checks", "decision_flips", "explanation"}
 CHECK_KEYS = {"term", "role", "requests", "span_s", "attainment", "ttft_p90_s", "tpot_p90_s", "holds", "added"}
 POOL_KEYS = {"role", "accelerator", "replicas", "tp", "pp", "ep", "weight_dtype", "kv_dtype", "gpus",
              "serving_replicas"}

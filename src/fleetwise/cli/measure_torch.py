@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fleetwise.perf.groundtruth import MOE_BLOCK_CEILING, MOE_BLOCK_SHAPE
+
 ROPE_THETA = 500000.0  # Llama 3's RoPE base (its config's rope_theta); the ground truth uses the same
 WEIGHT_STD = 0.02  # random weights: normal, standard deviation 0.02 (the ground truth's README)
 
@@ -231,9 +233,22 @@ def _attention_context(model: Decoder) -> Any:
     return _fused_attention() if model.cuda else contextlib.nullcontext()
 
 
+def time_moe_block(torch: Any, device: str, shape: dict[str, int], reps: int) -> float:
+    """Median milliseconds of one MoE block of `shape` (experts, topk, hidden, moe_ffn, tokens) on random
+    inputs: the decoder's own routing, grouped GEMMs and weighted scatter-add, bf16."""
+    cfg = {"layers": 1, "hidden": shape["hidden"], "heads": 16, "kv_heads": 4, "head_dim": 128, "ffn": 0,
+           "vocab": 16, "experts": shape["experts"], "topk": shape["topk"], "moe_ffn": shape["moe_ffn"]}
+    model = Decoder(cfg, device, torch.bfloat16)
+    h = torch.randn(shape["tokens"], shape["hidden"], device=device, dtype=torch.bfloat16, generator=model.gen)
+    with torch.inference_mode():
+        return timed(torch, lambda: model._experts(model.layers[0], h), reps, 2, model.cuda)[0]
+
+
 def ceilings(torch: Any, device: str) -> dict[str, float]:
     """What the card reaches in this session: device copy (TB/s read+written), an 8192^3 bf16 GEMM (TFLOP/s),
-    pinned host-device copies (GB/s). The ground truth's `ceilings`; GPU only (the caller empties the cache)."""
+    pinned host-device copies (GB/s), one MoE block of the reference shape (ms). The ground truth's
+    `ceilings`; GPU only (the caller empties the cache)."""
+    block_ms = time_moe_block(torch, device, MOE_BLOCK_SHAPE, 10)
     n = 2**30  # elements of the 2 GiB bf16 copy
     src = torch.randn(n, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
@@ -245,6 +260,6 @@ def ceilings(torch: Any, device: str) -> dict[str, float]:
     gpu = torch.empty(2**28, device=device, dtype=torch.bfloat16)
     h2d_ms = timed(torch, lambda: gpu.copy_(host, non_blocking=True), 5, 2, True)[0]
     d2h_ms = timed(torch, lambda: host.copy_(gpu, non_blocking=True), 5, 2, True)[0]
-    return {"copy_read_plus_write_TBps": 2 * n * 2 / (copy_ms / 1e3) / 1e12,
+    return {MOE_BLOCK_CEILING: block_ms, "copy_read_plus_write_TBps": 2 * n * 2 / (copy_ms / 1e3) / 1e12,
             "bf16_gemm_8192_TFLOPs": 2 * 8192**3 / (gemm_ms / 1e3) / 1e12,
             "pinned_h2d_GBps": 2**28 * 2 / (h2d_ms / 1e3) / 1e9, "pinned_d2h_GBps": 2**28 * 2 / (d2h_ms / 1e3) / 1e9}

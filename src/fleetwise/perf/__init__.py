@@ -5,7 +5,8 @@ network and the emulator's KV ports both drive on their own clocks.
 `PerfModel` (roofline with a `Profile` of efficiency factors) is the one step-time model the
 planner, simulator and emulator share; `calibrate` fits a `Profile` to measured ground truth;
 `kv` prices KV hand-offs between prefill and decode pools; `uncertainty` gives each predicted step
-time a band from the calibration's held-out errors (`PerfModel.step_time_band`).
+time a band from the calibration's held-out errors (`PerfModel.step_time_band`); `flips` re-makes a
+caller's decision with every step time at the fast and the slow end of its band.
 """
 
 from fleetwise.perf.kv import kv_transfer_bytes, kv_transfer_s

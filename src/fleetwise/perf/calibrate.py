@@ -21,14 +21,23 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fleetwise.errors import SpecError
-from fleetwise.perf.groundtruth import GroundTruthFile, GroundTruthPoint
-from fleetwise.perf.profile import FACTOR_BOUNDS, Profile
+from fleetwise.perf.groundtruth import MOE_BLOCK_CEILING, MOE_BLOCK_SHAPE, GroundTruthFile, GroundTruthPoint
+from fleetwise.perf.profile import (
+    FACTOR_BOUNDS,
+    PUBLIC_MOE_BLOCK_GPU,
+    PUBLIC_MOE_BLOCK_MS,
+    PUBLIC_MOE_BLOCK_SHAPE,
+    Profile,
+)
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.perf.types import Deployment
 from fleetwise.perf.uncertainty import residual
+from fleetwise.spec.catalog import get_gpu
 from fleetwise.spec.hardware import AcceleratorSpec
-from fleetwise.spec.model import ModelSpec
+from fleetwise.spec.model import ModelSpec, MoESpec
 
+HELD_OUT_TARGET_PCT = (5.0, 20.0)
+"""Median and worst |error| % a fit must reach on the points it did not see (held out by model, both ways)."""
 FIT_FACTORS: tuple[str, ...] = tuple(FACTOR_BOUNDS)
 PRIOR_WEIGHT = 0.03
 KINDS = ("prefill", "decode", "mixed")
@@ -131,7 +140,8 @@ def calibrate(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, *, base: P
     names = list(factors)
     x0 = _to_x(base, names)
     # Ceilings only from files that contribute fitted points: a held-out model's file says nothing.
-    bounds = fit_bounds([f for f in files if any(models is None or p.model in models for p in f.points)], gpu)
+    fitted_files = [f for f in files if any(models is None or p.model in models for p in f.points)]
+    bounds = fit_bounds(fitted_files, gpu)
     lo = [math.log(bounds[n][0]) for n in names]
     hi = [math.log(bounds[n][1]) for n in names]
     x0 = [min(max(v, a + 1e-9), b - 1e-9) for v, a, b in zip(x0, lo, hi, strict=True)]
@@ -147,10 +157,48 @@ def calibrate(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, *, base: P
     sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, diff_step=1e-4, max_nfev=4000)
     fitted = {n: math.exp(v) for n, v in zip(names, sol.x, strict=True)}
     prof = base.with_factors(**fitted)
+    if "grouped_tile_k" in names and all(dep.model.moe is None for _, dep in cases):
+        prof = prof.with_factors(grouped_tile_k=_grouped_tile_k_without_moe_points(prof, fitted_files, gpu))
     stats = summarize(predict(prof, files, gpu, models))
     fit = {"points": float(stats["points"]), "median_abs_pct": stats["median_abs_pct"],
            "max_abs_pct": stats["max_abs_pct"]}
     return prof.with_factors(fit=fit)  # type: ignore[arg-type]
+
+
+def _grouped_tile_k_without_moe_points(profile: Profile, files: Sequence[GroundTruthFile],
+                                      gpu: AcceleratorSpec) -> float:
+    """No MoE point to fit the grouped kernel on: solve it from the MoE block the same run timed
+    (`moe_block_ms`), else from the public block timing, each under the profile's fitted factors."""
+    blocks = [f.ceilings[MOE_BLOCK_CEILING] for f in files if MOE_BLOCK_CEILING in f.ceilings]
+    if blocks:
+        return grouped_tile_k_from_block(profile, MOE_BLOCK_SHAPE, statistics.median(blocks), gpu)
+    return grouped_tile_k_from_block(profile, PUBLIC_MOE_BLOCK_SHAPE, PUBLIC_MOE_BLOCK_MS,
+                                     get_gpu(PUBLIC_MOE_BLOCK_GPU))
+
+
+def grouped_tile_k_from_block(profile: Profile, shape: dict[str, int], block_ms: float,
+                              gpu: AcceleratorSpec) -> float:
+    """`grouped_tile_k` at which one MoE block of `shape` (experts, topk, hidden, moe_ffn, tokens) takes
+    `block_ms` milliseconds on `gpu` with the profile's other factors (the routed-expert cost; clamped
+    to the factor's bounds)."""
+    from scipy.optimize import brentq
+
+    s = shape
+    block = ModelSpec(name="moe-block", num_layers=1, hidden_size=s["hidden"], num_attention_heads=16,
+                      num_kv_heads=4, head_dim=128, ffn_size=0, vocab_size=1000,
+                      moe=MoESpec(num_experts=s["experts"], experts_per_token=s["topk"], expert_ffn_size=s["moe_ffn"]))
+    dep = Deployment(block, gpu)
+
+    def excess_ms(log_k: float) -> float:
+        pm = PerfModel(profile.with_factors(grouped_tile_k=math.exp(log_k)))
+        return pm.bind(dep).routed_experts_s(s["tokens"]) * 1e3 - block_ms
+
+    lo, hi = (math.log(v) for v in FACTOR_BOUNDS["grouped_tile_k"])
+    if excess_ms(lo) >= 0:  # faster than any tile work explains: the fastest grouped kernel allowed
+        return math.exp(lo)
+    if excess_ms(hi) <= 0:
+        return math.exp(hi)
+    return math.exp(brentq(excess_ms, lo, hi, xtol=1e-9))
 
 
 def model_names(files: Sequence[GroundTruthFile]) -> dict[str, ModelSpec]:

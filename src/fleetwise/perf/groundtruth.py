@@ -33,6 +33,14 @@ SHIPPED_FILES = ("h200_dense.json", "h200_moe.json", "h200_mixed.json")
 def shipped(name: str) -> Path:
     """Path of one shipped ground-truth file (`SHIPPED_FILES`)."""
     return SHIPPED_DIR / name
+MOE_BLOCK_CEILING = "moe_block_ms"
+"""Ceiling key: milliseconds of one MoE block (router, top-k, sort by expert, the two grouped GEMMs,
+weighted scatter-add) of `MOE_BLOCK_SHAPE` on random inputs, timed in the run's ceilings beside the
+8192^3 GEMM (`fleetwise measure` records it). `calibrate` solves `grouped_tile_k` from it when it fits
+no MoE point, so a dense-only calibration still prices this engine's grouped kernel."""
+MOE_BLOCK_SHAPE: dict[str, int] = {"experts": 128, "topk": 8, "hidden": 2048, "moe_ffn": 768, "tokens": 32768}
+"""The reference MoE block: Qwen3-30B-A3B's experts at 32,768 tokens, the shape of the public
+torch._grouped_mm timing the grouped-kernel prior is checked on (VeOmni pull request 460)."""
 Kind = Literal["prefill", "decode", "mixed"]
 # Longest step time a measurement may report: one hour. The slowest shipped step is 1.4 s (a 32k-token
 # prefill); a larger figure is a unit error or a corrupt file, not a step of an engine.

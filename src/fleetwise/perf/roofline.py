@@ -37,8 +37,10 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
   streams at 1/attn_saturation_units of the bandwidth per KV head). Decode rows are
   T - prefill_tokens, their KV reads kv_read_tokens - prefill_tokens (prompt chunks are assumed
   to start without cached context), their pairs are the rest of attn_pairs. MLA reads the latent.
-- Elementwise traffic: elementwise_passes * T * (h + (H+2K)*d/tp [+ ffn/tp, dense layers]) * ab / (B*kv_mem_eff)
-  plus the KV write of the T new tokens.
+- Elementwise traffic, counted per token and layer from the implementation (norms, residual adds,
+  RoPE by halves, K/V expanded to the query heads, the attention output's copy, SiLU and gate*up):
+      T * (10*h + 13*H*d/tp + 11*K*d/tp [+ 5*ffn/tp, dense layers]) * ab / (B*elementwise_mem_eff)
+  (`Profile.elementwise_*_passes`) plus the KV write of the T new tokens at kv_mem_eff.
 - TP: 2 all-reduces per layer of T*h*ab bytes: 2*(tp-1)/tp*bytes/link_bw + latency (intra-node;
   the ring all-reduce's bus traffic, NCCL's performance notes). PP: (pp-1) activation sends of
   T*h*ab. EP: dispatch+combine per MoE layer of T*k*h*ab*imbalance*(ep-1)/ep (the busiest rank's
@@ -166,11 +168,13 @@ class BoundPerf:
 
         self._bind_experts(d, p, peak, bw, wb)
         self._bind_attention(d, p, bw, kvb)
-        # Elementwise passes over activations plus the KV write, per token over all layers.
-        heads_w = (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim / tp
-        width = m.num_layers * (h + heads_w) + m.num_dense_layers * m.ffn_size / tp
-        self.e_tok = (p.elementwise_passes * width * ACT_BYTES + m.num_layers * self.kv_layer_bytes) / (
-            bw * p.kv_mem_eff)
+        # Counted elementwise traffic (norms, residuals, RoPE, K/V expansion, copies) plus the KV write, per token.
+        q_w, kv_w = m.num_attention_heads * m.head_dim / tp, m.num_kv_heads * m.head_dim / tp
+        elems = (m.num_layers * (p.elementwise_hidden_passes * h + p.elementwise_qhead_passes * q_w
+                                 + p.elementwise_kvhead_passes * kv_w)
+                 + m.num_dense_layers * p.elementwise_ffn_passes * m.ffn_size / tp)
+        self.e_tok = (elems * ACT_BYTES / (bw * p.elementwise_mem_eff)
+                      + m.num_layers * self.kv_layer_bytes / (bw * p.kv_mem_eff))
         self._bind_comm(d, h)
         self._bind_overhead(d, p)
         # PP with micro-batches in flight: a batch of S sequences splits into m = min(micro, S)

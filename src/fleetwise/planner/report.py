@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fleetwise.planner.calibration import calibration, prices
 from fleetwise.planner.candidates import candidate_records, pd_sweep
 from fleetwise.planner.fleet import fleet_json
+from fleetwise.planner.flips import flips_line, plan_flips
 from fleetwise.planner.measured import provenance
 from fleetwise.planner.simulate import SimVerdict, simulated_policy
 from fleetwise.planner.state import Candidate, Search
@@ -88,6 +89,7 @@ def _check_json(h: HeadroomCheck, pct: int) -> dict[str, Any]:
 def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
     assert c.refined is not None
     full = c.refined.full
+    flips = plan_flips(search, c)
     rate_out = search.spec.workload.rate_rps * search.stats.output_mean * 3600 / 1e6
     d = {
         "rank": rank,
@@ -110,7 +112,8 @@ def _plan_json(search: Search, c: Candidate, rank: int) -> dict[str, Any]:
                             "goodput_per_replica_rps": _r(s.goodput_per_replica_rps, 4)}
                      for role, s in c.sizings.items()},
         "headroom_checks": [_check_json(h, search.spec.slo.percentile) for h in c.refined.headroom],
-        "explanation": [*c.steps, *_evidence(search, c), *provenance(search, c),
+        "decision_flips": [f.as_dict() for f in flips],
+        "explanation": [*c.steps, *_evidence(search, c), *provenance(search, c), *filter(None, [flips_line(flips)]),
                         f"cost: {full.gpus} GPUs -> ${c.cost_per_hour:.2f}/h, ${c.cost_per_hour / rate_out:.2f} per 1M "
                         f"output tokens at {search.spec.workload.rate_rps:g} req/s"],
     }

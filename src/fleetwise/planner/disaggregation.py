@@ -1,7 +1,7 @@
 """Phase 6, disaggregation: colocate or split, and the claims a PD plan rests on.
 
-Owns the colocated-vs-PD comparison at equal GPU count (the verdict and its terms) and, for every
-PD plan that met the SLO, its claims measured in simulation by what each claims: prefill and
+Owns the colocated-vs-PD comparison at equal GPU count (the verdict and its terms) and, for a
+PD plan that met the SLO (each one the checks phase checks), its claims measured in simulation by what each claims: prefill and
 decode apart (interference removed), the KV hand-off bounded, the two pools balanced at the
 target rate and under a shifted input/output ratio, and the faults the headroom asks for (a
 prefill crash; a rolling upgrade of both pools, by the procedure that keeps compatible pairs: in
@@ -182,27 +182,23 @@ UPGRADE_BOTH = "both pools at once (one replica of each pool at a time)"
 """The P/D upgrade procedure that upgrades the two pools side by side."""
 
 
-def _claims_task(ctx: Context, item: tuple[FleetShape, float | None, SimVerdict]) -> Claims:
-    return check_claims(ctx, *item)
-
-
 def _equal_cost_task(ctx: Context, fleet: FleetShape) -> SimVerdict:
     return run_fleet(ctx.spec, ctx.mix, fleet, ctx.prices, ctx.peak_rps, seed=0)
 
 
+def reference_colocated(search: Search) -> Candidate | None:
+    """The cheapest refined colocated plan that met the SLO (the first refined among equals): the
+    equal-cost verdict splits its GPUs, and each P/D claim quotes its TPOT."""
+    ok = [c for c in search.refined if c.kind == "colocated" and c.refined and c.refined.passed]
+    return min(ok, key=lambda c: c.cost_per_hour, default=None)
+
+
 def run(search: Search, ex: Executor) -> None:
-    """Claims of every refined PD plan that met the SLO, and the equal-cost colocate-or-split verdict."""
-    ctx, chosen = search.ctx, search.refined
-    ok = [c for c in chosen if c.refined and c.refined.passed]
-    colo = min((c for c in ok if c.kind == "colocated"), key=lambda c: c.cost_per_hour, default=None)
-    colo_tpot = colo.refined.seeds[0].tpot["p99"] if colo and colo.refined else None
-    split = [c for c in ok if c.kind != "colocated" and c.refined and c.refined.seeds]
-    items = [(c.refined.full, colo_tpot, c.refined.seeds[0]) for c in split if c.refined]
-    for c, claims in zip(split, ex.map(_claims_task, ctx, items), strict=True):
-        c.claims = claims
-        search.simulations += claims.runs
+    """The equal-cost colocate-or-split verdict (each P/D plan's claims are checked with its
+    headroom, `checks`)."""
+    colo = reference_colocated(search)
     if colo is not None and colo.refined:
-        _equal_cost(search, ctx, ex, colo)
+        _equal_cost(search, search.ctx, ex, colo)
 
 
 def _equal_cost(search: Search, ctx: Context, ex: Executor, colo: Candidate) -> None:

@@ -2,10 +2,11 @@
 
 Owns choosing what to refine (cost order; while nothing passes, the next batch), confirming a
 sized fleet at peak rate and correcting it where the evidence points, the runs at the target
-rate over several seeds, and each headroom term simulated in full against the sized plan (a
-failure and a whole rolling upgrade per pool, a cold replica joining after its load time, a
-burst at the workload's factor, each its own run), adding a replica when one misses. Does not
-rank (ranking).
+rate over several seeds (stopping at the first seed that misses: the plan has then failed), and
+how each headroom term is simulated in full against the sized plan (a failure and a whole
+rolling upgrade per pool, a cold replica joining after its load time, a burst at the workload's
+factor, each its own run), adding a replica when one misses. Which plans get their headroom
+simulated is the checks phase's choice (`checks`). Does not rank (ranking).
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def _trim(ctx: Context, out: Refined, fleet: FleetShape) -> FleetShape:
 
 
 def refine_plan(ctx: Context, key: str, serving: FleetShape, spare: dict[str, int]) -> Refined:
-    """Confirm at peak (correcting up to MAX_CORRECTIONS times), then seeds at the target rate, then failures."""
+    """Confirm at peak (correcting up to MAX_CORRECTIONS times), then seeds at the target rate
+    until one misses; the headroom terms are `check_headroom`'s."""
     out = Refined(key, serving, serving)
     fleet = serving
     for _ in range(MAX_CORRECTIONS + 1):
@@ -103,7 +105,8 @@ def refine_plan(ctx: Context, key: str, serving: FleetShape, spare: dict[str, in
     for seed in range(ctx.spec.search.seeds):
         out.seeds.append(run_fleet(ctx.spec, ctx.mix, out.full, ctx.prices, rate, seed=seed))
         out.runs += 1
-    check_headroom(ctx, out)
+        if not out.seeds[-1].passed:
+            break  # the plan has missed the SLO; later seeds cannot change that
     return out
 
 
@@ -224,7 +227,7 @@ def run(search: Search, ex: Executor) -> None:
         for c, r in zip(batch, ex.map(_refine_task, ctx, items), strict=True):
             c.refined = r
             search.simulations += r.runs
-            c.cost_per_hour = fleet_cost(search, r.full, {})  # spares, and what the headroom checks added
+            c.cost_per_hour = fleet_cost(search, r.full, {})  # spares; the headroom checks may add more
         done += batch
         if any(c.refined and c.refined.passed for c in done):
             break

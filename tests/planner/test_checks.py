@@ -45,18 +45,22 @@ def _refined(doc: dict[str, Any]) -> Search:
     return search
 
 
-def _finish(search: Search) -> Search:
+def _finish(search: Search, workers: int = 1) -> Search:
     """`api.plan`'s phases from the checks on."""
-    with Executor(1) as ex:
+    with Executor(workers) as ex:
         checks.run(search, ex)
         disaggregation.run(search, ex)
     ranking.run(search)
     return search
 
 
+@pytest.fixture(scope="module")
+def refined() -> Search:
+    return _refined(SPEC)
+
+
 @pytest.mark.slow
-def test_pruned_checks_give_the_full_search_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    refined = _refined(SPEC)
+def test_pruned_checks_give_the_full_search_answer(refined: Search, monkeypatch: pytest.MonkeyPatch) -> None:
     pruned = _finish(copy.deepcopy(refined))
     with monkeypatch.context() as m:
         m.setattr(checks, "undecided", _check_everything)
@@ -72,3 +76,20 @@ def test_pruned_checks_give_the_full_search_answer(monkeypatch: pytest.MonkeyPat
             assert full_rank[c["candidate"]] is None or full_rank[c["candidate"]] > refined.top_k
         elif c["rank"] is not None:  # an exact rank is the full search's rank
             assert c["rank"] == full_rank[c["candidate"]]
+
+
+@pytest.mark.slow
+def test_runs_simulated_ahead_in_workers_give_the_same_checks(refined: Search,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetwise.planner import simulate
+
+    one = _finish(copy.deepcopy(refined))
+    simulate._memo.clear()  # the checks must find the workers' verdicts under run_fleet's own keys
+    here: list[object] = []
+    real = simulate.simulate_fleet
+    monkeypatch.setattr(simulate, "simulate_fleet", lambda *a, **k: here.append(a) or real(*a, **k))
+    two = _finish(copy.deepcopy(refined), workers=2)
+    assert to_json(one) | {"search": None} == to_json(two) | {"search": None}
+    assert one.simulations == two.simulations
+    added = any(h.added for c in two.refined if c.refined for h in c.refined.headroom)
+    assert here == [] or added, "a run simulated ahead was not found in the memo"

@@ -5,7 +5,7 @@ Owns which refined plans that met the SLO get their headroom terms simulated
 (`disaggregation.check_claims`, which may demote), and in what order. Both only ever move a plan
 down: its final `ranking.rank_key` (demoted, $/h, -goodput, name) is never below the key it has
 before them (not demoted, the $/h of its serving replicas plus spares, the same goodput and
-name). So plans are checked in waves, each wave's plans in parallel: a wave takes every
+name). So plans are checked in waves, each wave's runs in parallel: a wave takes every
 unchecked plan that is still among the first `top_k` of the order that uses each checked plan's
 final key and each unchecked plan's lower bound (it could still be reported); likewise the
 cheapest colocated plan (the equal-cost verdict's reference, whose TPOT every claim quotes),
@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-from fleetwise.planner.disaggregation import check_claims, reference_colocated
+from fleetwise.planner.disaggregation import check_claims, claim_runs, reference_colocated
 from fleetwise.planner.executor import Executor
 from fleetwise.planner.layout import Rejection
 from fleetwise.planner.ranking import rank_key
-from fleetwise.planner.refinement import check_headroom
+from fleetwise.planner.refinement import check_headroom, headroom_run, headroom_runs
 from fleetwise.planner.results import Claims, Refined
+from fleetwise.planner.simulate import FleetRun, SimVerdict
 from fleetwise.planner.sizing import fleet_cost, over_limits
 from fleetwise.planner.state import Candidate, Context, Search
 
@@ -36,6 +37,19 @@ def check_plan(ctx: Context, item: CheckItem) -> tuple[Refined, Claims | None]:
     r, colo_tpot, claims = item
     check_headroom(ctx, r)
     return r, (check_claims(ctx, r.full, colo_tpot, r.seeds[0]) if claims else None)
+
+
+def _simulate(ctx: Context, run: FleetRun) -> SimVerdict:
+    return run.verdict(ctx.spec, ctx.prices)
+
+
+def runs_ahead(ctx: Context, c: Candidate) -> list[FleetRun]:
+    """The runs checking `c` makes when no headroom term misses and each fault claim holds with
+    its first procedure: each term against the plan as refined, then its P/D claims."""
+    assert c.refined is not None
+    full = c.refined.full
+    return ([headroom_run(ctx, full, t) for t in headroom_runs(ctx, full)]
+            + (claim_runs(ctx, full) if c.kind != "colocated" else []))
 
 
 def undecided(cands: list[Candidate], key: Callable[[Candidate], Hashable], k: int,
@@ -55,9 +69,20 @@ class _Checks:
         self.checked: set[str] = set()
 
     def wave(self, cands: list[Candidate], colo_tpot: float | None) -> None:
+        """Check `cands`: with parallel workers, each run they are likely to make is simulated
+        ahead, one task per run, into this process's memo, and the checks themselves then run
+        here (a term that misses reruns here, against the larger plan); else one task per plan."""
+        ctx = self.search.ctx
         items = [(c.refined, colo_tpot, c.kind != "colocated") for c in cands if c.refined is not None]
         before = [r.runs for r, _, _ in items]
-        for c, n, (r, claims) in zip(cands, before, self.ex.map(check_plan, self.search.ctx, items), strict=True):
+        if self.ex.parallel:
+            ahead = [run for c in cands for run in runs_ahead(ctx, c)]
+            for run, v in zip(ahead, self.ex.map(_simulate, ctx, ahead), strict=True):
+                run.remember(ctx.spec, ctx.prices, v)
+            done = [check_plan(ctx, it) for it in items]
+        else:
+            done = self.ex.map(check_plan, ctx, items)
+        for c, n, (r, claims) in zip(cands, before, done, strict=True):
             self.search.simulations += r.runs - n + (claims.runs if claims else 0)
             c.refined, c.claims = r, claims
             c.cost_per_hour = fleet_cost(self.search, r.full, {})  # with what the headroom checks added

@@ -17,7 +17,7 @@ from fleetwise.planner.executor import Executor
 from fleetwise.planner.goodput import kv_link_rates
 from fleetwise.planner.layout import Layout
 from fleetwise.planner.results import Claims
-from fleetwise.planner.simulate import FleetShape, PoolShape, SimVerdict, requests_for, run_fleet
+from fleetwise.planner.simulate import FleetRun, FleetShape, PoolShape, SimVerdict, requests_for, run_fleet
 from fleetwise.planner.state import Candidate, Context, Search
 from fleetwise.planner.workload import LengthMix
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash, RollingUpgrade
@@ -51,6 +51,22 @@ def _shifted(mix: LengthMix, factor: float) -> LengthMix:
     return LengthMix(prompt, output, mix.unit_gaps, f"{mix.source}, prompts x{factor:g}, outputs /{factor:g}")
 
 
+def _shift_run(ctx: Context, full: FleetShape, factor: float) -> FleetRun:
+    """The balance claim's run under a shifted input/output ratio: the target rate, seed 0."""
+    return FleetRun(_shifted(ctx.mix, factor), full, ctx.spec.workload.rate_rps, 0)
+
+
+def _fault_run(ctx: Context, full: FleetShape, scen: FaultScenario) -> FleetRun:
+    """A fault claim's run under one procedure: the target rate, seed 1."""
+    return FleetRun(ctx.mix, full, ctx.spec.workload.rate_rps, 1, scen)
+
+
+def claim_runs(ctx: Context, full: FleetShape) -> list[FleetRun]:
+    """The runs `check_claims` makes when each fault claim holds with its first procedure."""
+    return ([_shift_run(ctx, full, f) for f in (MIX_SHIFT, 1 / MIX_SHIFT)]
+            + [_fault_run(ctx, full, procs[0][1]) for _, procs in _fault_scenarios(ctx, full)])
+
+
 def check_claims(ctx: Context, full: FleetShape, colocated_tpot_p99_s: float | None,
                  base: SimVerdict) -> Claims:
     """Each claim measured by what it claims: interference removed, KV transfer bounded, pools
@@ -82,7 +98,7 @@ def check_claims(ctx: Context, full: FleetShape, colocated_tpot_p99_s: float | N
     util = ", ".join(f"{r} {u:.0%}" for r, u in sorted(base.utilization.items()))
     shifts = []
     for f in (MIX_SHIFT, 1 / MIX_SHIFT):
-        v = run_fleet(ctx.spec, _shifted(ctx.mix, f), full, ctx.prices, rate, seed=0)
+        v = _shift_run(ctx, full, f).verdict(ctx.spec, ctx.prices)
         runs += 1
         shifts.append((f, v))
     bal = pq <= bound and dw <= bound and all(v.passed for _, v in shifts)
@@ -125,13 +141,13 @@ def _fault_claims(ctx: Context, full: FleetShape) -> tuple[list[dict[str, object
     """Each fault claim, measured under every procedure the plan may follow; the claim holds
     with the first procedure (in `_fault_scenarios` order) whose run meets the SLO, which the
     plan then names, else fails by the best procedure's shortfall."""
-    slo, rate, key = ctx.spec.slo, ctx.spec.workload.rate_rps, f"p{ctx.spec.slo.percentile}"
+    slo, key = ctx.spec.slo, f"p{ctx.spec.slo.percentile}"
     res: list[dict[str, object]] = []
     runs = 0
     for what, procedures in _fault_scenarios(ctx, full):
         tried = []
         for proc, scen in procedures:
-            v = run_fleet(ctx.spec, ctx.mix, full, ctx.prices, rate, seed=1, faults=scen)
+            v = _fault_run(ctx, full, scen).verdict(ctx.spec, ctx.prices)
             runs += 1
             tried.append((proc, v))
             if v.passed:

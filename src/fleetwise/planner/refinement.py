@@ -18,6 +18,7 @@ from fleetwise.planner.executor import Executor
 from fleetwise.planner.layout import Rejection
 from fleetwise.planner.results import HeadroomCheck, Refined
 from fleetwise.planner.simulate import (
+    FleetRun,
     FleetShape,
     SimVerdict,
     burst_requests,
@@ -173,16 +174,18 @@ def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
     return out
 
 
+def headroom_run(ctx: Context, full: FleetShape, run: HeadroomRun) -> FleetRun:
+    """The simulation of one headroom term against `full`: the target rate, seed 0."""
+    return FleetRun(ctx.mix, full, ctx.spec.workload.rate_rps, 0, run.faults, run.requests)
+
+
 def check_headroom(ctx: Context, out: Refined) -> None:
     """Simulate each headroom term against the sized plan; a miss adds a replica to its pool and
     the term is run again as it stands for the larger pool (an upgrade of one replica more lasts
     one `cold_start_s` longer). Later terms run against the plan with what earlier ones added."""
-    rate = ctx.spec.workload.rate_rps
-
     def sim(run: HeadroomRun) -> SimVerdict:
         out.runs += 1
-        return run_fleet(ctx.spec, ctx.mix, out.full, ctx.prices, rate, seed=0, faults=run.faults,
-                         requests=run.requests)
+        return headroom_run(ctx, out.full, run).verdict(ctx.spec, ctx.prices)
 
     done: set[str] = set()
     while (run := next((r for r in headroom_runs(ctx, out.full) if r.key not in done), None)) is not None:

@@ -16,7 +16,8 @@ its checks gave, ranks nowhere and says so (`not_checked`). Does not rank (ranki
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
+from typing import Any
 
 from fleetwise.planner.disaggregation import check_claims, claim_runs, reference_colocated
 from fleetwise.planner.executor import Executor
@@ -52,11 +53,11 @@ def runs_ahead(ctx: Context, c: Candidate) -> list[FleetRun]:
             + (claim_runs(ctx, full) if c.kind != "colocated" else []))
 
 
-def undecided(cands: list[Candidate], key: Callable[[Candidate], Hashable], k: int,
+def undecided(cands: list[Candidate], key: Callable[[Candidate], Any], k: int,
               checked: set[str]) -> list[Candidate]:
     """The unchecked candidates among the first `k` by `key` (each a final value once checked, a
     lower bound before): the ones that may still take one of those `k` places."""
-    return [c for c in sorted(cands, key=key)[:k] if c.key not in checked]  # type: ignore[type-var]
+    return [c for c in sorted(cands, key=key)[:k] if c.key not in checked]
 
 
 class _Checks:

@@ -1,6 +1,6 @@
 """The planner's one entry point: `plan(spec, options) -> Search`, one module per phase, in order.
 
-fit -> latency -> goodput -> sizing -> refinement -> disaggregation -> ranking, each a `run` that
+fit -> latency -> goodput -> sizing -> refinement -> checks -> disaggregation -> ranking, each a `run` that
 fills the one `Search` state (`state`); `report` renders it. An infeasible request (nothing fits,
 the SLO is below the physical minimum, or nothing passes in simulation) comes back with
 `search.infeasible` set and its reasons in `search.rejected`, never as an empty answer;
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from fleetwise.errors import InfeasibleError
-from fleetwise.planner import disaggregation, fit, goodput, latency, ranking, refinement, sizing
+from fleetwise.planner import checks, disaggregation, fit, goodput, latency, ranking, refinement, sizing
 from fleetwise.planner.executor import Executor
 from fleetwise.planner.progress import PhaseMeter
 from fleetwise.planner.state import PlanOptions, Search
@@ -40,6 +40,7 @@ def plan(spec: PlanningSpec, options: PlanOptions | None = None) -> Search:
         sizing.run(search)
         meter.phase("refinement")
         refinement.run(search, ex)
+        checks.run(search, ex)
         meter.phase("disaggregation")
         disaggregation.run(search, ex)
         ranking.run(search)

@@ -20,10 +20,12 @@ from fleetwise.planner.simulate import FleetShape, SimVerdict
 from fleetwise.planner.sizing import fleet_cost, size_pool, spares
 from fleetwise.planner.state import Candidate, Search
 
-VERDICTS = ("ranked", "demoted", "missed_slo", "over_limits", "not_refined", "not_simulated")
+VERDICTS = ("ranked", "demoted", "missed_slo", "over_limits", "not_checked", "not_refined", "not_simulated")
 """A candidate's verdict: ranked (meets the SLO), demoted (meets it, a PD claim failed), missed
-the SLO in simulation, over the GPU limits, not refined (costlier than those refined), not
-simulated (a colocated layout whose analytical cost per req/s was above the best ones)."""
+the SLO in simulation, over the GPU limits, not checked (meets the SLO, but could not be
+reported whatever its headroom and claims gave, so they were not simulated), not refined
+(costlier than those refined), not simulated (a colocated layout whose analytical cost per
+req/s was above the best ones)."""
 
 
 def _r(x: float, nd: int = 4) -> float:
@@ -44,7 +46,10 @@ def _capacity(c: Candidate, serving: FleetShape) -> float:
 
 def _verdict(search: Search, c: Candidate) -> tuple[str, int | None]:
     if c in search.ranked:
-        return ("demoted" if c.demoted else "ranked"), search.ranked.index(c) + 1
+        i = search.ranked.index(c)
+        return ("demoted" if c.demoted else "ranked"), (i + 1 if i < search.ranked_exact else None)
+    if c in search.unchecked:
+        return "not_checked", None
     if c in search.refined:
         return ("missed_slo" if c.refined is None or not c.refined.passed else "over_limits"), None
     if c in search.candidates:
@@ -66,6 +71,9 @@ def _record(search: Search, c: Candidate, reasons: dict[str, str]) -> dict[str, 
     reason = reasons.get(c.key)
     if verdict in ("ranked", "demoted") and rank is not None and rank > search.top_k:
         reason = reason or f"meets the SLO; ranked #{rank}, beyond the {search.top_k} plans reported"
+    elif verdict in ("ranked", "demoted") and rank is None:
+        reason = reason or (f"meets the SLO; ranked beyond the {search.top_k} plans reported, below a plan whose "
+                            "headroom was not simulated (its exact place is not known)")
     return {"candidate": c.key, "kind": c.kind, "fleet": fleet.label, "gpus": fleet.gpus,
             "pd_ratio": _ratio(fleet), "cost_per_hour": _r(c.cost_per_hour), "goodput_rps": _r(goodput),
             "capacity_rps": _r(capacity), "goodput_source": source, "verdict": verdict, "rank": rank,

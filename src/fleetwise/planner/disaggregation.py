@@ -1,7 +1,7 @@
 """Phase 6, disaggregation: colocate or split, and the claims a PD plan rests on.
 
-Owns the colocated-vs-PD comparison at equal GPU count (the verdict and its terms) and, for every
-PD plan that met the SLO, its claims measured in simulation by what each claims: prefill and
+Owns the colocated-vs-PD comparison at equal GPU count (the verdict and its terms) and, for a
+PD plan that met the SLO (each one the checks phase checks), its claims measured in simulation by what each claims: prefill and
 decode apart (interference removed), the KV hand-off bounded, the two pools balanced at the
 target rate and under a shifted input/output ratio, and the faults the headroom asks for (a
 prefill crash; a rolling upgrade of both pools, by the procedure that keeps compatible pairs: in
@@ -17,7 +17,7 @@ from fleetwise.planner.executor import Executor
 from fleetwise.planner.goodput import kv_link_rates
 from fleetwise.planner.layout import Layout
 from fleetwise.planner.results import Claims
-from fleetwise.planner.simulate import FleetShape, PoolShape, SimVerdict, requests_for, run_fleet
+from fleetwise.planner.simulate import FleetRun, FleetShape, PoolShape, SimVerdict, requests_for, run_fleet
 from fleetwise.planner.state import Candidate, Context, Search
 from fleetwise.planner.workload import LengthMix
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash, RollingUpgrade
@@ -51,6 +51,22 @@ def _shifted(mix: LengthMix, factor: float) -> LengthMix:
     return LengthMix(prompt, output, mix.unit_gaps, f"{mix.source}, prompts x{factor:g}, outputs /{factor:g}")
 
 
+def _shift_run(ctx: Context, full: FleetShape, factor: float) -> FleetRun:
+    """The balance claim's run under a shifted input/output ratio: the target rate, seed 0."""
+    return FleetRun(_shifted(ctx.mix, factor), full, ctx.spec.workload.rate_rps, 0)
+
+
+def _fault_run(ctx: Context, full: FleetShape, scen: FaultScenario) -> FleetRun:
+    """A fault claim's run under one procedure: the target rate, seed 1."""
+    return FleetRun(ctx.mix, full, ctx.spec.workload.rate_rps, 1, scen)
+
+
+def claim_runs(ctx: Context, full: FleetShape) -> list[FleetRun]:
+    """The runs `check_claims` makes when each fault claim holds with its first procedure."""
+    return ([_shift_run(ctx, full, f) for f in (MIX_SHIFT, 1 / MIX_SHIFT)]
+            + [_fault_run(ctx, full, procs[0][1]) for _, procs in _fault_scenarios(ctx, full)])
+
+
 def check_claims(ctx: Context, full: FleetShape, colocated_tpot_p99_s: float | None,
                  base: SimVerdict) -> Claims:
     """Each claim measured by what it claims: interference removed, KV transfer bounded, pools
@@ -82,7 +98,7 @@ def check_claims(ctx: Context, full: FleetShape, colocated_tpot_p99_s: float | N
     util = ", ".join(f"{r} {u:.0%}" for r, u in sorted(base.utilization.items()))
     shifts = []
     for f in (MIX_SHIFT, 1 / MIX_SHIFT):
-        v = run_fleet(ctx.spec, _shifted(ctx.mix, f), full, ctx.prices, rate, seed=0)
+        v = _shift_run(ctx, full, f).verdict(ctx.spec, ctx.prices)
         runs += 1
         shifts.append((f, v))
     bal = pq <= bound and dw <= bound and all(v.passed for _, v in shifts)
@@ -125,13 +141,13 @@ def _fault_claims(ctx: Context, full: FleetShape) -> tuple[list[dict[str, object
     """Each fault claim, measured under every procedure the plan may follow; the claim holds
     with the first procedure (in `_fault_scenarios` order) whose run meets the SLO, which the
     plan then names, else fails by the best procedure's shortfall."""
-    slo, rate, key = ctx.spec.slo, ctx.spec.workload.rate_rps, f"p{ctx.spec.slo.percentile}"
+    slo, key = ctx.spec.slo, f"p{ctx.spec.slo.percentile}"
     res: list[dict[str, object]] = []
     runs = 0
     for what, procedures in _fault_scenarios(ctx, full):
         tried = []
         for proc, scen in procedures:
-            v = run_fleet(ctx.spec, ctx.mix, full, ctx.prices, rate, seed=1, faults=scen)
+            v = _fault_run(ctx, full, scen).verdict(ctx.spec, ctx.prices)
             runs += 1
             tried.append((proc, v))
             if v.passed:
@@ -182,27 +198,23 @@ UPGRADE_BOTH = "both pools at once (one replica of each pool at a time)"
 """The P/D upgrade procedure that upgrades the two pools side by side."""
 
 
-def _claims_task(ctx: Context, item: tuple[FleetShape, float | None, SimVerdict]) -> Claims:
-    return check_claims(ctx, *item)
-
-
 def _equal_cost_task(ctx: Context, fleet: FleetShape) -> SimVerdict:
     return run_fleet(ctx.spec, ctx.mix, fleet, ctx.prices, ctx.peak_rps, seed=0)
 
 
+def reference_colocated(search: Search) -> Candidate | None:
+    """The cheapest refined colocated plan that met the SLO (the first refined among equals): the
+    equal-cost verdict splits its GPUs, and each P/D claim quotes its TPOT."""
+    ok = [c for c in search.refined if c.kind == "colocated" and c.refined and c.refined.passed]
+    return min(ok, key=lambda c: c.cost_per_hour, default=None)
+
+
 def run(search: Search, ex: Executor) -> None:
-    """Claims of every refined PD plan that met the SLO, and the equal-cost colocate-or-split verdict."""
-    ctx, chosen = search.ctx, search.refined
-    ok = [c for c in chosen if c.refined and c.refined.passed]
-    colo = min((c for c in ok if c.kind == "colocated"), key=lambda c: c.cost_per_hour, default=None)
-    colo_tpot = colo.refined.seeds[0].tpot["p99"] if colo and colo.refined else None
-    split = [c for c in ok if c.kind != "colocated" and c.refined and c.refined.seeds]
-    items = [(c.refined.full, colo_tpot, c.refined.seeds[0]) for c in split if c.refined]
-    for c, claims in zip(split, ex.map(_claims_task, ctx, items), strict=True):
-        c.claims = claims
-        search.simulations += claims.runs
+    """The equal-cost colocate-or-split verdict (each P/D plan's claims are checked with its
+    headroom, `checks`)."""
+    colo = reference_colocated(search)
     if colo is not None and colo.refined:
-        _equal_cost(search, ctx, ex, colo)
+        _equal_cost(search, search.ctx, ex, colo)
 
 
 def _equal_cost(search: Search, ctx: Context, ex: Executor, colo: Candidate) -> None:

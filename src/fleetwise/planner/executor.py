@@ -38,6 +38,11 @@ class Executor:
         """Called with (tasks done, tasks in the batch) as each result comes back, in order."""
         self._pool: ProcessPoolExecutor | None = None
 
+    @property
+    def parallel(self) -> bool:
+        """Whether tasks run beside each other (worker processes or a Ray cluster)."""
+        return self.workers > 1 or bool(self.ray_address)
+
     def __enter__(self) -> Executor:
         return self
 

@@ -12,14 +12,25 @@ from fleetwise.planner.simulate import SimVerdict
 from fleetwise.planner.sizing import over_limits
 from fleetwise.planner.state import Candidate, Search
 
+RankKey = tuple[bool, float, float, str]
+
+
+def rank_key(c: Candidate) -> RankKey:
+    """A plan's place: demoted last, then $/h, then more goodput over the seeds, then its name.
+    Before its headroom and claims are checked it is a lower bound (they only add cost or demote)."""
+    return (bool(c.claims and c.claims.failed), c.cost_per_hour,
+            -_mean(c.refined.seeds, "goodput_rps") if c.refined else 0.0, c.key)
+
 
 def run(search: Search) -> None:
     """Order the refined plans; reject the ones that missed the SLO; say infeasible when none passed."""
-    chosen = search.refined
+    unchecked = {c.key for c in search.unchecked}
     good = []
-    for c in chosen:
+    for c in search.refined:
         r = c.refined
         assert r is not None
+        if c.key in unchecked:
+            continue
         over = over_limits(search, r.full, {})
         if r.passed and over:
             search.rejected.append(Rejection(c.key, f"after the headroom checks added replicas it {over}"))
@@ -31,9 +42,10 @@ def run(search: Search) -> None:
         detail = _miss(search, bad) if bad else "no simulation result"
         search.rejected.append(Rejection(c.key, f"missed the SLO in simulation at the target rate: {detail}"))
     # A plan whose claims fail is demoted below every plan whose claims hold (or that makes none).
-    good.sort(key=lambda c: (bool(c.claims and c.claims.failed), c.cost_per_hour,
-                             -_mean(c.refined.seeds, "goodput_rps") if c.refined else 0.0, c.key))
+    good.sort(key=rank_key)
     search.ranked = good
+    floor = min((rank_key(c) for c in search.unchecked), default=None)
+    search.ranked_exact = sum(1 for c in good if floor is None or rank_key(c) < floor)
     for c in good:  # listed with the rejections too, so a demoted plan past top_k is never silent
         if c.demoted:
             search.rejected.append(Rejection(c.key, f"${c.cost_per_hour:.2f}/h, meets the SLO but {c.demoted}"))

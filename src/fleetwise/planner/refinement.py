@@ -2,10 +2,11 @@
 
 Owns choosing what to refine (cost order; while nothing passes, the next batch), confirming a
 sized fleet at peak rate and correcting it where the evidence points, the runs at the target
-rate over several seeds, and each headroom term simulated in full against the sized plan (a
-failure and a whole rolling upgrade per pool, a cold replica joining after its load time, a
-burst at the workload's factor, each its own run), adding a replica when one misses. Does not
-rank (ranking).
+rate over several seeds (stopping at the first seed that misses: the plan has then failed), and
+how each headroom term is simulated in full against the sized plan (a failure and a whole
+rolling upgrade per pool, a cold replica joining after its load time, a burst at the workload's
+factor, each its own run), adding a replica when one misses. Which plans get their headroom
+simulated is the checks phase's choice (`checks`). Does not rank (ranking).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fleetwise.planner.executor import Executor
 from fleetwise.planner.layout import Rejection
 from fleetwise.planner.results import HeadroomCheck, Refined
 from fleetwise.planner.simulate import (
+    FleetRun,
     FleetShape,
     SimVerdict,
     burst_requests,
@@ -81,7 +83,8 @@ def _trim(ctx: Context, out: Refined, fleet: FleetShape) -> FleetShape:
 
 
 def refine_plan(ctx: Context, key: str, serving: FleetShape, spare: dict[str, int]) -> Refined:
-    """Confirm at peak (correcting up to MAX_CORRECTIONS times), then seeds at the target rate, then failures."""
+    """Confirm at peak (correcting up to MAX_CORRECTIONS times), then seeds at the target rate
+    until one misses; the headroom terms are `check_headroom`'s."""
     out = Refined(key, serving, serving)
     fleet = serving
     for _ in range(MAX_CORRECTIONS + 1):
@@ -103,7 +106,8 @@ def refine_plan(ctx: Context, key: str, serving: FleetShape, spare: dict[str, in
     for seed in range(ctx.spec.search.seeds):
         out.seeds.append(run_fleet(ctx.spec, ctx.mix, out.full, ctx.prices, rate, seed=seed))
         out.runs += 1
-    check_headroom(ctx, out)
+        if not out.seeds[-1].passed:
+            break  # the plan has missed the SLO; later seeds cannot change that
     return out
 
 
@@ -170,16 +174,18 @@ def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
     return out
 
 
+def headroom_run(ctx: Context, full: FleetShape, run: HeadroomRun) -> FleetRun:
+    """The simulation of one headroom term against `full`: the target rate, seed 0."""
+    return FleetRun(ctx.mix, full, ctx.spec.workload.rate_rps, 0, run.faults, run.requests)
+
+
 def check_headroom(ctx: Context, out: Refined) -> None:
     """Simulate each headroom term against the sized plan; a miss adds a replica to its pool and
     the term is run again as it stands for the larger pool (an upgrade of one replica more lasts
     one `cold_start_s` longer). Later terms run against the plan with what earlier ones added."""
-    rate = ctx.spec.workload.rate_rps
-
     def sim(run: HeadroomRun) -> SimVerdict:
         out.runs += 1
-        return run_fleet(ctx.spec, ctx.mix, out.full, ctx.prices, rate, seed=0, faults=run.faults,
-                         requests=run.requests)
+        return headroom_run(ctx, out.full, run).verdict(ctx.spec, ctx.prices)
 
     done: set[str] = set()
     while (run := next((r for r in headroom_runs(ctx, out.full) if r.key not in done), None)) is not None:
@@ -224,7 +230,7 @@ def run(search: Search, ex: Executor) -> None:
         for c, r in zip(batch, ex.map(_refine_task, ctx, items), strict=True):
             c.refined = r
             search.simulations += r.runs
-            c.cost_per_hour = fleet_cost(search, r.full, {})  # spares, and what the headroom checks added
+            c.cost_per_hour = fleet_cost(search, r.full, {})  # spares; the headroom checks may add more
         done += batch
         if any(c.refined and c.refined.passed for c in done):
             break

@@ -3,7 +3,8 @@ and the bisection that finds a replica's *effective* goodput under the target le
 
 Owns `FleetShape` (pools of layouts with replica counts), `run_fleet` (one seeded simulation,
 summarised into a `SimVerdict`; a run repeated with identical inputs in the same process is
-answered from a bounded memo, `simulate_fleet` being the uncached reference) and `bisect_rate` (the largest arrival rate at which the SLO still
+answered from a bounded memo, `simulate_fleet` being the uncached reference; `FleetRun` is one
+such run as a value, which another process may simulate and the memo then keep) and `bisect_rate` (the largest arrival rate at which the SLO still
 holds, found by doubling then halving). A pass needs the SLO percentile of TTFT and of TPOT under
 their targets and the attainment (requests meeting both, failed ones counting as missed) at
 least the required fraction; a stage check (`ttft` or `tpot`) looks at one target only. Does not
@@ -221,6 +222,29 @@ def _remember(key: Hashable, v: SimVerdict) -> SimVerdict:
     if len(_memo) > SIM_MEMO_ENTRIES:
         _memo.popitem(last=False)
     return v
+
+
+@dataclass(frozen=True)
+class FleetRun:
+    """One `run_fleet` call whose spec and prices are the search's: what a task simulating it ahead
+    of need is sent (`checks`), and what the memo keeps its verdict under."""
+
+    mix: LengthMix
+    fleet: FleetShape
+    rate_rps: float
+    seed: int
+    faults: FaultScenario | None = None
+    requests: list[Request] | None = None
+
+    def verdict(self, spec: PlanningSpec, prices: dict[str, float]) -> SimVerdict:
+        """`run_fleet` of this run (from the memo when it was made, or remembered, before)."""
+        return run_fleet(spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
+                         self.requests)
+
+    def remember(self, spec: PlanningSpec, prices: dict[str, float], v: SimVerdict) -> None:
+        """Keep `v`, this run's verdict simulated in another process, as `run_fleet` would have."""
+        _remember(_memo_key(spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
+                            self.requests), v)
 
 
 def _arrivals(spec: PlanningSpec, mix: LengthMix, rate_rps: float, seed: int) -> list[Request]:

@@ -1,7 +1,7 @@
 """The planner's one state object, passed forward through the phases, and what workers get.
 
 `Search` is created by the fit phase and filled by each phase in turn (latency -> goodput ->
-sizing -> refinement -> disaggregation -> ranking; `api.plan` runs them); the report reads it.
+sizing -> refinement -> checks -> disaggregation -> ranking; `api.plan` runs them); the report reads it.
 `Context` is the part simulation tasks need (spec, request mix, prices, peak rate), sent to
 worker processes. Does not compute anything.
 """
@@ -114,6 +114,12 @@ class Search:
     sized: list[Candidate] = field(default_factory=list)
     """Every fleet the sizing phase built, within the GPU limits or not (the plan document's `candidates`)."""
     ranked: list[Candidate] = field(default_factory=list)
+    ranked_exact: int = 0
+    """How many of `ranked`, from the first, have their exact rank (the rest rank below some
+    candidate left unchecked, whose place is not known)."""
+    unchecked: list[Candidate] = field(default_factory=list)
+    """Refined candidates that met the SLO but whose headroom and claims were not simulated: they
+    could not be reported whatever those gave (`checks`)."""
     rejected: list[Rejection] = field(default_factory=list)
     disaggregation: dict[str, object] = field(default_factory=dict)
     simulations: int = 0

@@ -107,6 +107,7 @@ def _ranked(sec: Section, plans: list[dict[str, Any]]) -> None:
 VERDICT_LOOK = {  # verdict -> (marker, legend label) of a candidate that is not a reported plan
     "missed_slo": ("X", "missed the SLO in simulation"),
     "over_limits": ("s", "over the GPU limits"),
+    "not_checked": ("v", "not checked: could not be reported whatever its headroom gave"),
     "not_refined": ("o", "not refined: costlier than those refined"),
     "not_simulated": ("^", "not simulated: analytical cost per req/s above the best"),
     "demoted": ("D", "demoted: a PD claim failed"),

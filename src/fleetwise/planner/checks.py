@@ -1,0 +1,128 @@
+"""Phase 5b, checks: headroom terms and P/D claims simulated only where they can change the answer.
+
+Owns which refined plans that met the SLO get their headroom terms simulated
+(`refinement.check_headroom`, which may add replicas) and, for P/D plans, their claims
+(`disaggregation.check_claims`, which may demote), and in what order. Both only ever move a plan
+down: its final `ranking.rank_key` (demoted, $/h, -goodput, name) is never below the key it has
+before them (not demoted, the $/h of its serving replicas plus spares, the same goodput and
+name). So plans are checked in waves, each wave's runs in parallel: a wave takes every
+unchecked plan that is still among the first `top_k` of the order that uses each checked plan's
+final key and each unchecked plan's lower bound (it could still be reported); likewise the
+cheapest colocated plan (the equal-cost verdict's reference, whose TPOT every claim quotes),
+settled before any claim runs; and, when a colocated plan ranks first, the cheapest P/D plan
+(the verdict sentence names it). What is left unchecked could not have been reported whatever
+its checks gave, ranks nowhere and says so (`not_checked`). Does not rank (ranking).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fleetwise.planner.disaggregation import check_claims, claim_runs, reference_colocated
+from fleetwise.planner.executor import Executor
+from fleetwise.planner.layout import Rejection
+from fleetwise.planner.ranking import rank_key
+from fleetwise.planner.refinement import check_headroom, headroom_run, headroom_runs
+from fleetwise.planner.results import Claims, Refined
+from fleetwise.planner.simulate import FleetRun, SimVerdict
+from fleetwise.planner.sizing import fleet_cost, over_limits
+from fleetwise.planner.state import Candidate, Context, Search
+
+CheckItem = tuple[Refined, float | None, bool]
+"""What a check task gets: the refined plan, the reference colocated TPOT p99, whether to check claims."""
+
+
+def check_plan(ctx: Context, item: CheckItem) -> tuple[Refined, Claims | None]:
+    """A refined plan's headroom terms (the plan as they leave it) and, when asked, its P/D claims."""
+    r, colo_tpot, claims = item
+    check_headroom(ctx, r)
+    return r, (check_claims(ctx, r.full, colo_tpot, r.seeds[0]) if claims else None)
+
+
+def _simulate(ctx: Context, run: FleetRun) -> SimVerdict:
+    return run.verdict(ctx.spec, ctx.prices)
+
+
+def runs_ahead(ctx: Context, c: Candidate) -> list[FleetRun]:
+    """The runs checking `c` makes when no headroom term misses and each fault claim holds with
+    its first procedure: each term against the plan as refined, then its P/D claims."""
+    assert c.refined is not None
+    full = c.refined.full
+    return ([headroom_run(ctx, full, t) for t in headroom_runs(ctx, full)]
+            + (claim_runs(ctx, full) if c.kind != "colocated" else []))
+
+
+def undecided(cands: list[Candidate], key: Callable[[Candidate], Any], k: int,
+              checked: set[str]) -> list[Candidate]:
+    """The unchecked candidates among the first `k` by `key` (each a final value once checked, a
+    lower bound before): the ones that may still take one of those `k` places."""
+    return [c for c in sorted(cands, key=key)[:k] if c.key not in checked]
+
+
+class _Checks:
+    """The checks phase's bookkeeping: which plans are checked, and each wave run."""
+
+    def __init__(self, search: Search, ex: Executor) -> None:
+        self.search, self.ex = search, ex
+        self.passed = [c for c in search.refined if c.refined is not None and c.refined.passed]
+        self.order = {c.key: i for i, c in enumerate(search.refined)}
+        self.checked: set[str] = set()
+
+    def wave(self, cands: list[Candidate], colo_tpot: float | None) -> None:
+        """Check `cands`: with parallel workers, each run they are likely to make is simulated
+        ahead, one task per run, into this process's memo, and the checks themselves then run
+        here (a term that misses reruns here, against the larger plan); else one task per plan."""
+        ctx = self.search.ctx
+        items = [(c.refined, colo_tpot, c.kind != "colocated") for c in cands if c.refined is not None]
+        before = [r.runs for r, _, _ in items]
+        if self.ex.parallel:
+            ahead = [run for c in cands for run in runs_ahead(ctx, c)]
+            for run, v in zip(ahead, self.ex.map(_simulate, ctx, ahead), strict=True):
+                run.remember(ctx.spec, ctx.prices, v)
+            done = [check_plan(ctx, it) for it in items]
+        else:
+            done = self.ex.map(check_plan, ctx, items)
+        for c, n, (r, claims) in zip(cands, before, done, strict=True):
+            self.search.simulations += r.runs - n + (claims.runs if claims else 0)
+            c.refined, c.claims = r, claims
+            c.cost_per_hour = fleet_cost(self.search, r.full, {})  # with what the headroom checks added
+            self.checked.add(c.key)
+
+    def colocated_undecided(self) -> list[Candidate]:
+        """The cheapest colocated plan, as `disaggregation.reference_colocated` picks it."""
+        colo = [c for c in self.passed if c.kind == "colocated"]
+        return undecided(colo, lambda c: (c.cost_per_hour, self.order[c.key]), 1, self.checked)
+
+    def eligible(self) -> list[Candidate]:
+        """Plans the ranking may list: met the SLO, within the GPU limits (an unchecked plan's
+        limits can only be exceeded further by its checks)."""
+        return [c for c in self.passed if c.refined is not None and over_limits(self.search, c.refined.full, {}) is None]
+
+    def ranking_undecided(self) -> list[Candidate]:
+        """The reported plans, then, when a colocated plan is first, the cheapest P/D plan."""
+        plans = self.eligible()
+        need = undecided(plans, rank_key, self.search.top_k, self.checked)
+        if need or not plans or min(plans, key=rank_key).kind != "colocated":
+            return need
+        split = [c for c in plans if c.kind != "colocated"]
+        return undecided(split, lambda c: (c.cost_per_hour, *rank_key(c)), 1, self.checked)
+
+
+def run(search: Search, ex: Executor) -> None:
+    """Check, wave by wave, the plans that may still be reported or quoted; list the rest as unchecked."""
+    ch = _Checks(search, ex)
+    while need := ch.colocated_undecided():
+        need += [c for c in ch.ranking_undecided() if c.kind == "colocated" and c not in need]
+        ch.wave(need, None)
+    colo = reference_colocated(search)
+    colo_tpot = colo.refined.seeds[0].tpot["p99"] if colo and colo.refined else None
+    while need := ch.ranking_undecided():
+        ch.wave(need, colo_tpot)
+    search.unchecked = [c for c in ch.passed if c.key not in ch.checked]
+    for c in search.unchecked:
+        what = "headroom terms and claims" if c.kind != "colocated" else "headroom terms"
+        search.rejected.append(Rejection(c.key, (
+            f"not checked: meets the SLO at the target rate, but at ${c.cost_per_hour:.2f}/h before its headroom "
+            f"terms it ranks below the {search.top_k} plans reported whatever they add; its {what} were not "
+            "simulated")))

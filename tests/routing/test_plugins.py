@@ -158,3 +158,27 @@ def test_decisions_carry_a_structured_kind_per_picker():
     down = FleetView(0.0, (WorkerView("a", healthy=False),))
     rejected = make_policy("round-robin").route(RouteRequest("r", 10, 1), down)
     assert (rejected.worker, rejected.kind) == (None, "rejected")
+
+
+index_op = st.tuples(st.sampled_from(["insert", "evict", "drop"]), st.integers(0, 5),
+                     st.lists(st.integers(0, 12), max_size=8))
+
+
+@given(st.lists(index_op, max_size=40), st.lists(st.integers(0, 12), max_size=10), st.integers(1, 6))
+def test_match_all_is_every_workers_match(ops, query, cap):
+    """The hash -> holders masks give every worker's leading run, as `match` does one worker at a
+    time, through inserts past the LRU cap, evictions and workers dropped."""
+    ix = PrefixIndex(cap)
+    workers = [f"w{i}" for i in range(6)]
+    for kind, w, hashes in ops:
+        if kind == "insert":
+            ix.insert(workers[w], hashes)
+        elif kind == "evict":
+            ix.evict(workers[w], hashes)
+        else:
+            ix.drop_worker(workers[w])
+    want = {w: ix.match(w, query) for w in workers}
+    assert dict(ix.match_all(query)) == {w: k for w, k in want.items() if k}
+    assert len(ix.match_all(query)) == len(dict(ix.match_all(query)))  # each worker once
+    held = {h for w in workers for h in ix.blocks(w)}
+    assert set(ix._holders) == held  # no hash outlives its last holder

@@ -268,18 +268,18 @@ class ComposedPolicy:
         self._dispatch(req, c.prefix_blocks, c.load + c.own, c.name, None, now)
         return RoutingDecision(worker=c.name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
-    def _own_and_prefix(self, req: RouteRequest, names: list[str]) -> tuple[list[float], list[int] | None]:
+    def _own_and_prefix(self, req: RouteRequest, pos: dict[str, int]) -> tuple[list[float], list[int] | None]:
         """Each worker's own cost of `req` after its cached prefix, and the prefix blocks (None:
-        none cached anywhere): one prefix lookup per worker, O(prompt blocks) each."""
+        none cached anywhere), for the workers at `pos` (name -> position): one lookup of the
+        prompt in the prefix index for them all (`PrefixIndex.match_all`, O(prompt blocks))."""
         cost, exp, hashes = self.params.cost, self._expected, req.block_hashes
-        n = len(names)
+        n = len(pos)
         own = [own_cost(req, 0, cost, exp)] * n
         prefix: list[int] | None = None
         if hashes:
-            match = self.index.match
-            for i, name in enumerate(names):
-                k = match(name, hashes)
-                if k:
+            for name, k in self.index.match_all(hashes):
+                i = pos.get(name)
+                if i is not None:
                     if prefix is None:
                         prefix = [0] * n
                     prefix[i] = k
@@ -294,7 +294,7 @@ class ComposedPolicy:
             v = e.vec = ViewColumns(e, self.params.cost, self._scorers, req)
         v.refresh(e, self.inflight, self.params.cost)
         names, n = e.names, len(e.names)
-        own, prefix = self._own_and_prefix(req, names)
+        own, prefix = self._own_and_prefix(req, v.pos)
         slow = self.feedback.factors(names, now)
         if v.weight is not None:  # relative capacity: a worker twice as big looks half as slow
             slow = [f / wt for f, wt in zip(slow, v.weight, strict=True)]

@@ -11,6 +11,8 @@ load bound that excludes workers, weighted workers, pickers other than `max`. Ev
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from reference_policy import ReferencePolicy
@@ -138,3 +140,35 @@ def test_uniform_weights_other_than_one_decide_as_weight_one() -> None:
         assert d == ref.route(req, fleet(2.0))
         assert isinstance(d.scores, ScoreTable)
         assert d.worker == one.route(req, fleet(1.0)).worker  # equal weights: the same choices
+
+
+def test_views_changing_in_part_decide_as_views_built_anew() -> None:
+    """A driver's new view that keeps most workers' `WorkerView` objects (the simulator's, whose
+    replicas' views are cached until they change) is read only where it changed, and feedback
+    between decisions updates only the observed workers' terms: the decisions equal the
+    reference's, which reads every worker anew each time."""
+    rng = np.random.default_rng(4)
+    kept, anew = make("fleetwise-default", 4, False), make("fleetwise-default", 4, True)
+    current = list(views(rng, 0.0, False))
+    now, open_ = 0.0, []
+    for i in range(300):
+        now += float(rng.exponential(0.01))
+        for j in rng.choice(WORKERS, size=int(rng.integers(0, 4)), replace=False):
+            current[j] = replace(current[j], running_requests=int(rng.integers(0, 30)),
+                                 kv_usage=float(rng.uniform(0, 1)), reported_at_s=now)
+        req = RouteRequest(f"r{i}", int(rng.integers(100, 6000)), None,
+                           block_hashes=tuple(range(int(rng.integers(0, 4)))))
+        d = kept.route(req, FleetView(now, tuple(current)))
+        assert d == anew.route(req, FleetView(now, tuple(current)))
+        fbs = [Dispatched(now, req.request_id, d.worker, req.prompt_tokens, req.block_hashes)]
+        open_.append((req.request_id, d.worker))
+        if rng.random() < 0.5:
+            rid, w = open_.pop(int(rng.integers(len(open_))))
+            fbs += [FirstToken(now, rid, w, float(rng.uniform(0.05, 0.3))),
+                    Completed(now, rid, w, int(rng.integers(2, 400)), float(rng.uniform(0.01, 0.03)), 1.0)]
+        for fb in fbs:
+            kept.observe(fb)
+            anew.observe(fb)
+    assert kept.report() == anew.report()
+    assert any(f != 1.0 for f in kept.feedback.factors([w.name for w in current], now))  # feedback moved
+    assert isinstance(kept, ComposedPolicy)

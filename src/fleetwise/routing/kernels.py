@@ -24,14 +24,16 @@ __all__ = ["bounded", "clamped", "left_out", "load_scores", "min_ratio_scores", 
 def slowness(now_s: float, half_life_s: float, last_obs: list[float], has1: list[bool], ref1: list[float],
              dev1: list[float], has2: list[bool], ref2: list[float], dev2: list[float], failure: list[float],
              lo: float, hi: float, band: float) -> list[float]:
-    """`LatencyFeedback.factors` of workers with a TTFT or TPOT ratio term (`has1`, `has2`):
-    each ratio `(ref + dev * decay) / ref`, decay `0.5 ** (age / half_life_s)`, their
-    geometric mean (a ratio of 0 left out) times `failure`, clamped to `[lo, hi]`, exactly 1
-    within `band` of 1."""
+    """`LatencyFeedback.factors`: per worker, each ratio term it has (`has1`, `has2`)
+    `(ref + dev * decay) / ref`, decay `0.5 ** (age / half_life_s)`, their geometric mean (a
+    ratio of 0 left out; 1 without any) times `failure`, clamped to `[lo, hi]`, exactly 1 within
+    `band` of 1."""
     out: list[float] = []
     for i in range(len(last_obs)):
-        age = now_s - last_obs[i]
-        decay = math.pow(0.5, (age if age > 0.0 else 0.0) / half_life_s)  # `0.5 ** x`: C pow either way
+        decay = 1.0
+        if has1[i] or has2[i]:
+            age = now_s - last_obs[i]
+            decay = math.pow(0.5, (age if age > 0.0 else 0.0) / half_life_s)  # `0.5 ** x`: C pow either way
         n = 0
         acc = 0.0
         if has1[i]:

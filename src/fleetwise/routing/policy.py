@@ -104,6 +104,8 @@ class ComposedPolicy:
         self._down_version = 0
         self._elig_key: tuple[Any, ...] | None = None
         self._elig: dict[tuple[str | None, str | None], Eligible] = {}
+        self._elig_prev: dict[tuple[str | None, str | None], Eligible] = {}
+        """The previous view's (what a new view's `Eligible` is built from)."""
         self._simple = all(params.pd_picker(side) in ("round_robin", "random") for side in ("prefill", "decode")) and (
             params.picker in ("round_robin", "random") and not params.load_bound.enabled and not any(
                 wt > 0 for wt in params.scorers.values()))
@@ -173,15 +175,17 @@ class ComposedPolicy:
         return d
 
     def _eligible_cached(self, req: RouteRequest, fleet: FleetView) -> Eligible:
-        """`_eligible`, memoised while the view (the same workers tuple) and the down set last."""
+        """`_eligible`, memoised while the view (the same workers tuple) and the down set last;
+        a new view's is built from the previous view's (`Eligible`: only changed views are read again)."""
         key = (fleet.workers, self._down_version)
         if self._elig_key is None or self._elig_key[0] is not key[0] or self._elig_key[1] != key[1]:
             self._elig_key = key
+            self._elig_prev = self._elig or self._elig_prev
             self._elig = {}
         sub = (req.model_version, req.region)
         e = self._elig.get(sub)
         if e is None:
-            e = self._elig[sub] = Eligible(*self._eligible(req, fleet))
+            e = self._elig[sub] = Eligible(*self._eligible(req, fleet), self._elig_prev.get(sub), self.params.cost)
         return e
 
     def _eligible(self, req: RouteRequest, fleet: FleetView) -> tuple[list[WorkerView], str]:
@@ -291,7 +295,7 @@ class ComposedPolicy:
         view's columns: the load bound, then each weighted scorer once over the kept workers."""
         v = e.vec
         if v is None:
-            v = e.vec = ViewColumns(e, self.params.cost, self._scorers, req)
+            v = e.vec = ViewColumns(e, self.params.cost, self._scorers)
         v.refresh(e, self.inflight, self.params.cost)
         names, n = e.names, len(e.names)
         own, prefix = self._own_and_prefix(req, v.pos)

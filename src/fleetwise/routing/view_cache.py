@@ -19,6 +19,9 @@ from fleetwise.routing.vector import VIEW_ONLY_SCORERS, Columns
 
 __all__ = ["Eligible", "ViewColumns", "ledger_load"]
 
+VIEW_ONLY_REQUEST = RouteRequest("", 0, None)
+"""The request a view-only scorer (`vector.VIEW_ONLY_SCORERS`, which reads none) is called with."""
+
 
 def ledger_load(w: WorkerView, base: float, inflight: InFlight, dw: float, per_req: float) -> tuple[float, int]:
     """(load, requests dispatched since the view) of worker `w` in token equivalents: `base` (what
@@ -36,23 +39,29 @@ def ledger_load(w: WorkerView, base: float, inflight: InFlight, dw: float, per_r
 
 class Eligible:
     """The eligible workers of one view for one (model_version, region), and what every request
-    routed on that view reads of them: names, report times (sorted) and view loads."""
+    routed on that view reads of them: names, report times (sorted) and view loads. Built from
+    the previous view's (`prev`) when the same workers are eligible with the same weights, its
+    columns then carried over and brought up to date only where a worker's view changed."""
 
     __slots__ = ("ws", "why", "names", "reported", "zero_scores", "vec", "weights", "unit")
 
-    def __init__(self, ws: list[WorkerView], why: str) -> None:
+    def __init__(self, ws: list[WorkerView], why: str, prev: Eligible | None = None, cost: Any = None) -> None:
         self.ws, self.why = ws, why
         self.names = [w.name for w in ws]
         self.reported = sorted(w.reported_at_s for w in ws)
-        self.zero_scores: dict[str, float] = dict.fromkeys(self.names, 0)
-        """Every worker's total when no scorer has weight (each decision gets a copy)."""
         self.vec: ViewColumns | None = None
-        """The workers' signals as columns (built on first use)."""
+        """The workers' signals as columns (built on first use, or carried over from `prev`)."""
         self.weights: dict[str, float] | None = (
             {w.name: w.weight for w in ws} if len({w.weight for w in ws}) > 1 else None)
         """The workers' weights, or None when they are all equal (picks are then unweighted)."""
         self.unit = all(w.weight == 1.0 for w in ws)
         """Every weight is 1 (signals are divided by none)."""
+        same = prev is not None and prev.names == self.names and [w.weight for w in prev.ws] == [w.weight for w in ws]
+        self.zero_scores: dict[str, float] = prev.zero_scores if same and prev is not None else dict.fromkeys(
+            self.names, 0)
+        """Every worker's total when no scorer has weight (each decision gets a copy)."""
+        if same and prev is not None and prev.vec is not None:  # the columns move here: `prev` no longer has them
+            self.vec, prev.vec = prev.vec.moved(prev.ws, ws, cost), None
 
 
 class ViewColumns:
@@ -62,9 +71,9 @@ class ViewColumns:
     plus what depends only on the view (KV usage, weights, view-only scores, score keys)."""
 
     __slots__ = ("load", "requests", "mark", "base", "reqs0", "kv_usage", "weight", "keys", "key_lists", "where",
-                 "pos", "every", "counts", "counts_k", "counts_seq", "fixed")
+                 "pos", "every", "counts", "counts_k", "counts_seq", "fixed", "dirty")
 
-    def __init__(self, e: Eligible, cost: Any, scorers: Sequence[str], req: RouteRequest) -> None:
+    def __init__(self, e: Eligible, cost: Any, scorers: Sequence[str]) -> None:
         ws = e.ws
         n = len(ws)
         self.base = [view_load(w, cost) for w in ws]
@@ -75,7 +84,7 @@ class ViewColumns:
         self.every = list(range(n))
         """Every position (the kept workers when the load bound keeps all or is off)."""
         full = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, self.kv_usage, 0, self.every)
-        self.fixed = {s: SCORERS[s](req, full) for s in scorers if s in VIEW_ONLY_SCORERS}
+        self.fixed = {s: SCORERS[s](VIEW_ONLY_REQUEST, full) for s in scorers if s in VIEW_ONLY_SCORERS}
         """Every worker's score by each view-only scorer (`VIEW_ONLY_SCORERS`)."""
         self.keys = {s: [f"{name}.{s}" for name in e.names] for s in scorers}
         self.key_lists = [self.keys[s] for s in scorers]
@@ -94,16 +103,45 @@ class ViewColumns:
         """Their sum."""
         self.counts_seq = -1
         """`PickerState.seq` when `counts` was last brought up to date (-1: never)."""
+        self.dirty: list[int] = []
+        """Positions whose view changed since the last `refresh` (their ledger signals are due)."""
+
+    def moved(self, old: list[WorkerView], new: list[WorkerView], cost: Any) -> ViewColumns:
+        """These columns for a new view of the same workers (`new`, position for position the
+        workers of `old`): what a worker's view gives is recomputed only where its `WorkerView`
+        is another object, and its ledger signals at the next `refresh`. O(workers) identity
+        checks; the work is proportional to the views that changed."""
+        changed = [i for i in range(len(new)) if new[i] is not old[i]]
+        if not changed:
+            return self
+        base, reqs0, kv = self.base, self.reqs0, self.kv_usage
+        for i in changed:
+            w = new[i]
+            base[i] = view_load(w, cost)
+            reqs0[i] = w.queued_requests + w.running_requests
+            kv[i] = w.kv_usage
+        if self.fixed:  # view-only scores: a new list (earlier decisions' score tables hold the old one)
+            n = len(new)
+            cols = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, kv, 0, changed)
+            for s, vals in self.fixed.items():
+                vals = vals.copy()
+                for i, x in zip(changed, SCORERS[s](VIEW_ONLY_REQUEST, cols), strict=True):
+                    vals[i] = x
+                self.fixed[s] = vals
+        self.dirty.extend(changed)
+        return self
 
     def refresh(self, e: Eligible, inflight: InFlight, cost: Any) -> None:
         """Bring every worker's load and requests up to date: those whose in-flight entries
-        changed since last asked are recomputed (`ledger_load`)."""
+        changed since last asked, or whose view changed (`moved`), are recomputed (`ledger_load`)."""
         dw, per_req = cost.decode_token_weight, cost.per_request_tokens
         load, requests, base, reqs0, ws = self.load, self.requests, self.base, self.reqs0, e.ws
         changed, mark = inflight.changes_since(self.mark) if self.mark >= 0 else (None, inflight.changes_since(0)[1])
         self.mark = mark
         pos = self.pos
-        todo: Any = range(len(ws)) if changed is None else [pos[n] for n in dict.fromkeys(changed) if n in pos]
+        todo: Any = range(len(ws)) if changed is None else dict.fromkeys(
+            [*[pos[n] for n in changed if n in pos], *self.dirty])
+        self.dirty = []
         for i in todo:
             x, n_pend = ledger_load(ws[i], base[i], inflight, dw, per_req)
             load[i] = x

@@ -41,7 +41,7 @@ def candidates(rows, weighted: bool = False):
 def columns(cs, n_hashes, kept):
     """The default policy's columns: every weight 1 (None), no KV room."""
     return Columns([c.load for c in cs], [c.own for c in cs], [c.slowness for c in cs], [c.requests for c in cs],
-                   [c.prefix_blocks for c in cs], [c.view.kv_usage for c in cs], n_hashes, kept)
+                   [c.prefix_blocks for c in cs], [c.view.kv_usage for c in cs], n_hashes, kept, [c.view for c in cs])
 
 
 @settings(max_examples=200, deadline=None)
@@ -62,7 +62,7 @@ def test_each_scorer_equals_its_reference_on_the_kept_workers(rows, n_hashes, da
 
 def test_prefix_scorer_without_any_cached_prefix_scores_zero():
     cs = candidates([(10.0, 5.0, 1.0, 0, 0, 0.5, 1.0, 0.0)] * 3)
-    cols = Columns([10.0] * 3, [5.0] * 3, [1.0] * 3, [0] * 3, None, [0.5] * 3, 4, [0, 2])
+    cols = Columns([10.0] * 3, [5.0] * 3, [1.0] * 3, [0] * 3, None, [0.5] * 3, 4, [0, 2], [c.view for c in cs])
     req = RouteRequest("r", 1, 1, (1, 2, 3, 4))
     assert SCORERS["prefix"](req, cols) == [0.0, 0.0] == list(REFERENCE["prefix"](req, [cs[0], cs[2]]).values())
 

@@ -219,7 +219,7 @@ def candidate_columns(req: RouteRequest, cs: Sequence[Candidate]) -> Columns:
     """`cs` as the columns scorers read, every candidate kept."""
     return Columns([c.load for c in cs], [c.own for c in cs], [c.slowness for c in cs], [c.requests for c in cs],
                    [c.prefix_blocks for c in cs], [c.view.kv_usage for c in cs], len(req.block_hashes),
-                   list(range(len(cs))), [c.view.weight for c in cs], [c.kv_room for c in cs])
+                   list(range(len(cs))), [c.view for c in cs], [c.view.weight for c in cs], [c.kv_room for c in cs])
 
 
 def apply_filters(req: RouteRequest, ws: list[WorkerView], down: frozenset[str],

@@ -304,7 +304,7 @@ class ComposedPolicy:
             slow = [f / wt for f, wt in zip(slow, v.weight, strict=True)]
         load = v.load
         bound, kept, excluded = self._bounded(load, own, slow, names, "mixed", v)
-        cols = Columns(load, own, slow, v.requests, prefix, v.kv_usage, len(req.block_hashes), kept, v.weight)
+        cols = Columns(load, own, slow, v.requests, prefix, v.kv_usage, len(req.block_hashes), kept, e.ws, v.weight)
         every = len(kept) == n
         fixed = v.fixed
         per = {s: (fixed[s] if every else kernels.picked(fixed[s], kept)) if s in fixed else SCORERS[s](req, cols)

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleetwise.core.views import WorkerView
+
 __all__ = ["SCORE_DIGITS", "VIEW_ONLY_SCORERS", "Columns", "ScoreTable"]
 
 SCORE_DIGITS = 6
@@ -34,6 +36,9 @@ class Columns:
     """Blocks in the request's prompt (`len(req.block_hashes)`)."""
     kept: list[int]
     """Ascending positions of the workers the load bound kept (the ones scored)."""
+    views: list[WorkerView]
+    """Each worker's view (what it reports: queues, KV, role, region...), for a scorer that reads
+    a field no other column carries."""
     weight: list[float] | None = None
     """Each worker's relative capacity (None: every weight is 1)."""
     kv_room: list[float] | None = None

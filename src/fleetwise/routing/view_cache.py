@@ -83,7 +83,7 @@ class ViewColumns:
         """Each worker's relative capacity (None: every weight is 1)."""
         self.every = list(range(n))
         """Every position (the kept workers when the load bound keeps all or is off)."""
-        full = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, self.kv_usage, 0, self.every)
+        full = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, self.kv_usage, 0, self.every, ws)
         self.fixed = {s: SCORERS[s](VIEW_ONLY_REQUEST, full) for s in scorers if s in VIEW_ONLY_SCORERS}
         """Every worker's score by each view-only scorer (`VIEW_ONLY_SCORERS`)."""
         self.keys = {s: [f"{name}.{s}" for name in e.names] for s in scorers}
@@ -122,7 +122,7 @@ class ViewColumns:
             kv[i] = w.kv_usage
         if self.fixed:  # view-only scores: a new list (earlier decisions' score tables hold the old one)
             n = len(new)
-            cols = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, kv, 0, changed)
+            cols = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, kv, 0, changed, new)
             for s, vals in self.fixed.items():
                 vals = vals.copy()
                 for i, x in zip(changed, SCORERS[s](VIEW_ONLY_REQUEST, cols), strict=True):

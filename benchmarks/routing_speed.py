@@ -4,7 +4,7 @@ Run:  python3 benchmarks/routing_speed.py [--requests 20000] [--policy fleetwise
                                           [--loads busy,long] [--out benchmarks/results/routing_speed.json]
 
 A seeded simulation of a busy load of `benchmarks/sim_speed.py` (Llama-3.1-8B on H200 SXM, 64
-replicas, 10 req/s per replica, router view refreshed every 0.25 s; `busy`: Azure-like outputs,
+replicas, 10 req/s per replica, router view refreshed every 0.25 s or `--view-delay`; `busy`: Azure-like outputs,
 median 120 tokens, about 20 running requests per replica; `long`: outputs uniform in 600-2,000
 tokens, every replica at its 256 running decodes with a queue behind) records every call its
 policy gets: `route(request, view)` and `observe(feedback)`, in order. The stream is then
@@ -78,13 +78,13 @@ class Recorder:
         return self.inner.report()
 
 
-def record(n: int, preset: str, seed: int, load: Load = BUSY) -> list[Call]:
+def record(n: int, preset: str, seed: int, load: Load = BUSY, delay_s: float = VIEW_DELAY_S) -> list[Call]:
     """Every route and observe call of a seeded busy simulation, in order."""
     rec = Recorder(policy(preset, seed))
     plan = PlanSpec(name="routing-speed", pools=[{"name": "m", "accelerator": load.accelerator,
                                                   "model": "llama-3.1-8b", "replicas": BUSY_REPLICAS}])
     simulate(plan, make_requests(n, load.rate_per_replica * BUSY_REPLICAS, seed, load),
-             options=SimOptions(seed=seed, feedback_delay_s=VIEW_DELAY_S, policy=rec))  # type: ignore[arg-type]
+             options=SimOptions(seed=seed, feedback_delay_s=delay_s, policy=rec))  # type: ignore[arg-type]
     return rec.calls
 
 
@@ -123,6 +123,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--policy", default="fleetwise-default")
     ap.add_argument("--loads", default="busy,long", help=f"comma-separated, of {', '.join(LOADS)}")
+    ap.add_argument("--view-delay", type=float, default=VIEW_DELAY_S,
+                    help="router view refresh period in s (0: the exact mode, a new view per decision)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/routing_speed.json")
     a = ap.parse_args()
@@ -132,13 +134,13 @@ def main() -> None:
             ap.error(f"--loads: unknown load {x!r}; use {', '.join(LOADS)}")
     out: dict[str, Any] = {
         "benchmark": "routing_speed",
-        "workload": f"sim_speed.py loads, {a.requests} requests, {BUSY_REPLICAS} replicas, view every {VIEW_DELAY_S} s",
+        "workload": f"sim_speed.py loads, {a.requests} requests, {BUSY_REPLICAS} replicas, view every {a.view_delay} s",
         "policy": a.policy,
         "compiled": not kernels.__file__.endswith(".py"),
     }
     load0 = os.getloadavg()[0]
     for x in loads:
-        calls = record(a.requests, a.policy, a.seed, LOADS[x])
+        calls = record(a.requests, a.policy, a.seed, LOADS[x], a.view_delay)
         gc.collect()
         gc.freeze()  # the recording is no garbage: full collections during the replay skip it
         out[x] = {**replay(calls, a.policy, a.seed), "running_per_replica": running_per_replica(calls)}

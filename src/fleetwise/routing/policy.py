@@ -28,6 +28,7 @@ each side's picker chooses in turn (prefill first).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -290,7 +291,8 @@ class ComposedPolicy:
                     own[i] = own_cost(req, k, cost, exp)
         return own, prefix
 
-    def _pick_mixed(self, req: RouteRequest, now: float, e: Eligible) -> tuple[Candidate, dict[str, float], str, str]:
+    def _pick_mixed(self, req: RouteRequest, now: float,
+                    e: Eligible) -> tuple[Candidate, Mapping[str, float], str, str]:
         """(chosen candidate, decision scores, reason, kind) by the configured picker over the
         view's columns: the load bound, then each weighted scorer once over the kept workers."""
         v = e.vec
@@ -323,9 +325,9 @@ class ComposedPolicy:
             j, reason, n_tied = PICKERS[kind](self.picker, kept_names, picker_totals, "mixed", self.params.tie_break)
         i = kept[j]
         c = Candidate(e.ws[i], v.requests[i], load[i], own[i], slow[i], 0 if prefix is None else prefix[i])
-        scores: dict[str, float] = (ScoreTable(names, self._scorer_columns, v.key_lists, v.where,
-                                               None if every else kept, [totals, *columns])  # type: ignore[assignment]
-                                    if columns else dict.fromkeys(kept_names, 0))
+        scores: Mapping[str, float] = (ScoreTable(names, self._scorer_columns, v.key_lists, v.where,
+                                                  None if every else kept, [totals, *columns])
+                                       if columns else dict.fromkeys(kept_names, 0))
         if kind != "max":
             return c, scores, reason, PICKER_KINDS[kind]
         reason, lead = max_reason(self.params, req, c, per, bound, excluded, n_tied)  # type: ignore[arg-type]

@@ -353,12 +353,16 @@ class _TermLists:
 
     def set(self, i: int, t: _Terms | None) -> None:
         """Worker `i`'s terms (an absent ratio: `has` False; 1, the identity of `*`, without failures)."""
-        self.unseen += self.seen[i] - (t is not None)
-        self.seen[i] = t is not None
+        seen = t is not None
+        if seen != self.seen[i]:
+            self.unseen += -1 if seen else 1
+            self.seen[i] = seen
         self.last_obs[i] = t.last_obs_s if t is not None else 0.0
         ttft, tpot = (t.ttft, t.tpot) if t is not None else (None, None)
-        self.has1[i], self.ref1[i], self.dev1[i] = (True, *ttft) if ttft is not None else (False, 1.0, 0.0)
-        self.has2[i], self.ref2[i], self.dev2[i] = (True, *tpot) if tpot is not None else (False, 1.0, 0.0)
+        self.has1[i] = ttft is not None
+        self.ref1[i], self.dev1[i] = ttft if ttft is not None else (1.0, 0.0)
+        self.has2[i] = tpot is not None
+        self.ref2[i], self.dev2[i] = tpot if tpot is not None else (1.0, 0.0)
         self.failure[i] = t.failure_factor if t is not None and t.failure_factor is not None else 1.0
 
 

@@ -1,20 +1,21 @@
-"""Routing cost per decision: the default policy's fast path against its reference, on a replay.
+"""Routing cost per decision of a composed policy, on a replay of a busy simulation.
 
 Run:  python3 benchmarks/routing_speed.py [--requests 20000] [--policy fleetwise-default]
-                                          [--out benchmarks/results/routing_speed.json]
+                                          [--loads busy,long] [--out benchmarks/results/routing_speed.json]
 
-A seeded simulation of the busy load of `benchmarks/sim_speed.py` (Llama-3.1-8B on H200 SXM, 64
-replicas, 10 req/s per replica, router view refreshed every 0.25 s) records every call its
+A seeded simulation of a busy load of `benchmarks/sim_speed.py` (Llama-3.1-8B on H200 SXM, 64
+replicas, 10 req/s per replica, router view refreshed every 0.25 s or `--view-delay`; `busy`: Azure-like outputs,
+median 120 tokens, about 20 running requests per replica; `long`: outputs uniform in 600-2,000
+tokens, every replica at its 256 running decodes with a queue behind) records every call its
 policy gets: `route(request, view)` and `observe(feedback)`, in order. The stream is then
-replayed through fresh policies of the same preset and seed, the fast path (`ComposedPolicy`)
-and the per-candidate reference (`reference=True`): each must return the same decisions
-(worker, scores, reason, kind) and winning scores (`routing.base.winning_scores`, what the
-simulator records) as the recording, and the CPU seconds (`process_time`) of `route` plus
+replayed through a fresh policy of the same preset and seed, which must return the same
+decisions (worker, scores, reason, kind) and winning scores (`routing.base.winning_scores`, what
+the simulator records) as the recording; the CPU seconds (`process_time`) of `route` plus
 `winning_scores`, and of `observe`, are divided by the decisions. Replaying isolates the policy
 from the engine, so the figure is the routing cost a simulation or a gateway pays per request.
-`kernels` says whether `fleetwise.routing.kernels` ran compiled (mypyc) or as Python. The
-recording is frozen out of the garbage collector's sight (`gc.freeze`) before the replays, so
-they do not pay for traversing it.
+`compiled` says whether `fleetwise.routing` ran compiled (mypyc) or as Python. The recording is
+frozen out of the garbage collector's sight (`gc.freeze`) before the replay, so it does not pay
+for traversing it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sim_speed import BUSY, BUSY_REPLICAS, make_requests
+from sim_speed import BUSY, BUSY_REPLICAS, LONG, Load, make_requests
 
 from fleetwise.core.feedback import Feedback
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
@@ -45,40 +46,52 @@ SCORER_NAMES = tuple(SCORERS)
 """The scorers whose winning scores the simulator records (`Simulation.scorer_names`)."""
 
 Call = tuple[RouteRequest, FleetView, RoutingDecision] | Feedback
+LOADS = {"busy": BUSY, "long": LONG}
+"""The loads of `sim_speed.py` a replay can be recorded on."""
 
 
-def policy(preset: str, seed: int, reference: bool) -> ComposedPolicy:
+def policy(preset: str, seed: int) -> ComposedPolicy:
     spec = RoutingSpec(policy=preset)
-    return ComposedPolicy(spec.policy, spec.resolved(), spec.safe_mode, seed=seed, reference=reference)
+    return ComposedPolicy(spec.policy, spec.resolved(), spec.safe_mode, seed=seed)
 
 
-def record(n: int, preset: str, seed: int) -> list[Call]:
-    """Every route and observe call of a seeded busy simulation, in order."""
-    p = policy(preset, seed, False)
-    calls: list[Call] = []
-    route, observe = p.route, p.observe
+class Recorder:
+    """Drives `inner` (which may be compiled: its methods cannot be replaced) and keeps every
+    call it gets, with the decisions it returns."""
 
-    def routed(req: RouteRequest, fleet: FleetView) -> RoutingDecision:
-        d = route(req, fleet)
-        calls.append((req, fleet, d))
+    def __init__(self, inner: ComposedPolicy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.wants_kv_events = inner.wants_kv_events
+        self.calls: list[Call] = []
+
+    def route(self, req: RouteRequest, fleet: FleetView) -> RoutingDecision:
+        d = self.inner.route(req, fleet)
+        self.calls.append((req, fleet, d))
         return d
 
-    def observed(fb: Feedback) -> None:
-        calls.append(fb)
-        observe(fb)
+    def observe(self, fb: Feedback) -> None:
+        self.calls.append(fb)
+        self.inner.observe(fb)
 
-    p.route, p.observe = routed, observed  # type: ignore[method-assign]
-    plan = PlanSpec(name="routing-speed", pools=[{"name": "m", "accelerator": BUSY.accelerator,
+    def report(self) -> dict[str, Any]:
+        return self.inner.report()
+
+
+def record(n: int, preset: str, seed: int, load: Load = BUSY, delay_s: float = VIEW_DELAY_S) -> list[Call]:
+    """Every route and observe call of a seeded busy simulation, in order."""
+    rec = Recorder(policy(preset, seed))
+    plan = PlanSpec(name="routing-speed", pools=[{"name": "m", "accelerator": load.accelerator,
                                                   "model": "llama-3.1-8b", "replicas": BUSY_REPLICAS}])
-    simulate(plan, make_requests(n, BUSY.rate_per_replica * BUSY_REPLICAS, seed, BUSY),
-             options=SimOptions(seed=seed, feedback_delay_s=VIEW_DELAY_S, policy=p))
-    return calls
+    simulate(plan, make_requests(n, load.rate_per_replica * BUSY_REPLICAS, seed, load),
+             options=SimOptions(seed=seed, feedback_delay_s=delay_s, policy=rec))  # type: ignore[arg-type]
+    return rec.calls
 
 
-def replay(calls: list[Call], preset: str, seed: int, reference: bool) -> dict[str, Any]:
+def replay(calls: list[Call], preset: str, seed: int) -> dict[str, Any]:
     """CPU microseconds per decision of routing (with `winning_scores`) and of feedback, and
     how many decisions differ from the recording."""
-    p = policy(preset, seed, reference)
+    p = policy(preset, seed)
     route, observe, clock = p.route, p.observe, time.process_time
     route_s = observe_s = 0.0
     decisions = differ = 0
@@ -99,28 +112,43 @@ def replay(calls: list[Call], preset: str, seed: int, reference: bool) -> dict[s
             "decisions": decisions, "decisions_differing": differ}
 
 
+def running_per_replica(calls: list[Call]) -> float:
+    """Mean running requests per replica over the views the decisions were taken on."""
+    views = [c[1] for c in calls if isinstance(c, tuple)]
+    return round(sum(w.running_requests for v in views for w in v.workers) / max(1, sum(len(v.workers) for v in views)), 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--policy", default="fleetwise-default")
+    ap.add_argument("--loads", default="busy,long", help=f"comma-separated, of {', '.join(LOADS)}")
+    ap.add_argument("--view-delay", type=float, default=VIEW_DELAY_S,
+                    help="router view refresh period in s (0: the exact mode, a new view per decision)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/routing_speed.json")
     a = ap.parse_args()
-    calls = record(a.requests, a.policy, a.seed)
-    gc.collect()
-    gc.freeze()  # the recording is no garbage: full collections during the replays skip it
-    load0 = os.getloadavg()[0]
-    out = {
+    loads = [x for x in a.loads.split(",") if x]
+    for x in loads:
+        if x not in LOADS:
+            ap.error(f"--loads: unknown load {x!r}; use {', '.join(LOADS)}")
+    out: dict[str, Any] = {
         "benchmark": "routing_speed",
-        "workload": f"busy load of sim_speed.py, {a.requests} requests, {BUSY_REPLICAS} replicas, view every "
-                    f"{VIEW_DELAY_S} s",
+        "workload": f"sim_speed.py loads, {a.requests} requests, {BUSY_REPLICAS} replicas, view every {a.view_delay} s",
         "policy": a.policy,
-        "kernels": "compiled" if not kernels.__file__.endswith(".py") else "python",
-        "fast": replay(calls, a.policy, a.seed, False),
-        "reference": replay(calls, a.policy, a.seed, True),
-        "loadavg_1m_before": round(load0, 2),
-        "loadavg_1m_after": round(os.getloadavg()[0], 2),
+        "compiled": not kernels.__file__.endswith(".py"),
     }
+    load0 = os.getloadavg()[0]
+    for x in loads:
+        calls = record(a.requests, a.policy, a.seed, LOADS[x], a.view_delay)
+        gc.collect()
+        gc.freeze()  # the recording is no garbage: full collections during the replay skip it
+        out[x] = {**replay(calls, a.policy, a.seed), "running_per_replica": running_per_replica(calls)}
+        del calls
+        gc.unfreeze()
+        gc.collect()
+    out["loadavg_1m_before"] = round(load0, 2)
+    out["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from reference_policy import load_bound
 
 from fleetwise.core.views import FleetView, RouteRequest, WorkerView
 from fleetwise.errors import SpecError
@@ -17,9 +18,7 @@ from fleetwise.routing.plugins import (
     Candidate,
     PickerState,
     candidate_columns,
-    load_bound,
     own_cost,
-    score_candidates,
 )
 from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.spec.base import validate
@@ -67,13 +66,14 @@ def test_prefix_index_matches_a_reference_model(inserts, query):
 
 def test_scorers_exact():
     cs = [cand("a", load=100, prefix=4, requests=1, kv=0.25), cand("b", load=300, slowness=2.0, requests=3, kv=1.5)]
-    got = score_candidates(REQ, cs, ("load", "requests", "prefix", "kv", "feedback"))
-    assert got["load"] == {"a": 200 / 200, "b": 200 / 800}
-    assert got["requests"] == {"a": 1.0, "b": 0.5}
-    assert got["prefix"] == {"a": 1.0, "b": 0.0}
-    assert got["kv"] == {"a": 0.75, "b": 0.0}  # clamped to [0, 1]
-    assert got["feedback"] == {"a": 1.0, "b": 0.5}
-    assert score_candidates(RouteRequest("x", 10, 1), cs, ("prefix",))["prefix"] == {"a": 0.0, "b": 0.0}
+    got = {s: SCORERS[s](REQ, candidate_columns(REQ, cs)) for s in ("load", "requests", "prefix", "kv", "feedback")}
+    assert got["load"] == [200 / 200, 200 / 800]
+    assert got["requests"] == [1.0, 0.5]
+    assert got["prefix"] == [1.0, 0.0]
+    assert got["kv"] == [0.75, 0.0]  # clamped to [0, 1]
+    assert got["feedback"] == [1.0, 0.5]
+    no_hashes = RouteRequest("x", 10, 1)
+    assert SCORERS["prefix"](no_hashes, candidate_columns(no_hashes, cs)) == [0.0, 0.0]
 
 
 def test_scorers_score_only_the_kept_workers_in_order():
@@ -107,17 +107,27 @@ def test_load_bound_tokens_and_share():
 
 def test_pickers_seeded_and_stable():
     ps = PickerState(np.random.default_rng(0))
-    assert [ps.round_robin(["b", "a", "c"]) for _ in range(4)] == ["a", "b", "c", "a"]
-    assert ps.round_robin(["a", "c"]) == "c"  # stable when b leaves: next name after "a"
-    tot = {"a": 0.5, "b": 0.9, "c": 0.9}
-    assert ps.max(tot, "random") == ("c", 2)  # seed 0 breaks the b/c tie towards c
-    assert PickerState(np.random.default_rng(1)).max(tot, "random") == ("b", 2)
+    abc = ["a", "b", "c"]
+    assert [abc[ps.round_robin(abc)] for _ in range(4)] == ["a", "b", "c", "a"]
+    assert ps.round_robin(["a", "c"]) == 1  # stable when b leaves: the next name after "a", c
+    tot = [0.5, 0.9, 0.9]
+    assert ps.max(abc, tot, "random") == (2, 2)  # seed 0 breaks the b/c tie towards c
+    assert PickerState(np.random.default_rng(1)).max(abc, tot, "random") == (1, 2)
     ps.chosen("b")
-    assert ps.max(tot, "lru") == ("c", 1)  # c never chosen, b just was
+    assert ps.max(abc, tot, "lru") == (2, 1)  # c never chosen, b just was
     ps.chosen("c")
-    assert ps.max(tot, "lru") == ("b", 1)
-    assert PickerState(np.random.default_rng(0)).power_of_two({"a": 0.1, "b": 0.9, "c": 0.5}) == ("b", "c")
-    assert PickerState(np.random.default_rng(0)).random(["x", "y", "z"]) == "z"
+    assert ps.max(abc, tot, "lru") == (1, 1)
+    assert PickerState(np.random.default_rng(0)).power_of_two([0.1, 0.9, 0.5]) == (1, 2)  # b over c
+    assert PickerState(np.random.default_rng(0)).random(["x", "y", "z"]) == 2
+
+
+def test_max_breaks_ties_in_name_order_whatever_the_order_given():
+    # pair keys of a P/D pick are not always in name order: the tie is ordered by name first
+    names, tot = ["b->x", "a->x", "c->x"], [0.9, 0.9, 0.1]
+    for seed in range(6):
+        want = ["a->x", "b->x"][int(np.random.default_rng(seed).integers(2))]
+        i, tied = PickerState(np.random.default_rng(seed)).max(names, tot, "random")
+        assert (names[i], tied) == (want, 2)
 
 
 def test_the_registry_declares_every_plugin_once_and_each_has_its_implementation():
@@ -148,3 +158,27 @@ def test_decisions_carry_a_structured_kind_per_picker():
     down = FleetView(0.0, (WorkerView("a", healthy=False),))
     rejected = make_policy("round-robin").route(RouteRequest("r", 10, 1), down)
     assert (rejected.worker, rejected.kind) == (None, "rejected")
+
+
+index_op = st.tuples(st.sampled_from(["insert", "evict", "drop"]), st.integers(0, 5),
+                     st.lists(st.integers(0, 12), max_size=8))
+
+
+@given(st.lists(index_op, max_size=40), st.lists(st.integers(0, 12), max_size=10), st.integers(1, 6))
+def test_match_all_is_every_workers_match(ops, query, cap):
+    """The hash -> holders masks give every worker's leading run, as `match` does one worker at a
+    time, through inserts past the LRU cap, evictions and workers dropped."""
+    ix = PrefixIndex(cap)
+    workers = [f"w{i}" for i in range(6)]
+    for kind, w, hashes in ops:
+        if kind == "insert":
+            ix.insert(workers[w], hashes)
+        elif kind == "evict":
+            ix.evict(workers[w], hashes)
+        else:
+            ix.drop_worker(workers[w])
+    want = {w: ix.match(w, query) for w in workers}
+    assert dict(ix.match_all(query)) == {w: k for w, k in want.items() if k}
+    assert len(ix.match_all(query)) == len(dict(ix.match_all(query)))  # each worker once
+    held = {h for w in workers for h in ix.blocks(w)}
+    assert set(ix._holders) == held  # no hash outlives its last holder

@@ -1,15 +1,17 @@
-"""The columns fast path against its scalar references: the scorers (against their per-candidate
-readings in `reference_scorers.py`), the load bound, totals and ties, the feedback factor, the
-scores table."""
+"""The columns implementations against their readable references (`reference_scorers.py`,
+`reference_policy.py`): the scorers, the load bound, totals and ties, the max picker, the
+feedback factor, the scores table."""
 
 from __future__ import annotations
 
 import math
 from collections import deque
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_policy import load_bound, max_of, reference_factor
 from reference_scorers import REFERENCE
 
 from fleetwise.core.views import RouteRequest, WorkerView
@@ -21,7 +23,6 @@ from fleetwise.routing.plugins import (
     Candidate,
     PickerState,
     candidate_columns,
-    load_bound,
 )
 from fleetwise.routing.state import LatencyFeedback
 from fleetwise.routing.vector import Columns, ScoreTable
@@ -40,7 +41,7 @@ def candidates(rows, weighted: bool = False):
 def columns(cs, n_hashes, kept):
     """The default policy's columns: every weight 1 (None), no KV room."""
     return Columns([c.load for c in cs], [c.own for c in cs], [c.slowness for c in cs], [c.requests for c in cs],
-                   [c.prefix_blocks for c in cs], [c.view.kv_usage for c in cs], n_hashes, kept)
+                   [c.prefix_blocks for c in cs], [c.view.kv_usage for c in cs], n_hashes, kept, [c.view for c in cs])
 
 
 @settings(max_examples=200, deadline=None)
@@ -61,7 +62,7 @@ def test_each_scorer_equals_its_reference_on_the_kept_workers(rows, n_hashes, da
 
 def test_prefix_scorer_without_any_cached_prefix_scores_zero():
     cs = candidates([(10.0, 5.0, 1.0, 0, 0, 0.5, 1.0, 0.0)] * 3)
-    cols = Columns([10.0] * 3, [5.0] * 3, [1.0] * 3, [0] * 3, None, [0.5] * 3, 4, [0, 2])
+    cols = Columns([10.0] * 3, [5.0] * 3, [1.0] * 3, [0] * 3, None, [0.5] * 3, 4, [0, 2], [c.view for c in cs])
     req = RouteRequest("r", 1, 1, (1, 2, 3, 4))
     assert SCORERS["prefix"](req, cols) == [0.0, 0.0] == list(REFERENCE["prefix"](req, [cs[0], cs[2]]).values())
 
@@ -95,7 +96,7 @@ def test_totals_and_ties_equal_the_reference(rows, weights):
     per = [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]]
     names = [f"w{i:02d}" for i in range(len(rows))]
     want: dict[str, float] = {}
-    for j, n in enumerate(names):  # `ComposedPolicy._totals`
+    for j, n in enumerate(names):  # the reference: `0 + w1 * s1 + w2 * s2 ...` per worker
         t: float = 0
         for w, col in zip(weights, per, strict=True):
             t += w * col[j]
@@ -105,9 +106,13 @@ def test_totals_and_ties_equal_the_reference(rows, weights):
     best = max(want.values())
     assert [names[j] for j in kernels.tied(got, TIE_TOLERANCE)] == sorted(
         n for n, t in want.items() if t >= best - TIE_TOLERANCE)
-    ps = PickerState(None)  # type: ignore[arg-type]
-    if len(kernels.tied(got, TIE_TOLERANCE)) == 1:
-        assert ps.max(want, "lru")[0] == names[kernels.tied(got, TIE_TOLERANCE)[0]]
+    for seed in range(3):  # the picker over the list decides as the reference over the dict
+        ps, ref = PickerState(np.random.default_rng(seed)), PickerState(np.random.default_rng(seed))
+        ps.chosen("w01")
+        ref.chosen("w01")
+        for tie_break in ("lru", "random"):
+            i, tied = ps.max(names, got, tie_break)
+            assert (names[i], tied) == max_of(ref, want, tie_break)
 
 
 obs = st.tuples(st.sampled_from(["first_token", "completed", "failed", "forget"]), st.integers(0, 5),
@@ -135,11 +140,13 @@ def test_factors_equal_factor(events, times, params):
         else:
             fb.forget(name)
         for now in times:
-            assert fb.factors(workers, t + now) == [fb.factor(w, t + now) for w in workers]
+            want = [reference_factor(fb, w, t + now) for w in workers]
+            assert fb.factors(workers, t + now) == want
+            assert [fb.factor(w, t + now) for w in workers] == want
 
 
 def test_slowness_leaves_out_a_ratio_of_zero():
-    # a worker whose EWMA is 0 at age 0 has ratio (ref - ref) / ref = 0: left out, as `raw_factor` does
+    # a worker whose EWMA is 0 at age 0 has ratio (ref - ref) / ref = 0: left out, as the reference does
     got = kernels.slowness(10.0, 5.0, [10.0, 10.0], [True, True], [2.0, 2.0], [-2.0, 1.0], [True, False],
                            [4.0, 1.0], [2.0, 0.0], [1.0, 1.0], 0.25, 8.0, 0.05)
     assert got == [math.exp(math.log(1.5))] * 2

@@ -1,13 +1,16 @@
 """The simulator's hot paths against their readable references: same decisions, same results.
 
-The composed policy routes by hoisted per-view work and O(1) ledger sums; with
-`reference=True` it routes by the per-worker `_candidate` and walks its in-flight ledger. Seeded
+The composed policy routes over per-view columns kept up to date from its in-flight ledger's
+changes and O(1) ledger sums; the tests' `ReferencePolicy` (tests/routing/reference_policy.py)
+decides each scored colocated request one candidate at a time and walks the ledger. Seeded
 runs with either give equal summaries, equal reports and equal decisions (worker, scores,
 reason, kind), on small scenarios, a busy colocated fleet and a P/D fleet with faults.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,19 +27,23 @@ from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.routing import RoutingSpec
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "routing"))
+from reference_policy import ReferencePolicy  # noqa: E402  (tests/routing: the readable reference)
+
 SCORED = ("fleetwise-default", "prefix-affinity", "feedback", "least-outstanding", "power-of-two")
 
 
-def policy(preset: str, seed: int, reference: bool = False) -> ComposedPolicy:
+def policy(preset: str, seed: int, reference: bool = False) -> ComposedPolicy | ReferencePolicy:
     spec = RoutingSpec(policy=preset)
-    return ComposedPolicy(spec.policy, spec.resolved(), spec.safe_mode, seed=seed, reference=reference)
+    p = ComposedPolicy(spec.policy, spec.resolved(), spec.safe_mode, seed=seed)
+    return ReferencePolicy(p) if reference else p
 
 
 class Logged:
     """A policy that records every decision of the policy it wraps (which may be compiled, and
     then cannot have its methods replaced), and otherwise is that policy."""
 
-    def __init__(self, inner: ComposedPolicy) -> None:
+    def __init__(self, inner: ComposedPolicy | ReferencePolicy) -> None:
         self.inner = inner
         self.log: list[RoutingDecision] = []
 

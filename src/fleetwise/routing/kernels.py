@@ -1,16 +1,14 @@
-"""The per-worker loops of a scored pick, over plain lists: the default policy's fast path.
+"""The per-worker loops of a routing decision, over plain lists: the one implementation of each.
 
-Each function computes, for every worker (or every worker in `kept`) at once, exactly the floats
-its reference computes one candidate at a time: `LatencyFeedback.factors`'s arithmetic for the
-slowness factor, `plugins.load_bound` for the load bound, the scores of the `plugins` scorers
-(which call these loops: each scorer has this one implementation; `tests/routing/
-reference_scorers.py` keeps the per-candidate readings they are checked against),
-`ComposedPolicy._totals` and `PickerState.max` for the totals and the tie. The same operations
-in the same order on the same doubles (sums are the builtin `sum` over a list, as the references
-sum), so each result is the same double; `tests/routing/test_vector.py` checks each against its
-reference, and the policy's decisions against the per-candidate path.
+For every worker (or every worker in `kept`) at once: the feedback slowness factor
+(`LatencyFeedback.factors`), the load bound (`ComposedPolicy._bounded`), the built-in scorers'
+loops (the `plugins` scorers call them), the weighted totals, the tie of a `max` pick
+(`PickerState.max`). Sums are the builtin `sum` over a list, in worker order, and each result is
+the same double a per-candidate reading gives: tests/routing/reference_policy.py and
+reference_scorers.py keep those readings, and tests/routing/test_vector.py and test_fast_path.py
+check every function and whole runs of decisions against them.
 
-Written as typed Python over lists so that mypyc can compile the module to native loops
+Written as typed Python over lists so that mypyc compiles the module to native loops
 (`math.pow`, `math.log` and `math.exp` then call the C library directly, as CPython's do); run
 as it is, it is plain Python with the same results.
 """
@@ -26,14 +24,16 @@ __all__ = ["bounded", "clamped", "left_out", "load_scores", "min_ratio_scores", 
 def slowness(now_s: float, half_life_s: float, last_obs: list[float], has1: list[bool], ref1: list[float],
              dev1: list[float], has2: list[bool], ref2: list[float], dev2: list[float], failure: list[float],
              lo: float, hi: float, band: float) -> list[float]:
-    """`LatencyFeedback.factors` of workers with a TTFT or TPOT ratio term (`has1`, `has2`):
-    each ratio `(ref + dev * decay) / ref`, decay `0.5 ** (age / half_life_s)`, their
-    geometric mean (a ratio of 0 left out) times `failure`, clamped to `[lo, hi]`, exactly 1
-    within `band` of 1."""
+    """`LatencyFeedback.factors`: per worker, each ratio term it has (`has1`, `has2`)
+    `(ref + dev * decay) / ref`, decay `0.5 ** (age / half_life_s)`, their geometric mean (a
+    ratio of 0 left out; 1 without any) times `failure`, clamped to `[lo, hi]`, exactly 1 within
+    `band` of 1."""
     out: list[float] = []
     for i in range(len(last_obs)):
-        age = now_s - last_obs[i]
-        decay = math.pow(0.5, (age if age > 0.0 else 0.0) / half_life_s)  # `0.5 ** x`: C pow either way
+        decay = 1.0
+        if has1[i] or has2[i]:
+            age = now_s - last_obs[i]
+            decay = math.pow(0.5, (age if age > 0.0 else 0.0) / half_life_s)  # `0.5 ** x`: C pow either way
         n = 0
         acc = 0.0
         if has1[i]:
@@ -56,7 +56,7 @@ def slowness(now_s: float, half_life_s: float, last_obs: list[float], has1: list
 
 def bounded(load: list[float], own: list[float], slow: list[float], c: float, tol: float,
             counts: list[int] | None, k: int) -> tuple[float, list[int]]:
-    """`plugins.load_bound`: the token bound `c * mean(load * slow)` and the indices of the
+    """The load bound: the token bound `c * mean(load * slow)` and the indices of the
     workers within it (`load * slow <= bound + own * slow + tol`); with `counts` (each worker's
     picks among the `k` recent ones) only those also within their share
     (`counts + 1 <= ceil(c * (k + 1) * speed / sum(speed))`, speed `1 / slow`) if any is."""
@@ -102,7 +102,7 @@ def prefix_scores(prefix: list[int], n_hashes: int, kept: list[int]) -> list[flo
 
 
 def totals(per: list[list[float]], weights: list[float]) -> list[float]:
-    """`ComposedPolicy._totals`: `0 + w1 * s1 + w2 * s2 ...` per worker, in scorer order."""
+    """The weighted totals: `0 + w1 * s1 + w2 * s2 ...` per worker, in scorer order."""
     w = weights[0]
     out = [0.0 + w * x for x in per[0]]
     for k in range(1, len(per)):

@@ -1,14 +1,15 @@
 """Routing plugins: filters, scorers and pickers, composed by `ComposedPolicy`.
 
 - A filter keeps the workers a request may go to, or says why none may.
-- A scorer maps each candidate to [0, 1] (higher is better); the policy sums them by weight.
-- A picker chooses one candidate from the totals (max with a seeded tie-break, round-robin,
-  random, power-of-two).
+- A scorer maps the candidates' `vector.Columns` (one list per signal: load, own cost,
+  slowness, outstanding requests, cached prefix, KV usage...) to the scores in [0, 1] of the
+  workers a decision kept, all of them in one call; the policy sums them by weight.
+- A picker chooses one position from the candidates' names and their totals (max with a
+  seeded tie-break, round-robin, random, power-of-two).
 
-Signals come precomputed in `Candidate` (load, this request's own cost, slowness, prefix match);
-scorers read them as `vector.Columns` (one list per signal), so every scorer is a pure function
-of its inputs, easy to test with exact numbers, and fast on the default policy's columns path. Parameter
-models live in `fleetwise.spec.routing` (each plugin's `Params`).
+Each plugin has this one implementation, over columns, whichever path calls it (the colocated
+pick, each side of a P/D pair, a picker's totals), so a new scorer is as fast as the built-in
+ones by construction. Parameter models live in `fleetwise.spec.routing` (each plugin's `Params`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from fleetwise.core.views import RouteRequest, WorkerView
 from fleetwise.routing import kernels
 from fleetwise.routing.vector import Columns
-from fleetwise.spec.routing import CostParams, LoadBoundParams
+from fleetwise.spec.routing import CostParams
 from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
 __all__ = [
@@ -37,10 +38,8 @@ __all__ = [
     "candidate_columns",
     "clamp01",
     "has_token_backlog",
-    "load_bound",
     "own_cost",
-    "score_candidates",
-    "weighted_totals",
+    "view_load",
 ]
 
 
@@ -98,9 +97,16 @@ def own_cost(req: RouteRequest, cached_blocks: int, cost: CostParams, decode_tok
     return uncached + cost.decode_token_weight * decode_tokens + cost.per_request_tokens
 
 
-def view_load(w: WorkerView, cost: CostParams) -> float:
-    """Work a view reports: `queued_prefill + dw * running_decode + per_request * (queued + running)`
-    (a token backlog the view lacks counts 0: see `has_token_backlog`)."""
+def view_load(w: WorkerView, cost: CostParams, side: str = "mixed") -> float:
+    """Work a view reports ahead of a request on `side`, in token equivalents (a token backlog the
+    view lacks counts 0: see `has_token_backlog`): on a mixed worker `queued_prefill + dw *
+    running_decode + per_request * (queued + running)`; on a prefill worker `queued_prefill +
+    per_request * queued`; on a decode worker `dw * running_decode + per_request * (queued + running)`."""
+    if side == "prefill":
+        return (w.queued_prefill_tokens or 0) + cost.per_request_tokens * w.queued_requests
+    if side == "decode":
+        return cost.decode_token_weight * (w.running_decode_tokens or 0) + cost.per_request_tokens * (
+            w.queued_requests + w.running_requests)
     return (
         (w.queued_prefill_tokens or 0)
         + cost.decode_token_weight * (w.running_decode_tokens or 0)
@@ -166,8 +172,7 @@ FILTERS: dict[str, FilterFn] = ROUTING_PLUGINS.implementations("filter")
 
 ScorerFn = Callable[[RouteRequest, Columns], list[float]]
 """A scorer: the request and the candidates' `Columns` -> one score in [0, 1] per worker of
-`Columns.kept`, in that order. One implementation serves the default policy's columns fast path
-and every per-candidate path (`score_candidates`)."""
+`Columns.kept`, in that order (the one implementation every routing path calls)."""
 
 
 @ROUTING_PLUGINS.implements("scorer", "load")
@@ -214,14 +219,7 @@ def candidate_columns(req: RouteRequest, cs: Sequence[Candidate]) -> Columns:
     """`cs` as the columns scorers read, every candidate kept."""
     return Columns([c.load for c in cs], [c.own for c in cs], [c.slowness for c in cs], [c.requests for c in cs],
                    [c.prefix_blocks for c in cs], [c.view.kv_usage for c in cs], len(req.block_hashes),
-                   list(range(len(cs))), [c.view.weight for c in cs], [c.kv_room for c in cs])
-
-
-def score_candidates(req: RouteRequest, cs: Sequence[Candidate], scorers: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Each of `scorers`' scores of `cs` by worker name (the per-candidate paths: P/D sides, pickers' totals)."""
-    cols = candidate_columns(req, cs)
-    names = [c.view.name for c in cs]
-    return {s: dict(zip(names, SCORERS[s](req, cols), strict=True)) for s in scorers}
+                   list(range(len(cs))), [c.view for c in cs], [c.view.weight for c in cs], [c.kv_room for c in cs])
 
 
 def apply_filters(req: RouteRequest, ws: list[WorkerView], down: frozenset[str],
@@ -234,60 +232,15 @@ def apply_filters(req: RouteRequest, ws: list[WorkerView], down: frozenset[str],
     return ws, ""
 
 
-def weighted_totals(cs: Sequence[Candidate], per: dict[str, dict[str, float]], weights: dict[str, float],
-                    normalise: bool = False) -> dict[str, float]:
-    """Weighted sum of the scores (`per`: scorer -> worker -> score) per candidate, divided by the
-    weights' sum when `normalise`."""
-    wsum = sum(weights[s] for s in per) or 1.0
-    terms = [(weights[s], vals) for s, vals in per.items()]
-    tot: dict[str, float] = {}
-    for c in cs:
-        name = c.view.name
-        tot[name] = sum([wt * vals[name] for wt, vals in terms])  # 0 + w1*v1 + w2*v2 ..., in scorer order
-    return {k: v / wsum for k, v in tot.items()} if normalise else tot
-
-
-# ---- bounded load ------------------------------------------------------------------------------
-
-
-def load_bound(
-    cs: Sequence[Candidate], recent: Sequence[str], p: LoadBoundParams
-) -> tuple[list[Candidate], float, list[str]]:
-    """Candidates within the load bound, the token bound itself, and the names excluded.
-
-    Token check: `current_w <= c * mean(current) + own_w * slowness_w` (the request's own cost
-    is the granularity, like the `+1` of consistent hashing with bounded loads, so an idle worker
-    always qualifies). Share check: worker w may have taken at most
-    `ceil(c * (k + 1) * speed_w / sum(speed))` of the last k decisions (speed = 1 / slowness).
-    If the two checks together leave nobody, the token check alone applies.
-    """
-    current = [c.load * c.slowness for c in cs]  # `Candidate.current`, once each
-    mean = sum(current) / len(cs)
-    bound = p.c * mean
-    by_tokens = [c for c, cur in zip(cs, current, strict=True) if cur <= bound + c.own * c.slowness + TIE_TOLERANCE]
-    kept = by_tokens
-    if p.share_window > 0 and recent:
-        window = list(recent)[-p.share_window :]
-        counts = {c.view.name: 0 for c in cs}
-        for name in window:
-            if name in counts:
-                counts[name] += 1
-        k = sum(counts.values())
-        speed = {c.view.name: 1.0 / c.slowness for c in cs}
-        total = sum(speed.values())
-        share = p.c * (k + 1)
-        both = [c for c in by_tokens if counts[c.view.name] + 1 <= math.ceil(share * speed[c.view.name] / total)]
-        kept = both or by_tokens
-    kept_ids = {id(c) for c in kept}  # `kept` holds objects of `cs`: identity, not field equality
-    excluded = [c.name for c in cs if id(c) not in kept_ids]
-    return kept, bound, excluded
-
-
 # ---- pickers -----------------------------------------------------------------------------------
 
 
 class PickerState:
-    """The mutable part of picking: the seeded generator, round-robin cursor, LRU sequence."""
+    """The mutable part of picking: the seeded generator, round-robin cursor, LRU sequence.
+
+    Every method takes the candidates' names in ascending order (the policy keeps its workers
+    sorted by name) and, where it reads them, their totals as a list in the same order; it
+    returns the chosen position."""
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
@@ -304,90 +257,76 @@ class PickerState:
         self.seq += 1
         self.last_chosen[name] = self.seq
 
-    def round_robin(self, names: Sequence[str], pool: str = "") -> str:
-        """Next name after the previous pick in sorted order (stable when membership changes);
-        with unequal `weights`, smooth weighted round-robin."""
-        if self.weights is not None:
-            return self.weighted_round_robin(sorted(names), self.weights, pool)
-        order = sorted(names)
-        last = self.rr_last.get(pool)
-        nxt = next((n for n in order if last is None or n > last), order[0])
-        self.rr_last[pool] = nxt
-        return nxt
-
-    def round_robin_sorted(self, order: Sequence[str], pool: str = "") -> str:
-        """`round_robin` over names already sorted (bisection instead of a scan)."""
+    def round_robin(self, order: Sequence[str], pool: str = "") -> int:
+        """The next name after the pool's previous pick (stable when membership changes); with
+        unequal `weights`, smooth weighted round-robin."""
         if self.weights is not None:
             return self.weighted_round_robin(order, self.weights, pool)
         last = self.rr_last.get(pool)
         i = 0 if last is None else bisect.bisect_right(order, last)
-        nxt = order[i] if i < len(order) else order[0]
-        self.rr_last[pool] = nxt
-        return nxt
+        if i == len(order):
+            i = 0
+        self.rr_last[pool] = order[i]
+        return i
 
-    def weighted_round_robin(self, order: Sequence[str], weights: dict[str, float], pool: str) -> str:
+    def weighted_round_robin(self, order: Sequence[str], weights: dict[str, float], pool: str) -> int:
         """Smooth weighted round-robin (nginx's): every worker gains its weight in credit, the
         richest (first in name order on a tie) is picked and pays the total. Over any run of
         picks each worker's share is within one pick of its weight's share, evenly interleaved."""
         credit = self._credit.setdefault(pool, {})
         total = 0.0
-        best, best_c = order[0], -math.inf
-        for n in order:
+        best, best_c = 0, -math.inf
+        for i, n in enumerate(order):
             w = weights.get(n, 1.0)
             total += w
             c = credit[n] = credit.get(n, 0.0) + w
             if c > best_c:
-                best, best_c = n, c
-        credit[best] -= total
-        self.rr_last[pool] = best
+                best, best_c = i, c
+        credit[order[best]] -= total
+        self.rr_last[pool] = order[best]
         return best
 
-    def random_sorted(self, order: Sequence[str]) -> str:
-        """`random` over names already sorted."""
-        if self.weights is not None:
-            return self._weighted_random(order, self.weights)
-        return order[int(self.rng.integers(len(order)))]
-
-    def random(self, names: Sequence[str]) -> str:
+    def random(self, order: Sequence[str]) -> int:
         """A seeded choice, uniform or (with unequal `weights`) proportional to weight."""
-        order = sorted(names)
         if self.weights is not None:
-            return self._weighted_random(order, self.weights)
-        return order[int(self.rng.integers(len(order)))]
+            weights = self.weights
+            cum = list(itertools.accumulate(weights.get(n, 1.0) for n in order))
+            i = bisect.bisect_right(cum, float(self.rng.random()) * cum[-1])
+            return min(i, len(order) - 1)
+        return int(self.rng.integers(len(order)))
 
-    def _weighted_random(self, order: Sequence[str], weights: dict[str, float]) -> str:
-        cum = list(itertools.accumulate(weights.get(n, 1.0) for n in order))
-        i = bisect.bisect_right(cum, float(self.rng.random()) * cum[-1])
-        return order[min(i, len(order) - 1)]
+    def power_of_two(self, totals: Sequence[float]) -> tuple[int, int]:
+        """Two distinct seeded samples; the higher total wins (the first sampled on a tie).
+        Returns (winner, other); other is -1 with a single candidate."""
+        if len(totals) == 1:
+            return 0, -1
+        i, j = (int(x) for x in self.rng.choice(len(totals), size=2, replace=False))
+        return (i, j) if totals[i] >= totals[j] else (j, i)
 
-    def power_of_two(self, totals: dict[str, float]) -> tuple[str, str | None]:
-        """Two distinct seeded samples; the higher total wins (the first sampled on a tie)."""
-        order = sorted(totals)
-        if len(order) == 1:
-            return order[0], None
-        i, j = (int(x) for x in self.rng.choice(len(order), size=2, replace=False))
-        a, b = order[i], order[j]
-        return (a, b) if totals[a] >= totals[b] else (b, a)
-
-    def max(self, totals: dict[str, float], tie_break: str) -> tuple[str, int]:
-        """Highest total; exact ties (within 1e-9) broken seeded-randomly, or LRU then seeded."""
-        best = max(totals.values())
-        tied = sorted(n for n, t in totals.items() if t >= best - TIE_TOLERANCE)
-        if len(tied) > 1 and tie_break == "lru":
-            oldest = min(self.last_chosen.get(n, 0) for n in tied)
-            tied = [n for n in tied if self.last_chosen.get(n, 0) == oldest]
+    def max(self, names: Sequence[str], totals: list[float], tie_break: str) -> tuple[int, int]:
+        """(position of the highest total, how many tied): totals within `TIE_TOLERANCE` of the
+        best tie, broken seeded-randomly in name order, or LRU first (then seeded)."""
+        tied = kernels.tied(totals, TIE_TOLERANCE)
         if len(tied) == 1:
             return tied[0], 1
+        tied.sort(key=names.__getitem__)
+        if tie_break == "lru":
+            last = self.last_chosen
+            oldest = min(last.get(names[j], 0) for j in tied)
+            tied = [j for j in tied if last.get(names[j], 0) == oldest]
+            if len(tied) == 1:
+                return tied[0], 1
         return tied[int(self.rng.integers(len(tied)))], len(tied)
 
 
-# ---- picker plugins: (state, names, totals, pool, tie_break) -> (name, reason, tied) ------------
+# ---- picker plugins: (state, names, totals, pool, tie_break) -> (position, reason, tied) -------
 
-TotalsFn = Callable[[], dict[str, float]]
-"""The candidates' weighted totals, computed only when a picker reads them."""
-PickerFn = Callable[[PickerState, Sequence[str], TotalsFn, str, str], tuple[str, str, int]]
-"""A picker: chooses among `names` (pool `pool` keeps its own round-robin cursor); returns the
-name, the reason text ("" for `max`: the policy explains by its scorers) and how many tied."""
+TotalsFn = Callable[[], list[float]]
+"""The candidates' weighted totals (in the order of their names), computed only when a picker reads them."""
+PickerFn = Callable[[PickerState, Sequence[str], TotalsFn, str, str], tuple[int, str, int]]
+"""A picker: chooses among `names` (ascending; pool `pool` keeps its own round-robin cursor);
+returns the chosen position, the reason text ("" for `max`: the policy explains by its
+scorers) and how many tied."""
 
 PICKER_KINDS = {"round_robin": "round-robin", "random": "random", "power_of_two": "power-of-two", "max": ""}
 """The decision kind each picker gives (`max`: the kind of its leading signal, see the policy)."""
@@ -395,36 +334,36 @@ PICKER_KINDS = {"round_robin": "round-robin", "random": "random", "power_of_two"
 
 @ROUTING_PLUGINS.implements("picker", "round_robin")
 def pick_round_robin(state: PickerState, names: Sequence[str], totals: TotalsFn, pool: str,
-                     tie_break: str) -> tuple[str, str, int]:
+                     tie_break: str) -> tuple[int, str, int]:
     """Next name after the pool's previous pick, in name order."""
-    name = state.round_robin(names, pool)
-    return name, f"round-robin {name} ({len(names)} eligible)", 1
+    i = state.round_robin(names, pool)
+    return i, f"round-robin {names[i]} ({len(names)} eligible)", 1
 
 
 @ROUTING_PLUGINS.implements("picker", "random")
 def pick_random(state: PickerState, names: Sequence[str], totals: TotalsFn, pool: str,
-                tie_break: str) -> tuple[str, str, int]:
+                tie_break: str) -> tuple[int, str, int]:
     """A seeded uniform choice."""
-    name = state.random(names)
-    return name, f"random {name} of {len(names)}", 1
+    i = state.random(names)
+    return i, f"random {names[i]} of {len(names)}", 1
 
 
 @ROUTING_PLUGINS.implements("picker", "power_of_two")
 def pick_power_of_two(state: PickerState, names: Sequence[str], totals: TotalsFn, pool: str,
-                      tie_break: str) -> tuple[str, str, int]:
+                      tie_break: str) -> tuple[int, str, int]:
     """Two seeded samples; the higher total wins."""
     t = totals()
-    name, other = state.power_of_two(t)
-    vs = f" over {other} (score {t[name]:.2f} vs {t[other]:.2f})" if other else " (only one)"
-    return name, f"power-of-two {name}{vs}", 1
+    i, j = state.power_of_two(t)
+    vs = f" over {names[j]} (score {t[i]:.2f} vs {t[j]:.2f})" if j >= 0 else " (only one)"
+    return i, f"power-of-two {names[i]}{vs}", 1
 
 
 @ROUTING_PLUGINS.implements("picker", "max")
 def pick_max(state: PickerState, names: Sequence[str], totals: TotalsFn, pool: str,
-             tie_break: str) -> tuple[str, str, int]:
+             tie_break: str) -> tuple[int, str, int]:
     """The highest total; exact ties broken by `tie_break`."""
-    name, tied = state.max(totals(), tie_break)
-    return name, "", tied
+    i, tied = state.max(names, totals(), tie_break)
+    return i, "", tied
 
 
 PICKERS: dict[str, PickerFn] = ROUTING_PLUGINS.implementations("picker")

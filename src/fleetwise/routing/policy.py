@@ -7,11 +7,17 @@ Per request:
    request is rejected with the filter's reason;
 2. safe mode: when the view is stale the configured action applies (`round_robin`,
    `last_known`, `reject`);
-3. each candidate's signals: outstanding work from the view plus the router's own in-flight
-   estimate since the view was taken, this request's own cost after its cached prefix, the
-   feedback slowness factor over the worker's weight (relative capacity);
+3. each candidate's signals, as columns (one list per signal over the eligible workers, kept per
+   view and brought up to date only where the in-flight ledger changed: `view_cache`):
+   outstanding work from the view plus the router's own in-flight estimate since the view was
+   taken, this request's own cost after its cached prefix, the feedback slowness factor over the
+   worker's weight (relative capacity);
 4. the load bound drops workers too far above the fleet mean (if enabled);
-5. scorers in [0, 1], summed by weight; the picker chooses.
+5. each weighted scorer scores every kept worker in one call; the weighted sums go to the picker.
+
+A decision costs O(eligible workers) plus O(prompt blocks) per prefix lookup: nothing in it grows
+with the requests in flight. Round-robin and random picks with no weighted scorer and no load
+bound read no signal: they compute only the chosen worker's (O(1) per request).
 
 In a P/D fleet the same steps run per side, each side by its own profile (`PdProfile`: the same
 filters, scorers and pickers, by default the policy's), and each prefill->decode pair adds its pair
@@ -21,8 +27,8 @@ each side's picker chooses in turn (prefill first).
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -58,12 +64,9 @@ from fleetwise.routing.plugins import (
     Candidate,
     PickerState,
     apply_filters,
-    has_token_backlog,
-    load_bound,
+    candidate_columns,
     own_cost,
-    score_candidates,
     view_load,
-    weighted_totals,
 )
 from fleetwise.routing.predictor import OutputPredictor
 from fleetwise.routing.prefix_index import PrefixIndex
@@ -71,26 +74,23 @@ from fleetwise.routing.reasons import max_reason, pair_reason
 from fleetwise.routing.safe_mode import SafeModeTracker, as_fresh
 from fleetwise.routing.state import InFlight, LatencyFeedback, Pending, RecentPicks
 from fleetwise.routing.vector import Columns, ScoreTable
-from fleetwise.routing.view_cache import Eligible, ScoreKeys, ViewColumns, rounded_scores
+from fleetwise.routing.view_cache import Eligible, ViewColumns, ledger_load
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
 
 __all__ = ["ComposedPolicy"]
 
+
 class ComposedPolicy:
     """A routing policy assembled from `PolicyParams`; see the module docstring for the steps."""
 
-    def __init__(self, name: str, params: PolicyParams, safe_mode: SafeModeSpec, seed: int = 0,
-                 reference: bool = False) -> None:
+    def __init__(self, name: str, params: PolicyParams, safe_mode: SafeModeSpec, seed: int = 0) -> None:
         self.name = name
         self.params = params
         self.seed = seed
-        self.reference = reference
-        """Route by the readable per-worker reference (`_candidate`, the ledger walked) instead of
-        the hoisted fast paths: the same decisions, slower; tests compare the two."""
         self.safe = SafeModeTracker(safe_mode)
         self.picker = PickerState(RngStreams(seed).get(f"routing:{name}"))
         self.index = PrefixIndex(params.prefix_index.max_blocks_per_worker)
-        self.inflight = InFlight(reference=reference)
+        self.inflight = InFlight()
         self.incoming = IncomingKv()
         self.predictor = OutputPredictor(params.output_predictor)
         self._expected = 0
@@ -105,27 +105,35 @@ class ComposedPolicy:
         self._down_version = 0
         self._elig_key: tuple[Any, ...] | None = None
         self._elig: dict[tuple[str | None, str | None], Eligible] = {}
+        self._elig_prev: dict[tuple[str | None, str | None], Eligible] = {}
+        """The previous view's (what a new view's `Eligible` is built from)."""
         self._simple = all(params.pd_picker(side) in ("round_robin", "random") for side in ("prefill", "decode")) and (
             params.picker in ("round_robin", "random") and not params.load_bound.enabled and not any(
                 wt > 0 for wt in params.scorers.values()))
         """The pick reads no candidate signal: only the chosen worker's is computed (O(1) per request)."""
         self._weights: dict[str, float] = {str(k): v for k, v in params.scorers.items()}
-        self._score_keys: dict[str, ScoreKeys] = {}
+        self._scorers = [str(k) for k, wt in params.scorers.items() if wt > 0]
+        """The weighted scorers, in the order their terms are summed."""
+        self._scorer_weights = [self._weights[s] for s in self._scorers]
+        self._scorer_columns = {s: k for k, s in enumerate(self._scorers, start=1)}
+        """Each weighted scorer's column in a `ScoreTable` (0: the totals)."""
         self._profiles = {side: params.pd_profile(side) for side in ("prefill", "decode")}
         """Scorer weights of the P/D prefill and decode profiles (`PolicyParams.pd_profile`)."""
+        self._profile_terms = {side: self._terms(prof) for side, prof in self._profiles.items()}
+        """Per P/D side: its scorers, their weights and the weights' sum (the profile's, or the
+        policy's weighted scorers when the profile has none)."""
         self._pd_filters = {side: params.pd_filters(side) for side in ("prefill", "decode")}
         """Filters of each P/D side (None: the policy's eligible workers of that role)."""
         self._pd_pickers = (params.pd_picker("prefill"), params.pd_picker("decode"))
         """Pickers of the P/D prefill and decode sides (`PolicyParams.pd_picker`)."""
-        self._vector_scorers = [str(k) for k, wt in params.scorers.items() if wt > 0]
-        self._vector_weights = [self._weights[s] for s in self._vector_scorers]
-        self._vector_columns = {s: k for k, s in enumerate(self._vector_scorers, start=1)}
-        """Each weighted scorer's column in a `ScoreTable` (0: the totals)."""
-        self._vector = not reference and params.picker == "max" and bool(self._vector_scorers)
-        """Scored colocated picks take the array fast path (`_pick_mixed_vector`)."""
         self.wants_kv_events = any(wt > 0 for wt in (*params.scorers.values(), *self._profiles["prefill"].values()))
         """Scores read the prefix index (load through the cached prefix, prefix): a driver should
         report the engines' `KvStored`/`KvEvicted` events."""
+
+    def _terms(self, profile: dict[str, float]) -> tuple[list[str], list[float], float]:
+        """(scorers, weights, sum of weights or 1) of a P/D profile; the policy's when it is empty."""
+        weights = profile or {s: self._weights[s] for s in self._scorers}
+        return list(weights), list(weights.values()), sum(weights.values()) or 1.0
 
     # ---- route -------------------------------------------------------------------------------
 
@@ -151,9 +159,9 @@ class ComposedPolicy:
             return self._done(RoutingDecision(worker=None, reason=msg, safe_mode=True, kind="safe-mode"))
         if ws[0].role == "mixed":
             if self._simple or (safe and self.safe.spec.action == "round_robin"):
-                d = self._route_mixed_simple(req, fleet, e, safe)
+                d = self._route_mixed_simple(req, now, e, safe)
             else:
-                d = self._route_mixed(req, fleet, ws, safe, e)
+                d = self._route_mixed(req, now, e, safe)
         else:
             d = self._route_pd(req, fleet, ws, safe)
         return self._done(d)
@@ -168,15 +176,17 @@ class ComposedPolicy:
         return d
 
     def _eligible_cached(self, req: RouteRequest, fleet: FleetView) -> Eligible:
-        """`_eligible`, memoised while the view (the same workers tuple) and the down set last."""
+        """`_eligible`, memoised while the view (the same workers tuple) and the down set last;
+        a new view's is built from the previous view's (`Eligible`: only changed views are read again)."""
         key = (fleet.workers, self._down_version)
         if self._elig_key is None or self._elig_key[0] is not key[0] or self._elig_key[1] != key[1]:
             self._elig_key = key
+            self._elig_prev = self._elig or self._elig_prev
             self._elig = {}
         sub = (req.model_version, req.region)
         e = self._elig.get(sub)
         if e is None:
-            e = self._elig[sub] = Eligible(*self._eligible(req, fleet))
+            e = self._elig[sub] = Eligible(*self._eligible(req, fleet), self._elig_prev.get(sub), self.params.cost)
         return e
 
     def _eligible(self, req: RouteRequest, fleet: FleetView) -> tuple[list[WorkerView], str]:
@@ -187,232 +197,167 @@ class ComposedPolicy:
         """The workers reported down since their view was taken."""
         return frozenset(w.name for w in fleet.workers if self.down.get(w.name, -1.0) >= w.reported_at_s)
 
-    def _candidate(self, req: RouteRequest, w: WorkerView, side: str, now: float) -> Candidate:
-        cost = self.params.cost
-        n_pend, tok_pend = self.inflight.since(w.name, w.reported_at_s, cost.decode_token_weight)
-        prefix = self.index.match(w.name, req.block_hashes) if side != "decode" else 0
-        if side == "prefill":
-            load = (w.queued_prefill_tokens or 0) + cost.per_request_tokens * w.queued_requests
-            own = own_cost(req, prefix, cost, 0)
-        elif side == "decode":
-            load = cost.decode_token_weight * (w.running_decode_tokens or 0) + cost.per_request_tokens * (
-                w.queued_requests + w.running_requests)
-            own = cost.decode_token_weight * self._expected + cost.per_request_tokens
-        else:
-            load, own = view_load(w, cost), own_cost(req, prefix, cost, self._expected)
-        if not has_token_backlog(w):  # the ledger's tokens of everything outstanding stand in
-            load += self.inflight.outstanding(w.name, cost.decode_token_weight)[1] - tok_pend
-        load += tok_pend + cost.per_request_tokens * n_pend
-        requests = w.queued_requests + w.running_requests + n_pend
-        room = kv_headroom(w, req.prompt_tokens + self._expected) if side == "decode" else 0.0
-        return Candidate(w, requests, load, own, self.feedback.factor(w.name, now) / w.weight, prefix, room)
+    def _bounded(self, load: list[float], own: list[float], slow: list[float], names: list[str], pool: str,
+                 v: ViewColumns | None = None) -> tuple[float | None, list[int], list[str]]:
+        """The load bound over columns (`kernels.bounded`, None when off), the positions it keeps
+        and the names it leaves out; `v` keeps the pool's share counts between decisions."""
+        lb, n = self.params.load_bound, len(load)
+        if not lb.enabled or n < 2:
+            return None, list(range(n)) if v is None else v.every, []
+        counts: list[int] | None = None
+        k = 0
+        if lb.share_window > 0 and bool(self.recent.picks.get(pool)):
+            if v is not None:
+                counts, k = v.share_counts(names, self.picker.seq, self.recent.counts[pool])
+            else:
+                seen = self.recent.counts[pool]
+                counts = [seen[x] for x in names]  # a Counter: 0 for a name not seen
+                k = sum(counts)
+        bound, kept = kernels.bounded(load, own, slow, lb.c, TIE_TOLERANCE, counts, k)
+        return bound, kept, (kernels.left_out(names, kept) if len(kept) < n else [])
 
-    def _candidates(self, req: RouteRequest, ws: list[WorkerView], side: str, now: float,
-                    e: Eligible | None = None) -> list[Candidate]:
-        """Every worker's signals; the same numbers as `_candidate`, with what depends only on the
-        view (mixed side: `e.base`) or only on the request (own cost without a prefix) hoisted."""
-        if side != "mixed" or e is None or self.reference:
-            return [self._candidate(req, w, side, now) for w in ws]
-        cost = self.params.cost
-        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
-        if e.base is None:
-            e.base = [(view_load(w, cost), w.queued_requests + w.running_requests) for w in ws]
-            e.backlog = all(has_token_backlog(w) for w in ws)
-        since, match = self.inflight.since, self.index.match
-        hashes = req.block_hashes
-        exp = self._expected
-        own0 = own_cost(req, 0, cost, exp)
-        slowness = self.feedback.factors(e.names, now)
-        out = []
-        if not e.backlog:  # a view without token backlogs: the ledger stands in (see `_candidate`)
-            outstanding = self.inflight.outstanding
-            for w, (base, reqs), slow in zip(ws, e.base, slowness, strict=True):
-                name = w.name
-                n_pend, tok_pend = since(name, w.reported_at_s, dw)
-                prefix = match(name, hashes) if hashes else 0
-                own = own_cost(req, prefix, cost, exp) if prefix else own0
-                load = base
-                if not has_token_backlog(w):
-                    load += outstanding(name, dw)[1] - tok_pend
-                load += tok_pend + per_req * n_pend
-                out.append(Candidate(w, reqs + n_pend, load, own, slow / w.weight, prefix))
-            return out
-        for w, (base, reqs), slow in zip(ws, e.base, slowness, strict=True):
-            name = w.name
-            n_pend, tok_pend = since(name, w.reported_at_s, dw)
-            prefix = match(name, hashes) if hashes else 0
-            own = own_cost(req, prefix, cost, exp) if prefix else own0
-            load = base + tok_pend + per_req * n_pend
-            out.append(Candidate(w, reqs + n_pend, load, own, slow / w.weight, prefix))
-        return out
-
-    def _bounded(self, cs: list[Candidate], pool: str) -> tuple[list[Candidate], float | None, list[str]]:
-        if not self.params.load_bound.enabled or len(cs) < 2:
-            return cs, None, []
-        return load_bound(cs, self.recent.picks.get(pool, ()), self.params.load_bound)
-
-    def _scores(self, req: RouteRequest, cs: list[Candidate],
-                weights: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
-        """Each weighted scorer's scores of `cs`: the policy's scorers, or a profile's `weights`."""
-        return score_candidates(req, cs, [s for s, wt in (weights or self.params.scorers).items() if wt > 0])
+    def _requests_totals(self, req: RouteRequest, cols: Columns) -> list[float]:
+        """Totals by the `requests` scorer alone (what power-of-two compares without weighted scorers)."""
+        return kernels.totals([SCORERS["requests"](req, cols)], [self._weights.get("requests", 1.0)])
 
     def _record(self, pool: str, name: str) -> str | None:
         """Note `name` as chosen in `pool`; returns the name that fell out of the recent window."""
         self.picker.chosen(name)
         return self.recent.add(pool, name)
 
-    def _dispatch(self, req: RouteRequest, c: Candidate, worker: str, prefill: str | None, now: float) -> None:
-        uncached = max(req.prompt_tokens - c.prefix_blocks * req.hash_block_tokens, 0)
-        self.inflight.add(Pending(req.request_id, worker, prefill, now, uncached, self._expected, c.load + c.own))
+    def _dispatch(self, req: RouteRequest, prefix_blocks: int, predicted_cost: float, worker: str,
+                  prefill: str | None, now: float) -> None:
+        """Reserve the request in the in-flight ledger (`predicted_cost`: load + own cost, in
+        tokens) and, if configured, note its prompt as cached where it is prefilled."""
+        uncached = max(req.prompt_tokens - prefix_blocks * req.hash_block_tokens, 0)
+        self.inflight.add(Pending(req.request_id, worker, prefill, now, uncached, self._expected, predicted_cost))
         if self.params.prefix_index.record_dispatch and req.block_hashes:
             self.index.insert(prefill or worker, req.block_hashes)
 
     # ---- colocated ---------------------------------------------------------------------------
 
-    def _route_mixed_simple(self, req: RouteRequest, fleet: FleetView, e: Eligible, safe: bool) -> RoutingDecision:
-        """Round-robin or random picks (or safe-mode round-robin): the same decision as
-        `_route_mixed`, computing only the chosen worker's signals."""
+    def _route_mixed_simple(self, req: RouteRequest, now: float, e: Eligible, safe: bool) -> RoutingDecision:
+        """Round-robin or random picks (or safe-mode round-robin): nothing is scored, only the
+        chosen worker's signals are computed (what the ledger reserves)."""
         names = e.names
         scores: dict[str, float]
         kind = "safe-mode"
         if safe and self.safe.spec.action == "round_robin":
-            name = self.picker.round_robin_sorted(names, "mixed")
-            reason = f"safe-mode round-robin {name} ({self.safe.describe()})"
+            i = self.picker.round_robin(names, "mixed")
+            reason = f"safe-mode round-robin {names[i]} ({self.safe.describe()})"
             scores = {}
         else:
             scores = e.zero_scores.copy()  # every total is an empty sum: no scorer has weight
-            # The sorted-name fast paths of the round_robin and random pickers (same choices).
-            if self.params.picker == "round_robin":
-                name = self.picker.round_robin_sorted(names, "mixed")
-                reason = f"round-robin {name} ({len(names)} eligible)"
-            else:
-                name = self.picker.random_sorted(names)
-                reason = f"random {name} of {len(names)}"
+            i, reason, _ = PICKERS[self.params.picker](self.picker, names, lambda: [], "mixed", self.params.tie_break)
             if safe:
                 reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
             else:
                 kind = PICKER_KINDS[self.params.picker]
-        w = e.ws[bisect.bisect_left(names, name)]
+        w, name, cost = e.ws[i], names[i], self.params.cost
+        load, _ = ledger_load(w, view_load(w, cost), self.inflight, cost.decode_token_weight, cost.per_request_tokens)
+        prefix = self.index.match(name, req.block_hashes)
         self._record("mixed", name)
-        self._dispatch(req, self._candidate(req, w, "mixed", fleet.now_s), name, None, fleet.now_s)
+        self._dispatch(req, prefix, load + own_cost(req, prefix, cost, self._expected), name, None, now)
         return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
-    def _route_mixed(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool,
-                     e: Eligible | None = None) -> RoutingDecision:
-        if self._vector and e is not None and e.unit and not (
-                safe and self.safe.spec.action == "round_robin"):  # weights other than 1: the reference path
-            return self._route_mixed_vector(req, fleet.now_s, e, safe)
-        cs = self._candidates(req, ws, "mixed", fleet.now_s, e)
-        by_name = {c.name: c for c in cs}
-        if safe and self.safe.spec.action == "round_robin":
-            name = self.picker.round_robin([c.name for c in cs], "mixed")
-            reason = f"safe-mode round-robin {name} ({self.safe.describe()})"
-            scores: dict[str, float] = {}
-            kind = "safe-mode"
-        else:
-            name, scores, reason, kind = self._pick_mixed(req, cs)
-            if safe:
-                reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
-                kind = "safe-mode"
-        self._record("mixed", name)
-        self._dispatch(req, by_name[name], name, None, fleet.now_s)
-        return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
-
-    def _route_mixed_vector(self, req: RouteRequest, now: float, e: Eligible, safe: bool) -> RoutingDecision:
-        """`_route_mixed` by the array fast path (a `max` pick, not safe-mode round-robin)."""
-        c, scores, reason, kind = self._pick_mixed_vector(req, now, e)
+    def _route_mixed(self, req: RouteRequest, now: float, e: Eligible, safe: bool) -> RoutingDecision:
+        """A scored (or load-bounded) colocated pick over the view's columns."""
+        c, scores, reason, kind = self._pick_mixed(req, now, e)
         if safe:
             reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
             kind = "safe-mode"
-        v = e.vec
         seq = self.picker.seq
         dropped = self._record("mixed", c.name)
-        if v is not None and v.counts_seq == seq:  # the share counts follow this one pick
-            pos = v.pos
-            if dropped is not None and dropped in pos:
-                v.counts[pos[dropped]] -= 1
-                v.counts_k -= 1
-            v.counts[pos[c.name]] += 1
-            v.counts_k += 1
-            v.counts_seq = self.picker.seq
-        self._dispatch(req, c, c.name, None, now)
+        if e.vec is not None:
+            e.vec.picked(c.name, dropped, seq, self.picker.seq)
+        self._dispatch(req, c.prefix_blocks, c.load + c.own, c.name, None, now)
         return RoutingDecision(worker=c.name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
-    def _pick_mixed(self, req: RouteRequest, cs: list[Candidate]) -> tuple[str, dict[str, float], str, str]:
-        """(worker, scores, reason, kind) by the configured picker over the bounded candidates."""
-        kept, bound, excluded = self._bounded(cs, "mixed")
-        per = self._scores(req, kept)
-        totals = weighted_totals(kept, per, self._weights)
-        scores = rounded_scores(totals, per, self._score_keys)
-        kind = self.params.picker
-        names = [c.name for c in kept]
-
-        def picker_totals() -> dict[str, float]:
-            # power-of-two with no weighted scorer compares outstanding requests
-            return totals if per or kind != "power_of_two" else weighted_totals(kept, score_candidates(req, kept, ("requests",)), self._weights)
-
-        name, reason, tied = PICKERS[kind](self.picker, names, picker_totals, "mixed", self.params.tie_break)
-        if kind != "max":
-            return name, scores, reason, PICKER_KINDS[kind]
-        c = next(x for x in kept if x.name == name)
-        reason, lead = max_reason(self.params, req, c, per, bound, excluded, tied)
-        return name, scores, reason, lead
-
-    def _pick_mixed_vector(self, req: RouteRequest, now: float,
-                           e: Eligible) -> tuple[Candidate, ScoreTable, str, str]:
-        """`_candidates` + `_pick_mixed` for a `max` picker, on per-worker
-        columns (`fleetwise.routing.kernels`): the same candidate, scores, reason and kind. Every
-        weight is 1 (`Eligible.unit`): slowness is the feedback factor itself."""
-        v = e.vec
-        if v is None:
-            v = e.vec = ViewColumns(e, self.params.cost, self._vector_scorers, req)
-        v.refresh(e, self.inflight, self.params.cost)
-        cost, names, n = self.params.cost, e.names, len(e.names)
-        exp, hashes = self._expected, req.block_hashes
+    def _own_and_prefix(self, req: RouteRequest, pos: dict[str, int]) -> tuple[list[float], list[int] | None]:
+        """Each worker's own cost of `req` after its cached prefix, and the prefix blocks (None:
+        none cached anywhere), for the workers at `pos` (name -> position): one lookup of the
+        prompt in the prefix index for them all (`PrefixIndex.match_all`, O(prompt blocks))."""
+        cost, exp, hashes = self.params.cost, self._expected, req.block_hashes
+        n = len(pos)
         own = [own_cost(req, 0, cost, exp)] * n
         prefix: list[int] | None = None
         if hashes:
-            match = self.index.match
-            for i, name in enumerate(names):
-                k = match(name, hashes)
-                if k:
+            for name, k in self.index.match_all(hashes):
+                i = pos.get(name)
+                if i is not None:
                     if prefix is None:
                         prefix = [0] * n
                     prefix[i] = k
                     own[i] = own_cost(req, k, cost, exp)
+        return own, prefix
+
+    def _pick_mixed(self, req: RouteRequest, now: float,
+                    e: Eligible) -> tuple[Candidate, Mapping[str, float], str, str]:
+        """(chosen candidate, decision scores, reason, kind) by the configured picker over the
+        view's columns: the load bound, then each weighted scorer once over the kept workers."""
+        v = e.vec
+        if v is None:
+            v = e.vec = ViewColumns(e, self.params.cost, self._scorers)
+        v.refresh(e, self.inflight, self.params.cost)
+        names, n = e.names, len(e.names)
+        own, prefix = self._own_and_prefix(req, v.pos)
         slow = self.feedback.factors(names, now)
+        if v.weight is not None:  # relative capacity: a worker twice as big looks half as slow
+            slow = [f / wt for f, wt in zip(slow, v.weight, strict=True)]
         load = v.load
-        bound: float | None = None
-        excluded: list[str] = []
-        kept = v.every
-        lb = self.params.load_bound
-        if lb.enabled and n >= 2:  # `plugins.load_bound`
-            share = lb.share_window > 0 and bool(self.recent.picks.get("mixed"))
-            counts, k = v.share_counts(names, self.picker.seq, self.recent.counts["mixed"]) if share else (None, 0)
-            bound, kept = kernels.bounded(load, own, slow, lb.c, TIE_TOLERANCE, counts, k)
-            if len(kept) < n:
-                excluded = kernels.left_out(names, kept)
-        cols = Columns(load, own, slow, v.requests, prefix, v.kv_usage, len(hashes), kept)
-        fixed = v.fixed
+        bound, kept, excluded = self._bounded(load, own, slow, names, "mixed", v)
+        cols = Columns(load, own, slow, v.requests, prefix, v.kv_usage, len(req.block_hashes), kept, e.ws, v.weight)
         every = len(kept) == n
+        fixed = v.fixed
         per = {s: (fixed[s] if every else kernels.picked(fixed[s], kept)) if s in fixed else SCORERS[s](req, cols)
-               for s in self._vector_scorers}
+               for s in self._scorers}
         columns = list(per.values())
-        totals = kernels.totals(columns, self._vector_weights)
-        scores = ScoreTable(names, self._vector_columns, v.key_lists, v.where, None if every else kept,
-                            [totals, *columns])
-        tied = kernels.tied(totals, TIE_TOLERANCE)
-        j, n_tied = tied[0], 1
-        if len(tied) > 1:
-            kept_names = [names[i] for i in kept]
-            pick, n_tied = self.picker.max({kept_names[t]: totals[t] for t in tied}, self.params.tie_break)
-            j = kept_names.index(pick)
+        kept_names = names if every else [names[i] for i in kept]
+        totals = kernels.totals(columns, self._scorer_weights) if columns else [0.0] * len(kept)
+        kind = self.params.picker
+        if kind == "max":
+            j, n_tied = self.picker.max(kept_names, totals, self.params.tie_break)
+            reason = ""
+        else:
+            def picker_totals() -> list[float]:
+                return totals if columns else self._requests_totals(req, cols)
+
+            j, reason, n_tied = PICKERS[kind](self.picker, kept_names, picker_totals, "mixed", self.params.tie_break)
         i = kept[j]
         c = Candidate(e.ws[i], v.requests[i], load[i], own[i], slow[i], 0 if prefix is None else prefix[i])
+        scores: Mapping[str, float] = (ScoreTable(names, self._scorer_columns, v.key_lists, v.where,
+                                                  None if every else kept, [totals, *columns])
+                                       if columns else dict.fromkeys(kept_names, 0))
+        if kind != "max":
+            return c, scores, reason, PICKER_KINDS[kind]
         reason, lead = max_reason(self.params, req, c, per, bound, excluded, n_tied)  # type: ignore[arg-type]
         return c, scores, reason, lead
 
     # ---- prefill/decode pairs: a prefill profile, a decode profile, pair scorers --------------
+
+    def _candidates(self, req: RouteRequest, ws: list[WorkerView], side: str, now: float) -> list[Candidate]:
+        """Every worker of one P/D side with its signals (`ledger_load` over the side's view load)."""
+        cost = self.params.cost
+        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
+        slowness = self.feedback.factors([w.name for w in ws], now)
+        need = req.prompt_tokens + self._expected
+        out = []
+        for w, f in zip(ws, slowness, strict=True):
+            load, n_pend = ledger_load(w, view_load(w, cost, side), self.inflight, dw, per_req)
+            if side == "prefill":
+                prefix = self.index.match(w.name, req.block_hashes)
+                own, room = own_cost(req, prefix, cost, 0), 0.0
+            else:
+                prefix, own, room = 0, dw * self._expected + per_req, kv_headroom(w, need)
+            out.append(Candidate(w, w.queued_requests + w.running_requests + n_pend, load, own, f / w.weight, prefix,
+                                 room))
+        return out
+
+    def _bounded_names(self, cs: list[Candidate], pool: str) -> set[str]:
+        """The names of the candidates of `pool` the load bound keeps."""
+        names = [c.name for c in cs]
+        _, kept, _ = self._bounded([c.load for c in cs], [c.own for c in cs], [c.slowness for c in cs], names, pool)
+        return {names[i] for i in kept}
 
     def _route_pd(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool) -> RoutingDecision:
         now, pdp = fleet.now_s, self.params.pd
@@ -455,7 +400,7 @@ class ComposedPolicy:
             reason += "; no healthy KV link, sent anyway"
         self._record("prefill", p.name)
         self._record("decode", d.name)
-        self._dispatch(req, p, d.name, p.name, now)
+        self._dispatch(req, p.prefix_blocks, p.load + p.own, d.name, p.name, now)
         self.incoming.add(req.request_id, d.name, req.prompt_tokens + self._expected)
         return RoutingDecision(worker=d.name, prefill_worker=p.name, scores=scores, reason=reason, safe_mode=safe,
                                kind=kind)
@@ -475,26 +420,32 @@ class ComposedPolicy:
         """Side by side, when a side's picker is not `max`: the prefill side first, then a decode
         worker paired with it; each by its own picker (`max` over its profile scores, the others
         over outstanding requests: round-robin, random, power-of-two)."""
-        def totals(cs: list[Candidate], side: str, kind: str) -> dict[str, float]:
-            return self._profile_totals(req, cs, side) if kind == "max" else self._requests_totals(req, cs)
+        def totals(cs: list[Candidate], side: str, kind: str) -> list[float]:
+            if kind == "max":
+                return self._profile_totals(req, cs, side)
+            return self._requests_totals(req, candidate_columns(req, cs))
 
         ps = {p.name: p for p, _ in pairs}
-        pn = PICKERS[kind_p](self.picker, list(ps), lambda: totals(list(ps.values()), "prefill", kind_p), "prefill",
-                             self.params.tie_break)[0]
+        pc, pnames = list(ps.values()), list(ps)
+        i = PICKERS[kind_p](self.picker, pnames, lambda: totals(pc, "prefill", kind_p), "prefill",
+                            self.params.tie_break)[0]
+        pn = pnames[i]
         ds = {d.name: d for p, d in pairs if p.name == pn}
-        dn = PICKERS[kind_d](self.picker, list(ds), lambda: totals(list(ds.values()), "decode", kind_d), "decode",
-                             self.params.tie_break)[0]
+        dc, dnames = list(ds.values()), list(ds)
+        j = PICKERS[kind_d](self.picker, dnames, lambda: totals(dc, "decode", kind_d), "decode",
+                            self.params.tie_break)[0]
+        dn = dnames[j]
         kinds = kind_p.replace("_", "-") if kind_p == kind_d else f"{kind_p.replace('_', '-')}/{kind_d.replace('_', '-')}"
         return ps[pn], ds[dn], f"{kinds} pair {pn}->{dn}"
 
-    def _requests_totals(self, req: RouteRequest, cs: list[Candidate]) -> dict[str, float]:
-        """Totals by the `requests` scorer alone (what power-of-two compares without weights)."""
-        return weighted_totals(cs, score_candidates(req, cs, ("requests",)), self._weights)
-
-    def _profile_totals(self, req: RouteRequest, cs: list[Candidate], side: str) -> dict[str, float]:
-        """Each candidate's score in [0, 1] by the P/D profile of `side` (weighted mean of its scorers)."""
-        weights = self._profiles[side]
-        return weighted_totals(cs, self._scores(req, cs, weights), weights or self._weights, normalise=True)
+    def _profile_totals(self, req: RouteRequest, cs: list[Candidate], side: str) -> list[float]:
+        """Each candidate's score in [0, 1] by the P/D profile of `side` (weighted mean of its
+        scorers, each scoring every candidate in one call)."""
+        scorers, weights, wsum = self._profile_terms[side]
+        cols = candidate_columns(req, cs)
+        per = [SCORERS[s](req, cols) for s in scorers]
+        tot = kernels.totals(per, weights) if per else [0.0] * len(cs)
+        return [t / wsum for t in tot]
 
     def _pick_pd_max(self, req: RouteRequest, pairs: list[tuple[Candidate, Candidate]], cp: list[Candidate],
                      cd: list[Candidate], links: dict[tuple[str, str], KvLinkView],
@@ -514,24 +465,25 @@ class ComposedPolicy:
         # reachable instead of pushing it back onto the degraded link.
         pairs = reachable_pairs(pairs, links, pdp.degraded_link_fraction)
         pn, dn = {p.name for p, _ in pairs}, {d.name for _, d in pairs}
-        kp, _, _ = self._bounded([c for c in cp if c.name in pn], "prefill")
-        kd, _, _ = self._bounded([c for c in cd if c.name in dn], "decode")
-        kpn, kdn = {c.name for c in kp}, {c.name for c in kd}
+        kpn = self._bounded_names([c for c in cp if c.name in pn], "prefill")
+        kdn = self._bounded_names([c for c in cd if c.name in dn], "decode")
         pairs = [(p, d) for p, d in pairs if p.name in kpn and d.name in kdn] or pairs
-        sp = self._profile_totals(req, cp, "prefill")
-        sd = self._profile_totals(req, cd, "decode")
+        sp = dict(zip([c.name for c in cp], self._profile_totals(req, cp, "prefill"), strict=True))
+        sd = dict(zip([c.name for c in cd], self._profile_totals(req, cd, "decode"), strict=True))
         pair_terms = [(wt, PAIR_SCORERS[s](req, pairs, links)) for s, wt in pdp.pair_scorers.items() if wt > 0]
-        totals: dict[str, float] = {}
+        keys: list[str] = []
+        totals: list[float] = []
         for p, d in pairs:
             key = pair_key(p, d)
             t = pdp.prefill.weight * sp[p.name] + pdp.decode.weight * sd[d.name]
             for wt, vals in pair_terms:
                 t += wt * vals[key]
-            totals[key] = t
-        key, _ = self.picker.max(totals, self.params.tie_break)
-        p, d = next((p, d) for p, d in pairs if pair_key(p, d) == key)
+            keys.append(key)
+            totals.append(t)
+        j, _ = self.picker.max(keys, totals, self.params.tie_break)
+        p, d = pairs[j]
         reason = pair_reason(req, p, d, links.get((p.name, d.name)))
-        return p, d, {k: round(v, 6) for k, v in totals.items()}, reason
+        return p, d, {k: round(v, 6) for k, v in zip(keys, totals, strict=True)}, reason
 
     # ---- feedback ----------------------------------------------------------------------------
 

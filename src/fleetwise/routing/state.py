@@ -80,9 +80,7 @@ class InFlight:
     `since()` walks back from the newest entry only as far as the view's age.
     """
 
-    def __init__(self, reference: bool = False) -> None:
-        self.reference = reference
-        """`outstanding` walks the entries (the reference) instead of reading the sums."""
+    def __init__(self) -> None:
         self._by_id: OrderedDict[str, Pending] = OrderedDict()
         self._serving: dict[str, OrderedDict[str, Pending]] = {}
         self._prefilling: dict[str, OrderedDict[str, Pending]] = {}
@@ -192,13 +190,13 @@ class InFlight:
         """(requests, token-equivalent work) of every request on `worker` the ledger still holds:
         the fallback for a view without token backlogs.
 
-        Read in O(1) from the per-worker sums; the same float as `outstanding_walk` (the
-        readable reference) whenever that walk's arithmetic is exact: `decode_weight = num/den`
-        (a binary fraction) makes every term a multiple of 1/den, and while the total in 1/den
-        units stays below `EXACT_FLOAT_INT` every partial sum is exact, in any order. Otherwise
-        it walks."""
+        Read in O(1) from the per-worker sums; the same float as `outstanding_walk` whenever that
+        walk's arithmetic is exact: `decode_weight = num/den` (a binary fraction) makes every term
+        a multiple of 1/den, and while the total in 1/den units stays below `EXACT_FLOAT_INT`
+        every partial sum is exact, in any order. Otherwise (never with the presets' weights) it
+        walks."""
         s = self._sums.get(worker)
-        if s is None or self.reference:
+        if s is None:
             return self.outstanding_walk(worker, decode_weight)
         ratio = self._ratios.get(decode_weight)
         if ratio is None:
@@ -211,7 +209,7 @@ class InFlight:
         return self.outstanding_walk(worker, decode_weight)
 
     def outstanding_walk(self, worker: str, decode_weight: float) -> tuple[int, float]:
-        """`outstanding` by walking every entry (the reference)."""
+        """`outstanding` by walking every entry (in dispatch order, newest first)."""
         return self._since_walk(worker, -math.inf, decode_weight)
 
     def _since_walk(self, worker: str, since_s: float, decode_weight: float) -> tuple[int, float]:
@@ -252,7 +250,7 @@ class _SizeClasses:
     workers with `min_samples` there (at least two: one worker alone is compared with nobody);
     a request in a class without one uses the nearest class that has one (the smaller first).
     Each class keeps its eligible workers' values sorted, so an observation updates the median
-    in O(log workers) comparisons (`reference_walk` recomputes it: the reference)."""
+    in O(log workers) comparisons (tests/routing recompute it from the EWMAs)."""
 
     def __init__(self, params: FeedbackParams) -> None:
         self.p = params
@@ -271,15 +269,6 @@ class _SizeClasses:
         """Class `k`'s reference (None: fewer than two workers with enough samples there)."""
         vals = self._sorted.get(k)
         if vals is None or len(vals) < 2:
-            return None
-        mid = len(vals) // 2
-        ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
-        return ref if ref > 0 else None
-
-    def reference_walk(self, k: int) -> float | None:
-        """`reference(k)` from the EWMAs themselves."""
-        vals = sorted(e.value for e in self._ewma.get(k, {}).values() if e.n >= self.p.min_samples)
-        if len(vals) < 2:
             return None
         mid = len(vals) // 2
         ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
@@ -332,7 +321,7 @@ class _WorkerStats:
 
 
 class _Terms(NamedTuple):
-    """Per-worker constants of `LatencyFeedback.raw_factor` between observations."""
+    """Per-worker constants of `LatencyFeedback.factors` between observations."""
 
     ttft: tuple[float, float] | None
     """(fleet median, EWMA - median) of the TTFT ratio, or None when undefined."""
@@ -343,36 +332,38 @@ class _Terms(NamedTuple):
 
 
 class _TermLists:
-    """A list of `_Terms | None` (one per worker) as the lists `kernels.slowness` reads:
-    `timed` indexes the workers with a TTFT or TPOT term, the term lists hold those workers only
-    (an absent term: `has` False); `base` is every worker's factor when it has no time-dependent
-    term (`_static_factor`), the timed workers' entries overwritten per call."""
+    """The `_Terms` of a list of workers as the lists `kernels.slowness` reads, one element per
+    worker (never observed: no term, failure factor 1, and `seen` False: its factor is 1,
+    unclamped); `set` replaces one worker's."""
 
-    def __init__(self, terms: list[_Terms | None], p: FeedbackParams) -> None:
-        self.terms = terms
-        self.timed = [i for i, t in enumerate(terms) if t is not None and (t.ttft is not None or t.tpot is not None)]
-        sub = [t for t in (terms[i] for i in self.timed) if t is not None]
-        self.last_obs = [t.last_obs_s for t in sub]
-        self.has1 = [t.ttft is not None for t in sub]
-        self.ref1 = [t.ttft[0] if t.ttft is not None else 1.0 for t in sub]
-        self.dev1 = [t.ttft[1] if t.ttft is not None else 0.0 for t in sub]
-        self.has2 = [t.tpot is not None for t in sub]
-        self.ref2 = [t.tpot[0] if t.tpot is not None else 1.0 for t in sub]
-        self.dev2 = [t.tpot[1] if t.tpot is not None else 0.0 for t in sub]
-        self.failure = [t.failure_factor if t.failure_factor is not None else 1.0 for t in sub]
-        """1 (the identity of `*`) without failure observations."""
-        self.base = [_static_factor(t, p) for t in terms]
+    def __init__(self, workers: list[str], terms: list[_Terms | None], medians: tuple[object, ...]) -> None:
+        self.workers = workers
+        self.pos = {w: i for i, w in enumerate(workers)}
+        self.medians = medians
+        """The fleet medians the terms were computed against (`LatencyFeedback._medians`)."""
+        n = len(terms)
+        self.last_obs, self.failure = [0.0] * n, [1.0] * n
+        self.has1, self.ref1, self.dev1 = [False] * n, [1.0] * n, [0.0] * n
+        self.has2, self.ref2, self.dev2 = [False] * n, [1.0] * n, [0.0] * n
+        self.seen = [True] * n
+        self.unseen = 0
+        """How many `seen` are False."""
+        for i, t in enumerate(terms):
+            self.set(i, t)
 
-
-def _static_factor(t: _Terms | None, p: FeedbackParams) -> float:
-    """`LatencyFeedback.factors` of a worker without a time-dependent term (1 if never observed)."""
-    if t is None:
-        return 1.0
-    f = 1.0
-    if t.failure_factor is not None:
-        f *= t.failure_factor
-    f = min(max(f, p.min_factor), p.max_factor)
-    return 1.0 if abs(f - 1.0) < p.deadband else f
+    def set(self, i: int, t: _Terms | None) -> None:
+        """Worker `i`'s terms (an absent ratio: `has` False; 1, the identity of `*`, without failures)."""
+        seen = t is not None
+        if seen != self.seen[i]:
+            self.unseen += -1 if seen else 1
+            self.seen[i] = seen
+        self.last_obs[i] = t.last_obs_s if t is not None else 0.0
+        ttft, tpot = (t.ttft, t.tpot) if t is not None else (None, None)
+        self.has1[i] = ttft is not None
+        self.ref1[i], self.dev1[i] = ttft if ttft is not None else (1.0, 0.0)
+        self.has2[i] = tpot is not None
+        self.ref2[i], self.dev2[i] = tpot if tpot is not None else (1.0, 0.0)
+        self.failure[i] = t.failure_factor if t is not None and t.failure_factor is not None else 1.0
 
 
 class LatencyFeedback:
@@ -385,15 +376,14 @@ class LatencyFeedback:
         self._version = 0
         """Bumped on every observation (keys the memo of fleet medians)."""
         self._refs: dict[str, tuple[int, int, float]] = {}
-        self._terms: dict[str, _Terms] = {}
-        """Per-worker constants of `raw_factor` while `_version` lasts (`_terms_version`)."""
-        self._terms_version = -1
-        self._terms_list: list[_Terms | None] = []
-        self._terms_list_key: tuple[list[str], int] | None = None
         self._lists: _TermLists | None = None
+        """The terms of the workers last asked for, brought up to date per observation."""
+        self._dirty: set[str] = set()
+        """Workers observed (or forgotten) since `_lists` was brought up to date."""
 
     def _stats(self, worker: str) -> _WorkerStats:
         self._version += 1
+        self._dirty.add(worker)
         s = self._w.get(worker)
         if s is None:
             s = self._w[worker] = _WorkerStats(_Ewma(), _Ewma(), _Ewma())
@@ -425,6 +415,7 @@ class LatencyFeedback:
 
     def forget(self, worker: str) -> None:
         self._version += 1
+        self._dirty.add(worker)
         self._w.pop(worker, None)
         self._sizes.forget(worker)
 
@@ -441,23 +432,13 @@ class LatencyFeedback:
         self._refs[attr] = (self._version, len(vals), ref)
         return len(vals), ref
 
-    def _ratio(self, worker: str, attr: str, now_s: float) -> float | None:
-        """This worker's EWMA, decayed towards the fleet median by age, over that median.
-
-        The median (not the mean) is the reference so one slow worker does not make every
-        other worker look fast; decaying the value itself means a worker that stopped getting
-        traffic drifts back to "normal" and is tried again, while the others stay at 1.
-        """
-        term = self._ratio_term(worker, attr)
-        if term is None:
-            return None
-        ref, dev = term
-        age = max(0.0, now_s - self._w[worker].last_obs_s)
-        return (ref + dev * 0.5 ** (age / self.p.half_life_s)) / ref
-
     def _ratio_term(self, worker: str, attr: str) -> tuple[float, float] | None:
         """(fleet median, this worker's EWMA minus it) for `attr`, or None when the ratio is
-        undefined (too few samples here or in the fleet, or a non-positive median)."""
+        undefined (too few samples here or in the fleet, or a non-positive median). The ratio at
+        age `a` is `(median + (EWMA - median) * 0.5 ** (a / half_life)) / median`: the median (not
+        the mean) is the reference so one slow worker does not make every other worker look fast;
+        decaying the value itself means a worker that stopped getting traffic drifts back to
+        "normal" and is tried again, while the others stay at 1."""
         mine = getattr(self._w[worker], attr)
         if mine.n < self.p.min_samples:
             return None
@@ -466,86 +447,54 @@ class LatencyFeedback:
             return None
         return ref, mine.value - ref
 
-    def _worker_terms(self, worker: str) -> _Terms:
-        """What `raw_factor` needs of `worker` apart from the time, memoised per `_version`
-        (observations are what change it; a router asks for every worker on every request)."""
-        if self._terms_version != self._version:
-            self._terms.clear()
-            self._terms_version = self._version
-        t = self._terms.get(worker)
-        if t is None:
-            s = self._w[worker]
-            fail = 1.0 + self.p.failure_penalty * s.failures.value if s.failures.n else None
-            t = self._terms[worker] = _Terms(self._ratio_term(worker, "ttft_ratio"),
-                                             self._ratio_term(worker, "tpot"), s.last_obs_s, fail)
-        return t
+    def _worker_terms(self, worker: str) -> _Terms | None:
+        """What `factors` needs of `worker` apart from the time (None: never observed)."""
+        s = self._w.get(worker)
+        if s is None:
+            return None
+        fail = 1.0 + self.p.failure_penalty * s.failures.value if s.failures.n else None
+        return _Terms(self._ratio_term(worker, "ttft_ratio"), self._ratio_term(worker, "tpot"), s.last_obs_s, fail)
 
-    def _terms_of(self, workers: list[str]) -> list[_Terms | None]:
-        """`_worker_terms` of each of `workers` (None: never observed), memoised for the same
-        list object while `_version` lasts (every request routed on one view asks again)."""
-        key = self._terms_list_key
-        if key is not None and key[0] is workers and key[1] == self._version:
-            return self._terms_list
-        known, terms_of = self._w, self._worker_terms
-        self._terms_list = [terms_of(w) if w in known else None for w in workers]
-        self._terms_list_key = (workers, self._version)
-        return self._terms_list
-
-    def raw_factor(self, worker: str, now_s: float) -> float:
-        """Geometric mean of the (age-decayed) TTFT and TPOT ratios, times failures, clamped.
-
-        Same arithmetic as `_ratio` for each ratio (a ratio of exactly 0 is left out, like an
-        undefined one), with the per-worker constants from `_worker_terms`."""
-        if worker not in self._w:
-            return 1.0
-        t = self._worker_terms(worker)
-        logs: list[float] = []
-        if t.ttft is not None or t.tpot is not None:
-            age = max(0.0, now_s - t.last_obs_s)
-            decay = 0.5 ** (age / self.p.half_life_s)
-            for term in (t.ttft, t.tpot):
-                if term is not None:
-                    r = (term[0] + term[1] * decay) / term[0]
-                    if r:
-                        logs.append(math.log(r))
-        f = math.exp(sum(logs) / len(logs)) if logs else 1.0
-        if t.failure_factor is not None:
-            f *= t.failure_factor
-        return min(max(f, self.p.min_factor), self.p.max_factor)
+    def _medians(self) -> tuple[object, ...]:
+        """What every worker's terms read of the fleet: the TTFT-ratio and TPOT medians (and counts)."""
+        return self._reference("ttft_ratio"), self._reference("tpot")
 
     def factor(self, worker: str, now_s: float) -> float:
-        """Slowness at `now_s`; within `deadband` of 1 it is exactly 1."""
+        """Slowness at `now_s` (1 = the fleet's median; within `deadband` of 1 it is exactly 1):
+        `factors` of one worker."""
         if not self.p.enabled or worker not in self._w:
             return 1.0
-        f = self.raw_factor(worker, now_s)
-        return 1.0 if abs(f - 1.0) < self.p.deadband else f
+        return self._factors(_TermLists([worker], [self._worker_terms(worker)], ()), now_s)[0]
 
     def factors(self, workers: list[str], now_s: float) -> list[float]:
-        """`factor(w, now_s)` for each of `workers` (a router's per-request pass over the fleet):
-        the same arithmetic as `raw_factor`, by `kernels.slowness` over the per-worker constants
-        (`_terms_of`, as lists: `_term_lists`)."""
-        p = self.p
-        if not p.enabled:
+        """Each of `workers`' slowness at `now_s` (a router's per-request pass over the fleet):
+        the geometric mean of the age-decayed TTFT and TPOT ratios (`_ratio_term`; a ratio of 0 is
+        left out), times the failure factor, clamped, exactly 1 within `deadband` of 1, by
+        `kernels.slowness` over the per-worker constants (`_term_lists`)."""
+        if not self.p.enabled:
             return [1.0] * len(workers)
-        a = self._term_lists(workers)
-        if not a.timed:
-            return a.base.copy()
+        return self._factors(self._term_lists(workers), now_s)
+
+    def _factors(self, a: _TermLists, now_s: float) -> list[float]:
+        p = self.p
         f = kernels.slowness(now_s, p.half_life_s, a.last_obs, a.has1, a.ref1, a.dev1, a.has2, a.ref2, a.dev2,
                              a.failure, p.min_factor, p.max_factor, p.deadband)
-        if len(f) == len(workers):
-            return f
-        out = a.base.copy()
-        for i, x in zip(a.timed, f, strict=True):
-            out[i] = x
-        return out
+        return [x if seen else 1.0 for x, seen in zip(f, a.seen, strict=True)] if a.unseen else f
 
     def _term_lists(self, workers: list[str]) -> _TermLists:
-        """`_terms_of(workers)` as lists, memoised alongside it."""
-        terms = self._terms_of(workers)
-        a = self._lists
-        if a is not None and a.terms is terms:
-            return a
-        a = self._lists = _TermLists(terms, self.p)
+        """The terms of `workers` as lists, kept between calls: an observation changes the
+        observed worker's terms only, unless it moved a fleet median (then every worker's)."""
+        a, medians = self._lists, self._medians()
+        if a is None or a.medians != medians or (a.workers is not workers and a.workers != workers):
+            self._dirty.clear()
+            a = self._lists = _TermLists(workers, [self._worker_terms(w) for w in workers], medians)
+        elif self._dirty:
+            pos = a.pos
+            for w in self._dirty:
+                i = pos.get(w)
+                if i is not None:
+                    a.set(i, self._worker_terms(w))
+            self._dirty.clear()
         return a
 
     def snapshot(self, now_s: float) -> dict[str, float]:

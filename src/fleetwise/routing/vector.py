@@ -1,8 +1,8 @@
 """The shape scorers read (`Columns`: the candidates' signals, one list per signal) and the scores table.
 
 Every scorer plugin (`fleetwise.routing.plugins`) maps `Columns` to the scores of the workers a
-decision kept, so the default policy's fast path and the per-candidate paths (P/D sides,
-pickers' totals) run the one implementation of each scorer.
+decision kept, all of them in one call, whichever path asks (a colocated pick, a P/D side, a
+picker's totals).
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleetwise.core.views import WorkerView
+
 __all__ = ["SCORE_DIGITS", "VIEW_ONLY_SCORERS", "Columns", "ScoreTable"]
 
 SCORE_DIGITS = 6
-"""Decimal places of a decision's scores (`round(v, 6)`, as the reference rounds)."""
+"""Decimal places of a decision's scores (`round(v, 6)`)."""
 
 
 @dataclass(slots=True)
@@ -34,6 +36,9 @@ class Columns:
     """Blocks in the request's prompt (`len(req.block_hashes)`)."""
     kept: list[int]
     """Ascending positions of the workers the load bound kept (the ones scored)."""
+    views: list[WorkerView]
+    """Each worker's view (what it reports: queues, KV, role, region...), for a scorer that reads
+    a field no other column carries."""
     weight: list[float] | None = None
     """Each worker's relative capacity (None: every weight is 1)."""
     kv_room: list[float] | None = None
@@ -51,8 +56,8 @@ class ScoreTable(Mapping[str, float]):
     computed from, rounded to `SCORE_DIGITS` places when read: `<worker>` -> its weighted
     total, then `<worker>.<scorer>` for each scorer, over the workers the load bound kept.
 
-    The same mapping, key for key, value for value and in the same order, as the dict the
-    reference builds (`ComposedPolicy._rounded_scores`): reading one entry rounds that one,
+    The same mapping, key for key, value for value and in the same order, as a dict of the
+    rounded totals followed by each scorer's rounded scores: reading one entry rounds that one,
     iterating or comparing builds the whole dict once. A driver that reads only the chosen
     worker's entries (`routing.base.winning_scores`) never pays for the rest.
     """

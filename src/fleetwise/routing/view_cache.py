@@ -1,74 +1,95 @@
-"""The routing policy's per-view caches: the workers a view makes eligible (`Eligible`) and the
-columns fast path's per-worker signals kept between decisions on one view (`ViewColumns`),
-refreshed only where the in-flight ledger changed; `ScoreKeys`, the memoised score keys.
+"""The routing policy's view of the fleet, kept between decisions: the workers a view makes
+eligible (`Eligible`) and their signals as columns (`ViewColumns`), brought up to date only
+where the in-flight ledger changed; `ledger_load`, the one formula of a worker's load.
 
-`fleetwise.routing.policy.ComposedPolicy` builds and reads them; the numbers are the ones its
-per-candidate path computes (tests/routing compare the two).
+`fleetwise.routing.policy.ComposedPolicy` builds and reads them; tests/routing/reference_policy.py
+recomputes every signal one candidate at a time and checks the decisions are the same.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from fleetwise.core.views import RouteRequest, WorkerView
 from fleetwise.routing.plugins import SCORERS, has_token_backlog, view_load
 from fleetwise.routing.state import InFlight
-from fleetwise.routing.vector import SCORE_DIGITS, VIEW_ONLY_SCORERS, Columns
+from fleetwise.routing.vector import VIEW_ONLY_SCORERS, Columns
 
-__all__ = ["Eligible", "ScoreKeys", "ViewColumns", "rounded_scores"]
+__all__ = ["Eligible", "ViewColumns", "ledger_load"]
+
+VIEW_ONLY_REQUEST = RouteRequest("", 0, None)
+"""The request a view-only scorer (`vector.VIEW_ONLY_SCORERS`, which reads none) is called with."""
+
+
+def ledger_load(w: WorkerView, base: float, inflight: InFlight, dw: float, per_req: float) -> tuple[float, int]:
+    """(load, requests dispatched since the view) of worker `w` in token equivalents: `base` (what
+    its view reports, `plugins.view_load`) plus the work this policy sent it since the view was
+    taken (its in-flight ledger, `dw` per expected decode token, `per_req` per request); a view
+    without token backlogs counts, in their place, every request the ledger holds for it."""
+    name = w.name
+    n_pend, tok_pend = inflight.since(name, w.reported_at_s, dw)
+    x = base
+    if not has_token_backlog(w):
+        x += inflight.outstanding(name, dw)[1] - tok_pend
+    x += tok_pend + per_req * n_pend
+    return x, n_pend
 
 
 class Eligible:
     """The eligible workers of one view for one (model_version, region), and what every request
-    routed on that view reads of them: names, report times (sorted) and view loads."""
+    routed on that view reads of them: names, report times (sorted) and view loads. Built from
+    the previous view's (`prev`) when the same workers are eligible with the same weights, its
+    columns then carried over and brought up to date only where a worker's view changed."""
 
-    __slots__ = ("ws", "why", "names", "reported", "base", "backlog", "zero_scores", "vec", "weights", "unit")
+    __slots__ = ("ws", "why", "names", "reported", "zero_scores", "vec", "weights", "unit")
 
-    def __init__(self, ws: list[WorkerView], why: str) -> None:
+    def __init__(self, ws: list[WorkerView], why: str, prev: Eligible | None = None, cost: Any = None) -> None:
         self.ws, self.why = ws, why
         self.names = [w.name for w in ws]
         self.reported = sorted(w.reported_at_s for w in ws)
-        self.base: list[tuple[float, int]] | None = None
-        self.backlog = True
-        """Every view reports its token backlogs (else signals fall back to the ledger)."""
-        self.zero_scores: dict[str, float] = dict.fromkeys(self.names, 0)
-        """Every worker's total when no scorer has weight (each decision gets a copy)."""
         self.vec: ViewColumns | None = None
-        """The array fast path's per-view state (built on first use)."""
+        """The workers' signals as columns (built on first use, or carried over from `prev`)."""
         self.weights: dict[str, float] | None = (
             {w.name: w.weight for w in ws} if len({w.weight for w in ws}) > 1 else None)
         """The workers' weights, or None when they are all equal (picks are then unweighted)."""
         self.unit = all(w.weight == 1.0 for w in ws)
-        """Every weight is 1 (the columns fast path divides by none)."""
+        """Every weight is 1 (signals are divided by none)."""
+        same = prev is not None and prev.names == self.names and [w.weight for w in prev.ws] == [w.weight for w in ws]
+        self.zero_scores: dict[str, float] = prev.zero_scores if same and prev is not None else dict.fromkeys(
+            self.names, 0)
+        """Every worker's total when no scorer has weight (each decision gets a copy)."""
+        if same and prev is not None and prev.vec is not None:  # the columns move here: `prev` no longer has them
+            self.vec, prev.vec = prev.vec.moved(prev.ws, ws, cost), None
 
 
 class ViewColumns:
-    """What the columns fast path (`ComposedPolicy` with a `max` picker) keeps per view: each
-    worker's load and outstanding requests as `_candidate` computes them, recomputed only for the
-    workers whose in-flight entries changed (`InFlight.changes_since`), the share check's pick
-    counts, plus what depends only on the view (KV usage and view-only scores, score keys,
-    positions)."""
+    """The eligible workers' signals as columns, kept per view for every decision routed on it:
+    each worker's load and outstanding requests (`ledger_load`), recomputed only for the workers
+    whose in-flight entries changed (`InFlight.changes_since`), the share check's pick counts,
+    plus what depends only on the view (KV usage, weights, view-only scores, score keys)."""
 
-    __slots__ = ("load", "requests", "mark", "base", "reqs0", "backlog", "kv_usage", "keys", "key_lists", "where",
-                 "pos", "every", "counts", "counts_k", "counts_seq", "fixed")
+    __slots__ = ("load", "requests", "mark", "base", "reqs0", "kv_usage", "weight", "keys", "key_lists", "where",
+                 "pos", "every", "counts", "counts_k", "counts_seq", "fixed", "dirty")
 
-    def __init__(self, e: Eligible, cost: Any, scorers: list[str], req: RouteRequest) -> None:
+    def __init__(self, e: Eligible, cost: Any, scorers: Sequence[str]) -> None:
         ws = e.ws
         n = len(ws)
         self.base = [view_load(w, cost) for w in ws]
         self.reqs0 = [w.queued_requests + w.running_requests for w in ws]
-        self.backlog = [has_token_backlog(w) for w in ws]
         self.kv_usage = [w.kv_usage for w in ws]
+        self.weight: list[float] | None = None if e.unit else [w.weight for w in ws]
+        """Each worker's relative capacity (None: every weight is 1)."""
         self.every = list(range(n))
         """Every position (the kept workers when the load bound keeps all or is off)."""
-        full = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, self.kv_usage, 0, self.every)
-        self.fixed = {s: SCORERS[s](req, full) for s in scorers if s in VIEW_ONLY_SCORERS}
+        full = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, self.kv_usage, 0, self.every, ws)
+        self.fixed = {s: SCORERS[s](VIEW_ONLY_REQUEST, full) for s in scorers if s in VIEW_ONLY_SCORERS}
         """Every worker's score by each view-only scorer (`VIEW_ONLY_SCORERS`)."""
         self.keys = {s: [f"{name}.{s}" for name in e.names] for s in scorers}
         self.key_lists = [self.keys[s] for s in scorers]
         self.where: dict[str, tuple[int, int]] = {name: (0, i) for i, name in enumerate(e.names)}
-        """`ScoreTable` key -> (column, worker index), later keys winning as in the reference dict."""
+        """`ScoreTable` key -> (column, worker index), later keys winning as in a dict built in order."""
         for k, s in enumerate(scorers, start=1):
             self.where.update((key, (k, i)) for i, key in enumerate(self.keys[s]))
         self.load = [0.0] * n
@@ -82,61 +103,69 @@ class ViewColumns:
         """Their sum."""
         self.counts_seq = -1
         """`PickerState.seq` when `counts` was last brought up to date (-1: never)."""
+        self.dirty: list[int] = []
+        """Positions whose view changed since the last `refresh` (their ledger signals are due)."""
 
+    def moved(self, old: list[WorkerView], new: list[WorkerView], cost: Any) -> ViewColumns:
+        """These columns for a new view of the same workers (`new`, position for position the
+        workers of `old`): what a worker's view gives is recomputed only where its `WorkerView`
+        is another object, and its ledger signals at the next `refresh`. O(workers) identity
+        checks; the work is proportional to the views that changed."""
+        changed = [i for i in range(len(new)) if new[i] is not old[i]]
+        if not changed:
+            return self
+        base, reqs0, kv = self.base, self.reqs0, self.kv_usage
+        for i in changed:
+            w = new[i]
+            base[i] = view_load(w, cost)
+            reqs0[i] = w.queued_requests + w.running_requests
+            kv[i] = w.kv_usage
+        if self.fixed:  # view-only scores: a new list (earlier decisions' score tables hold the old one)
+            n = len(new)
+            cols = Columns([0.0] * n, [0.0] * n, [1.0] * n, [0] * n, None, kv, 0, changed, new)
+            for s, vals in self.fixed.items():
+                vals = vals.copy()
+                for i, x in zip(changed, SCORERS[s](VIEW_ONLY_REQUEST, cols), strict=True):
+                    vals[i] = x
+                self.fixed[s] = vals
+        self.dirty.extend(changed)
+        return self
 
     def refresh(self, e: Eligible, inflight: InFlight, cost: Any) -> None:
         """Bring every worker's load and requests up to date: those whose in-flight entries
-        changed since last asked are recomputed as `ComposedPolicy._candidate` does."""
+        changed since last asked, or whose view changed (`moved`), are recomputed (`ledger_load`)."""
         dw, per_req = cost.decode_token_weight, cost.per_request_tokens
-        since, outstanding = inflight.since, inflight.outstanding
-        load, requests = self.load, self.requests
+        load, requests, base, reqs0, ws = self.load, self.requests, self.base, self.reqs0, e.ws
         changed, mark = inflight.changes_since(self.mark) if self.mark >= 0 else (None, inflight.changes_since(0)[1])
         self.mark = mark
         pos = self.pos
-        todo: Any = range(len(e.ws)) if changed is None else [pos[n] for n in dict.fromkeys(changed) if n in pos]
+        todo: Any = range(len(ws)) if changed is None else dict.fromkeys(
+            [*[pos[n] for n in changed if n in pos], *self.dirty])
+        self.dirty = []
         for i in todo:
-            w = e.ws[i]
-            name = w.name
-            n_pend, tok_pend = since(name, w.reported_at_s, dw)
-            x = self.base[i]
-            if not self.backlog[i]:
-                x += outstanding(name, dw)[1] - tok_pend
-            x += tok_pend + per_req * n_pend
+            x, n_pend = ledger_load(ws[i], base[i], inflight, dw, per_req)
             load[i] = x
-            requests[i] = self.reqs0[i] + n_pend
+            requests[i] = reqs0[i] + n_pend
 
     def share_counts(self, names: list[str], seq: int, seen: Counter[str]) -> tuple[list[int], int]:
-        """Each worker's picks among the recent `mixed` decisions, and their sum (as
-        `plugins.load_bound` counts them): `counts`, rebuilt from `seen` (the pool's counts) unless
-        the picks since (`PickerState.seq` still `seq`) have kept it current."""
+        """Each worker's picks among the recent `mixed` decisions, and their sum (the load
+        bound's share check): `counts`, rebuilt from `seen` (the pool's counts) unless the picks
+        since (`PickerState.seq` still `seq`) have kept it current (`picked`)."""
         if self.counts_seq != seq:
             self.counts = [seen[name] for name in names]  # a Counter: 0 for a name not seen
             self.counts_k = sum(self.counts)
             self.counts_seq = seq
         return self.counts, self.counts_k
 
-
-class ScoreKeys(dict[str, str]):
-    """`<worker>.<scorer>` score keys of one scorer, built once per worker."""
-
-    def __init__(self, scorer: str) -> None:
-        super().__init__()
-        self.scorer = scorer
-
-    def __missing__(self, worker: str) -> str:
-        key = self[worker] = f"{worker}.{self.scorer}"
-        return key
-
-
-def rounded_scores(totals: dict[str, float], per: dict[str, dict[str, float]],
-                   keys_of: dict[str, ScoreKeys]) -> dict[str, float]:
-    """A decision's scores: totals, then `<worker>.<scorer>` per scorer (`per`), to
-    `SCORE_DIGITS` places; `keys_of` memoises each scorer's keys."""
-    scores = {k: round(v, SCORE_DIGITS) for k, v in totals.items()}
-    for s, vals in per.items():
-        keys = keys_of.get(s)
-        if keys is None:
-            keys = keys_of[s] = ScoreKeys(s)
-        for k, v in vals.items():
-            scores[keys[k]] = round(v, SCORE_DIGITS)
-    return scores
+    def picked(self, name: str, dropped: str | None, seq_before: int, seq: int) -> None:
+        """`name` was chosen (`dropped` fell out of the recent window), moving `PickerState.seq`
+        from `seq_before` to `seq`: the share counts follow if they were current."""
+        if self.counts_seq != seq_before:
+            return
+        pos = self.pos
+        if dropped is not None and dropped in pos:
+            self.counts[pos[dropped]] -= 1
+            self.counts_k -= 1
+        self.counts[pos[name]] += 1
+        self.counts_k += 1
+        self.counts_seq = seq

@@ -36,6 +36,7 @@ COMPILED = [
     "src/fleetwise/engine/scheduler.py",
     "src/fleetwise/engine/sequence.py",
     "src/fleetwise/engine/step_state.py",
+    "src/fleetwise/perf/roofline.py",
     "src/fleetwise/routing/incoming.py",
     "src/fleetwise/routing/kernels.py",
     "src/fleetwise/routing/plugins.py",

@@ -274,8 +274,8 @@ class BoundPerf:
         if c is None:
             c = self._decode_consts[n] = self._decode_terms(n)
         head, elem, comm_tp, comm_pp, comm_ep = c
-        dec_kv: float = kv if kv > 0 else 0
-        rows: float = n
+        dec_kv = float(kv) if kv > 0 else 0.0  # float(): what the arithmetic below converts it to
+        rows = float(n)
         if self.micro > 1 and n > 1:  # as `_evaluate`: one micro-batch of the round
             f = 1.0 / (self.micro if self.micro < n else n)
             dec_kv, rows = dec_kv * f - 0 * f, n * f
@@ -310,7 +310,7 @@ class BoundPerf:
         """For `decode_time_s`: the sum of `_evaluate`'s terms before attention (GEMMs, LM head,
         experts; the prompt-attention term is 0.0 without prompt rows), then elementwise and
         each communication term, evaluated exactly as `_evaluate` does for `n` decode rows."""
-        T: float = n
+        T = float(n)
         if self.micro > 1 and n > 1:
             T = n * (1.0 / (self.micro if self.micro < n else n))
         d_c, d_m, l_c, l_m, x_c, x_m, x_r = self._gemm_terms(T, T)
@@ -331,13 +331,14 @@ class BoundPerf:
         return _cost(total, parts)
 
     def _evaluate(self, s: BatchShape, parts: dict[str, float] | None) -> float:
-        T: float = s.new_tokens
+        # Token counts as floats (exact below 2**53): the values the int arithmetic gave.
+        T = float(s.new_tokens)
         if T <= 0:
             return 0.0
-        S: float = s.num_seqs if s.num_seqs > 0 else 1
-        kv_read: float = s.kv_read_tokens
+        S = float(s.num_seqs) if s.num_seqs > 0 else 1.0
+        kv_read = float(s.kv_read_tokens)
         pairs: float = s.attn_pairs
-        pre: float = s.prefill_tokens
+        pre = float(s.prefill_tokens)
         if self.micro > 1 and S > 1:  # one micro-batch of the round (see __init__)
             f = 1.0 / (self.micro if self.micro < S else S)
             T, S, kv_read, pairs, pre = T * f, S * f, kv_read * f, pairs * f, pre * f

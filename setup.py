@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent
 PURE_ENV = "FLEETWISE_PURE_PYTHON"
 """Set to 1: install (and run) pure Python only."""
 COMPILED = [
+    "src/fleetwise/core/feedback.py",
+    "src/fleetwise/core/views.py",
     "src/fleetwise/engine/blocks.py",
     "src/fleetwise/engine/bundle.py",
     "src/fleetwise/engine/decoders.py",

@@ -31,7 +31,7 @@ PURE_ENV = "FLEETWISE_PURE_PYTHON"
 MANIFEST = Path(__file__).with_name("compiled.json")
 _SRC = Path(__file__).resolve().parent.parent.parent
 """The directory holding the `fleetwise` package."""
-_PACKAGES = ("engine", "perf", "routing", "sim")
+_PACKAGES = ("core", "engine", "perf", "routing", "sim")
 
 _state: dict[str, Any] = {}
 

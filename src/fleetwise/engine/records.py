@@ -7,7 +7,7 @@ Import them from `fleetwise.engine.api`, the public surface of the engine layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import BatchShape
@@ -81,7 +81,6 @@ class Step:
                 f"decode_tokens={self.decode_tokens!r})")
 
 
-@dataclass(slots=True)
 class StepOutput:
     """What changed when a `Step` completed.
 
@@ -97,22 +96,38 @@ class StepOutput:
     scheduled: (request_id, 0.0) for each request whose prompt was first scheduled in this step
         (admitted from the waiting queue for the first time; the offset is the step's start).
         Re-admissions after a preemption and transferred KV (decode role) are not reported.
+    tokens: per request, when the engine reports it (`Engine.per_request_outputs`; None
+        otherwise): (request_id, output tokens it produced in this step: one per pass for a
+        decoder, one for a prompt that completed on a mixed engine), in engine order.
+    kv_events: KV events of this step when the pool records them (`Engine.enable_kv_events`;
+        None otherwise): (True, hash id) = span stored, (False, hash id) = span evicted, in order.
 
-    The last two fields are off on the simulator's fast path (None) and filled when asked.
+    The last two fields are off on the simulator's fast path (None) and filled when asked. One
+    is made per step: a plain class with its own `__init__` (see `step_state.ScheduledStep`).
     """
 
-    first_tokens: list[tuple[str, float]] = field(default_factory=list)
-    finished: list[str] = field(default_factory=list)
-    handoffs: list[str] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-    tokens_generated: int = 0
-    itl_samples: list[tuple[float, int]] = field(default_factory=list)
-    prefix_hit_tokens: int = 0
-    scheduled: list[tuple[str, float]] = field(default_factory=list)
-    tokens: list[tuple[str, int]] | None = None
-    """Per request, when the engine reports it (`Engine.per_request_outputs`; None otherwise):
-    (request_id, output tokens it produced in this step: one per pass for a decoder, one for a
-    prompt that completed on a mixed engine), in engine order."""
-    kv_events: list[tuple[bool, int]] | None = None
-    """KV events of this step when the pool records them (`Engine.enable_kv_events`; None
-    otherwise): (True, hash id) = span stored, (False, hash id) = span evicted, in order."""
+    __slots__ = ("first_tokens", "finished", "handoffs", "preempted", "tokens_generated", "itl_samples",
+                 "prefix_hit_tokens", "scheduled", "tokens", "kv_events")
+
+    def __init__(self, first_tokens: list[tuple[str, float]] | None = None, finished: list[str] | None = None,
+                 handoffs: list[str] | None = None, preempted: list[str] | None = None, tokens_generated: int = 0,
+                 itl_samples: list[tuple[float, int]] | None = None, prefix_hit_tokens: int = 0,
+                 scheduled: list[tuple[str, float]] | None = None, tokens: list[tuple[str, int]] | None = None,
+                 kv_events: list[tuple[bool, int]] | None = None) -> None:
+        self.first_tokens: list[tuple[str, float]] = [] if first_tokens is None else first_tokens
+        self.finished: list[str] = [] if finished is None else finished
+        self.handoffs: list[str] = [] if handoffs is None else handoffs
+        self.preempted: list[str] = [] if preempted is None else preempted
+        self.tokens_generated = tokens_generated
+        self.itl_samples: list[tuple[float, int]] = [] if itl_samples is None else itl_samples
+        self.prefix_hit_tokens = prefix_hit_tokens
+        self.scheduled: list[tuple[str, float]] = [] if scheduled is None else scheduled
+        self.tokens = tokens
+        self.kv_events = kv_events
+
+    def __repr__(self) -> str:
+        return "StepOutput(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in _STEP_OUTPUT_FIELDS) + ")"
+
+
+_STEP_OUTPUT_FIELDS = ("first_tokens", "finished", "handoffs", "preempted", "tokens_generated", "itl_samples",
+                       "prefix_hit_tokens", "scheduled", "tokens", "kv_events")

@@ -294,7 +294,7 @@ class Engine:
         full_hit = st.transferred  # transferred KV: every full block may come from the cache
         max_hit = st.target // bs if full_hit else (st.target - 1) // bs
         entries, uses, hit = (lookup(self.pool, keys, ends, max_hit)
-                              if use_cache and self.config.enable_prefix_caching else ([], [], 0))
+                              if keys and use_cache and self.config.enable_prefix_caching else ([], [], 0))
         computed = hit * bs if not full_hit else st.target
         if full_hit:
             chunk, need = 0, cdiv(st.target + 1, bs) - hit

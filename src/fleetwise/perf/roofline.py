@@ -279,9 +279,7 @@ class BoundPerf:
         if self.micro > 1 and n > 1:  # as `_evaluate`: one micro-batch of the round
             f = 1.0 / (self.micro if self.micro < n else n)
             dec_kv, rows = dec_kv * f - 0 * f, n * f
-        if longest <= 0:
-            longest = dec_kv / rows  # type: ignore[assignment]
-        sat = longest * self.seq_per_sat
+        sat = (float(longest) if longest > 0 else dec_kv / rows) * self.seq_per_sat
         kv_m = self.kv_read * (sat if sat > dec_kv else dec_kv)  # max(): the same value
         a_dec = self.c_attn_dec * dec_kv
         gpu = head + (a_dec if a_dec > kv_m else kv_m) + elem + comm_tp + comm_pp + comm_ep + self.graph_s

@@ -157,9 +157,10 @@ class DecodeSet:
         return done
 
 
-def step_shape(dec: DecodeSet, passes: int, chunks: list[tuple[SeqState, int]]) -> BatchShape:
-    """The batch of one pass: `dec`'s decode rows (`passes` passes done) plus the prompt chunks
-    `chunks` (sequence, tokens) scheduled with them."""
+def step_sums(dec: DecodeSet, passes: int, chunks: list[tuple[SeqState, int]]
+              ) -> tuple[int, int, int, float, int, int, int]:
+    """The `BatchShape` fields of one pass, in order: `dec`'s decode rows (`passes` passes done)
+    plus the prompt chunks `chunks` (sequence, tokens) scheduled with them."""
     n, new = dec.n, dec.n
     kv = dec.kv_read_tokens(passes)
     longest = dec.max_kv_read(passes) if n else 0
@@ -174,4 +175,9 @@ def step_shape(dec: DecodeSet, passes: int, chunks: list[tuple[SeqState, int]]) 
         elif st.computed + 1 > longest:  # a one-token chunk reads its KV like a decode row
             longest = st.computed + 1
         mx = max(mx, c)
-    return BatchShape(n, new, kv, pairs, pre, mx, longest)
+    return n, new, kv, pairs, pre, mx, longest
+
+
+def step_shape(dec: DecodeSet, passes: int, chunks: list[tuple[SeqState, int]]) -> BatchShape:
+    """The batch of one pass as a `BatchShape` (`step_sums`)."""
+    return BatchShape(*step_sums(dec, passes, chunks))

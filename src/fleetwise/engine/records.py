@@ -54,25 +54,31 @@ class Step:
     decode_tokens: decode tokens computed over all passes (num_seqs * num_passes when fused).
 
     A decode-only step is formed from `decode=(n, kv, longest)` and builds its `shape`
-    (`BatchShape(n, n, kv, float(kv), 0, 1, longest)`) only when asked: the simulator never does.
+    (`BatchShape(n, n, kv, float(kv), 0, 1, longest)`) only when asked, and a step with prompt
+    chunks from `sums` (the shape's fields, in order): the simulator never asks.
     """
 
-    __slots__ = ("duration_s", "num_passes", "num_seqs", "prefill_tokens", "decode_tokens", "_shape", "_decode")
+    __slots__ = ("duration_s", "num_passes", "num_seqs", "prefill_tokens", "decode_tokens", "_shape", "_decode",
+                 "_sums")
 
     def __init__(self, duration_s: float, num_passes: int, shape: BatchShape | None, num_seqs: int,
-                 prefill_tokens: int, decode_tokens: int, decode: tuple[int, int, int] | None = None) -> None:
-        if shape is None and decode is None:
-            raise ValueError("Step needs a shape, or decode=(n, kv, longest) for a decode-only step")
+                 prefill_tokens: int, decode_tokens: int, decode: tuple[int, int, int] | None = None,
+                 sums: tuple[int, int, int, float, int, int, int] | None = None) -> None:
+        if shape is None and decode is None and sums is None:
+            raise ValueError("Step needs a shape, its fields (sums=...), or decode=(n, kv, longest)")
         self.duration_s, self.num_passes, self.num_seqs = duration_s, num_passes, num_seqs
         self.prefill_tokens, self.decode_tokens = prefill_tokens, decode_tokens
-        self._shape, self._decode = shape, decode
+        self._shape, self._decode, self._sums = shape, decode, sums
 
     @property
     def shape(self) -> BatchShape:
         if self._shape is None:
-            assert self._decode is not None
-            n, kv, longest = self._decode
-            self._shape = BatchShape(n, n, kv, float(kv), 0, 1 if n else 0, longest)
+            if self._sums is not None:
+                self._shape = BatchShape(*self._sums)
+            else:
+                assert self._decode is not None
+                n, kv, longest = self._decode
+                self._shape = BatchShape(n, n, kv, float(kv), 0, 1 if n else 0, longest)
         return self._shape
 
     def __repr__(self) -> str:

@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent
 PURE_ENV = "FLEETWISE_PURE_PYTHON"
 """Set to 1: install (and run) pure Python only."""
 COMPILED = [
+    "src/fleetwise/core/feedback.py",
+    "src/fleetwise/core/views.py",
     "src/fleetwise/engine/blocks.py",
     "src/fleetwise/engine/bundle.py",
     "src/fleetwise/engine/decoders.py",
@@ -36,6 +38,7 @@ COMPILED = [
     "src/fleetwise/engine/scheduler.py",
     "src/fleetwise/engine/sequence.py",
     "src/fleetwise/engine/step_state.py",
+    "src/fleetwise/perf/roofline.py",
     "src/fleetwise/routing/incoming.py",
     "src/fleetwise/routing/kernels.py",
     "src/fleetwise/routing/plugins.py",
@@ -82,14 +85,18 @@ class OptionalBuildExt(build_ext):
     """Builds the compiled modules; on any failure warns and leaves the pure Python install."""
 
     def run(self) -> None:
+        # Beside the extensions: in the source tree when built in place (editable), else in the wheel.
+        target = ROOT / MANIFEST if self.inplace else Path(self.build_lib) / MANIFEST.removeprefix("src/")
+        if not self.extensions:  # nothing compiled now: extensions of an earlier build must not pass as current
+            target.unlink(missing_ok=True)
+            return
         try:
             super().run()
         except Exception as e:  # a missing compiler or headers must not stop the install
             _note(f"compiling the simulator failed ({e}); installing pure Python")
             self.extensions = []
+            target.unlink(missing_ok=True)
             return
-        # Beside the extensions: in the source tree when built in place (editable), else in the wheel.
-        target = ROOT / MANIFEST if self.inplace else Path(self.build_lib) / MANIFEST.removeprefix("src/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(_manifest(), indent=1, sort_keys=True) + "\n")
 

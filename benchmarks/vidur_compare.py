@@ -28,7 +28,11 @@ as num_blocks). One run does, in order:
 3. fleetwise in this process on the same request list and fleet: `simulate()` timed the same
    way, in the fast mode (router view refreshed every --feedback-delay s; with round-robin
    routing the results equal the exact mode's, which is also run and reported).
-4. Optionally fleetwise alone on a larger request set (--large-requests; lengths resampled).
+4. The whole process of each, on the same list: Vidur's child from its first line to the end of
+   its output writing (imports, predictor training, event loop, metrics files), and fleetwise
+   as a user runs it, in a fresh interpreter (`--fleetwise-child`: imports, plan and requests,
+   `simulate()`, summary.json and requests.csv); CPU seconds of each process (`whole_process`).
+5. Optionally fleetwise alone on a larger request set (--large-requests; lengths resampled).
 Writes the JSON (--out) and prints it. The machine's load average is recorded around each
 timed part: on a loaded 2-core machine, CPU seconds are the steadier figure.
 """
@@ -145,6 +149,7 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
     def _mark_then_write() -> None:  # the event loop ends where output writing begins
         marks["wall"], marks["cpu"] = time.perf_counter(), time.process_time()
         write_output()
+        marks["end_wall"], marks["end_cpu"] = time.perf_counter(), time.process_time()
 
     sim._write_output = _mark_then_write
     # What Vidur will simulate, after its own clipping: (arrival s, prompt, output) in request order.
@@ -167,7 +172,8 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
     n = len(reqs)
     out = {"requests": n, "tokens_in_out": tokens, "wall_s": wall, "cpu_s": cpu, "simulated_s": float(sim._time),
            "events_processed": events[0], "events_per_request": round(events[0] / n, 2),
-           "import_s": t_cfg - t_start, "setup_s": t_built - t_cfg, "write_output_s": time.perf_counter() - marks["wall"]}
+           "import_s": t_cfg - t_start, "setup_s": t_built - t_cfg, "write_output_s": marks["end_wall"] - marks["wall"],
+           "whole_wall_s": marks["end_wall"] - t_start, "whole_cpu_s": marks["end_cpu"]}
     try:  # headline numbers from Vidur's own request metrics, for a sanity look at the load
         import pandas as pd
 
@@ -189,6 +195,57 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
 
     out["version"] = getattr(vidur, "__version__", None)
     Path(out_path).write_text(json.dumps(out))
+
+
+def _fleetwise_child(spec_path: str, out_path: str) -> None:
+    """fleetwise as a user runs it, in a fresh process: import, build the plan and the requests,
+    simulate, write summary.json and requests.csv; each phase timed, and the whole process's CPU."""
+    t_start = time.perf_counter()
+    spec = json.loads(Path(spec_path).read_text())
+    from fleetwise.core.request import Request
+    from fleetwise.sim.runner import SimOptions, simulate
+    from fleetwise.spec.plan import PlanSpec
+
+    t_imported = time.perf_counter()
+    rows = json.loads(Path(spec["requests"]).read_text())
+    reqs = [Request(str(i), float(t), int(p), int(d)) for i, (t, p, d) in enumerate(rows)]
+    plan = PlanSpec(**spec["plan"])
+    t_built = time.perf_counter()
+    res = simulate(plan, reqs, options=SimOptions(seed=spec["seed"], feedback_delay_s=spec["feedback_delay_s"]))
+    t_simulated = time.perf_counter()
+    res.write(spec["output_dir"])
+    t_end, cpu_end = time.perf_counter(), time.process_time()
+    Path(out_path).write_text(json.dumps({
+        "requests": len(reqs), "import_s": t_imported - t_start, "setup_s": t_built - t_imported,
+        "simulate_s": t_simulated - t_built, "write_output_s": t_end - t_simulated,
+        "whole_wall_s": t_end - t_start, "whole_cpu_s": cpu_end,
+        "events_processed": res.summary["events_processed"]}))
+
+
+def run_fleetwise_process(a: argparse.Namespace, work: Path, requests_json: Path, replicas: int) -> dict:
+    """fleetwise's whole process (`_fleetwise_child` in a fresh interpreter, this environment's
+    fleetwise): imports, setup, simulation and output writing, as Vidur's child is timed whole."""
+    spec_path, result = work / "fleetwise_spec.json", work / "fleetwise_result.json"
+    plan = plan_document(a, replicas)
+    spec_path.write_text(json.dumps({"requests": str(requests_json), "plan": plan, "seed": a.seed,
+                                     "feedback_delay_s": a.feedback_delay, "output_dir": str(work / "fleetwise_out")}))
+    load0 = os.getloadavg()
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--fleetwise-child", str(spec_path),
+                        str(result)], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"fleetwise child failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
+    out = {k: round(v, 3) if isinstance(v, float) else v for k, v in json.loads(result.read_text()).items()}
+    out["loadavg_before"] = [round(x, 2) for x in load0]
+    return out
+
+
+def whole_process(vidur: dict, fw: dict) -> dict:
+    """Both simulators' whole processes on the same request list: phases, and the CPU ratio."""
+    keys = ("import_s", "setup_s", "write_output_s", "whole_wall_s", "whole_cpu_s")
+    return {"vidur": {k: vidur.get(k) for k in keys} | {"event_loop_s": vidur["wall_s"]},
+            "fleetwise": fw,
+            "ratio_cpu": round(vidur["whole_cpu_s"] / fw["whole_cpu_s"], 1),
+            "ratio_wall": round(vidur["whole_wall_s"] / fw["whole_wall_s"], 1)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,7 +305,12 @@ def step_budget(a: argparse.Namespace) -> int:
 def fleetwise_plan(a: argparse.Namespace, replicas: int):
     from fleetwise.spec.plan import PlanSpec
 
-    return PlanSpec(name="vidur-compare", routing="round-robin", pools=[{
+    return PlanSpec(**plan_document(a, replicas))
+
+
+def plan_document(a: argparse.Namespace, replicas: int) -> dict:
+    """The matched fleet as a plan document (what `PlanSpec` validates)."""
+    return dict(name="vidur-compare", routing="round-robin", pools=[{
         "name": "m", "accelerator": a.gpu, "model": a.model, "replicas": replicas,
         "gpu_memory_utilization": a.gpu_memory_utilization, "engine": {"max_num_batched_tokens": step_budget(a), "max_num_seqs": a.batch_cap, "block_size": a.block_size,
                    "enable_prefix_caching": False, "enable_chunked_prefill": a.vidur_scheduler == "sarathi"}}])
@@ -349,7 +411,8 @@ def run_vidur(a: argparse.Namespace, reqs, work: Path, py: Path, spec: dict, tag
                 "rps_cpu": round(out["requests"] / out["cpu_s"], 1),
                 "loadavg_before": [round(x, 2) for x in load0],
                 "loadavg_after": [round(x, 2) for x in os.getloadavg()], "tables": spec["tables"]})
-    for k in ("wall_s", "cpu_s", "simulated_s", "import_s", "setup_s", "write_output_s"):
+    for k in ("wall_s", "cpu_s", "simulated_s", "import_s", "setup_s", "write_output_s", "whole_wall_s",
+              "whole_cpu_s"):
         out[k] = round(out[k], 3)
     return out
 
@@ -376,6 +439,13 @@ def markdown_table(out: dict) -> str:
     lat = ["", "| figure | Vidur | fleetwise (fast) | fleetwise (exact) |", "|---|---|---|---|"]
     for k, v in m.items():
         lat.append(f"| {k} | {v['vidur']} | {v['fleetwise']} | {v['fleetwise_exact_mode']} |")
+    wp = out.get("whole_process")
+    if wp:
+        v, f = wp["vidur"], wp["fleetwise"]
+        tail += (f").\n\nWhole process (imports, setup, simulation, output writing): Vidur {v['whole_cpu_s']:.2f} CPU s "
+                 f"(import {v['import_s']:.2f} s, setup {v['setup_s']:.2f} s), fleetwise {f['whole_cpu_s']:.2f} CPU s "
+                 f"(import {f['import_s']:.2f} s, setup {f['setup_s']:.2f} s, simulate {f['simulate_s']:.2f} s, "
+                 f"write {f['write_output_s']:.2f} s): **{wp['ratio_cpu']}x** per CPU second, {wp['ratio_wall']}x wall")
     return "\n".join(rows) + "\n" + tail + ")." + ("\n" + "\n".join(lat) if m else "")
 
 
@@ -387,6 +457,15 @@ def best_of(runs: list[dict]) -> dict:
         best["rps_cpu"] = round(best["requests"] / best["cpu_s"], 1)
         best["runs"] = [{"wall_s": r["wall_s"], "cpu_s": r["cpu_s"], "loadavg_before": r["loadavg_before"]}
                         for r in runs]
+    return best
+
+
+def best_of_process(runs: list[dict]) -> dict:
+    """The whole-process run with the least CPU, with every run's CPU and wall seconds."""
+    best = dict(min(runs, key=lambda r: r["whole_cpu_s"]))
+    if len(runs) > 1:
+        best["runs"] = [{"whole_wall_s": r["whole_wall_s"], "whole_cpu_s": r["whole_cpu_s"],
+                         "loadavg_before": r["loadavg_before"]} for r in runs]
     return best
 
 
@@ -461,6 +540,10 @@ def main() -> None:
         vidur = best_of([run_vidur(a, reqs, work, py, spec, f"lean{i}") for i in range(a.repeats)])
         if reqs is None:  # the list Vidur generated and simulated, exported by its child
             reqs = vidur_requests(Path(spec["requests_out"]))
+        requests_json = work / "fleetwise_requests.json"
+        requests_json.write_text(json.dumps([[r.arrival_s, r.prompt_tokens, r.output_tokens] for r in reqs]))
+        fw_process = best_of_process([run_fleetwise_process(a, work, requests_json, a.replicas)
+                                      for _ in range(a.repeats)])
         vidur_defaults = vidur_bare = None
         if a.vidur_extra_runs:
             vidur_bare = run_vidur(a, reqs, work, py, dict(spec, write_metrics=False), "no_metrics")
@@ -504,6 +587,7 @@ def main() -> None:
         "ratio_cpu_exact_mode": round(fw_exact["rps_cpu"] / vidur["rps_cpu"], 1),
         "ratio_cpu_vs_vidur_no_metrics": round(fw["rps_cpu"] / vidur_bare["rps_cpu"], 1) if vidur_bare else None,
         "matched": matched_figures(vidur, fw, fw_exact),
+        "whole_process": whole_process(vidur, fw_process),
         "target": "fleetwise >= 20x Vidur's requests per wall-clock second",
         "setup": {
             "model": f"{a.model} (Vidur: {VIDUR_MODELS[a.model]})",
@@ -558,5 +642,7 @@ NOTES = [
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--vidur-child":
         _vidur_child(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "--fleetwise-child":
+        _fleetwise_child(sys.argv[2], sys.argv[3])
     else:
         main()

@@ -1,10 +1,10 @@
-"""Which engine, routing and simulator modules run compiled (mypyc), and the fallback to their sources.
+"""Which engine, perf, routing and simulator modules run compiled (mypyc), and the fallback to their sources.
 
 `setup.py` compiles the simulator's hot modules into C extensions beside their sources and
 writes `compiled.json` (module -> SHA-256 of the source it was built from). Python would load
-an extension before the source beside it, so `install()` (run by `fleetwise.engine`, `fleetwise.routing` and
-`fleetwise.sim` before any of their modules loads) decides once per process, for all of them
-together (compiled modules call each other natively, so it is all or none):
+an extension before the source beside it, so `install()` (run by `fleetwise.engine`,
+`fleetwise.perf`, `fleetwise.routing` and `fleetwise.sim` before any of their modules loads)
+decides once per process, for all of them together (compiled modules call each other natively, so it is all or none):
 - the extensions run when each listed module has one and its source is unchanged;
 - the sources run when `FLEETWISE_PURE_PYTHON=1` is set, when nothing was compiled, or when a
   source was edited since the build (with a warning naming it: rebuild with `pip install -e .`).
@@ -31,7 +31,7 @@ PURE_ENV = "FLEETWISE_PURE_PYTHON"
 MANIFEST = Path(__file__).with_name("compiled.json")
 _SRC = Path(__file__).resolve().parent.parent.parent
 """The directory holding the `fleetwise` package."""
-_PACKAGES = ("engine", "routing", "sim")
+_PACKAGES = ("core", "engine", "perf", "routing", "sim")
 
 _state: dict[str, Any] = {}
 

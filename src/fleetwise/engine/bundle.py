@@ -36,6 +36,20 @@ DecodeTimeFn = Callable[[int, int, int], float]
 `step_time(decode_shape(n, kv, longest))` (a perf model may answer it without the shape)."""
 
 
+BatchTimeFn = Callable[[int, int, int, float, int, int, int], float]
+"""Seconds of any pass from its `BatchShape` fields, in order (n, new, kv, pairs, pre, mx,
+longest) -> `step_time(BatchShape(...))` (a perf model may answer it without the shape)."""
+
+
+def batch_time_of(step_time: Callable[[BatchShape], float]) -> BatchTimeFn:
+    """A `BatchTimeFn` from a step-time function (through `BatchShape`)."""
+
+    def batch_time(n: int, new: int, kv: int, pairs: float, pre: int, mx: int, longest: int) -> float:
+        return step_time(BatchShape(n, new, kv, pairs, pre, mx, longest))
+
+    return batch_time
+
+
 def decode_shape(n: int, kv: int, longest: int = 0) -> BatchShape:
     return BatchShape(n, n, kv, float(kv), 0, 1, longest)
 

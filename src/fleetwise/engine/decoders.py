@@ -6,21 +6,30 @@ a global pass counter G advances by one per forward pass; a decoder stores `a` (
 sum(a), sum(f), a count of decoders per `a mod block_size` (a decoder needs a new KV block in
 the pass where its context is a multiple of the block size), a heap of finish passes and a heap
 of the largest `a` (the longest decode row, which bounds attention at small batch), both with
-lazy deletion (an entry is stale once its record left decoding or was re-admitted).
+lazy deletion (an entry is stale once its record left decoding).
+
+Heap entries are single ints, `key << SEQ_BITS | seq` (key: the finish pass f, or -a; seq: the
+decoder's admission number in its engine, unique per join), so the heap compares ints, not
+tuples, in the order the tuples `(key, seq)` have; `_live` maps the seq of each decoder in the
+set to its record, and an entry whose seq is not there is stale.
 """
 
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 from fleetwise.engine.sequence import DECODE, LEFT, SeqState
 from fleetwise.perf.types import BatchShape
 
+SEQ_BITS: Final = 32
+"""Low bits of a heap entry holding the decoder's admission number (`SeqState.seq`)."""
+SEQ_MASK: Final = (1 << SEQ_BITS) - 1
 
 class DecodeSet:
     """Aggregates over decoding `SeqState`s; see the module docstring."""
 
-    __slots__ = ("block_size", "n", "sum_a", "sum_f", "res", "_heap", "_amax", "_top_f", "_top_a")
+    __slots__ = ("block_size", "n", "sum_a", "sum_f", "res", "_heap", "_amax", "_live", "_top_f", "_top_a")
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -31,8 +40,12 @@ class DecodeSet:
         self.sum_a = 0
         self.sum_f = 0
         self.res = [0] * self.block_size
-        self._heap: list[tuple[int, int, SeqState]] = []
-        self._amax: list[tuple[int, int, SeqState]] = []
+        self._heap: list[int] = []
+        """Finish passes: `f << SEQ_BITS | seq`."""
+        self._amax: list[int] = []
+        """Largest `a` first: `-a << SEQ_BITS | seq`."""
+        self._live: dict[int, SeqState] = {}
+        """seq -> record of every decoder in the set."""
         self._top_f: int | None = None
         """`next_finish()` while no decoder joined or left (None: look again)."""
         self._top_a: int | None = None
@@ -40,23 +53,29 @@ class DecodeSet:
 
     def join(self, st: SeqState, context: int, remaining: int, g: int) -> None:
         """`st` decodes from pass `g` with `context` tokens cached and `remaining` tokens to go."""
+        seq = st.seq
+        assert 0 <= seq <= SEQ_MASK, seq
+        a = context - g
+        f = g + remaining
         st.phase = DECODE
-        st.a = context - g
-        st.f = g + remaining
+        st.a = a
+        st.f = f
         self.n += 1
-        self.sum_a += st.a
-        self.sum_f += st.f
-        self.res[st.a % self.block_size] += 1
-        heapq.heappush(self._heap, (st.f, st.seq, st))
-        heapq.heappush(self._amax, (-st.a, st.seq, st))
+        self.sum_a += a
+        self.sum_f += f
+        self.res[a % self.block_size] += 1
+        self._live[seq] = st
+        heapq.heappush(self._heap, f << SEQ_BITS | seq)
+        heapq.heappush(self._amax, -a << SEQ_BITS | seq)
         self._top_f = self._top_a = None
 
     def leave(self, st: SeqState) -> None:
-        """`st` stops decoding (finished or preempted); its heap entry goes stale."""
+        """`st` stops decoding (finished or preempted); its heap entries go stale."""
         self.n -= 1
         self.sum_a -= st.a
         self.sum_f -= st.f
         self.res[st.a % self.block_size] -= 1
+        del self._live[st.seq]
         st.phase = LEFT
         self._top_f = self._top_a = None
 
@@ -69,12 +88,13 @@ class DecodeSet:
         a = self._top_a
         if a is not None:
             return a + g + 1
-        heap = self._amax
+        heap, live = self._amax, self._live
         while heap:
-            neg_a, seq, st = heap[0]
-            if st.phase == DECODE and st.seq == seq and st.a == -neg_a:  # `_live_a`, inlined
-                self._top_a = -neg_a
-                return -neg_a + g + 1
+            top = heap[0]
+            if (top & SEQ_MASK) in live:
+                a = -(top >> SEQ_BITS)
+                self._top_a = a
+                return a + g + 1
             heapq.heappop(heap)
         return 0
 
@@ -88,11 +108,16 @@ class DecodeSet:
         total = full * self.n
         if part:
             # Pass g + i needs res[(-(g + i)) % bs]: a run of `part` residues counting down from
-            # r0 = (-g) % bs, wrapping below 0; summed as one or two slices.
+            # r0 = (-g) % bs, wrapping below 0 (summed in place: no slices).
             res = self.res
             r0 = (-g) % bs
             lo = r0 - part + 1
-            total += sum(res[lo:r0 + 1]) if lo >= 0 else sum(res[:r0 + 1]) + sum(res[lo + bs:])
+            if lo < 0:
+                for j in range(lo + bs, bs):
+                    total += res[j]
+                lo = 0
+            for j in range(lo, r0 + 1):
+                total += res[j]
         return total
 
     def max_passes(self, g: int, cap: int, free: int) -> int:
@@ -110,10 +135,11 @@ class DecodeSet:
         """Smallest finish pass among decoders (drops stale heap entries)."""
         if self._top_f is not None:
             return self._top_f
-        heap = self._heap
+        heap, live = self._heap, self._live
         while heap:
-            f, seq, st = heap[0]
-            if st.phase == DECODE and st.seq == seq and st.f == f:  # `_live`, inlined
+            top = heap[0]
+            if (top & SEQ_MASK) in live:
+                f = top >> SEQ_BITS
                 self._top_f = f
                 return f
             heapq.heappop(heap)
@@ -121,28 +147,20 @@ class DecodeSet:
 
     def pop_finished(self, g: int) -> list[SeqState]:
         """Decoders whose last token came out by pass `g`, in (finish, admission) order."""
-        heap = self._heap
+        heap, live = self._heap, self._live
         done: list[SeqState] = []
-        while heap and heap[0][0] <= g:
-            item = heapq.heappop(heap)
-            if _live(item):
-                done.append(item[2])
+        bound = (g + 1) << SEQ_BITS  # entries below it finish by pass g
+        while heap and heap[0] < bound:
+            st = live.get(heapq.heappop(heap) & SEQ_MASK)
+            if st is not None:
+                done.append(st)
         return done
 
 
-def _live(item: tuple[int, int, SeqState]) -> bool:
-    st = item[2]
-    return st.phase == DECODE and st.seq == item[1] and st.f == item[0]
-
-
-def _live_a(item: tuple[int, int, SeqState]) -> bool:
-    st = item[2]
-    return st.phase == DECODE and st.seq == item[1] and st.a == -item[0]
-
-
-def step_shape(dec: DecodeSet, passes: int, chunks: list[tuple[SeqState, int]]) -> BatchShape:
-    """The batch of one pass: `dec`'s decode rows (`passes` passes done) plus the prompt chunks
-    `chunks` (sequence, tokens) scheduled with them."""
+def step_sums(dec: DecodeSet, passes: int, chunks: list[tuple[SeqState, int]]
+              ) -> tuple[int, int, int, float, int, int, int]:
+    """The `BatchShape` fields of one pass, in order: `dec`'s decode rows (`passes` passes done)
+    plus the prompt chunks `chunks` (sequence, tokens) scheduled with them."""
     n, new = dec.n, dec.n
     kv = dec.kv_read_tokens(passes)
     longest = dec.max_kv_read(passes) if n else 0
@@ -157,4 +175,9 @@ def step_shape(dec: DecodeSet, passes: int, chunks: list[tuple[SeqState, int]]) 
         elif st.computed + 1 > longest:  # a one-token chunk reads its KV like a decode row
             longest = st.computed + 1
         mx = max(mx, c)
-    return BatchShape(n, new, kv, pairs, pre, mx, longest)
+    return n, new, kv, pairs, pre, mx, longest
+
+
+def step_shape(dec: DecodeSet, passes: int, chunks: list[tuple[SeqState, int]]) -> BatchShape:
+    """The batch of one pass as a `BatchShape` (`step_sums`)."""
+    return BatchShape(*step_sums(dec, passes, chunks))

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleetwise.core.views import Role, WorkerView
+from fleetwise.engine.bundle import BatchTimeFn, DecodeTimeFn
 from fleetwise.engine.clock import ORDER_KICK, ORDER_STEP_END, Clock
 from fleetwise.engine.records import Step, StepOutput
 from fleetwise.engine.scheduler import Engine
@@ -103,7 +104,7 @@ class EngineDriver:
     def slowdown(self, factor: float) -> None:
         self._slowdown = factor
         if self.perf is not None:
-            self.engine.step_time, self.engine.decode_time = step_time_fns(self.perf, factor)
+            self.engine.step_time, self.engine.decode_time, self.engine.batch_time = step_time_fns(self.perf, factor)
 
     @property
     def available(self) -> bool:
@@ -196,13 +197,14 @@ class EngineDriver:
         return e.kv_usage_at(now_s - self.step_start_s) if self.busy else e.kv_usage
 
 
-def step_time_fns(bound: BoundPerf, factor: float) -> tuple[Callable[[BatchShape], float],
-                                                            Callable[[int, int, int], float]]:
+def step_time_fns(bound: BoundPerf, factor: float) -> tuple[Callable[[BatchShape], float], DecodeTimeFn,
+                                                            BatchTimeFn]:
     """Step time of an engine slowed by `factor`: the perf model's (its own methods at 1.0),
-    times `factor`; and the same for decode-only passes (`BoundPerf.decode_time_s`)."""
-    base, base_decode = bound.step_time_s, bound.decode_time_s
+    times `factor`; and the same for decode-only passes (`BoundPerf.decode_time_s`) and for a
+    batch given by its fields (`BoundPerf.batch_time_s`)."""
+    base, base_decode, base_batch = bound.step_time_s, bound.decode_time_s, bound.batch_time_s
     if factor == 1.0:
-        return base, base_decode
+        return base, base_decode, base_batch
 
     def step_time(shape: BatchShape) -> float:
         return base(shape) * factor
@@ -210,4 +212,7 @@ def step_time_fns(bound: BoundPerf, factor: float) -> tuple[Callable[[BatchShape
     def decode_time(n: int, kv: int, longest: int) -> float:
         return base_decode(n, kv, longest) * factor
 
-    return step_time, decode_time
+    def batch_time(n: int, new: int, kv: int, pairs: float, pre: int, mx: int, longest: int) -> float:
+        return base_batch(n, new, kv, pairs, pre, mx, longest) * factor
+
+    return step_time, decode_time, batch_time

@@ -46,9 +46,9 @@ class PoolBuild:
 
     def engine(self, name: str) -> Engine:
         """A fresh engine of this pool named `name`, priced by the bound perf model."""
-        step_time, decode_time = step_time_fns(self.perf, 1.0)
+        step_time, decode_time, batch_time = step_time_fns(self.perf, 1.0)
         return Engine(name, self.pool.role, self.config, self.kv_capacity_tokens // self.config.block_size,
-                      step_time, decode_time)
+                      step_time, decode_time, batch_time)
 
 
 def build_pool(pool: PoolSpec, perf: PerfModel, where: str) -> PoolBuild:

@@ -7,7 +7,7 @@ Import them from `fleetwise.engine.api`, the public surface of the engine layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import BatchShape
@@ -54,25 +54,31 @@ class Step:
     decode_tokens: decode tokens computed over all passes (num_seqs * num_passes when fused).
 
     A decode-only step is formed from `decode=(n, kv, longest)` and builds its `shape`
-    (`BatchShape(n, n, kv, float(kv), 0, 1, longest)`) only when asked: the simulator never does.
+    (`BatchShape(n, n, kv, float(kv), 0, 1, longest)`) only when asked, and a step with prompt
+    chunks from `sums` (the shape's fields, in order): the simulator never asks.
     """
 
-    __slots__ = ("duration_s", "num_passes", "num_seqs", "prefill_tokens", "decode_tokens", "_shape", "_decode")
+    __slots__ = ("duration_s", "num_passes", "num_seqs", "prefill_tokens", "decode_tokens", "_shape", "_decode",
+                 "_sums")
 
     def __init__(self, duration_s: float, num_passes: int, shape: BatchShape | None, num_seqs: int,
-                 prefill_tokens: int, decode_tokens: int, decode: tuple[int, int, int] | None = None) -> None:
-        if shape is None and decode is None:
-            raise ValueError("Step needs a shape, or decode=(n, kv, longest) for a decode-only step")
+                 prefill_tokens: int, decode_tokens: int, decode: tuple[int, int, int] | None = None,
+                 sums: tuple[int, int, int, float, int, int, int] | None = None) -> None:
+        if shape is None and decode is None and sums is None:
+            raise ValueError("Step needs a shape, its fields (sums=...), or decode=(n, kv, longest)")
         self.duration_s, self.num_passes, self.num_seqs = duration_s, num_passes, num_seqs
         self.prefill_tokens, self.decode_tokens = prefill_tokens, decode_tokens
-        self._shape, self._decode = shape, decode
+        self._shape, self._decode, self._sums = shape, decode, sums
 
     @property
     def shape(self) -> BatchShape:
         if self._shape is None:
-            assert self._decode is not None
-            n, kv, longest = self._decode
-            self._shape = BatchShape(n, n, kv, float(kv), 0, 1 if n else 0, longest)
+            if self._sums is not None:
+                self._shape = BatchShape(*self._sums)
+            else:
+                assert self._decode is not None
+                n, kv, longest = self._decode
+                self._shape = BatchShape(n, n, kv, float(kv), 0, 1 if n else 0, longest)
         return self._shape
 
     def __repr__(self) -> str:
@@ -81,7 +87,6 @@ class Step:
                 f"decode_tokens={self.decode_tokens!r})")
 
 
-@dataclass(slots=True)
 class StepOutput:
     """What changed when a `Step` completed.
 
@@ -97,22 +102,38 @@ class StepOutput:
     scheduled: (request_id, 0.0) for each request whose prompt was first scheduled in this step
         (admitted from the waiting queue for the first time; the offset is the step's start).
         Re-admissions after a preemption and transferred KV (decode role) are not reported.
+    tokens: per request, when the engine reports it (`Engine.per_request_outputs`; None
+        otherwise): (request_id, output tokens it produced in this step: one per pass for a
+        decoder, one for a prompt that completed on a mixed engine), in engine order.
+    kv_events: KV events of this step when the pool records them (`Engine.enable_kv_events`;
+        None otherwise): (True, hash id) = span stored, (False, hash id) = span evicted, in order.
 
-    The last two fields are off on the simulator's fast path (None) and filled when asked.
+    The last two fields are off on the simulator's fast path (None) and filled when asked. One
+    is made per step: a plain class with its own `__init__` (see `step_state.ScheduledStep`).
     """
 
-    first_tokens: list[tuple[str, float]] = field(default_factory=list)
-    finished: list[str] = field(default_factory=list)
-    handoffs: list[str] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-    tokens_generated: int = 0
-    itl_samples: list[tuple[float, int]] = field(default_factory=list)
-    prefix_hit_tokens: int = 0
-    scheduled: list[tuple[str, float]] = field(default_factory=list)
-    tokens: list[tuple[str, int]] | None = None
-    """Per request, when the engine reports it (`Engine.per_request_outputs`; None otherwise):
-    (request_id, output tokens it produced in this step: one per pass for a decoder, one for a
-    prompt that completed on a mixed engine), in engine order."""
-    kv_events: list[tuple[bool, int]] | None = None
-    """KV events of this step when the pool records them (`Engine.enable_kv_events`; None
-    otherwise): (True, hash id) = span stored, (False, hash id) = span evicted, in order."""
+    __slots__ = ("first_tokens", "finished", "handoffs", "preempted", "tokens_generated", "itl_samples",
+                 "prefix_hit_tokens", "scheduled", "tokens", "kv_events")
+
+    def __init__(self, first_tokens: list[tuple[str, float]] | None = None, finished: list[str] | None = None,
+                 handoffs: list[str] | None = None, preempted: list[str] | None = None, tokens_generated: int = 0,
+                 itl_samples: list[tuple[float, int]] | None = None, prefix_hit_tokens: int = 0,
+                 scheduled: list[tuple[str, float]] | None = None, tokens: list[tuple[str, int]] | None = None,
+                 kv_events: list[tuple[bool, int]] | None = None) -> None:
+        self.first_tokens: list[tuple[str, float]] = [] if first_tokens is None else first_tokens
+        self.finished: list[str] = [] if finished is None else finished
+        self.handoffs: list[str] = [] if handoffs is None else handoffs
+        self.preempted: list[str] = [] if preempted is None else preempted
+        self.tokens_generated = tokens_generated
+        self.itl_samples: list[tuple[float, int]] = [] if itl_samples is None else itl_samples
+        self.prefix_hit_tokens = prefix_hit_tokens
+        self.scheduled: list[tuple[str, float]] = [] if scheduled is None else scheduled
+        self.tokens = tokens
+        self.kv_events = kv_events
+
+    def __repr__(self) -> str:
+        return "StepOutput(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in _STEP_OUTPUT_FIELDS) + ")"
+
+
+_STEP_OUTPUT_FIELDS = ("first_tokens", "finished", "handoffs", "preempted", "tokens_generated", "itl_samples",
+                       "prefix_hit_tokens", "scheduled", "tokens", "kv_events")

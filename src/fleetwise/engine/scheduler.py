@@ -31,8 +31,15 @@ from collections.abc import Callable
 from fleetwise.core.request import Request
 from fleetwise.core.views import Role, WorkerView
 from fleetwise.engine.blocks import BlockPool
-from fleetwise.engine.bundle import DecodeTimeFn, Fused, decode_time_of, plan_fused
-from fleetwise.engine.decoders import DecodeSet, step_shape
+from fleetwise.engine.bundle import (
+    BatchTimeFn,
+    DecodeTimeFn,
+    Fused,
+    batch_time_of,
+    decode_time_of,
+    plan_fused,
+)
+from fleetwise.engine.decoders import DecodeSet, step_sums
 from fleetwise.engine.records import EngineConfig, Step, StepOutput
 from fleetwise.engine.sequence import DECODE, HANDOFF, PREFILL, WAITING, SeqState, cdiv, hit_blocks, lookup
 from fleetwise.engine.step_state import EngineCounters, ScheduledStep
@@ -47,15 +54,18 @@ class Engine:
     """One replica. See the module docstring for the step phases and `api.py` for the contract."""
 
     def __init__(self, name: str, role: Role, config: EngineConfig, num_blocks: int,
-                 step_time: StepTimeFn, decode_time: DecodeTimeFn | None = None) -> None:
+                 step_time: StepTimeFn, decode_time: DecodeTimeFn | None = None,
+                 batch_time: BatchTimeFn | None = None) -> None:
         """`step_time` prices any batch; `decode_time(n, kv, longest)`, when given, must equal
         `step_time(decode_shape(n, kv, longest))` (a faster path for decode-only passes, which
-        fused planning evaluates several times per step)."""
+        fused planning evaluates several times per step), and `batch_time(*fields)` must equal
+        `step_time(BatchShape(*fields))` (steps with prompt chunks, priced without the shape)."""
         if role not in ("mixed", "prefill", "decode"):
             raise SpecError(f"engine {name!r}: role={role!r} must be mixed, prefill or decode")
         self.name, self.role, self.config = name, role, config
         self.step_time = step_time
         self.decode_time = decode_time if decode_time is not None else decode_time_of(step_time)
+        self.batch_time = batch_time if batch_time is not None else batch_time_of(step_time)
         self.pool = BlockPool(num_blocks)
         self._bs = config.block_size
         self._decoders = DecodeSet(config.block_size)
@@ -202,13 +212,13 @@ class Engine:
     def _single_step(self, chunks: list[tuple[SeqState, int]], n_dec: int, new_decoders: list[SeqState],
                      preempted: list[str], hits: int, scheduled: list[tuple[str, float]]) -> Step:
         """A step with prompt chunks: one pass, priced on its full shape."""
-        shape = step_shape(self._decoders, self._passes, chunks)
-        d0 = self.step_time(shape)
+        sums = step_sums(self._decoders, self._passes, chunks)
+        d0 = self.batch_time(*sums)
         self._inflight = ScheduledStep(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
         prefill = 0
         for _, c in chunks:
             prefill += c
-        return Step(d0, 1, shape, shape.num_seqs, prefill, n_dec)
+        return Step(d0, 1, None, sums[0], prefill, n_dec, sums=sums)
 
     def _reserve_decodes(self) -> bool:
         """Phase 1 fast path (nothing prefilling): reserve this pass's decode blocks if they fit
@@ -294,7 +304,7 @@ class Engine:
         full_hit = st.transferred  # transferred KV: every full block may come from the cache
         max_hit = st.target // bs if full_hit else (st.target - 1) // bs
         entries, uses, hit = (lookup(self.pool, keys, ends, max_hit)
-                              if use_cache and self.config.enable_prefix_caching else ([], [], 0))
+                              if keys and use_cache and self.config.enable_prefix_caching else ([], [], 0))
         computed = hit * bs if not full_hit else st.target
         if full_hit:
             chunk, need = 0, cdiv(st.target + 1, bs) - hit

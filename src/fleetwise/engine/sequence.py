@@ -14,7 +14,6 @@ without hashes share nothing. One `hash_block_tokens` per engine is assumed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import IntEnum
 
 from fleetwise.core.request import Request
@@ -90,9 +89,9 @@ def hit_blocks(pool: BlockPool, req: Request, block_size: int, max_blocks: int) 
     return lookup(pool, keys, ends, max_blocks)[2]
 
 
-@dataclass(slots=True, eq=False)
 class SeqState:
-    """A request inside one engine.
+    """A request inside one engine (one is made per admission to a queue: a plain class with its
+    own `__init__`, see `step_state.ScheduledStep`).
 
     target: tokens that must be in the KV cache before the next output token is sampled (the
         prompt, plus the outputs already produced when recomputing after a preemption).
@@ -102,26 +101,31 @@ class SeqState:
     shared/private: blocks held in cached spans / privately (decoders derive private).
     entries/uses: the cached spans it uses (aligned with its span index; None = kept private).
     a, f: decoder bookkeeping: context = a + passes; finishes when passes reach f.
+    seq: admission number in its engine (-1 before the first).
     """
 
-    req: Request
-    target: int
-    transferred: bool = False
-    computed: int = 0
-    outputs: int = 0
-    first_done: bool = False
-    scheduled: bool = False
-    phase: Phase = WAITING
-    seq: int = -1
-    shared: int = 0
-    private: int = 0
-    entries: list[CacheEntry | None] = field(default_factory=list)
-    uses: list[int] = field(default_factory=list)
-    next_span: int = 0
-    keys: list[SpanKey] | None = None
-    ends: list[int] | None = None
-    a: int = 0
-    f: int = 0
+    __slots__ = ("req", "target", "transferred", "computed", "outputs", "first_done", "scheduled", "phase", "seq",
+                 "shared", "private", "entries", "uses", "next_span", "keys", "ends", "a", "f")
+
+    def __init__(self, req: Request, target: int, transferred: bool = False) -> None:
+        self.req = req
+        self.target = target
+        self.transferred = transferred
+        self.computed = 0
+        self.outputs = 0
+        self.first_done = False
+        self.scheduled = False
+        self.phase: Phase = WAITING
+        self.seq = -1
+        self.shared = 0
+        self.private = 0
+        self.entries: list[CacheEntry | None] = []
+        self.uses: list[int] = []
+        self.next_span = 0
+        self.keys: list[SpanKey] | None = None
+        self.ends: list[int] | None = None
+        self.a = 0
+        self.f = 0
 
     def spans(self, block_size: int) -> tuple[list[SpanKey], list[int]]:
         if self.keys is None or self.ends is None:

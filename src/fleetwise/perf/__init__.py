@@ -9,11 +9,15 @@ time a band from the calibration's held-out errors (`PerfModel.step_time_band`);
 caller's decision with every step time at the fast and the slow end of its band.
 """
 
-from fleetwise.perf.kv import kv_transfer_bytes, kv_transfer_s
-from fleetwise.perf.profile import Profile
-from fleetwise.perf.roofline import BoundPerf, PerfModel
-from fleetwise.perf.types import BatchShape, Deployment, SeqWork, StepCost
-from fleetwise.perf.uncertainty import Band
+from fleetwise.core.compiled import install as _install_compiled
+
+_install_compiled()  # before any perf module loads: compiled or source (fleetwise.core.compiled)
+
+from fleetwise.perf.kv import kv_transfer_bytes, kv_transfer_s  # noqa: E402
+from fleetwise.perf.profile import Profile  # noqa: E402
+from fleetwise.perf.roofline import BoundPerf, PerfModel  # noqa: E402
+from fleetwise.perf.types import BatchShape, Deployment, SeqWork, StepCost  # noqa: E402
+from fleetwise.perf.uncertainty import Band  # noqa: E402
 
 __all__ = [
     "Band",

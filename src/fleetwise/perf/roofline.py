@@ -278,14 +278,12 @@ class BoundPerf:
         if c is None:
             c = self._decode_consts[n] = self._decode_terms(n)
         head, elem, comm_tp, comm_pp, comm_ep = c
-        dec_kv: float = kv if kv > 0 else 0
-        rows: float = n
+        dec_kv = float(kv) if kv > 0 else 0.0  # float(): what the arithmetic below converts it to
+        rows = float(n)
         if self.micro > 1 and n > 1:  # as `_evaluate`: one micro-batch of the round
             f = 1.0 / (self.micro if self.micro < n else n)
             dec_kv, rows = dec_kv * f - 0 * f, n * f
-        if longest <= 0:
-            longest = dec_kv / rows  # type: ignore[assignment]
-        sat = longest * self.seq_per_sat
+        sat = (float(longest) if longest > 0 else dec_kv / rows) * self.seq_per_sat
         kv_m = self.kv_read * (sat if sat > dec_kv else dec_kv)  # max(): the same value
         a_dec = self.c_attn_dec * dec_kv
         gpu = head + (a_dec if a_dec > kv_m else kv_m) + elem + comm_tp + comm_pp + comm_ep + self.graph_s
@@ -314,7 +312,7 @@ class BoundPerf:
         """For `decode_time_s`: the sum of `_evaluate`'s terms before attention (GEMMs, LM head,
         experts; the prompt-attention term is 0.0 without prompt rows), then elementwise and
         each communication term, evaluated exactly as `_evaluate` does for `n` decode rows."""
-        T: float = n
+        T = float(n)
         if self.micro > 1 and n > 1:
             T = n * (1.0 / (self.micro if self.micro < n else n))
         d_c, d_m, l_c, l_m, x_c, x_m, x_r = self._gemm_terms(T, T)
@@ -334,14 +332,25 @@ class BoundPerf:
         total = self._evaluate(shape, parts)
         return _cost(total, parts)
 
+    def batch_time_s(self, n: int, new: int, kv: int, pairs: float, pre: int, mx: int, longest: int) -> float:
+        """`step_time_s(BatchShape(n, new, kv, pairs, pre, mx, longest))`, bit for bit, without
+        building the shape (the engine prices every step with prompt chunks this way)."""
+        return self._evaluate_sums(n, new, kv, pairs, pre, longest, None)
+
     def _evaluate(self, s: BatchShape, parts: dict[str, float] | None) -> float:
-        T: float = s.new_tokens
+        return self._evaluate_sums(s.num_seqs, s.new_tokens, s.kv_read_tokens, s.attn_pairs, s.prefill_tokens,
+                                   s.max_decode_kv_tokens, parts)
+
+    def _evaluate_sums(self, num_seqs: int, new_tokens: int, kv_read_tokens: int, attn_pairs: float,
+                       prefill_tokens: int, max_decode_kv: int, parts: dict[str, float] | None) -> float:
+        # Token counts as floats (exact below 2**53): the values the int arithmetic gave.
+        T = float(new_tokens)
         if T <= 0:
             return 0.0
-        S: float = s.num_seqs if s.num_seqs > 0 else 1
-        kv_read: float = s.kv_read_tokens
-        pairs: float = s.attn_pairs
-        pre: float = s.prefill_tokens
+        S = float(num_seqs) if num_seqs > 0 else 1.0
+        kv_read = float(kv_read_tokens)
+        pairs: float = attn_pairs
+        pre = float(prefill_tokens)
         if self.micro > 1 and S > 1:  # one micro-batch of the round (see __init__)
             f = 1.0 / (self.micro if self.micro < S else S)
             T, S, kv_read, pairs, pre = T * f, S * f, kv_read * f, pairs * f, pre * f
@@ -357,7 +366,7 @@ class BoundPerf:
         if dec > 0:
             # Saturated: all KV bytes at full bandwidth. Too few (row x KV head) units: the longest
             # row streams at the bandwidth of one unit, 1/attn_saturation_units of the card's.
-            longest = s.max_decode_kv_tokens if s.max_decode_kv_tokens > 0 else dec_kv / dec
+            longest = max_decode_kv if max_decode_kv > 0 else dec_kv / dec
             kv_m = self.kv_read * max(dec_kv, longest * self.seq_per_sat)
         a_dec = self.c_attn_dec * dec_kv
         elem = self.e_tok * T

@@ -56,13 +56,16 @@ class Arrival(Event):
     """Position in the request list."""
 
 
-@dataclass(slots=True)
 class RoutedArrival(Event):
-    """A request already routed (delayed-feedback mode) reaching its engine."""
+    """A request already routed (delayed-feedback mode) reaching its engine (one per request: a
+    plain class with its own `__init__`, as compiled a dataclass's runs interpreted)."""
 
-    index: int
-    engine: int
-    prefill_engine: int
+    __slots__ = ("index", "engine", "prefill_engine")
+
+    def __init__(self, index: int, engine: int, prefill_engine: int) -> None:
+        self.index = index
+        self.engine = engine
+        self.prefill_engine = prefill_engine
 
 
 @dataclass(slots=True)

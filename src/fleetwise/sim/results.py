@@ -253,8 +253,9 @@ def _cost(replicas: list[ReplicaStats], out_tokens: int, span: float) -> dict[st
 # ---- files ----------------------------------------------------------------------------------
 def record_rows(rec: Records, names: list[str]) -> list[list[Any]]:
     """Rows of the per-request table in CSV_COLUMNS order (names: replica index -> name)."""
-    ttft, tpot, e2e, _ = request_metrics(rec)
-    cols = {c: rec.column(c) for c in TIME_COLUMNS}
+    # Columns as Python lists first (`tolist`: the same doubles, read without a numpy scalar each).
+    ttft, tpot, e2e = (m.tolist() for m in request_metrics(rec)[:3])
+    cols = {c: rec.column(c).tolist() for c in TIME_COLUMNS}
     rows = []
     for i, r in enumerate(rec.requests):
         pw, w = rec.prefill_worker[i], rec.worker[i]
@@ -274,7 +275,9 @@ def _scores_cell(scores: dict[str, float] | None) -> str:
 
 
 def _cell(v: Any) -> Any:
-    if isinstance(v, float | np.floating):
+    if isinstance(v, float):
+        return "" if v != v else round(v, 9)  # v != v: NaN
+    if isinstance(v, np.floating):
         return "" if math.isnan(v) else round(float(v), 9)
     return v
 

@@ -31,9 +31,9 @@ from fleetwise.spec.limits import (
     MIN_FACTOR,
 )
 from fleetwise.spec.parallel import ParallelismSpec
-from fleetwise.spec.planning import PlanSLOSpec
 from fleetwise.spec.roles import Role
 from fleetwise.spec.routing import PRESETS, RoutingSpec
+from fleetwise.spec.slo import PlanSLOSpec
 
 
 class EngineKnobs(Spec):

@@ -21,6 +21,7 @@ from fleetwise.spec.failure_domains import FailureDomainSpec
 from fleetwise.spec.limits import MAX_GPUS, MAX_RATE_RPS, MAX_REQUESTS, MAX_SEEDS
 from fleetwise.spec.output import strict_json_dumps
 from fleetwise.spec.routing import PRESETS
+from fleetwise.spec.slo import PlanSLOSpec
 from fleetwise.spec.workload import PrefixSpec, TraceArrival, WorkloadSpec
 
 SCHEMA_PATH = Path("docs/schema/planning-spec.schema.json")
@@ -150,19 +151,6 @@ def _from_length_source_form(data: dict[str, Any]) -> dict[str, Any]:
         cv = data["burstiness_cv"]
         out["arrival"] = {"kind": "poisson"} if cv == 1 else {"kind": "gamma", "cv": cv}
     return out
-
-
-class PlanSLOSpec(Spec):
-    """Service-level objectives: latency targets at a percentile and the attainment required."""
-
-    ttft_s: float = Field(gt=0)
-    """Time-to-first-token target, seconds, at `percentile`."""
-    tpot_s: float = Field(gt=0)
-    """Time-per-output-token target (after the first token), seconds, at `percentile`."""
-    percentile: Literal[50, 90, 99] = 90
-    """Percentile at which the targets apply (90 means p90 TTFT <= ttft_s and p90 TPOT <= tpot_s)."""
-    attainment: float = Field(default=0.9, gt=0, le=1)
-    """Fraction of requests that must meet both targets."""
 
 
 class HeadroomSpec(Spec):

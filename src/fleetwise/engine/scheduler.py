@@ -1,10 +1,9 @@
 """`Engine`: one replica's scheduler as a clockless state machine (continuous batching, vLLM v1).
 
-Owns the request lifecycle inside a replica: FCFS waiting queue, running set, chunked prefill,
-preemption by recompute, prefill/decode/mixed roles and fused decode steps. Block accounting is
-`blocks.BlockPool`, per-request KV bookkeeping `sequence.SeqState`, decode aggregates
-`decoders.DecodeSet`, the cost of fused passes `bundle.fuse`. No clock: the driver advances
-time by `Step.duration_s` between `schedule()` and `complete()`.
+Owns a replica's request lifecycle: FCFS waiting queue, running set, chunked prefill, preemption by
+recompute, prefill/decode/mixed roles, fused decode steps (blocks: `blocks.BlockPool`; per-request KV:
+`sequence.SeqState`; decode aggregates: `decoders.DecodeSet`; fused passes' cost: `bundle.fuse`).
+No clock: the driver advances time by `Step.duration_s` between `schedule()` and `complete()`.
 
 One step, in named phases (`schedule`):
 1. reserve_running: every decoder takes 1 token of the budget (max_num_batched_tokens >=
@@ -12,8 +11,8 @@ One step, in named phases (`schedule`):
    requests take their next chunk in admission order. Blocks are reserved for all of them; while
    they do not fit, the most recently admitted running request is preempted (blocks freed,
    progress reset, requeued at the front of waiting).
-2. admit_waiting: unless something was preempted, admit waiting requests FCFS while budget,
-   max_num_seqs and KV blocks allow (prefix-cache hits first; a long prompt gets a chunk).
+2. admit_waiting: unless something was preempted, admit waiting requests FCFS while budget, max_num_seqs
+   and KV blocks allow (prefix-cache hits first; a long prompt gets a chunk).
 3. fuse: if the step is decode-only and admitted nothing, extend it to k identical passes
    (bounded by max_bundle_steps, the first finish, the horizons and the free blocks). The hard
    `horizon_s` must not be crossed; at the soft horizon (`soft_horizon_s`, when new work will
@@ -87,7 +86,6 @@ class Engine:
         if self.pool.events is None:
             self.pool.events = []
 
-    # -- read-only properties -------------------------------------------------------------------
     @property
     def busy(self) -> bool:
         """A step is in flight (scheduled, not yet completed)."""
@@ -128,8 +126,7 @@ class Engine:
     @property
     def prefix_hit_rate(self) -> float:
         """Fraction of admitted prompt tokens served from the prefix cache (0 before any)."""
-        admitted = self.stats.prompt_tokens_admitted
-        return self.stats.prefix_hit_tokens / admitted if admitted else 0.0
+        return self.stats.prefix_hit_tokens / max(1, self.stats.prompt_tokens_admitted)
 
     # -- intake ---------------------------------------------------------------------------------
     def fits(self, req: Request) -> bool:

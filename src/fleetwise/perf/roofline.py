@@ -144,6 +144,11 @@ class BoundPerf:
     returns the same total with its breakdown. Both run `_evaluate`, so they agree exactly.
     """
 
+    def __reduce__(self) -> tuple[type[BoundPerf], tuple[Deployment, Profile]]:
+        """Pickled and copied as its two inputs (the compiled class has no default constructor; the
+        planner's worker processes receive it): rebuilding gives the same constants."""
+        return (BoundPerf, (self.deployment, self.profile))
+
     def __init__(self, deployment: Deployment, profile: Profile) -> None:
         self.deployment, self.profile = deployment, profile
         d, p, m = deployment, profile, deployment.model

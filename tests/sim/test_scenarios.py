@@ -116,7 +116,8 @@ def test_cache_mix_falls_back_without_the_trace(tmp_path):
 def test_trace_windows_differ_per_seed():
     s = sc.load_scenario(SCEN_DIR / "cache-mix.yaml", small=True)
     if not s.workload_source.startswith("trace:"):
-        pytest.skip("shared conversation trace not present")
+        pytest.skip("the public conversation trace is not shipped with the project (its own license); "
+                    "put the shared traces/ folder beside the clone as ../shared to run this")
     a, b = s.requests(0), s.requests(1)
     assert len(a) == len(b) == 700
     assert [r.prompt_tokens for r in a[:20]] != [r.prompt_tokens for r in b[:20]]

@@ -224,7 +224,8 @@ def test_prefix_reuse_counts_leading_seen_blocks_only() -> None:
 def _real(name: str) -> Path:
     p = SHARED / name
     if not p.is_file():
-        pytest.skip(f"{p} not present")
+        pytest.skip(f"{p} not present: public traces are not shipped with the project (their own licenses); "
+                    "put the shared traces/ folder beside the clone as ../shared to run this")
     return p
 
 

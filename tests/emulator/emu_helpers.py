@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
@@ -17,6 +17,9 @@ T = TypeVar("T")
 TEST_TIME_SCALE = 100.0
 """Tests run the modelled hardware 100x faster than real time."""
 TOKEN = "secret-token"
+UNTIL_S = 20.0
+"""Longest wait for a condition the emulator reaches at a step boundary (a loaded 2-core machine
+may take well over the modelled time to get there)."""
 
 
 def cfg(**kw: Any) -> EmulatorConfig:
@@ -31,6 +34,15 @@ def run(coro: Awaitable[T], timeout_s: float = 60.0) -> T:
     async def bounded() -> T:
         return await asyncio.wait_for(coro, timeout_s)
     return asyncio.run(bounded())
+
+
+async def until(cond: Callable[[], bool], what: str, timeout_s: float = UNTIL_S) -> None:
+    """Poll `cond` every 10 ms until it holds; fail naming `what` after `timeout_s` of wall time."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < end, f"not reached in {timeout_s:g} s: {what}"
+        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

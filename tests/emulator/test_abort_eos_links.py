@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from emu_helpers import asgi_post, cfg, metric, run, serve
+from emu_helpers import asgi_post, cfg, metric, run, serve, until
 
 from fleetwise.core.tokens import words_text
 from fleetwise.emulator.app import KvPost, create_app
@@ -71,8 +71,8 @@ def test_a_stream_whose_client_disconnects_is_aborted_and_frees_its_kv():
             chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
             # cut short: 2,000 tokens would take ~20 s of wall time (51 chunks were seen at load 7 on 2 cores)
             assert len(chunks) < 500
-            await asyncio.sleep(0.2)  # a few steps: the abort lands at a step boundary
-            assert rep.engine.num_running == 0 and rep.engine.num_waiting == 0
+            # the abort lands at a step boundary
+            await until(lambda: rep.engine.num_running == 0 and rep.engine.num_waiting == 0, "the stream aborted")
             assert rep.engine.pool.num_used == 0  # KV freed (prompt blocks stay as evictable cache)
             assert not rep._live
             assert re.search(r'finished_reason="abort"[^}]*} 1\.0', rep.metrics.render().decode())
@@ -89,8 +89,8 @@ def test_a_non_streaming_request_whose_client_disconnects_is_aborted():
             sent = await asyncio.wait_for(_call_then_disconnect(app, body, after_chunks=0), 30)
             assert time.monotonic() - t0 < 5.0  # did not run the 2,000 tokens
             assert sent[0]["status"] == 499
-            await asyncio.sleep(0.2)
-            assert rep.engine.num_running == 0 and rep.engine.pool.num_used == 0 and not rep._live
+            await until(lambda: rep.engine.num_running == 0 and rep.engine.pool.num_used == 0 and not rep._live,
+                        "the request aborted and its KV freed")
             assert re.search(r'finished_reason="abort"[^}]*} 1\.0', rep.metrics.render().decode())
     run(go())
 
@@ -115,14 +115,11 @@ def test_a_decode_request_whose_client_disconnects_during_its_kv_pull_is_dropped
                 await asyncio.sleep(0)
                 gone = asyncio.Event()
                 pulling = asyncio.create_task(_call_then_disconnect(dapp, body, -1, gone))
-                for _ in range(400):
-                    await asyncio.sleep(0.005)
-                    if drep.kv_port is not None and drep.kv_port.active:
-                        break
+                await until(lambda: drep.kv_port is not None and drep.kv_port.active > 0, "the KV pull started")
                 assert drep.kv_port is not None and drep.kv_port.active == 1  # the KV is on its way
                 gone.set()  # the client goes away while the pull is in flight (1 s of wall time)
-                await asyncio.sleep(0.05)
-                assert drep.kv_port.active == 0  # the pull was cancelled, not run to its end
+                port = drep.kv_port
+                await until(lambda: port.active == 0, "the pull cancelled")  # not run to its end (1 s of wall)
                 assert not drep._live and drep.engine.num_waiting == 0
                 await asyncio.wait_for(pulling, 30)
                 assert metric((await _get(dapp, "/metrics")), "fleetwise:kv_transfer_seconds_count") == 0

@@ -1,17 +1,23 @@
-"""The core types made per request or per view refresh keep the frozen dataclass interface while
-defining their own `__init__` (core/views.py says why): every field is set from its parameter, in
-field order, positionally and by keyword; `dataclasses.replace`, equality, hashing and the frozen
-error on assignment are the dataclass's; the defaults are the documented ones."""
+"""The types made per request or per view refresh construct without the dataclasses module's
+generated `__init__` (core/views.py says why). The core ones keep the frozen dataclass interface:
+every field is set from its parameter, in field order, positionally and by keyword;
+`dataclasses.replace`, equality, hashing and the frozen error on assignment are the dataclass's;
+the defaults are the documented ones. The simulator's `Arrival` and the engine's `CacheEntry` too."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import sys
 from typing import Any
 
 import pytest
 
+from fleetwise.core.compiled import native
 from fleetwise.core.feedback import Cancelled, Completed, Dispatched, Failed, FirstToken
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision, WorkerView
+from fleetwise.engine.blocks import CacheEntry
+from fleetwise.sim.events import Arrival
 from fleetwise.spec.kv_format import KvFormat
 
 W = WorkerView("w0")
@@ -81,3 +87,21 @@ def test_a_decision_without_scores_gets_its_own_empty_dict() -> None:
     a, b = RoutingDecision("w"), RoutingDecision("w")
     assert a.scores == {} and a.scores is not b.scores
     assert a.rejected is False and RoutingDecision(None).rejected is True
+
+
+@pytest.mark.parametrize("cls", [*SAMPLES, Arrival, CacheEntry], ids=lambda c: c.__name__)
+def test_the_constructor_is_the_class_own_not_the_generated_one(cls: type) -> None:
+    """The dataclasses module writes its `__init__` as Python even for a compiled class: these
+    classes keep theirs (compiled natively, or, from the sources, the function in their module)."""
+    init = cls.__init__
+    if inspect.isfunction(init):  # the sources run
+        assert init.__code__.co_filename == inspect.getsourcefile(sys.modules[cls.__module__])
+    else:
+        assert native()
+
+
+def test_arrival_and_cache_entry_set_their_fields() -> None:
+    assert Arrival(7).index == 7
+    e = CacheEntry((3, 1), 4)
+    assert (e.key, e.num_blocks, e.ref_count) == ((3, 1), 4, 0)
+    assert CacheEntry((3, 1), 4, 2).ref_count == 2

@@ -30,13 +30,19 @@ SpanKey = tuple[int, int]
 """(workload hash id, span index): the chained key of one cached span."""
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class CacheEntry:
-    """A cached span of `num_blocks` full blocks under `key`, used by `ref_count` requests."""
+    """A cached span of `num_blocks` full blocks under `key`, used by `ref_count` requests (its own
+    `__init__`: made per cached span, and a compiled dataclass's generated one runs interpreted)."""
 
     key: SpanKey
     num_blocks: int
-    ref_count: int = 0
+    ref_count: int
+
+    def __init__(self, key: SpanKey, num_blocks: int, ref_count: int = 0) -> None:
+        self.key = key
+        self.num_blocks = num_blocks
+        self.ref_count = ref_count
 
 
 class BlockPool:

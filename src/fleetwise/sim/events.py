@@ -50,10 +50,16 @@ class Event:
     """Base of all events: plain data, no behaviour."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Arrival(Event):
+    """A request reaching the router (one per request: its own `__init__`, as a compiled
+    dataclass's generated one runs interpreted; core/views.py)."""
+
     index: int
     """Position in the request list."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 class RoutedArrival(Event):

@@ -1,0 +1,107 @@
+"""The types made per request or per view refresh construct without the dataclasses module's
+generated `__init__` (core/views.py says why). The core ones keep the frozen dataclass interface:
+every field is set from its parameter, in field order, positionally and by keyword;
+`dataclasses.replace`, equality, hashing and the frozen error on assignment are the dataclass's;
+the defaults are the documented ones. The simulator's `Arrival` and the engine's `CacheEntry` too."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+from typing import Any
+
+import pytest
+
+from fleetwise.core.compiled import native
+from fleetwise.core.feedback import Cancelled, Completed, Dispatched, Failed, FirstToken
+from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision, WorkerView
+from fleetwise.engine.blocks import CacheEntry
+from fleetwise.sim.events import Arrival
+from fleetwise.spec.kv_format import KvFormat
+
+W = WorkerView("w0")
+SAMPLES: dict[type, tuple[Any, ...]] = {
+    WorkerView: ("w1", "decode", "p", "h200-sxm", "v2", "eu", False, 3, 4, 5, 6, 0.25, 1024, 32, 1.5, 2.0,
+                 KvFormat("v2")),
+    FleetView: (2.5, (W,), ()),
+    RouteRequest: ("r1", 100, 50, (1, 2), "t", "v2", "eu", 3.5, 256),
+    RoutingDecision: ("w1", "p1", {"w1": 1.0}, "why", True, "prefix"),
+    Dispatched: (1.0, "r1", "w1", 100, (7,), "p1"),
+    FirstToken: (1.0, "r1", "w1", 0.5),
+    Completed: (1.0, "r1", "w1", 20, 0.01, 2.0),
+    Failed: (1.0, "r1", "w1", "crash"),
+    Cancelled: (1.0, "r1", "w1", "gone"),
+}
+"""A value per field, in field order, none of them the field's default."""
+
+DEFAULTS: dict[type, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    WorkerView: (("w",), {"role": "mixed", "pool": "default", "accelerator": "", "model_version": "v1",
+                          "region": "default", "healthy": True, "queued_requests": 0, "running_requests": 0,
+                          "queued_prefill_tokens": 0, "running_decode_tokens": 0, "kv_usage": 0.0,
+                          "kv_capacity_tokens": 0, "block_size": 16, "reported_at_s": 0.0, "weight": 1.0,
+                          "kv_format": None}),
+    FleetView: ((1.0, ()), {"links": ()}),
+    RouteRequest: (("r", 10, None), {"block_hashes": (), "tenant": "default", "model_version": None,
+                                     "region": None, "arrival_s": 0.0, "hash_block_tokens": 512}),
+    RoutingDecision: (("w",), {"prefill_worker": None, "scores": {}, "reason": "", "safe_mode": False,
+                               "kind": ""}),
+    Dispatched: ((1.0, "r", "w", 10), {"block_hashes": (), "prefill_worker": None}),
+}
+"""Required arguments and the documented defaults of the optional fields."""
+
+
+@pytest.mark.parametrize("cls", list(SAMPLES), ids=lambda c: c.__name__)
+def test_every_field_is_set_from_its_parameter_in_field_order(cls: type) -> None:
+    values = SAMPLES[cls]
+    names = [f.name for f in dataclasses.fields(cls)]
+    assert len(names) == len(values)
+    positional, keyword = cls(*values), cls(**dict(zip(names, values, strict=True)))
+    for obj in (positional, keyword):
+        assert [getattr(obj, n) for n in names] == list(values)
+    assert positional == keyword
+    if cls is not RoutingDecision:  # its scores are a dict: unhashable, as before
+        assert hash(positional) == hash(keyword)
+    changed = dataclasses.replace(positional, **{names[0]: SAMPLES[cls][0]})
+    assert changed == positional and changed is not positional
+
+
+@pytest.mark.parametrize("cls", list(SAMPLES), ids=lambda c: c.__name__)
+def test_fields_stay_frozen(cls: type) -> None:
+    obj = cls(*SAMPLES[cls])
+    first = dataclasses.fields(cls)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(obj, first, SAMPLES[cls][0])
+    with pytest.raises((dataclasses.FrozenInstanceError, AttributeError)):
+        delattr(obj, first)
+
+
+@pytest.mark.parametrize("cls", list(DEFAULTS), ids=lambda c: c.__name__)
+def test_defaults_are_the_documented_ones(cls: type) -> None:
+    args, defaults = DEFAULTS[cls]
+    obj = cls(*args)
+    assert {n: getattr(obj, n) for n in defaults} == defaults
+
+
+def test_a_decision_without_scores_gets_its_own_empty_dict() -> None:
+    a, b = RoutingDecision("w"), RoutingDecision("w")
+    assert a.scores == {} and a.scores is not b.scores
+    assert a.rejected is False and RoutingDecision(None).rejected is True
+
+
+@pytest.mark.parametrize("cls", [*SAMPLES, Arrival, CacheEntry], ids=lambda c: c.__name__)
+def test_the_constructor_is_the_class_own_not_the_generated_one(cls: type) -> None:
+    """The dataclasses module writes its `__init__` as Python even for a compiled class: these
+    classes keep theirs (compiled natively, or, from the sources, the function in their module)."""
+    init = cls.__init__
+    if inspect.isfunction(init):  # the sources run
+        assert init.__code__.co_filename == inspect.getsourcefile(sys.modules[cls.__module__])
+    else:
+        assert native()
+
+
+def test_arrival_and_cache_entry_set_their_fields() -> None:
+    assert Arrival(7).index == 7
+    e = CacheEntry((3, 1), 4)
+    assert (e.key, e.num_blocks, e.ref_count) == ((3, 1), 4, 0)
+    assert CacheEntry((3, 1), 4, 2).ref_count == 2

@@ -55,6 +55,9 @@ def score_handoff(req: RouteRequest, c: PairColumns) -> list[float]:
 
 PAIR_SCORERS: dict[str, PairScorerFn] = ROUTING_PLUGINS.implementations("pair_scorer")
 """Every pair scorer by name (the registry's live mapping)."""
+LINK_ONLY_PAIR_SCORERS = frozenset({"handoff"})
+"""Pair scorers that read only `PairColumns.links` and `best_bandwidth`, pair by pair, and not the
+request: computed once per link views over every pair, then picked out for each decision's pairs."""
 
 
 def kv_headroom(w: WorkerView, need_tokens: int) -> float:

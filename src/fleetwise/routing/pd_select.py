@@ -18,19 +18,20 @@ at a time, and tests/routing/test_pd_fast_path.py checks the decisions are equal
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetwise.core.views import KvLinkView, RouteRequest, WorkerView, kv_format_of
-from fleetwise.routing.pd_scorers import PAIR_SCORERS, PairColumns, kv_headroom
+from fleetwise.routing.pd_scorers import LINK_ONLY_PAIR_SCORERS, PAIR_SCORERS, PairColumns, kv_headroom
 from fleetwise.routing.plugins import own_cost, view_load
 from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.routing.state import InFlight
-from fleetwise.routing.vector import Columns
+from fleetwise.routing.vector import Columns, ScoreTable
 from fleetwise.routing.view_cache import ledger_load
 from fleetwise.spec.kv_format import kv_compat
 
-__all__ = ["LinkTable", "PairTable", "Side", "pair_totals"]
+__all__ = ["LinkTable", "PairTable", "Side", "SideLoads", "pair_totals"]
 
 
 def _signature(ws: Sequence[WorkerView]) -> list[tuple[str, Any, str]]:
@@ -43,13 +44,17 @@ class LinkTable:
     among them (bytes/s), kept between views: a new links tuple of the same layout is read only
     where it holds another object."""
 
-    __slots__ = ("links", "by_pair", "best", "version", "exact")
+    __slots__ = ("links", "by_pair", "best", "lowest", "all_healthy", "version", "exact")
 
     def __init__(self) -> None:
         self.links: tuple[KvLinkView, ...] = ()
         self.by_pair: dict[tuple[str, str], KvLinkView] = {}
         self.best = 0.0
         """The best bandwidth of a healthy link, bytes/s (0 when none is)."""
+        self.lowest = math.inf
+        """The lowest bandwidth of any link, bytes/s (inf without links)."""
+        self.all_healthy = True
+        """No link is down."""
         self.version = 0
         """Bumped whenever `by_pair` changes."""
         self.exact = True
@@ -76,7 +81,15 @@ class LinkTable:
         if not same:
             by = self.by_pair = {(lk.src, lk.dst): lk for lk in links}
             self.exact = len(by) == len(links)
-        self.best = max((lk.bandwidth_bytes_per_s for lk in by.values() if lk.healthy), default=0.0)
+        best, lowest, ok = 0.0, math.inf, True
+        for lk in by.values():
+            bw = lk.bandwidth_bytes_per_s
+            if lk.healthy:
+                best = bw if bw > best else best
+            else:
+                ok = False
+            lowest = bw if bw < lowest else lowest
+        self.best, self.lowest, self.all_healthy = best, lowest, ok
 
 
 class PairTable:
@@ -84,8 +97,9 @@ class PairTable:
     are pair k's positions among the prefill and decode workers that pair at all (`ok_p`,
     `ok_d`: positions in the side lists), in prefill-major order; `why` says why none pairs."""
 
-    __slots__ = ("sig_p", "sig_d", "ok_p", "ok_d", "pi", "dj", "keys", "names", "why", "_tkeys", "_links",
-                 "_links_of")
+    __slots__ = ("sig_p", "sig_d", "ok_p", "ok_d", "pi", "dj", "keys", "names", "why", "every", "where", "loads",
+                 "_ws",
+                 "_tkeys", "_links", "_links_of", "_link_scores")
 
     def __init__(self, ps: Sequence[WorkerView], ds: Sequence[WorkerView]) -> None:
         self.sig_p, self.sig_d = _signature(ps), _signature(ds)
@@ -110,8 +124,18 @@ class PairTable:
         self.why = "" if self.pi or not ps or not ds else (
             f"no decode replica can take a prefill replica's KV ({ps[0].name}->{ds[0].name}: "
             f"{kv_compat(fp[0], fd[0]).reason})")
+        self.every = list(range(len(self.pi)))
+        """Every pair (a decision's pairs are this very list while no filter drops one)."""
+        self.where = {key: (0, k) for k, key in enumerate(self.keys)}
+        """Pair key -> (0, pair): a `ScoreTable` of pair totals reads its entries by it."""
+        self.loads = (SideLoads("prefill", pn), SideLoads("decode", dn))
+        """Each side's ledger signals, kept between decisions."""
+        self._ws = (ps, ds, [ps[i] for i in self.ok_p], [ds[j] for j in self.ok_d])
+        """The side lists the table was built from, and the paired workers of each."""
         self._links: list[KvLinkView | None] = []
         self._links_of: tuple[Any, int] = (None, -1)
+        self._link_scores: dict[str, list[float]] = {}
+        """Per link-only pair scorer (`LINK_ONLY_PAIR_SCORERS`): every pair's score for `_links_of`."""
 
     def matches(self, ps: Sequence[WorkerView], ds: Sequence[WorkerView]) -> bool:
         """The same workers on each side, with the same model versions and KV formats."""
@@ -123,7 +147,80 @@ class PairTable:
             get = table.by_pair.get
             self._links = [get(t) for t in self._tkeys]
             self._links_of = (table, table.version)
+            self._link_scores = {}
         return self._links
+
+    def with_decode(self, pairs: list[int], decode: list[int]) -> list[int]:
+        """The pairs among `pairs` whose decode position is in `decode`."""
+        keep = [False] * len(self.ok_d)
+        for j in decode:
+            keep[j] = True
+        dj = self.dj
+        return [k for k in pairs if keep[dj[k]]]
+
+    def link_scores(self, req: RouteRequest, name: str, table: LinkTable) -> list[float]:
+        """Every pair's score by the link-only pair scorer `name`, computed once per link views."""
+        vals = self._link_scores.get(name)
+        if vals is None:
+            links = self.links(table)
+            ps, ds = self._ws[2], self._ws[3]
+            cols = PairColumns([ps[i] for i in self.pi], [ds[j] for j in self.dj], links, table.best)
+            vals = self._link_scores[name] = PAIR_SCORERS[name](req, cols)
+        return vals
+
+    def scores(self, pairs: list[int], totals: list[float]) -> Mapping[str, float]:
+        """The decision's scores: `"<prefill>-><decode>"` -> its total (rounded when read) for each of `pairs`."""
+        return ScoreTable(self.keys, {}, [], self.where, None if pairs is self.every else pairs, [totals])
+
+
+class SideLoads:
+    """One P/D side's ledger signals (`ledger_load`: each worker's load and outstanding requests),
+    kept between decisions as `view_cache.ViewColumns` keeps a colocated view's: recomputed only
+    for the workers whose view changed (another `WorkerView` object) or whose in-flight entries
+    did (`InFlight.changes_since`)."""
+
+    __slots__ = ("side", "pos", "ws", "base", "reqs0", "load", "requests", "mark")
+
+    def __init__(self, side: str, names: list[str]) -> None:
+        self.side = side
+        self.pos = {name: i for i, name in enumerate(names)}
+        self.ws: list[WorkerView] = []
+        self.base: list[float] = []
+        """Each worker's view load (`view_load` of its side)."""
+        self.reqs0: list[int] = []
+        """Each worker's queued + running requests (from its view)."""
+        self.load: list[float] = []
+        self.requests: list[int] = []
+        self.mark = -1
+        """`InFlight.changes_since` position of the last refresh (-1: never refreshed)."""
+
+    def refresh(self, ws: list[WorkerView], cost: Any, inflight: InFlight) -> None:
+        """Bring the columns to the views `ws` (the side's paired workers, in order) and the ledger."""
+        dw, per_req, side = cost.decode_token_weight, cost.per_request_tokens, self.side
+        n, old = len(ws), self.ws
+        todo: Any
+        if self.mark < 0 or len(old) != n:
+            todo = range(n)
+            self.base = [view_load(w, cost, side) for w in ws]
+            self.reqs0 = [w.queued_requests + w.running_requests for w in ws]
+            self.load, self.requests = [0.0] * n, [0] * n
+            self.mark = inflight.changes_since(0)[1]
+        else:
+            dirty = [i for i in range(n) if ws[i] is not old[i]]
+            for i in dirty:
+                w = ws[i]
+                self.base[i] = view_load(w, cost, side)
+                self.reqs0[i] = w.queued_requests + w.running_requests
+            changed, self.mark = inflight.changes_since(self.mark)
+            pos = self.pos
+            todo = range(n) if changed is None else dict.fromkeys(
+                [*dirty, *[pos[x] for x in changed if x in pos]])
+        self.ws = ws
+        base, reqs0, load, requests = self.base, self.reqs0, self.load, self.requests
+        for i in todo:
+            x, n_pend = ledger_load(ws[i], base[i], inflight, dw, per_req)
+            load[i] = x
+            requests[i] = reqs0[i] + n_pend
 
 
 class Side:
@@ -132,17 +229,13 @@ class Side:
     __slots__ = ("ws", "names", "load", "own", "slow", "prefix", "requests", "room")
 
     def __init__(self, ws: list[WorkerView], names: list[str], slow: list[float], side: str, req: RouteRequest,
-                 cost: Any, inflight: InFlight, index: PrefixIndex, expected: int) -> None:
-        """`slow`: each worker's feedback factor; `expected`: the request's expected output tokens."""
+                 cost: Any, loads: SideLoads, index: PrefixIndex, expected: int) -> None:
+        """`slow`: each worker's feedback factor; `loads`: the side's ledger signals, brought up to
+        date; `expected`: the request's expected output tokens."""
         dw, per_req = cost.decode_token_weight, cost.per_request_tokens
         n = len(ws)
         self.ws, self.names = ws, names
-        self.load = [0.0] * n
-        self.requests = [0] * n
-        for i, w in enumerate(ws):
-            x, n_pend = ledger_load(w, view_load(w, cost, side), inflight, dw, per_req)
-            self.load[i] = x
-            self.requests[i] = w.queued_requests + w.running_requests + n_pend
+        self.load, self.requests = loads.load, loads.requests
         self.slow = [f / w.weight for f, w in zip(slow, ws, strict=True)]
         self.prefix = [0] * n
         self.room = [0.0] * n
@@ -169,19 +262,33 @@ class Side:
                        [self.room[i] for i in at] if room is None else room)
 
 
-def pair_totals(req: RouteRequest, pairs: list[int], pt: PairTable, links: list[KvLinkView | None], best: float,
-                sp: list[float], sd: list[float], weights: tuple[float, float], pair_scorers: dict[str, float],
-                ps: Side, ds: Side) -> list[float]:
+def pair_totals(req: RouteRequest, pairs: list[int], pt: PairTable, links: list[KvLinkView | None],
+                table: LinkTable, sp: list[float], sd: list[float], weights: tuple[float, float],
+                pair_scorers: dict[str, float], ps: Side, ds: Side) -> list[float]:
     """Each pair's score: `prefill weight * sp[its prefill] + decode weight * sd[its decode]`, then
-    each weighted pair scorer's term in turn (`sp`, `sd`: the sides' profile totals by position)."""
+    each weighted pair scorer's term in turn (`sp`, `sd`: the sides' profile totals by position).
+    A link-only pair scorer is read from every pair's scores, kept per link views (`PairTable.link_scores`)."""
     pi, dj = pt.pi, pt.dj
     wp, wd = weights
-    totals = [wp * sp[pi[k]] + wd * sd[dj[k]] for k in pairs]
-    terms = [(wt, s) for s, wt in pair_scorers.items() if wt > 0]
-    if terms:
-        cols = PairColumns([ps.ws[pi[k]] for k in pairs], [ds.ws[dj[k]] for k in pairs], [links[k] for k in pairs],
-                           best)
-        for wt, s in terms:
-            vals = PAIR_SCORERS[s](req, cols)
-            totals = [t + wt * v for t, v in zip(totals, vals, strict=True)]
+    every = pairs is pt.every
+    terms: list[tuple[float, list[float]]] = []
+    cols: PairColumns | None = None
+    for s, wt in pair_scorers.items():
+        if wt <= 0:
+            continue
+        if s in LINK_ONLY_PAIR_SCORERS:
+            vals = pt.link_scores(req, s, table)
+            terms.append((wt, vals if every else [vals[k] for k in pairs]))
+            continue
+        if cols is None:
+            cols = PairColumns([ps.ws[pi[k]] for k in pairs], [ds.ws[dj[k]] for k in pairs],
+                               [links[k] for k in pairs], table.best)
+        terms.append((wt, PAIR_SCORERS[s](req, cols)))
+    if every and len(terms) == 1:  # the default: one pass, `(a + b) + c` as the loop below sums it
+        wt, vals = terms[0]
+        return [wp * sp[i] + wd * sd[j] + wt * v for i, j, v in zip(pi, dj, vals, strict=True)]
+    totals = ([wp * sp[i] + wd * sd[j] for i, j in zip(pi, dj, strict=True)] if every
+              else [wp * sp[pi[k]] + wd * sd[dj[k]] for k in pairs])
+    for wt, vals in terms:
+        totals = [t + wt * v for t, v in zip(totals, vals, strict=True)]
     return totals

@@ -357,24 +357,22 @@ class ComposedPolicy:
         self._links.update(fleet.links)
         links = pt.links(self._links)
         f = self.feedback.factors(pt.names, now)
-        n_p, cost, inflight, index, exp = len(pt.ok_p), self.params.cost, self.inflight, self.index, self._expected
-        cp = Side([sides[0][i] for i in pt.ok_p], pt.names[:n_p], f[:n_p], "prefill", req, cost, inflight, index, exp)
-        cd = Side([sides[1][j] for j in pt.ok_d], pt.names[n_p:], f[n_p:], "decode", req, cost, inflight, index, exp)
+        n_p, cost, index, exp, (lp, ld) = len(pt.ok_p), self.params.cost, self.index, self._expected, pt.loads
+        ps, ds = [sides[0][i] for i in pt.ok_p], [sides[1][j] for j in pt.ok_d]
+        lp.refresh(ps, cost, self.inflight)
+        ld.refresh(ds, cost, self.inflight)
+        cp = Side(ps, pt.names[:n_p], f[:n_p], "prefill", req, cost, lp, index, exp)
+        cd = Side(ds, pt.names[n_p:], f[n_p:], "decode", req, cost, ld, index, exp)
         roomy = [j for j, r in enumerate(cd.room) if r >= pdp.kv_reserve] or list(range(len(cd.ws)))
-        fit = list(range(len(pt.pi)))
-        if len(roomy) < len(cd.ws):
-            is_roomy = [False] * len(cd.ws)
-            for j in roomy:
-                is_roomy[j] = True
-            fit = [k for k in fit if is_roomy[pt.dj[k]]]
-        pairs = [k for k in fit if (lk := links[k]) is None or lk.healthy]
+        fit = pt.every if len(roomy) == len(cd.ws) else pt.with_decode(pt.every, roomy)
+        pairs = fit if self._links.all_healthy else [k for k in fit if (lk := links[k]) is None or lk.healthy]
         no_link = not pairs
         if no_link:  # soft, like the region filter: the prefill takes a while, a link may be back by then
             pairs = fit
         kp, kd = ("round_robin", "round_robin") if safe and self.safe.spec.action == "round_robin" else self._pd_pickers
         if kp != "max" or kd != "max":
             p, d, reason = self._pick_pd_simple(req, pairs, pt, cp, cd, kp, kd)
-            scores: dict[str, float] = {}
+            scores: Mapping[str, float] = {}
             kind = PICKER_KINDS[kp if kp != "max" else kd]
         else:
             p, d, scores, reason = self._pick_pd_max(req, pairs, pt, links, cp, cd, roomy)
@@ -436,7 +434,7 @@ class ComposedPolicy:
         return [t / wsum for t in tot]
 
     def _pick_pd_max(self, req: RouteRequest, pairs: list[int], pt: PairTable, links: list[KvLinkView | None],
-                     cp: Side, cd: Side, roomy: list[int]) -> tuple[Candidate, Candidate, dict[str, float], str]:
+                     cp: Side, cd: Side, roomy: list[int]) -> tuple[Candidate, Candidate, Mapping[str, float], str]:
         """The best pair: `prefill.weight * prefill score + decode.weight * decode score + weighted
         pair scorers`, over the pairs both sides' load bounds keep (all pairs if none)."""
         pdp, pi, dj = self.params.pd, pt.pi, pt.dj
@@ -447,27 +445,30 @@ class ComposedPolicy:
         room_at = [0.0] * len(cd.ws)
         for j, r in zip(roomy, room, strict=True):
             room_at[j] = r
-        pairs = [k for k in pairs if room_at[dj[k]] >= pdp.kv_reserve] or pairs
+        if min(room) < pdp.kv_reserve:
+            pairs = pt.with_decode(pairs, [j for j in roomy if room_at[j] >= pdp.kv_reserve]) or pairs
         # Links degraded below a fraction of the best healthy bandwidth are skipped while another
         # pair is left, before the load bound, so the bound shares work among the workers still
         # reachable instead of pushing it back onto the degraded link.
         floor = pdp.degraded_link_fraction * self._links.best
-        pairs = [k for k in pairs if (lk := links[k]) is None or lk.bandwidth_bytes_per_s >= floor] or pairs
-        kept_p = self._bounded_at(cp, sorted({pi[k] for k in pairs}), "prefill")
-        in_d = {dj[k] for k in pairs}
-        kept_d = self._bounded_at(cd, [j for j in roomy if j in in_d], "decode")
-        pairs = [k for k in pairs if pi[k] in kept_p and dj[k] in kept_d] or pairs
+        if self._links.lowest < floor:
+            pairs = [k for k in pairs if (lk := links[k]) is None or lk.bandwidth_bytes_per_s >= floor] or pairs
+        at_p = list(range(len(cp.ws))) if pairs is pt.every else sorted({pi[k] for k in pairs})
+        at_d = roomy if pairs is pt.every else sorted(set(roomy) & {dj[k] for k in pairs})
+        kept_p, kept_d = self._bounded_at(cp, at_p, "prefill"), self._bounded_at(cd, at_d, "decode")
+        if len(kept_p) < len(at_p) or len(kept_d) < len(at_d):
+            pairs = [k for k in pairs if pi[k] in kept_p and dj[k] in kept_d] or pairs
         sp = self._profile_totals(req, cp.columns(req, list(range(len(cp.ws)))), "prefill")
         sd = [0.0] * len(cd.ws)
         for j, t in zip(roomy, self._profile_totals(req, cd.columns(req, roomy, room), "decode"), strict=True):
             sd[j] = t
-        totals = pair_totals(req, pairs, pt, links, self._links.best, sp, sd, (pdp.prefill.weight, pdp.decode.weight),
+        totals = pair_totals(req, pairs, pt, links, self._links, sp, sd, (pdp.prefill.weight, pdp.decode.weight),
                              pdp.pair_scorers, cp, cd)
-        keys = [pt.keys[k] for k in pairs]
-        x, _ = self.picker.max(keys, totals, self.params.tie_break)
+        x, _ = self.picker.max(pt.keys if pairs is pt.every else [pt.keys[k] for k in pairs], totals,
+                               self.params.tie_break)
         k = pairs[x]
         p, d = self._side_candidate(cp, pi[k], 0.0), self._side_candidate(cd, dj[k], room_at[dj[k]])
-        return p, d, {key: round(v, 6) for key, v in zip(keys, totals, strict=True)}, pair_reason(req, p, d, links[k])
+        return p, d, pt.scores(pairs, totals), pair_reason(req, p, d, links[k])
 
     def _bounded_at(self, s: Side, at: list[int], pool: str) -> set[int]:
         """The positions among `at` (of side `s`) the load bound of `pool` keeps."""

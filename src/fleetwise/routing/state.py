@@ -485,10 +485,13 @@ class LatencyFeedback:
         """The terms of `workers` as lists, kept between calls: an observation changes the
         observed worker's terms only, unless it moved a fleet median (then every worker's)."""
         a, medians = self._lists, self._medians()
-        if a is None or a.medians != medians or (a.workers is not workers and a.workers != workers):
+        if a is None or (a.workers is not workers and a.workers != workers):
             self._dirty.clear()
             a = self._lists = _TermLists(workers, [self._worker_terms(w) for w in workers], medians)
-        elif self._dirty:
+            return a
+        if a.medians != medians:  # every observed worker's ratio terms are read against the new medians
+            self._remedian(a, medians)
+        if self._dirty:
             pos = a.pos
             for w in self._dirty:
                 i = pos.get(w)
@@ -496,6 +499,23 @@ class LatencyFeedback:
                     a.set(i, self._worker_terms(w))
             self._dirty.clear()
         return a
+
+    def _remedian(self, a: _TermLists, medians: tuple[object, ...]) -> None:
+        """`a`'s ratio terms against new fleet medians (`_ratio_term` of each worker, inline:
+        what else `_worker_terms` gives is unchanged for a worker not observed since)."""
+        (c1, r1), (c2, r2) = self._reference("ttft_ratio"), self._reference("tpot")
+        ok1, ok2, need, stats = c1 >= 2 and r1 > 0, c2 >= 2 and r2 > 0, self.p.min_samples, self._w
+        for i, w in enumerate(a.workers):
+            s = stats.get(w)
+            if s is None:
+                continue
+            e = s.ttft_ratio
+            has = a.has1[i] = ok1 and e.n >= need
+            a.ref1[i], a.dev1[i] = (r1, e.value - r1) if has else (1.0, 0.0)
+            e = s.tpot
+            has = a.has2[i] = ok2 and e.n >= need
+            a.ref2[i], a.dev2[i] = (r2, e.value - r2) if has else (1.0, 0.0)
+        a.medians = medians
 
     def snapshot(self, now_s: float) -> dict[str, float]:
         """Every known worker's current factor (for reports)."""

@@ -25,7 +25,7 @@ from fleetwise.core.views import (
     kv_format_of,
 )
 from fleetwise.routing import kernels
-from fleetwise.routing.pd_scorers import kv_headroom
+from fleetwise.routing.pd_scorers import PAIR_SCORERS, PairColumns, kv_headroom
 from fleetwise.routing.plugins import (
     PICKER_KINDS,
     PICKERS,
@@ -108,8 +108,16 @@ def pick_max(p: Any, req: RouteRequest, pairs: list[Pair], cp: list[Candidate], 
     pairs = [(a, b) for a, b in pairs if a.name in kpn and b.name in kdn] or pairs
     sp = dict(zip([c.name for c in cp], profile_totals(p, req, cp, "prefill"), strict=True))
     sd = dict(zip([c.name for c in cd], profile_totals(p, req, cd, "decode"), strict=True))
-    assert set(pdp.pair_scorers) <= {"handoff"}, "the reference knows the handoff pair scorer only"
-    terms = [(wt, handoff(pairs, links)) for wt in pdp.pair_scorers.values() if wt > 0]
+    terms = []
+    for s, wt in pdp.pair_scorers.items():
+        if wt > 0 and s == "handoff":
+            terms.append((wt, handoff(pairs, links)))
+        elif wt > 0:  # another pair scorer: its own implementation, over these pairs
+            best = max((lk.bandwidth_bytes_per_s for lk in links.values() if lk.healthy), default=0.0)
+            cols = PairColumns([a.view for a, _ in pairs], [b.view for _, b in pairs],
+                               [links.get((a.name, b.name)) for a, b in pairs], best)
+            terms.append((wt, dict(zip([f"{a.name}->{b.name}" for a, b in pairs], PAIR_SCORERS[s](req, cols),
+                                       strict=True))))
     keys, totals = [], []
     for a, b in pairs:
         key = f"{a.name}->{b.name}"

@@ -6,12 +6,14 @@ pair at a time), are fed the same views, KV link views and feedback: views that 
 (most `WorkerView` objects kept, as the simulator's are) or are built anew, links that get busy,
 degrade, go down and come back, a decode replica on another model version (its KV format pairs
 with no prefill replica until it is upgraded), decode replicas near full KV, latency feedback,
-shared prompt prefixes, and presets whose sides pick other than `max`. Every decision (worker,
+shared prompt prefixes, presets whose sides pick other than `max`, and a pair scorer that reads
+the request and the views (scored per decision, unlike the link-only `handoff`). Every decision (worker,
 prefill worker, scores, reason, kind) and the final reports must be equal.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -20,8 +22,10 @@ from reference_policy import ReferencePolicy
 
 from fleetwise.core.feedback import Completed, Dispatched, FirstToken
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, WorkerView
+from fleetwise.routing.pd_scorers import PairColumns
 from fleetwise.routing.policy import ComposedPolicy
 from fleetwise.spec.routing import RoutingSpec
+from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
 PREFILL, DECODE = 3, 5
 """Workers of each side."""
@@ -37,6 +41,7 @@ VARIANTS = {
     "max-prefill-rr-decode": ("fleetwise-default", {"pd": {"decode": {"picker": "round_robin"}}}),
     "side-filters": ("fleetwise-default", {"pd": {"prefill": {"filters": ["healthy"]},
                                                   "decode": {"filters": ["healthy", "model_version"]}}}),
+    "request-pair-scorer": ("fleetwise-default", {"pd": {"pair_scorers": {"handoff": 0.25, "idle_decode": 0.3}}}),
     "round-robin": ("round-robin", {}),
     "least-outstanding": ("least-outstanding", {}),
 }
@@ -105,8 +110,25 @@ def drive(variant: str, seed: int, reference: bool) -> tuple[list, dict]:
     return decisions, p.report()
 
 
+@pytest.fixture
+def idle_decode() -> Iterator[None]:
+    """A pair scorer that reads the views and the request (not link-only): `1 / (1 + running
+    requests of the decode worker + prompt / 10k)`, attached for the test; the registry is left as it was."""
+    ROUTING_PLUGINS.declare("pair_scorer", "idle_decode", "1 / (1 + decode running + prompt / 10k).")
+
+    def score(req: RouteRequest, c: PairColumns) -> list[float]:
+        return [1.0 / (1.0 + d.running_requests + req.prompt_tokens / 10_000) for d in c.decode]
+
+    ROUTING_PLUGINS.implements("pair_scorer", "idle_decode")(score)
+    try:
+        yield
+    finally:
+        ROUTING_PLUGINS._impl["pair_scorer"].pop("idle_decode", None)
+        ROUTING_PLUGINS._declared["pair_scorer"].pop("idle_decode", None)
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_pd_decisions_equal_the_reference(variant: str) -> None:
+def test_pd_decisions_equal_the_reference(variant: str, idle_decode: None) -> None:
     for seed in (1, 2):
         fast, ref = (drive(variant, seed, reference) for reference in (False, True))
         assert fast == ref

@@ -271,24 +271,28 @@ def pair_totals(req: RouteRequest, pairs: list[int], pt: PairTable, links: list[
     pi, dj = pt.pi, pt.dj
     wp, wd = weights
     every = pairs is pt.every
-    terms: list[tuple[float, list[float]]] = []
+    terms: list[tuple[float, list[float], bool]] = []
+    """(weight, scores, whether the scores are every pair's rather than `pairs`')."""
     cols: PairColumns | None = None
     for s, wt in pair_scorers.items():
         if wt <= 0:
             continue
         if s in LINK_ONLY_PAIR_SCORERS:
-            vals = pt.link_scores(req, s, table)
-            terms.append((wt, vals if every else [vals[k] for k in pairs]))
+            terms.append((wt, pt.link_scores(req, s, table), True))
             continue
         if cols is None:
             cols = PairColumns([ps.ws[pi[k]] for k in pairs], [ds.ws[dj[k]] for k in pairs],
                                [links[k] for k in pairs], table.best)
-        terms.append((wt, PAIR_SCORERS[s](req, cols)))
-    if every and len(terms) == 1:  # the default: one pass, `(a + b) + c` as the loop below sums it
-        wt, vals = terms[0]
-        return [wp * sp[i] + wd * sd[j] + wt * v for i, j, v in zip(pi, dj, vals, strict=True)]
+        terms.append((wt, PAIR_SCORERS[s](req, cols), every))
+    if len(terms) == 1 and terms[0][2]:  # the default: one pass, `(a + b) + c` as the loop below sums it
+        wt, vals, _ = terms[0]
+        if every:
+            return [wp * sp[i] + wd * sd[j] + wt * v for i, j, v in zip(pi, dj, vals, strict=True)]
+        return [wp * sp[pi[k]] + wd * sd[dj[k]] + wt * vals[k] for k in pairs]
     totals = ([wp * sp[i] + wd * sd[j] for i, j in zip(pi, dj, strict=True)] if every
               else [wp * sp[pi[k]] + wd * sd[dj[k]] for k in pairs])
-    for wt, vals in terms:
+    for wt, vals, whole in terms:
+        if whole and not every:
+            vals = [vals[k] for k in pairs]
         totals = [t + wt * v for t, v in zip(totals, vals, strict=True)]
     return totals

@@ -457,7 +457,12 @@ class ComposedPolicy:
         at_d = roomy if pairs is pt.every else sorted(set(roomy) & {dj[k] for k in pairs})
         kept_p, kept_d = self._bounded_at(cp, at_p, "prefill"), self._bounded_at(cd, at_d, "decode")
         if len(kept_p) < len(at_p) or len(kept_d) < len(at_d):
-            pairs = [k for k in pairs if pi[k] in kept_p and dj[k] in kept_d] or pairs
+            on_p, on_d = [False] * len(cp.ws), [False] * len(cd.ws)
+            for i in kept_p:
+                on_p[i] = True
+            for j in kept_d:
+                on_d[j] = True
+            pairs = [k for k in pairs if on_p[pi[k]] and on_d[dj[k]]] or pairs
         sp = self._profile_totals(req, cp.columns(req, list(range(len(cp.ws)))), "prefill")
         sd = [0.0] * len(cd.ws)
         for j, t in zip(roomy, self._profile_totals(req, cd.columns(req, roomy, room), "decode"), strict=True):

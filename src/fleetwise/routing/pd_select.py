@@ -14,6 +14,11 @@ fleet does is kept:
 
 tests/routing/reference_pd.py recomputes every decision from nothing, one candidate and one pair
 at a time, and tests/routing/test_pd_fast_path.py checks the decisions are equal.
+
+The module is compiled with mypyc (setup.py `COMPILED`): its classes are plain classes with
+`__slots__`, which mypyc makes native classes. `PairColumns`, the dataclass pair-scorer plugins
+read, stays in the uncompiled `pd_scorers.py`, so plugins build and read it as an ordinary
+dataclass whether or not this module was compiled.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ COMPILED = [
     "src/fleetwise/perf/roofline.py",
     "src/fleetwise/routing/incoming.py",
     "src/fleetwise/routing/kernels.py",
+    "src/fleetwise/routing/pd_select.py",
     "src/fleetwise/routing/plugins.py",
     "src/fleetwise/routing/policy.py",
     "src/fleetwise/routing/predictor.py",

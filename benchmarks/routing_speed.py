@@ -1,12 +1,14 @@
 """Routing cost per decision of a composed policy, on a replay of a busy simulation.
 
 Run:  python3 benchmarks/routing_speed.py [--requests 20000] [--policy fleetwise-default]
-                                          [--loads busy,long] [--out benchmarks/results/routing_speed.json]
+                                          [--loads busy,long,pd] [--out benchmarks/results/routing_speed.json]
 
 A seeded simulation of a busy load of `benchmarks/sim_speed.py` (Llama-3.1-8B on H200 SXM, 64
 replicas, 10 req/s per replica, router view refreshed every 0.25 s or `--view-delay`; `busy`: Azure-like outputs,
 median 120 tokens, about 20 running requests per replica; `long`: outputs uniform in 600-2,000
-tokens, every replica at its 256 running decodes with a queue behind) records every call its
+tokens, every replica at its 256 running decodes with a queue behind; `pd`: the busy load on
+the same 64 replicas disaggregated, `PD_POOLS` prefill and decode, every prefill->decode pair
+scored per request) records every call its
 policy gets: `route(request, view)` and `observe(feedback)`, in order. The stream is then
 replayed through a fresh policy of the same preset and seed, which must return the same
 decisions (worker, scores, reason, kind) and winning scores (`routing.base.winning_scores`, what
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sim_speed import BUSY, BUSY_REPLICAS, LONG, Load, make_requests
+from sim_speed import BUSY, BUSY_REPLICAS, LONG, make_requests
 
 from fleetwise.core.feedback import Feedback
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
@@ -46,8 +48,21 @@ SCORER_NAMES = tuple(SCORERS)
 """The scorers whose winning scores the simulator records (`Simulation.scorer_names`)."""
 
 Call = tuple[RouteRequest, FleetView, RoutingDecision] | Feedback
-LOADS = {"busy": BUSY, "long": LONG}
-"""The loads of `sim_speed.py` a replay can be recorded on."""
+LOADS = {"busy": BUSY, "long": LONG, "pd": BUSY}
+"""The loads of `sim_speed.py` a replay can be recorded on (`pd`: on the disaggregated fleet)."""
+PD_POOLS = (16, 48)
+"""Prefill and decode replicas of the `pd` load (the busy fleet's 64, a quarter of them prefilling)."""
+
+
+def fleet(load: str) -> PlanSpec:
+    """The busy fleet of `load`: 64 colocated replicas, or `PD_POOLS` for `pd`."""
+    card = LOADS[load].accelerator
+    if load != "pd":
+        return PlanSpec(name="routing-speed", pools=[{"name": "m", "accelerator": card, "model": "llama-3.1-8b",
+                                                      "replicas": BUSY_REPLICAS}])
+    return PlanSpec(name="routing-speed-pd", pools=[
+        {"name": side, "role": side, "accelerator": card, "model": "llama-3.1-8b", "replicas": n}
+        for side, n in zip(("prefill", "decode"), PD_POOLS, strict=True)])
 
 
 def policy(preset: str, seed: int) -> ComposedPolicy:
@@ -78,12 +93,11 @@ class Recorder:
         return self.inner.report()
 
 
-def record(n: int, preset: str, seed: int, load: Load = BUSY, delay_s: float = VIEW_DELAY_S) -> list[Call]:
-    """Every route and observe call of a seeded busy simulation, in order."""
+def record(n: int, preset: str, seed: int, load: str = "busy", delay_s: float = VIEW_DELAY_S) -> list[Call]:
+    """Every route and observe call of a seeded busy simulation of `load` (a `LOADS` name), in order."""
     rec = Recorder(policy(preset, seed))
-    plan = PlanSpec(name="routing-speed", pools=[{"name": "m", "accelerator": load.accelerator,
-                                                  "model": "llama-3.1-8b", "replicas": BUSY_REPLICAS}])
-    simulate(plan, make_requests(n, load.rate_per_replica * BUSY_REPLICAS, seed, load),
+    lengths = LOADS[load]
+    simulate(fleet(load), make_requests(n, lengths.rate_per_replica * BUSY_REPLICAS, seed, lengths),
              options=SimOptions(seed=seed, feedback_delay_s=delay_s, policy=rec))  # type: ignore[arg-type]
     return rec.calls
 
@@ -122,7 +136,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--policy", default="fleetwise-default")
-    ap.add_argument("--loads", default="busy,long", help=f"comma-separated, of {', '.join(LOADS)}")
+    ap.add_argument("--loads", default="busy,long,pd", help=f"comma-separated, of {', '.join(LOADS)}")
     ap.add_argument("--view-delay", type=float, default=VIEW_DELAY_S,
                     help="router view refresh period in s (0: the exact mode, a new view per decision)")
     ap.add_argument("--seed", type=int, default=0)
@@ -140,7 +154,7 @@ def main() -> None:
     }
     load0 = os.getloadavg()[0]
     for x in loads:
-        calls = record(a.requests, a.policy, a.seed, LOADS[x], a.view_delay)
+        calls = record(a.requests, a.policy, a.seed, x, a.view_delay)
         gc.collect()
         gc.freeze()  # the recording is no garbage: full collections during the replay skip it
         out[x] = {**replay(calls, a.policy, a.seed), "running_per_replica": running_per_replica(calls)}

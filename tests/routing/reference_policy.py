@@ -6,7 +6,8 @@ tests/sim/test_fast_paths.py).
 feedback, picker, recent picks) and decides every scored colocated request one candidate at a
 time: each worker's signals from its view and a walk of the ledger, the per-candidate scorers of
 `reference_scorers.py`, the load bound over `Candidate`s, weighted totals in dicts and a `max`
-over a dict. P/D and signal-free picks have a single implementation and are delegated.
+over a dict; P/D pairs by `reference_pd.py`. Signal-free colocated picks have a single
+implementation and are delegated.
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ class ReferencePolicy:
             msg = f"safe-mode reject: fleet view stale ({p.safe.describe()}); shedding load"
             return p._done(RoutingDecision(worker=None, reason=msg, safe_mode=True, kind="safe-mode"))
         if e.ws[0].role != "mixed":
-            return p._done(p._route_pd(req, fleet, e.ws, safe))
+            from reference_pd import route_pd  # it imports this module's `reference_factor`
+
+            return p._done(route_pd(p, req, fleet, e.ws, safe))
         if p._simple or (safe and p.safe.spec.action == "round_robin"):
             return p._done(p._route_mixed_simple(req, now, e, safe))
         return p._done(self._route_mixed(req, now, e, safe))

@@ -126,3 +126,35 @@ def test_class_medians_kept_sorted_equal_the_walk():
     assert [sizes.reference(k) for k in range(sizes._lo, sizes._hi + 1)] == \
         [reference_walk(sizes, k) for k in range(sizes._lo, sizes._hi + 1)]
     assert sum(r is not None for r in map(sizes.reference, range(sizes._lo, sizes._hi + 1))) > 10
+
+
+def fleet_median_walk(fb: LatencyFeedback, attr: str) -> tuple[int, float]:
+    """(workers with enough samples, their median EWMA) of `attr`, sorted from the EWMAs themselves."""
+    vals = sorted(getattr(s, attr).value for s in fb._w.values() if getattr(s, attr).n >= fb.p.min_samples)
+    if not vals:
+        return 0, 0.0
+    mid = len(vals) // 2
+    return len(vals), vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def test_fleet_medians_kept_sorted_equal_the_walk():
+    """The fleet's TTFT-ratio and TPOT medians, kept sorted per observation, equal the medians
+    sorted from every worker's EWMA, through first tokens, completions, failures and workers
+    forgotten (seeded)."""
+    rng = np.random.default_rng(11)
+    fb = LatencyFeedback(FeedbackParams(enabled=True))
+    workers = [f"w{i}" for i in range(7)]
+    for step in range(3000):
+        w = workers[int(rng.integers(len(workers)))]
+        r = rng.random()
+        if step % 400 == 399:
+            fb.forget(w)
+        elif r < 0.45:
+            fb.first_token(w, float(rng.uniform(0.001, 0.5)), float(rng.uniform(1.0, 5000.0)), now_s=step * 0.01)
+        elif r < 0.9:
+            fb.completed(w, float(rng.uniform(0.005, 0.05)), int(rng.integers(1, 300)), now_s=step * 0.01)
+        else:
+            fb.failed(w, now_s=step * 0.01)
+        for attr in ("ttft_ratio", "tpot"):
+            assert fb._reference(attr) == fleet_median_walk(fb, attr)
+    assert all(fleet_median_walk(fb, attr)[0] >= 3 for attr in ("ttft_ratio", "tpot"))

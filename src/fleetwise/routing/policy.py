@@ -22,14 +22,16 @@ bound read no signal: they compute only the chosen worker's (O(1) per request).
 In a P/D fleet the same steps run per side, each side by its own profile (`PdProfile`: the same
 filters, scorers and pickers, by default the policy's), and each prefill->decode pair adds its pair
 scorers (`handoff`: the KV link's load); with `max` on both sides the best pair wins, otherwise
-each side's picker chooses in turn (prefill first).
+each side's picker chooses in turn (prefill first). The sides are columns (`pd_select.Side`) and
+the pairs positions into them; which pairs are KV-compatible and each pair's link view are kept
+between decisions (`pd_select.PairTable`, `LinkTable`): O(replicas + pairs) per decision, the
+pairs only as sums and comparisons.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from fleetwise.core.feedback import (
@@ -49,13 +51,8 @@ from fleetwise.core.rng import RngStreams
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, RoutingDecision, WorkerView
 from fleetwise.routing import kernels
 from fleetwise.routing.incoming import IncomingKv
-from fleetwise.routing.pd_scorers import (
-    PAIR_SCORERS,
-    compatible_pairs,
-    kv_headroom,
-    pair_key,
-    reachable_pairs,
-)
+from fleetwise.routing.pd_scorers import kv_headroom
+from fleetwise.routing.pd_select import LinkTable, PairTable, Side, pair_totals
 from fleetwise.routing.plugins import (
     PICKER_KINDS,
     PICKERS,
@@ -64,7 +61,6 @@ from fleetwise.routing.plugins import (
     Candidate,
     PickerState,
     apply_filters,
-    candidate_columns,
     own_cost,
     view_load,
 )
@@ -125,6 +121,10 @@ class ComposedPolicy:
         self._pd_filters = {side: params.pd_filters(side) for side in ("prefill", "decode")}
         """Filters of each P/D side (None: the policy's eligible workers of that role)."""
         self._pd_pickers = (params.pd_picker("prefill"), params.pd_picker("decode"))
+        self._pair_tables: dict[tuple[str | None, str | None], PairTable] = {}
+        """Per (model_version, region): the compatible pairs of the P/D sides' workers (`_pair_table`)."""
+        self._links = LinkTable()
+        """The fleet view's KV links, kept between views (`LinkTable`)."""
         """Pickers of the P/D prefill and decode sides (`PolicyParams.pd_picker`)."""
         self.wants_kv_events = any(wt > 0 for wt in (*params.scorers.values(), *self._profiles["prefill"].values()))
         """Scores read the prefix index (load through the cached prefix, prefix): a driver should
@@ -335,63 +335,47 @@ class ComposedPolicy:
 
     # ---- prefill/decode pairs: a prefill profile, a decode profile, pair scorers --------------
 
-    def _candidates(self, req: RouteRequest, ws: list[WorkerView], side: str, now: float) -> list[Candidate]:
-        """Every worker of one P/D side with its signals (`ledger_load` over the side's view load)."""
-        cost = self.params.cost
-        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
-        slowness = self.feedback.factors([w.name for w in ws], now)
-        need = req.prompt_tokens + self._expected
-        out = []
-        for w, f in zip(ws, slowness, strict=True):
-            load, n_pend = ledger_load(w, view_load(w, cost, side), self.inflight, dw, per_req)
-            if side == "prefill":
-                prefix = self.index.match(w.name, req.block_hashes)
-                own, room = own_cost(req, prefix, cost, 0), 0.0
-            else:
-                prefix, own, room = 0, dw * self._expected + per_req, kv_headroom(w, need)
-            out.append(Candidate(w, w.queued_requests + w.running_requests + n_pend, load, own, f / w.weight, prefix,
-                                 room))
-        return out
-
-    def _bounded_names(self, cs: list[Candidate], pool: str) -> set[str]:
-        """The names of the candidates of `pool` the load bound keeps."""
-        names = [c.name for c in cs]
-        _, kept, _ = self._bounded([c.load for c in cs], [c.own for c in cs], [c.slowness for c in cs], names, pool)
-        return {names[i] for i in kept}
+    def _pair_table(self, req: RouteRequest, ps: list[WorkerView], ds: list[WorkerView]) -> PairTable:
+        """The compatible pairs of these side workers (`PairTable`), kept per (model_version, region) while they last."""
+        sub = (req.model_version, req.region)
+        pt = self._pair_tables.get(sub)
+        if pt is None or not pt.matches(ps, ds):
+            pt = self._pair_tables[sub] = PairTable(ps, ds)
+        return pt
 
     def _route_pd(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool) -> RoutingDecision:
         now, pdp = fleet.now_s, self.params.pd
-        links = {(lk.src, lk.dst): lk for lk in fleet.links}
-        sides: dict[str, list[WorkerView]] = {}
+        sides: list[list[WorkerView]] = []
         for side in ("prefill", "decode"):
-            sides[side], why = self._side_workers(req, fleet, ws, side)
-            if not sides[side]:
+            kept, why = self._side_workers(req, fleet, ws, side)
+            if not kept:
                 return RoutingDecision(worker=None, reason=f"rejected: {side} side: {why}", kind="rejected")
-        cp = self._candidates(req, sides["prefill"], "prefill", now)
-        cd_all = self._candidates(req, sides["decode"], "decode", now)
-        fit, why = compatible_pairs(cp, cd_all)  # only replicas whose KV formats match are ever paired
-        if not fit:
-            return RoutingDecision(worker=None, reason=f"rejected: {why}", kind="rejected")
-        ok_p, ok_d = {p.name for p, _ in fit}, {d.name for _, d in fit}
-        cp = [p for p in cp if p.name in ok_p]
-        cd_all = [d for d in cd_all if d.name in ok_d]
-        roomy = {d.name for d in cd_all if d.kv_room >= pdp.kv_reserve} or ok_d
-        fit = [(p, d) for p, d in fit if d.name in roomy]
-        cd = [d for d in cd_all if d.name in roomy]
-        pairs = [(p, d) for p, d in fit if links.get((p.name, d.name)) is None or links[(p.name, d.name)].healthy]
+            sides.append(kept)
+        pt = self._pair_table(req, sides[0], sides[1])  # only replicas whose KV formats match are ever paired
+        if not pt.pi:
+            return RoutingDecision(worker=None, reason=f"rejected: {pt.why}", kind="rejected")
+        self._links.update(fleet.links)
+        links = pt.links(self._links)
+        f = self.feedback.factors(pt.names, now)
+        n_p, cost, index, exp, (lp, ld) = len(pt.ok_p), self.params.cost, self.index, self._expected, pt.loads
+        ps, ds = [sides[0][i] for i in pt.ok_p], [sides[1][j] for j in pt.ok_d]
+        lp.refresh(ps, cost, self.inflight)
+        ld.refresh(ds, cost, self.inflight)
+        cp = Side(ps, pt.names[:n_p], f[:n_p], "prefill", req, cost, lp, index, exp)
+        cd = Side(ds, pt.names[n_p:], f[n_p:], "decode", req, cost, ld, index, exp)
+        roomy = [j for j, r in enumerate(cd.room) if r >= pdp.kv_reserve] or list(range(len(cd.ws)))
+        fit = pt.every if len(roomy) == len(cd.ws) else pt.with_decode(pt.every, roomy)
+        pairs = fit if self._links.all_healthy else [k for k in fit if (lk := links[k]) is None or lk.healthy]
         no_link = not pairs
         if no_link:  # soft, like the region filter: the prefill takes a while, a link may be back by then
             pairs = fit
-        if safe and self.safe.spec.action == "round_robin":
-            kp = kd = "round_robin"
-        else:
-            kp, kd = self._pd_pickers
+        kp, kd = ("round_robin", "round_robin") if safe and self.safe.spec.action == "round_robin" else self._pd_pickers
         if kp != "max" or kd != "max":
-            p, d, reason = self._pick_pd_simple(req, pairs, kp, kd)
-            scores: dict[str, float] = {}
+            p, d, reason = self._pick_pd_simple(req, pairs, pt, cp, cd, kp, kd)
+            scores: Mapping[str, float] = {}
             kind = PICKER_KINDS[kp if kp != "max" else kd]
         else:
-            p, d, scores, reason = self._pick_pd_max(req, pairs, cp, cd, links)
+            p, d, scores, reason = self._pick_pd_max(req, pairs, pt, links, cp, cd, roomy)
             kind = "pair"
         if safe:
             reason = f"safe-mode {self.safe.spec.action.replace('_', '-')} ({self.safe.describe()}); {reason}"
@@ -415,75 +399,87 @@ class ComposedPolicy:
         kept = sorted((w for w in fleet.workers if w.role == side), key=lambda w: w.name)
         return apply_filters(req, kept, self._down_set(fleet), filters)
 
-    def _pick_pd_simple(self, req: RouteRequest, pairs: list[tuple[Candidate, Candidate]],
+    def _pick_pd_simple(self, req: RouteRequest, pairs: list[int], pt: PairTable, cp: Side, cd: Side,
                         kind_p: str, kind_d: str) -> tuple[Candidate, Candidate, str]:
         """Side by side, when a side's picker is not `max`: the prefill side first, then a decode
         worker paired with it; each by its own picker (`max` over its profile scores, the others
         over outstanding requests: round-robin, random, power-of-two)."""
-        def totals(cs: list[Candidate], side: str, kind: str) -> list[float]:
-            if kind == "max":
-                return self._profile_totals(req, cs, side)
-            return self._requests_totals(req, candidate_columns(req, cs))
+        def totals(s: Side, at: list[int], side: str, kind: str) -> list[float]:
+            cols = s.columns(req, at)
+            return self._profile_totals(req, cols, side) if kind == "max" else self._requests_totals(req, cols)
 
-        ps = {p.name: p for p, _ in pairs}
-        pc, pnames = list(ps.values()), list(ps)
-        i = PICKERS[kind_p](self.picker, pnames, lambda: totals(pc, "prefill", kind_p), "prefill",
-                            self.params.tie_break)[0]
-        pn = pnames[i]
-        ds = {d.name: d for p, d in pairs if p.name == pn}
-        dc, dnames = list(ds.values()), list(ds)
-        j = PICKERS[kind_d](self.picker, dnames, lambda: totals(dc, "decode", kind_d), "decode",
-                            self.params.tie_break)[0]
-        dn = dnames[j]
+        pi, dj = pt.pi, pt.dj
+        at_p = sorted({pi[k] for k in pairs})  # pairs run prefill-major: their first appearances, in order
+        pnames = [cp.names[i] for i in at_p]
+        i = at_p[PICKERS[kind_p](self.picker, pnames, lambda: totals(cp, at_p, "prefill", kind_p), "prefill",
+                                 self.params.tie_break)[0]]
+        at_d = [dj[k] for k in pairs if pi[k] == i]
+        dnames = [cd.names[j] for j in at_d]
+        j = at_d[PICKERS[kind_d](self.picker, dnames, lambda: totals(cd, at_d, "decode", kind_d), "decode",
+                                 self.params.tie_break)[0]]
         kinds = kind_p.replace("_", "-") if kind_p == kind_d else f"{kind_p.replace('_', '-')}/{kind_d.replace('_', '-')}"
-        return ps[pn], ds[dn], f"{kinds} pair {pn}->{dn}"
+        return self._side_candidate(cp, i, cp.room[i]), self._side_candidate(cd, j, cd.room[j]), (
+            f"{kinds} pair {cp.names[i]}->{cd.names[j]}")
 
-    def _profile_totals(self, req: RouteRequest, cs: list[Candidate], side: str) -> list[float]:
+    @staticmethod
+    def _side_candidate(s: Side, i: int, room: float) -> Candidate:
+        return Candidate(s.ws[i], s.requests[i], s.load[i], s.own[i], s.slow[i], s.prefix[i], room)
+
+    def _profile_totals(self, req: RouteRequest, cols: Columns, side: str) -> list[float]:
         """Each candidate's score in [0, 1] by the P/D profile of `side` (weighted mean of its
         scorers, each scoring every candidate in one call)."""
         scorers, weights, wsum = self._profile_terms[side]
-        cols = candidate_columns(req, cs)
         per = [SCORERS[s](req, cols) for s in scorers]
-        tot = kernels.totals(per, weights) if per else [0.0] * len(cs)
+        tot = kernels.totals(per, weights) if per else [0.0] * len(cols.load)
         return [t / wsum for t in tot]
 
-    def _pick_pd_max(self, req: RouteRequest, pairs: list[tuple[Candidate, Candidate]], cp: list[Candidate],
-                     cd: list[Candidate], links: dict[tuple[str, str], KvLinkView],
-                     ) -> tuple[Candidate, Candidate, dict[str, float], str]:
+    def _pick_pd_max(self, req: RouteRequest, pairs: list[int], pt: PairTable, links: list[KvLinkView | None],
+                     cp: Side, cd: Side, roomy: list[int]) -> tuple[Candidate, Candidate, Mapping[str, float], str]:
         """The best pair: `prefill.weight * prefill score + decode.weight * decode score + weighted
         pair scorers`, over the pairs both sides' load bounds keep (all pairs if none)."""
-        pdp = self.params.pd
+        pdp, pi, dj = self.params.pd, pt.pi, pt.dj
         # KV headroom net of the hand-offs this policy sent that the view cannot show yet (their
         # prefill or KV transfer is still running): the reserve applies to it, kv_room scores it.
         need = req.prompt_tokens + self._expected
-        cd = [replace(c, kv_room=kv_headroom(c.view, need + self.incoming.tokens(c.name))) for c in cd]
-        by_name = {c.name: c for c in cd}
-        pairs = [(p, by_name[d.name]) for p, d in pairs]
-        pairs = [(p, d) for p, d in pairs if d.kv_room >= pdp.kv_reserve] or pairs
+        room = [kv_headroom(cd.ws[j], need + self.incoming.tokens(cd.names[j])) for j in roomy]
+        room_at = [0.0] * len(cd.ws)
+        for j, r in zip(roomy, room, strict=True):
+            room_at[j] = r
+        if min(room) < pdp.kv_reserve:
+            pairs = pt.with_decode(pairs, [j for j in roomy if room_at[j] >= pdp.kv_reserve]) or pairs
         # Links degraded below a fraction of the best healthy bandwidth are skipped while another
         # pair is left, before the load bound, so the bound shares work among the workers still
         # reachable instead of pushing it back onto the degraded link.
-        pairs = reachable_pairs(pairs, links, pdp.degraded_link_fraction)
-        pn, dn = {p.name for p, _ in pairs}, {d.name for _, d in pairs}
-        kpn = self._bounded_names([c for c in cp if c.name in pn], "prefill")
-        kdn = self._bounded_names([c for c in cd if c.name in dn], "decode")
-        pairs = [(p, d) for p, d in pairs if p.name in kpn and d.name in kdn] or pairs
-        sp = dict(zip([c.name for c in cp], self._profile_totals(req, cp, "prefill"), strict=True))
-        sd = dict(zip([c.name for c in cd], self._profile_totals(req, cd, "decode"), strict=True))
-        pair_terms = [(wt, PAIR_SCORERS[s](req, pairs, links)) for s, wt in pdp.pair_scorers.items() if wt > 0]
-        keys: list[str] = []
-        totals: list[float] = []
-        for p, d in pairs:
-            key = pair_key(p, d)
-            t = pdp.prefill.weight * sp[p.name] + pdp.decode.weight * sd[d.name]
-            for wt, vals in pair_terms:
-                t += wt * vals[key]
-            keys.append(key)
-            totals.append(t)
-        j, _ = self.picker.max(keys, totals, self.params.tie_break)
-        p, d = pairs[j]
-        reason = pair_reason(req, p, d, links.get((p.name, d.name)))
-        return p, d, {k: round(v, 6) for k, v in zip(keys, totals, strict=True)}, reason
+        floor = pdp.degraded_link_fraction * self._links.best
+        if self._links.lowest < floor:
+            pairs = [k for k in pairs if (lk := links[k]) is None or lk.bandwidth_bytes_per_s >= floor] or pairs
+        at_p = list(range(len(cp.ws))) if pairs is pt.every else sorted({pi[k] for k in pairs})
+        at_d = roomy if pairs is pt.every else sorted(set(roomy) & {dj[k] for k in pairs})
+        kept_p, kept_d = self._bounded_at(cp, at_p, "prefill"), self._bounded_at(cd, at_d, "decode")
+        if len(kept_p) < len(at_p) or len(kept_d) < len(at_d):
+            on_p, on_d = [False] * len(cp.ws), [False] * len(cd.ws)
+            for i in kept_p:
+                on_p[i] = True
+            for j in kept_d:
+                on_d[j] = True
+            pairs = [k for k in pairs if on_p[pi[k]] and on_d[dj[k]]] or pairs
+        sp = self._profile_totals(req, cp.columns(req, list(range(len(cp.ws)))), "prefill")
+        sd = [0.0] * len(cd.ws)
+        for j, t in zip(roomy, self._profile_totals(req, cd.columns(req, roomy, room), "decode"), strict=True):
+            sd[j] = t
+        totals = pair_totals(req, pairs, pt, links, self._links, sp, sd, (pdp.prefill.weight, pdp.decode.weight),
+                             pdp.pair_scorers, cp, cd)
+        x, _ = self.picker.max(pt.keys if pairs is pt.every else [pt.keys[k] for k in pairs], totals,
+                               self.params.tie_break)
+        k = pairs[x]
+        p, d = self._side_candidate(cp, pi[k], 0.0), self._side_candidate(cd, dj[k], room_at[dj[k]])
+        return p, d, pt.scores(pairs, totals), pair_reason(req, p, d, links[k])
+
+    def _bounded_at(self, s: Side, at: list[int], pool: str) -> set[int]:
+        """The positions among `at` (of side `s`) the load bound of `pool` keeps."""
+        _, kept, _ = self._bounded([s.load[i] for i in at], [s.own[i] for i in at], [s.slow[i] for i in at],
+                                   [s.names[i] for i in at], pool)
+        return {at[x] for x in kept}
 
     # ---- feedback ----------------------------------------------------------------------------
 

@@ -373,16 +373,15 @@ class LatencyFeedback:
         self.p = params
         self._w: dict[str, _WorkerStats] = {}
         self._sizes = _SizeClasses(params)
-        self._version = 0
-        """Bumped on every observation (keys the memo of fleet medians)."""
-        self._refs: dict[str, tuple[int, int, float]] = {}
+        self._sorted: dict[str, list[float]] = {"ttft_ratio": [], "tpot": []}
+        """Per ratio EWMA, the values of the workers with `min_samples` of it, ascending (kept per
+        observation in O(log workers) comparisons: the fleet median is read, not sorted, per decision)."""
         self._lists: _TermLists | None = None
         """The terms of the workers last asked for, brought up to date per observation."""
         self._dirty: set[str] = set()
         """Workers observed (or forgotten) since `_lists` was brought up to date."""
 
     def _stats(self, worker: str) -> _WorkerStats:
-        self._version += 1
         self._dirty.add(worker)
         s = self._w.get(worker)
         if s is None:
@@ -397,14 +396,14 @@ class LatencyFeedback:
         per_token = max(ttft_s, 0.0) / cost
         k = self._sizes.size_class(cost)
         ref = self._sizes.expected_per_token(k)
-        s.ttft_ratio.add(per_token / ref if ref is not None else 1.0, self.p.alpha)
+        self._observe(s.ttft_ratio, "ttft_ratio", per_token / ref if ref is not None else 1.0)
         self._sizes.add(worker, k, per_token, self.p.alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def completed(self, worker: str, tpot_s: float, output_tokens: int, now_s: float) -> None:
         s = self._stats(worker)
         if output_tokens > 1 and tpot_s > 0:
-            s.tpot.add(tpot_s, self.p.alpha)
+            self._observe(s.tpot, "tpot", tpot_s)
         s.failures.add(0.0, self.p.alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)
 
@@ -414,22 +413,31 @@ class LatencyFeedback:
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def forget(self, worker: str) -> None:
-        self._version += 1
         self._dirty.add(worker)
-        self._w.pop(worker, None)
+        s = self._w.pop(worker, None)
+        if s is not None:
+            for attr, e in (("ttft_ratio", s.ttft_ratio), ("tpot", s.tpot)):
+                if e.n >= self.p.min_samples:
+                    vals = self._sorted[attr]
+                    del vals[bisect_left(vals, e.value)]
         self._sizes.forget(worker)
 
+    def _observe(self, e: _Ewma, attr: str, x: float) -> None:
+        """Add `x` to the ratio EWMA `e` (`attr`), keeping `_sorted[attr]` in step."""
+        vals, need = self._sorted[attr], self.p.min_samples
+        if e.n >= need:
+            del vals[bisect_left(vals, e.value)]
+        e.add(x, self.p.alpha)
+        if e.n >= need:
+            insort(vals, e.value)
+
     def _reference(self, attr: str) -> tuple[int, float]:
-        """(workers with enough samples, their median EWMA) for `attr`, memoised per version."""
-        hit = self._refs.get(attr)
-        if hit is not None and hit[0] == self._version:
-            return hit[1], hit[2]
-        vals = sorted(getattr(s, attr).value for s in self._w.values() if getattr(s, attr).n >= self.p.min_samples)
+        """(workers with enough samples, their median EWMA) for `attr`: O(1) from `_sorted`."""
+        vals = self._sorted[attr]
         ref = 0.0
         if vals:
             mid = len(vals) // 2
             ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
-        self._refs[attr] = (self._version, len(vals), ref)
         return len(vals), ref
 
     def _ratio_term(self, worker: str, attr: str) -> tuple[float, float] | None:
@@ -485,10 +493,13 @@ class LatencyFeedback:
         """The terms of `workers` as lists, kept between calls: an observation changes the
         observed worker's terms only, unless it moved a fleet median (then every worker's)."""
         a, medians = self._lists, self._medians()
-        if a is None or a.medians != medians or (a.workers is not workers and a.workers != workers):
+        if a is None or (a.workers is not workers and a.workers != workers):
             self._dirty.clear()
             a = self._lists = _TermLists(workers, [self._worker_terms(w) for w in workers], medians)
-        elif self._dirty:
+            return a
+        if a.medians != medians:  # every observed worker's ratio terms are read against the new medians
+            self._remedian(a, medians)
+        if self._dirty:
             pos = a.pos
             for w in self._dirty:
                 i = pos.get(w)
@@ -496,6 +507,23 @@ class LatencyFeedback:
                     a.set(i, self._worker_terms(w))
             self._dirty.clear()
         return a
+
+    def _remedian(self, a: _TermLists, medians: tuple[object, ...]) -> None:
+        """`a`'s ratio terms against new fleet medians (`_ratio_term` of each worker, inline:
+        what else `_worker_terms` gives is unchanged for a worker not observed since)."""
+        (c1, r1), (c2, r2) = self._reference("ttft_ratio"), self._reference("tpot")
+        ok1, ok2, need, stats = c1 >= 2 and r1 > 0, c2 >= 2 and r2 > 0, self.p.min_samples, self._w
+        for i, w in enumerate(a.workers):
+            s = stats.get(w)
+            if s is None:
+                continue
+            e = s.ttft_ratio
+            has = a.has1[i] = ok1 and e.n >= need
+            a.ref1[i], a.dev1[i] = (r1, e.value - r1) if has else (1.0, 0.0)
+            e = s.tpot
+            has = a.has2[i] = ok2 and e.n >= need
+            a.ref2[i], a.dev2[i] = (r2, e.value - r2) if has else (1.0, 0.0)
+        a.medians = medians
 
     def snapshot(self, now_s: float) -> dict[str, float]:
         """Every known worker's current factor (for reports)."""

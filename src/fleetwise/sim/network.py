@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetwise.core.views import KvLinkView
-from fleetwise.perf.kv_share import SharedPorts, Transfer
+from fleetwise.perf.kv_share import Port, SharedPorts, Transfer
 from fleetwise.sim.events import EventLoop, Priority, TransferEnd
 
 
@@ -48,6 +48,7 @@ class KvNetwork(SharedPorts):
         self.loop = loop
         self.on_done = on_done
         self.records: list[TransferRecord] = []
+        self._views: _LinkViews | None = None
         loop.on(TransferEnd, self._on_end)
 
     def _push(self, t_s: float, tid: int, version: int) -> None:
@@ -66,14 +67,61 @@ class KvNetwork(SharedPorts):
         """The router's view of each (src name, src port, dst name, dst port, extra seconds per
         byte) path now: the bandwidth a transfer started on it alone would get (`min` of the two
         ports' effective bandwidths, slowed by the pair's per-byte staging and conversion when it
-        is not direct), the transfers it would share a port with, and whether both ports are up."""
-        ports, lat = self.ports, self.latency_s
-        out = []
-        for sn, sp, dn, dp, extra in pairs:
+        is not direct), the transfers it would share a port with, and whether both ports are up.
+        Kept between calls with the same `pairs` (`_LinkViews`): the same tuple while no port
+        changed, and a path's same `KvLinkView` while neither of its ports did."""
+        lv = self._views
+        if lv is None or lv.pairs is not pairs:
+            lv = self._views = _LinkViews(pairs, len(self.ports))
+        return lv.now(self.ports, self.latency_s)
+
+
+class _LinkViews:
+    """`KvNetwork.link_views` of one list of paths, recomputed only for the paths through a port
+    whose effective bandwidth or set of transfers changed since the last call: O(ports) checks."""
+
+    __slots__ = ("pairs", "through", "seen_bw", "seen_active", "views", "out", "lat")
+
+    def __init__(self, pairs: list[tuple[str, int, str, int, float]], n_ports: int) -> None:
+        self.pairs = pairs
+        self.through: list[list[int]] = [[] for _ in range(n_ports)]
+        """Per port, the positions of the paths through it."""
+        for k, (_, sp, _, dp, _) in enumerate(pairs):
+            self.through[sp].append(k)
+            if dp != sp:
+                self.through[dp].append(k)
+        self.seen_bw: list[float] = [-1.0] * n_ports
+        self.seen_active: list[set[int] | None] = [None] * n_ports
+        self.views: list[KvLinkView | None] = [None] * len(pairs)
+        self.out: tuple[KvLinkView, ...] = ()
+        self.lat = -1.0
+        """The one-way latency the views carry (all are read again if it changes)."""
+
+    def now(self, ports: list[Port], lat: float) -> tuple[KvLinkView, ...]:
+        todo: set[int] = set() if lat == self.lat else set(range(len(self.pairs)))
+        self.lat = lat
+        seen_bw, seen_active = self.seen_bw, self.seen_active
+        for x, paths in enumerate(self.through):
+            if paths:
+                port = ports[x]
+                bw = port.effective_bw
+                if bw != seen_bw[x] or port.active != seen_active[x]:
+                    seen_bw[x], seen_active[x] = bw, set(port.active)
+                    todo.update(paths)
+        if not todo:
+            return self.out
+        views, changed = self.views, False
+        for k in todo:
+            sn, sp, dn, dp, extra = self.pairs[k]
             ps, pd = ports[sp], ports[dp]
             bw = min(ps.effective_bw, pd.effective_bw)
             if extra > 0 and bw > 0:
                 bw = 1.0 / (1.0 / bw + extra)
             active = len(ps.active) + len(pd.active) - len(ps.active & pd.active)
-            out.append(KvLinkView(sn, dn, bw, lat, active, bw > 0))
-        return tuple(out)
+            v = KvLinkView(sn, dn, bw, lat, active, bw > 0)
+            if v != views[k]:
+                views[k] = v
+                changed = True
+        if changed:
+            self.out = tuple(views)  # type: ignore[arg-type]  # every position is set by the first call
+        return self.out

@@ -16,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -238,14 +240,47 @@ class FleetRun:
     requests: list[Request] | None = None
 
     def verdict(self, spec: PlanningSpec, prices: dict[str, float]) -> SimVerdict:
-        """`run_fleet` of this run (from the memo when it was made, or remembered, before)."""
+        """`run_fleet` of this run (from the memo when it was made, or remembered, before); inside
+        `memo_only()`, a run the memo lacks raises `NotSimulated` instead of being simulated."""
+        if _memo_only.get() and not self.in_memo(spec, prices):
+            raise NotSimulated(self)
         return run_fleet(spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
                          self.requests)
 
+    def key(self, spec: PlanningSpec, prices: dict[str, float]) -> Hashable:
+        """What the memo keeps this run's verdict under."""
+        return _memo_key(spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
+                         self.requests)
+
+    def in_memo(self, spec: PlanningSpec, prices: dict[str, float]) -> bool:
+        """Whether the memo holds this run's verdict."""
+        return self.key(spec, prices) in _memo
+
     def remember(self, spec: PlanningSpec, prices: dict[str, float], v: SimVerdict) -> None:
         """Keep `v`, this run's verdict simulated in another process, as `run_fleet` would have."""
-        _remember(_memo_key(spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
-                            self.requests), v)
+        _remember(self.key(spec, prices), v)
+
+
+class NotSimulated(Exception):
+    """Raised inside `memo_only()` by a `FleetRun` the memo does not hold (`run`)."""
+
+    def __init__(self, run: FleetRun) -> None:
+        super().__init__("run not in the memo")
+        self.run = run
+
+
+_memo_only: ContextVar[bool] = ContextVar("memo_only", default=False)
+
+
+@contextmanager
+def memo_only() -> Iterator[None]:
+    """Within this block `FleetRun.verdict` answers only from the memo: a caller replays a
+    decision to learn which run it needs next (`checks`), then simulates it elsewhere."""
+    token = _memo_only.set(True)
+    try:
+        yield
+    finally:
+        _memo_only.reset(token)
 
 
 def _arrivals(spec: PlanningSpec, mix: LengthMix, rate_rps: float, seed: int) -> list[Request]:

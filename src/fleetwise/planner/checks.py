@@ -58,10 +58,12 @@ def _requests(spec: PlanningSpec, run: FleetRun) -> float:
 
 
 def runs_ahead(ctx: Context, c: Candidate) -> list[FleetRun]:
-    """The runs checking `c` makes when no headroom term misses and each fault claim holds with
-    its first procedure: each term against the plan as refined, then its P/D claims."""
+    """The runs checking `c` starts with: each headroom term against the plan as refined. Its
+    P/D claims run against the plan as the terms leave it, so they are simulated ahead only once
+    the terms have run (`next_runs`), not on the guess that no term misses (a term that misses
+    on the built-in question's two P/D plans left their four claim runs each wasted)."""
     assert c.refined is not None
-    return _plan_runs(ctx, c.refined.full, c.kind != "colocated")
+    return _plan_runs(ctx, c.refined.full, False)
 
 
 def _plan_runs(ctx: Context, full: FleetShape, claims: bool) -> list[FleetRun]:
@@ -102,9 +104,10 @@ class _Checks:
         self.checked: set[str] = set()
 
     def wave(self, cands: list[Candidate], colo_tpot: float | None) -> None:
-        """Check `cands`: with parallel workers, each run they are likely to make is simulated
-        ahead, one task per run, into this process's memo, and the checks themselves then run
-        here (a term that misses reruns here, against the larger plan); else one task per plan."""
+        """Check `cands`: with parallel workers, their headroom terms are simulated ahead, one task
+        per run, into this process's memo, then round by round what the checks replayed from the
+        memo need next (`next_runs`: a term rerun against the larger plan, the claims), and the
+        checks themselves then run here from the memo; else one task per plan."""
         ctx = self.search.ctx
         items = [(c.refined, colo_tpot, c.kind != "colocated") for c in cands if c.refined is not None]
         before = [r.runs for r, _, _ in items]

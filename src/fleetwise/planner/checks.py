@@ -113,10 +113,13 @@ class _Checks:
         before = [r.runs for r, _, _ in items]
         if self.ex.parallel:
             ahead = [run for c in cands for run in runs_ahead(ctx, c)]
+            open_items = list(items)
             for _ in range(MAX_AHEAD_ROUNDS):
                 if not self._simulate_ahead(ahead):
                     break
-                ahead = [run for it in items for run in next_runs(ctx, it)]
+                needs = [(it, next_runs(ctx, it)) for it in open_items]
+                open_items = [it for it, need in needs if need]  # a plan needing nothing is complete
+                ahead = [run for _, need in needs for run in need]
             done = [check_plan(ctx, it) for it in items]
         else:
             done = self.ex.map(check_plan, ctx, items)

@@ -2,7 +2,7 @@
 with two source trees and compare the sections a change to the search must leave alone.
 
 Run:  python3 benchmarks/plan_identity.py BASE [HEAD] [--workers N] [--only NAME ...] [--sides base,head]
-                                          [--keep DIR] [--out benchmarks/results/plan_identity.json]
+                                          [--compiled head] [--keep DIR] [--out benchmarks/results/plan_identity.json]
 
 BASE and HEAD are commits (exported with `git archive`, pure Python) or `.` for the working
 tree (default HEAD). Each spec runs as `fleetwise plan SPEC -o OUT --quiet --workers N` in a
@@ -65,9 +65,10 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def plan_one(src: Path, spec: Path | None, out: Path, workers: int) -> dict[str, Any]:
-    """Plan one spec with the tree at `src`: its document, CPU and wall seconds."""
-    env = {**os.environ, "PYTHONPATH": str(src), "FLEETWISE_PURE_PYTHON": "1"}
+def plan_one(src: Path, spec: Path | None, out: Path, workers: int, compiled: bool = False) -> dict[str, Any]:
+    """Plan one spec with the tree at `src`: its document, CPU and wall seconds. Pure Python
+    unless `compiled` (the tree's built extensions, if any, then load: `.` after `pip install -e .`)."""
+    env = {**os.environ, "PYTHONPATH": str(src), "FLEETWISE_PURE_PYTHON": "" if compiled else "1"}
     cmd = [sys.executable, "-c", CLI, "plan", *([str(spec)] if spec else []), "-o", str(out), "--quiet",
            "--workers", str(workers)]
     cpu0, t0 = _children_cpu(), time.perf_counter()
@@ -92,7 +93,7 @@ def _result(a: argparse.Namespace, tmp: Path, name: str, side: str, src: Path, s
         return dict(json.loads(kept.read_text()))
     if side not in a.sides.split(","):
         return {}
-    got = plan_one(src, spec, tmp / f"{name}.{side}.json", a.workers)
+    got = plan_one(src, spec, tmp / f"{name}.{side}.json", a.workers, side in a.compiled.split(","))
     kept.write_text(json.dumps(got))
     print(json.dumps({"spec": name, "side": side, **{k: got[k] for k in ("cpu_s", "wall_s", "simulations")}}),
           file=sys.stderr, flush=True)
@@ -107,6 +108,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="spec names (file stems, `built-in`) to plan")
     ap.add_argument("--keep", default=None, help="directory to keep (and reuse) each side's results in")
     ap.add_argument("--sides", default="base,head", help="which sides to plan now (the others must be kept)")
+    ap.add_argument("--compiled", default="", help="sides to run with their built extensions (`head` for `.` "
+                                                   "installed with `pip install -e .`); the rest run pure Python")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "plan_identity.json"))
     a = ap.parse_args()
     rows = []

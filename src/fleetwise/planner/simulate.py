@@ -4,8 +4,10 @@ and the bisection that finds a replica's *effective* goodput under the target le
 Owns `FleetShape` (pools of layouts with replica counts), `run_fleet` (one seeded simulation,
 summarised into a `SimVerdict`; a run repeated with identical inputs in the same process is
 answered from a bounded memo, `simulate_fleet` being the uncached reference; `FleetRun` is one
-such run as a value, which another process may simulate and the memo then keep) and `bisect_rate` (the largest arrival rate at which the SLO still
-holds, found by doubling then halving). A pass needs the SLO percentile of TTFT and of TPOT under
+such run as a value, which another process may simulate and the memo then keep; `memo_only`
+replays a decision from the memo alone to learn which run it needs next), `passes` (a
+verdict-only run, stopped once certain, `early`) and `bisect_rate` (the largest arrival rate
+at which the SLO still holds, found by doubling then halving). A pass needs the SLO percentile of TTFT and of TPOT under
 their targets and the attainment (requests meeting both, failed ones counting as missed) at
 least the required fraction; a stage check (`ttft` or `tpot`) looks at one target only. Does not
 choose what to measure (goodput) or how many replicas to buy (sizing).

@@ -56,10 +56,15 @@ def _children_cpu() -> float:
 
 
 def fleetwise_source() -> dict:
-    """The commit the run used, and whether src/ had uncommitted changes."""
+    """The commit the run used, and whether src/ had uncommitted changes; with PYTHONPATH set
+    (another tree's `src` first, e.g. a commit exported for a before/after pair) that path,
+    since the checkout's commit is then not what ran."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    return {"commit": git("rev-parse", "--short", "HEAD"), "src_dirty": bool(git("status", "--porcelain", "--", "src"))}
+    out = {"commit": git("rev-parse", "--short", "HEAD"), "src_dirty": bool(git("status", "--porcelain", "--", "src"))}
+    if os.environ.get("PYTHONPATH"):
+        out["pythonpath"] = os.environ["PYTHONPATH"]
+    return out
 
 
 def run_once(spec: Path | None, workers: int | None, out: Path) -> dict:

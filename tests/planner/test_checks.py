@@ -88,8 +88,47 @@ def test_runs_simulated_ahead_in_workers_give_the_same_checks(refined: Search,
     here: list[object] = []
     real = simulate.simulate_fleet
     monkeypatch.setattr(simulate, "simulate_fleet", lambda *a, **k: here.append(a) or real(*a, **k))
-    two = _finish(copy.deepcopy(refined), workers=2)
+    with Executor(2) as ex:
+        two = copy.deepcopy(refined)
+        checks.run(two, ex)
+        in_checks = len(here)
+        disaggregation.run(two, ex)
+    ranking.run(two)
     assert to_json(one) | {"search": None} == to_json(two) | {"search": None}
     assert one.simulations == two.simulations
-    added = any(h.added for c in two.refined if c.refined for h in c.refined.headroom)
-    assert here == [] or added, "a run simulated ahead was not found in the memo"
+    # every run the checks made, a rerun after a term that missed included, was simulated in a
+    # worker (ahead, round by round) and found in the memo
+    assert in_checks == 0, "a check run was simulated in the planning process"
+
+
+def test_next_runs_replays_from_the_memo_and_names_the_rerun_after_a_miss(spec_factory) -> None:
+    """Two H100 replicas at 14 req/s sized with no failure spare: the failure term misses, so the
+    check needs that term again against three replicas. Replayed from the memo with the likely
+    runs in it, `next_runs` names exactly that rerun, then nothing; the check then runs from the
+    memo alone and gives what the check simulating everything itself gives."""
+    from fleetwise.planner import simulate
+    from fleetwise.planner.fit import prepare
+    from fleetwise.planner.layout import Layout
+    from fleetwise.planner.results import Refined
+    from fleetwise.planner.simulate import FleetShape, PoolShape, memo_only
+
+    spec = spec_factory(workload={"rate_rps": 14.0, "prompt_tokens": {"kind": "fixed", "tokens": 2048},
+                                  "output_tokens": {"kind": "fixed", "tokens": 128}},
+                        headroom={"failures_to_survive": 1, "upgrade_batch_replicas": 0, "cold_start_s": 0})
+    ctx = prepare(spec).ctx
+    full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 2),))
+    simulate._memo.clear()
+    item = (Refined("two", full, full), None, False)
+    likely = checks._plan_runs(ctx, full, False)
+    assert checks.next_runs(ctx, item)[0].key(spec, ctx.prices) == likely[0].key(spec, ctx.prices)
+    for run in likely:
+        run.verdict(spec, ctx.prices)
+    (rerun,) = checks.next_runs(ctx, item)
+    assert rerun.fleet.pool("mixed").replicas == 3 and rerun.faults == likely[0].faults
+    rerun.verdict(spec, ctx.prices)
+    assert checks.next_runs(ctx, item) == []
+    with memo_only():
+        from_memo, _ = checks.check_plan(ctx, (copy.deepcopy(item[0]), None, False))
+    simulate._memo.clear()
+    alone, _ = checks.check_plan(ctx, (copy.deepcopy(item[0]), None, False))
+    assert from_memo == alone and from_memo.full.pool("mixed").replicas == 3

@@ -39,6 +39,22 @@ def test_map_keeps_input_order(workers: int) -> None:
         assert os.getpid() not in pids  # ran in worker processes
 
 
+def _started(ctx: None, item: int) -> tuple[int, float]:
+    return item, time.monotonic()
+
+
+def test_map_with_cost_hands_out_the_costliest_first_and_keeps_input_order() -> None:
+    """With one worker process the tasks run one after the other in the order handed out: the
+    costliest first (ties in input order), and the results still come back in input order."""
+    items = [3, 9, 1, 9, 5]
+    with Executor(workers=2) as ex:
+        ex._pool = ex_mod.ProcessPoolExecutor(max_workers=1)
+        out = ex.map(_started, None, items, cost=lambda it: float(it))
+    assert [it for it, _t in out] == items
+    started = [t for _it, t in out]
+    assert sorted(range(len(items)), key=lambda i: started[i]) == [1, 3, 4, 0, 2]
+
+
 def test_map_empty_and_single_item() -> None:
     with Executor(workers=2) as ex:
         assert ex.map(_slow_first, (1, 0), []) == []

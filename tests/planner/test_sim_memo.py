@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 from fleetwise.core.feedback import Completed, FirstToken
 from fleetwise.planner import disaggregation
 from fleetwise.planner import simulate as sim
+from fleetwise.planner.early import (
+    CertainMiss,
+    CertainPass,
+    VerdictWatch,
+    allowed_misses,
+    needed_for_percentile,
+)
 from fleetwise.planner.executor import Executor
 from fleetwise.planner.results import Refined
 from fleetwise.planner.simulate import (
     FleetShape,
     PoolShape,
-    allowed_misses,
     crash_scenario,
     passes,
     requests_over,
@@ -93,41 +100,108 @@ def test_allowed_misses(n, attainment, want) -> None:
     assert round((n - want) / n, 9) >= attainment and (want == n or round((n - want - 1) / n, 9) < attainment)
 
 
-def test_miss_watch_stops_after_the_allowed_misses() -> None:
-    seen: list[object] = []
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 11, 200, 401, 2400])
+@pytest.mark.parametrize("percentile", [50, 90, 99])
+def test_needed_for_percentile_holds_the_percentile_whatever_the_rest(n, percentile) -> None:
+    """With `needed` values at the target and every other one far above it, the percentile of
+    any number m <= n of them (the requests that complete) is still at or under the target."""
+    needed = needed_for_percentile(n, percentile)
+    for m in range(1, n + 1):
+        if m < needed:
+            continue
+        values = np.array([1.0] * needed + [1e9] * (m - needed))
+        assert np.percentile(values, percentile) <= 1.0, (n, m)
+    if needed - 2 >= 1 and needed - 2 <= n:  # one fewer than the exact count can fail: the rule is not vacuous
+        values = np.array([1.0] * (needed - 2) + [1e9] * (n - needed + 2))
+        assert np.percentile(values, percentile) > 1.0
 
-    class Policy:
-        wants_kv_events = True
 
-        def observe(self, fb) -> None:  # type: ignore[no-untyped-def]
-            seen.append(fb)
+class _Policy:
+    wants_kv_events = True
 
-    w = sim._MissWatch(Policy(), ttft_s=1.0, tpot_s=0.05, allowed=2)
+    def __init__(self) -> None:
+        self.seen: list[object] = []
+
+    def observe(self, fb) -> None:  # type: ignore[no-untyped-def]
+        self.seen.append(fb)
+
+
+def test_watch_stops_after_the_allowed_misses() -> None:
+    policy = _Policy()
+    w = VerdictWatch(policy, ttft_s=1.0, tpot_s=0.05, n=30, attainment=0.9, percentile=90)  # 3 misses allowed
     assert w.wants_kv_events is True  # everything else is the policy's
     w.observe(FirstToken(0.5, "a", "r0", 0.9))  # met
     w.observe(FirstToken(1.0, "e", "r0", 1.0))  # exactly the target: met
-    w.observe(Completed(3.0, "a", "r0", 11, 0.05, 3.0))  # exactly the TPOT target: met
+    w.observe(Completed(3.0, "a", "r0", 11, 0.05, 3.0))  # exactly the TPOT target: not a miss
     w.observe(FirstToken(1.5, "b", "r0", 1.5))
     w.observe(FirstToken(1.6, "b", "r0", 1.6))  # the same request again: counted once
     w.observe(Completed(4.0, "b", "r0", 11, 0.2, 4.0))  # and late twice: still once
     w.observe(Completed(4.5, "c", "r0", 11, 0.06, 4.5))  # TPOT over
-    with pytest.raises(sim._CertainMiss):
-        w.observe(FirstToken(2.5, "d", "r0", 1.01))  # the third miss of two allowed
-    assert len(seen) == 8  # the policy heard every event, the last one included
-    only_ttft = sim._MissWatch(Policy(), ttft_s=1.0, tpot_s=None, allowed=0)
+    w.observe(FirstToken(2.5, "f", "r0", 1.01))
+    with pytest.raises(CertainMiss):
+        w.observe(FirstToken(2.5, "d", "r0", 1.01))  # the fourth miss of three allowed
+    assert len(policy.seen) == 9  # the policy heard every event, the last one included
+    only_ttft = VerdictWatch(_Policy(), ttft_s=1.0, tpot_s=None, n=10, attainment=1.0, percentile=90)
     only_ttft.observe(Completed(4.0, "b", "r0", 11, 9.0, 4.0))  # TPOT not judged: no miss
 
 
-def test_passes_is_the_full_runs_verdict(spec_factory, small_search) -> None:
-    """The early-stopping verdict equals the full simulation's at rates that pass and that fail."""
+def test_watch_passes_once_the_rest_cannot_pull_it_below() -> None:
+    """n = 10 at 90% attainment and p90: 9 must meet both targets, and 10 TTFT and TPOT values
+    (floor(0.9 x 9) + 2 = 10) must be under them for the p90 to hold whatever else happens."""
+    w = VerdictWatch(_Policy(), ttft_s=1.0, tpot_s=0.05, n=10, attainment=0.9, percentile=90)
+    for i in range(9):
+        w.observe(FirstToken(0.1 * i, f"r{i}", "r0", 0.5))
+        w.observe(Completed(1 + i, f"r{i}", "r0", 11, 0.04, 1.0))  # met
+    w.observe(FirstToken(2.0, "x", "r0", 0.5))
+    with pytest.raises(CertainPass):
+        w.observe(Completed(20.0, "x", "r0", 11, 0.04, 1.0))
+    # a request of one output token meets the SLO but has no TPOT: the p90 of TPOT is not yet certain
+    w = VerdictWatch(_Policy(), ttft_s=1.0, tpot_s=0.05, n=10, attainment=0.9, percentile=90)
+    for i in range(10):
+        w.observe(FirstToken(0.1 * i, f"r{i}", "r0", 0.5))
+        w.observe(Completed(1 + i, f"r{i}", "r0", 1 if i == 0 else 11, 0.0 if i == 0 else 0.04, 1.0))
+    # a network delay makes a TTFT at the target no longer certain to meet it
+    w = VerdictWatch(_Policy(), ttft_s=1.0, tpot_s=None, n=2, attainment=0.5, percentile=50, network_s=0.1)
+    for i in range(2):
+        w.observe(FirstToken(0.1, f"r{i}", "r0", 0.95))
+        w.observe(Completed(1.0, f"r{i}", "r0", 11, 0.04, 1.0))
+
+
+def _pd_fleet(fleet: FleetShape) -> FleetShape:
+    lay = fleet.pools[0].layout
+    return FleetShape((PoolShape("prefill", lay, 1), PoolShape("decode", lay, 1)), 50e9)
+
+
+@pytest.mark.parametrize("lengths", ["fixed", "sharegpt"])
+def test_passes_is_the_full_runs_verdict(spec_factory, small_search, lengths, monkeypatch) -> None:
+    """The early-stopping verdict equals the full simulation's at rates that pass and that fail,
+    colocated and P/D, and some runs do stop early both ways."""
+    from fleetwise.planner.workload import build_mix
+    from fleetwise.spec.planning import PlanWorkloadSpec
+
     spec, ctx = spec_factory(), small_search.ctx
-    fleet = small_search.refined[0].refined.serving
+    mix = ctx.mix if lengths == "fixed" else build_mix(
+        PlanWorkloadSpec.model_validate({"rate_rps": 0.2, "lengths": {"kind": "preset", "name": "sharegpt"}}), 400)
+    stops: list[str] = []
+    real = VerdictWatch.observe
+
+    def counting(self, fb):  # type: ignore[no-untyped-def]
+        try:
+            real(self, fb)
+        except (CertainMiss, CertainPass) as stop:
+            stops.append(type(stop).__name__)
+            raise
+
+    monkeypatch.setattr(VerdictWatch, "observe", counting)
+    serving = small_search.refined[0].refined.serving
     verdicts = []
-    for rate in (0.2, 60.0, 300.0):
-        for check in ("both", "ttft", "tpot"):
-            sim._memo.clear()
-            got = passes(spec, ctx.mix, fleet, ctx.prices, rate, seed=0, check=check)
-            want = simulate_fleet(spec, ctx.mix, fleet, ctx.prices, rate, seed=0, check=check).passed
-            assert got == want, (rate, check)
-            verdicts.append(got)
+    for fleet in (serving, _pd_fleet(serving)):
+        for rate in (0.2, 8.0, 30.0, 60.0, 300.0):
+            for check in ("both", "ttft", "tpot"):
+                sim._memo.clear()
+                got = passes(spec, mix, fleet, ctx.prices, rate, seed=0, check=check)
+                want = simulate_fleet(spec, mix, fleet, ctx.prices, rate, seed=0, check=check).passed
+                assert got == want, (fleet.label, rate, check)
+                verdicts.append(got)
     assert True in verdicts and False in verdicts
+    assert "CertainPass" in stops and "CertainMiss" in stops

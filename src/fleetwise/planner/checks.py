@@ -16,7 +16,9 @@ its checks gave, ranks nowhere and says so (`not_checked`). Does not rank (ranki
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fleetwise.planner.disaggregation import check_claims, claim_runs, reference_colocated
@@ -25,9 +27,15 @@ from fleetwise.planner.layout import Rejection
 from fleetwise.planner.ranking import rank_key
 from fleetwise.planner.refinement import check_headroom, headroom_run, headroom_runs
 from fleetwise.planner.results import Claims, Refined
-from fleetwise.planner.simulate import FleetRun, SimVerdict
+from fleetwise.planner.simulate import FleetRun, FleetShape, NotSimulated, SimVerdict, memo_only, requests_for
 from fleetwise.planner.sizing import fleet_cost, over_limits
 from fleetwise.planner.state import Candidate, Context, Search
+from fleetwise.spec.planning import PlanningSpec
+
+MAX_AHEAD_ROUNDS = 8
+"""Rounds of runs simulated ahead per wave (the likely runs, then each round what the checks
+replayed from the memo need next); whatever is still missing after them is simulated while the
+checks run here."""
 
 CheckItem = tuple[Refined, float | None, bool]
 """What a check task gets: the refined plan, the reference colocated TPOT p99, whether to check claims."""
@@ -44,13 +52,39 @@ def _simulate(ctx: Context, run: FleetRun) -> SimVerdict:
     return run.verdict(ctx.spec, ctx.prices)
 
 
+def _requests(spec: PlanningSpec, run: FleetRun) -> float:
+    """A run's relative cost for handing out work: its requests (a standard run's at its rate)."""
+    return float(len(run.requests) if run.requests is not None else requests_for(run.rate_rps, spec.search.sample_requests))
+
+
 def runs_ahead(ctx: Context, c: Candidate) -> list[FleetRun]:
-    """The runs checking `c` makes when no headroom term misses and each fault claim holds with
-    its first procedure: each term against the plan as refined, then its P/D claims."""
+    """The runs checking `c` starts with: each headroom term against the plan as refined. Its
+    P/D claims run against the plan as the terms leave it, so they are simulated ahead only once
+    the terms have run (`next_runs`), not on the guess that no term misses (a term that misses
+    on the built-in question's two P/D plans left their four claim runs each wasted)."""
     assert c.refined is not None
-    full = c.refined.full
-    return ([headroom_run(ctx, full, t) for t in headroom_runs(ctx, full)]
-            + (claim_runs(ctx, full) if c.kind != "colocated" else []))
+    return _plan_runs(ctx, c.refined.full, False)
+
+
+def _plan_runs(ctx: Context, full: FleetShape, claims: bool) -> list[FleetRun]:
+    return [headroom_run(ctx, full, t) for t in headroom_runs(ctx, full)] + (claim_runs(ctx, full) if claims else [])
+
+
+def next_runs(ctx: Context, item: CheckItem) -> list[FleetRun]:
+    """The run checking `item` needs next that the memo lacks (none: every run it makes is
+    there), replayed on a copy from the memo alone, and after it the runs the rest of the check
+    makes if that run passes: the later terms and the claims against the plan as it then stands."""
+    r, colo_tpot, claims = item
+    probe = copy.deepcopy(r)
+    try:
+        with memo_only():
+            check_plan(ctx, (probe, colo_tpot, claims))
+    except NotSimulated as need:
+        later = _plan_runs(ctx, probe.full, claims)
+        want = need.run.key(ctx.spec, ctx.prices)
+        at = next((i for i, run in enumerate(later) if run.key(ctx.spec, ctx.prices) == want), len(later))
+        return [need.run, *later[at + 1:]]
+    return []
 
 
 def undecided(cands: list[Candidate], key: Callable[[Candidate], Any], k: int,
@@ -70,16 +104,22 @@ class _Checks:
         self.checked: set[str] = set()
 
     def wave(self, cands: list[Candidate], colo_tpot: float | None) -> None:
-        """Check `cands`: with parallel workers, each run they are likely to make is simulated
-        ahead, one task per run, into this process's memo, and the checks themselves then run
-        here (a term that misses reruns here, against the larger plan); else one task per plan."""
+        """Check `cands`: with parallel workers, their headroom terms are simulated ahead, one task
+        per run, into this process's memo, then round by round what the checks replayed from the
+        memo need next (`next_runs`: a term rerun against the larger plan, the claims), and the
+        checks themselves then run here from the memo; else one task per plan."""
         ctx = self.search.ctx
         items = [(c.refined, colo_tpot, c.kind != "colocated") for c in cands if c.refined is not None]
         before = [r.runs for r, _, _ in items]
         if self.ex.parallel:
             ahead = [run for c in cands for run in runs_ahead(ctx, c)]
-            for run, v in zip(ahead, self.ex.map(_simulate, ctx, ahead), strict=True):
-                run.remember(ctx.spec, ctx.prices, v)
+            open_items = list(items)
+            for _ in range(MAX_AHEAD_ROUNDS):
+                if not self._simulate_ahead(ahead):
+                    break
+                needs = [(it, next_runs(ctx, it)) for it in open_items]
+                open_items = [it for it, need in needs if need]  # a plan needing nothing is complete
+                ahead = [run for _, need in needs for run in need]
             done = [check_plan(ctx, it) for it in items]
         else:
             done = self.ex.map(check_plan, ctx, items)
@@ -88,6 +128,19 @@ class _Checks:
             c.refined, c.claims = r, claims
             c.cost_per_hour = fleet_cost(self.search, r.full, {})  # with what the headroom checks added
             self.checked.add(c.key)
+
+    def _simulate_ahead(self, runs: list[FleetRun]) -> bool:
+        """Simulate the runs the memo lacks (each once), one task each, costliest first, into the
+        memo; False when there was none."""
+        ctx, todo, seen = self.search.ctx, [], set()
+        for run in runs:
+            key = run.key(ctx.spec, ctx.prices)
+            if key not in seen and not run.in_memo(ctx.spec, ctx.prices):
+                seen.add(key)
+                todo.append(run)
+        for run, v in zip(todo, self.ex.map(_simulate, ctx, todo, cost=partial(_requests, ctx.spec)), strict=True):
+            run.remember(ctx.spec, ctx.prices, v)
+        return bool(todo)
 
     def colocated_undecided(self) -> list[Candidate]:
         """The cheapest colocated plan, as `disaggregation.reference_colocated` picks it."""

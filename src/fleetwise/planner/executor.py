@@ -50,16 +50,27 @@ class Executor:
         if self._pool is not None:
             self._pool.shutdown()
 
-    def map(self, fn: Callable[[Any, T], R], ctx: Any, items: Sequence[T]) -> list[R]:
+    def map(self, fn: Callable[[Any, T], R], ctx: Any, items: Sequence[T],
+            cost: Callable[[T], float] | None = None) -> list[R]:
+        """`[fn(ctx, it) for it in items]`, in the input order whatever ran where. With `cost` (a
+        task's relative run time), parallel workers are handed the costliest tasks first, so a long
+        task does not start last and leave the other workers idle while it runs (longest first)."""
         if not items:
             return []
-        if self.ray_address:
-            return self._counted(_ray_map(self.ray_address, fn, ctx, items), len(items))
-        if self.workers == 1 or len(items) == 1:
+        if not self.ray_address and (self.workers == 1 or len(items) == 1):
             return self._counted((fn(ctx, it) for it in items), len(items))
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
-        return self._counted(self._pool.map(partial(fn, ctx), items), len(items))
+        order = sorted(range(len(items)), key=lambda i: -cost(items[i])) if cost else list(range(len(items)))
+        todo = [items[i] for i in order]
+        if self.ray_address:
+            done = self._counted(_ray_map(self.ray_address, fn, ctx, todo), len(todo))
+        else:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(max_workers=self.workers)
+            done = self._counted(self._pool.map(partial(fn, ctx), todo), len(todo))
+        out: list[R] = [None] * len(items)  # type: ignore[list-item]
+        for i, r in zip(order, done, strict=True):
+            out[i] = r
+        return out
 
     def _counted(self, results: Iterable[R], total: int) -> list[R]:
         """The results as a list, telling `on_task` after each one."""

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 from fleetwise.planner.executor import Executor
 from fleetwise.planner.layout import Layout, Rejection, kv_link
 from fleetwise.planner.loadtest import load_measurement
 from fleetwise.planner.results import LayoutEstimate
-from fleetwise.planner.simulate import FleetShape, PoolShape, bisect_rate, passes
+from fleetwise.planner.simulate import FleetShape, PoolShape, bisect_rate, passes, requests_for
 from fleetwise.planner.state import Context, Search
+from fleetwise.spec.planning import PlanningSpec
 
 STAGE_CHECK = {"mixed": "both", "prefill": "ttft", "decode": "both"}
 """What a stage measurement judges. A decode replica is judged on TPOT *and* TTFT with an
@@ -169,6 +171,13 @@ def _from_load_tests(search: Search, lists: dict[str, list[Layout]]) -> dict[tup
     return out
 
 
+def _task_cost(spec: PlanningSpec, task: MeasureTask) -> float:
+    """A bisection's relative cost for handing out work: its first run's requests times the
+    replicas simulated (every run of a bisection is near its first one's rate)."""
+    return requests_for(max(task.guess_rps, task.floor_rps), spec.search.sample_requests) * sum(
+        p.replicas for p in task.fleet.pools)
+
+
 def run(search: Search, ex: Executor) -> None:
     """Measure (or read from load tests) each shortlisted layout's goodput per role."""
     ctx = search.ctx
@@ -178,7 +187,7 @@ def run(search: Search, ex: Executor) -> None:
     tasks = [t for t in tasks if (t.role, t.fleet.pools[0 if t.role != "decode" else 1].layout) not in measured]
     search.goodput.update(measured)
     by_key = {t.key: t for t in tasks}
-    for res in ex.map(measure_goodput, ctx, tasks):
+    for res in ex.map(measure_goodput, ctx, tasks, cost=partial(_task_cost, search.spec)):
         search.simulations += res.runs
         lay = by_key[res.key].fleet.pools[0 if res.role != "decode" else 1].layout
         search.goodput[(res.role, lay)] = res.goodput_rps

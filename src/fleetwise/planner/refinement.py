@@ -187,8 +187,16 @@ def check_headroom(ctx: Context, out: Refined) -> None:
         out.runs += 1
         return headroom_run(ctx, out.full, run).verdict(ctx.spec, ctx.prices)
 
+    built: dict[FleetShape, list[HeadroomRun]] = {}
+
+    def terms() -> list[HeadroomRun]:
+        """The terms of the plan as it stands, built once per shape (each builds its arrivals)."""
+        if out.full not in built:
+            built[out.full] = headroom_runs(ctx, out.full)
+        return built[out.full]
+
     done: set[str] = set()
-    while (run := next((r for r in headroom_runs(ctx, out.full) if r.key not in done), None)) is not None:
+    while (run := next((r for r in terms() if r.key not in done), None)) is not None:
         done.add(run.key)
         v = first = sim(run)
         role = run.role or _role_to_grow(ctx, v, out.full)
@@ -196,7 +204,7 @@ def check_headroom(ctx: Context, out: Refined) -> None:
         while not v.passed and added < MAX_HEADROOM_ADDS:
             out.full = out.full.with_replicas(**{role: out.full.pool(role).replicas + 1})
             added += 1
-            run = next((r for r in headroom_runs(ctx, out.full) if r.key == run.key), run)
+            run = next((r for r in terms() if r.key == run.key), run)
             v = sim(run)
         out.headroom.append(HeadroomCheck(run.term, role, v, added, len(run.requests), run.span_s,
                                           first if added else None))

@@ -4,8 +4,10 @@ and the bisection that finds a replica's *effective* goodput under the target le
 Owns `FleetShape` (pools of layouts with replica counts), `run_fleet` (one seeded simulation,
 summarised into a `SimVerdict`; a run repeated with identical inputs in the same process is
 answered from a bounded memo, `simulate_fleet` being the uncached reference; `FleetRun` is one
-such run as a value, which another process may simulate and the memo then keep) and `bisect_rate` (the largest arrival rate at which the SLO still
-holds, found by doubling then halving). A pass needs the SLO percentile of TTFT and of TPOT under
+such run as a value, which another process may simulate and the memo then keep; `memo_only`
+replays a decision from the memo alone to learn which run it needs next), `passes` (a
+verdict-only run, stopped once certain, `early`) and `bisect_rate` (the largest arrival rate
+at which the SLO still holds, found by doubling then halving). A pass needs the SLO percentile of TTFT and of TPOT under
 their targets and the attainment (requests meeting both, failed ones counting as missed) at
 least the required fraction; a stage check (`ttft` or `tpot`) looks at one target only. Does not
 choose what to measure (goodput) or how many replicas to buy (sizing).
@@ -16,12 +18,15 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fleetwise.core.request import Request
 from fleetwise.perf.expert_load import planned_imbalance
+from fleetwise.planner.early import CertainMiss, CertainPass, VerdictWatch
 from fleetwise.planner.layout import Layout, pool_spec
 from fleetwise.planner.workload import LengthMix, requests_at
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash
@@ -237,14 +242,47 @@ class FleetRun:
     requests: list[Request] | None = None
 
     def verdict(self, spec: PlanningSpec, prices: dict[str, float]) -> SimVerdict:
-        """`run_fleet` of this run (from the memo when it was made, or remembered, before)."""
+        """`run_fleet` of this run (from the memo when it was made, or remembered, before); inside
+        `memo_only()`, a run the memo lacks raises `NotSimulated` instead of being simulated."""
+        if _memo_only.get() and not self.in_memo(spec, prices):
+            raise NotSimulated(self)
         return run_fleet(spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
                          self.requests)
 
+    def key(self, spec: PlanningSpec, prices: dict[str, float]) -> Hashable:
+        """What the memo keeps this run's verdict under."""
+        return _memo_key(spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
+                         self.requests)
+
+    def in_memo(self, spec: PlanningSpec, prices: dict[str, float]) -> bool:
+        """Whether the memo holds this run's verdict."""
+        return self.key(spec, prices) in _memo
+
     def remember(self, spec: PlanningSpec, prices: dict[str, float], v: SimVerdict) -> None:
         """Keep `v`, this run's verdict simulated in another process, as `run_fleet` would have."""
-        _remember(_memo_key(spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
-                            self.requests), v)
+        _remember(self.key(spec, prices), v)
+
+
+class NotSimulated(Exception):
+    """Raised inside `memo_only()` by a `FleetRun` the memo does not hold (`run`)."""
+
+    def __init__(self, run: FleetRun) -> None:
+        super().__init__("run not in the memo")
+        self.run = run
+
+
+_memo_only: ContextVar[bool] = ContextVar("memo_only", default=False)
+
+
+@contextmanager
+def memo_only() -> Iterator[None]:
+    """Within this block `FleetRun.verdict` answers only from the memo: a caller replays a
+    decision to learn which run it needs next (`checks`), then simulates it elsewhere."""
+    token = _memo_only.set(True)
+    try:
+        yield
+    finally:
+        _memo_only.reset(token)
 
 
 def _arrivals(spec: PlanningSpec, mix: LengthMix, rate_rps: float, seed: int) -> list[Request]:
@@ -266,62 +304,13 @@ def simulate_fleet(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices
     return _judge(result.summary, spec, check, rate_rps, seed, result.records)
 
 
-class _CertainMiss(Exception):
-    """Enough requests have missed that the run's attainment cannot reach the SLO's."""
-
-
-def allowed_misses(n: int, attainment: float) -> int:
-    """Most requests of `n` that may miss while the attainment (met / n, as the simulator's summary
-    rounds it) still reaches `attainment`; -1 when even none missing falls short."""
-    def ok(m: int) -> bool:
-        return round((n - m) / n, 9) >= attainment
-    m = max(0, min(n, math.floor(n * (1.0 - attainment))))
-    while m < n and ok(m + 1):
-        m += 1
-    while m >= 0 and not ok(m):
-        m -= 1
-    return m
-
-
-MISS_MARGIN = 1e-9
-"""Relative margin above a target before a feedback figure counts as a miss, so a figure equal to
-the target up to rounding is never counted (the watch may stop later, never wrongly)."""
-
-
-class _MissWatch:
-    """The run's routing policy, unchanged, with a count of the requests that cannot meet the SLO:
-    a first token after the TTFT target (the simulator's TTFT adds only a network delay to the
-    feedback's) or a finished request whose time per output token is over the TPOT target (the
-    feedback's is the simulator's formula). Once more than `allowed` have missed, the run fails
-    whatever happens next and `_CertainMiss` ends it. A target of None is not watched."""
-
-    def __init__(self, policy: Any, ttft_s: float | None, tpot_s: float | None, allowed: int) -> None:
-        self._policy, self._allowed = policy, allowed
-        self._ttft_s = ttft_s * (1 + MISS_MARGIN) if ttft_s is not None else math.inf
-        self._tpot_s = tpot_s * (1 + MISS_MARGIN) if tpot_s is not None else math.inf
-        self._missed: set[str] = set()
-
-    def observe(self, fb: Any) -> None:
-        from fleetwise.core.feedback import Completed, FirstToken
-
-        self._policy.observe(fb)
-        late = ((isinstance(fb, FirstToken) and fb.ttft_s > self._ttft_s)
-                or (isinstance(fb, Completed) and fb.tpot_s > self._tpot_s))
-        if late and fb.request_id not in self._missed:
-            self._missed.add(fb.request_id)
-            if len(self._missed) > self._allowed:
-                raise _CertainMiss
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
-
-
 def passes(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,
            seed: int, check: Check = "both") -> bool:
     """`run_fleet(...).passed` of a standard run, for callers that need only the verdict (the
-    goodput bisection): the simulation stops as soon as so many requests have missed their TTFT
-    or TPOT target that the attainment cannot reach the SLO's, since the rest of the run cannot
-    turn that fail into a pass. A run that completes is judged and kept in the memo like `run_fleet`'s."""
+    goodput bisection): the simulation stops as soon as the rest of the run cannot change the
+    verdict (`early.VerdictWatch`: so many requests missed that the attainment cannot reach the
+    SLO's, or so many met it that neither the attainment nor a percentile can fall short). A run
+    that completes is judged and kept in the memo like `run_fleet`'s."""
     from fleetwise.routing.registry import make_policy
     from fleetwise.sim.runner import SimOptions, simulate
 
@@ -333,12 +322,14 @@ def passes(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[s
     slo = _sim_slo(spec, check)
     reqs = _arrivals(spec, mix, rate_rps, seed)
     plan = to_plan_spec(spec, fleet, prices)
-    watch = _MissWatch(make_policy(plan.routing, seed=seed), slo.ttft_max_s, slo.tpot_max_s,
-                       allowed_misses(len(reqs), spec.slo.attainment))
+    watch = VerdictWatch(make_policy(plan.routing, seed=seed), slo.ttft_max_s, slo.tpot_max_s, len(reqs),
+                         spec.slo.attainment, spec.slo.percentile, 2 * plan.regions.latency_s)
     try:
         result = simulate(plan, reqs, options=SimOptions(seed=seed, slo=slo, policy=watch))  # type: ignore[arg-type]
-    except _CertainMiss:
+    except CertainMiss:
         return False
+    except CertainPass:
+        return True
     return _remember(key, _judge(result.summary, spec, check, rate_rps, seed, result.records)).passed
 
 

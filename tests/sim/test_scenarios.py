@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from fleetwise.errors import SpecError
 from fleetwise.sim import scenarios as sc
@@ -101,12 +102,12 @@ def test_small_overrides_apply():
 
 
 def test_cache_mix_falls_back_without_the_trace(tmp_path):
-    text = (SCEN_DIR / "cache-mix.yaml").read_text().replace(
-        "../shared/traces/conversation_trace.jsonl", "../shared/traces/absent_trace.jsonl")
-    (tmp_path / "cache-mix.yaml").write_text(text)
+    doc = yaml.safe_load((SCEN_DIR / "cache-mix.yaml").read_text())
+    doc["workload"]["arrival"]["path"] = "absent/absent_trace.jsonl"
+    (tmp_path / "cache-mix.yaml").write_text(yaml.safe_dump(doc))
     s = sc.load_scenario(tmp_path / "cache-mix.yaml", small=True)
     assert s.workload_source == "generated"
-    assert s.notes == ("cache-mix: trace ../shared/traces/absent_trace.jsonl not found; using the generated "
+    assert s.notes == ("cache-mix: trace absent/absent_trace.jsonl not found; using the generated "
                        "fallback_workload instead",)
     reqs = s.requests(0)
     assert len(reqs) == 1200

@@ -185,14 +185,4 @@ def route_pd(p: Any, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], 
     else:
         a, b, scores, reason = pick_max(p, req, pairs, cp, cd, links)
         kind = "pair"
-    if safe:
-        reason = f"safe-mode {p.safe.spec.action.replace('_', '-')} ({p.safe.describe()}); {reason}"
-        kind = "safe-mode"
-    if no_link:
-        reason += "; no healthy KV link, sent anyway"
-    p._record("prefill", a.name)
-    p._record("decode", b.name)
-    p._dispatch(req, a.prefix_blocks, a.load + a.own, b.name, a.name, now)
-    p.incoming.add(req.request_id, b.name, req.prompt_tokens + p._expected)
-    return RoutingDecision(worker=b.name, prefill_worker=a.name, scores=scores, reason=reason, safe_mode=safe,
-                           kind=kind)
+    return p.commit_pd(req, a, b, scores, reason, kind, safe, no_link, now)  # the choice is what is checked

@@ -377,6 +377,11 @@ class ComposedPolicy:
         else:
             p, d, scores, reason = self._pick_pd_max(req, pairs, pt, links, cp, cd, roomy)
             kind = "pair"
+        return self.commit_pd(req, p, d, scores, reason, kind, safe, no_link, now)
+
+    def commit_pd(self, req: RouteRequest, p: Candidate, d: Candidate, scores: Mapping[str, float], reason: str,
+                  kind: str, safe: bool, no_link: bool, now: float) -> RoutingDecision:
+        """Send `req` to the chosen (prefill, decode) pair: record both, book the load, say why."""
         if safe:
             reason = f"safe-mode {self.safe.spec.action.replace('_', '-')} ({self.safe.describe()}); {reason}"
             kind = "safe-mode"

@@ -57,28 +57,42 @@ def one_line(message: str) -> str:
     return text if len(text) <= MAX_ERROR_LINE_CHARS else text[: MAX_ERROR_LINE_CHARS - 3] + "..."
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command, or only `command`'s where its module is
+    `<command>_cmd` and registers it (a run of one command then imports that module alone, not
+    the gateway, emulator, scenario and report stacks of the others); else every command."""
     parser = OneLineParser(
         prog="fleetwise",
         description="Plan, verify and run parallel and PD-disaggregated LLM inference fleets.",
     )
     parser.add_argument("--version", action="version", version=f"fleetwise {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    own = f"{(command or '').replace('-', '_')}_cmd"
+    if own in SUBCOMMAND_MODULES:
+        _register(subs, own)
+        if command in subs.choices:
+            return parser
+        return build_parser()  # the command lives in another module: register them all
     for mod_name in SUBCOMMAND_MODULES:
-        try:
-            mod = importlib.import_module(f"fleetwise.cli.{mod_name}")
-        except ModuleNotFoundError as err:
-            if err.name == f"fleetwise.cli.{mod_name}":
-                continue
-            raise
-        mod.register(subs)
+        _register(subs, mod_name)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def _register(subs: Any, mod_name: str) -> None:
     try:
-        args = parser.parse_args(argv)
+        mod = importlib.import_module(f"fleetwise.cli.{mod_name}")
+    except ModuleNotFoundError as err:
+        if err.name == f"fleetwise.cli.{mod_name}":
+            return
+        raise
+    mod.register(subs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(args_in[0] if args_in else None)
+    try:
+        args = parser.parse_args(args_in)
     except SystemExit as done:  # --help, --version, or a usage error already printed
         return done.code if isinstance(done.code, int) else EXIT_USER_ERROR
     if not getattr(args, "func", None):

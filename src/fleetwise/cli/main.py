@@ -30,6 +30,12 @@ MAX_ERROR_LINE_CHARS = 299
 EXIT_INTERNAL_ERROR = 70
 """Exit code of a fault in fleetwise itself (BSD sysexits EX_SOFTWARE)."""
 
+BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
+"""Thread pools of the BLAS numpy loads, unless the environment sets them: one thread. OpenBLAS
+starts one spinning thread per core when numpy is imported (about 70 ms of CPU per process on
+the 2-core machine of docs/simulator.md, "Whole process"), and fleetwise's arrays (percentiles,
+fits of a few parameters) are too small to gain from more; planner workers inherit it."""
+
 # Modules under fleetwise.cli that provide subcommands, in help order.
 SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "report_cmd", "fit_cmd", "catalog_cmd", "perf_cmd",
                       "ledger_cmd", "gateway_cmd", "emulate_cmd", "deploy_cmd", "up_cmd", "doc_cmd")
@@ -89,6 +95,8 @@ def _register(subs: Any, mod_name: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for name, value in BLAS_THREADS.items():
+        os.environ.setdefault(name, value)
     args_in = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(args_in[0] if args_in else None)
     try:

@@ -65,6 +65,10 @@ def _class_docs(node: ast.ClassDef) -> dict[str, str]:
     return visitor.docs
 
 
+_BLOCKS = (ast.stmt, ast.excepthandler, ast.match_case)
+"""Nodes that can hold a class statement (expressions cannot)."""
+
+
 def _index(tree: ast.AST, prefix: str, out: dict[str, dict[str, str] | None]) -> None:
     """Every class under `tree` by qualified name (`Outer.Inner`, `f.<locals>.C`)."""
     for node in ast.iter_child_nodes(tree):
@@ -74,7 +78,7 @@ def _index(tree: ast.AST, prefix: str, out: dict[str, dict[str, str] | None]) ->
             _index(node, name + ".", out)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             _index(node, f"{prefix}{node.name}.<locals>.", out)
-        else:
+        elif isinstance(node, _BLOCKS):
             _index(node, prefix, out)
 
 

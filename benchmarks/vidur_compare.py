@@ -30,7 +30,8 @@ as num_blocks). One run does, in order:
    routing the results equal the exact mode's, which is also run and reported).
 4. The whole process of each, on the same list: Vidur's child from its first line to the end of
    its output writing (imports, predictor training, event loop, metrics files), and fleetwise
-   as a user runs it, in a fresh interpreter (`--fleetwise-child`: imports, plan and requests,
+   as a user runs it, in a fresh interpreter (benchmarks/fleetwise_child.py, which imports only
+   json, time and pathlib before fleetwise: imports, plan and requests,
    `simulate()`, summary.json and requests.csv); CPU seconds of each process (`whole_process`).
    Also the `fleetwise simulate` command on the same list as a CSV trace (`--no-cli` skips it;
    its CPU seconds from the kernel, interpreter start and exit included). fleetwise's bytecode
@@ -201,40 +202,15 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
     Path(out_path).write_text(json.dumps(out))
 
 
-def _fleetwise_child(spec_path: str, out_path: str) -> None:
-    """fleetwise as a user runs it, in a fresh process: import, build the plan and the requests,
-    simulate, write summary.json and requests.csv; each phase timed, and the whole process's CPU."""
-    t_start = time.perf_counter()
-    spec = json.loads(Path(spec_path).read_text())
-    from fleetwise.core.request import Request
-    from fleetwise.sim.runner import SimOptions, simulate
-    from fleetwise.spec.plan import PlanSpec
-
-    t_imported = time.perf_counter()
-    rows = json.loads(Path(spec["requests"]).read_text())
-    reqs = [Request(str(i), float(t), int(p), int(d)) for i, (t, p, d) in enumerate(rows)]
-    plan = PlanSpec(**spec["plan"])
-    t_built = time.perf_counter()
-    res = simulate(plan, reqs, options=SimOptions(seed=spec["seed"], feedback_delay_s=spec["feedback_delay_s"]))
-    t_simulated = time.perf_counter()
-    res.write(spec["output_dir"])
-    t_end, cpu_end = time.perf_counter(), time.process_time()
-    Path(out_path).write_text(json.dumps({
-        "requests": len(reqs), "import_s": t_imported - t_start, "setup_s": t_built - t_imported,
-        "simulate_s": t_simulated - t_built, "write_output_s": t_end - t_simulated,
-        "whole_wall_s": t_end - t_start, "whole_cpu_s": cpu_end,
-        "events_processed": res.summary["events_processed"]}))
-
-
 def run_fleetwise_process(a: argparse.Namespace, work: Path, requests_json: Path, replicas: int) -> dict:
-    """fleetwise's whole process (`_fleetwise_child` in a fresh interpreter, this environment's
+    """fleetwise's whole process (`fleetwise_child.py` in a fresh interpreter, this environment's
     fleetwise): imports, setup, simulation and output writing, as Vidur's child is timed whole."""
     spec_path, result = work / "fleetwise_spec.json", work / "fleetwise_result.json"
     plan = plan_document(a, replicas)
     spec_path.write_text(json.dumps({"requests": str(requests_json), "plan": plan, "seed": a.seed,
                                      "feedback_delay_s": a.feedback_delay, "output_dir": str(work / "fleetwise_out")}))
     load0 = os.getloadavg()
-    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--fleetwise-child", str(spec_path),
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().with_name("fleetwise_child.py")), str(spec_path),
                         str(result)], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"fleetwise child failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
@@ -637,7 +613,5 @@ NOTES = [
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--vidur-child":
         _vidur_child(sys.argv[2], sys.argv[3])
-    elif len(sys.argv) == 4 and sys.argv[1] == "--fleetwise-child":
-        _fleetwise_child(sys.argv[2], sys.argv[3])
     else:
         main()

@@ -261,11 +261,13 @@ def record_rows(rec: Records, names: list[str]) -> list[list[Any]]:
     times = [rec.column(c).tolist() for c in TIME_COLUMNS]
     queue = [ps - a for ps, a in zip(times[TIME_COLUMNS.index("prefill_start_s")], arrival, strict=True)]
     floats = [queue, *times, *(m.tolist() for m in request_metrics(rec)[:3])]
-    others_before = [[r.request_id for r in reqs], arrival, [r.tenant for r in reqs], [r.prompt_tokens for r in reqs],
-                     [r.output_tokens for r in reqs], [names[w] if w >= 0 else "" for w in rec.prefill_worker],
-                     [names[w] if w >= 0 else "" for w in rec.worker]]
-    others_after = [list(rec.tokens), list(rec.retries), [rec.failure.get(i, "") for i in range(len(reqs))],
-                    rec.decision, [_scores_cell(s) for s in rec.decision_scores]]
+    others_before: list[list[Any]] = [
+        [r.request_id for r in reqs], arrival, [r.tenant for r in reqs], [r.prompt_tokens for r in reqs],
+        [r.output_tokens for r in reqs], [names[w] if w >= 0 else "" for w in rec.prefill_worker],
+        [names[w] if w >= 0 else "" for w in rec.worker]]
+    others_after: list[list[Any]] = [
+        list(rec.tokens), list(rec.retries), [rec.failure.get(i, "") for i in range(len(reqs))], rec.decision,
+        [_scores_cell(s) for s in rec.decision_scores]]
     cols = [*map(_cells, others_before), *(["" if v != v else round(v, 9) for v in c] for c in floats),
             *map(_cells, others_after)]
     return [list(row) for row in zip(*cols, strict=True)]

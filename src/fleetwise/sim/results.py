@@ -251,8 +251,9 @@ def _cost(replicas: list[ReplicaStats], out_tokens: int, span: float) -> dict[st
 
 
 # ---- files ----------------------------------------------------------------------------------
-def record_rows(rec: Records, names: list[str]) -> list[list[Any]]:
-    """Rows of the per-request table in CSV_COLUMNS order (names: replica index -> name)."""
+def record_rows(rec: Records, names: list[str], text: bool = False) -> list[list[Any]]:
+    """Rows of the per-request table in CSV_COLUMNS order (names: replica index -> name); with
+    `text`, the time columns as the CSV text of their rounded values (`_float_text`)."""
     # Built column by column: the columns of Python floats (`tolist`: the same doubles, read
     # without a numpy scalar each) are rounded in one pass each, as `_cell` rounds a float; the
     # others go through `_cell` (the same cells as converting row by row, at about half the cost).
@@ -268,8 +269,8 @@ def record_rows(rec: Records, names: list[str]) -> list[list[Any]]:
     others_after: list[list[Any]] = [
         list(rec.tokens), list(rec.retries), [rec.failure.get(i, "") for i in range(len(reqs))], rec.decision,
         [_scores_cell(s) for s in rec.decision_scores]]
-    cols = [*map(_cells, others_before), *(["" if v != v else round(v, 9) for v in c] for c in floats),
-            *map(_cells, others_after)]
+    rounded = [list(map(_float_text, c)) if text else ["" if v != v else round(v, 9) for v in c] for c in floats]
+    cols = [*map(_cells, others_before), *rounded, *map(_cells, others_after)]
     return [list(row) for row in zip(*cols, strict=True)]
 
 
@@ -279,6 +280,23 @@ _AS_IS = frozenset({str, int, bool})
 
 def _cells(column: list[Any]) -> list[Any]:
     return [v if type(v) in _AS_IS else _cell(v) for v in column]
+
+
+FLOAT_TEXT_RANGE = (1e-4, 8e6)
+"""Magnitudes where `repr(round(v, 9))` is the `.9f` text of `v` less its trailing zeros: from
+1e-4 (below, repr writes an exponent) to under 2**23 (above, a double's spacing reaches 1e-9, so
+a shorter decimal can name the same double)."""
+
+
+def _float_text(v: float) -> Any:
+    """The CSV cell of a float: `""` for NaN, else what csv writes for `round(v, 9)` (its repr),
+    with one decimal conversion where FLOAT_TEXT_RANGE allows (round and repr each make one)."""
+    if v != v:
+        return ""
+    if FLOAT_TEXT_RANGE[0] <= abs(v) < FLOAT_TEXT_RANGE[1]:
+        digits = f"{v:.9f}".rstrip("0")
+        return digits + "0" if digits.endswith(".") else digits
+    return round(v, 9)
 
 
 def _scores_cell(scores: dict[str, float] | None) -> str:
@@ -309,8 +327,9 @@ def require_parquet(where: str) -> None:
 
 def write_records(rec: Records, names: list[str], path: Path) -> Path:
     """Write the records as CSV, or Parquet when `path` ends in .parquet (SpecError without pyarrow)."""
-    rows = record_rows(rec, names)
-    if path.suffix == ".parquet":
+    parquet = path.suffix == ".parquet"
+    rows = record_rows(rec, names, text=not parquet)
+    if parquet:
         require_parquet(str(path))
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -35,7 +35,8 @@ as num_blocks). One run does, in order:
    `simulate()`, summary.json and requests.csv); CPU seconds of each process (`whole_process`).
    Also the `fleetwise simulate` command on the same list as a CSV trace (`--no-cli` skips it;
    its CPU seconds from the kernel, interpreter start and exit included). fleetwise's bytecode
-   is written first, as a regular install has it (benchmarks/vidur_process.py says why).
+   is written first, as a regular install has it, and every timed child, Vidur's too, runs with
+   one BLAS thread, the fleetwise command's default (benchmarks/vidur_process.py says why).
 5. Optionally fleetwise alone on a larger request set (--large-requests; lengths resampled).
 Writes the JSON (--out) and prints it. The machine's load average is recorded around each
 timed part: on a loaded 2-core machine, CPU seconds are the steadier figure.
@@ -57,7 +58,7 @@ from pathlib import Path
 
 from peer_venv import ensure_venv as ensure_peer_venv
 from peer_venv import find_python
-from vidur_process import best_of_process, compile_bytecode, run_fleetwise_cli, whole_process
+from vidur_process import best_of_process, child_env, compile_bytecode, run_fleetwise_cli, whole_process
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
@@ -211,7 +212,7 @@ def run_fleetwise_process(a: argparse.Namespace, work: Path, requests_json: Path
                                      "feedback_delay_s": a.feedback_delay, "output_dir": str(work / "fleetwise_out")}))
     load0 = os.getloadavg()
     r = subprocess.run([sys.executable, str(Path(__file__).resolve().with_name("fleetwise_child.py")), str(spec_path),
-                        str(result)], capture_output=True, text=True)
+                        str(result)], capture_output=True, text=True, env=child_env())
     if r.returncode != 0:
         sys.exit(f"fleetwise child failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
     out = {k: round(v, 3) if isinstance(v, float) else v for k, v in json.loads(result.read_text()).items()}
@@ -361,8 +362,8 @@ def run_vidur(a: argparse.Namespace, reqs, work: Path, py: Path, spec: dict, tag
     """One Vidur run in the venv's python; its event loop's wall and CPU seconds."""
     spec_path, result = work / f"spec_{tag}.json", work / f"vidur_result_{tag}.json"
     spec_path.write_text(json.dumps(spec))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", WANDB_MODE="disabled",
-               HF_HOME=str(work / "hf_home"), PYTHONHASHSEED="0")
+    env = child_env(HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", WANDB_MODE="disabled",
+                    HF_HOME=str(work / "hf_home"), PYTHONHASHSEED="0")
     env.pop("PYTHONPATH", None)
     log = work / f"vidur_{tag}.log"
     load0 = os.getloadavg()

@@ -20,6 +20,18 @@ import sys
 import time
 from pathlib import Path
 
+BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
+"""Set for every timed child, Vidur's and fleetwise's alike (the environment may override it):
+one BLAS thread, the `fleetwise` command's own default (`cli.main.BLAS_THREADS`). Otherwise
+numpy's OpenBLAS starts a spinning thread per core at import, about 0.06 CPU s per process on
+this 2-core machine, which neither simulator's work uses (Vidur's predictor trains with one job)."""
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a timed child: BLAS_THREADS under this process's environment, then `extra`."""
+    return {**BLAS_THREADS, **os.environ, **extra}
+
+
 TRACE_COLUMNS = "arrival=arrival_s,prompt=prompt_tokens,output=output_tokens"
 """The request list as a CSV in no registered trace format, read by `--trace-columns`."""
 
@@ -61,7 +73,7 @@ def run_fleetwise_cli(plan: dict, rows: list[list[float]], work: Path, seed: int
     load0 = os.getloadavg()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     wall = time.perf_counter() - w0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
@@ -90,7 +102,8 @@ def whole_process(vidur: dict, fw: dict, cli: dict | None, bytecode: str) -> dic
            "fleetwise": fw,
            "ratio_cpu": round(vidur["whole_cpu_s"] / fw["whole_cpu_s"], 1),
            "ratio_wall": round(vidur["whole_wall_s"] / fw["whole_wall_s"], 1),
-           "fleetwise_bytecode": f"written before timing (compileall of {bytecode}), as a regular install has it"}
+           "fleetwise_bytecode": f"written before timing (compileall of {bytecode}), as a regular install has it",
+           "blas_threads": f"{BLAS_THREADS} in every timed child's environment (Vidur's and fleetwise's)"}
     if cli:
         out["fleetwise_cli"] = cli
         out["ratio_cpu_cli"] = round(vidur["whole_cpu_s"] / cli["whole_cpu_s"], 1)

@@ -52,6 +52,5 @@ def test_one_command_parser_equals_its_part_of_the_full_parser(command: str) -> 
 
 @pytest.mark.parametrize("command", ["calibrate", "cli-doc", "nonsense", "--version", None])
 def test_a_command_of_another_module_or_none_gets_every_command(command: str | None) -> None:
-    every = _subparsers(build_parser())
-    assert list(_subparsers(build_parser(command))) == list(every)
-    assert {f"{c.replace('-', '_')}_cmd" for c in every} & set(SUBCOMMAND_MODULES)  # the lazy path is taken
+    assert list(_subparsers(build_parser(command))) == list(_subparsers(build_parser()))
+    assert len(SUBCOMMAND_MODULES) < len(_subparsers(build_parser()))  # calibrate, predict, measure: perf_cmd

@@ -32,9 +32,9 @@ EXIT_INTERNAL_ERROR = 70
 
 BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
 """Thread pools of the BLAS numpy loads, unless the environment sets them: one thread. OpenBLAS
-starts one spinning thread per core when numpy is imported (about 70 ms of CPU per process on
-the 2-core machine of docs/simulator.md, "Whole process"), and fleetwise's arrays (percentiles,
-fits of a few parameters) are too small to gain from more; planner workers inherit it."""
+starts one spinning thread per core when numpy is imported (about 0.06 CPU s per process on
+the 2-core machine of docs/simulator.md, "Whole process against Vidur"), and fleetwise's arrays
+(percentiles, fits of a few parameters) are too small to gain from more; planner workers inherit it."""
 
 # Modules under fleetwise.cli that provide subcommands, in help order.
 SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "report_cmd", "fit_cmd", "catalog_cmd", "perf_cmd",

@@ -30,8 +30,13 @@ as num_blocks). One run does, in order:
    routing the results equal the exact mode's, which is also run and reported).
 4. The whole process of each, on the same list: Vidur's child from its first line to the end of
    its output writing (imports, predictor training, event loop, metrics files), and fleetwise
-   as a user runs it, in a fresh interpreter (`--fleetwise-child`: imports, plan and requests,
+   as a user runs it, in a fresh interpreter (benchmarks/fleetwise_child.py, which imports only
+   json, time and pathlib before fleetwise: imports, plan and requests,
    `simulate()`, summary.json and requests.csv); CPU seconds of each process (`whole_process`).
+   Also the `fleetwise simulate` command on the same list as a CSV trace (`--no-cli` skips it;
+   its CPU seconds from the kernel, interpreter start and exit included). fleetwise's bytecode
+   is written first, as a regular install has it, and every timed child, Vidur's too, runs with
+   one BLAS thread, the fleetwise command's default (benchmarks/vidur_process.py says why).
 5. Optionally fleetwise alone on a larger request set (--large-requests; lengths resampled).
 Writes the JSON (--out) and prints it. The machine's load average is recorded around each
 timed part: on a loaded 2-core machine, CPU seconds are the steadier figure.
@@ -53,6 +58,7 @@ from pathlib import Path
 
 from peer_venv import ensure_venv as ensure_peer_venv
 from peer_venv import find_python
+from vidur_process import best_of_process, child_env, compile_bytecode, run_fleetwise_cli, whole_process
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
@@ -197,55 +203,21 @@ def _vidur_child(spec_path: str, out_path: str) -> None:
     Path(out_path).write_text(json.dumps(out))
 
 
-def _fleetwise_child(spec_path: str, out_path: str) -> None:
-    """fleetwise as a user runs it, in a fresh process: import, build the plan and the requests,
-    simulate, write summary.json and requests.csv; each phase timed, and the whole process's CPU."""
-    t_start = time.perf_counter()
-    spec = json.loads(Path(spec_path).read_text())
-    from fleetwise.core.request import Request
-    from fleetwise.sim.runner import SimOptions, simulate
-    from fleetwise.spec.plan import PlanSpec
-
-    t_imported = time.perf_counter()
-    rows = json.loads(Path(spec["requests"]).read_text())
-    reqs = [Request(str(i), float(t), int(p), int(d)) for i, (t, p, d) in enumerate(rows)]
-    plan = PlanSpec(**spec["plan"])
-    t_built = time.perf_counter()
-    res = simulate(plan, reqs, options=SimOptions(seed=spec["seed"], feedback_delay_s=spec["feedback_delay_s"]))
-    t_simulated = time.perf_counter()
-    res.write(spec["output_dir"])
-    t_end, cpu_end = time.perf_counter(), time.process_time()
-    Path(out_path).write_text(json.dumps({
-        "requests": len(reqs), "import_s": t_imported - t_start, "setup_s": t_built - t_imported,
-        "simulate_s": t_simulated - t_built, "write_output_s": t_end - t_simulated,
-        "whole_wall_s": t_end - t_start, "whole_cpu_s": cpu_end,
-        "events_processed": res.summary["events_processed"]}))
-
-
 def run_fleetwise_process(a: argparse.Namespace, work: Path, requests_json: Path, replicas: int) -> dict:
-    """fleetwise's whole process (`_fleetwise_child` in a fresh interpreter, this environment's
+    """fleetwise's whole process (`fleetwise_child.py` in a fresh interpreter, this environment's
     fleetwise): imports, setup, simulation and output writing, as Vidur's child is timed whole."""
     spec_path, result = work / "fleetwise_spec.json", work / "fleetwise_result.json"
     plan = plan_document(a, replicas)
     spec_path.write_text(json.dumps({"requests": str(requests_json), "plan": plan, "seed": a.seed,
                                      "feedback_delay_s": a.feedback_delay, "output_dir": str(work / "fleetwise_out")}))
     load0 = os.getloadavg()
-    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--fleetwise-child", str(spec_path),
-                        str(result)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().with_name("fleetwise_child.py")), str(spec_path),
+                        str(result)], capture_output=True, text=True, env=child_env())
     if r.returncode != 0:
         sys.exit(f"fleetwise child failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
     out = {k: round(v, 3) if isinstance(v, float) else v for k, v in json.loads(result.read_text()).items()}
     out["loadavg_before"] = [round(x, 2) for x in load0]
     return out
-
-
-def whole_process(vidur: dict, fw: dict) -> dict:
-    """Both simulators' whole processes on the same request list: phases, and the CPU ratio."""
-    keys = ("import_s", "setup_s", "write_output_s", "whole_wall_s", "whole_cpu_s")
-    return {"vidur": {k: vidur.get(k) for k in keys} | {"event_loop_s": vidur["wall_s"]},
-            "fleetwise": fw,
-            "ratio_cpu": round(vidur["whole_cpu_s"] / fw["whole_cpu_s"], 1),
-            "ratio_wall": round(vidur["whole_wall_s"] / fw["whole_wall_s"], 1)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,8 +362,8 @@ def run_vidur(a: argparse.Namespace, reqs, work: Path, py: Path, spec: dict, tag
     """One Vidur run in the venv's python; its event loop's wall and CPU seconds."""
     spec_path, result = work / f"spec_{tag}.json", work / f"vidur_result_{tag}.json"
     spec_path.write_text(json.dumps(spec))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", WANDB_MODE="disabled",
-               HF_HOME=str(work / "hf_home"), PYTHONHASHSEED="0")
+    env = child_env(HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", WANDB_MODE="disabled",
+                    HF_HOME=str(work / "hf_home"), PYTHONHASHSEED="0")
     env.pop("PYTHONPATH", None)
     log = work / f"vidur_{tag}.log"
     load0 = os.getloadavg()
@@ -446,6 +418,9 @@ def markdown_table(out: dict) -> str:
                  f"(import {v['import_s']:.2f} s, setup {v['setup_s']:.2f} s), fleetwise {f['whole_cpu_s']:.2f} CPU s "
                  f"(import {f['import_s']:.2f} s, setup {f['setup_s']:.2f} s, simulate {f['simulate_s']:.2f} s, "
                  f"write {f['write_output_s']:.2f} s): **{wp['ratio_cpu']}x** per CPU second, {wp['ratio_wall']}x wall")
+        if wp.get("fleetwise_cli"):
+            tail += (f"; the `fleetwise simulate` command {wp['fleetwise_cli']['whole_cpu_s']:.2f} CPU s: "
+                     f"**{wp['ratio_cpu_cli']}x**")
     return "\n".join(rows) + "\n" + tail + ")." + ("\n" + "\n".join(lat) if m else "")
 
 
@@ -457,15 +432,6 @@ def best_of(runs: list[dict]) -> dict:
         best["rps_cpu"] = round(best["requests"] / best["cpu_s"], 1)
         best["runs"] = [{"wall_s": r["wall_s"], "cpu_s": r["cpu_s"], "loadavg_before": r["loadavg_before"]}
                         for r in runs]
-    return best
-
-
-def best_of_process(runs: list[dict]) -> dict:
-    """The whole-process run with the least CPU, with every run's CPU and wall seconds."""
-    best = dict(min(runs, key=lambda r: r["whole_cpu_s"]))
-    if len(runs) > 1:
-        best["runs"] = [{"whole_wall_s": r["whole_wall_s"], "whole_cpu_s": r["whole_cpu_s"],
-                         "loadavg_before": r["loadavg_before"]} for r in runs]
     return best
 
 
@@ -522,6 +488,8 @@ def main() -> None:
                          "Python predictor lookups")
     ap.add_argument("--repeats", type=int, default=2,
                     help="timed runs of Vidur and of fleetwise on the shared set; the best of each is reported")
+    ap.add_argument("--cli", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the whole `fleetwise simulate` command on the same list (--repeats runs)")
     ap.add_argument("--vidur-timeout", type=float, default=3600)
     ap.add_argument("--work-dir", type=Path, default=None, help="temp files (default: a fresh dir, removed after)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vidur_compare.json")
@@ -537,13 +505,18 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     try:
         spec = prepare_vidur(a, reqs, work)
-        vidur = best_of([run_vidur(a, reqs, work, py, spec, f"lean{i}") for i in range(a.repeats)])
+        vidur_runs = [run_vidur(a, reqs, work, py, spec, f"lean{i}") for i in range(a.repeats)]
+        vidur = best_of(vidur_runs)
         if reqs is None:  # the list Vidur generated and simulated, exported by its child
             reqs = vidur_requests(Path(spec["requests_out"]))
         requests_json = work / "fleetwise_requests.json"
-        requests_json.write_text(json.dumps([[r.arrival_s, r.prompt_tokens, r.output_tokens] for r in reqs]))
+        rows = [[r.arrival_s, r.prompt_tokens, r.output_tokens] for r in reqs]
+        requests_json.write_text(json.dumps(rows))
+        bytecode = compile_bytecode()
         fw_process = best_of_process([run_fleetwise_process(a, work, requests_json, a.replicas)
                                       for _ in range(a.repeats)])
+        fw_cli = best_of_process([run_fleetwise_cli(plan_document(a, a.replicas), rows, work, a.seed, a.feedback_delay)
+                                  for _ in range(a.repeats)]) if a.cli else None
         vidur_defaults = vidur_bare = None
         if a.vidur_extra_runs:
             vidur_bare = run_vidur(a, reqs, work, py, dict(spec, write_metrics=False), "no_metrics")
@@ -587,7 +560,7 @@ def main() -> None:
         "ratio_cpu_exact_mode": round(fw_exact["rps_cpu"] / vidur["rps_cpu"], 1),
         "ratio_cpu_vs_vidur_no_metrics": round(fw["rps_cpu"] / vidur_bare["rps_cpu"], 1) if vidur_bare else None,
         "matched": matched_figures(vidur, fw, fw_exact),
-        "whole_process": whole_process(vidur, fw_process),
+        "whole_process": whole_process(vidur_runs, fw_process, fw_cli, bytecode),
         "target": "fleetwise >= 20x Vidur's requests per wall-clock second",
         "setup": {
             "model": f"{a.model} (Vidur: {VIDUR_MODELS[a.model]})",
@@ -642,7 +615,5 @@ NOTES = [
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--vidur-child":
         _vidur_child(sys.argv[2], sys.argv[3])
-    elif len(sys.argv) == 4 and sys.argv[1] == "--fleetwise-child":
-        _fleetwise_child(sys.argv[2], sys.argv[3])
     else:
         main()

@@ -14,6 +14,7 @@ NOT_ON_THE_SIM_PATH = (
     "fleetwise.ledger.store",  # the ledger's stores (the simulator bills through ledger.usage)
     "fleetwise.ledger.backends",
     "sqlite3",
+    "yaml",  # PyYAML loads with the first YAML document (spec.yaml_input); a plan given as data needs none
     "matplotlib",
     "scipy",
 )

@@ -30,6 +30,12 @@ MAX_ERROR_LINE_CHARS = 299
 EXIT_INTERNAL_ERROR = 70
 """Exit code of a fault in fleetwise itself (BSD sysexits EX_SOFTWARE)."""
 
+BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
+"""Thread pools of the BLAS numpy loads, unless the environment sets them: one thread. OpenBLAS
+starts one spinning thread per core when numpy is imported (about 0.06 CPU s per process on
+the 2-core machine of docs/simulator.md, "Whole process against Vidur"), and fleetwise's arrays
+(percentiles, fits of a few parameters) are too small to gain from more; planner workers inherit it."""
+
 # Modules under fleetwise.cli that provide subcommands, in help order.
 SUBCOMMAND_MODULES = ("plan_cmd", "simulate_cmd", "scenarios_cmd", "report_cmd", "fit_cmd", "catalog_cmd", "perf_cmd",
                       "ledger_cmd", "gateway_cmd", "emulate_cmd", "deploy_cmd", "up_cmd", "doc_cmd")
@@ -57,28 +63,44 @@ def one_line(message: str) -> str:
     return text if len(text) <= MAX_ERROR_LINE_CHARS else text[: MAX_ERROR_LINE_CHARS - 3] + "..."
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command, or only `command`'s where its module is
+    `<command>_cmd` and registers it (a run of one command then imports that module alone, not
+    the gateway, emulator, scenario and report stacks of the others); else every command."""
     parser = OneLineParser(
         prog="fleetwise",
         description="Plan, verify and run parallel and PD-disaggregated LLM inference fleets.",
     )
     parser.add_argument("--version", action="version", version=f"fleetwise {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    own = f"{(command or '').replace('-', '_')}_cmd"
+    if own in SUBCOMMAND_MODULES:
+        _register(subs, own)
+        if command in subs.choices:
+            return parser
+        return build_parser()  # the command lives in another module: register them all
     for mod_name in SUBCOMMAND_MODULES:
-        try:
-            mod = importlib.import_module(f"fleetwise.cli.{mod_name}")
-        except ModuleNotFoundError as err:
-            if err.name == f"fleetwise.cli.{mod_name}":
-                continue
-            raise
-        mod.register(subs)
+        _register(subs, mod_name)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def _register(subs: Any, mod_name: str) -> None:
     try:
-        args = parser.parse_args(argv)
+        mod = importlib.import_module(f"fleetwise.cli.{mod_name}")
+    except ModuleNotFoundError as err:
+        if err.name == f"fleetwise.cli.{mod_name}":
+            return
+        raise
+    mod.register(subs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    for name, value in BLAS_THREADS.items():
+        os.environ.setdefault(name, value)
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(args_in[0] if args_in else None)
+    try:
+        args = parser.parse_args(args_in)
     except SystemExit as done:  # --help, --version, or a usage error already printed
         return done.code if isinstance(done.code, int) else EXIT_USER_ERROR
     if not getattr(args, "func", None):

@@ -251,22 +251,52 @@ def _cost(replicas: list[ReplicaStats], out_tokens: int, span: float) -> dict[st
 
 
 # ---- files ----------------------------------------------------------------------------------
-def record_rows(rec: Records, names: list[str]) -> list[list[Any]]:
-    """Rows of the per-request table in CSV_COLUMNS order (names: replica index -> name)."""
-    # Columns as Python lists first (`tolist`: the same doubles, read without a numpy scalar each).
-    ttft, tpot, e2e = (m.tolist() for m in request_metrics(rec)[:3])
-    cols = {c: rec.column(c).tolist() for c in TIME_COLUMNS}
-    rows = []
-    for i, r in enumerate(rec.requests):
-        pw, w = rec.prefill_worker[i], rec.worker[i]
-        ps = cols["prefill_start_s"][i]
-        row = [r.request_id, r.arrival_s, r.tenant, r.prompt_tokens, r.output_tokens,
-               names[pw] if pw >= 0 else "", names[w] if w >= 0 else "", ps - r.arrival_s,
-               *(cols[c][i] for c in TIME_COLUMNS), ttft[i], tpot[i], e2e[i],
-               rec.tokens[i], rec.retries[i], rec.failure.get(i, ""), rec.decision[i],
-               _scores_cell(rec.decision_scores[i])]
-        rows.append([_cell(v) for v in row])
-    return rows
+def record_rows(rec: Records, names: list[str], text: bool = False) -> list[list[Any]]:
+    """Rows of the per-request table in CSV_COLUMNS order (names: replica index -> name); with
+    `text`, the time columns as the CSV text of their rounded values (`_float_text`)."""
+    # Built column by column: the columns of Python floats (`tolist`: the same doubles, read
+    # without a numpy scalar each) are rounded in one pass each, as `_cell` rounds a float; the
+    # others go through `_cell` (the same cells as converting row by row, at about half the cost).
+    reqs = rec.requests
+    arrival = [r.arrival_s for r in reqs]
+    times = [rec.column(c).tolist() for c in TIME_COLUMNS]
+    queue = [ps - a for ps, a in zip(times[TIME_COLUMNS.index("prefill_start_s")], arrival, strict=True)]
+    floats = [queue, *times, *(m.tolist() for m in request_metrics(rec)[:3])]
+    others_before: list[list[Any]] = [
+        [r.request_id for r in reqs], arrival, [r.tenant for r in reqs], [r.prompt_tokens for r in reqs],
+        [r.output_tokens for r in reqs], [names[w] if w >= 0 else "" for w in rec.prefill_worker],
+        [names[w] if w >= 0 else "" for w in rec.worker]]
+    others_after: list[list[Any]] = [
+        list(rec.tokens), list(rec.retries), [rec.failure.get(i, "") for i in range(len(reqs))], rec.decision,
+        [_scores_cell(s) for s in rec.decision_scores]]
+    rounded = [list(map(_float_text, c)) if text else ["" if v != v else round(v, 9) for v in c] for c in floats]
+    cols = [*map(_cells, others_before), *rounded, *map(_cells, others_after)]
+    return [list(row) for row in zip(*cols, strict=True)]
+
+
+_AS_IS = frozenset({str, int, bool})
+"""Types `_cell` returns unchanged."""
+
+
+def _cells(column: list[Any]) -> list[Any]:
+    return [v if type(v) in _AS_IS else _cell(v) for v in column]
+
+
+FLOAT_TEXT_RANGE = (1e-4, 8e6)
+"""Magnitudes where `repr(round(v, 9))` is the `.9f` text of `v` less its trailing zeros: from
+1e-4 (below, repr writes an exponent) to under 2**23 (above, a double's spacing reaches 1e-9, so
+a shorter decimal can name the same double)."""
+
+
+def _float_text(v: float) -> Any:
+    """The CSV cell of a float: `""` for NaN, else what csv writes for `round(v, 9)` (its repr),
+    with one decimal conversion where FLOAT_TEXT_RANGE allows (round and repr each make one)."""
+    if v != v:
+        return ""
+    if FLOAT_TEXT_RANGE[0] <= abs(v) < FLOAT_TEXT_RANGE[1]:
+        digits = f"{v:.9f}".rstrip("0")
+        return digits + "0" if digits.endswith(".") else digits
+    return round(v, 9)
 
 
 def _scores_cell(scores: dict[str, float] | None) -> str:
@@ -297,8 +327,9 @@ def require_parquet(where: str) -> None:
 
 def write_records(rec: Records, names: list[str], path: Path) -> Path:
     """Write the records as CSV, or Parquet when `path` ends in .parquet (SpecError without pyarrow)."""
-    rows = record_rows(rec, names)
-    if path.suffix == ".parquet":
+    parquet = path.suffix == ".parquet"
+    rows = record_rows(rec, names, text=not parquet)
+    if parquet:
         require_parquet(str(path))
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from fleetwise.errors import SpecError
 from fleetwise.spec import inputs
+from fleetwise.spec.attribute_docs import attribute_docstrings
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -25,11 +26,26 @@ T = TypeVar("T", bound=BaseModel)
 class Spec(BaseModel):
     """Frozen, strict base for every declared spec."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    # defer_build: a spec's validator is built on its first validation, not when its class is
+    # defined, so a process pays only for the specs it validates (`fleetwise simulate` imports
+    # some 40 spec classes and validates a handful); errors and the JSON schema are the same.
+    # The fields' attribute docstrings (their schema descriptions) are set by
+    # `__pydantic_init_subclass__` below, not by pydantic's `use_attribute_docstrings`.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
     retired_fields: ClassVar[dict[str, str]] = {}
     """Field names a spec no longer takes -> what to write instead (an old file gets the fix, not
     only "unknown field"; read by `describe_validation_error`)."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """A field without a description takes its attribute docstring (pydantic's
+        `use_attribute_docstrings` rule, read from one parse per module: `spec.attribute_docs`)."""
+        super().__pydantic_init_subclass__(**kwargs)
+        docs = attribute_docstrings(cls)
+        for name, info in cls.__pydantic_fields__.items():
+            if info.description is None and name in docs:
+                info.description = docs[name]
 
 
 YAML_ON = ("on", "yes", "true", "y")

@@ -32,8 +32,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fleetwise.errors import SpecError, quote
 from fleetwise.spec.limits import (
     MAX_BODY_BYTES,
@@ -41,7 +39,6 @@ from fleetwise.spec.limits import (
     MAX_INT_DIGITS,
     MAX_NESTING_DEPTH,
     MAX_QUOTE_CHARS,
-    MAX_YAML_NODES,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -219,94 +216,26 @@ def _loads(text: str, where: str, row: bool) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, deep nesting and alias expansion past a budget."""
-
-    _depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
-        self._depth += 1
-        try:
-            if self._depth > MAX_NESTING_DEPTH:
-                mark = self.peek_event().start_mark
-                raise yaml.YAMLError(f"nested more than {MAX_NESTING_DEPTH} levels deep (line {mark.line + 1}); "
-                                     "flatten the document")
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    dup = key in seen
-                except TypeError:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"unhashable key {quote(key)}", key_node.start_mark) from None
-                if dup:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {quote(key)}; give each key once", key_node.start_mark)
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _expanded_nodes(root: Any, where: str) -> int:
-    """Nodes of the composed YAML graph with every alias expanded (memoised: linear in the graph);
-    SpecError for a recursive alias (a node that contains itself)."""
-    memo: dict[int, int] = {}
-    open_nodes: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        key = id(node)
-        children: list[Any] = []
-        if isinstance(node, yaml.SequenceNode):
-            children = list(node.value)
-        elif isinstance(node, yaml.MappingNode):
-            children = [n for kv in node.value for n in kv]
-        if done:
-            open_nodes.discard(key)
-            memo[key] = min(1 + sum(memo[id(c)] for c in children), MAX_YAML_NODES + 1)
-            continue
-        if key in memo:
-            continue
-        if key in open_nodes:
-            raise SpecError(f"{where}: line {node.start_mark.line + 1}: a recursive alias (a node that contains "
-                            "itself); specs are trees, so remove the self-reference")
-        open_nodes.add(key)
-        stack.append((node, True))
-        stack.extend((c, False) for c in children)
-    return memo[id(root)]
-
-
 def parse_yaml(text: str, where: str) -> Any:
     """Parse YAML text with the safe loader, bounded depth and alias expansion, no duplicate keys."""
+    # PyYAML loads with the first YAML document (`spec.yaml_input`): a run given JSON files only
+    # (the benchmark against Vidur, `plan --json` output) does not import it.
+    import yaml
+
+    from fleetwise.spec.yaml_input import load
+
     try:
-        loader = _BoundedLoader(text)  # the reader refuses control characters here
+        data = load(text, where)
     except yaml.YAMLError as err:
         raise SpecError(f"{where}: not valid YAML: {_yaml_reason(err)}") from None
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        n = _expanded_nodes(node, where)
-        if n > MAX_YAML_NODES:
-            raise SpecError(f"{where}: expands to more than {MAX_YAML_NODES:,} nodes (aliases counted at every "
-                            "use); a spec is far smaller, so remove the repeated aliases")
-        data = loader.construct_document(node)
-    except yaml.YAMLError as err:
-        raise SpecError(f"{where}: not valid YAML: {_yaml_reason(err)}") from None
-    finally:
-        loader.dispose()
     check_finite_tree(data, where)
     return data
 
 
-def _yaml_reason(err: yaml.YAMLError) -> str:
+def _yaml_reason(err: Any) -> str:
+    """The reason of a `yaml.YAMLError`, with its line and column where it has them."""
+    import yaml  # loaded already: only a YAML document's error comes here
+
     if isinstance(err, yaml.MarkedYAMLError):
         where = f" (line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1})" if err.problem_mark else ""
         return quote_text(f"{err.problem or err.context or 'syntax error'}{where}", 160)

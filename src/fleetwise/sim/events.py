@@ -8,15 +8,20 @@ Tie-break at equal times is explicit (`Priority`): faults take effect first, the
 frees resources (step ends, transfer ends), then view refreshes and routing, then arrivals, and
 last the "kick" that lets an idle engine schedule, so that every request added at one instant
 joins the same step. Within one priority, the insertion order (`seq`) decides: FIFO.
+
+The heap is this module's own binary heap of `_Entry` records (heapq's algorithm: a push sifts
+up, a pop moves the smaller child up to a leaf, then sifts the last entry up from there), its
+key compared as two native numbers, the time and `priority << SEQ_BITS | seq`: a pop of the
+same events in the same order as `heapq` over `(time_s, priority, seq, ...)` tuples, without
+comparing tuples item by item (docs/simulator.md, "Long outputs: per-event cost").
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -102,9 +107,60 @@ class Sample(Event):
 
 Handler = Callable[[float, Any], None]
 
+SEQ_BITS: Final = 48
+"""Low bits of an entry's order key holding its insertion number (2^48 events: never reached)."""
+
+
+class _Entry:
+    """One scheduled callback: `fn(t, ev)` at time `t`; `k` = priority << SEQ_BITS | seq."""
+
+    __slots__ = ("t", "k", "fn", "ev")
+
+    def __init__(self, t: float, k: int, fn: Handler, ev: Any) -> None:
+        self.t = t
+        self.k = k
+        self.fn = fn
+        self.ev = ev
+
+
+def _before(a: _Entry, b: _Entry) -> bool:
+    """`a` runs before `b`: earlier time, or the same time and a smaller (priority, seq)."""
+    return a.t < b.t or (a.t == b.t and a.k < b.k)
+
+
+def _sift_up(heap: list[_Entry], pos: int, e: _Entry) -> None:
+    """Put `e` at `pos` or above, moving larger parents down (heapq's `_siftdown`)."""
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        p = heap[parent]
+        if not _before(e, p):
+            break
+        heap[pos] = p
+        pos = parent
+    heap[pos] = e
+
+
+def _pop(heap: list[_Entry]) -> _Entry:
+    """Remove and return the first entry of a non-empty heap (heapq's `heappop`)."""
+    last = heap.pop()
+    n = len(heap)
+    if n == 0:
+        return last
+    top = heap[0]
+    pos, child = 0, 1
+    while child < n:  # the smaller child moves up, down to a leaf
+        right = child + 1
+        if right < n and not _before(heap[child], heap[right]):
+            child = right
+        heap[pos] = heap[child]
+        pos = child
+        child = 2 * pos + 1
+    _sift_up(heap, pos, last)
+    return top
+
 
 class EventLoop:
-    """A min-heap of `(time_s, priority, seq, handler, event)`; `run()` pops and calls each handler.
+    """A min-heap of `(time_s, priority, seq)`-keyed callbacks; `run()` pops and calls each handler.
 
     Also the simulator's `Clock` (`fleetwise.engine.clock`): `call_at` schedules a callback
     directly, with the engine's tie orders (`ORDER_STEP_END`, `ORDER_KICK`) as priorities.
@@ -115,7 +171,7 @@ class EventLoop:
     def __init__(self) -> None:
         self.time_s = 0.0
         """Virtual time of the event being (or last) processed."""
-        self._heap: list[tuple[float, int, int, Handler, Any]] = []  # (time, priority, seq, handler, event)
+        self._heap: list[_Entry] = []
         self._seq = 0
         self._handlers: dict[type, Handler] = {}
         self.processed = 0
@@ -136,39 +192,45 @@ class EventLoop:
         if time_s < self.time_s:
             time_s = self.time_s
         self._seq += 1
-        heapq.heappush(self._heap, (time_s, priority, self._seq, self._handlers[type(event)], event))
+        heap = self._heap
+        heap.append(_Entry(time_s, int(priority) << SEQ_BITS | self._seq, self._handlers[type(event)], event))
+        _sift_up(heap, len(heap) - 1, heap[-1])
 
     def call_at(self, time_s: float, order: int, fn: Handler, arg: Any = None) -> None:
         """Run `fn(time_s, arg)` at `time_s` (never in the past), ordered like an event of priority `order`."""
         if time_s < self.time_s:
             time_s = self.time_s
         self._seq += 1
-        heapq.heappush(self._heap, (time_s, order, self._seq, fn, arg))
+        heap = self._heap
+        heap.append(_Entry(time_s, order << SEQ_BITS | self._seq, fn, arg))
+        _sift_up(heap, len(heap) - 1, heap[-1])
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def peek_time(self) -> float:
-        return self._heap[0][0] if self._heap else float("inf")
+        return self._heap[0].t if self._heap else float("inf")
 
     def run(self, until_s: float = float("inf"), on_progress: Callable[[float], None] | None = None) -> None:
         """Process events in key order until the heap is empty or the next event is after `until_s`."""
-        heap, pop = self._heap, heapq.heappop
+        heap = self._heap
         n = 0
         if on_progress is None and until_s == float("inf"):  # the common case: nothing to check
             while heap:
-                t, _, _, fn, ev = pop(heap)
+                e = _pop(heap)
+                t = e.t
                 self.time_s = t
-                fn(t, ev)
+                e.fn(t, e.ev)
                 n += 1
             self.processed += n
             return
         while heap:
-            if heap[0][0] > until_s:
+            if heap[0].t > until_s:
                 break
-            t, _, _, fn, ev = pop(heap)
+            e = _pop(heap)
+            t = e.t
             self.time_s = t
-            fn(t, ev)
+            e.fn(t, e.ev)
             n += 1
             if on_progress is not None and not n & 0xFFFF:
                 on_progress(t)

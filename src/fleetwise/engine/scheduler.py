@@ -47,6 +47,7 @@ from fleetwise.perf.types import BatchShape
 from fleetwise.spec.kv_format import KvFormat
 
 StepTimeFn = Callable[[BatchShape], float]
+NO_IDS: frozenset[str] = frozenset()  # what `_admit_waiting` gets unless a preemption emptied the engine
 
 
 class Engine:
@@ -186,7 +187,7 @@ class Engine:
         emptied = bool(preempted) and not self._decoders.n and not chunks
         if self._waiting and (not preempted or emptied) and (emptied or self._admission_may_change(budget)):
             hits = self._admit_waiting(budget, chunks, new_decoders, scheduled,
-                                       frozenset(preempted) if emptied else frozenset())
+                                       frozenset(preempted) if emptied else NO_IDS)
         n_dec = self._decoders.n
         if not n_dec and not chunks:
             self.stats.carried_preempted.extend(preempted)
@@ -220,8 +221,7 @@ class Engine:
         return Step(d0, 1, None, sums[0], prefill, n_dec, sums=sums)
 
     def _reserve_decodes(self) -> bool:
-        """Phase 1 fast path (nothing prefilling): reserve this pass's decode blocks if they fit
-        without preemption; False leaves the general path to preempt."""
+        """Phase 1 fast path (nothing prefilling): reserve this pass's decode blocks; False: preempt."""
         return self.pool.allocate(self._decoders.res[(-self._passes) % self._bs])
 
     def _admission_may_change(self, budget: int) -> bool:
@@ -258,7 +258,7 @@ class Engine:
 
     def _admit_waiting(self, budget: int, chunks: list[tuple[SeqState, int]],
                        new_decoders: list[SeqState], scheduled: list[tuple[str, float]],
-                       self_emptied: frozenset[str] = frozenset()) -> int:
+                       self_emptied: frozenset[str] = NO_IDS) -> int:
         """Phase 2: admit FCFS while budget, seats and blocks allow; returns prefix-hit tokens.
 
         `self_emptied` holds requests whose own preemption emptied the engine this step: their

@@ -1,17 +1,19 @@
-"""`Records`: the per-request columns of a run, filled by the runner as events happen.
+"""`Records`: the per-request columns of a run, filled by the runner as events happen; and
+`ReplicaStats`, what the fleet measures per replica.
 
 Owns the columns' layout: `array('d')`/`array('q')` indexed by request position (a million
 requests cost tens of megabytes and no per-request objects); times are virtual seconds, NaN =
 never happened. What the columns mean and how they are summarised: `sim/results.py`.
 
 Compiled with the simulator's modules (setup.py `COMPILED`): the runner writes several columns
-per request event, and a compiled class gives it native attribute reads.
+per request event and counts per replica, and compiled classes give it native attribute reads.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -64,3 +66,21 @@ class Records:
     def completed_mask(self) -> np.ndarray:
         """True where the request finished."""
         return ~np.isnan(self.column("finish_s"))
+
+
+@dataclass(slots=True)
+class ReplicaStats:
+    """What the fleet measured for one replica over the run."""
+
+    name: str
+    pool: str
+    role: str
+    gpus: int
+    price_per_gpu_hour_usd: float
+    requests: int = 0
+    busy_s: float = 0.0
+    prefix_hit_rate: float = 0.0
+    preemptions: int = 0
+    kv_usage_samples: list[float] = field(default_factory=list)
+    queue_series: list[tuple[float, int, int, float]] = field(default_factory=list)
+    """Samples (t_s, waiting, running, kv_usage), thinned to at most MAX_SERIES points."""

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fleetwise.errors import SpecError
-from fleetwise.sim.columns import NAN, TIME_COLUMNS, Records
+from fleetwise.sim.columns import NAN, TIME_COLUMNS, Records, ReplicaStats
 from fleetwise.spec.slo import SLOSpec
 
 SCHEMA_VERSION = "fleetwise-sim-summary/1"
@@ -34,24 +33,6 @@ CSV_COLUMNS = (
     "queue_s", *TIME_COLUMNS, "ttft_s", "tpot_s", "e2e_s", "tokens_generated", "retries", "failure",
     "decision", "decision_scores",
 )
-
-
-@dataclass(slots=True)
-class ReplicaStats:
-    """What the fleet measured for one replica over the run."""
-
-    name: str
-    pool: str
-    role: str
-    gpus: int
-    price_per_gpu_hour_usd: float
-    requests: int = 0
-    busy_s: float = 0.0
-    prefix_hit_rate: float = 0.0
-    preemptions: int = 0
-    kv_usage_samples: list[float] = field(default_factory=list)
-    queue_series: list[tuple[float, int, int, float]] = field(default_factory=list)
-    """Samples (t_s, waiting, running, kv_usage), thinned to at most MAX_SERIES points."""
 
 
 def pct(values: np.ndarray) -> dict[str, float]:

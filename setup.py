@@ -35,6 +35,7 @@ COMPILED = [
     "src/fleetwise/engine/bundle.py",
     "src/fleetwise/engine/decoders.py",
     "src/fleetwise/engine/driver.py",
+    "src/fleetwise/engine/heap.py",
     "src/fleetwise/engine/records.py",
     "src/fleetwise/engine/scheduler.py",
     "src/fleetwise/engine/sequence.py",

@@ -9,11 +9,10 @@ frees resources (step ends, transfer ends), then view refreshes and routing, the
 last the "kick" that lets an idle engine schedule, so that every request added at one instant
 joins the same step. Within one priority, the insertion order (`seq`) decides: FIFO.
 
-The heap is this module's own binary heap of `_Entry` records (heapq's algorithm: a push sifts
-up, a pop moves the smaller child up to a leaf, then sifts the last entry up from there), its
-key compared as two native numbers, the time and `priority << SEQ_BITS | seq`: a pop of the
-same events in the same order as `heapq` over `(time_s, priority, seq, ...)` tuples, without
-comparing tuples item by item (docs/simulator.md, "Long outputs: per-event cost").
+The queue is `engine.heap`'s binary heap of `_Entry` records keyed by the time, tied by
+`priority << SEQ_BITS | seq`: the same events in the same order as `heapq` over `(time_s,
+priority, seq, ...)` tuples, without comparing tuples item by item (docs/simulator.md, "Long
+outputs: per-event cost").
 """
 
 from __future__ import annotations
@@ -21,11 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from mypy_extensions import mypyc_attr
 
 from fleetwise.engine.clock import ORDER_ARRIVAL, ORDER_KICK, ORDER_STEP_END
+from fleetwise.engine.heap import Keyed, pop, push
 
 
 class Priority(IntEnum):
@@ -108,55 +108,19 @@ class Sample(Event):
 Handler = Callable[[float, Any], None]
 
 SEQ_BITS: Final = 48
-"""Low bits of an entry's order key holding its insertion number (2^48 events: never reached)."""
+"""Low bits of an entry's tie holding its insertion number (2^48 events: never reached)."""
 
 
-class _Entry:
-    """One scheduled callback: `fn(t, ev)` at time `t`; `k` = priority << SEQ_BITS | seq."""
+class _Entry(Keyed):
+    """One scheduled callback: `fn(key, ev)` at time `key`; `tie` = priority << SEQ_BITS | seq."""
 
-    __slots__ = ("t", "k", "fn", "ev")
+    __slots__ = ("fn", "ev")
 
-    def __init__(self, t: float, k: int, fn: Handler, ev: Any) -> None:
-        self.t = t
-        self.k = k
+    def __init__(self, t: float, tie: int, fn: Handler, ev: Any) -> None:
+        self.key = t
+        self.tie = tie
         self.fn = fn
         self.ev = ev
-
-
-def _before(a: _Entry, b: _Entry) -> bool:
-    """`a` runs before `b`: earlier time, or the same time and a smaller (priority, seq)."""
-    return a.t < b.t or (a.t == b.t and a.k < b.k)
-
-
-def _sift_up(heap: list[_Entry], pos: int, e: _Entry) -> None:
-    """Put `e` at `pos` or above, moving larger parents down (heapq's `_siftdown`)."""
-    while pos > 0:
-        parent = (pos - 1) >> 1
-        p = heap[parent]
-        if not _before(e, p):
-            break
-        heap[pos] = p
-        pos = parent
-    heap[pos] = e
-
-
-def _pop(heap: list[_Entry]) -> _Entry:
-    """Remove and return the first entry of a non-empty heap (heapq's `heappop`)."""
-    last = heap.pop()
-    n = len(heap)
-    if n == 0:
-        return last
-    top = heap[0]
-    pos, child = 0, 1
-    while child < n:  # the smaller child moves up, down to a leaf
-        right = child + 1
-        if right < n and not _before(heap[child], heap[right]):
-            child = right
-        heap[pos] = heap[child]
-        pos = child
-        child = 2 * pos + 1
-    _sift_up(heap, pos, last)
-    return top
 
 
 class EventLoop:
@@ -171,7 +135,7 @@ class EventLoop:
     def __init__(self) -> None:
         self.time_s = 0.0
         """Virtual time of the event being (or last) processed."""
-        self._heap: list[_Entry] = []
+        self._heap: list[Keyed] = []
         self._seq = 0
         self._handlers: dict[type, Handler] = {}
         self.processed = 0
@@ -192,24 +156,20 @@ class EventLoop:
         if time_s < self.time_s:
             time_s = self.time_s
         self._seq += 1
-        heap = self._heap
-        heap.append(_Entry(time_s, int(priority) << SEQ_BITS | self._seq, self._handlers[type(event)], event))
-        _sift_up(heap, len(heap) - 1, heap[-1])
+        push(self._heap, _Entry(time_s, int(priority) << SEQ_BITS | self._seq, self._handlers[type(event)], event))
 
     def call_at(self, time_s: float, order: int, fn: Handler, arg: Any = None) -> None:
         """Run `fn(time_s, arg)` at `time_s` (never in the past), ordered like an event of priority `order`."""
         if time_s < self.time_s:
             time_s = self.time_s
         self._seq += 1
-        heap = self._heap
-        heap.append(_Entry(time_s, order << SEQ_BITS | self._seq, fn, arg))
-        _sift_up(heap, len(heap) - 1, heap[-1])
+        push(self._heap, _Entry(time_s, order << SEQ_BITS | self._seq, fn, arg))
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def peek_time(self) -> float:
-        return self._heap[0].t if self._heap else float("inf")
+        return self._heap[0].key if self._heap else float("inf")
 
     def run(self, until_s: float = float("inf"), on_progress: Callable[[float], None] | None = None) -> None:
         """Process events in key order until the heap is empty or the next event is after `until_s`."""
@@ -217,18 +177,18 @@ class EventLoop:
         n = 0
         if on_progress is None and until_s == float("inf"):  # the common case: nothing to check
             while heap:
-                e = _pop(heap)
-                t = e.t
+                e = cast(_Entry, pop(heap))
+                t = e.key
                 self.time_s = t
                 e.fn(t, e.ev)
                 n += 1
             self.processed += n
             return
         while heap:
-            if heap[0].t > until_s:
+            if heap[0].key > until_s:
                 break
-            e = _pop(heap)
-            t = e.t
+            e = cast(_Entry, pop(heap))
+            t = e.key
             self.time_s = t
             e.fn(t, e.ev)
             n += 1

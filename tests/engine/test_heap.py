@@ -1,5 +1,5 @@
 """`engine.heap` pops what `heapq` pops over the same `(key, tie)` tuples, in the same order,
-pushes and pops interleaved: the event loop's and the decode set's order is heapq's, unchanged."""
+pushes and pops interleaved: the event loop's order is heapq's, unchanged."""
 
 from __future__ import annotations
 

@@ -8,18 +8,23 @@ the pass where its context is a multiple of the block size), a heap of finish pa
 of the largest `a` (the longest decode row, which bounds attention at small batch), both with
 lazy deletion (an entry is stale once its record left decoding).
 
-Heap entries are `engine.heap.Keyed(key, seq)` (key: the finish pass f, or -a, as a float:
-exact below 2^53; seq: the decoder's admission number in its engine, unique per join), popped
-in the order of the tuples `(key, seq)`; `_live` maps the seq of each decoder in the set to its
-record, and an entry whose seq is not there is stale.
+Heap entries are single ints, `key << SEQ_BITS | seq` (key: the finish pass f, or -a; seq: the
+decoder's admission number in its engine, unique per join), so the heap compares ints, not
+tuples, in the order the tuples `(key, seq)` have; `_live` maps the seq of each decoder in the
+set to its record, and an entry whose seq is not there is stale.
 """
 
 from __future__ import annotations
 
-from fleetwise.engine.heap import Keyed, pop, push
+from heapq import heappop, heappush
+from typing import Final
+
 from fleetwise.engine.sequence import DECODE, LEFT, SeqState
 from fleetwise.perf.types import BatchShape
 
+SEQ_BITS: Final = 32
+"""Low bits of a heap entry holding the decoder's admission number (`SeqState.seq`)."""
+SEQ_MASK: Final = (1 << SEQ_BITS) - 1
 
 class DecodeSet:
     """Aggregates over decoding `SeqState`s; see the module docstring."""
@@ -35,10 +40,10 @@ class DecodeSet:
         self.sum_a = 0
         self.sum_f = 0
         self.res = [0] * self.block_size
-        self._heap: list[Keyed] = []
-        """Finish passes: `(f, seq)`."""
-        self._amax: list[Keyed] = []
-        """Largest `a` first: `(-a, seq)`."""
+        self._heap: list[int] = []
+        """Finish passes: `f << SEQ_BITS | seq`."""
+        self._amax: list[int] = []
+        """Largest `a` first: `-a << SEQ_BITS | seq`."""
         self._live: dict[int, SeqState] = {}
         """seq -> record of every decoder in the set."""
         self._top_f: int | None = None
@@ -49,6 +54,7 @@ class DecodeSet:
     def join(self, st: SeqState, context: int, remaining: int, g: int) -> None:
         """`st` decodes from pass `g` with `context` tokens cached and `remaining` tokens to go."""
         seq = st.seq
+        assert 0 <= seq <= SEQ_MASK, seq
         a = context - g
         f = g + remaining
         st.phase = DECODE
@@ -59,8 +65,8 @@ class DecodeSet:
         self.sum_f += f
         self.res[a % self.block_size] += 1
         self._live[seq] = st
-        push(self._heap, Keyed(float(f), seq))
-        push(self._amax, Keyed(float(-a), seq))
+        heappush(self._heap, f << SEQ_BITS | seq)
+        heappush(self._amax, -a << SEQ_BITS | seq)
         self._top_f = self._top_a = None
 
     def leave(self, st: SeqState) -> None:
@@ -85,11 +91,11 @@ class DecodeSet:
         heap, live = self._amax, self._live
         while heap:
             top = heap[0]
-            if top.tie in live:
-                a = -int(top.key)
+            if (top & SEQ_MASK) in live:
+                a = -(top >> SEQ_BITS)
                 self._top_a = a
                 return a + g + 1
-            pop(heap)
+            heappop(heap)
         return 0
 
     def needs_block(self, st: SeqState, g: int) -> bool:
@@ -132,20 +138,20 @@ class DecodeSet:
         heap, live = self._heap, self._live
         while heap:
             top = heap[0]
-            if top.tie in live:
-                f = int(top.key)
+            if (top & SEQ_MASK) in live:
+                f = top >> SEQ_BITS
                 self._top_f = f
                 return f
-            pop(heap)
+            heappop(heap)
         return None
 
     def pop_finished(self, g: int) -> list[SeqState]:
         """Decoders whose last token came out by pass `g`, in (finish, admission) order."""
         heap, live = self._heap, self._live
         done: list[SeqState] = []
-        bound = float(g)  # entries up to it finish by pass g
-        while heap and heap[0].key <= bound:
-            st = live.get(pop(heap).tie)
+        bound = (g + 1) << SEQ_BITS  # entries below it finish by pass g
+        while heap and heap[0] < bound:
+            st = live.get(heappop(heap) & SEQ_MASK)
             if st is not None:
                 done.append(st)
         return done

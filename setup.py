@@ -29,11 +29,13 @@ PURE_ENV = "FLEETWISE_PURE_PYTHON"
 """Set to 1: install (and run) pure Python only."""
 COMPILED = [
     "src/fleetwise/core/feedback.py",
+    "src/fleetwise/core/request.py",
     "src/fleetwise/core/views.py",
     "src/fleetwise/engine/blocks.py",
     "src/fleetwise/engine/bundle.py",
     "src/fleetwise/engine/decoders.py",
     "src/fleetwise/engine/driver.py",
+    "src/fleetwise/engine/heap.py",
     "src/fleetwise/engine/records.py",
     "src/fleetwise/engine/scheduler.py",
     "src/fleetwise/engine/sequence.py",
@@ -50,6 +52,7 @@ COMPILED = [
     "src/fleetwise/routing/safe_mode.py",
     "src/fleetwise/routing/state.py",
     "src/fleetwise/routing/view_cache.py",
+    "src/fleetwise/sim/columns.py",
     "src/fleetwise/sim/events.py",
     "src/fleetwise/sim/faults.py",
     "src/fleetwise/sim/fleet.py",

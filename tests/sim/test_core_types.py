@@ -2,12 +2,15 @@
 generated `__init__` (core/views.py says why). The core ones keep the frozen dataclass interface:
 every field is set from its parameter, in field order, positionally and by keyword;
 `dataclasses.replace`, equality, hashing and the frozen error on assignment are the dataclass's;
-the defaults are the documented ones. The simulator's `Arrival` and the engine's `CacheEntry` too."""
+the defaults are the documented ones. The simulator's `Arrival` and the engine's `CacheEntry` too.
+A workload's `Request` as well, which also pickles and copies (the planner's workers receive them)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
+import pickle
 import sys
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 
 from fleetwise.core.compiled import native
 from fleetwise.core.feedback import Cancelled, Completed, Dispatched, Failed, FirstToken
+from fleetwise.core.request import Request
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision, WorkerView
 from fleetwise.engine.blocks import CacheEntry
 from fleetwise.sim.events import Arrival
@@ -32,6 +36,7 @@ SAMPLES: dict[type, tuple[Any, ...]] = {
     Completed: (1.0, "r1", "w1", 20, 0.01, 2.0),
     Failed: (1.0, "r1", "w1", "crash"),
     Cancelled: (1.0, "r1", "w1", "gone"),
+    Request: ("r1", 2.5, 100, 50, (1, 2), 256, "t", 7, "v2", "eu", 64),
 }
 """A value per field, in field order, none of them the field's default."""
 
@@ -47,6 +52,8 @@ DEFAULTS: dict[type, tuple[tuple[Any, ...], dict[str, Any]]] = {
     RoutingDecision: (("w",), {"prefill_worker": None, "scores": {}, "reason": "", "safe_mode": False,
                                "kind": ""}),
     Dispatched: ((1.0, "r", "w", 10), {"block_hashes": (), "prefill_worker": None}),
+    Request: (("r", 0.5, 10, 5), {"block_hashes": (), "hash_block_tokens": 512, "tenant": "default",
+                                  "session_id": None, "model_version": None, "region": None, "max_tokens": None}),
 }
 """Required arguments and the documented defaults of the optional fields."""
 
@@ -105,3 +112,11 @@ def test_arrival_and_cache_entry_set_their_fields() -> None:
     e = CacheEntry((3, 1), 4)
     assert (e.key, e.num_blocks, e.ref_count) == ((3, 1), 4, 0)
     assert CacheEntry((3, 1), 4, 2).ref_count == 2
+
+
+def test_a_request_pickles_and_copies_to_an_equal_request() -> None:
+    r = Request(*SAMPLES[Request])
+    for twin in (pickle.loads(pickle.dumps(r)), copy.copy(r), copy.deepcopy(r)):
+        assert twin == r and type(twin) is Request
+        assert [getattr(twin, f.name) for f in dataclasses.fields(Request)] == list(SAMPLES[Request])
+    assert pickle.loads(pickle.dumps([r, Request("x", 0.0, 1, 1)]))[1].prompt_tokens == 1

@@ -16,7 +16,7 @@ set to its record, and an entry whose seq is not there is stale.
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 from typing import Final
 
 from fleetwise.engine.sequence import DECODE, LEFT, SeqState
@@ -65,8 +65,8 @@ class DecodeSet:
         self.sum_f += f
         self.res[a % self.block_size] += 1
         self._live[seq] = st
-        heapq.heappush(self._heap, f << SEQ_BITS | seq)
-        heapq.heappush(self._amax, -a << SEQ_BITS | seq)
+        heappush(self._heap, f << SEQ_BITS | seq)
+        heappush(self._amax, -a << SEQ_BITS | seq)
         self._top_f = self._top_a = None
 
     def leave(self, st: SeqState) -> None:
@@ -95,7 +95,7 @@ class DecodeSet:
                 a = -(top >> SEQ_BITS)
                 self._top_a = a
                 return a + g + 1
-            heapq.heappop(heap)
+            heappop(heap)
         return 0
 
     def needs_block(self, st: SeqState, g: int) -> bool:
@@ -142,7 +142,7 @@ class DecodeSet:
                 f = top >> SEQ_BITS
                 self._top_f = f
                 return f
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
     def pop_finished(self, g: int) -> list[SeqState]:
@@ -151,7 +151,7 @@ class DecodeSet:
         done: list[SeqState] = []
         bound = (g + 1) << SEQ_BITS  # entries below it finish by pass g
         while heap and heap[0] < bound:
-            st = live.get(heapq.heappop(heap) & SEQ_MASK)
+            st = live.get(heappop(heap) & SEQ_MASK)
             if st is not None:
                 done.append(st)
         return done

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from fleetwise.core.views import Role, WorkerView
 from fleetwise.engine.bundle import BatchTimeFn, DecodeTimeFn
@@ -36,8 +36,12 @@ from fleetwise.spec.kv_format import KvFormat
 
 __all__ = ["DOWN", "DRAINING", "UP", "EngineDriver", "HorizonFn", "OutputFn", "no_horizon", "step_time_fns"]
 
-UP, DRAINING, DOWN = 0, 1, 2
-"""Serving state of a driven engine: takes new work / finishes what it holds, takes none / stopped."""
+UP: Final = 0
+"""Serving state of a driven engine: takes new work."""
+DRAINING: Final = 1
+"""Finishes what it holds, takes nothing new."""
+DOWN: Final = 2
+"""Stopped."""
 
 OutputFn = Callable[["EngineDriver", float, float, StepOutput], None]
 """`on_output(driver, now_s, step_start_s, output)`: a step completed at `now_s`."""
@@ -56,7 +60,7 @@ class EngineDriver:
     __slots__ = ("name", "role", "engine", "clock", "on_output", "horizon", "perf", "_slowdown", "state",
                  "epoch", "busy", "kick_pending", "step_start_s", "step_dur_s", "step_passes", "step", "busy_s",
                  "view_cache", "view_pass", "pool_name", "accelerator", "model_version", "region",
-                 "kv_capacity_tokens", "kv_format", "stalled")
+                 "kv_capacity_tokens", "kv_format", "stalled", "_step_end_fn", "_kick_fn")
 
     def __init__(self, engine: Engine, clock: Clock, on_output: OutputFn, horizon: HorizonFn = no_horizon,
                  perf: BoundPerf | None = None, *, pool_name: str = "default", accelerator: str = "",
@@ -92,6 +96,9 @@ class EngineDriver:
                                    else engine.pool.capacity * engine.config.block_size)
         self.kv_format = kv_format
         """The KV format the view declares (its model version follows `model_version`)."""
+        self._step_end_fn: Callable[[float, Any], None] = self._on_step_end
+        self._kick_fn: Callable[[float, Any], None] = self._on_kick
+        """The clock's callbacks, bound once (not a new bound method per step)."""
 
     # ---- slowdown ------------------------------------------------------------------------------
     @property
@@ -117,7 +124,7 @@ class EngineDriver:
         self.view_cache = None
         if not self.busy and not self.kick_pending and self.state != DOWN:
             self.kick_pending = True
-            self.clock.call_at(now_s, ORDER_KICK, self._on_kick, None)
+            self.clock.call_at(now_s, ORDER_KICK, self._kick_fn, None)
 
     def _on_kick(self, now_s: float, _: Any) -> None:
         self.kick_pending = False
@@ -135,7 +142,7 @@ class EngineDriver:
         self.step_start_s = now_s
         self.step_dur_s = step.duration_s
         self.step_passes = step.num_passes
-        self.clock.call_at(now_s + step.duration_s, ORDER_STEP_END, self._on_step_end, self.epoch)
+        self.clock.call_at(now_s + step.duration_s, ORDER_STEP_END, self._step_end_fn, self.epoch)
 
     def cut(self, now_s: float) -> None:
         """Work reached the engine at `now_s`: a fused step in flight ends with the pass running now."""
@@ -146,7 +153,7 @@ class EngineDriver:
             return
         self.epoch += 1
         self.step_dur_s = dur
-        self.clock.call_at(self.step_start_s + dur, ORDER_STEP_END, self._on_step_end, self.epoch)
+        self.clock.call_at(self.step_start_s + dur, ORDER_STEP_END, self._step_end_fn, self.epoch)
 
     def _on_step_end(self, now_s: float, epoch: int) -> None:
         if epoch != self.epoch:

@@ -47,6 +47,7 @@ from fleetwise.perf.types import BatchShape
 from fleetwise.spec.kv_format import KvFormat
 
 StepTimeFn = Callable[[BatchShape], float]
+NO_IDS: frozenset[str] = frozenset()  # what `_admit_waiting` gets unless a preemption emptied the engine
 
 
 class Engine:
@@ -76,7 +77,10 @@ class Engine:
         self._passes = 0  # the decode pass counter G
         self._seq = 0
         self._inflight: ScheduledStep | None = None
-        self._blocked_key: tuple[str | int, ...] | None = None
+        self._blocked_rid: str | None = None
+        """Queue head that last failed admission (None: try again); `_blocked_*`: what it waited on."""
+        self._blocked_target = self._blocked_free = self._blocked_version = self._blocked_running = 0
+        self._blocked_budget = 0
         self.stats = EngineCounters()
         self.per_request_outputs = False
         """Fill `StepOutput.tokens` (which requests got how many tokens): a server streams them."""
@@ -178,13 +182,12 @@ class Engine:
         new_decoders: list[SeqState] = []
         scheduled: list[tuple[str, float]] = []
         hits = 0
-        # After a preemption vLLM admits nothing new in that step (no thrashing); but when the
-        # preemption emptied the engine, admitting now is the only way forward (else the step
-        # would be empty and nothing would ever schedule the requeued work).
+        # After a preemption vLLM admits nothing new that step (no thrashing), unless it emptied
+        # the engine: admitting is then the only way forward (nothing else schedules the requeued).
         emptied = bool(preempted) and not self._decoders.n and not chunks
         if self._waiting and (not preempted or emptied) and (emptied or self._admission_may_change(budget)):
             hits = self._admit_waiting(budget, chunks, new_decoders, scheduled,
-                                       frozenset(preempted) if emptied else frozenset())
+                                       frozenset(preempted) if emptied else NO_IDS)
         n_dec = self._decoders.n
         if not n_dec and not chunks:
             self.stats.carried_preempted.extend(preempted)
@@ -218,20 +221,15 @@ class Engine:
         return Step(d0, 1, None, sums[0], prefill, n_dec, sums=sums)
 
     def _reserve_decodes(self) -> bool:
-        """Phase 1 fast path (nothing prefilling): reserve this pass's decode blocks if they fit
-        without preemption; False leaves the general path to preempt."""
-        dec = self._decoders
-        need = dec.res[(-self._passes) % self._bs]
-        return self.pool.allocate(need)
+        """Phase 1 fast path (nothing prefilling): reserve this pass's decode blocks; False: preempt."""
+        return self.pool.allocate(self._decoders.res[(-self._passes) % self._bs])
 
     def _admission_may_change(self, budget: int) -> bool:
         """Skip re-trying a blocked queue head when nothing it waits on has changed."""
-        return self._blocked_key != self._admission_key(budget)
-
-    def _admission_key(self, budget: int) -> tuple[str | int, ...]:
-        head = self._waiting[0]
-        pool = self.pool
-        return (head.req.request_id, head.target, pool.num_free, pool.version, len(self._running), budget)
+        head, pool = self._waiting[0], self.pool
+        return not (head.req.request_id == self._blocked_rid and head.target == self._blocked_target
+                    and pool.num_free == self._blocked_free and pool.version == self._blocked_version
+                    and len(self._running) == self._blocked_running and budget == self._blocked_budget)
 
     def _reserve_running(self, budget: int, preempted: list[str]) -> list[tuple[SeqState, int]]:
         """Phase 1: decodes and next chunks of running requests; preempt newest until blocks fit."""
@@ -260,7 +258,7 @@ class Engine:
 
     def _admit_waiting(self, budget: int, chunks: list[tuple[SeqState, int]],
                        new_decoders: list[SeqState], scheduled: list[tuple[str, float]],
-                       self_emptied: frozenset[str] = frozenset()) -> int:
+                       self_emptied: frozenset[str] = NO_IDS) -> int:
         """Phase 2: admit FCFS while budget, seats and blocks allow; returns prefix-hit tokens.
 
         `self_emptied` holds requests whose own preemption emptied the engine this step: their
@@ -276,8 +274,11 @@ class Engine:
                 # leave too few blocks for the rest of the prompt. Without the hits every
                 # cached block is evictable, and a request that fits() always gets in.
                 admitted = self._admit_one(st, budget, use_cache=False)
-            if admitted is None:
-                self._blocked_key = self._admission_key(budget)
+            if admitted is None:  # remember what the head waits on (`_admission_may_change`)
+                pool = self.pool
+                self._blocked_rid, self._blocked_target = st.req.request_id, st.target
+                self._blocked_free, self._blocked_version = pool.num_free, pool.version
+                self._blocked_running, self._blocked_budget = len(self._running), budget
                 break
             took, hit_tokens = admitted
             self._waiting.popleft()
@@ -506,7 +507,7 @@ class Engine:
             st = found
             self._waiting.remove(st)
             self._waiting_prefill_tokens -= 0 if st.transferred else st.target
-        self._blocked_key = None
+        self._blocked_rid = None
         return True
 
     # -- prefill role, crashes, views ---------------------------------------------------------------

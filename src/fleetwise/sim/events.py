@@ -8,19 +8,24 @@ Tie-break at equal times is explicit (`Priority`): faults take effect first, the
 frees resources (step ends, transfer ends), then view refreshes and routing, then arrivals, and
 last the "kick" that lets an idle engine schedule, so that every request added at one instant
 joins the same step. Within one priority, the insertion order (`seq`) decides: FIFO.
+
+The queue is `engine.heap`'s binary heap of `_Entry` records keyed by the time, tied by
+`priority << SEQ_BITS | seq`: the same events in the same order as `heapq` over `(time_s,
+priority, seq, ...)` tuples, without comparing tuples item by item (docs/simulator.md, "Long
+outputs: per-event cost").
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, Final, cast
 
 from mypy_extensions import mypyc_attr
 
 from fleetwise.engine.clock import ORDER_ARRIVAL, ORDER_KICK, ORDER_STEP_END
+from fleetwise.engine.heap import Keyed, pop, push
 
 
 class Priority(IntEnum):
@@ -102,9 +107,24 @@ class Sample(Event):
 
 Handler = Callable[[float, Any], None]
 
+SEQ_BITS: Final = 48
+"""Low bits of an entry's tie holding its insertion number (2^48 events: never reached)."""
+
+
+class _Entry(Keyed):
+    """One scheduled callback: `fn(key, ev)` at time `key`; `tie` = priority << SEQ_BITS | seq."""
+
+    __slots__ = ("fn", "ev")
+
+    def __init__(self, t: float, tie: int, fn: Handler, ev: Any) -> None:
+        self.key = t
+        self.tie = tie
+        self.fn = fn
+        self.ev = ev
+
 
 class EventLoop:
-    """A min-heap of `(time_s, priority, seq, handler, event)`; `run()` pops and calls each handler.
+    """A min-heap of `(time_s, priority, seq)`-keyed callbacks; `run()` pops and calls each handler.
 
     Also the simulator's `Clock` (`fleetwise.engine.clock`): `call_at` schedules a callback
     directly, with the engine's tie orders (`ORDER_STEP_END`, `ORDER_KICK`) as priorities.
@@ -115,7 +135,7 @@ class EventLoop:
     def __init__(self) -> None:
         self.time_s = 0.0
         """Virtual time of the event being (or last) processed."""
-        self._heap: list[tuple[float, int, int, Handler, Any]] = []  # (time, priority, seq, handler, event)
+        self._heap: list[Keyed] = []
         self._seq = 0
         self._handlers: dict[type, Handler] = {}
         self.processed = 0
@@ -136,39 +156,41 @@ class EventLoop:
         if time_s < self.time_s:
             time_s = self.time_s
         self._seq += 1
-        heapq.heappush(self._heap, (time_s, priority, self._seq, self._handlers[type(event)], event))
+        push(self._heap, _Entry(time_s, int(priority) << SEQ_BITS | self._seq, self._handlers[type(event)], event))
 
     def call_at(self, time_s: float, order: int, fn: Handler, arg: Any = None) -> None:
         """Run `fn(time_s, arg)` at `time_s` (never in the past), ordered like an event of priority `order`."""
         if time_s < self.time_s:
             time_s = self.time_s
         self._seq += 1
-        heapq.heappush(self._heap, (time_s, order, self._seq, fn, arg))
+        push(self._heap, _Entry(time_s, order << SEQ_BITS | self._seq, fn, arg))
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def peek_time(self) -> float:
-        return self._heap[0][0] if self._heap else float("inf")
+        return self._heap[0].key if self._heap else float("inf")
 
     def run(self, until_s: float = float("inf"), on_progress: Callable[[float], None] | None = None) -> None:
         """Process events in key order until the heap is empty or the next event is after `until_s`."""
-        heap, pop = self._heap, heapq.heappop
+        heap = self._heap
         n = 0
         if on_progress is None and until_s == float("inf"):  # the common case: nothing to check
             while heap:
-                t, _, _, fn, ev = pop(heap)
+                e = cast(_Entry, pop(heap))
+                t = e.key
                 self.time_s = t
-                fn(t, ev)
+                e.fn(t, e.ev)
                 n += 1
             self.processed += n
             return
         while heap:
-            if heap[0][0] > until_s:
+            if heap[0].key > until_s:
                 break
-            t, _, _, fn, ev = pop(heap)
+            e = cast(_Entry, pop(heap))
+            t = e.key
             self.time_s = t
-            fn(t, ev)
+            e.fn(t, e.ev)
             n += 1
             if on_progress is not None and not n & 0xFFFF:
                 on_progress(t)

@@ -19,8 +19,8 @@ from fleetwise.engine.driver import DOWN, DRAINING, UP, EngineDriver, HorizonFn,
 from fleetwise.engine.pools import PoolBuild, build_pool, engine_config
 from fleetwise.engine.records import StepOutput
 from fleetwise.perf.roofline import PerfModel
+from fleetwise.sim.columns import ReplicaStats
 from fleetwise.sim.events import EventLoop
-from fleetwise.sim.results import ReplicaStats
 from fleetwise.spec.kv_format import KvFormat, declared_format
 from fleetwise.spec.plan import PlanSpec, PoolSpec
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fleetwise.engine.api import StepOutput
+from fleetwise.sim.columns import Records
 from fleetwise.sim.network import TransferRecord
-from fleetwise.sim.results import Records
 
 if TYPE_CHECKING:
     from fleetwise.sim.fleet import Replica

@@ -35,11 +35,11 @@ from fleetwise.sim.events import Event, Priority
 from fleetwise.spec.failure_domains import FailureDomainSpec
 
 if TYPE_CHECKING:
+    from fleetwise.sim.columns import Records
     from fleetwise.sim.events import EventLoop
     from fleetwise.sim.faults import FaultInjector
     from fleetwise.sim.fleet import Replica
     from fleetwise.sim.network import KvNetwork
-    from fleetwise.sim.results import Records
 
 
 class RecoveryTarget(Protocol):

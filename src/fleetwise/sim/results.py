@@ -1,8 +1,8 @@
 """Simulation results: per-request records (columnar), the summary document, CSV/Parquet output.
 
-Owns what is recorded and how it is summarised; the runner fills the columns as events happen.
-Columns are `array('d')`/`array('q')` indexed by request position, so a million requests cost
-tens of megabytes and no per-request objects. Times are virtual seconds; NaN = never happened.
+Owns what is recorded and how it is summarised; the runner fills the columns (`Records`, laid
+out in `sim/columns.py`: one array per field indexed by request position, times in virtual
+seconds, NaN = never happened) as events happen.
 
 Metric definitions (per completed request):
 - TTFT = first_token_s - arrival_s + network_s; E2E = finish_s - arrival_s + network_s (network_s:
@@ -18,85 +18,21 @@ from __future__ import annotations
 
 import csv
 import math
-from array import array
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
+from fleetwise.sim.columns import NAN, TIME_COLUMNS, Records, ReplicaStats
 from fleetwise.spec.slo import SLOSpec
 
 SCHEMA_VERSION = "fleetwise-sim-summary/1"
-NAN = math.nan
-TIME_COLUMNS = (
-    "dispatch_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "kv_end_s", "first_token_s", "finish_s",
-)
 CSV_COLUMNS = (
     "request_id", "arrival_s", "tenant", "prompt_tokens", "output_tokens", "prefill_worker", "worker",
     "queue_s", *TIME_COLUMNS, "ttft_s", "tpot_s", "e2e_s", "tokens_generated", "retries", "failure",
     "decision", "decision_scores",
 )
-
-
-class Records:
-    """Per-request columns; index `i` is the request's position in the input list."""
-
-    def __init__(self, requests: list[Request]) -> None:
-        n = len(requests)
-        self.requests = requests
-        for name in TIME_COLUMNS:
-            setattr(self, name, array("d", [NAN]) * n)
-        self.network_s = array("d", [0.0]) * n
-        """Round trip between the client's region and the serving replica's (0 within a region)."""
-        self.worker = array("q", [-1]) * n
-        self.prefill_worker = array("q", [-1]) * n
-        self.tokens = array("q", [0]) * n
-        self.retries = array("q", [0]) * n
-        self.failure: dict[int, str] = {}
-        self.decision: list[str] = [""] * n
-        """Kind of the (last) routing decision: `least-cost`, `prefix`, `round-robin`, `pair`..."""
-        self.decision_scores: list[dict[str, float] | None] = [None] * n
-        """The chosen worker's scores (`routing.base.winning_scores`): why it won."""
-
-    # typed attribute declarations for mypy (set dynamically above)
-    dispatch_s: array[float]
-    prefill_start_s: array[float]
-    prefill_end_s: array[float]
-    kv_start_s: array[float]
-    kv_end_s: array[float]
-    first_token_s: array[float]
-    finish_s: array[float]
-    network_s: array[float]
-
-    def column(self, name: str) -> np.ndarray:
-        return np.frombuffer(getattr(self, name), dtype=np.float64 if name.endswith("_s") else np.int64)
-
-    def arrival(self) -> np.ndarray:
-        return np.fromiter((r.arrival_s for r in self.requests), dtype=np.float64, count=len(self.requests))
-
-    def completed_mask(self) -> np.ndarray:
-        return ~np.isnan(self.column("finish_s"))
-
-
-@dataclass(slots=True)
-class ReplicaStats:
-    """What the fleet measured for one replica over the run."""
-
-    name: str
-    pool: str
-    role: str
-    gpus: int
-    price_per_gpu_hour_usd: float
-    requests: int = 0
-    busy_s: float = 0.0
-    prefix_hit_rate: float = 0.0
-    preemptions: int = 0
-    kv_usage_samples: list[float] = field(default_factory=list)
-    queue_series: list[tuple[float, int, int, float]] = field(default_factory=list)
-    """Samples (t_s, waiting, running, kv_usage), thinned to at most MAX_SERIES points."""
 
 
 def pct(values: np.ndarray) -> dict[str, float]:

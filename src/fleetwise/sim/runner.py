@@ -47,13 +47,14 @@ from fleetwise.perf.roofline import PerfModel
 from fleetwise.routing.base import RoutingPolicy, winning_scores
 from fleetwise.routing.plugins import SCORERS
 from fleetwise.routing.registry import make_policy
+from fleetwise.sim.columns import Records
 from fleetwise.sim.events import Arrival, EventLoop, Priority, RoutedArrival, RouteTick, Sample
 from fleetwise.sim.faults import FaultInjector
 from fleetwise.sim.fleet import DOWN, Fleet, Replica
 from fleetwise.sim.network import KvNetwork, TransferRecord
 from fleetwise.sim.recording import StepRecorder
 from fleetwise.sim.recovery import Recovery
-from fleetwise.sim.results import Records, summarize, write_records
+from fleetwise.sim.results import summarize, write_records
 from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.kv_format import kv_compat
 from fleetwise.spec.plan import PlanSpec

@@ -69,8 +69,13 @@ def bounded(load: list[float], own: list[float], slow: list[float], c: float, to
     (`counts + 1 <= ceil(c * (k + 1) * speed / sum(speed))`, speed `1 / slow`) if any is."""
     n = len(load)
     total = 0.0  # `sum` of the products in worker order: the same double, without the list
+    speeds = 0.0  # and of the speeds `1 / slow`, for the share check
+    share_check = counts is not None
     for i in range(n):
-        total += load[i] * slow[i]
+        s = slow[i]
+        total += load[i] * s
+        if share_check:
+            speeds += 1.0 / s
     bound = c * (total / n)
     kept: list[int] = []
     for i in range(n):
@@ -78,9 +83,6 @@ def bounded(load: list[float], own: list[float], slow: list[float], c: float, to
         if load[i] * s <= bound + own[i] * s + tol:
             kept.append(i)
     if counts is not None:
-        speeds = 0.0
-        for i in range(n):
-            speeds += 1.0 / slow[i]
         share = c * (k + 1)
         both: list[int] = []
         for i in kept:

@@ -25,6 +25,7 @@ from fleetwise.routing.plugins import (
     PickerState,
     candidate_columns,
 )
+from fleetwise.routing.reasons import fixed
 from fleetwise.routing.score_rows import SCORE_DIGITS, rounded
 from fleetwise.routing.state import LatencyFeedback
 from fleetwise.routing.vector import Columns, ScoreTable
@@ -207,3 +208,17 @@ def test_rounded_is_the_builtin_round(x):
     either sign, NaN and infinities included."""
     got, want = rounded(x), round(x, SCORE_DIGITS)
     assert _bits(got) == _bits(want) or (math.isnan(got) and math.isnan(want))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-1e5, 1e5),
+                 st.integers(-200_000, 200_000).map(lambda k: k / 10 + 0.05),
+                 st.integers(-200_000, 200_000).map(lambda k: k + 0.5),
+                 st.tuples(st.integers(-200_000, 200_000), st.booleans()).map(
+                     lambda t: math.nextafter(t[0] / 10 + 0.05, math.inf if t[1] else -math.inf)),
+                 st.integers(-200_000, 200_000).map(lambda k: k / 100 + 0.005)),
+       st.sampled_from([0, 1, 2, 3]))
+def test_fixed_is_the_builtin_format(x, digits):
+    """`reasons.fixed` writes the very text `f"{x:.{digits}f}"` does: near ties, negative zero,
+    NaN and infinities included."""
+    assert fixed(x, digits) == f"{x:.{digits}f}"

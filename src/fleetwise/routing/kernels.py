@@ -100,14 +100,17 @@ def clamped(x: float) -> float:
 
 def load_scores(load: list[float], own: list[float], slow: list[float], kept: list[int]) -> list[float]:
     """`plugins.score_load`'s loop over the `kept` workers: `min cost / cost`, cost `(load + own) * slow`."""
-    best = (load[kept[0]] + own[kept[0]]) * slow[kept[0]]  # `min` of the costs, first wins, without the list
+    costs: list[float] = []
+    best = math.inf
+    first = True
     for i in kept:
         x = (load[i] + own[i]) * slow[i]
-        if x < best:
+        costs.append(x)
+        if first or x < best:  # `min`: the first of equal costs, a NaN only where it comes first
             best = x
+            first = False
     out: list[float] = []
-    for i in kept:
-        x = (load[i] + own[i]) * slow[i]
+    for x in costs:
         out.append(clamped(best / x) if x > 0 else 1.0)
     return out
 
@@ -130,21 +133,34 @@ def prefix_scores(prefix: list[int], n_hashes: int, kept: list[int]) -> list[flo
 def totals(per: list[list[float]], weights: list[float]) -> list[float]:
     """The weighted totals: `0 + w1 * s1 + w2 * s2 ...` per worker, in scorer order."""
     m = len(per)
-    first = per[0]
-    w0 = weights[0]
+    c0, w0 = per[0], weights[0]
+    c1, w1 = (per[1], weights[1]) if m > 1 else (c0, 0.0)  # the first columns held as locals (unused: m says)
+    c2, w2 = (per[2], weights[2]) if m > 2 else (c0, 0.0)
     out: list[float] = []
-    for j in range(len(first)):  # worker by worker: one float per worker, the terms in scorer order
-        t = 0.0 + w0 * first[j]
-        for k in range(1, m):
-            t = t + weights[k] * per[k][j]
+    for j in range(len(c0)):  # worker by worker: one float per worker, the terms in scorer order
+        t = 0.0 + w0 * c0[j]
+        if m > 1:
+            t = t + w1 * c1[j]
+            if m > 2:
+                t = t + w2 * c2[j]
+                for k in range(3, m):
+                    t = t + weights[k] * per[k][j]
         out.append(t)
     return out
 
 
 def tied(xs: list[float], tol: float) -> list[int]:
     """Positions of the totals within `tol` of the highest (`PickerState.max`'s tie)."""
-    best = max(xs)
-    return [j for j in range(len(xs)) if xs[j] >= best - tol]
+    best = xs[0]
+    for x in xs:  # `max`: the first of equal totals
+        if x > best:
+            best = x
+    floor = best - tol
+    out: list[int] = []
+    for j in range(len(xs)):
+        if xs[j] >= floor:
+            out.append(j)
+    return out
 
 
 def picked(xs: list[float], kept: list[int]) -> list[float]:

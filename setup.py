@@ -50,6 +50,7 @@ COMPILED = [
     "src/fleetwise/routing/prefix_index.py",
     "src/fleetwise/routing/reasons.py",
     "src/fleetwise/routing/safe_mode.py",
+    "src/fleetwise/routing/score_rows.py",
     "src/fleetwise/routing/state.py",
     "src/fleetwise/routing/view_cache.py",
     "src/fleetwise/sim/columns.py",
@@ -62,8 +63,10 @@ COMPILED = [
 """The modules the busy simulation spends its time in (profile: docs/simulator.md): the engine,
 the simulator's loop and the routing policy with what it calls per decision; the list is kept to
 these so a clean install compiles in about a minute of CPU. `routing/base.py` stays out (its
-runtime-checkable `RoutingPolicy` protocol cannot be compiled), and `routing/vector.py` (its
-`ScoreTable` is a `Mapping` subclass: compiled, `isinstance(a_dict, ScoreTable)` answered True)."""
+runtime-checkable `RoutingPolicy` protocol cannot be compiled; the `winning_scores` it exports,
+read per decision, is `routing/score_rows.py`'s), and `routing/vector.py` (its `ScoreTable` is a
+`Mapping` subclass: compiled, `isinstance(a_dict, ScoreTable)` answered True; its entries are
+`score_rows.ScoreRows`)."""
 GROUP = "fleetwise_native"
 """Name of the shared library mypyc puts the compiled code of every module in."""
 MYPY_CONFIG = "[mypy]\npython_version = 3.11\nignore_missing_imports = True\n"

@@ -172,3 +172,27 @@ def test_views_changing_in_part_decide_as_views_built_anew() -> None:
     assert kept.report() == anew.report()
     assert any(f != 1.0 for f in kept.feedback.factors([w.name for w in current], now))  # feedback moved
     assert isinstance(kept, ComposedPolicy)
+
+
+@pytest.mark.parametrize("preset", ["fleetwise-default", "round-robin", "least-outstanding"])
+def test_views_in_a_changing_order_decide_as_views_in_name_order(preset: str) -> None:
+    """A driver that lists its workers in an order of its own, kept for a while then changed
+    (a new listing, a worker missing from a view): the policy's order by name, reused while the
+    names come in the same order, decides as a policy shown the same views sorted by name."""
+    rng = np.random.default_rng(7)
+    shuffled, by_name = make(preset, 7, False), make(preset, 7, False)
+    current = list(views(rng, 0.0, False))
+    order = list(range(len(current)))
+    for i in range(200):
+        now = 0.01 * (i + 1)
+        if i % 25 == 0:
+            order = [int(k) for k in rng.permutation(len(current))]
+        shown = [current[k] for k in order]
+        if i % 40 == 39:
+            shown = shown[1:]  # a worker missing from this view
+        req = RouteRequest(f"r{i}", int(rng.integers(100, 6000)), None)
+        d = shuffled.route(req, FleetView(now, tuple(shown)))
+        assert d == by_name.route(req, FleetView(now, tuple(sorted(shown, key=lambda w: w.name))))
+        for p in (shuffled, by_name):
+            p.observe(Dispatched(now, req.request_id, d.worker, req.prompt_tokens, ()))
+    assert shuffled.report() == by_name.report()

@@ -5,6 +5,7 @@ feedback factor, the scores table."""
 from __future__ import annotations
 
 import math
+import struct
 from collections import deque
 
 import numpy as np
@@ -24,6 +25,8 @@ from fleetwise.routing.plugins import (
     PickerState,
     candidate_columns,
 )
+from fleetwise.routing.reasons import fixed
+from fleetwise.routing.score_rows import SCORE_DIGITS, rounded
 from fleetwise.routing.state import LatencyFeedback
 from fleetwise.routing.vector import Columns, ScoreTable
 from fleetwise.spec.routing import FeedbackParams, LoadBoundParams
@@ -189,3 +192,33 @@ def test_score_table_row_is_winning_scores_of_the_dict(kept):
     for w in ("a", "b", "c", "d"):  # b: not kept (no entries)
         assert winning_scores(RoutingDecision(w, scores=t), scorers) == winning_scores(
             RoutingDecision(w, scores=ref), scorers)
+
+
+def _bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-2.0, 2.0),
+                 st.integers(-3_000_000, 3_000_000).map(lambda k: (k + 0.5) / 1e6),
+                 st.tuples(st.integers(-3_000_000, 3_000_000), st.integers(-3, 3)).map(
+                     lambda t: math.nextafter((t[0] + 0.5) / 1e6, math.copysign(math.inf, t[1])))))
+def test_rounded_is_the_builtin_round(x):
+    """`score_rows.rounded` returns the very double `round(x, 6)` does: near ties, at zero of
+    either sign, NaN and infinities included."""
+    got, want = rounded(x), round(x, SCORE_DIGITS)
+    assert _bits(got) == _bits(want) or (math.isnan(got) and math.isnan(want))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-1e5, 1e5),
+                 st.integers(-200_000, 200_000).map(lambda k: k / 10 + 0.05),
+                 st.integers(-200_000, 200_000).map(lambda k: k + 0.5),
+                 st.tuples(st.integers(-200_000, 200_000), st.booleans()).map(
+                     lambda t: math.nextafter(t[0] / 10 + 0.05, math.inf if t[1] else -math.inf)),
+                 st.integers(-200_000, 200_000).map(lambda k: k / 100 + 0.005)),
+       st.sampled_from([0, 1, 2, 3]))
+def test_fixed_is_the_builtin_format(x, digits):
+    """`reasons.fixed` writes the very text `f"{x:.{digits}f}"` does: near ties, negative zero,
+    NaN and infinities included."""
+    assert fixed(x, digits) == f"{x:.{digits}f}"

@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from fleetwise.core.feedback import Feedback
 from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision
-from fleetwise.routing.vector import ScoreTable
+from fleetwise.routing.score_rows import winning_scores  # compiled: the simulator calls it per decision
 
 __all__ = ["RoutingPolicy", "reason_kind", "winning_scores"]
 
@@ -46,25 +46,3 @@ def reason_kind(reason: str) -> str:
     empty (the composed policy always sets it)."""
     head = reason.split(";", 1)[0].strip()
     return head.split(" ", 1)[0] if head else "none"
-
-
-def winning_scores(d: RoutingDecision, scorers: tuple[str, ...]) -> dict[str, float]:
-    """The chosen worker's scores in `d.scores`: `total` (the worker's, or the
-    `prefill->decode` pair's), then each of `scorers` with a `<worker>.<scorer>` entry."""
-    if d.worker is None:
-        return {}
-    sc = d.scores
-    if isinstance(sc, ScoreTable) and d.prefill_worker is None:
-        row = sc.row(d.worker, scorers)  # the table's fast read of one worker's entries
-        if row is not None:
-            return row
-    key = d.worker if d.prefill_worker is None else f"{d.prefill_worker}->{d.worker}"
-    out: dict[str, float] = {}
-    total = sc.get(key)
-    if total is not None:
-        out["total"] = total
-    for s in scorers:
-        v = sc.get(f"{d.worker}.{s}")
-        if v is not None:
-            out[s] = v
-    return out

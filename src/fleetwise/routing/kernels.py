@@ -28,29 +28,36 @@ def slowness(now_s: float, half_life_s: float, last_obs: list[float], has1: list
     `(ref + dev * decay) / ref`, decay `0.5 ** (age / half_life_s)`, their geometric mean (a
     ratio of 0 left out; 1 without any) times `failure`, clamped to `[lo, hi]`, exactly 1 within
     `band` of 1."""
-    out: list[float] = []
-    for i in range(len(last_obs)):
-        decay = 1.0
-        if has1[i] or has2[i]:
+    n = len(last_obs)
+    out = [1.0] * n  # filled in place: one list, one float per worker
+    for i in range(n):
+        h1 = has1[i]
+        h2 = has2[i]
+        f = 1.0
+        if h1 or h2:
             age = now_s - last_obs[i]
             decay = math.pow(0.5, (age if age > 0.0 else 0.0) / half_life_s)  # `0.5 ** x`: C pow either way
-        n = 0
-        acc = 0.0
-        if has1[i]:
-            r = (ref1[i] + dev1[i] * decay) / ref1[i]
-            if r != 0.0:
-                n = 1
-                acc = math.log(r)
-        if has2[i]:
-            r = (ref2[i] + dev2[i] * decay) / ref2[i]
-            if r != 0.0:
-                n += 1
-                acc = acc + math.log(r)
-        f = math.exp(acc / n) if n else 1.0
+            m = 0
+            acc = 0.0
+            if h1:
+                ref = ref1[i]
+                r = (ref + dev1[i] * decay) / ref
+                if r != 0.0:
+                    m = 1
+                    acc = math.log(r)
+            if h2:
+                ref = ref2[i]
+                r = (ref + dev2[i] * decay) / ref
+                if r != 0.0:
+                    m += 1
+                    acc = acc + math.log(r)
+            if m:
+                f = math.exp(acc / m)
         f *= failure[i]
         f = lo if lo > f else f  # min(max(f, lo), hi)
         f = hi if hi < f else f
-        out.append(1.0 if abs(f - 1.0) < band else f)
+        if not abs(f - 1.0) < band:
+            out[i] = f
     return out
 
 
@@ -61,14 +68,26 @@ def bounded(load: list[float], own: list[float], slow: list[float], c: float, to
     picks among the `k` recent ones) only those also within their share
     (`counts + 1 <= ceil(c * (k + 1) * speed / sum(speed))`, speed `1 / slow`) if any is."""
     n = len(load)
-    current = [load[i] * slow[i] for i in range(n)]
-    bound = c * (sum(current) / n)
-    kept = [i for i in range(n) if current[i] <= bound + own[i] * slow[i] + tol]
+    total = 0.0  # `sum` of the products in worker order: the same double, without the list
+    speeds = 0.0  # and of the speeds `1 / slow`, for the share check
+    share_check = counts is not None
+    for i in range(n):
+        s = slow[i]
+        total += load[i] * s
+        if share_check:
+            speeds += 1.0 / s
+    bound = c * (total / n)
+    kept: list[int] = []
+    for i in range(n):
+        s = slow[i]
+        if load[i] * s <= bound + own[i] * s + tol:
+            kept.append(i)
     if counts is not None:
-        speed = [1.0 / s for s in slow]
-        total = sum(speed)
         share = c * (k + 1)
-        both = [i for i in kept if counts[i] + 1 <= math.ceil(share * speed[i] / total)]
+        both: list[int] = []
+        for i in kept:
+            if counts[i] + 1 <= math.ceil(share * (1.0 / slow[i]) / speeds):
+                both.append(i)
         if both:
             kept = both
     return bound, kept
@@ -81,9 +100,19 @@ def clamped(x: float) -> float:
 
 def load_scores(load: list[float], own: list[float], slow: list[float], kept: list[int]) -> list[float]:
     """`plugins.score_load`'s loop over the `kept` workers: `min cost / cost`, cost `(load + own) * slow`."""
-    costs = [(load[i] + own[i]) * slow[i] for i in kept]
-    best = min(costs)
-    return [clamped(best / k) if k > 0 else 1.0 for k in costs]
+    costs: list[float] = []
+    best = math.inf
+    first = True
+    for i in kept:
+        x = (load[i] + own[i]) * slow[i]
+        costs.append(x)
+        if first or x < best:  # `min`: the first of equal costs, a NaN only where it comes first
+            best = x
+            first = False
+    out: list[float] = []
+    for x in costs:
+        out.append(clamped(best / x) if x > 0 else 1.0)
+    return out
 
 
 def min_ratio_scores(xs: list[float], kept: list[int]) -> list[float]:
@@ -103,18 +132,35 @@ def prefix_scores(prefix: list[int], n_hashes: int, kept: list[int]) -> list[flo
 
 def totals(per: list[list[float]], weights: list[float]) -> list[float]:
     """The weighted totals: `0 + w1 * s1 + w2 * s2 ...` per worker, in scorer order."""
-    w = weights[0]
-    out = [0.0 + w * x for x in per[0]]
-    for k in range(1, len(per)):
-        w = weights[k]
-        out = [t + w * x for t, x in zip(out, per[k], strict=True)]
+    m = len(per)
+    c0, w0 = per[0], weights[0]
+    c1, w1 = (per[1], weights[1]) if m > 1 else (c0, 0.0)  # the first columns held as locals (unused: m says)
+    c2, w2 = (per[2], weights[2]) if m > 2 else (c0, 0.0)
+    out: list[float] = []
+    for j in range(len(c0)):  # worker by worker: one float per worker, the terms in scorer order
+        t = 0.0 + w0 * c0[j]
+        if m > 1:
+            t = t + w1 * c1[j]
+            if m > 2:
+                t = t + w2 * c2[j]
+                for k in range(3, m):
+                    t = t + weights[k] * per[k][j]
+        out.append(t)
     return out
 
 
 def tied(xs: list[float], tol: float) -> list[int]:
     """Positions of the totals within `tol` of the highest (`PickerState.max`'s tie)."""
-    best = max(xs)
-    return [j for j in range(len(xs)) if xs[j] >= best - tol]
+    best = xs[0]
+    for x in xs:  # `max`: the first of equal totals
+        if x > best:
+            best = x
+    floor = best - tol
+    out: list[int] = []
+    for j in range(len(xs)):
+        if xs[j] >= floor:
+            out.append(j)
+    return out
 
 
 def picked(xs: list[float], kept: list[int]) -> list[float]:

@@ -103,6 +103,10 @@ class ComposedPolicy:
         self._elig: dict[tuple[str | None, str | None], Eligible] = {}
         self._elig_prev: dict[tuple[str | None, str | None], Eligible] = {}
         """The previous view's (what a new view's `Eligible` is built from)."""
+        self._order_names: list[str] = []
+        """The names of the last view's workers, in the view's order (`_by_name`)."""
+        self._order: list[int] = []
+        """The positions that sort those workers by name."""
         self._simple = all(params.pd_picker(side) in ("round_robin", "random") for side in ("prefill", "decode")) and (
             params.picker in ("round_robin", "random") and not params.load_bound.enabled and not any(
                 wt > 0 for wt in params.scorers.values()))
@@ -190,8 +194,17 @@ class ComposedPolicy:
         return e
 
     def _eligible(self, req: RouteRequest, fleet: FleetView) -> tuple[list[WorkerView], str]:
-        ws = sorted(fleet.workers, key=lambda w: w.name)
+        ws = self._by_name(fleet.workers)
         return apply_filters(req, ws, self._down_set(fleet), (*(f for f in self.params.filters if f != "role"), "role"))
+
+    def _by_name(self, workers: tuple[WorkerView, ...]) -> list[WorkerView]:
+        """`workers` sorted by name (stably): the last view's order reused while the names come
+        in the same order (a driver's new view of the same fleet), O(workers) comparisons."""
+        names = self._order_names
+        if len(workers) != len(names) or any(w.name != x for w, x in zip(workers, names, strict=True)):
+            self._order_names = [w.name for w in workers]
+            self._order = sorted(range(len(workers)), key=self._order_names.__getitem__)
+        return [workers[i] for i in self._order]
 
     def _down_set(self, fleet: FleetView) -> frozenset[str]:
         """The workers reported down since their view was taken."""
@@ -401,7 +414,7 @@ class ComposedPolicy:
         filters = self._pd_filters[side]
         if filters is None:
             return [w for w in ws if w.role == side], ""
-        kept = sorted((w for w in fleet.workers if w.role == side), key=lambda w: w.name)
+        kept = [w for w in self._by_name(fleet.workers) if w.role == side]
         return apply_filters(req, kept, self._down_set(fleet), filters)
 
     def _pick_pd_simple(self, req: RouteRequest, pairs: list[int], pt: PairTable, cp: Side, cd: Side,

@@ -3,18 +3,52 @@ the load bound, slowness, ties) and of a P/D pair, with token counts written com
 
 from __future__ import annotations
 
+import math
+
 from fleetwise.core.views import KvLinkView, RouteRequest
 from fleetwise.routing.plugins import Candidate
 from fleetwise.spec.routing import PolicyParams
 
-__all__ = ["fmt_tokens", "max_reason", "pair_reason"]
+__all__ = ["fixed", "fmt_tokens", "max_reason", "pair_reason"]
+
+
+FORMAT_LIMIT = 2.0 ** 30
+"""Largest scaled magnitude `fixed` writes itself (its rounding error then stays under `FORMAT_TIE_MARGIN`)."""
+FORMAT_TIE_MARGIN = 1e-6
+"""How near a half (in units of the last digit written) the builtin formatting decides instead."""
+
+
+FIXED_SCALES = (1.0, 10.0, 100.0)
+"""`10 ** digits` of the `digits` `fixed` writes itself (0, 1 or 2 decimals)."""
+
+
+def fixed(x: float, digits: int) -> str:
+    """`f"{x:.{digits}f}"`, the same text, written from the nearest integer of `|x| * 10 **
+    digits` where that is clearly not a tie (it is then the correctly rounded decimal the
+    builtin writes) and `digits` is 0, 1 or 2; ties, NaN, infinities, huge values and other
+    `digits` take the builtin. The sign is `x`'s, as the builtin writes it (`-0.0` included)."""
+    if 0 <= digits < len(FIXED_SCALES):
+        scale = FIXED_SCALES[digits]
+        a = abs(x) * scale
+        if a < FORMAT_LIMIT:
+            n = math.floor(a)
+            frac = a - n
+            if abs(frac - 0.5) > FORMAT_TIE_MARGIN:
+                if frac > 0.5:
+                    n += 1
+                sign = "-" if math.copysign(1.0, x) < 0 else ""
+                if not digits:
+                    return f"{sign}{n}"
+                unit = int(scale)
+                return f"{sign}{n // unit}.{str(n % unit).zfill(digits)}"
+    return f"{x:.{digits}f}"
 
 
 def fmt_tokens(x: float) -> str:
     """Compact token count: 950, 12.3k, 4.1M."""
     if abs(x) >= 1e6:
-        return f"{x / 1e6:.1f}M"
-    return f"{x / 1e3:.1f}k" if abs(x) >= 1e4 else f"{x:.0f}"
+        return f"{fixed(x / 1e6, 1)}M"
+    return f"{fixed(x / 1e3, 1)}k" if abs(x) >= 1e4 else fixed(x, 0)
 
 
 def max_reason(params: PolicyParams, req: RouteRequest, c: Candidate, per: dict[str, dict[str, float]],
@@ -37,7 +71,7 @@ def max_reason(params: PolicyParams, req: RouteRequest, c: Candidate, per: dict[
     if excluded:
         parts.append(f"over bound: {', '.join(excluded)}")
     if abs(c.slowness - 1.0) > params.feedback.deadband:  # a factor the feedback did not round to 1
-        parts.append(f"slowness x{c.slowness:.2f}")
+        parts.append(f"slowness x{fixed(c.slowness, 2)}")
     if tied > 1:
         parts.append(f"tie of {tied} broken {params.tie_break}")
     return "; ".join(parts), lead
@@ -47,4 +81,4 @@ def pair_reason(req: RouteRequest, p: Candidate, d: Candidate, lk: KvLinkView | 
     """The reason of a P/D pair pick: the prefill's prefix and cost, the decode's KV headroom, the link's load."""
     pre = f"prefix {p.prefix_blocks}/{len(req.block_hashes)} blocks" if p.prefix_blocks else "no prefix"
     return (f"pair {p.name}->{d.name}: prefill {pre}, cost {fmt_tokens(p.cost)} tok; "
-            f"decode kv headroom {d.kv_room:.2f}; link {lk.active_transfers if lk else 0} active")
+            f"decode kv headroom {fixed(d.kv_room, 2)}; link {lk.active_transfers if lk else 0} active")

@@ -7,18 +7,14 @@ picker's totals).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fleetwise.core.views import WorkerView
+from fleetwise.routing.score_rows import SCORE_DIGITS, ScoreRows
 
 __all__ = ["SCORE_DIGITS", "VIEW_ONLY_SCORERS", "Columns", "ScoreTable"]
-
-SCORE_DIGITS = 6
-"""Decimal places of a decision's scores (`round(v, 6)`)."""
-
 
 @dataclass(slots=True)
 class Columns:
@@ -53,8 +49,9 @@ decision keeps."""
 
 class ScoreTable(Mapping[str, float]):
     """A scored pick's decision scores (`RoutingDecision.scores`) kept as the lists they were
-    computed from, rounded to `SCORE_DIGITS` places when read: `<worker>` -> its weighted
-    total, then `<worker>.<scorer>` for each scorer, over the workers the load bound kept.
+    computed from (`score_rows.ScoreRows`), rounded to `SCORE_DIGITS` places when read:
+    `<worker>` -> its weighted total, then `<worker>.<scorer>` for each scorer, over the workers
+    the load bound kept.
 
     The same mapping, key for key, value for value and in the same order, as a dict of the
     rounded totals followed by each scorer's rounded scores: reading one entry rounds that one,
@@ -62,22 +59,12 @@ class ScoreTable(Mapping[str, float]):
     worker's entries (`routing.base.winning_scores`) never pays for the rest.
     """
 
-    __slots__ = ("_names", "_scorers", "_keys", "_where", "_kept", "_columns", "_dict")
+    __slots__ = ("rows", "_dict")
 
     def __init__(self, names: list[str], scorers: Mapping[str, int], keys: list[list[str]],
                  where: Mapping[str, tuple[int, int]], kept: list[int] | None, columns: list[list[float]]) -> None:
-        self._names = names
-        """Every worker's name (the view's order)."""
-        self._scorers = scorers
-        """Scorer name -> its column."""
-        self._keys = keys
-        """Per scorer (in column order), every worker's `<worker>.<scorer>` key."""
-        self._where = where
-        """Key -> (column, worker index): column 0 the totals, k the k-th scorer's."""
-        self._kept = kept
-        """Ascending indices of the workers the columns hold (None: every worker)."""
-        self._columns = columns
-        """The totals, then each scorer's scores: one element per kept worker."""
+        self.rows = ScoreRows(names, scorers, keys, where, kept, columns)
+        """The entries (`ScoreRows`: names, scorer columns, keys, kept positions, the lists)."""
         self._dict: dict[str, float] | None = None
 
     def __getitem__(self, key: str) -> float:
@@ -90,53 +77,16 @@ class ScoreTable(Mapping[str, float]):
         """`key`'s score (rounded), or `default` without the key."""
         if self._dict is not None:
             return self._dict.get(key, default)
-        at = self._where.get(key)
-        if at is None:
-            return default
-        col, i = at
-        kept = self._kept
-        if kept is not None:
-            j = bisect.bisect_left(kept, i)
-            if j == len(kept) or kept[j] != i:
-                return default
-            i = j
-        return round(self._columns[col][i], SCORE_DIGITS)
+        return self.rows.get(key, default)
 
     def row(self, worker: str, scorers: tuple[str, ...]) -> dict[str, float] | None:
-        """`routing.base.winning_scores` of `worker`: `total` and each of `scorers` the table
-        has an entry for (`<worker>` and `<worker>.<scorer>`), read as `get` reads them; None
-        when `worker` has no total here (the caller reads the mapping itself)."""
-        at = self._where.get(worker)
-        j = -1
-        if self._dict is None and at is not None and at[0] == 0:  # the worker's own entry: its position
-            i = at[1]
-            kept = self._kept
-            j = i if kept is None else bisect.bisect_left(kept, i)
-            if kept is not None and (j == len(kept) or kept[j] != i):
-                j = -1
-        if j < 0:
-            return None
-        cols, where, i = self._columns, self._where, at[1]  # type: ignore[index]
-        out = {"total": round(cols[0][j], SCORE_DIGITS)}
-        for s in scorers:
-            col = self._scorers.get(s)
-            if col is not None and where.get(self._keys[col - 1][i]) == (col, i):
-                out[s] = round(cols[col][j], SCORE_DIGITS)  # key = f"{worker}.{s}", built once per view
-            else:
-                v = self.get(f"{worker}.{s}")
-                if v is not None:
-                    out[s] = v
-        return out
+        """`routing.base.winning_scores` of `worker` (`ScoreRows.row`)."""
+        return self.rows.row(worker, scorers)
 
     def as_dict(self) -> dict[str, float]:
         """The whole table as a dict (built once)."""
         if self._dict is None:
-            kept = self._kept
-            d: dict[str, float] = {}
-            for keys, col in zip([self._names, *self._keys], self._columns, strict=True):
-                ks = keys if kept is None else [keys[i] for i in kept]
-                d.update(zip(ks, [round(v, SCORE_DIGITS) for v in col], strict=True))
-            self._dict = d
+            self._dict = self.rows.as_dict()
         return self._dict
 
     def __iter__(self) -> Iterator[str]:

@@ -44,9 +44,10 @@ from fleetwise.engine.api import StepOutput
 from fleetwise.perf.kv import handoff_extra_s, kv_shards
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
-from fleetwise.routing.base import RoutingPolicy, winning_scores
+from fleetwise.routing.base import RoutingPolicy
 from fleetwise.routing.plugins import SCORERS
 from fleetwise.routing.registry import make_policy
+from fleetwise.routing.score_rows import winning_scores
 from fleetwise.sim.columns import Records
 from fleetwise.sim.events import Arrival, EventLoop, Priority, RoutedArrival, RouteTick, Sample
 from fleetwise.sim.faults import FaultInjector

@@ -120,3 +120,19 @@ def test_a_request_pickles_and_copies_to_an_equal_request() -> None:
         assert twin == r and type(twin) is Request
         assert [getattr(twin, f.name) for f in dataclasses.fields(Request)] == list(SAMPLES[Request])
     assert pickle.loads(pickle.dumps([r, Request("x", 0.0, 1, 1)]))[1].prompt_tokens == 1
+
+
+def test_a_request_takes_numpy_and_iterable_inputs_as_python_values() -> None:
+    """Counts from numpy arrays, a float32 arrival and block ids in a list or numpy ints construct the
+    same request as Python values (compiled or not); a float count is refused, not truncated."""
+    np = pytest.importorskip("numpy")
+    plain = Request("r1", 2.5, 100, 50, (1, 2), 256, "t", 7, "v2", "eu", 64)
+    for hashes in ([1, 2], np.array([1, 2]), (np.int64(1), np.int64(2))):
+        r = Request("r1", np.float32(2.5), np.int64(100), np.int32(50), hashes, np.int16(256), "t",
+                    np.int64(7), "v2", "eu", np.uint16(64))
+        assert r == plain and hash(r) == hash(plain)
+        assert [type(getattr(r, f.name)) for f in dataclasses.fields(Request)] == \
+            [type(getattr(plain, f.name)) for f in dataclasses.fields(Request)]
+        assert all(type(h) is int for h in r.block_hashes)
+    with pytest.raises(TypeError):
+        Request("r1", 0.0, 100.5, 50)  # type: ignore[arg-type]

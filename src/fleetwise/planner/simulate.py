@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Literal
 
 from fleetwise.core.request import Request
@@ -199,12 +200,15 @@ def _judge(summary: dict[str, Any], spec: PlanningSpec, check: Check, rate: floa
 _memo: OrderedDict[Hashable, SimVerdict] = OrderedDict()
 
 
+def requests_digest(requests: list[Request] | None) -> bytes | None:
+    """The SHA-256 of a caller's arrivals' repr (every field of every request); None for none."""
+    return hashlib.sha256(repr(requests).encode()).digest() if requests is not None else None
+
+
 def _memo_key(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,
-              seed: int, check: Check, faults: FaultScenario | None, requests: list[Request] | None) -> Hashable:
+              seed: int, check: Check, faults: FaultScenario | None, reqs: bytes | None) -> Hashable:
     """Everything a run's verdict depends on: compared exactly, except a caller's arrivals, which
-    enter as the SHA-256 of their repr (every field of every request) so the memo does not keep
-    thousands of requests alive per entry."""
-    reqs = hashlib.sha256(repr(requests).encode()).digest() if requests is not None else None
+    enter as their `requests_digest` so the memo does not keep thousands of requests alive per entry."""
     return (spec.model_dump_json(), mix.prompt.tobytes(), mix.output.tobytes(), mix.unit_gaps.tobytes(), fleet,
             tuple(sorted(prices.items())), rate_rps, seed, check,
             faults.model_dump_json() if faults is not None else None, reqs)
@@ -214,7 +218,13 @@ def run_fleet(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dic
               seed: int, check: Check = "both", faults: FaultScenario | None = None,
               requests: list[Request] | None = None) -> SimVerdict:
     """`simulate_fleet`, answered from the per-process memo when the same run was already made."""
-    key = _memo_key(spec, mix, fleet, prices, rate_rps, seed, check, faults, requests)
+    key = _memo_key(spec, mix, fleet, prices, rate_rps, seed, check, faults, requests_digest(requests))
+    return _run_keyed(key, spec, mix, fleet, prices, rate_rps, seed, check, faults, requests)
+
+
+def _run_keyed(key: Hashable, spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float],
+               rate_rps: float, seed: int, check: Check, faults: FaultScenario | None,
+               requests: list[Request] | None) -> SimVerdict:
     hit = _memo.get(key)
     if hit is not None:
         _memo.move_to_end(key)
@@ -244,15 +254,21 @@ class FleetRun:
     def verdict(self, spec: PlanningSpec, prices: dict[str, float]) -> SimVerdict:
         """`run_fleet` of this run (from the memo when it was made, or remembered, before); inside
         `memo_only()`, a run the memo lacks raises `NotSimulated` instead of being simulated."""
-        if _memo_only.get() and not self.in_memo(spec, prices):
+        key = self.key(spec, prices)
+        if _memo_only.get() and key not in _memo:
             raise NotSimulated(self)
-        return run_fleet(spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
-                         self.requests)
+        return _run_keyed(key, spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
+                          self.requests)
+
+    @cached_property
+    def requests_digest(self) -> bytes | None:
+        """`requests_digest(self.requests)`, made once per run (its key is asked for many times)."""
+        return requests_digest(self.requests)
 
     def key(self, spec: PlanningSpec, prices: dict[str, float]) -> Hashable:
         """What the memo keeps this run's verdict under."""
         return _memo_key(spec, self.mix, self.fleet, prices, self.rate_rps, self.seed, "both", self.faults,
-                         self.requests)
+                         self.requests_digest)
 
     def in_memo(self, spec: PlanningSpec, prices: dict[str, float]) -> bool:
         """Whether the memo holds this run's verdict."""

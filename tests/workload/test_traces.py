@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,10 @@ from fleetwise.workload.traces import (
     trace_stats,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+TRACES_ENV = "FLEETWISE_TRACES_DIR"
+SHARED = Path(os.environ.get(TRACES_ENV) or Path(__file__).resolve().parents[2] / ".." / "shared" / "traces")
+"""The public traces these tests check against their published statistics: not shipped with the
+project (their own licenses); the folder named by FLEETWISE_TRACES_DIR, else ../shared/traces."""
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44
@@ -225,7 +229,7 @@ def _real(name: str) -> Path:
     p = SHARED / name
     if not p.is_file():
         pytest.skip(f"{p} not present: public traces are not shipped with the project (their own licenses); "
-                    "put the shared traces/ folder beside the clone as ../shared to run this")
+                    f"set {TRACES_ENV} to a folder holding them (or put it beside the clone as ../shared/traces)")
     return p
 
 

@@ -7,15 +7,10 @@ import math
 
 from fleetwise.core.views import KvLinkView, RouteRequest
 from fleetwise.routing.plugins import Candidate
+from fleetwise.routing.score_rows import clear_nearest
 from fleetwise.spec.routing import PolicyParams
 
 __all__ = ["fixed", "fmt_tokens", "max_reason", "pair_reason"]
-
-
-FORMAT_LIMIT = 2.0 ** 30
-"""Largest scaled magnitude `fixed` writes itself (its rounding error then stays under `FORMAT_TIE_MARGIN`)."""
-FORMAT_TIE_MARGIN = 1e-6
-"""How near a half (in units of the last digit written) the builtin formatting decides instead."""
 
 
 FIXED_SCALES = (1.0, 10.0, 100.0)
@@ -24,23 +19,20 @@ FIXED_SCALES = (1.0, 10.0, 100.0)
 
 def fixed(x: float, digits: int) -> str:
     """`f"{x:.{digits}f}"`, the same text, written from the nearest integer of `|x| * 10 **
-    digits` where that is clearly not a tie (it is then the correctly rounded decimal the
-    builtin writes) and `digits` is 0, 1 or 2; ties, NaN, infinities, huge values and other
-    `digits` take the builtin. The sign is `x`'s, as the builtin writes it (`-0.0` included)."""
+    digits` where that is clearly not a tie (`score_rows.clear_nearest`: it is then the correctly
+    rounded decimal the builtin writes) and `digits` is 0, 1 or 2; ties, NaN, infinities, huge
+    values and other `digits` take the builtin. The sign is `x`'s, as the builtin writes it
+    (`-0.0` included)."""
     if 0 <= digits < len(FIXED_SCALES):
         scale = FIXED_SCALES[digits]
-        a = abs(x) * scale
-        if a < FORMAT_LIMIT:
-            n = math.floor(a)
-            frac = a - n
-            if abs(frac - 0.5) > FORMAT_TIE_MARGIN:
-                if frac > 0.5:
-                    n += 1
-                sign = "-" if math.copysign(1.0, x) < 0 else ""
-                if not digits:
-                    return f"{sign}{n}"
-                unit = int(scale)
-                return f"{sign}{n // unit}.{str(n % unit).zfill(digits)}"
+        m = clear_nearest(abs(x) * scale)
+        if m == m:  # not NaN
+            n = int(m)
+            sign = "-" if math.copysign(1.0, x) < 0 else ""
+            if not digits:
+                return f"{sign}{n}"
+            unit = int(scale)
+            return f"{sign}{n // unit}.{str(n % unit).zfill(digits)}"
     return f"{x:.{digits}f}"
 
 

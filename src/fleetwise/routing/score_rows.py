@@ -22,26 +22,33 @@ SCORE_DIGITS = 6
 SCALE = 10.0 ** SCORE_DIGITS
 """`10 ** SCORE_DIGITS`, an exact double."""
 SCALED_LIMIT = 2.0 ** 30
-"""Largest `|x * SCALE|` `rounded` computes itself: below it the product's rounding error (half
-an ulp, at most 2 ** -23) stays under `TIE_MARGIN`."""
+"""Largest scaled magnitude `clear_nearest` rounds itself: below it the scaling's rounding error
+(half an ulp, at most 2 ** -23) stays under `TIE_MARGIN`."""
 TIE_MARGIN = 1e-6
-"""How near a half (in units of the last kept digit) the builtin `round` decides instead."""
+"""How near a half (in units of the last kept digit) the builtin `round` or formatting decides instead."""
 
 
-def rounded(x: float) -> float:
-    """`round(x, SCORE_DIGITS)`, the same double, without the builtin's decimal conversion where
-    `x * SCALE` is clearly not a tie: its nearest integer `n` is then the decimal rounding of `x`,
-    and `n / SCALE` (both exact doubles, one correctly rounded division) the double nearest
-    `n * 10 ** -SCORE_DIGITS`, what `round` returns. Ties, NaN, infinities and huge values take
-    the builtin; a zero keeps `x`'s sign, as `round` does."""
-    y = x * SCALE
+def clear_nearest(y: float) -> float:
+    """The nearest integer to a scaled `y` (as a float: exact below `SCALED_LIMIT`), or NaN where
+    `y` is within `TIE_MARGIN` of a half or out of range: there the caller's builtin decides.
+    Away from a tie it is the correctly rounded decimal `round` and `.Nf` formatting give."""
     if -SCALED_LIMIT < y < SCALED_LIMIT:
         n = math.floor(y)
         frac = y - n
         if abs(frac - 0.5) > TIE_MARGIN:
-            if frac > 0.5:
-                n += 1
-            return n / SCALE if n != 0 else math.copysign(0.0, x)
+            return float(n + 1) if frac > 0.5 else float(n)
+    return math.nan
+
+
+def rounded(x: float) -> float:
+    """`round(x, SCORE_DIGITS)`, the same double, without the builtin's decimal conversion where
+    `x * SCALE` is clearly not a tie (`clear_nearest`): `n / SCALE` (both exact doubles, one
+    correctly rounded division) is then the double nearest `n * 10 ** -SCORE_DIGITS`, what `round`
+    returns. Ties, NaN, infinities and huge values take the builtin; a zero keeps `x`'s sign, as
+    `round` does."""
+    n = clear_nearest(x * SCALE)
+    if n == n:  # not NaN
+        return n / SCALE if n != 0 else math.copysign(0.0, x)
     return round(x, SCORE_DIGITS)
 
 

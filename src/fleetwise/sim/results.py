@@ -17,7 +17,6 @@ Metric definitions (per completed request):
 from __future__ import annotations
 
 import csv
-import math
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +204,7 @@ def record_rows(rec: Records, names: list[str], text: bool = False) -> list[list
     others_after: list[list[Any]] = [
         list(rec.tokens), list(rec.retries), [rec.failure.get(i, "") for i in range(len(reqs))], rec.decision,
         [_scores_cell(s) for s in rec.decision_scores]]
-    rounded = [list(map(_float_text, c)) if text else ["" if v != v else round(v, 9) for v in c] for c in floats]
+    rounded = [list(map(_float_text if text else _float_cell, c)) for c in floats]
     cols = [*map(_cells, others_before), *rounded, *map(_cells, others_after)]
     return [list(row) for row in zip(*cols, strict=True)]
 
@@ -235,6 +234,11 @@ def _float_text(v: float) -> Any:
     return round(v, 9)
 
 
+def _float_cell(v: float) -> Any:
+    """The record value of a float: `""` for NaN, else `round(v, 9)` (`_float_text` is its CSV text)."""
+    return "" if v != v else round(v, 9)  # v != v: NaN
+
+
 def _scores_cell(scores: dict[str, float] | None) -> str:
     """`total=1.05;load=1;prefix=0.75` (empty when there was no decision or no score)."""
     return ";".join(f"{k}={v:g}" for k, v in scores.items()) if scores else ""
@@ -242,9 +246,9 @@ def _scores_cell(scores: dict[str, float] | None) -> str:
 
 def _cell(v: Any) -> Any:
     if isinstance(v, float):
-        return "" if v != v else round(v, 9)  # v != v: NaN
+        return _float_cell(v)
     if isinstance(v, np.floating):
-        return "" if math.isnan(v) else round(float(v), 9)
+        return _float_cell(float(v))
     return v
 
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
+from operator import attrgetter
 from typing import Any, Literal
 
 from fleetwise.core.request import Request
@@ -201,8 +203,25 @@ _memo: OrderedDict[Hashable, SimVerdict] = OrderedDict()
 
 
 def requests_digest(requests: list[Request] | None) -> bytes | None:
-    """The SHA-256 of a caller's arrivals' repr (every field of every request); None for none."""
-    return hashlib.sha256(repr(requests).encode()).digest() if requests is not None else None
+    """The SHA-256 of a caller's arrivals, every field of every request, column by column: a
+    column of floats as its IEEE-754 bytes, any other as its repr (which tells 1 from 1.0 and
+    None from 0): the key of the requests' own repr without a repr per request; None for none."""
+    if requests is None:
+        return None
+    h = hashlib.sha256(str(len(requests)).encode())
+    for f in REQUEST_FIELDS:
+        col = list(map(attrgetter(f), requests))
+        if all(type(v) is float for v in col):
+            h.update(f"\x00{f}:d".encode())
+            h.update(array("d", col).tobytes())
+        else:
+            h.update(f"\x00{f}:r".encode())
+            h.update(repr(col).encode())
+    return h.digest()
+
+
+REQUEST_FIELDS = tuple(f.name for f in fields(Request))
+"""The fields `requests_digest` covers: all of `core.request.Request`'s."""
 
 
 def _memo_key(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,

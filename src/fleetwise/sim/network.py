@@ -130,11 +130,23 @@ class _LinkViews:
             bw = min(ps.effective_bw, pd.effective_bw)
             if extra > 0 and bw > 0:
                 bw = 1.0 / (1.0 / bw + extra)
-            active = len(ps.active) + len(pd.active) - len(ps.active & pd.active)
-            v = KvLinkView(sn, dn, bw, lat, active, bw > 0)
-            if v != views[k]:
-                views[k] = v
+            active = len(ps.active) + len(pd.active) - _shared(ps.active, pd.active)
+            old = views[k]
+            if (old is None or old.bandwidth_bytes_per_s != bw or old.active_transfers != active
+                    or old.latency_s != lat):  # else the view it would make equals the old one
+                views[k] = KvLinkView(sn, dn, bw, lat, active, bw > 0)
                 changed = True
         if changed:
             self.out = tuple([v for v in views if v is not None])  # every position is set by the first call
         return self.out
+
+
+def _shared(a: set[int], b: set[int]) -> int:
+    """How many transfers two ports share (those between them), without building the intersection."""
+    if len(b) < len(a):
+        a, b = b, a
+    n = 0
+    for tid in a:
+        if tid in b:
+            n += 1
+    return n

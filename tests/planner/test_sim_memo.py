@@ -232,6 +232,10 @@ def test_requests_digest_tells_apart_a_change_of_any_field_of_any_request() -> N
         reqs[7] = replace(reqs[7], **{name: value})
         seen.add(sim.requests_digest(reqs))
     assert len(seen) == len(changes) + 1
+    # columns that hold the same text or numbers split or typed another way are other columns
+    cols = [["ab", "c"], ["a", "bc"], [1, 2], [1.0, 2.0], [1, 2.0], [2**70, 1], [2**70 + 1, 1], [None, None],
+            [None, 0], [(1, 2), ()], [(1,), (2,)]]
+    assert len({sim._column_bytes(c) for c in cols}) == len(cols)
 
 
 def test_watch_keeps_the_policy_methods_and_reads_its_other_attributes_live() -> None:

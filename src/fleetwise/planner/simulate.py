@@ -156,7 +156,11 @@ def steady_goodput(records: Any, slo: SLOSpec) -> float:
     if n < 2 or float(arr.max()) <= float(arr.min()):
         return 0.0
     ttft, tpot, e2e, done = request_metrics(records)
-    good = sum(1 for i in range(n) if done[i] and slo.met(ttft[i], tpot[i], e2e[i]))
+    met = done.copy()  # `slo.met` of every completed request, as arrays
+    for values, target in ((ttft, slo.ttft_max_s), (tpot, slo.tpot_max_s), (e2e, slo.e2e_max_s)):
+        if target is not None:
+            met &= values <= target
+    good = int(met.sum())
     return good / n * (n - 1) / (float(arr.max()) - float(arr.min()))
 
 

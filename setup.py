@@ -40,6 +40,8 @@ COMPILED = [
     "src/fleetwise/engine/scheduler.py",
     "src/fleetwise/engine/sequence.py",
     "src/fleetwise/engine/step_state.py",
+    "src/fleetwise/perf/kv.py",
+    "src/fleetwise/perf/kv_share.py",
     "src/fleetwise/perf/roofline.py",
     "src/fleetwise/routing/incoming.py",
     "src/fleetwise/routing/kernels.py",
@@ -57,11 +59,13 @@ COMPILED = [
     "src/fleetwise/sim/events.py",
     "src/fleetwise/sim/faults.py",
     "src/fleetwise/sim/fleet.py",
+    "src/fleetwise/sim/network.py",
     "src/fleetwise/sim/recovery.py",
     "src/fleetwise/sim/runner.py",
 ]
 """The modules the busy simulation spends its time in (profile: docs/simulator.md): the engine,
-the simulator's loop and the routing policy with what it calls per decision; the list is kept to
+the simulator's loop, the routing policy with what it calls per decision and the KV network a
+P/D run drives per hand-off (`perf/kv.py`, `kv_share.py`, `sim/network.py`); the list is kept to
 these so a clean install compiles in about a minute of CPU. `routing/base.py` stays out (its
 runtime-checkable `RoutingPolicy` protocol cannot be compiled; the `winning_scores` it exports,
 read per decision, is `routing/score_rows.py`'s), and `routing/vector.py` (its `ScoreTable` is a

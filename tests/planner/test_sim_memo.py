@@ -125,6 +125,9 @@ class _Policy:
     def observe(self, fb) -> None:  # type: ignore[no-untyped-def]
         self.seen.append(fb)
 
+    def observe_twice(self, fb) -> None:  # type: ignore[no-untyped-def]
+        self.seen += [fb, fb]
+
 
 def test_watch_stops_after_the_allowed_misses() -> None:
     policy = _Policy()
@@ -205,3 +208,70 @@ def test_passes_is_the_full_runs_verdict(spec_factory, small_search, lengths, mo
                 verdicts.append(got)
     assert True in verdicts and False in verdicts
     assert "CertainPass" in stops and "CertainMiss" in stops
+
+
+def test_requests_digest_tells_apart_a_change_of_any_field_of_any_request() -> None:
+    """The memo key of a caller's arrivals: equal lists give one digest, and a change of any one
+    field of one request (a float's last bit, 1 for 1.0, None for 0, a block id) gives another."""
+    from dataclasses import fields, replace
+
+    from fleetwise.core.request import Request
+
+    base = [Request(str(i), 0.25 * i, 100 + i, 10 + i, block_hashes=(i, i + 1), session_id=i % 3)
+            for i in range(50)]
+    d = sim.requests_digest(base)
+    assert d == sim.requests_digest([replace(r) for r in base]) and sim.requests_digest(None) is None
+    assert sim.requests_digest(base[:-1]) != d and sim.requests_digest(base[::-1]) != d
+    changes = {"request_id": "x", "arrival_s": float(np.nextafter(0.25 * 7, 1.0)), "prompt_tokens": 1,
+               "output_tokens": 1, "block_hashes": (7, 9), "hash_block_tokens": 32, "tenant": "t",
+               "session_id": None, "model_version": "v2", "region": "eu", "max_tokens": 5}
+    assert set(changes) == {f.name for f in fields(Request)}  # every field is covered below
+    seen = {d}
+    for name, value in changes.items():
+        reqs = list(base)
+        reqs[7] = replace(reqs[7], **{name: value})
+        seen.add(sim.requests_digest(reqs))
+    assert len(seen) == len(changes) + 1
+    # columns that hold the same text or numbers split or typed another way are other columns
+    cols = [["ab", "c"], ["a", "bc"], [1, 2], [1.0, 2.0], [1, 2.0], [2**70, 1], [2**70 + 1, 1], [None, None],
+            [None, 0], [(1, 2), ()], [(1,), (2,)]]
+    assert len({sim._column_bytes(c) for c in cols}) == len(cols)
+
+
+def test_watch_keeps_the_policy_methods_and_reads_its_other_attributes_live() -> None:
+    policy = _Policy()
+    w = VerdictWatch(policy, ttft_s=1.0, tpot_s=None, n=10, attainment=0.9, percentile=90)
+    policy.level = 1
+    assert w.level == 1
+    policy.level = 2
+    assert w.level == 2  # a plain attribute is read from the policy each time
+    route = w.observe_twice
+    assert w.observe_twice == route and "observe_twice" in vars(w)  # a method is kept after its first lookup
+    w.observe_twice(FirstToken(0.5, "a", "r0", 0.5))
+    assert len(policy.seen) == 2
+
+
+def test_steady_goodput_counts_what_slo_met_counts() -> None:
+    """The vectorised count equals `SLOSpec.met` asked request by request (the reference), on a
+    seeded overloaded run where each target is missed by a different number of requests."""
+    from fleetwise.core.request import Request
+    from fleetwise.sim.results import request_metrics
+    from fleetwise.sim.runner import SimOptions, simulate
+    from fleetwise.spec.plan import PlanSpec
+    from fleetwise.spec.slo import SLOSpec
+
+    rng = np.random.default_rng(3)
+    n = 300
+    t = np.cumsum(rng.exponential(1 / 40.0, n))
+    reqs = [Request(str(i), float(t[i]), int(rng.integers(100, 3000)), int(rng.integers(1, 300))) for i in range(n)]
+    plan = PlanSpec(name="g", pools=[{"name": "m", "accelerator": "h200-sxm", "model": "llama-3.1-8b", "replicas": 1}])
+    rec = simulate(plan, reqs, options=SimOptions(seed=1)).records
+    ttft, tpot, e2e, done = request_metrics(rec)
+    span = float(t.max() - t.min())
+    counts = set()
+    for slo in (SLOSpec(ttft_max_s=0.5, tpot_max_s=0.02), SLOSpec(ttft_max_s=2.0), SLOSpec(tpot_max_s=0.015),
+                SLOSpec(e2e_max_s=5.0), SLOSpec(ttft_max_s=None, tpot_max_s=None)):
+        good = sum(1 for i in range(n) if done[i] and slo.met(ttft[i], tpot[i], e2e[i]))
+        assert sim.steady_goodput(rec, slo) == good / n * (n - 1) / span
+        counts.add(good)
+    assert len(counts) >= 4  # the targets bite differently

@@ -15,13 +15,17 @@ Model:
 - it lands `latency_s` after its last byte leaves, plus its own `extra_s` (a staging copy or a
   format conversion when the pair is not direct);
 - a port with factor 0 is down: its transfers fail at once and new ones fail on start.
+
+Compiled with mypyc (setup.py `COMPILED`): a transfer's classes define their own `__init__`
+(a compiled dataclass's generated one runs interpreted), and `next_end_s`, which the simulator
+asks before every decode step, is kept between changes instead of rescanning the transfers.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fleetwise.perf.kv import bytes_left, shared_rate
 
@@ -31,14 +35,23 @@ LANDED = -1
 """Version of the wake-up that delivers a transfer `latency_s + extra_s` after its last byte."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Port:
     """One KV port: its bandwidth (one GPU's NIC times the replica's KV shards), fault factor and transfers."""
 
     name: str
     bandwidth_bytes_per_s: float
-    factor: float = 1.0
-    active: set[int] = field(default_factory=set)
+    factor: float
+    active: set[int]
+    changes: int
+    """Times `active` or `factor` changed: a reader that saw the same count saw the same port."""
+
+    def __init__(self, name: str, bandwidth_bytes_per_s: float, factor: float = 1.0) -> None:
+        self.name = name
+        self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
+        self.factor = factor
+        self.active = set()
+        self.changes = 0
 
     @property
     def effective_bw(self) -> float:
@@ -46,7 +59,7 @@ class Port:
         return self.bandwidth_bytes_per_s * self.factor
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Transfer:
     """One transfer: `tag` is the driver's (opaque here); bytes and rate as of `last_s`."""
 
@@ -57,11 +70,21 @@ class Transfer:
     bytes_total: float
     start_s: float
     remaining: float
-    rate: float = 0.0
-    last_s: float = 0.0
-    version: int = 0
-    extra_s: float = 0.0
+    rate: float
+    last_s: float
+    version: int
+    extra_s: float
     """Seconds after its last byte lands before the KV is usable (staging copy, conversion)."""
+    end_s: float
+    """When its last byte leaves at the current rate (`last_s + remaining / rate`; inf before a rate)."""
+
+    def __init__(self, tid: int, tag: int, src: int, dst: int, bytes_total: float, start_s: float,
+                 remaining: float, rate: float = 0.0, last_s: float = 0.0, version: int = 0,
+                 extra_s: float = 0.0) -> None:
+        self.tid, self.tag, self.src, self.dst = tid, tag, src, dst
+        self.bytes_total, self.start_s, self.remaining = bytes_total, start_s, remaining
+        self.rate, self.last_s, self.version, self.extra_s = rate, last_s, version, extra_s
+        self.end_s = math.inf
 
 
 WakeFn = Callable[[float, int, int], None]
@@ -81,6 +104,9 @@ class SharedPorts:
         self._landing: dict[int, Transfer] = {}
         self._landing_s: dict[int, float] = {}
         self._next = 0
+        self._next_end = math.inf
+        self._next_end_stale = False
+        """Whether a transfer started, ended, landed or changed rate since `_next_end` was made."""
 
     def add_port(self, name: str, bandwidth_bytes_per_s: float) -> int:
         """A new port; returns its index."""
@@ -104,26 +130,33 @@ class SharedPorts:
         self.transfers[tid] = tr
         ps.active.add(tid)
         pd.active.add(tid)
+        ps.changes += 1
+        pd.changes += 1
         self._reschedule(now_s, ps.active | pd.active)
         return tid
 
     def _reschedule(self, now_s: float, tids: set[int]) -> None:
         """Bring `remaining` up to `now_s` at the old rate, then set the new rate and end time."""
-        ports = self.ports
+        ports, transfers = self.ports, self.transfers
+        self._next_end_stale = True
         for tid in sorted(tids):
-            tr = self.transfers[tid]
+            tr = transfers[tid]
             tr.remaining = bytes_left(tr.remaining, tr.rate, now_s - tr.last_s)
             tr.last_s = now_s
             ps, pd = ports[tr.src], ports[tr.dst]
             tr.rate = shared_rate(ps.effective_bw, len(ps.active), pd.effective_bw, len(pd.active))
             tr.version += 1
-            self._wake(now_s + tr.remaining / tr.rate, tid, tr.version)
+            tr.end_s = now_s + tr.remaining / tr.rate
+            self._wake(tr.end_s, tid, tr.version)
 
     def _detach(self, tr: Transfer) -> set[int]:
         ps, pd = self.ports[tr.src], self.ports[tr.dst]
         ps.active.discard(tr.tid)
         pd.active.discard(tr.tid)
+        ps.changes += 1
+        pd.changes += 1
         del self.transfers[tr.tid]
+        self._next_end_stale = True
         return ps.active | pd.active
 
     def on_wake(self, now_s: float, tid: int, version: int) -> None:
@@ -132,6 +165,7 @@ class SharedPorts:
             landed = self._landing.pop(tid, None)
             if landed is not None:  # else cancelled while its last byte was on the wire
                 del self._landing_s[tid]
+                self._next_end_stale = True
                 self._done(now_s, landed, True)
             return
         tr = self.transfers.get(tid)
@@ -150,19 +184,26 @@ class SharedPorts:
         return nbytes / bw + self.latency_s
 
     def next_end_s(self) -> float:
-        """Earliest time any transfer in flight could land (a safe bound: rates only rise after an end)."""
-        t = math.inf
-        for tr in self.transfers.values():
-            t = min(t, tr.last_s + tr.remaining / tr.rate)
-        if self._landing or t < math.inf:
-            t += self.latency_s
-        return min([t, *self._landing_s.values()])
+        """Earliest time any transfer in flight could land (a safe bound: rates only rise after an
+        end); kept until a transfer starts, ends, lands or changes rate."""
+        if self._next_end_stale:
+            self._next_end_stale = False
+            t = math.inf
+            for tr in self.transfers.values():
+                t = min(t, tr.end_s)
+            if self._landing or t < math.inf:
+                t += self.latency_s
+            for land_s in self._landing_s.values():
+                t = min(t, land_s)
+            self._next_end = t
+        return self._next_end
 
     def cancel(self, now_s: float, tid: int) -> None:
         """Stop transfer `tid` without a completion (its sender gave up); the others speed up."""
         if tid in self._landing:
             del self._landing[tid]
             del self._landing_s[tid]
+            self._next_end_stale = True
             return
         tr = self.transfers.get(tid)
         if tr is not None:
@@ -175,6 +216,7 @@ class SharedPorts:
         touched: set[int] = set()
         for p in ports:
             self.ports[p].factor = factor
+            self.ports[p].changes += 1
             touched |= self.ports[p].active
         if factor <= 0:
             # Detach every failing transfer before any completion runs, so no survivor is ever

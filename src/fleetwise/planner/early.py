@@ -12,7 +12,10 @@ from a stopped run. Does not simulate.
 from __future__ import annotations
 
 import math
+from types import BuiltinMethodType, MethodType
 from typing import Any
+
+from fleetwise.core.feedback import Completed, FirstToken
 
 
 class CertainMiss(Exception):
@@ -70,11 +73,16 @@ class VerdictWatch:
     A request still waiting past its TTFT target is not counted until its first token: the
     simulator reports a first token at the end of the engine step that produced it, stamped with
     the token's own time, so a later event does not prove the token is not already made.
+
+    It hears every feedback and stands in front of every routing decision of the bisection's
+    runs, so both are kept cheap: the policy's methods are looked up once (`__getattr__` keeps
+    each bound method it hands out) and `observe` does a few dict and set operations per event.
     """
 
     def __init__(self, policy: Any, ttft_s: float | None, tpot_s: float | None, n: int, attainment: float,
                  percentile: float, network_s: float = 0.0) -> None:
         self._policy = policy
+        self._policy_observe = policy.observe
         self._allowed = allowed_misses(n, attainment)
         self._ttft_late = ttft_s * (1 + MISS_MARGIN) if ttft_s is not None else math.inf
         self._tpot_late = tpot_s * (1 + MISS_MARGIN) if tpot_s is not None else math.inf
@@ -90,13 +98,14 @@ class VerdictWatch:
         self._met = self._ttft_good = self._tpot_good = 0
 
     def observe(self, fb: Any) -> None:
-        from fleetwise.core.feedback import Completed, FirstToken
-
-        self._policy.observe(fb)
+        self._policy_observe(fb)
         if isinstance(fb, FirstToken):
-            self._first[fb.request_id] = max(fb.ttft_s, self._first.get(fb.request_id, 0.0))
-            if fb.ttft_s > self._ttft_late:
-                self._miss(fb.request_id)
+            rid, ttft = fb.request_id, fb.ttft_s
+            first = self._first
+            prev = first.get(rid, 0.0)
+            first[rid] = ttft if ttft > prev else prev
+            if ttft > self._ttft_late:
+                self._miss(rid)
         elif isinstance(fb, Completed):
             self._completed(fb)
 
@@ -126,4 +135,8 @@ class VerdictWatch:
                 raise CertainMiss
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
+        """The policy's attribute; a method is kept on the watch, so the next lookup is direct."""
+        value = getattr(self._policy, name)
+        if isinstance(value, (MethodType, BuiltinMethodType)):  # interpreted or compiled class's
+            setattr(self, name, value)
+        return value

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
+from operator import attrgetter
 from typing import Any, Literal
 
 from fleetwise.core.request import Request
@@ -154,7 +156,11 @@ def steady_goodput(records: Any, slo: SLOSpec) -> float:
     if n < 2 or float(arr.max()) <= float(arr.min()):
         return 0.0
     ttft, tpot, e2e, done = request_metrics(records)
-    good = sum(1 for i in range(n) if done[i] and slo.met(ttft[i], tpot[i], e2e[i]))
+    met = done.copy()  # `slo.met` of every completed request, as arrays
+    for values, target in ((ttft, slo.ttft_max_s), (tpot, slo.tpot_max_s), (e2e, slo.e2e_max_s)):
+        if target is not None:
+            met &= values <= target
+    good = int(met.sum())
     return good / n * (n - 1) / (float(arr.max()) - float(arr.min()))
 
 
@@ -201,8 +207,43 @@ _memo: OrderedDict[Hashable, SimVerdict] = OrderedDict()
 
 
 def requests_digest(requests: list[Request] | None) -> bytes | None:
-    """The SHA-256 of a caller's arrivals' repr (every field of every request); None for none."""
-    return hashlib.sha256(repr(requests).encode()).digest() if requests is not None else None
+    """The SHA-256 of a caller's arrivals, every field of every request, one field's column at a
+    time (`_column_bytes`): the key of the requests' own repr without a repr per request; None
+    for none."""
+    if requests is None:
+        return None
+    h = hashlib.sha256(str(len(requests)).encode())
+    for f in REQUEST_FIELDS:
+        h.update(f"\x00{f}:".encode())
+        h.update(_column_bytes(list(map(attrgetter(f), requests))))
+    return h.digest()
+
+
+REQUEST_FIELDS = tuple(f.name for f in fields(Request))
+"""The fields `requests_digest` covers: all of `core.request.Request`'s."""
+
+
+def _column_bytes(col: list[Any]) -> bytes:
+    """One column of values as bytes that tell apart any two different columns of one length: a
+    column of one type as its packed values (floats as IEEE-754 doubles, ints as int64, strings as
+    their lengths and UTF-8 text, all None as nothing), any other by its repr, which tells 1 from
+    1.0 and round-trips floats; a one-letter tag says which."""
+    kinds = set(map(type, col))
+    if len(kinds) == 1:
+        kind = kinds.pop()
+        if kind is float:
+            return b"d" + array("d", col).tobytes()
+        if kind is int and all(INT64_MIN <= v <= INT64_MAX for v in (min(col), max(col))):
+            return b"q" + array("q", col).tobytes()
+        if kind is str:
+            return b"s" + array("q", map(len, col)).tobytes() + "".join(col).encode("utf-8", "surrogatepass")
+        if kind is type(None):
+            return b"n"
+    return b"r" + repr(col).encode()
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The range `_column_bytes` packs ints in (array typecode `q`); a column beyond it goes by repr."""
 
 
 def _memo_key(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[str, float], rate_rps: float,

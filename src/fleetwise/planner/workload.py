@@ -143,8 +143,8 @@ def requests_at(mix: LengthMix, rate_rps: float, count: int | None = None) -> li
         gaps = gaps / gaps[: n - 1].mean()  # the sample itself arrives at exactly `rate_rps` on average
     gaps = gaps / rate_rps
     t = np.concatenate([[0.0], np.cumsum(gaps[:-1])]) if n else np.zeros(0)
-    p, o, ts = mix.prompt.tolist(), mix.output.tolist(), t.tolist()
-    return [Request(str(i), ts[i], int(p[i]), int(o[i])) for i in range(n)]
+    p, o = mix.prompt[:n].astype(np.int64).tolist(), mix.output[:n].astype(np.int64).tolist()
+    return [Request(str(i), ti, pi, oi) for i, ti, pi, oi in zip(range(n), t.tolist(), p, o, strict=True)]
 
 
 def burst_factor(mix: LengthMix, rate_rps: float, window_s: float) -> float:

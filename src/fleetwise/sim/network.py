@@ -12,19 +12,27 @@ either port starts or ends, so one prefill node sending to many decode nodes slo
 completes `latency_s` after its last byte leaves, plus its own `extra_s` when the pair is not
 direct. `queue_s` of a transfer = its duration minus what it would take alone on idle ports.
 A port with factor 0 is down: its transfers fail at once and new ones fail on start.
+
+Compiled with mypyc (setup.py `COMPILED`): a wake-up is a `call_at` on the loop (a transfer's id
+and version as its argument: the same order as a `TransferEnd` event of the same priority, no
+event object), and a record defines its own `__init__`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from fleetwise.core.views import KvLinkView
 from fleetwise.perf.kv_share import Port, SharedPorts, Transfer
-from fleetwise.sim.events import EventLoop, Priority, TransferEnd
+from fleetwise.sim.events import EventLoop, Priority
+
+TRANSFER_END: Final = int(Priority.TRANSFER_END)
+"""The loop order of a transfer's wake-ups (`Priority.TRANSFER_END`)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class TransferRecord:
     tag: int
     src: int
@@ -34,6 +42,11 @@ class TransferRecord:
     bytes: float
     queue_s: float
     ok: bool
+
+    def __init__(self, tag: int, src: int, dst: int, start_s: float, end_s: float, bytes: float,
+                 queue_s: float, ok: bool) -> None:
+        self.tag, self.src, self.dst = tag, src, dst
+        self.start_s, self.end_s, self.bytes, self.queue_s, self.ok = start_s, end_s, bytes, queue_s, ok
 
 
 DoneCallback = Callable[[float, int, TransferRecord], None]
@@ -49,13 +62,12 @@ class KvNetwork(SharedPorts):
         self.on_done = on_done
         self.records: list[TransferRecord] = []
         self._views: _LinkViews | None = None
-        loop.on(TransferEnd, self._on_end)
 
     def _push(self, t_s: float, tid: int, version: int) -> None:
-        self.loop.push(t_s, Priority.TRANSFER_END, TransferEnd(tid, version))
+        self.loop.call_at(t_s, TRANSFER_END, self._on_end, (tid, version))
 
-    def _on_end(self, now_s: float, ev: TransferEnd) -> None:
-        self.on_wake(now_s, ev.transfer, ev.version)
+    def _on_end(self, now_s: float, arg: tuple[int, int]) -> None:
+        self.on_wake(now_s, arg[0], arg[1])
 
     def _finish(self, end_s: float, tr: Transfer, ok: bool) -> None:
         alone = self.alone_s(tr.src, tr.dst, tr.bytes_total) + tr.extra_s
@@ -78,9 +90,10 @@ class KvNetwork(SharedPorts):
 
 class _LinkViews:
     """`KvNetwork.link_views` of one list of paths, recomputed only for the paths through a port
-    whose effective bandwidth or set of transfers changed since the last call: O(ports) checks."""
+    whose effective bandwidth or change count (`Port.changes`) moved since the last call: O(ports)
+    comparisons of numbers."""
 
-    __slots__ = ("pairs", "through", "seen_bw", "seen_active", "views", "out", "lat")
+    __slots__ = ("pairs", "through", "seen_bw", "seen_changes", "views", "out", "lat")
 
     def __init__(self, pairs: list[tuple[str, int, str, int, float]], n_ports: int) -> None:
         self.pairs = pairs
@@ -91,7 +104,7 @@ class _LinkViews:
             if dp != sp:
                 self.through[dp].append(k)
         self.seen_bw: list[float] = [-1.0] * n_ports
-        self.seen_active: list[set[int] | None] = [None] * n_ports
+        self.seen_changes: list[int] = [-1] * n_ports
         self.views: list[KvLinkView | None] = [None] * len(pairs)
         self.out: tuple[KvLinkView, ...] = ()
         self.lat = -1.0
@@ -100,13 +113,13 @@ class _LinkViews:
     def now(self, ports: list[Port], lat: float) -> tuple[KvLinkView, ...]:
         todo: set[int] = set() if lat == self.lat else set(range(len(self.pairs)))
         self.lat = lat
-        seen_bw, seen_active = self.seen_bw, self.seen_active
+        seen_bw, seen_changes = self.seen_bw, self.seen_changes
         for x, paths in enumerate(self.through):
             if paths:
                 port = ports[x]
                 bw = port.effective_bw
-                if bw != seen_bw[x] or port.active != seen_active[x]:
-                    seen_bw[x], seen_active[x] = bw, set(port.active)
+                if bw != seen_bw[x] or port.changes != seen_changes[x]:
+                    seen_bw[x], seen_changes[x] = bw, port.changes
                     todo.update(paths)
         if not todo:
             return self.out
@@ -117,11 +130,23 @@ class _LinkViews:
             bw = min(ps.effective_bw, pd.effective_bw)
             if extra > 0 and bw > 0:
                 bw = 1.0 / (1.0 / bw + extra)
-            active = len(ps.active) + len(pd.active) - len(ps.active & pd.active)
-            v = KvLinkView(sn, dn, bw, lat, active, bw > 0)
-            if v != views[k]:
-                views[k] = v
+            active = len(ps.active) + len(pd.active) - _shared(ps.active, pd.active)
+            old = views[k]
+            if (old is None or old.bandwidth_bytes_per_s != bw or old.active_transfers != active
+                    or old.latency_s != lat):  # else the view it would make equals the old one
+                views[k] = KvLinkView(sn, dn, bw, lat, active, bw > 0)
                 changed = True
         if changed:
-            self.out = tuple(views)  # type: ignore[arg-type]  # every position is set by the first call
+            self.out = tuple([v for v in views if v is not None])  # every position is set by the first call
         return self.out
+
+
+def _shared(a: set[int], b: set[int]) -> int:
+    """How many transfers two ports share (those between them), without building the intersection."""
+    if len(b) < len(a):
+        a, b = b, a
+    n = 0
+    for tid in a:
+        if tid in b:
+            n += 1
+    return n

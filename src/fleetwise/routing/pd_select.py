@@ -28,11 +28,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetwise.core.views import KvLinkView, RouteRequest, WorkerView, kv_format_of
-from fleetwise.routing.pd_scorers import LINK_ONLY_PAIR_SCORERS, PAIR_SCORERS, PairColumns, kv_headroom
-from fleetwise.routing.plugins import own_cost, view_load
+from fleetwise.routing.pd_scorers import LINK_ONLY_PAIR_SCORERS, PAIR_SCORERS, PairColumns
+from fleetwise.routing.plugins import kv_headroom, own_cost, view_load
 from fleetwise.routing.prefix_index import PrefixIndex
+from fleetwise.routing.signals import Columns
 from fleetwise.routing.state import InFlight
-from fleetwise.routing.vector import Columns, ScoreTable
+from fleetwise.routing.vector import ScoreTable
 from fleetwise.routing.view_cache import ledger_load
 from fleetwise.spec.kv_format import kv_compat
 
@@ -42,6 +43,20 @@ __all__ = ["LinkTable", "PairTable", "Side", "SideLoads", "pair_totals"]
 def _signature(ws: Sequence[WorkerView]) -> list[tuple[str, Any, str]]:
     """What the pairing of a side's workers depends on: name, declared KV format, model version."""
     return [(w.name, w.kv_format, w.model_version) for w in ws]
+
+
+def _same_signature(ws: Sequence[WorkerView], seen: Sequence[WorkerView], sig: list[tuple[str, Any, str]]) -> bool:
+    """`_signature(ws) == sig`, reading only the views that are not the same objects as `seen`'s
+    (views whose signature was `sig`, position for position)."""
+    n = len(ws)
+    if n != len(sig):
+        return False
+    same = len(seen) == n
+    for i in range(n):
+        w = ws[i]
+        if not (same and w is seen[i]) and (w.name, w.kv_format, w.model_version) != sig[i]:
+            return False
+    return True
 
 
 class LinkTable:
@@ -103,7 +118,7 @@ class PairTable:
     `ok_d`: positions in the side lists), in prefill-major order; `why` says why none pairs."""
 
     __slots__ = ("sig_p", "sig_d", "ok_p", "ok_d", "pi", "dj", "keys", "names", "why", "every", "where", "loads",
-                 "_ws",
+                 "_ws", "_seen",
                  "_tkeys", "_links", "_links_of", "_link_scores")
 
     def __init__(self, ps: Sequence[WorkerView], ds: Sequence[WorkerView]) -> None:
@@ -137,14 +152,20 @@ class PairTable:
         """Each side's ledger signals, kept between decisions."""
         self._ws = (ps, ds, [ps[i] for i in self.ok_p], [ds[j] for j in self.ok_d])
         """The side lists the table was built from, and the paired workers of each."""
+        self._seen: tuple[Sequence[WorkerView], Sequence[WorkerView]] = (ps, ds)
+        """The side lists last found to match (`sig_p`, `sig_d`)."""
         self._links: list[KvLinkView | None] = []
         self._links_of: tuple[Any, int] = (None, -1)
         self._link_scores: dict[str, list[float]] = {}
         """Per link-only pair scorer (`LINK_ONLY_PAIR_SCORERS`): every pair's score for `_links_of`."""
 
     def matches(self, ps: Sequence[WorkerView], ds: Sequence[WorkerView]) -> bool:
-        """The same workers on each side, with the same model versions and KV formats."""
-        return _signature(ps) == self.sig_p and _signature(ds) == self.sig_d
+        """The same workers on each side, with the same model versions and KV formats (a view
+        that is the very object last matched is not read again)."""
+        if _same_signature(ps, self._seen[0], self.sig_p) and _same_signature(ds, self._seen[1], self.sig_d):
+            self._seen = (ps, ds)
+            return True
+        return False
 
     def links(self, table: LinkTable) -> list[KvLinkView | None]:
         """Each pair's link view in `table` (None: the view has none), read again only when it changed."""
@@ -199,9 +220,10 @@ class SideLoads:
         self.mark = -1
         """`InFlight.changes_since` position of the last refresh (-1: never refreshed)."""
 
-    def refresh(self, ws: list[WorkerView], cost: Any, inflight: InFlight) -> None:
-        """Bring the columns to the views `ws` (the side's paired workers, in order) and the ledger."""
-        dw, per_req, side = cost.decode_token_weight, cost.per_request_tokens, self.side
+    def refresh(self, ws: list[WorkerView], cost: Any, inflight: InFlight, dw: float, per_req: float) -> None:
+        """Bring the columns to the views `ws` (the side's paired workers, in order) and the ledger
+        (`dw`, `per_req`: `cost`'s decode token weight and per-request tokens)."""
+        side = self.side
         n, old = len(ws), self.ws
         todo: Any
         if self.mark < 0 or len(old) != n:

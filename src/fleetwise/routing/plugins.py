@@ -24,11 +24,12 @@ import numpy as np
 
 from fleetwise.core.views import RouteRequest, WorkerView
 from fleetwise.routing import kernels
-from fleetwise.routing.vector import Columns
+from fleetwise.routing.signals import Columns
 from fleetwise.spec.routing import CostParams
 from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
 __all__ = [
+    "FIELD_FILTERS",
     "FILTERS",
     "PICKERS",
     "SCORERS",
@@ -38,6 +39,7 @@ __all__ = [
     "candidate_columns",
     "clamp01",
     "has_token_backlog",
+    "kv_headroom",
     "own_cost",
     "view_load",
 ]
@@ -114,6 +116,12 @@ def view_load(w: WorkerView, cost: CostParams, side: str = "mixed") -> float:
     )
 
 
+def kv_headroom(w: WorkerView, need_tokens: int) -> float:
+    """KV fraction left after admitting `need_tokens` (`1 - kv_usage` without a capacity)."""
+    free = 1.0 - w.kv_usage
+    return free - need_tokens / w.kv_capacity_tokens if w.kv_capacity_tokens > 0 else free
+
+
 def has_token_backlog(w: WorkerView) -> bool:
     """The view reports both token backlogs (the simulator's and the emulator's do; a real vLLM
     `/metrics` does not). Without them the `load` scorer and the load bound count, in their
@@ -166,6 +174,9 @@ def _role(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tupl
 
 FILTERS: dict[str, FilterFn] = ROUTING_PLUGINS.implementations("filter")
 """Every filter by name (the registry's live mapping)."""
+FIELD_FILTERS = frozenset({"healthy", "model_version", "region", "role"})
+"""Filters that read of a view only its worker's name, health, model version, region and role
+(and the workers reported down): a new view equal in those fields keeps the same workers."""
 
 
 # ---- scorers: columns -> the kept workers' scores in [0, 1] -----------------------------------
@@ -209,6 +220,13 @@ def score_kv(req: RouteRequest, c: Columns) -> list[float]:
 def score_feedback(req: RouteRequest, c: Columns) -> list[float]:
     """`min slowness / slowness`: the fastest-looking worker scores 1."""
     return kernels.min_ratio_scores(c.slowness, c.kept)
+
+
+@ROUTING_PLUGINS.implements("scorer", "kv_room")
+def score_kv_room(req: RouteRequest, c: Columns) -> list[float]:
+    """KV fraction left after admitting the request, `max(kv_room, 0)` (0 on a non-decode candidate)."""
+    room = c.kv_room
+    return [kernels.clamped(room[i]) for i in c.kept] if room is not None else [0.0] * len(c.kept)
 
 
 SCORERS: dict[str, ScorerFn] = ROUTING_PLUGINS.implementations("scorer")

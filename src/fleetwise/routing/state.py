@@ -254,6 +254,7 @@ class _SizeClasses:
 
     def __init__(self, params: FeedbackParams) -> None:
         self.p = params
+        self._need: int = params.min_samples
         self._ewma: dict[int, dict[str, _Ewma]] = {}
         self._sorted: dict[int, list[float]] = {}
         """Per class, the values of the workers with `min_samples` there, ascending."""
@@ -296,7 +297,7 @@ class _SizeClasses:
         e = m.get(worker)
         if e is None:
             e = m[worker] = _Ewma()
-        vals, need = self._sorted[k], self.p.min_samples
+        vals, need = self._sorted[k], self._need
         if e.n >= need:
             del vals[bisect_left(vals, e.value)]
         e.add(per_token, alpha)
@@ -371,6 +372,13 @@ class LatencyFeedback:
 
     def __init__(self, params: FeedbackParams) -> None:
         self.p = params
+        self._on: bool = params.enabled
+        self._need: int = params.min_samples
+        self._alpha: float = params.alpha
+        self._kernel_args: tuple[float, float, float, float] = (
+            params.half_life_s, params.min_factor, params.max_factor, params.deadband)
+        """What `kernels.slowness` reads of `p` per decision, as plain values (a pydantic field read
+        costs some 200 instructions even from compiled code)."""
         self._w: dict[str, _WorkerStats] = {}
         self._sizes = _SizeClasses(params)
         self._sorted: dict[str, list[float]] = {"ttft_ratio": [], "tpot": []}
@@ -397,19 +405,19 @@ class LatencyFeedback:
         k = self._sizes.size_class(cost)
         ref = self._sizes.expected_per_token(k)
         self._observe(s.ttft_ratio, "ttft_ratio", per_token / ref if ref is not None else 1.0)
-        self._sizes.add(worker, k, per_token, self.p.alpha)
+        self._sizes.add(worker, k, per_token, self._alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def completed(self, worker: str, tpot_s: float, output_tokens: int, now_s: float) -> None:
         s = self._stats(worker)
         if output_tokens > 1 and tpot_s > 0:
             self._observe(s.tpot, "tpot", tpot_s)
-        s.failures.add(0.0, self.p.alpha)
+        s.failures.add(0.0, self._alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def failed(self, worker: str, now_s: float) -> None:
         s = self._stats(worker)
-        s.failures.add(1.0, self.p.alpha)
+        s.failures.add(1.0, self._alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def forget(self, worker: str) -> None:
@@ -424,10 +432,10 @@ class LatencyFeedback:
 
     def _observe(self, e: _Ewma, attr: str, x: float) -> None:
         """Add `x` to the ratio EWMA `e` (`attr`), keeping `_sorted[attr]` in step."""
-        vals, need = self._sorted[attr], self.p.min_samples
+        vals, need = self._sorted[attr], self._need
         if e.n >= need:
             del vals[bisect_left(vals, e.value)]
-        e.add(x, self.p.alpha)
+        e.add(x, self._alpha)
         if e.n >= need:
             insort(vals, e.value)
 
@@ -448,7 +456,7 @@ class LatencyFeedback:
         decaying the value itself means a worker that stopped getting traffic drifts back to
         "normal" and is tried again, while the others stay at 1."""
         mine = getattr(self._w[worker], attr)
-        if mine.n < self.p.min_samples:
+        if mine.n < self._need:
             return None
         count, ref = self._reference(attr)
         if count < 2 or ref <= 0:
@@ -479,14 +487,14 @@ class LatencyFeedback:
         the geometric mean of the age-decayed TTFT and TPOT ratios (`_ratio_term`; a ratio of 0 is
         left out), times the failure factor, clamped, exactly 1 within `deadband` of 1, by
         `kernels.slowness` over the per-worker constants (`_term_lists`)."""
-        if not self.p.enabled:
+        if not self._on:
             return [1.0] * len(workers)
         return self._factors(self._term_lists(workers), now_s)
 
     def _factors(self, a: _TermLists, now_s: float) -> list[float]:
-        p = self.p
-        f = kernels.slowness(now_s, p.half_life_s, a.last_obs, a.has1, a.ref1, a.dev1, a.has2, a.ref2, a.dev2,
-                             a.failure, p.min_factor, p.max_factor, p.deadband)
+        half_life, lo, hi, band = self._kernel_args
+        f = kernels.slowness(now_s, half_life, a.last_obs, a.has1, a.ref1, a.dev1, a.has2, a.ref2, a.dev2,
+                             a.failure, lo, hi, band)
         return [x if seen else 1.0 for x, seen in zip(f, a.seen, strict=True)] if a.unseen else f
 
     def _term_lists(self, workers: list[str]) -> _TermLists:
@@ -512,7 +520,7 @@ class LatencyFeedback:
         """`a`'s ratio terms against new fleet medians (`_ratio_term` of each worker, inline:
         what else `_worker_terms` gives is unchanged for a worker not observed since)."""
         (c1, r1), (c2, r2) = self._reference("ttft_ratio"), self._reference("tpot")
-        ok1, ok2, need, stats = c1 >= 2 and r1 > 0, c2 >= 2 and r2 > 0, self.p.min_samples, self._w
+        ok1, ok2, need, stats = c1 >= 2 and r1 > 0, c2 >= 2 and r2 > 0, self._need, self._w
         for i, w in enumerate(a.workers):
             s = stats.get(w)
             if s is None:

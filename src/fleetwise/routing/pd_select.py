@@ -29,7 +29,7 @@ from typing import Any
 
 from fleetwise.core.views import KvLinkView, RouteRequest, WorkerView, kv_format_of
 from fleetwise.routing.pd_scorers import LINK_ONLY_PAIR_SCORERS, PAIR_SCORERS, PairColumns
-from fleetwise.routing.plugins import kv_headroom, own_cost, view_load
+from fleetwise.routing.plugins import kv_headroom, own_cost_at, side_load
 from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.routing.signals import Columns
 from fleetwise.routing.state import InFlight
@@ -220,15 +220,15 @@ class SideLoads:
         self.mark = -1
         """`InFlight.changes_since` position of the last refresh (-1: never refreshed)."""
 
-    def refresh(self, ws: list[WorkerView], cost: Any, inflight: InFlight, dw: float, per_req: float) -> None:
+    def refresh(self, ws: list[WorkerView], inflight: InFlight, dw: float, per_req: float) -> None:
         """Bring the columns to the views `ws` (the side's paired workers, in order) and the ledger
-        (`dw`, `per_req`: `cost`'s decode token weight and per-request tokens)."""
+        (`dw`, `per_req`: the cost's decode token weight and per-request tokens)."""
         side = self.side
         n, old = len(ws), self.ws
         todo: Any
         if self.mark < 0 or len(old) != n:
             todo = range(n)
-            self.base = [view_load(w, cost, side) for w in ws]
+            self.base = [side_load(w, dw, per_req, side) for w in ws]
             self.reqs0 = [w.queued_requests + w.running_requests for w in ws]
             self.load, self.requests = [0.0] * n, [0] * n
             self.mark = inflight.changes_since(0)[1]
@@ -236,7 +236,7 @@ class SideLoads:
             dirty = [i for i in range(n) if ws[i] is not old[i]]
             for i in dirty:
                 w = ws[i]
-                self.base[i] = view_load(w, cost, side)
+                self.base[i] = side_load(w, dw, per_req, side)
                 self.reqs0[i] = w.queued_requests + w.running_requests
             changed, self.mark = inflight.changes_since(self.mark)
             pos = self.pos
@@ -256,10 +256,11 @@ class Side:
     __slots__ = ("ws", "names", "load", "own", "slow", "prefix", "requests", "room")
 
     def __init__(self, ws: list[WorkerView], names: list[str], slow: list[float], side: str, req: RouteRequest,
-                 cost: Any, loads: SideLoads, index: PrefixIndex, expected: int) -> None:
-        """`slow`: each worker's feedback factor; `loads`: the side's ledger signals, brought up to
-        date; `expected`: the request's expected output tokens."""
-        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
+                 cost: tuple[float, float], loads: SideLoads, index: PrefixIndex, expected: int) -> None:
+        """`slow`: each worker's feedback factor; `cost`: the cost's decode token weight and
+        per-request tokens; `loads`: the side's ledger signals, brought up to date; `expected`: the
+        request's expected output tokens."""
+        dw, per_req = cost
         n = len(ws)
         self.ws, self.names = ws, names
         self.load, self.requests = loads.load, loads.requests
@@ -267,21 +268,27 @@ class Side:
         self.prefix = [0] * n
         self.room = [0.0] * n
         if side == "prefill":
-            self.own = [own_cost(req, 0, cost, 0)] * n
+            self.own = [own_cost_at(req, 0, dw, per_req, 0)] * n
             if req.block_hashes:  # one lookup for every worker: O(prompt blocks)
                 pos = {name: i for i, name in enumerate(names)}
                 for name, k in index.match_all(req.block_hashes):
                     i = pos.get(name, -1)
                     if i >= 0:
                         self.prefix[i] = k
-                        self.own[i] = own_cost(req, k, cost, 0)
+                        self.own[i] = own_cost_at(req, k, dw, per_req, 0)
         else:
             self.own = [dw * expected + per_req] * n
             need = req.prompt_tokens + expected
             self.room = [kv_headroom(w, need) for w in ws]
 
     def columns(self, req: RouteRequest, at: list[int], room: list[float] | None = None) -> Columns:
-        """The workers at positions `at` as scorer columns, every one kept (`room`: their KV room, else `self.room`'s)."""
+        """The workers at positions `at` (ascending) as scorer columns, every one kept (`room`:
+        their KV room, else `self.room`'s). At every position the side's own lists are passed,
+        not copies (scorers read their columns)."""
+        if len(at) == len(self.ws):
+            ws = self.ws
+            return Columns(self.load, self.own, self.slow, self.requests, self.prefix, [w.kv_usage for w in ws],
+                           len(req.block_hashes), at, ws, [w.weight for w in ws], self.room if room is None else room)
         ws = [self.ws[i] for i in at]
         return Columns([self.load[i] for i in at], [self.own[i] for i in at], [self.slow[i] for i in at],
                        [self.requests[i] for i in at], [self.prefix[i] for i in at], [w.kv_usage for w in ws],

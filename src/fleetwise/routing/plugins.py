@@ -41,6 +41,8 @@ __all__ = [
     "has_token_backlog",
     "kv_headroom",
     "own_cost",
+    "own_cost_at",
+    "side_load",
     "view_load",
 ]
 
@@ -95,8 +97,13 @@ def own_cost(req: RouteRequest, cached_blocks: int, cost: CostParams, decode_tok
     `req.hash_block_tokens` prompt tokens (not the engine's KV block size); `decode_tokens` is
     the expected output (the policy's prediction; 0 on a prefill-only worker).
     """
+    return own_cost_at(req, cached_blocks, cost.decode_token_weight, cost.per_request_tokens, decode_tokens)
+
+
+def own_cost_at(req: RouteRequest, cached_blocks: int, dw: float, per_req: float, decode_tokens: float) -> float:
+    """`own_cost` with the cost's decode token weight `dw` and per-request tokens `per_req` as plain floats."""
     uncached = max(req.prompt_tokens - cached_blocks * req.hash_block_tokens, 0)
-    return uncached + cost.decode_token_weight * decode_tokens + cost.per_request_tokens
+    return uncached + dw * decode_tokens + per_req
 
 
 def view_load(w: WorkerView, cost: CostParams, side: str = "mixed") -> float:
@@ -104,16 +111,18 @@ def view_load(w: WorkerView, cost: CostParams, side: str = "mixed") -> float:
     view lacks counts 0: see `has_token_backlog`): on a mixed worker `queued_prefill + dw *
     running_decode + per_request * (queued + running)`; on a prefill worker `queued_prefill +
     per_request * queued`; on a decode worker `dw * running_decode + per_request * (queued + running)`."""
+    return side_load(w, cost.decode_token_weight, cost.per_request_tokens, side)
+
+
+def side_load(w: WorkerView, dw: float, per_req: float, side: str = "mixed") -> float:
+    """`view_load` with the cost's decode token weight `dw` and per-request tokens `per_req` as
+    plain floats (a hot path's, read once per decision rather than per worker)."""
     if side == "prefill":
-        return (w.queued_prefill_tokens or 0) + cost.per_request_tokens * w.queued_requests
+        return (w.queued_prefill_tokens or 0) + per_req * w.queued_requests
     if side == "decode":
-        return cost.decode_token_weight * (w.running_decode_tokens or 0) + cost.per_request_tokens * (
-            w.queued_requests + w.running_requests)
-    return (
-        (w.queued_prefill_tokens or 0)
-        + cost.decode_token_weight * (w.running_decode_tokens or 0)
-        + cost.per_request_tokens * (w.queued_requests + w.running_requests)
-    )
+        return dw * (w.running_decode_tokens or 0) + per_req * (w.queued_requests + w.running_requests)
+    return (w.queued_prefill_tokens or 0) + dw * (w.running_decode_tokens or 0) + per_req * (
+        w.queued_requests + w.running_requests)
 
 
 def kv_headroom(w: WorkerView, need_tokens: int) -> float:

@@ -401,12 +401,13 @@ class ComposedPolicy:
         self._links.update(fleet.links)
         links = pt.links(self._links)
         f = self.feedback.factors(pt.names, now)
-        n_p, cost, index, exp, (lp, ld) = len(pt.ok_p), self.params.cost, self.index, self._expected, pt.loads
+        n_p, index, exp, (lp, ld) = len(pt.ok_p), self.index, self._expected, pt.loads
         ps, ds = [sides[0][i] for i in pt.ok_p], [sides[1][j] for j in pt.ok_d]
-        lp.refresh(ps, cost, self.inflight, self._dw, self._per_req)
-        ld.refresh(ds, cost, self.inflight, self._dw, self._per_req)
-        cp = Side(ps, pt.names[:n_p], f[:n_p], "prefill", req, cost, lp, index, exp)
-        cd = Side(ds, pt.names[n_p:], f[n_p:], "decode", req, cost, ld, index, exp)
+        lp.refresh(ps, self.inflight, self._dw, self._per_req)
+        ld.refresh(ds, self.inflight, self._dw, self._per_req)
+        terms = (self._dw, self._per_req)
+        cp = Side(ps, pt.names[:n_p], f[:n_p], "prefill", req, terms, lp, index, exp)
+        cd = Side(ds, pt.names[n_p:], f[n_p:], "decode", req, terms, ld, index, exp)
         reserve = self._kv_reserve
         roomy = [j for j, r in enumerate(cd.room) if r >= reserve] or list(range(len(cd.ws)))
         fit = pt.every if len(roomy) == len(cd.ws) else pt.with_decode(pt.every, roomy)
@@ -525,7 +526,10 @@ class ComposedPolicy:
         return p, d, pt.scores(pairs, totals), pair_reason(req, p, d, links[k])
 
     def _bounded_at(self, s: Side, at: list[int], pool: str) -> set[int]:
-        """The positions among `at` (of side `s`) the load bound of `pool` keeps."""
+        """The positions among `at` (of side `s`, ascending) the load bound of `pool` keeps."""
+        if len(at) == len(s.ws):  # every position: the side's own columns, read, not copied
+            _, kept, _ = self._bounded(s.load, s.own, s.slow, s.names, pool)
+            return set(kept)
         _, kept, _ = self._bounded([s.load[i] for i in at], [s.own[i] for i in at], [s.slow[i] for i in at],
                                    [s.names[i] for i in at], pool)
         return {at[x] for x in kept}

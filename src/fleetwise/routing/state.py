@@ -95,6 +95,9 @@ class InFlight:
         """Per worker, kept as entries come and go: [requests, expected decode tokens of those it
         serves, prompt tokens it still carries]; `outstanding` reads them in O(1)."""
         self._ratios: dict[float, tuple[int, int]] = {}
+        self._latest: dict[str, float] = {}
+        """Per worker, the latest `dispatch_s` of any entry it was given (serving or prefilling):
+        `since` a later time finds none of its entries without walking them."""
 
     def _sum(self, worker: str, n: int, decode: int, prefill: int) -> None:
         s = self._sums.get(worker)
@@ -140,6 +143,11 @@ class InFlight:
             _per_worker(self._prefilling, p.prefill_worker)[p.request_id] = p
         self._account(p, 1)
         self._touch(p)
+        latest, t = self._latest, p.dispatch_s
+        if not latest.get(p.worker, -math.inf) >= t:
+            latest[p.worker] = t
+        if p.prefill_worker is not None and not latest.get(p.prefill_worker, -math.inf) >= t:
+            latest[p.prefill_worker] = t
         while len(self._by_id) > MAX_TRACKED:
             self.pop(next(iter(self._by_id)))
 
@@ -176,8 +184,11 @@ class InFlight:
         A prefill worker carries its requests' prompt tokens until the first token; the decode
         (or mixed) worker carries the expected decode tokens until completion, and a mixed
         worker also the prompt until the first token. Memoised per worker until its entries
-        change (a router asks for every worker on every request, against the same view).
+        change (a router asks for every worker on every request, against the same view), and
+        (0, 0.0) at once when no entry it was ever given is that recent (`_latest`).
         """
+        if self._latest.get(worker, -math.inf) < since_s:  # the walk would stop at its newest entry
+            return 0, 0.0
         ver = self._version.get(worker, 0)
         hit = self._since.get(worker)
         if hit is not None and hit[0] == since_s and hit[1] == ver and hit[2] == decode_weight:

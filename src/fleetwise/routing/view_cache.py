@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleetwise.core.views import RouteRequest, WorkerView
-from fleetwise.routing.plugins import SCORERS, has_token_backlog, view_load
+from fleetwise.routing.plugins import SCORERS, has_token_backlog, side_load, view_load
 from fleetwise.routing.signals import VIEW_ONLY_SCORERS, Columns
 from fleetwise.routing.state import InFlight
 
@@ -154,9 +154,10 @@ class ViewColumns:
         if not changed:
             return self
         base, reqs0, kv = self.base, self.reqs0, self.kv_usage
+        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
         for i in changed:
             w = new[i]
-            base[i] = view_load(w, cost)
+            base[i] = side_load(w, dw, per_req)
             reqs0[i] = w.queued_requests + w.running_requests
             kv[i] = w.kv_usage
         if self.fixed:  # view-only scores: a new list (earlier decisions' score tables hold the old one)

@@ -225,26 +225,33 @@ class SideLoads:
         (`dw`, `per_req`: the cost's decode token weight and per-request tokens)."""
         side = self.side
         n, old = len(ws), self.ws
-        todo: Any
+        due = [True] * n  # the positions whose ledger signals are recomputed
         if self.mark < 0 or len(old) != n:
-            todo = range(n)
             self.base = [side_load(w, dw, per_req, side) for w in ws]
             self.reqs0 = [w.queued_requests + w.running_requests for w in ws]
             self.load, self.requests = [0.0] * n, [0] * n
             self.mark = inflight.changes_since(0)[1]
         else:
-            dirty = [i for i in range(n) if ws[i] is not old[i]]
-            for i in dirty:
-                w = ws[i]
-                self.base[i] = side_load(w, dw, per_req, side)
-                self.reqs0[i] = w.queued_requests + w.running_requests
             changed, self.mark = inflight.changes_since(self.mark)
-            pos = self.pos
-            todo = range(n) if changed is None else dict.fromkeys(
-                [*dirty, *[pos[x] for x in changed if x in pos]])
+            if changed is not None:
+                due = [False] * n
+                pos = self.pos
+                for name in changed:
+                    i = pos.get(name, -1)
+                    if i >= 0:
+                        due[i] = True
+            base, reqs0 = self.base, self.reqs0
+            for i in range(n):
+                w = ws[i]
+                if w is not old[i]:
+                    base[i] = side_load(w, dw, per_req, side)
+                    reqs0[i] = w.queued_requests + w.running_requests
+                    due[i] = True
         self.ws = ws
         base, reqs0, load, requests = self.base, self.reqs0, self.load, self.requests
-        for i in todo:
+        for i in range(n):
+            if not due[i]:
+                continue
             x, n_pend = ledger_load(ws[i], base[i], inflight, dw, per_req)
             load[i] = x
             requests[i] = reqs0[i] + n_pend

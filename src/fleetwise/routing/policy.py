@@ -342,7 +342,7 @@ class ComposedPolicy:
         v = e.vec
         if v is None:
             v = e.vec = ViewColumns(e, self.params.cost, self._scorers)
-        v.refresh(e, self.inflight, self.params.cost)
+        v.refresh(e, self.inflight, self._dw, self._per_req)
         names, n = e.names, len(e.names)
         own, prefix = self._own_and_prefix(req, v.pos)
         slow = self.feedback.factors(names, now)

@@ -171,18 +171,27 @@ class ViewColumns:
         self.dirty.extend(changed)
         return self
 
-    def refresh(self, e: Eligible, inflight: InFlight, cost: Any) -> None:
+    def refresh(self, e: Eligible, inflight: InFlight, dw: float, per_req: float) -> None:
         """Bring every worker's load and requests up to date: those whose in-flight entries
-        changed since last asked, or whose view changed (`moved`), are recomputed (`ledger_load`)."""
-        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
+        changed since last asked, or whose view changed (`moved`), are recomputed (`ledger_load`;
+        `dw`, `per_req`: the cost's decode token weight and per-request tokens)."""
         load, requests, base, reqs0, ws = self.load, self.requests, self.base, self.reqs0, e.ws
         changed, mark = inflight.changes_since(self.mark) if self.mark >= 0 else (None, inflight.changes_since(0)[1])
         self.mark = mark
-        pos = self.pos
-        todo: Any = range(len(ws)) if changed is None else dict.fromkeys(
-            [*[pos[n] for n in changed if n in pos], *self.dirty])
+        n = len(ws)
+        due = [changed is None] * n
+        if changed is not None:
+            pos = self.pos
+            for name in changed:
+                i = pos.get(name, -1)
+                if i >= 0:
+                    due[i] = True
+            for i in self.dirty:
+                due[i] = True
         self.dirty = []
-        for i in todo:
+        for i in range(n):
+            if not due[i]:
+                continue
             x, n_pend = ledger_load(ws[i], base[i], inflight, dw, per_req)
             load[i] = x
             requests[i] = reqs0[i] + n_pend

@@ -23,7 +23,6 @@ import math
 from bisect import bisect_left, insort
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from fleetwise.routing import kernels
 from fleetwise.spec.routing import FeedbackParams
@@ -332,8 +331,10 @@ class _WorkerStats:
     last_obs_s: float = 0.0
 
 
-class _Terms(NamedTuple):
-    """Per-worker constants of `LatencyFeedback.factors` between observations."""
+@dataclass(slots=True)
+class _Terms:
+    """Per-worker constants of `LatencyFeedback.factors` between observations (a dataclass, which
+    mypyc makes a native class: a `NamedTuple` is built by its interpreted `__new__`)."""
 
     ttft: tuple[float, float] | None
     """(fleet median, EWMA - median) of the TTFT ratio, or None when undefined."""
@@ -386,6 +387,7 @@ class LatencyFeedback:
         self._on: bool = params.enabled
         self._need: int = params.min_samples
         self._alpha: float = params.alpha
+        self._failure_penalty: float = params.failure_penalty
         self._kernel_args: tuple[float, float, float, float] = (
             params.half_life_s, params.min_factor, params.max_factor, params.deadband)
         """What `kernels.slowness` reads of `p` per decision, as plain values (a pydantic field read
@@ -459,14 +461,13 @@ class LatencyFeedback:
             ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
         return len(vals), ref
 
-    def _ratio_term(self, worker: str, attr: str) -> tuple[float, float] | None:
+    def _ratio_term(self, mine: _Ewma, attr: str) -> tuple[float, float] | None:
         """(fleet median, this worker's EWMA minus it) for `attr`, or None when the ratio is
         undefined (too few samples here or in the fleet, or a non-positive median). The ratio at
         age `a` is `(median + (EWMA - median) * 0.5 ** (a / half_life)) / median`: the median (not
         the mean) is the reference so one slow worker does not make every other worker look fast;
         decaying the value itself means a worker that stopped getting traffic drifts back to
-        "normal" and is tried again, while the others stay at 1."""
-        mine = getattr(self._w[worker], attr)
+        "normal" and is tried again, while the others stay at 1. `mine`: the worker's EWMA of `attr`."""
         if mine.n < self._need:
             return None
         count, ref = self._reference(attr)
@@ -479,8 +480,8 @@ class LatencyFeedback:
         s = self._w.get(worker)
         if s is None:
             return None
-        fail = 1.0 + self.p.failure_penalty * s.failures.value if s.failures.n else None
-        return _Terms(self._ratio_term(worker, "ttft_ratio"), self._ratio_term(worker, "tpot"), s.last_obs_s, fail)
+        fail = 1.0 + self._failure_penalty * s.failures.value if s.failures.n else None
+        return _Terms(self._ratio_term(s.ttft_ratio, "ttft_ratio"), self._ratio_term(s.tpot, "tpot"), s.last_obs_s, fail)
 
     def _medians(self) -> tuple[object, ...]:
         """What every worker's terms read of the fleet: the TTFT-ratio and TPOT medians (and counts)."""

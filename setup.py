@@ -53,6 +53,7 @@ COMPILED = [
     "src/fleetwise/routing/reasons.py",
     "src/fleetwise/routing/safe_mode.py",
     "src/fleetwise/routing/score_rows.py",
+    "src/fleetwise/routing/signals.py",
     "src/fleetwise/routing/state.py",
     "src/fleetwise/routing/view_cache.py",
     "src/fleetwise/sim/columns.py",

@@ -25,13 +25,14 @@ from fleetwise.core.views import (
     kv_format_of,
 )
 from fleetwise.routing import kernels
-from fleetwise.routing.pd_scorers import PAIR_SCORERS, PairColumns, kv_headroom
+from fleetwise.routing.pd_scorers import PAIR_SCORERS, PairColumns
 from fleetwise.routing.plugins import (
     PICKER_KINDS,
     PICKERS,
     SCORERS,
     Candidate,
     has_token_backlog,
+    kv_headroom,
     own_cost,
     view_load,
 )

@@ -1,10 +1,10 @@
-"""Scorers of prefill/decode pair selection: `kv_room` (decode profile) and `handoff` (pair scorer).
+"""Pair scorers of prefill/decode pair selection (`handoff`) and the `PairColumns` they read.
 
 A P/D fleet is routed by two profiles of the same machinery (filters, scorers, picker), one per
-side, and by pair scorers that rank a prefill->decode pair as a whole. `kv_room` is an ordinary
-scorer that reads `Columns.kv_room` (set on decode candidates); a pair scorer maps the pairs'
-`PairColumns` (each pair's prefill and decode views and KV link view, one list per field) to
-one score in [0, 1] per pair, all of them in one call.
+side, and by pair scorers that rank a prefill->decode pair as a whole. A pair scorer maps the
+pairs' `PairColumns` (each pair's prefill and decode views and KV link view, one list per field)
+to one score in [0, 1] per pair, all of them in one call. The decode profile's `kv_room` is an
+ordinary scorer (`plugins.score_kv_room`, over `Columns.kv_room`; `plugins.kv_headroom` its signal).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetwise.core.views import KvLinkView, RouteRequest, WorkerView
-from fleetwise.routing.plugins import clamp01
-from fleetwise.routing.vector import Columns
 from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
 
@@ -36,13 +34,6 @@ PairScorerFn = Callable[[RouteRequest, PairColumns], list[float]]
 """A pair scorer: the request and the pairs' `PairColumns` -> one score in [0, 1] per pair, in order."""
 
 
-@ROUTING_PLUGINS.implements("scorer", "kv_room")
-def score_kv_room(req: RouteRequest, c: Columns) -> list[float]:
-    """KV fraction left after admitting the request, `max(kv_room, 0)` (0 on a non-decode candidate)."""
-    room = c.kv_room
-    return [clamp01(room[i]) for i in c.kept] if room is not None else [0.0] * len(c.kept)
-
-
 @ROUTING_PLUGINS.implements("pair_scorer", "handoff")
 def score_handoff(req: RouteRequest, c: PairColumns) -> list[float]:
     """The share of the best healthy link's bandwidth a new transfer on the pair's KV link would get,
@@ -58,9 +49,3 @@ PAIR_SCORERS: dict[str, PairScorerFn] = ROUTING_PLUGINS.implementations("pair_sc
 LINK_ONLY_PAIR_SCORERS = frozenset({"handoff"})
 """Pair scorers that read only `PairColumns.links` and `best_bandwidth`, pair by pair, and not the
 request: computed once per link views over every pair, then picked out for each decision's pairs."""
-
-
-def kv_headroom(w: WorkerView, need_tokens: int) -> float:
-    """KV fraction left after admitting `need_tokens` (`1 - kv_usage` without a capacity)."""
-    free = 1.0 - w.kv_usage
-    return free - need_tokens / w.kv_capacity_tokens if w.kv_capacity_tokens > 0 else free

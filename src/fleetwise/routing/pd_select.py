@@ -28,11 +28,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetwise.core.views import KvLinkView, RouteRequest, WorkerView, kv_format_of
-from fleetwise.routing.pd_scorers import LINK_ONLY_PAIR_SCORERS, PAIR_SCORERS, PairColumns, kv_headroom
-from fleetwise.routing.plugins import own_cost, view_load
+from fleetwise.routing.pd_scorers import LINK_ONLY_PAIR_SCORERS, PAIR_SCORERS, PairColumns
+from fleetwise.routing.plugins import kv_headroom, own_cost_at, side_load
 from fleetwise.routing.prefix_index import PrefixIndex
+from fleetwise.routing.signals import Columns
 from fleetwise.routing.state import InFlight
-from fleetwise.routing.vector import Columns, ScoreTable
+from fleetwise.routing.vector import ScoreTable
 from fleetwise.routing.view_cache import ledger_load
 from fleetwise.spec.kv_format import kv_compat
 
@@ -42,6 +43,20 @@ __all__ = ["LinkTable", "PairTable", "Side", "SideLoads", "pair_totals"]
 def _signature(ws: Sequence[WorkerView]) -> list[tuple[str, Any, str]]:
     """What the pairing of a side's workers depends on: name, declared KV format, model version."""
     return [(w.name, w.kv_format, w.model_version) for w in ws]
+
+
+def _same_signature(ws: Sequence[WorkerView], seen: Sequence[WorkerView], sig: list[tuple[str, Any, str]]) -> bool:
+    """`_signature(ws) == sig`, reading only the views that are not the same objects as `seen`'s
+    (views whose signature was `sig`, position for position)."""
+    n = len(ws)
+    if n != len(sig):
+        return False
+    same = len(seen) == n
+    for i in range(n):
+        w = ws[i]
+        if not (same and w is seen[i]) and (w.name, w.kv_format, w.model_version) != sig[i]:
+            return False
+    return True
 
 
 class LinkTable:
@@ -103,7 +118,7 @@ class PairTable:
     `ok_d`: positions in the side lists), in prefill-major order; `why` says why none pairs."""
 
     __slots__ = ("sig_p", "sig_d", "ok_p", "ok_d", "pi", "dj", "keys", "names", "why", "every", "where", "loads",
-                 "_ws",
+                 "_ws", "_seen",
                  "_tkeys", "_links", "_links_of", "_link_scores")
 
     def __init__(self, ps: Sequence[WorkerView], ds: Sequence[WorkerView]) -> None:
@@ -137,14 +152,20 @@ class PairTable:
         """Each side's ledger signals, kept between decisions."""
         self._ws = (ps, ds, [ps[i] for i in self.ok_p], [ds[j] for j in self.ok_d])
         """The side lists the table was built from, and the paired workers of each."""
+        self._seen: tuple[Sequence[WorkerView], Sequence[WorkerView]] = (ps, ds)
+        """The side lists last found to match (`sig_p`, `sig_d`)."""
         self._links: list[KvLinkView | None] = []
         self._links_of: tuple[Any, int] = (None, -1)
         self._link_scores: dict[str, list[float]] = {}
         """Per link-only pair scorer (`LINK_ONLY_PAIR_SCORERS`): every pair's score for `_links_of`."""
 
     def matches(self, ps: Sequence[WorkerView], ds: Sequence[WorkerView]) -> bool:
-        """The same workers on each side, with the same model versions and KV formats."""
-        return _signature(ps) == self.sig_p and _signature(ds) == self.sig_d
+        """The same workers on each side, with the same model versions and KV formats (a view
+        that is the very object last matched is not read again)."""
+        if _same_signature(ps, self._seen[0], self.sig_p) and _same_signature(ds, self._seen[1], self.sig_d):
+            self._seen = (ps, ds)
+            return True
+        return False
 
     def links(self, table: LinkTable) -> list[KvLinkView | None]:
         """Each pair's link view in `table` (None: the view has none), read again only when it changed."""
@@ -199,30 +220,38 @@ class SideLoads:
         self.mark = -1
         """`InFlight.changes_since` position of the last refresh (-1: never refreshed)."""
 
-    def refresh(self, ws: list[WorkerView], cost: Any, inflight: InFlight) -> None:
-        """Bring the columns to the views `ws` (the side's paired workers, in order) and the ledger."""
-        dw, per_req, side = cost.decode_token_weight, cost.per_request_tokens, self.side
+    def refresh(self, ws: list[WorkerView], inflight: InFlight, dw: float, per_req: float) -> None:
+        """Bring the columns to the views `ws` (the side's paired workers, in order) and the ledger
+        (`dw`, `per_req`: the cost's decode token weight and per-request tokens)."""
+        side = self.side
         n, old = len(ws), self.ws
-        todo: Any
+        due = [True] * n  # the positions whose ledger signals are recomputed
         if self.mark < 0 or len(old) != n:
-            todo = range(n)
-            self.base = [view_load(w, cost, side) for w in ws]
+            self.base = [side_load(w, dw, per_req, side) for w in ws]
             self.reqs0 = [w.queued_requests + w.running_requests for w in ws]
             self.load, self.requests = [0.0] * n, [0] * n
             self.mark = inflight.changes_since(0)[1]
         else:
-            dirty = [i for i in range(n) if ws[i] is not old[i]]
-            for i in dirty:
-                w = ws[i]
-                self.base[i] = view_load(w, cost, side)
-                self.reqs0[i] = w.queued_requests + w.running_requests
             changed, self.mark = inflight.changes_since(self.mark)
-            pos = self.pos
-            todo = range(n) if changed is None else dict.fromkeys(
-                [*dirty, *[pos[x] for x in changed if x in pos]])
+            if changed is not None:
+                due = [False] * n
+                pos = self.pos
+                for name in changed:
+                    i = pos.get(name, -1)
+                    if i >= 0:
+                        due[i] = True
+            base, reqs0 = self.base, self.reqs0
+            for i in range(n):
+                w = ws[i]
+                if w is not old[i]:
+                    base[i] = side_load(w, dw, per_req, side)
+                    reqs0[i] = w.queued_requests + w.running_requests
+                    due[i] = True
         self.ws = ws
         base, reqs0, load, requests = self.base, self.reqs0, self.load, self.requests
-        for i in todo:
+        for i in range(n):
+            if not due[i]:
+                continue
             x, n_pend = ledger_load(ws[i], base[i], inflight, dw, per_req)
             load[i] = x
             requests[i] = reqs0[i] + n_pend
@@ -234,10 +263,11 @@ class Side:
     __slots__ = ("ws", "names", "load", "own", "slow", "prefix", "requests", "room")
 
     def __init__(self, ws: list[WorkerView], names: list[str], slow: list[float], side: str, req: RouteRequest,
-                 cost: Any, loads: SideLoads, index: PrefixIndex, expected: int) -> None:
-        """`slow`: each worker's feedback factor; `loads`: the side's ledger signals, brought up to
-        date; `expected`: the request's expected output tokens."""
-        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
+                 cost: tuple[float, float], loads: SideLoads, index: PrefixIndex, expected: int) -> None:
+        """`slow`: each worker's feedback factor; `cost`: the cost's decode token weight and
+        per-request tokens; `loads`: the side's ledger signals, brought up to date; `expected`: the
+        request's expected output tokens."""
+        dw, per_req = cost
         n = len(ws)
         self.ws, self.names = ws, names
         self.load, self.requests = loads.load, loads.requests
@@ -245,21 +275,27 @@ class Side:
         self.prefix = [0] * n
         self.room = [0.0] * n
         if side == "prefill":
-            self.own = [own_cost(req, 0, cost, 0)] * n
+            self.own = [own_cost_at(req, 0, dw, per_req, 0)] * n
             if req.block_hashes:  # one lookup for every worker: O(prompt blocks)
                 pos = {name: i for i, name in enumerate(names)}
                 for name, k in index.match_all(req.block_hashes):
                     i = pos.get(name, -1)
                     if i >= 0:
                         self.prefix[i] = k
-                        self.own[i] = own_cost(req, k, cost, 0)
+                        self.own[i] = own_cost_at(req, k, dw, per_req, 0)
         else:
             self.own = [dw * expected + per_req] * n
             need = req.prompt_tokens + expected
             self.room = [kv_headroom(w, need) for w in ws]
 
     def columns(self, req: RouteRequest, at: list[int], room: list[float] | None = None) -> Columns:
-        """The workers at positions `at` as scorer columns, every one kept (`room`: their KV room, else `self.room`'s)."""
+        """The workers at positions `at` (ascending) as scorer columns, every one kept (`room`:
+        their KV room, else `self.room`'s). At every position the side's own lists are passed,
+        not copies (scorers read their columns)."""
+        if len(at) == len(self.ws):
+            ws = self.ws
+            return Columns(self.load, self.own, self.slow, self.requests, self.prefix, [w.kv_usage for w in ws],
+                           len(req.block_hashes), at, ws, [w.weight for w in ws], self.room if room is None else room)
         ws = [self.ws[i] for i in at]
         return Columns([self.load[i] for i in at], [self.own[i] for i in at], [self.slow[i] for i in at],
                        [self.requests[i] for i in at], [self.prefix[i] for i in at], [w.kv_usage for w in ws],

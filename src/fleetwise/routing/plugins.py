@@ -24,11 +24,12 @@ import numpy as np
 
 from fleetwise.core.views import RouteRequest, WorkerView
 from fleetwise.routing import kernels
-from fleetwise.routing.vector import Columns
+from fleetwise.routing.signals import Columns
 from fleetwise.spec.routing import CostParams
 from fleetwise.spec.routing_plugins import ROUTING_PLUGINS
 
 __all__ = [
+    "FIELD_FILTERS",
     "FILTERS",
     "PICKERS",
     "SCORERS",
@@ -38,7 +39,10 @@ __all__ = [
     "candidate_columns",
     "clamp01",
     "has_token_backlog",
+    "kv_headroom",
     "own_cost",
+    "own_cost_at",
+    "side_load",
     "view_load",
 ]
 
@@ -93,8 +97,13 @@ def own_cost(req: RouteRequest, cached_blocks: int, cost: CostParams, decode_tok
     `req.hash_block_tokens` prompt tokens (not the engine's KV block size); `decode_tokens` is
     the expected output (the policy's prediction; 0 on a prefill-only worker).
     """
+    return own_cost_at(req, cached_blocks, cost.decode_token_weight, cost.per_request_tokens, decode_tokens)
+
+
+def own_cost_at(req: RouteRequest, cached_blocks: int, dw: float, per_req: float, decode_tokens: float) -> float:
+    """`own_cost` with the cost's decode token weight `dw` and per-request tokens `per_req` as plain floats."""
     uncached = max(req.prompt_tokens - cached_blocks * req.hash_block_tokens, 0)
-    return uncached + cost.decode_token_weight * decode_tokens + cost.per_request_tokens
+    return uncached + dw * decode_tokens + per_req
 
 
 def view_load(w: WorkerView, cost: CostParams, side: str = "mixed") -> float:
@@ -102,16 +111,24 @@ def view_load(w: WorkerView, cost: CostParams, side: str = "mixed") -> float:
     view lacks counts 0: see `has_token_backlog`): on a mixed worker `queued_prefill + dw *
     running_decode + per_request * (queued + running)`; on a prefill worker `queued_prefill +
     per_request * queued`; on a decode worker `dw * running_decode + per_request * (queued + running)`."""
+    return side_load(w, cost.decode_token_weight, cost.per_request_tokens, side)
+
+
+def side_load(w: WorkerView, dw: float, per_req: float, side: str = "mixed") -> float:
+    """`view_load` with the cost's decode token weight `dw` and per-request tokens `per_req` as
+    plain floats (a hot path's, read once per decision rather than per worker)."""
     if side == "prefill":
-        return (w.queued_prefill_tokens or 0) + cost.per_request_tokens * w.queued_requests
+        return (w.queued_prefill_tokens or 0) + per_req * w.queued_requests
     if side == "decode":
-        return cost.decode_token_weight * (w.running_decode_tokens or 0) + cost.per_request_tokens * (
-            w.queued_requests + w.running_requests)
-    return (
-        (w.queued_prefill_tokens or 0)
-        + cost.decode_token_weight * (w.running_decode_tokens or 0)
-        + cost.per_request_tokens * (w.queued_requests + w.running_requests)
-    )
+        return dw * (w.running_decode_tokens or 0) + per_req * (w.queued_requests + w.running_requests)
+    return (w.queued_prefill_tokens or 0) + dw * (w.running_decode_tokens or 0) + per_req * (
+        w.queued_requests + w.running_requests)
+
+
+def kv_headroom(w: WorkerView, need_tokens: int) -> float:
+    """KV fraction left after admitting `need_tokens` (`1 - kv_usage` without a capacity)."""
+    free = 1.0 - w.kv_usage
+    return free - need_tokens / w.kv_capacity_tokens if w.kv_capacity_tokens > 0 else free
 
 
 def has_token_backlog(w: WorkerView) -> bool:
@@ -166,6 +183,9 @@ def _role(req: RouteRequest, ws: list[WorkerView], down: frozenset[str]) -> tupl
 
 FILTERS: dict[str, FilterFn] = ROUTING_PLUGINS.implementations("filter")
 """Every filter by name (the registry's live mapping)."""
+FIELD_FILTERS = frozenset({"healthy", "model_version", "region", "role"})
+"""Filters that read of a view only its worker's name, health, model version, region and role
+(and the workers reported down): a new view equal in those fields keeps the same workers."""
 
 
 # ---- scorers: columns -> the kept workers' scores in [0, 1] -----------------------------------
@@ -209,6 +229,13 @@ def score_kv(req: RouteRequest, c: Columns) -> list[float]:
 def score_feedback(req: RouteRequest, c: Columns) -> list[float]:
     """`min slowness / slowness`: the fastest-looking worker scores 1."""
     return kernels.min_ratio_scores(c.slowness, c.kept)
+
+
+@ROUTING_PLUGINS.implements("scorer", "kv_room")
+def score_kv_room(req: RouteRequest, c: Columns) -> list[float]:
+    """KV fraction left after admitting the request, `max(kv_room, 0)` (0 on a non-decode candidate)."""
+    room = c.kv_room
+    return [kernels.clamped(room[i]) for i in c.kept] if room is not None else [0.0] * len(c.kept)
 
 
 SCORERS: dict[str, ScorerFn] = ROUTING_PLUGINS.implementations("scorer")

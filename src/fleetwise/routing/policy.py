@@ -51,9 +51,9 @@ from fleetwise.core.rng import RngStreams
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, RoutingDecision, WorkerView
 from fleetwise.routing import kernels
 from fleetwise.routing.incoming import IncomingKv
-from fleetwise.routing.pd_scorers import kv_headroom
 from fleetwise.routing.pd_select import LinkTable, PairTable, Side, pair_totals
 from fleetwise.routing.plugins import (
+    FIELD_FILTERS,
     PICKER_KINDS,
     PICKERS,
     SCORERS,
@@ -61,6 +61,7 @@ from fleetwise.routing.plugins import (
     Candidate,
     PickerState,
     apply_filters,
+    kv_headroom,
     own_cost,
     view_load,
 )
@@ -68,9 +69,10 @@ from fleetwise.routing.predictor import OutputPredictor
 from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.routing.reasons import max_reason, pair_reason
 from fleetwise.routing.safe_mode import SafeModeTracker, as_fresh
+from fleetwise.routing.signals import Columns
 from fleetwise.routing.state import InFlight, LatencyFeedback, Pending, RecentPicks
-from fleetwise.routing.vector import Columns, ScoreTable
-from fleetwise.routing.view_cache import Eligible, ViewColumns, ledger_load
+from fleetwise.routing.vector import ScoreTable
+from fleetwise.routing.view_cache import Eligible, ViewColumns, ledger_load, positions, same_fields
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
 
 __all__ = ["ComposedPolicy"]
@@ -103,6 +105,10 @@ class ComposedPolicy:
         self._elig: dict[tuple[str | None, str | None], Eligible] = {}
         self._elig_prev: dict[tuple[str | None, str | None], Eligible] = {}
         """The previous view's (what a new view's `Eligible` is built from)."""
+        self._elig_renew = False
+        """The current view differs from the previous one only outside the filtered fields."""
+        self._filters_by_fields = all(f in FIELD_FILTERS for f in params.filters)
+        """Every filter reads only `FIELD_FILTERS`' fields (what `_elig_renew` compares)."""
         self._order_names: list[str] = []
         """The names of the last view's workers, in the view's order (`_by_name`)."""
         self._order: list[int] = []
@@ -130,6 +136,20 @@ class ComposedPolicy:
         self._links = LinkTable()
         """The fleet view's KV links, kept between views (`LinkTable`)."""
         """Pickers of the P/D prefill and decode sides (`PolicyParams.pd_picker`)."""
+        lb, pdp, cost = params.load_bound, params.pd, params.cost
+        # The parameters each decision reads, as plain attributes: a pydantic model's attribute
+        # read goes through its `__getattr__` hook, some 200 instructions even from compiled code.
+        self._bound_on: bool = lb.enabled
+        self._bound_c: float = lb.c
+        self._share_window: int = lb.share_window
+        self._tie_break: str = params.tie_break
+        self._record_dispatch: bool = params.prefix_index.record_dispatch
+        self._kv_reserve: float = pdp.kv_reserve
+        self._degraded_fraction: float = pdp.degraded_link_fraction
+        self._side_weights: tuple[float, float] = (pdp.prefill.weight, pdp.decode.weight)
+        self._pair_scorers: dict[str, float] = {str(k): v for k, v in pdp.pair_scorers.items()}
+        self._dw: float = cost.decode_token_weight
+        self._per_req: float = cost.per_request_tokens
         self.wants_kv_events = any(wt > 0 for wt in (*params.scorers.values(), *self._profiles["prefill"].values()))
         """Scores read the prefix index (load through the cached prefix, prefix): a driver should
         report the engines' `KvStored`/`KvEvicted` events."""
@@ -183,14 +203,25 @@ class ComposedPolicy:
         """`_eligible`, memoised while the view (the same workers tuple) and the down set last;
         a new view's is built from the previous view's (`Eligible`: only changed views are read again)."""
         key = (fleet.workers, self._down_version)
-        if self._elig_key is None or self._elig_key[0] is not key[0] or self._elig_key[1] != key[1]:
+        last = self._elig_key
+        if last is None or last[0] is not key[0] or last[1] != key[1]:
+            # A new view of the same fleet whose filtered fields are unchanged (the exact mode's
+            # per-request views): each previous `Eligible` is renewed with the new views, unfiltered.
+            self._elig_renew = (self._filters_by_fields and last is not None and last[1] == key[1]
+                                and not self.down and same_fields(last[0], fleet.workers))
             self._elig_key = key
             self._elig_prev = self._elig or self._elig_prev
             self._elig = {}
         sub = (req.model_version, req.region)
         e = self._elig.get(sub)
         if e is None:
-            e = self._elig[sub] = Eligible(*self._eligible(req, fleet), self._elig_prev.get(sub), self.params.cost)
+            prev = self._elig_prev.get(sub)
+            if self._elig_renew and prev is not None and prev.at is not None:
+                e = Eligible.renewed(prev, fleet.workers, self.params.cost)
+            else:
+                ws, why = self._eligible(req, fleet)
+                e = Eligible(ws, why, prev, self.params.cost, positions(fleet.workers, ws))
+            self._elig[sub] = e
         return e
 
     def _eligible(self, req: RouteRequest, fleet: FleetView) -> tuple[list[WorkerView], str]:
@@ -214,19 +245,19 @@ class ComposedPolicy:
                  v: ViewColumns | None = None) -> tuple[float | None, list[int], list[str]]:
         """The load bound over columns (`kernels.bounded`, None when off), the positions it keeps
         and the names it leaves out; `v` keeps the pool's share counts between decisions."""
-        lb, n = self.params.load_bound, len(load)
-        if not lb.enabled or n < 2:
+        n = len(load)
+        if not self._bound_on or n < 2:
             return None, list(range(n)) if v is None else v.every, []
         counts: list[int] | None = None
         k = 0
-        if lb.share_window > 0 and bool(self.recent.picks.get(pool)):
+        if self._share_window > 0 and bool(self.recent.picks.get(pool)):
             if v is not None:
                 counts, k = v.share_counts(names, self.picker.seq, self.recent.counts[pool])
             else:
                 seen = self.recent.counts[pool]
                 counts = [seen[x] for x in names]  # a Counter: 0 for a name not seen
                 k = sum(counts)
-        bound, kept = kernels.bounded(load, own, slow, lb.c, TIE_TOLERANCE, counts, k)
+        bound, kept = kernels.bounded(load, own, slow, self._bound_c, TIE_TOLERANCE, counts, k)
         return bound, kept, (kernels.left_out(names, kept) if len(kept) < n else [])
 
     def _requests_totals(self, req: RouteRequest, cols: Columns) -> list[float]:
@@ -244,7 +275,7 @@ class ComposedPolicy:
         tokens) and, if configured, note its prompt as cached where it is prefilled."""
         uncached = max(req.prompt_tokens - prefix_blocks * req.hash_block_tokens, 0)
         self.inflight.add(Pending(req.request_id, worker, prefill, now, uncached, self._expected, predicted_cost))
-        if self.params.prefix_index.record_dispatch and req.block_hashes:
+        if self._record_dispatch and req.block_hashes:
             self.index.insert(prefill or worker, req.block_hashes)
 
     # ---- colocated ---------------------------------------------------------------------------
@@ -261,7 +292,7 @@ class ComposedPolicy:
             scores = {}
         else:
             scores = e.zero_scores.copy()  # every total is an empty sum: no scorer has weight
-            i, reason, _ = PICKERS[self.params.picker](self.picker, names, lambda: [], "mixed", self.params.tie_break)
+            i, reason, _ = PICKERS[self.params.picker](self.picker, names, lambda: [], "mixed", self._tie_break)
             if safe:
                 reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
             else:
@@ -311,7 +342,7 @@ class ComposedPolicy:
         v = e.vec
         if v is None:
             v = e.vec = ViewColumns(e, self.params.cost, self._scorers)
-        v.refresh(e, self.inflight, self.params.cost)
+        v.refresh(e, self.inflight, self._dw, self._per_req)
         names, n = e.names, len(e.names)
         own, prefix = self._own_and_prefix(req, v.pos)
         slow = self.feedback.factors(names, now)
@@ -329,13 +360,13 @@ class ComposedPolicy:
         totals = kernels.totals(columns, self._scorer_weights) if columns else [0.0] * len(kept)
         kind = self.params.picker
         if kind == "max":
-            j, n_tied = self.picker.max(kept_names, totals, self.params.tie_break)
+            j, n_tied = self.picker.max(kept_names, totals, self._tie_break)
             reason = ""
         else:
             def picker_totals() -> list[float]:
                 return totals if columns else self._requests_totals(req, cols)
 
-            j, reason, n_tied = PICKERS[kind](self.picker, kept_names, picker_totals, "mixed", self.params.tie_break)
+            j, reason, n_tied = PICKERS[kind](self.picker, kept_names, picker_totals, "mixed", self._tie_break)
         i = kept[j]
         c = Candidate(e.ws[i], v.requests[i], load[i], own[i], slow[i], 0 if prefix is None else prefix[i])
         scores: Mapping[str, float] = (ScoreTable(names, self._scorer_columns, v.key_lists, v.where,
@@ -357,7 +388,7 @@ class ComposedPolicy:
         return pt
 
     def _route_pd(self, req: RouteRequest, fleet: FleetView, ws: list[WorkerView], safe: bool) -> RoutingDecision:
-        now, pdp = fleet.now_s, self.params.pd
+        now = fleet.now_s
         sides: list[list[WorkerView]] = []
         for side in ("prefill", "decode"):
             kept, why = self._side_workers(req, fleet, ws, side)
@@ -370,13 +401,15 @@ class ComposedPolicy:
         self._links.update(fleet.links)
         links = pt.links(self._links)
         f = self.feedback.factors(pt.names, now)
-        n_p, cost, index, exp, (lp, ld) = len(pt.ok_p), self.params.cost, self.index, self._expected, pt.loads
+        n_p, index, exp, (lp, ld) = len(pt.ok_p), self.index, self._expected, pt.loads
         ps, ds = [sides[0][i] for i in pt.ok_p], [sides[1][j] for j in pt.ok_d]
-        lp.refresh(ps, cost, self.inflight)
-        ld.refresh(ds, cost, self.inflight)
-        cp = Side(ps, pt.names[:n_p], f[:n_p], "prefill", req, cost, lp, index, exp)
-        cd = Side(ds, pt.names[n_p:], f[n_p:], "decode", req, cost, ld, index, exp)
-        roomy = [j for j, r in enumerate(cd.room) if r >= pdp.kv_reserve] or list(range(len(cd.ws)))
+        lp.refresh(ps, self.inflight, self._dw, self._per_req)
+        ld.refresh(ds, self.inflight, self._dw, self._per_req)
+        terms = (self._dw, self._per_req)
+        cp = Side(ps, pt.names[:n_p], f[:n_p], "prefill", req, terms, lp, index, exp)
+        cd = Side(ds, pt.names[n_p:], f[n_p:], "decode", req, terms, ld, index, exp)
+        reserve = self._kv_reserve
+        roomy = [j for j, r in enumerate(cd.room) if r >= reserve] or list(range(len(cd.ws)))
         fit = pt.every if len(roomy) == len(cd.ws) else pt.with_decode(pt.every, roomy)
         pairs = fit if self._links.all_healthy else [k for k in fit if (lk := links[k]) is None or lk.healthy]
         no_link = not pairs
@@ -430,11 +463,11 @@ class ComposedPolicy:
         at_p = sorted({pi[k] for k in pairs})  # pairs run prefill-major: their first appearances, in order
         pnames = [cp.names[i] for i in at_p]
         i = at_p[PICKERS[kind_p](self.picker, pnames, lambda: totals(cp, at_p, "prefill", kind_p), "prefill",
-                                 self.params.tie_break)[0]]
+                                 self._tie_break)[0]]
         at_d = [dj[k] for k in pairs if pi[k] == i]
         dnames = [cd.names[j] for j in at_d]
         j = at_d[PICKERS[kind_d](self.picker, dnames, lambda: totals(cd, at_d, "decode", kind_d), "decode",
-                                 self.params.tie_break)[0]]
+                                 self._tie_break)[0]]
         kinds = kind_p.replace("_", "-") if kind_p == kind_d else f"{kind_p.replace('_', '-')}/{kind_d.replace('_', '-')}"
         return self._side_candidate(cp, i, cp.room[i]), self._side_candidate(cd, j, cd.room[j]), (
             f"{kinds} pair {cp.names[i]}->{cd.names[j]}")
@@ -455,7 +488,7 @@ class ComposedPolicy:
                      cp: Side, cd: Side, roomy: list[int]) -> tuple[Candidate, Candidate, Mapping[str, float], str]:
         """The best pair: `prefill.weight * prefill score + decode.weight * decode score + weighted
         pair scorers`, over the pairs both sides' load bounds keep (all pairs if none)."""
-        pdp, pi, dj = self.params.pd, pt.pi, pt.dj
+        pi, dj, reserve = pt.pi, pt.dj, self._kv_reserve
         # KV headroom net of the hand-offs this policy sent that the view cannot show yet (their
         # prefill or KV transfer is still running): the reserve applies to it, kv_room scores it.
         need = req.prompt_tokens + self._expected
@@ -463,12 +496,12 @@ class ComposedPolicy:
         room_at = [0.0] * len(cd.ws)
         for j, r in zip(roomy, room, strict=True):
             room_at[j] = r
-        if min(room) < pdp.kv_reserve:
-            pairs = pt.with_decode(pairs, [j for j in roomy if room_at[j] >= pdp.kv_reserve]) or pairs
+        if min(room) < reserve:
+            pairs = pt.with_decode(pairs, [j for j in roomy if room_at[j] >= reserve]) or pairs
         # Links degraded below a fraction of the best healthy bandwidth are skipped while another
         # pair is left, before the load bound, so the bound shares work among the workers still
         # reachable instead of pushing it back onto the degraded link.
-        floor = pdp.degraded_link_fraction * self._links.best
+        floor = self._degraded_fraction * self._links.best
         if self._links.lowest < floor:
             pairs = [k for k in pairs if (lk := links[k]) is None or lk.bandwidth_bytes_per_s >= floor] or pairs
         at_p = list(range(len(cp.ws))) if pairs is pt.every else sorted({pi[k] for k in pairs})
@@ -485,16 +518,18 @@ class ComposedPolicy:
         sd = [0.0] * len(cd.ws)
         for j, t in zip(roomy, self._profile_totals(req, cd.columns(req, roomy, room), "decode"), strict=True):
             sd[j] = t
-        totals = pair_totals(req, pairs, pt, links, self._links, sp, sd, (pdp.prefill.weight, pdp.decode.weight),
-                             pdp.pair_scorers, cp, cd)
+        totals = pair_totals(req, pairs, pt, links, self._links, sp, sd, self._side_weights, self._pair_scorers, cp, cd)
         x, _ = self.picker.max(pt.keys if pairs is pt.every else [pt.keys[k] for k in pairs], totals,
-                               self.params.tie_break)
+                               self._tie_break)
         k = pairs[x]
         p, d = self._side_candidate(cp, pi[k], 0.0), self._side_candidate(cd, dj[k], room_at[dj[k]])
         return p, d, pt.scores(pairs, totals), pair_reason(req, p, d, links[k])
 
     def _bounded_at(self, s: Side, at: list[int], pool: str) -> set[int]:
-        """The positions among `at` (of side `s`) the load bound of `pool` keeps."""
+        """The positions among `at` (of side `s`, ascending) the load bound of `pool` keeps."""
+        if len(at) == len(s.ws):  # every position: the side's own columns, read, not copied
+            _, kept, _ = self._bounded(s.load, s.own, s.slow, s.names, pool)
+            return set(kept)
         _, kept, _ = self._bounded([s.load[i] for i in at], [s.own[i] for i in at], [s.slow[i] for i in at],
                                    [s.names[i] for i in at], pool)
         return {at[x] for x in kept}
@@ -549,7 +584,7 @@ class ComposedPolicy:
             return
         self.inflight.add(Pending(fb.request_id, fb.worker, fb.prefill_worker, fb.now_s, fb.prompt_tokens, 0,
                                   float(fb.prompt_tokens)))
-        if self.params.prefix_index.record_dispatch and fb.block_hashes:
+        if self._record_dispatch and fb.block_hashes:
             self.index.insert(fb.prefill_worker or fb.worker, fb.block_hashes)
 
     def report(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fleetwise.core.views import RoutingDecision
@@ -131,17 +131,24 @@ def winning_scores(d: RoutingDecision, scorers: tuple[str, ...]) -> dict[str, fl
         return {}
     sc = d.scores
     rows = getattr(sc, "rows", None)  # a `vector.ScoreTable`'s entries
-    if isinstance(rows, ScoreRows) and d.prefill_worker is None:
-        row = rows.row(d.worker, scorers)
-        if row is not None:
-            return row
-    key = d.worker if d.prefill_worker is None else f"{d.prefill_worker}->{d.worker}"
+    if isinstance(rows, ScoreRows):
+        if d.prefill_worker is None:
+            row = rows.row(d.worker, scorers)
+            if row is not None:
+                return row
+        return _entries(rows.get, d.worker, d.prefill_worker, scorers)  # the table's `get`, without its Python frame
+    return _entries(sc.get, d.worker, d.prefill_worker, scorers)
+
+
+def _entries(get: Callable[[str], Any], worker: str, prefill: str | None, scorers: tuple[str, ...]) -> dict[str, float]:
+    """`winning_scores` read entry by entry through `get` (a scores mapping's)."""
+    key = worker if prefill is None else f"{prefill}->{worker}"
     out: dict[str, float] = {}
-    total = sc.get(key)
+    total = get(key)
     if total is not None:
         out["total"] = total
     for s in scorers:
-        v = sc.get(f"{d.worker}.{s}")
+        v = get(f"{worker}.{s}")
         if v is not None:
             out[s] = v
     return out

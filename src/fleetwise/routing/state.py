@@ -23,7 +23,6 @@ import math
 from bisect import bisect_left, insort
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from fleetwise.routing import kernels
 from fleetwise.spec.routing import FeedbackParams
@@ -95,6 +94,9 @@ class InFlight:
         """Per worker, kept as entries come and go: [requests, expected decode tokens of those it
         serves, prompt tokens it still carries]; `outstanding` reads them in O(1)."""
         self._ratios: dict[float, tuple[int, int]] = {}
+        self._latest: dict[str, float] = {}
+        """Per worker, the latest `dispatch_s` of any entry it was given (serving or prefilling):
+        `since` a later time finds none of its entries without walking them."""
 
     def _sum(self, worker: str, n: int, decode: int, prefill: int) -> None:
         s = self._sums.get(worker)
@@ -140,6 +142,11 @@ class InFlight:
             _per_worker(self._prefilling, p.prefill_worker)[p.request_id] = p
         self._account(p, 1)
         self._touch(p)
+        latest, t = self._latest, p.dispatch_s
+        if not latest.get(p.worker, -math.inf) >= t:
+            latest[p.worker] = t
+        if p.prefill_worker is not None and not latest.get(p.prefill_worker, -math.inf) >= t:
+            latest[p.prefill_worker] = t
         while len(self._by_id) > MAX_TRACKED:
             self.pop(next(iter(self._by_id)))
 
@@ -176,8 +183,11 @@ class InFlight:
         A prefill worker carries its requests' prompt tokens until the first token; the decode
         (or mixed) worker carries the expected decode tokens until completion, and a mixed
         worker also the prompt until the first token. Memoised per worker until its entries
-        change (a router asks for every worker on every request, against the same view).
+        change (a router asks for every worker on every request, against the same view), and
+        (0, 0.0) at once when no entry it was ever given is that recent (`_latest`).
         """
+        if self._latest.get(worker, -math.inf) < since_s:  # the walk would stop at its newest entry
+            return 0, 0.0
         ver = self._version.get(worker, 0)
         hit = self._since.get(worker)
         if hit is not None and hit[0] == since_s and hit[1] == ver and hit[2] == decode_weight:
@@ -254,6 +264,7 @@ class _SizeClasses:
 
     def __init__(self, params: FeedbackParams) -> None:
         self.p = params
+        self._need: int = params.min_samples
         self._ewma: dict[int, dict[str, _Ewma]] = {}
         self._sorted: dict[int, list[float]] = {}
         """Per class, the values of the workers with `min_samples` there, ascending."""
@@ -296,7 +307,7 @@ class _SizeClasses:
         e = m.get(worker)
         if e is None:
             e = m[worker] = _Ewma()
-        vals, need = self._sorted[k], self.p.min_samples
+        vals, need = self._sorted[k], self._need
         if e.n >= need:
             del vals[bisect_left(vals, e.value)]
         e.add(per_token, alpha)
@@ -320,8 +331,10 @@ class _WorkerStats:
     last_obs_s: float = 0.0
 
 
-class _Terms(NamedTuple):
-    """Per-worker constants of `LatencyFeedback.factors` between observations."""
+@dataclass(slots=True)
+class _Terms:
+    """Per-worker constants of `LatencyFeedback.factors` between observations (a dataclass, which
+    mypyc makes a native class: a `NamedTuple` is built by its interpreted `__new__`)."""
 
     ttft: tuple[float, float] | None
     """(fleet median, EWMA - median) of the TTFT ratio, or None when undefined."""
@@ -371,6 +384,14 @@ class LatencyFeedback:
 
     def __init__(self, params: FeedbackParams) -> None:
         self.p = params
+        self._on: bool = params.enabled
+        self._need: int = params.min_samples
+        self._alpha: float = params.alpha
+        self._failure_penalty: float = params.failure_penalty
+        self._kernel_args: tuple[float, float, float, float] = (
+            params.half_life_s, params.min_factor, params.max_factor, params.deadband)
+        """What `kernels.slowness` reads of `p` per decision, as plain values (a pydantic field read
+        costs some 200 instructions even from compiled code)."""
         self._w: dict[str, _WorkerStats] = {}
         self._sizes = _SizeClasses(params)
         self._sorted: dict[str, list[float]] = {"ttft_ratio": [], "tpot": []}
@@ -397,19 +418,19 @@ class LatencyFeedback:
         k = self._sizes.size_class(cost)
         ref = self._sizes.expected_per_token(k)
         self._observe(s.ttft_ratio, "ttft_ratio", per_token / ref if ref is not None else 1.0)
-        self._sizes.add(worker, k, per_token, self.p.alpha)
+        self._sizes.add(worker, k, per_token, self._alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def completed(self, worker: str, tpot_s: float, output_tokens: int, now_s: float) -> None:
         s = self._stats(worker)
         if output_tokens > 1 and tpot_s > 0:
             self._observe(s.tpot, "tpot", tpot_s)
-        s.failures.add(0.0, self.p.alpha)
+        s.failures.add(0.0, self._alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def failed(self, worker: str, now_s: float) -> None:
         s = self._stats(worker)
-        s.failures.add(1.0, self.p.alpha)
+        s.failures.add(1.0, self._alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def forget(self, worker: str) -> None:
@@ -424,10 +445,10 @@ class LatencyFeedback:
 
     def _observe(self, e: _Ewma, attr: str, x: float) -> None:
         """Add `x` to the ratio EWMA `e` (`attr`), keeping `_sorted[attr]` in step."""
-        vals, need = self._sorted[attr], self.p.min_samples
+        vals, need = self._sorted[attr], self._need
         if e.n >= need:
             del vals[bisect_left(vals, e.value)]
-        e.add(x, self.p.alpha)
+        e.add(x, self._alpha)
         if e.n >= need:
             insort(vals, e.value)
 
@@ -440,15 +461,14 @@ class LatencyFeedback:
             ref = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
         return len(vals), ref
 
-    def _ratio_term(self, worker: str, attr: str) -> tuple[float, float] | None:
+    def _ratio_term(self, mine: _Ewma, attr: str) -> tuple[float, float] | None:
         """(fleet median, this worker's EWMA minus it) for `attr`, or None when the ratio is
         undefined (too few samples here or in the fleet, or a non-positive median). The ratio at
         age `a` is `(median + (EWMA - median) * 0.5 ** (a / half_life)) / median`: the median (not
         the mean) is the reference so one slow worker does not make every other worker look fast;
         decaying the value itself means a worker that stopped getting traffic drifts back to
-        "normal" and is tried again, while the others stay at 1."""
-        mine = getattr(self._w[worker], attr)
-        if mine.n < self.p.min_samples:
+        "normal" and is tried again, while the others stay at 1. `mine`: the worker's EWMA of `attr`."""
+        if mine.n < self._need:
             return None
         count, ref = self._reference(attr)
         if count < 2 or ref <= 0:
@@ -460,8 +480,8 @@ class LatencyFeedback:
         s = self._w.get(worker)
         if s is None:
             return None
-        fail = 1.0 + self.p.failure_penalty * s.failures.value if s.failures.n else None
-        return _Terms(self._ratio_term(worker, "ttft_ratio"), self._ratio_term(worker, "tpot"), s.last_obs_s, fail)
+        fail = 1.0 + self._failure_penalty * s.failures.value if s.failures.n else None
+        return _Terms(self._ratio_term(s.ttft_ratio, "ttft_ratio"), self._ratio_term(s.tpot, "tpot"), s.last_obs_s, fail)
 
     def _medians(self) -> tuple[object, ...]:
         """What every worker's terms read of the fleet: the TTFT-ratio and TPOT medians (and counts)."""
@@ -479,14 +499,14 @@ class LatencyFeedback:
         the geometric mean of the age-decayed TTFT and TPOT ratios (`_ratio_term`; a ratio of 0 is
         left out), times the failure factor, clamped, exactly 1 within `deadband` of 1, by
         `kernels.slowness` over the per-worker constants (`_term_lists`)."""
-        if not self.p.enabled:
+        if not self._on:
             return [1.0] * len(workers)
         return self._factors(self._term_lists(workers), now_s)
 
     def _factors(self, a: _TermLists, now_s: float) -> list[float]:
-        p = self.p
-        f = kernels.slowness(now_s, p.half_life_s, a.last_obs, a.has1, a.ref1, a.dev1, a.has2, a.ref2, a.dev2,
-                             a.failure, p.min_factor, p.max_factor, p.deadband)
+        half_life, lo, hi, band = self._kernel_args
+        f = kernels.slowness(now_s, half_life, a.last_obs, a.has1, a.ref1, a.dev1, a.has2, a.ref2, a.dev2,
+                             a.failure, lo, hi, band)
         return [x if seen else 1.0 for x, seen in zip(f, a.seen, strict=True)] if a.unseen else f
 
     def _term_lists(self, workers: list[str]) -> _TermLists:
@@ -512,7 +532,7 @@ class LatencyFeedback:
         """`a`'s ratio terms against new fleet medians (`_ratio_term` of each worker, inline:
         what else `_worker_terms` gives is unchanged for a worker not observed since)."""
         (c1, r1), (c2, r2) = self._reference("ttft_ratio"), self._reference("tpot")
-        ok1, ok2, need, stats = c1 >= 2 and r1 > 0, c2 >= 2 and r2 > 0, self.p.min_samples, self._w
+        ok1, ok2, need, stats = c1 >= 2 and r1 > 0, c2 >= 2 and r2 > 0, self._need, self._w
         for i, w in enumerate(a.workers):
             s = stats.get(w)
             if s is None:

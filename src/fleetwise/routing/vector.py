@@ -2,49 +2,19 @@
 
 Every scorer plugin (`fleetwise.routing.plugins`) maps `Columns` to the scores of the workers a
 decision kept, all of them in one call, whichever path asks (a colocated pick, a P/D side, a
-picker's totals).
+picker's totals). `Columns` is defined in `routing/signals.py`, which is compiled (this module
+is not: `ScoreTable` is a `Mapping`); it is importable from here, where plugins have always read it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from fleetwise.core.views import WorkerView
 from fleetwise.routing.score_rows import SCORE_DIGITS, ScoreRows
+from fleetwise.routing.signals import VIEW_ONLY_SCORERS, Columns
 
 __all__ = ["SCORE_DIGITS", "VIEW_ONLY_SCORERS", "Columns", "ScoreTable"]
-
-@dataclass(slots=True)
-class Columns:
-    """The candidates' signals (`plugins.Candidate` fields), one element per worker of the view,
-    and which of them a decision kept."""
-
-    load: list[float]
-    own: list[float]
-    slowness: list[float]
-    requests: list[int]
-    prefix: list[int] | None
-    """Leading blocks cached (None: none anywhere)."""
-    kv_usage: list[float]
-    n_hashes: int
-    """Blocks in the request's prompt (`len(req.block_hashes)`)."""
-    kept: list[int]
-    """Ascending positions of the workers the load bound kept (the ones scored)."""
-    views: list[WorkerView]
-    """Each worker's view (what it reports: queues, KV, role, region...), for a scorer that reads
-    a field no other column carries."""
-    weight: list[float] | None = None
-    """Each worker's relative capacity (None: every weight is 1)."""
-    kv_room: list[float] | None = None
-    """KV fraction left after admitting the request (decode candidates of a P/D fleet; None: 0 everywhere)."""
-
-
-VIEW_ONLY_SCORERS = frozenset({"kv"})
-"""Scorers that read only what the view reports (`Columns.kv_usage`), worker by worker, and not
-the request: computed once per view over every worker, then picked out for the workers each
-decision keeps."""
 
 
 class ScoreTable(Mapping[str, float]):

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleetwise.core.views import RouteRequest, WorkerView
-from fleetwise.routing.plugins import SCORERS, has_token_backlog, view_load
+from fleetwise.routing.plugins import SCORERS, has_token_backlog, side_load, view_load
+from fleetwise.routing.signals import VIEW_ONLY_SCORERS, Columns
 from fleetwise.routing.state import InFlight
-from fleetwise.routing.vector import VIEW_ONLY_SCORERS, Columns
 
-__all__ = ["Eligible", "ViewColumns", "ledger_load"]
+__all__ = ["Eligible", "ViewColumns", "ledger_load", "positions", "same_fields"]
 
 VIEW_ONLY_REQUEST = RouteRequest("", 0, None)
 """The request a view-only scorer (`vector.VIEW_ONLY_SCORERS`, which reads none) is called with."""
@@ -37,31 +37,70 @@ def ledger_load(w: WorkerView, base: float, inflight: InFlight, dw: float, per_r
     return x, n_pend
 
 
+def same_fields(old: Sequence[WorkerView], new: Sequence[WorkerView]) -> bool:
+    """`new` holds, position for position, views of `old`'s workers with the same name, health,
+    model version, region, role and weight: what the filters of `plugins.FIELD_FILTERS` and an
+    `Eligible`'s names and weights read. O(workers); a view that is the same object is not read."""
+    if len(old) != len(new):
+        return False
+    for a, b in zip(old, new, strict=True):
+        if a is not b and not (a.name == b.name and a.healthy == b.healthy and a.model_version == b.model_version
+                               and a.region == b.region and a.role == b.role and a.weight == b.weight):
+            return False
+    return True
+
+
+def positions(workers: Sequence[WorkerView], ws: list[WorkerView]) -> list[int] | None:
+    """The position in `workers` of each of `ws` (by name; None when two workers share a name)."""
+    at = {w.name: i for i, w in enumerate(workers)}
+    return [at[w.name] for w in ws] if len(at) == len(workers) else None
+
+
 class Eligible:
     """The eligible workers of one view for one (model_version, region), and what every request
     routed on that view reads of them: names, report times (sorted) and view loads. Built from
     the previous view's (`prev`) when the same workers are eligible with the same weights, its
-    columns then carried over and brought up to date only where a worker's view changed."""
+    columns then carried over and brought up to date only where a worker's view changed;
+    `renewed` from it without filtering when the new view's filtered fields are the same."""
 
-    __slots__ = ("ws", "why", "names", "reported", "zero_scores", "vec", "weights", "unit")
+    __slots__ = ("ws", "why", "names", "reported", "zero_scores", "vec", "weights", "unit", "at")
 
-    def __init__(self, ws: list[WorkerView], why: str, prev: Eligible | None = None, cost: Any = None) -> None:
-        self.ws, self.why = ws, why
-        self.names = [w.name for w in ws]
+    names: list[str]
+    weights: dict[str, float] | None
+    """The workers' weights, or None when they are all equal (picks are then unweighted)."""
+    unit: bool
+    """Every weight is 1 (signals are divided by none)."""
+
+    def __init__(self, ws: list[WorkerView], why: str, prev: Eligible | None = None, cost: Any = None,
+                 at: list[int] | None = None, same_names: bool = False) -> None:
+        """`at`: the positions of `ws` in the view's workers; `same_names`: `ws` are views of
+        `prev`'s workers, in order, with the same names and weights (`renewed`)."""
+        self.ws, self.why, self.at = ws, why, at
         self.reported = sorted(w.reported_at_s for w in ws)
         self.vec: ViewColumns | None = None
         """The workers' signals as columns (built on first use, or carried over from `prev`)."""
-        self.weights: dict[str, float] | None = (
-            {w.name: w.weight for w in ws} if len({w.weight for w in ws}) > 1 else None)
-        """The workers' weights, or None when they are all equal (picks are then unweighted)."""
-        self.unit = all(w.weight == 1.0 for w in ws)
-        """Every weight is 1 (signals are divided by none)."""
-        same = prev is not None and prev.names == self.names and [w.weight for w in prev.ws] == [w.weight for w in ws]
+        same = False
+        if same_names and prev is not None:
+            self.names, self.weights, self.unit, same = prev.names, prev.weights, prev.unit, True
+        else:
+            self.names = [w.name for w in ws]
+            self.weights = {w.name: w.weight for w in ws} if len({w.weight for w in ws}) > 1 else None
+            self.unit = all(w.weight == 1.0 for w in ws)
+            same = prev is not None and prev.names == self.names and (
+                [w.weight for w in prev.ws] == [w.weight for w in ws])
         self.zero_scores: dict[str, float] = prev.zero_scores if same and prev is not None else dict.fromkeys(
             self.names, 0)
         """Every worker's total when no scorer has weight (each decision gets a copy)."""
         if same and prev is not None and prev.vec is not None:  # the columns move here: `prev` no longer has them
             self.vec, prev.vec = prev.vec.moved(prev.ws, ws, cost), None
+
+    @staticmethod
+    def renewed(prev: Eligible, workers: Sequence[WorkerView], cost: Any) -> Eligible:
+        """`prev` (with positions `at`) for a new view `workers` that `same_fields` found equal to
+        `prev`'s view: the same positions are eligible, for the same reason, without filtering."""
+        at = prev.at
+        assert at is not None
+        return Eligible([workers[i] for i in at], prev.why, prev, cost, at, True)
 
 
 class ViewColumns:
@@ -115,9 +154,10 @@ class ViewColumns:
         if not changed:
             return self
         base, reqs0, kv = self.base, self.reqs0, self.kv_usage
+        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
         for i in changed:
             w = new[i]
-            base[i] = view_load(w, cost)
+            base[i] = side_load(w, dw, per_req)
             reqs0[i] = w.queued_requests + w.running_requests
             kv[i] = w.kv_usage
         if self.fixed:  # view-only scores: a new list (earlier decisions' score tables hold the old one)
@@ -131,18 +171,27 @@ class ViewColumns:
         self.dirty.extend(changed)
         return self
 
-    def refresh(self, e: Eligible, inflight: InFlight, cost: Any) -> None:
+    def refresh(self, e: Eligible, inflight: InFlight, dw: float, per_req: float) -> None:
         """Bring every worker's load and requests up to date: those whose in-flight entries
-        changed since last asked, or whose view changed (`moved`), are recomputed (`ledger_load`)."""
-        dw, per_req = cost.decode_token_weight, cost.per_request_tokens
+        changed since last asked, or whose view changed (`moved`), are recomputed (`ledger_load`;
+        `dw`, `per_req`: the cost's decode token weight and per-request tokens)."""
         load, requests, base, reqs0, ws = self.load, self.requests, self.base, self.reqs0, e.ws
         changed, mark = inflight.changes_since(self.mark) if self.mark >= 0 else (None, inflight.changes_since(0)[1])
         self.mark = mark
-        pos = self.pos
-        todo: Any = range(len(ws)) if changed is None else dict.fromkeys(
-            [*[pos[n] for n in changed if n in pos], *self.dirty])
+        n = len(ws)
+        due = [changed is None] * n
+        if changed is not None:
+            pos = self.pos
+            for name in changed:
+                i = pos.get(name, -1)
+                if i >= 0:
+                    due[i] = True
+            for i in self.dirty:
+                due[i] = True
         self.dirty = []
-        for i in todo:
+        for i in range(n):
+            if not due[i]:
+                continue
             x, n_pend = ledger_load(ws[i], base[i], inflight, dw, per_req)
             load[i] = x
             requests[i] = reqs0[i] + n_pend

@@ -40,6 +40,8 @@ COMPILED = [
     "src/fleetwise/engine/scheduler.py",
     "src/fleetwise/engine/sequence.py",
     "src/fleetwise/engine/step_state.py",
+    "src/fleetwise/perf/kv.py",
+    "src/fleetwise/perf/kv_share.py",
     "src/fleetwise/perf/roofline.py",
     "src/fleetwise/routing/incoming.py",
     "src/fleetwise/routing/kernels.py",
@@ -57,6 +59,7 @@ COMPILED = [
     "src/fleetwise/sim/events.py",
     "src/fleetwise/sim/faults.py",
     "src/fleetwise/sim/fleet.py",
+    "src/fleetwise/sim/network.py",
     "src/fleetwise/sim/recovery.py",
     "src/fleetwise/sim/runner.py",
 ]

@@ -152,11 +152,16 @@ class SharedPorts:
     def next_end_s(self) -> float:
         """Earliest time any transfer in flight could land (a safe bound: rates only rise after an end)."""
         t = math.inf
-        for tr in self.transfers.values():
-            t = min(t, tr.last_s + tr.remaining / tr.rate)
+        for tr in self.transfers.values():  # explicit comparisons: `min`'s first-smallest, no list or boxing
+            end = tr.last_s + tr.remaining / tr.rate
+            if end < t:
+                t = end
         if self._landing or t < math.inf:
             t += self.latency_s
-        return min([t, *self._landing_s.values()])
+        for land in self._landing_s.values():
+            if land < t:
+                t = land
+        return t
 
     def cancel(self, now_s: float, tid: int) -> None:
         """Stop transfer `tid` without a completion (its sender gave up); the others speed up."""

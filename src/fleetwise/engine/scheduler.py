@@ -205,9 +205,9 @@ class Engine:
                 passes = fused.passes
                 self._inflight = ScheduledStep(passes, fused.duration_s, n_dec, chunks, new_decoders, preempted,
                                            hits, scheduled, fused, deferred)
-                return Step(fused.duration_s, passes, None, n_dec, 0, n_dec * passes, (n_dec, kv, longest))
+                return Step(fused.duration_s, passes, None, n_dec, 0, n_dec * passes, kv, longest)
         self._inflight = ScheduledStep(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
-        return Step(d0, 1, None, n_dec, 0, n_dec, (n_dec, kv, longest))
+        return Step(d0, 1, None, n_dec, 0, n_dec, kv, longest)
 
     def _single_step(self, chunks: list[tuple[SeqState, int]], n_dec: int, new_decoders: list[SeqState],
                      preempted: list[str], hits: int, scheduled: list[tuple[str, float]]) -> Step:

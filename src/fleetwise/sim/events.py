@@ -88,11 +88,17 @@ class RouteTick(Event):
     """Refresh the view and route all arrivals up to the next tick."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class TransferEnd(Event):
+    """A KV transfer's wake-up (a few per P/D request: its own `__init__`, as `Arrival`)."""
+
     transfer: int
     version: int
     """Rate-change version; a stale completion (rate changed since) is ignored."""
+
+    def __init__(self, transfer: int, version: int) -> None:
+        self.transfer = transfer
+        self.version = version
 
 
 @dataclass(slots=True)

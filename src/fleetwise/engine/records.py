@@ -8,10 +8,16 @@ Import them from `fleetwise.engine.api`, the public surface of the engine layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Final
 
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import BatchShape
 from fleetwise.spec import engine_defaults as ed
+
+NO_ENTRIES: Final[list[Any]] = []
+"""The one empty list every `StepOutput` field and scheduled step's list that stayed empty
+shares (one of each is made per step; fresh empty lists were a per-cent of a busy run): read-only,
+never appended to; the engine makes a list of its own before it adds an entry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +115,8 @@ class StepOutput:
         None otherwise): (True, hash id) = span stored, (False, hash id) = span evicted, in order.
 
     The last two fields are off on the simulator's fast path (None) and filled when asked. One
-    is made per step: a plain class with its own `__init__` (see `step_state.ScheduledStep`).
+    is made per step: a plain class with its own `__init__` (see `step_state.ScheduledStep`), whose
+    empty lists are the shared `NO_ENTRIES` (read them; never append to them).
     """
 
     __slots__ = ("first_tokens", "finished", "handoffs", "preempted", "tokens_generated", "itl_samples",

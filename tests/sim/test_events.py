@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetwise.sim.events import Event, EventLoop, Priority
@@ -71,3 +72,55 @@ def test_events_come_out_sorted_by_time_priority_seq(items):
     loop.run()
     assert out == sorted(out)
     assert loop.processed == len(items)
+
+
+
+CHILDREN = st.lists(st.lists(st.tuples(st.sampled_from([0.0, 0.25, 1.0, 3.0]), st.sampled_from(list(Priority))),
+                             max_size=3), min_size=1, max_size=30)
+"""Per dispatched event (in dispatch order), the (delay, priority) of the events its handler schedules."""
+SEEDS = st.lists(st.tuples(st.sampled_from([0.0, 1.0, 2.0]), st.sampled_from(list(Priority))), min_size=1, max_size=8)
+
+
+def heapq_order(seeds, children) -> list[tuple[float, int, int]]:
+    """The reference: the same handlers replayed on heapq over (time, priority, seq)."""
+    ref: list[tuple[float, int, int]] = []
+    for k, (t, p) in enumerate(seeds, 1):
+        heapq.heappush(ref, (t, int(p), k))
+    seq, out = len(seeds), []
+    while ref:
+        item = heapq.heappop(ref)
+        out.append(item)
+        for delay, prio in children[len(out) - 1] if len(out) <= len(children) else []:
+            seq += 1
+            heapq.heappush(ref, (item[0] + delay, int(prio), seq))
+    return out
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(SEEDS, CHILDREN, st.booleans())
+def test_events_scheduled_while_dispatching_pop_in_heapq_order(seeds, children, use_call_at):
+    """Handlers that schedule more events (some due before everything queued, which the loop keeps
+    out of its heap) see the order a plain heapq over (time, priority, seq) gives."""
+    loop = EventLoop()
+    got: list[tuple[float, int, int]] = []
+    seq = [0]
+
+    def schedule(t: float, p: Priority) -> None:
+        seq[0] += 1
+        if use_call_at:
+            loop.call_at(t, int(p), handler, (int(p), seq[0]))
+        else:
+            loop.push(t, p, Tagged(f"{int(p)}:{seq[0]}"))
+
+    def handler(t: float, ev: object) -> None:
+        p, k = ev if isinstance(ev, tuple) else map(int, ev.tag.split(":"))  # type: ignore[attr-defined]
+        got.append((t, p, k))
+        for delay, prio in children[len(got) - 1] if len(got) <= len(children) else []:
+            schedule(t + delay, prio)
+
+    loop.on(Tagged, handler)
+    for t, p in seeds:
+        schedule(t, p)
+    loop.run()
+    assert got == heapq_order(seeds, children)
+    assert loop.processed == len(got) and len(loop) == 0 and loop.peek_time() == float("inf")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from heapq import heappop, heappush
 from typing import Final
 
+from fleetwise.engine.records import NO_ENTRIES
 from fleetwise.engine.sequence import DECODE, LEFT, SeqState
 from fleetwise.perf.types import BatchShape
 
@@ -148,8 +149,10 @@ class DecodeSet:
     def pop_finished(self, g: int) -> list[SeqState]:
         """Decoders whose last token came out by pass `g`, in (finish, admission) order."""
         heap, live = self._heap, self._live
-        done: list[SeqState] = []
         bound = (g + 1) << SEQ_BITS  # entries below it finish by pass g
+        if not heap or heap[0] >= bound:
+            return NO_ENTRIES  # the shared empty list (read-only): most steps finish nothing
+        done: list[SeqState] = []
         while heap and heap[0] < bound:
             st = live.get(heappop(heap) & SEQ_MASK)
             if st is not None:

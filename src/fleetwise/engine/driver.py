@@ -131,8 +131,8 @@ class EngineDriver:
         self._schedule(now_s)
 
     def _schedule(self, now_s: float) -> None:
-        if self.busy or self.state == DOWN or self.stalled:
-            return
+        if self.busy or self.state == DOWN or self.stalled or not self.engine.has_work:
+            return  # (an engine with no work schedules nothing: no horizon to ask for)
         hard, soft = self.horizon(self, now_s)
         step = self.engine.schedule(hard if hard > 0.0 else 0.0, soft if soft > 0.0 else 0.0)
         if step is None:

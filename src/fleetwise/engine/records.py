@@ -8,10 +8,16 @@ Import them from `fleetwise.engine.api`, the public surface of the engine layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Final
 
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import BatchShape
 from fleetwise.spec import engine_defaults as ed
+
+NO_ENTRIES: Final[list[Any]] = []
+"""The one empty list every `StepOutput` field and scheduled step's list that stayed empty
+shares (one of each is made per step; fresh empty lists were a per-cent of a busy run): read-only,
+never appended to; the engine makes a list of its own before it adds an entry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,22 +59,23 @@ class Step:
     prefill_tokens: prompt tokens computed (only ever in single-pass steps).
     decode_tokens: decode tokens computed over all passes (num_seqs * num_passes when fused).
 
-    A decode-only step is formed from `decode=(n, kv, longest)` and builds its `shape`
-    (`BatchShape(n, n, kv, float(kv), 0, 1, longest)`) only when asked, and a step with prompt
-    chunks from `sums` (the shape's fields, in order): the simulator never asks.
+    A decode-only step is formed from its first pass's KV read and longest row (`kv_read=`,
+    `longest=`; its rows are `num_seqs`) and builds its `shape` (`BatchShape(n, n, kv, float(kv),
+    0, 1, longest)`) only when asked, and a step with prompt chunks from `sums` (the shape's
+    fields, in order): the simulator never asks. Two ints, not a tuple: one is made per step.
     """
 
-    __slots__ = ("duration_s", "num_passes", "num_seqs", "prefill_tokens", "decode_tokens", "_shape", "_decode",
-                 "_sums")
+    __slots__ = ("duration_s", "num_passes", "num_seqs", "prefill_tokens", "decode_tokens", "_shape", "_kv_read",
+                 "_longest", "_sums")
 
     def __init__(self, duration_s: float, num_passes: int, shape: BatchShape | None, num_seqs: int,
-                 prefill_tokens: int, decode_tokens: int, decode: tuple[int, int, int] | None = None,
+                 prefill_tokens: int, decode_tokens: int, kv_read: int = -1, longest: int = 0,
                  sums: tuple[int, int, int, float, int, int, int] | None = None) -> None:
-        if shape is None and decode is None and sums is None:
-            raise ValueError("Step needs a shape, its fields (sums=...), or decode=(n, kv, longest)")
+        if shape is None and kv_read < 0 and sums is None:
+            raise ValueError("Step needs a shape, its fields (sums=...), or a decode step's kv_read=")
         self.duration_s, self.num_passes, self.num_seqs = duration_s, num_passes, num_seqs
         self.prefill_tokens, self.decode_tokens = prefill_tokens, decode_tokens
-        self._shape, self._decode, self._sums = shape, decode, sums
+        self._shape, self._kv_read, self._longest, self._sums = shape, kv_read, longest, sums
 
     @property
     def shape(self) -> BatchShape:
@@ -76,9 +83,8 @@ class Step:
             if self._sums is not None:
                 self._shape = BatchShape(*self._sums)
             else:
-                assert self._decode is not None
-                n, kv, longest = self._decode
-                self._shape = BatchShape(n, n, kv, float(kv), 0, 1 if n else 0, longest)
+                n, kv = self.num_seqs, self._kv_read
+                self._shape = BatchShape(n, n, kv, float(kv), 0, 1 if n else 0, self._longest)
         return self._shape
 
     def __repr__(self) -> str:
@@ -109,7 +115,8 @@ class StepOutput:
         None otherwise): (True, hash id) = span stored, (False, hash id) = span evicted, in order.
 
     The last two fields are off on the simulator's fast path (None) and filled when asked. One
-    is made per step: a plain class with its own `__init__` (see `step_state.ScheduledStep`).
+    is made per step: a plain class with its own `__init__` (see `step_state.ScheduledStep`), whose
+    empty lists are the shared `NO_ENTRIES` (read them; never append to them).
     """
 
     __slots__ = ("first_tokens", "finished", "handoffs", "preempted", "tokens_generated", "itl_samples",

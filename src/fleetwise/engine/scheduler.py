@@ -39,7 +39,7 @@ from fleetwise.engine.bundle import (
     plan_fused,
 )
 from fleetwise.engine.decoders import DecodeSet, step_sums
-from fleetwise.engine.records import EngineConfig, Step, StepOutput
+from fleetwise.engine.records import NO_ENTRIES, EngineConfig, Step, StepOutput
 from fleetwise.engine.sequence import DECODE, HANDOFF, PREFILL, WAITING, SeqState, cdiv, hit_blocks, lookup
 from fleetwise.engine.step_state import EngineCounters, ScheduledStep
 from fleetwise.errors import InfeasibleError, SpecError
@@ -171,21 +171,26 @@ class Engine:
             raise RuntimeError(f"engine {self.name!r}: schedule() while a step is in flight")
         if not self._running and not self._waiting:
             return None
-        preempted: list[str] = []
+        # Lists that stay empty (most steps: decodes only) are the shared NO_ENTRIES; a phase
+        # that adds to one gets its own first.
+        preempted: list[str] = NO_ENTRIES
         budget = self.config.max_num_batched_tokens - self._decoders.n
-        chunks: list[tuple[SeqState, int]] = []
+        chunks: list[tuple[SeqState, int]] = NO_ENTRIES
         if self._prefilling or not self._reserve_decodes():
+            preempted = []
             chunks = self._reserve_running(budget, preempted)
         budget = self.config.max_num_batched_tokens - self._decoders.n
         for _, c in chunks:
             budget -= c
-        new_decoders: list[SeqState] = []
-        scheduled: list[tuple[str, float]] = []
+        new_decoders: list[SeqState] = NO_ENTRIES
+        scheduled: list[tuple[str, float]] = NO_ENTRIES
         hits = 0
         # After a preemption vLLM admits nothing new that step (no thrashing), unless it emptied
         # the engine: admitting is then the only way forward (nothing else schedules the requeued).
         emptied = bool(preempted) and not self._decoders.n and not chunks
         if self._waiting and (not preempted or emptied) and (emptied or self._admission_may_change(budget)):
+            chunks = chunks if chunks is not NO_ENTRIES else []
+            new_decoders, scheduled = [], []
             hits = self._admit_waiting(budget, chunks, new_decoders, scheduled,
                                        frozenset(preempted) if emptied else NO_IDS)
         n_dec = self._decoders.n
@@ -205,9 +210,9 @@ class Engine:
                 passes = fused.passes
                 self._inflight = ScheduledStep(passes, fused.duration_s, n_dec, chunks, new_decoders, preempted,
                                            hits, scheduled, fused, deferred)
-                return Step(fused.duration_s, passes, None, n_dec, 0, n_dec * passes, (n_dec, kv, longest))
+                return Step(fused.duration_s, passes, None, n_dec, 0, n_dec * passes, kv, longest)
         self._inflight = ScheduledStep(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
-        return Step(d0, 1, None, n_dec, 0, n_dec, (n_dec, kv, longest))
+        return Step(d0, 1, None, n_dec, 0, n_dec, kv, longest)
 
     def _single_step(self, chunks: list[tuple[SeqState, int]], n_dec: int, new_decoders: list[SeqState],
                      preempted: list[str], hits: int, scheduled: list[tuple[str, float]]) -> Step:
@@ -409,21 +414,26 @@ class Engine:
         if stats.carried_preempted:
             preempted = stats.carried_preempted + preempted
             stats.carried_preempted = []
-        itl = [(fl.duration_s / passes, n_dec * passes)] if n_dec else []
+        itl = [(fl.duration_s / passes, n_dec * passes)] if n_dec else NO_ENTRIES
         # Positional, every field given: StepOutput(first_tokens, finished, handoffs, preempted,
-        # tokens_generated, itl_samples, prefix_hit_tokens, scheduled).
-        out = StepOutput([], [], [], preempted, n_dec * passes, itl, fl.prefix_hit_tokens, fl.scheduled)
+        # tokens_generated, itl_samples, prefix_hit_tokens, scheduled); lists of its own only
+        # where this step can add entries (NO_ENTRIES).
+        chunks = fl.chunks
+        first: list[tuple[str, float]] = [] if chunks or fl.new_decoders else NO_ENTRIES
+        finished = self._decoders.pop_finished(self._passes)
+        out = StepOutput(first, [] if finished or chunks else NO_ENTRIES, [] if chunks else NO_ENTRIES,
+                         preempted, n_dec * passes, itl, fl.prefix_hit_tokens, fl.scheduled)
         if self.per_request_outputs:
             # Every decoder in the set ran every pass (a fused step ends by the first finish).
             out.tokens = [(rid, passes) for rid, st in self._running.items() if st.phase == DECODE]
         for st in fl.new_decoders:
             if not st.first_done:
                 st.first_done = True
-                out.first_tokens.append((st.req.request_id, fl.duration_s))
-        for st in self._decoders.pop_finished(self._passes):
+                first.append((st.req.request_id, fl.duration_s))
+        for st in finished:
             self._finish_decoder(st)
             out.finished.append(st.req.request_id)
-        for st, chunk in fl.chunks:
+        for st, chunk in chunks:
             self._advance_prefill(st, chunk, fl.duration_s, out)
         events = self.pool.events
         if events:

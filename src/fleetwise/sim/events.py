@@ -12,7 +12,11 @@ joins the same step. Within one priority, the insertion order (`seq`) decides: F
 The queue is `engine.heap`'s binary heap of `_Entry` records keyed by the time, tied by
 `priority << SEQ_BITS | seq`: the same events in the same order as `heapq` over `(time_s,
 priority, seq, ...)` tuples, without comparing tuples item by item (docs/simulator.md, "Long
-outputs: per-event cost").
+outputs: per-event cost"). In front of the heap sits one slot, `_first`, holding an entry that
+pops before every entry of the heap: an event scheduled to come next (a replica's next step
+ending before anything else happens, a kick due now) waits there and is taken without a sift
+through the heap; one scheduled earlier still moves it into the heap. The pops are the same, in
+the same order: every key is unique, so the order is the one total order of `(key, tie)`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any, Final, cast
 from mypy_extensions import mypyc_attr
 
 from fleetwise.engine.clock import ORDER_ARRIVAL, ORDER_KICK, ORDER_STEP_END
-from fleetwise.engine.heap import Keyed, pop, push
+from fleetwise.engine.heap import Keyed, before, pop, push
 
 
 class Priority(IntEnum):
@@ -85,13 +89,6 @@ class RouteTick(Event):
 
 
 @dataclass(slots=True)
-class TransferEnd(Event):
-    transfer: int
-    version: int
-    """Rate-change version; a stale completion (rate changed since) is ignored."""
-
-
-@dataclass(slots=True)
 class FaultEvent(Event):
     fault: int
     """Index into the fault scenario."""
@@ -130,12 +127,14 @@ class EventLoop:
     directly, with the engine's tie orders (`ORDER_STEP_END`, `ORDER_KICK`) as priorities.
     """
 
-    __slots__ = ("time_s", "_heap", "_seq", "_handlers", "processed")
+    __slots__ = ("time_s", "_heap", "_first", "_seq", "_handlers", "processed")
 
     def __init__(self) -> None:
         self.time_s = 0.0
         """Virtual time of the event being (or last) processed."""
         self._heap: list[Keyed] = []
+        self._first: _Entry | None = None
+        """An entry that pops before every entry of `_heap` (None: the heap's top is next)."""
         self._seq = 0
         self._handlers: dict[type, Handler] = {}
         self.processed = 0
@@ -156,19 +155,43 @@ class EventLoop:
         if time_s < self.time_s:
             time_s = self.time_s
         self._seq += 1
-        push(self._heap, _Entry(time_s, int(priority) << SEQ_BITS | self._seq, self._handlers[type(event)], event))
+        self._add(_Entry(time_s, int(priority) << SEQ_BITS | self._seq, self._handlers[type(event)], event))
 
     def call_at(self, time_s: float, order: int, fn: Handler, arg: Any = None) -> None:
         """Run `fn(time_s, arg)` at `time_s` (never in the past), ordered like an event of priority `order`."""
         if time_s < self.time_s:
             time_s = self.time_s
         self._seq += 1
-        push(self._heap, _Entry(time_s, order << SEQ_BITS | self._seq, fn, arg))
+        self._add(_Entry(time_s, order << SEQ_BITS | self._seq, fn, arg))
+
+    def _add(self, e: _Entry) -> None:
+        """Queue `e`: in the `_first` slot when it pops before everything queued, else in the heap."""
+        first, heap = self._first, self._heap
+        if first is None:
+            if heap and not before(e, heap[0]):
+                push(heap, e)
+            else:
+                self._first = e
+        elif before(e, first):
+            push(heap, first)
+            self._first = e
+        else:
+            push(heap, e)
+
+    def _take(self) -> _Entry:
+        """Remove and return the next entry (the queue is not empty)."""
+        e = self._first
+        if e is not None:
+            self._first = None
+            return e
+        return cast(_Entry, pop(self._heap))
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._heap) + (self._first is not None)
 
     def peek_time(self) -> float:
+        if self._first is not None:
+            return self._first.key
         return self._heap[0].key if self._heap else float("inf")
 
     def run(self, until_s: float = float("inf"), on_progress: Callable[[float], None] | None = None) -> None:
@@ -176,18 +199,18 @@ class EventLoop:
         heap = self._heap
         n = 0
         if on_progress is None and until_s == float("inf"):  # the common case: nothing to check
-            while heap:
-                e = cast(_Entry, pop(heap))
+            while self._first is not None or heap:
+                e = self._take()
                 t = e.key
                 self.time_s = t
                 e.fn(t, e.ev)
                 n += 1
             self.processed += n
             return
-        while heap:
-            if heap[0].key > until_s:
+        while self._first is not None or heap:
+            if self.peek_time() > until_s:
                 break
-            e = cast(_Entry, pop(heap))
+            e = self._take()
             t = e.key
             self.time_s = t
             e.fn(t, e.ev)

@@ -14,8 +14,8 @@ direct. `queue_s` of a transfer = its duration minus what it would take alone on
 A port with factor 0 is down: its transfers fail at once and new ones fail on start.
 
 Compiled with mypyc (setup.py `COMPILED`): a wake-up is a `call_at` on the loop (a transfer's id
-and version as its argument: the same order as a `TransferEnd` event of the same priority, no
-event object), and a record defines its own `__init__`.
+and version as its argument: the same order as the per-transfer wake-up event it replaced, of the
+same priority, with no event object), and a record defines its own `__init__`.
 """
 
 from __future__ import annotations

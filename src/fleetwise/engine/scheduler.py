@@ -79,8 +79,7 @@ class Engine:
         self._inflight: ScheduledStep | None = None
         self._blocked_rid: str | None = None
         """Queue head that last failed admission (None: try again); `_blocked_*`: what it waited on."""
-        self._blocked_target = self._blocked_free = self._blocked_version = self._blocked_running = 0
-        self._blocked_budget = 0
+        self._blocked_target = self._blocked_free = self._blocked_version = self._blocked_running = self._blocked_budget = 0
         self.stats = EngineCounters()
         self.per_request_outputs = False
         """Fill `StepOutput.tokens` (which requests got how many tokens): a server streams them."""
@@ -153,10 +152,9 @@ class Engine:
 
     def _enqueue(self, st: SeqState) -> None:
         if not self.fits(st.req):
-            raise InfeasibleError(
-                f"request {st.req.request_id}: {st.req.prompt_tokens} prompt + {st.req.output_tokens} "
-                f"output tokens never fit engine {self.name!r} ({self.pool.capacity} blocks of "
-                f"{self._bs} tokens); check Engine.fits() first, or give the pool more memory")
+            raise InfeasibleError(f"request {st.req.request_id}: {st.req.prompt_tokens} prompt + {st.req.output_tokens} "
+                                  f"output tokens never fit engine {self.name!r} ({self.pool.capacity} blocks of "
+                                  f"{self._bs} tokens); check Engine.fits() first, or give the pool more memory")
         self._waiting.append(st)
         self._waiting_prefill_tokens += 0 if st.transferred else st.target
 
@@ -179,9 +177,7 @@ class Engine:
         if self._prefilling or not self._reserve_decodes():
             preempted = []
             chunks = self._reserve_running(budget, preempted)
-        budget = self.config.max_num_batched_tokens - self._decoders.n
-        for _, c in chunks:
-            budget -= c
+        budget = self.config.max_num_batched_tokens - self._decoders.n - sum([c for _, c in chunks])
         new_decoders: list[SeqState] = NO_ENTRIES
         scheduled: list[tuple[str, float]] = NO_ENTRIES
         hits = 0
@@ -220,10 +216,7 @@ class Engine:
         sums = step_sums(self._decoders, self._passes, chunks)
         d0 = self.batch_time(*sums)
         self._inflight = ScheduledStep(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
-        prefill = 0
-        for _, c in chunks:
-            prefill += c
-        return Step(d0, 1, None, sums[0], prefill, n_dec, sums=sums)
+        return Step(d0, 1, None, sums[0], sum([c for _, c in chunks]), n_dec, sums=sums)
 
     def _reserve_decodes(self) -> bool:
         """Phase 1 fast path (nothing prefilling): reserve this pass's decode blocks; False: preempt."""
@@ -266,9 +259,8 @@ class Engine:
                        self_emptied: frozenset[str] = NO_IDS) -> int:
         """Phase 2: admit FCFS while budget, seats and blocks allow; returns prefix-hit tokens.
 
-        `self_emptied` holds requests whose own preemption emptied the engine this step: their
-        cache hits pinned the blocks they then lacked, so they come back without the hits (every
-        cached block evictable), or the same admission and preemption would repeat forever."""
+        `self_emptied`: requests whose own preemption emptied the engine this step (their cache hits pinned
+        the blocks they lacked); they come back without hits, or the same preemption would repeat forever."""
         hits = 0
         max_seqs = self.config.max_num_seqs
         while self._waiting and budget > 0 and len(self._running) < max_seqs:
@@ -386,8 +378,7 @@ class Engine:
         return fl.duration_s
 
     def passes_done(self, elapsed_s: float) -> int:
-        """Passes of the in-flight step that have ended `elapsed_s` after its start (0 when
-        nothing is in flight or its only pass is still running)."""
+        """Passes of the in-flight step ended `elapsed_s` after its start (0: none in flight or its only pass running)."""
         fl = self._inflight
         if fl is None:
             return 0
@@ -415,9 +406,8 @@ class Engine:
             preempted = stats.carried_preempted + preempted
             stats.carried_preempted = []
         itl = [(fl.duration_s / passes, n_dec * passes)] if n_dec else NO_ENTRIES
-        # Positional, every field given: StepOutput(first_tokens, finished, handoffs, preempted,
-        # tokens_generated, itl_samples, prefix_hit_tokens, scheduled); lists of its own only
-        # where this step can add entries (NO_ENTRIES).
+        # Positional: StepOutput(first_tokens, finished, handoffs, preempted, tokens_generated,
+        # itl_samples, prefix_hit_tokens, scheduled); own lists only where entries can be added.
         chunks = fl.chunks
         first: list[tuple[str, float]] = [] if chunks or fl.new_decoders else NO_ENTRIES
         finished = self._decoders.pop_finished(self._passes)

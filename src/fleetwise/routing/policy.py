@@ -131,14 +131,20 @@ class ComposedPolicy:
         self._pd_filters = {side: params.pd_filters(side) for side in ("prefill", "decode")}
         """Filters of each P/D side (None: the policy's eligible workers of that role)."""
         self._pd_pickers = (params.pd_picker("prefill"), params.pd_picker("decode"))
+        """Pickers of the P/D prefill and decode sides (`PolicyParams.pd_picker`)."""
         self._pair_tables: dict[tuple[str | None, str | None], PairTable] = {}
         """Per (model_version, region): the compatible pairs of the P/D sides' workers (`_pair_table`)."""
         self._links = LinkTable()
         """The fleet view's KV links, kept between views (`LinkTable`)."""
-        """Pickers of the P/D prefill and decode sides (`PolicyParams.pd_picker`)."""
+        self._read_params(params)
+        self.wants_kv_events = any(wt > 0 for wt in (*params.scorers.values(), *self._profiles["prefill"].values()))
+        """Scores read the prefix index (load through the cached prefix, prefix): a driver should
+        report the engines' `KvStored`/`KvEvicted` events."""
+
+    def _read_params(self, params: PolicyParams) -> None:
+        """The parameters each decision reads, as plain attributes: a pydantic model's attribute
+        read goes through its `__getattr__` hook, some 200 instructions even from compiled code."""
         lb, pdp, cost = params.load_bound, params.pd, params.cost
-        # The parameters each decision reads, as plain attributes: a pydantic model's attribute
-        # read goes through its `__getattr__` hook, some 200 instructions even from compiled code.
         self._bound_on: bool = lb.enabled
         self._bound_c: float = lb.c
         self._share_window: int = lb.share_window
@@ -150,9 +156,6 @@ class ComposedPolicy:
         self._pair_scorers: dict[str, float] = {str(k): v for k, v in pdp.pair_scorers.items()}
         self._dw: float = cost.decode_token_weight
         self._per_req: float = cost.per_request_tokens
-        self.wants_kv_events = any(wt > 0 for wt in (*params.scorers.values(), *self._profiles["prefill"].values()))
-        """Scores read the prefix index (load through the cached prefix, prefix): a driver should
-        report the engines' `KvStored`/`KvEvicted` events."""
 
     def _terms(self, profile: dict[str, float]) -> tuple[list[str], list[float], float]:
         """(scorers, weights, sum of weights or 1) of a P/D profile; the policy's when it is empty."""
@@ -229,8 +232,7 @@ class ComposedPolicy:
         return apply_filters(req, ws, self._down_set(fleet), (*(f for f in self.params.filters if f != "role"), "role"))
 
     def _by_name(self, workers: tuple[WorkerView, ...]) -> list[WorkerView]:
-        """`workers` sorted by name (stably): the last view's order reused while the names come
-        in the same order (a driver's new view of the same fleet), O(workers) comparisons."""
+        """`workers` sorted by name (stably); the last view's order reused while the names come in the same order."""
         names = self._order_names
         if len(workers) != len(names) or any(w.name != x for w, x in zip(workers, names, strict=True)):
             self._order_names = [w.name for w in workers]
@@ -243,8 +245,7 @@ class ComposedPolicy:
 
     def _bounded(self, load: list[float], own: list[float], slow: list[float], names: list[str], pool: str,
                  v: ViewColumns | None = None) -> tuple[float | None, list[int], list[str]]:
-        """The load bound over columns (`kernels.bounded`, None when off), the positions it keeps
-        and the names it leaves out; `v` keeps the pool's share counts between decisions."""
+        """The load bound over columns (`kernels.bounded`, None when off), the positions kept, the names left out."""
         n = len(load)
         if not self._bound_on or n < 2:
             return None, list(range(n)) if v is None else v.every, []
@@ -271,8 +272,7 @@ class ComposedPolicy:
 
     def _dispatch(self, req: RouteRequest, prefix_blocks: int, predicted_cost: float, worker: str,
                   prefill: str | None, now: float) -> None:
-        """Reserve the request in the in-flight ledger (`predicted_cost`: load + own cost, in
-        tokens) and, if configured, note its prompt as cached where it is prefilled."""
+        """Reserve `req` in the in-flight ledger (cost in tokens); if configured, note its prompt cached there."""
         uncached = max(req.prompt_tokens - prefix_blocks * req.hash_block_tokens, 0)
         self.inflight.add(Pending(req.request_id, worker, prefill, now, uncached, self._expected, predicted_cost))
         if self._record_dispatch and req.block_hashes:
@@ -281,8 +281,7 @@ class ComposedPolicy:
     # ---- colocated ---------------------------------------------------------------------------
 
     def _route_mixed_simple(self, req: RouteRequest, now: float, e: Eligible, safe: bool) -> RoutingDecision:
-        """Round-robin or random picks (or safe-mode round-robin): nothing is scored, only the
-        chosen worker's signals are computed (what the ledger reserves)."""
+        """Round-robin or random picks (or safe mode): nothing scored, only the chosen worker's signals computed."""
         names = e.names
         scores: dict[str, float]
         kind = "safe-mode"

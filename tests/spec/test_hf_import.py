@@ -122,3 +122,19 @@ def test_json_not_an_object(tmp_path: Path) -> None:
     p.write_text("[1, 2]")
     with pytest.raises(SpecError, match="expected a JSON object"):
         model_from_hf_path(p)
+
+
+GEMMA2_9B = {  # google/gemma-2-9b config.json: no tie_word_embeddings key; Gemma2Config defaults it to true
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "head_dim": 256, "hidden_size": 3584,
+    "intermediate_size": 14336, "max_position_embeddings": 8192, "num_attention_heads": 16,
+    "num_hidden_layers": 42, "num_key_value_heads": 8, "sliding_window": 4096, "vocab_size": 256000,
+}
+
+
+def test_gemma_ties_embeddings_by_default() -> None:
+    m = model_from_hf_config(GEMMA2_9B, "gemma-2-9b")
+    assert m.tie_embeddings
+    assert round(m.params_total / 1e9, 2) == 9.24  # Gemma-2-9B's published 9,241,705,984 (two more norms a layer)
+    untied = model_from_hf_config(GEMMA2_9B | {"tie_word_embeddings": False}, "g")
+    assert not untied.tie_embeddings and untied.params_total == m.params_total + 256000 * 3584
+

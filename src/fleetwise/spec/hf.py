@@ -29,6 +29,9 @@ from fleetwise.spec.model import ModelSpec
 
 _BASE_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 _MLA_REQUIRED = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
+"""`model_type`s whose transformers config class defaults `tie_word_embeddings` to true (GemmaConfig,
+Gemma2Config, Gemma3TextConfig); their config.json files usually leave the key out."""
 
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +109,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, source: str = "") -> Mo
         "num_kv_heads": cfg.get("num_key_value_heads") or heads,
         "head_dim": cfg.get("head_dim") or _int_div(cfg["hidden_size"], heads),
         "vocab_size": cfg["vocab_size"],
-        "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "tie_embeddings": bool(cfg.get("tie_word_embeddings", cfg.get("model_type") in TIED_BY_DEFAULT)),
         "source": source or f"Hugging Face config.json ({cfg.get('model_type', 'unknown model_type')})",
     }
     if cfg.get("max_position_embeddings"):

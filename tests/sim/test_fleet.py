@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleetwise.cli.main import main
 from fleetwise.errors import SpecError
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.sim.events import EventLoop
@@ -60,6 +61,21 @@ def test_a_model_that_does_not_fit_says_fit_failed_and_suggests_fleetwise_fit():
     plan = PlanSpec(pools=[pool(model="llama-3.1-405b", accelerator="h100-sxm")])
     with pytest.raises(SpecError, match=r"fit failed.*fleetwise fit"):
         make_fleet(plan)
+
+
+def test_the_suggested_fit_command_runs_and_names_the_memory_share(capsys):
+    """The hint is a command line `fleetwise fit` accepts, for the pool as written (fp8 weights,
+    a memory share of 1%: what left no room), and the message names that share."""
+    plan = PlanSpec(pools=[pool(weight_dtype="fp8", gpu_memory_utilization=0.01)])
+    with pytest.raises(SpecError) as err:
+        make_fleet(plan)
+    msg = str(err.value)
+    assert "gpu_memory_utilization 0.01" in msg
+    command = msg.split("see `fleetwise ")[1].split("`")[0].split()
+    assert command == ["fit", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--weight-dtype", "fp8",
+                       "--gpu-memory-utilization", "0.01"]
+    assert main(command) == 0
+    assert "does not fit" in capsys.readouterr().out
 
 
 def test_fleet_builds_named_replicas_with_kv_capacity_and_ports_only_for_pd():

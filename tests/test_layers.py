@@ -32,6 +32,7 @@ LAYER = {
     "report": 6,
     "deploy": 6,
     "cli": 7,
+    "__main__": 8,
 }
 SIBLINGS_APART = {("engine", "routing"), ("routing", "engine"), ("planner", "gateway"), ("planner", "emulator"),
                   ("gateway", "planner"), ("emulator", "planner"), ("gateway", "sim"), ("emulator", "sim"),

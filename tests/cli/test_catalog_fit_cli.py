@@ -120,3 +120,16 @@ def test_gpu_yaml_with_typo(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     p.write_text(yaml.safe_dump(doc))
     err = one_line_error(capsys, "fit", "--model", "llama-3.1-8b", "--gpu", str(p))
     assert "hbm_byte: unknown field" in err and "hbm_bytes: Field required" in err
+
+
+@pytest.mark.parametrize(("flag", "value", "bound"), [
+    ("--context-tokens", "0", "must be at least 1, got '0'"),
+    ("--context-tokens", "-5", "must be at least 1, got '-5'"),
+    ("--context-tokens", "100000000001", "must be at most 100,000,000 (see docs/errors.md), got '100000000001'"),
+    ("--max-gpus", "0", "must be at least 1, got '0'"),
+    ("--max-gpus", "1000000000", "must be at most 80,000 (see docs/errors.md), got '1000000000'"),
+])
+def test_fit_count_flags_are_bounded_and_named(capsys: pytest.CaptureFixture[str], flag: str, value: str,
+                                               bound: str) -> None:
+    assert main(["fit", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", flag, value]) == 2
+    assert capsys.readouterr().err == f"fleetwise fit: error: argument {flag}: {bound}; see `fleetwise fit --help`\n"

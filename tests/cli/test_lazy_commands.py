@@ -54,3 +54,13 @@ def test_one_command_parser_equals_its_part_of_the_full_parser(command: str) -> 
 def test_a_command_of_another_module_or_none_gets_every_command(command: str | None) -> None:
     assert list(_subparsers(build_parser(command))) == list(_subparsers(build_parser()))
     assert len(SUBCOMMAND_MODULES) < len(_subparsers(build_parser()))  # calibrate, predict, measure: perf_cmd
+
+
+def test_python_dash_m_fleetwise_runs_the_cli() -> None:
+    """`python -m fleetwise` is the `fleetwise` command (for an environment without the script on PATH)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-m", "fleetwise", "fit", "--model", "llama-3.1-8b"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == ("fleetwise fit: error: the following arguments are required: "
+                                                     "--gpu; see `fleetwise fit --help`")

@@ -56,3 +56,18 @@ def test_write_schema(tmp_path):
     path = tmp_path / "schema.json"
     assert main(["plan", "--write-schema", str(path)]) == 0
     assert path.read_text(encoding="utf-8") == planning_schema_text()
+
+
+def test_an_unknown_model_or_card_names_the_spec_and_the_field(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SMALL.replace("model: llama-3.1-8b", "model: llama-9b"), encoding="utf-8")
+    assert main(["plan", str(spec)]) == 2
+    assert capsys.readouterr().err == (
+        f"fleetwise plan: error: {spec}: model: unknown model 'llama-9b'; closest known: llama-3.1-8b, "
+        "llama-3.1-70b, llama-3.1-405b, mixtral-8x7b (see `fleetwise catalog models`)\n")
+    spec.write_text(SMALL.replace("model: llama-3.1-8b", f"model: {tmp_path / 'nothing' / 'config.json'}"))
+    assert main(["plan", str(spec)]) == 2
+    assert capsys.readouterr().err.startswith(f"fleetwise plan: error: {spec}: model: ")
+    spec.write_text(SMALL.replace("[{name: h100-sxm}]", "[{name: h100-sxm}, {name: h300}]"), encoding="utf-8")
+    assert main(["plan", str(spec)]) == 2
+    assert capsys.readouterr().err.startswith(f"fleetwise plan: error: {spec}: accelerators.1.name: unknown gpu 'h300'")

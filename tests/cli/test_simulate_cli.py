@@ -35,6 +35,21 @@ def test_plan_with_workload_and_faults_writes_summary_and_records(tmp_path, caps
     assert "completed" in capsys.readouterr().out
 
 
+def test_a_run_where_no_request_completes_prints_no_latency_or_cost(tmp_path, capsys):
+    """A KV link of 1 kbit/s: every hand-off outlives its lease, so nothing completes; the report
+    says so instead of latencies and a cost of 0 (the summary's empty statistics)."""
+    plan = tmp_path / "slow-link.yaml"
+    plan.write_text((PLANS / "pd-70b.yaml").read_text().replace("gbps: 400 ", "gbps: 0.000001 "))
+    rc = main(["simulate", str(plan), "--workload", str(WORKLOAD), "--requests", "5", "--out", str(tmp_path / "o")])
+    assert rc == 0
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert (s["requests_completed"], s["failure_reasons"]) == (0, {"lease_expired": 5})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "pd-70b: 0/5 completed, 5 failed"
+    assert out[1] == "  no request completed (lease_expired: 5): no latency, throughput or cost figures"
+    assert not any(" ms " in line or "per 1M" in line for line in out)
+
+
 def test_quick_start_with_a_trace(tmp_path):
     trace = write_azure_slice(tmp_path / "azure.csv")
     out = tmp_path / "q"

@@ -12,8 +12,10 @@ import yaml
 
 from fleetwise.deploy import DeployOptions, render
 from fleetwise.deploy import k8s as k8s_target
+from fleetwise.errors import SpecError
 from fleetwise.gateway.config import GatewayConfig
 from fleetwise.spec.base import validate
+from fleetwise.spec.plan import PlanSpec
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -126,3 +128,25 @@ def test_names_kubernetes_refuses_are_named(fleet):
     for _, obj in _objects(render(odd, "k8s", DeployOptions())):
         if obj["kind"] not in CRDS:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+AMD_FLEET = {"name": "amd", "pools": [{"name": "mixed", "replicas": 2, "accelerator": "mi300x", "model": "llama-3.1-70b",
+                                       "parallelism": {"tp": 2}}]}
+
+
+def test_pods_request_the_device_resource_of_their_vendor():
+    """An MI300X pool asks for `amd.com/gpu` (AMD's device plugin), a Gaudi 3 pool for
+    `habana.ai/gaudi`, an Ascend pool for `huawei.com/Ascend910`: a `nvidia.com/gpu` request never
+    schedules on those nodes. The default image is a CUDA build, so another vendor needs --vllm-image."""
+    for card, resource in [("mi300x", "amd.com/gpu"), ("gaudi3", "habana.ai/gaudi"),
+                           ("ascend-910c", "huawei.com/Ascend910")]:
+        doc = AMD_FLEET | {"pools": [AMD_FLEET["pools"][0] | {"accelerator": card}]}
+        plan = validate(PlanSpec, doc, "amd")
+        objs = _objects(render(plan, "k8s", DeployOptions(vllm_image="example.com/vllm:for-this-card")))
+        c = _by(objs, "StatefulSet", "mixed")["spec"]["template"]["spec"]["containers"][0]
+        assert c["resources"] == {"limits": {resource: 2}, "requests": {resource: 2}}
+        assert c["image"] == "example.com/vllm:for-this-card"
+    with pytest.raises(SpecError) as err:
+        render(validate(PlanSpec, AMD_FLEET, "amd"), "k8s", DeployOptions())
+    assert str(err.value) == ("pools.0 (mixed): --vllm-image=vllm/vllm-openai:v0.11.0 is built for NVIDIA GPUs and "
+                              "this pool runs on mi300x (amd); pass --vllm-image with a vLLM image built for amd")

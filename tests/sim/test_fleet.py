@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from fleetwise.cli.main import main
 from fleetwise.errors import SpecError
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.sim.events import EventLoop
@@ -56,10 +59,46 @@ def test_plan_check_resolves_catalog_and_parallelism(p, needle):
         make_fleet(plan)
 
 
+def test_every_pool_of_a_plan_serves_one_model(tmp_path):
+    """A request may land on any pool and a decode pool reads the prefill pool's KV, so pools of
+    different models are refused; the same architecture under another name (a config.json) is not."""
+    pd = [pool(name="p", role="prefill"), pool(name="d", role="decode", model="qwen3-32b")]
+    plan = PlanSpec(pools=pd, kv_link={"gbps": 100})
+    msg = ("plan: pools.1 (d): model 'qwen3-32b' is another model than pools.0's 'llama-3.1-8b'; every pool "
+           "of a plan serves the same model (any pool may take a request, a decode pool reads the prefill "
+           "pool's KV): give each pool the same model")
+    with pytest.raises(SpecError) as err:
+        plan.check()
+    assert str(err.value) == msg
+    with pytest.raises(SpecError, match="another model"):
+        PlanSpec(pools=[pool(name="a"), pool(name="b", model="llama-3.1-70b")]).check()
+    cfg = tmp_path / "Llama-3.1-8B" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({  # Llama-3.1-8B's shapes, a shorter context
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192}))
+    PlanSpec(pools=[pool(name="a"), pool(name="b", model=str(cfg))]).check()
+
+
 def test_a_model_that_does_not_fit_says_fit_failed_and_suggests_fleetwise_fit():
     plan = PlanSpec(pools=[pool(model="llama-3.1-405b", accelerator="h100-sxm")])
     with pytest.raises(SpecError, match=r"fit failed.*fleetwise fit"):
         make_fleet(plan)
+
+
+def test_the_suggested_fit_command_runs_and_names_the_memory_share(capsys):
+    """The hint is a command line `fleetwise fit` accepts, for the pool as written (fp8 weights,
+    a memory share of 1%: what left no room), and the message names that share."""
+    plan = PlanSpec(pools=[pool(weight_dtype="fp8", gpu_memory_utilization=0.01)])
+    with pytest.raises(SpecError) as err:
+        make_fleet(plan)
+    msg = str(err.value)
+    assert "gpu_memory_utilization 0.01" in msg
+    command = msg.split("see `fleetwise ")[1].split("`")[0].split()
+    assert command == ["fit", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--weight-dtype", "fp8",
+                       "--gpu-memory-utilization", "0.01"]
+    assert main(command) == 0
+    assert "does not fit" in capsys.readouterr().out
 
 
 def test_fleet_builds_named_replicas_with_kv_capacity_and_ports_only_for_pd():

@@ -122,3 +122,38 @@ def test_json_not_an_object(tmp_path: Path) -> None:
     p.write_text("[1, 2]")
     with pytest.raises(SpecError, match="expected a JSON object"):
         model_from_hf_path(p)
+
+
+GEMMA2_9B = {  # google/gemma-2-9b config.json: no tie_word_embeddings key; Gemma2Config defaults it to true
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "head_dim": 256, "hidden_size": 3584,
+    "intermediate_size": 14336, "max_position_embeddings": 8192, "num_attention_heads": 16,
+    "num_hidden_layers": 42, "num_key_value_heads": 8, "sliding_window": 4096, "vocab_size": 256000,
+}
+
+
+def test_gemma_ties_embeddings_by_default() -> None:
+    m = model_from_hf_config(GEMMA2_9B, "gemma-2-9b")
+    assert m.tie_embeddings
+    assert round(m.params_total / 1e9, 2) == 9.24  # Gemma-2-9B's published 9,241,705,984 (two more norms a layer)
+    untied = model_from_hf_config(GEMMA2_9B | {"tie_word_embeddings": False}, "g")
+    assert not untied.tie_embeddings and untied.params_total == m.params_total + 256000 * 3584
+
+
+
+LLAMA4_TEXT = {  # meta-llama/Llama-4-Scout-17B-16E text_config; every MoE layer also has a shared expert
+    "model_type": "llama4_text", "head_dim": 128, "hidden_size": 5120, "interleave_moe_layer_step": 1,
+    "intermediate_size": 8192, "intermediate_size_mlp": 16384, "max_position_embeddings": 10485760,
+    "num_attention_heads": 40, "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
+    "num_local_experts": 16, "vocab_size": 202048, "tie_word_embeddings": False,
+}
+
+
+def test_llama4_shared_expert_and_interleaved_dense_layers() -> None:
+    scout = model_from_hf_config({"model_type": "llama4", "text_config": LLAMA4_TEXT}, "scout")
+    assert scout.moe is not None and (scout.moe.num_shared_experts, scout.moe.shared_ffn) == (1, 8192)
+    assert scout.num_moe_layers == 48
+    assert (round(scout.params_total / 1e9, 1), round(scout.params_active / 1e9, 1)) == (107.8, 17.2)
+    maverick = model_from_hf_config(LLAMA4_TEXT | {"num_local_experts": 128, "interleave_moe_layer_step": 2}, "mav")
+    assert maverick.moe is not None and maverick.ffn_size == 16384  # dense layers: intermediate_size_mlp
+    assert (maverick.num_moe_layers, maverick.num_dense_layers) == (24, 24)
+    assert (round(maverick.params_total / 1e9), round(maverick.params_active / 1e9, 1)) == (401, 17.2)

@@ -27,7 +27,7 @@ from fleetwise.cli.common import (
 from fleetwise.perf.memory import FitOptions, FitReport, LayoutFit, fit
 from fleetwise.spec import engine_defaults as ed
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
-from fleetwise.spec.limits import MAX_TOKENS
+from fleetwise.spec.limits import MAX_GPUS, MAX_TOKENS
 
 
 def register(subparsers: Any) -> None:
@@ -46,9 +46,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gpu-memory-utilization", type=float_flag(positive=True, maximum=1.0),
                    default=ed.GPU_MEMORY_UTILIZATION,
                    help=f"fraction of HBM the engine uses (default {ed.GPU_MEMORY_UTILIZATION})")
-    p.add_argument("--context-tokens", type=int, default=None,
+    p.add_argument("--context-tokens", type=int_flag(1, MAX_TOKENS), default=None,
                    help="KV to hold for one request (default: the model's max context)")
-    p.add_argument("--max-gpus", type=int, default=256, help="largest replica the search considers")
+    p.add_argument("--max-gpus", type=int_flag(1, MAX_GPUS), default=256, help="largest replica the search considers")
     add_json_flag(p)
     p.set_defaults(func=run)
 

@@ -95,6 +95,7 @@ def _register(subs: Any, mod_name: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `fleetwise` command line on `argv` (default: sys.argv[1:]); returns the exit code (0, 1, 2 or 70)."""
     for name, value in BLAS_THREADS.items():
         os.environ.setdefault(name, value)
     args_in = sys.argv[1:] if argv is None else list(argv)

@@ -19,7 +19,7 @@ from fleetwise.cli import progress, trace_columns
 from fleetwise.cli.common import console, input_file, int_flag
 from fleetwise.cli.report_cmd import add_report_flag, check_report_path
 from fleetwise.errors import SpecError
-from fleetwise.spec.catalog import resolve_model
+from fleetwise.spec.catalog import resolve_gpu, resolve_model
 from fleetwise.spec.context import request_tokens_problem
 from fleetwise.spec.output import check_writable_file, strict_json_dumps, write_json
 from fleetwise.spec.planning import PlanningSpec
@@ -67,7 +67,17 @@ def register(subparsers: Any) -> None:
 
 
 def check_planning_context(spec: PlanningSpec, where: str) -> None:
-    """SpecError when the workload's longest prompt plus longest output exceed the model's context."""
+    """SpecError when the model or a card is unknown (naming the field), or when the workload's longest
+    prompt plus longest output exceed the model's context."""
+    try:
+        ctx = resolve_model(spec.model).max_context_tokens
+    except SpecError as err:
+        raise SpecError(f"{where}: model: {err}") from None
+    for i, acc in enumerate(spec.accelerators):
+        try:
+            resolve_gpu(acc.name)
+        except SpecError as err:
+            raise SpecError(f"{where}: accelerators.{i}.name: {err}") from None
     lengths = spec.workload.lengths
     if isinstance(lengths, PresetLengths):
         lengths = lengths.resolve()
@@ -76,7 +86,6 @@ def check_planning_context(spec: PlanningSpec, where: str) -> None:
     prompt, output = longest_tokens(lengths.input), longest_tokens(lengths.output)
     if prompt is None or output is None:
         return
-    ctx = resolve_model(spec.model).max_context_tokens
     problem = request_tokens_problem(prompt, output, ctx)
     if problem:
         raise SpecError(f"{where}: workload: the longest request's {problem} of {spec.model}; cap "

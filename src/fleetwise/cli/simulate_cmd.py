@@ -216,8 +216,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _print(s: dict[str, Any], paths: dict[str, str]) -> None:
     c = console(markup=True)
-    c.print(f"[bold]{s['plan']}[/]: {s['requests_completed']}/{s['requests_total']} completed, "
-            f"{s['requests_failed']} failed in {s['duration_s']:.1f} s simulated ({s['sim_wall_s']:.2f} s wall)")
+    head = f"[bold]{s['plan']}[/]: {s['requests_completed']}/{s['requests_total']} completed, {s['requests_failed']} failed"
+    if not s["requests_completed"]:  # the summary's statistics of no requests are zeros, not measurements
+        reasons = ", ".join(f"{k}: {v}" for k, v in s["failure_reasons"].items())
+        c.print(head)
+        c.print(f"  no request completed ({reasons}): no latency, throughput or cost figures")
+        c.print(f"  wrote {paths['summary']} and {paths['records']}")
+        return
+    c.print(f"{head} in {s['duration_s']:.1f} s simulated ({s['sim_wall_s']:.2f} s wall)")
     for k in ("ttft_s", "tpot_s", "e2e_s"):
         m = s[k]
         c.print(f"  {k[:-2]:5s} p50 {m['p50'] * 1e3:9.1f} ms   p90 {m['p90'] * 1e3:9.1f} ms   p99 {m['p99'] * 1e3:9.1f} ms")

@@ -20,7 +20,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from fleetwise.deploy.base import ENGINE_PORT, GATEWAY_PORT, DeployOptions, target, yaml_text
+from fleetwise.deploy.base import ENGINE_PORT, GATEWAY_PORT, VLLM_IMAGE, DeployOptions, target, yaml_text
 from fleetwise.deploy.vllm import NIXL_SIDE_CHANNEL_PORT, engine_env, gateway_document, serve_argv
 from fleetwise.errors import SpecError
 from fleetwise.gateway.config import GatewayConfig
@@ -28,8 +28,11 @@ from fleetwise.spec.catalog import resolve_gpu
 from fleetwise.spec.output import strict_json_dumps
 from fleetwise.spec.plan import PlanSpec, PoolSpec
 
-GPU_RESOURCE = "nvidia.com/gpu"
-"""Extended resource the NVIDIA device plugin advertises."""
+DEVICE_RESOURCE = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "intel": "habana.ai/gaudi",
+                   "huawei": "huawei.com/Ascend910"}
+"""Extended resource each vendor's Kubernetes device plugin advertises, by `AcceleratorSpec.vendor`
+(NVIDIA's k8s-device-plugin, ROCm/k8s-device-plugin, the Intel Gaudi device plugin, Ascend's
+ascend-device-plugin for the 910 series)."""
 ACCELERATOR_LABEL = "fleetwise.dev/accelerator"
 """Node label the engine pods select on (value: the catalog accelerator name); a team labels its
 GPU nodes with it or replaces it by its own (e.g. GPU feature discovery's `nvidia.com/gpu.product`)."""
@@ -60,6 +63,21 @@ def _check_names(plan: PlanSpec, opts: DeployOptions) -> None:
         if not DNS_LABEL.fullmatch(pool.name) or len(pool.name) > LABEL_VALUE_CHARS - 6:
             raise SpecError(f"pools.{i}.name={pool.name!r} cannot name a Kubernetes workload (lowercase letters, "
                             f"digits and '-', at most {LABEL_VALUE_CHARS - 6}); rename the pool in the fleet document")
+
+
+def _check_devices(plan: PlanSpec, opts: DeployOptions) -> None:
+    """SpecError for a pool whose card has no known device resource, or that would run the default
+    (CUDA) image on another vendor's card."""
+    for i, pool in enumerate(plan.pools):
+        gpu = resolve_gpu(pool.accelerator)
+        if gpu.vendor not in DEVICE_RESOURCE:
+            raise SpecError(f"pools.{i} ({pool.name}): {pool.accelerator}'s vendor {gpu.vendor!r} has no known "
+                            f"Kubernetes device resource (known: {', '.join(DEVICE_RESOURCE)}); use one of these "
+                            "vendors or edit the manifests' resources")
+        if gpu.vendor != "nvidia" and opts.vllm_image == VLLM_IMAGE:
+            raise SpecError(f"pools.{i} ({pool.name}): --vllm-image={VLLM_IMAGE} is built for NVIDIA GPUs and this "
+                            f"pool runs on {pool.accelerator} ({gpu.vendor}); pass --vllm-image with a vLLM image "
+                            f"built for {gpu.vendor}")
 
 
 def _label_value(text: str) -> str:
@@ -95,8 +113,9 @@ def _engine_container(pool: PoolSpec, opts: DeployOptions, gpus: int, argv: list
         env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token",
                                                                    "optional": True}}})
+    device = DEVICE_RESOURCE[resolve_gpu(pool.accelerator).vendor]
     c: dict[str, Any] = {"name": "vllm", "image": opts.vllm_image, "env": env,
-                         "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+                         "resources": {"limits": {device: gpus}, "requests": {device: gpus}},
                          "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}
     if argv is not None:  # a worker of a multi-node replica runs Ray's worker, set by the LWS template
         c.update({"command": argv[:2], "args": argv[2:],
@@ -199,6 +218,7 @@ def _dump(objs: list[dict[str, Any]]) -> str:
 def render_k8s(plan: PlanSpec, opts: DeployOptions) -> dict[str, str]:
     """Namespace, one file per pool, the gateway, its Secret, and the monitoring objects."""
     _check_names(plan, opts)
+    _check_devices(plan, opts)
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": opts.namespace}}
     files = {"k8s/namespace.yaml": _dump([ns])}
     for pool in plan.pools:

@@ -16,6 +16,7 @@ from fleetwise.errors import SpecError
 from fleetwise.perf.memory import FitOptions, kv_capacity_tokens
 from fleetwise.perf.roofline import BoundPerf, PerfModel
 from fleetwise.perf.types import Deployment, pool_deployment
+from fleetwise.spec import engine_defaults as ed
 from fleetwise.spec.plan import PoolSpec, resolve_pool
 
 __all__ = ["PoolBuild", "build_pool", "engine_config"]
@@ -64,9 +65,12 @@ def build_pool(pool: PoolSpec, perf: PerfModel, where: str) -> PoolBuild:
                       gpu_memory_utilization=pool.gpu_memory_utilization)
     cap = kv_capacity_tokens(dep, opts)
     if cap < k.block_size:
+        par, share = pool.parallelism, pool.gpu_memory_utilization
+        flags = f" --weight-dtype {pool.weight_dtype}" if pool.weight_dtype != "bf16" else ""
+        flags += f" --gpu-memory-utilization {share:g}" if share != ed.GPU_MEMORY_UTILIZATION else ""
         raise SpecError(
-            f"{where} ({pool.name}): fit failed: {model.name} on {pool.parallelism.gpus} x {gpu.name} "
-            f"(tp={pool.parallelism.tp}, pp={pool.parallelism.pp}, {pool.weight_dtype} weights) leaves no "
-            f"room for KV cache; raise tp/pp or use smaller dtypes (see `fleetwise fit {model.name} {gpu.name}`)"
+            f"{where} ({pool.name}): fit failed: no room for KV cache (tp={par.tp}, pp={par.pp}, {pool.weight_dtype}, "
+            f"gpu_memory_utilization {share:g}); raise tp/pp or the share, or use smaller dtypes; see "
+            f"`fleetwise fit --model {pool.model} --gpu {pool.accelerator}{flags}`"
         )
     return PoolBuild(pool, dep, cap, model.kv_bytes_per_token(pool.kv_dtype), perf.bind(dep), engine_config(pool))

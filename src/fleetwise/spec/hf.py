@@ -1,7 +1,8 @@
 """Import a `ModelSpec` from a Hugging Face `config.json` (a dict or a file on disk).
 
 Owns the mapping from HF field names to `ModelSpec` for the families fleetwise knows: Llama,
-Qwen2/Qwen2.5, Qwen3 (dense), Qwen2-MoE/Qwen3-MoE, Mixtral, DeepSeek-V2/V3 and Kimi-K2 (MLA).
+Qwen2/Qwen2.5, Qwen3 (dense), Qwen2-MoE/Qwen3-MoE, Mixtral, Llama 4 (a shared expert in every MoE layer,
+dense layers interleaved), DeepSeek-V2/V3 and Kimi-K2 (MLA).
 The family is read from the fields present, not from `model_type`, so close relatives import too.
 Unknown fields are ignored; missing required fields raise `SpecError` naming all of them.
 A repo id (`meta-llama/Llama-3.1-8B-Instruct`) is read from the local Hugging Face cache
@@ -29,6 +30,9 @@ from fleetwise.spec.model import ModelSpec
 
 _BASE_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 _MLA_REQUIRED = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
+"""`model_type`s whose transformers config class defaults `tie_word_embeddings` to true (GemmaConfig,
+Gemma2Config, Gemma3TextConfig); their config.json files usually leave the key out."""
 
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -52,7 +56,7 @@ def _moe_kind(cfg: dict[str, Any]) -> str | None:
     if cfg.get("n_routed_experts"):
         return "deepseek"
     if cfg.get("num_local_experts"):
-        return "mixtral"
+        return "llama4" if cfg.get("intermediate_size_mlp") else "mixtral"
     if cfg.get("num_experts") and cfg.get("moe_intermediate_size"):
         return "qwen"
     return None
@@ -65,9 +69,25 @@ def _qwen_dense_layers(cfg: dict[str, Any], layers: int) -> int:
     return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
 
 
+def _llama4_block(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], int]:
+    """Llama 4: each MoE layer has one shared expert beside the routed ones (both `intermediate_size`);
+    the layers in `moe_layers` (default: every `interleave_moe_layer_step`-th) are MoE, the others dense
+    with `intermediate_size_mlp`, as transformers' Llama4TextConfig places them."""
+    _require(cfg, ("num_experts_per_tok", "intermediate_size"), name)
+    layers = int(cfg["num_hidden_layers"])
+    listed = cfg.get("moe_layers")
+    step = int(cfg.get("interleave_moe_layer_step") or 1)
+    dense = layers - (len(set(listed)) if isinstance(listed, list) else len(range(step - 1, layers, step)))
+    moe = {"num_experts": cfg["num_local_experts"], "experts_per_token": cfg["num_experts_per_tok"],
+           "expert_ffn_size": cfg["intermediate_size"], "num_shared_experts": 1, "first_dense_layers": dense}
+    return moe, int(cfg["intermediate_size_mlp"]) if dense else 0
+
+
 def _moe_block(cfg: dict[str, Any], kind: str, name: str) -> tuple[dict[str, Any], int]:
     """(moe block, dense FFN size) for one of the MoE families."""
     layers = int(cfg["num_hidden_layers"])
+    if kind == "llama4":
+        return _llama4_block(cfg, name)
     if kind == "mixtral":
         _require(cfg, ("num_experts_per_tok", "intermediate_size"), name)
         moe = {"num_experts": cfg["num_local_experts"], "experts_per_token": cfg["num_experts_per_tok"],
@@ -106,7 +126,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, source: str = "") -> Mo
         "num_kv_heads": cfg.get("num_key_value_heads") or heads,
         "head_dim": cfg.get("head_dim") or _int_div(cfg["hidden_size"], heads),
         "vocab_size": cfg["vocab_size"],
-        "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "tie_embeddings": bool(cfg.get("tie_word_embeddings", cfg.get("model_type") in TIED_BY_DEFAULT)),
         "source": source or f"Hugging Face config.json ({cfg.get('model_type', 'unknown model_type')})",
     }
     if cfg.get("max_position_embeddings"):

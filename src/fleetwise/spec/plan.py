@@ -214,14 +214,27 @@ class PlanSpec(Spec):
         return {"schema": FLEET_SCHEMA, **self.model_dump(mode="json")}
 
     def check(self, where: str = "plan") -> None:
-        """Resolve every pool's model and accelerator and check its parallelism; raise SpecError."""
+        """Resolve every pool's model and accelerator, check its parallelism and that every pool serves
+        the same model (the same architecture; names and context lengths may differ); raise SpecError."""
+        first = None
         for i, pool in enumerate(self.pools):
             model, gpu = resolve_pool(pool, f"{where}: pools.{i}")
             try:
                 pool.parallelism.check(model, gpu)
             except SpecError as err:
                 raise SpecError(f"{where}: pools.{i} ({pool.name}): {err}") from None
+            shape = model.model_dump(exclude=ARCHITECTURE_ASIDE)
+            if first is not None and shape != first:
+                raise SpecError(
+                    f"{where}: pools.{i} ({pool.name}): model {quote(pool.model)} is another model than pools.0's "
+                    f"{quote(self.pools[0].model)}; every pool of a plan serves the same model (any pool may take "
+                    "a request, a decode pool reads the prefill pool's KV): give each pool the same model")
+            first = shape if first is None else first
 
+
+ARCHITECTURE_ASIDE = {"name", "source", "verified", "max_context_tokens"}
+"""ModelSpec fields two pools of one plan may differ in (a catalog name and a config.json of the same
+model; the context check takes the smallest window over the pools)."""
 
 FLEET_SCHEMA = "fleetwise-fleet/1"
 """`schema` of a fleet document (`fleetwise plan --fleet-out`, the `fleet` section of `--json`)."""

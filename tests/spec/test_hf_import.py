@@ -157,3 +157,20 @@ def test_llama4_shared_expert_and_interleaved_dense_layers() -> None:
     assert maverick.moe is not None and maverick.ffn_size == 16384  # dense layers: intermediate_size_mlp
     assert (maverick.num_moe_layers, maverick.num_dense_layers) == (24, 24)
     assert (round(maverick.params_total / 1e9), round(maverick.params_active / 1e9, 1)) == (401, 17.2)
+
+
+@pytest.mark.parametrize(("field", "value", "shown"), [
+    ("hidden_size", "4096", "'4096'"),
+    ("max_position_embeddings", 1e12, "1000000000000.0"),
+    ("num_key_value_heads", 8.5, "8.5"),
+    ("num_hidden_layers", True, "True"),
+    ("tie_word_embeddings", "yes", "'yes'"),
+])
+def test_a_field_of_the_wrong_type_is_refused_by_its_name(field: str, value: object, shown: str) -> None:
+    """config.json values are read as written: a size given as text or a fraction, or a switch given
+    as text, is an error naming the config field (a hidden_size of "4096" once became a head_dim of
+    4096 and a 41B-parameter Phi-3-mini)."""
+    kind = "true or false" if field == "tie_word_embeddings" else "a whole number"
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(LLAMA_8B | {field: value}, "typed")
+    assert str(err.value) == f"typed: config.json field {field} must be {kind}, got {shown}; fix config.json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from fleetwise.cli.main import main
 from fleetwise.spec.planning import planning_schema_text
@@ -71,3 +72,22 @@ def test_an_unknown_model_or_card_names_the_spec_and_the_field(tmp_path, capsys)
     spec.write_text(SMALL.replace("[{name: h100-sxm}]", "[{name: h100-sxm}, {name: h300}]"), encoding="utf-8")
     assert main(["plan", str(spec)]) == 2
     assert capsys.readouterr().err.startswith(f"fleetwise plan: error: {spec}: accelerators.1.name: unknown gpu 'h300'")
+
+
+def test_a_card_from_a_file_is_planned_and_its_fleet_simulates(tmp_path, capsys):
+    """An accelerator given as a file (a card not in the catalog) names the pools by its path, as a
+    model given as a config.json does, so the simulations and the fleet document find it again."""
+    from fleetwise.spec.catalog import get_gpu
+    from fleetwise.spec.plan import PlanSpec
+
+    card = tmp_path / "my-card.json"
+    card.write_text(json.dumps(get_gpu("h100-sxm").model_dump(mode="json") | {"name": "my-card"}), encoding="utf-8")
+    spec, out = tmp_path / "spec.yaml", tmp_path / "plan.json"
+    spec.write_text(SMALL.replace("name: h100-sxm", f"name: {card}"), encoding="utf-8")
+    assert main(["plan", str(spec), "-o", str(out), "--workers", "1", "--quiet"]) == 0
+    fleet = PlanSpec.load(out)
+    assert {p.accelerator for p in fleet.pools} == {str(card)}
+    workload = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "poisson-chat.yaml"
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--workload", str(workload), "--requests", "20", "--out", str(tmp_path / "s")]) == 0
+    assert "20/20 completed" in capsys.readouterr().out

@@ -91,3 +91,18 @@ def test_a_card_from_a_file_is_planned_and_its_fleet_simulates(tmp_path, capsys)
     capsys.readouterr()
     assert main(["simulate", str(out), "--workload", str(workload), "--requests", "20", "--out", str(tmp_path / "s")]) == 0
     assert "20/20 completed" in capsys.readouterr().out
+
+
+def test_a_trace_whose_requests_arrive_at_once_names_the_spec_rate(tmp_path, capsys):
+    """The planner rescales the trace's gaps to workload.rate_rps; the error quotes that field and
+    its value, not the unit rate the planner rescales through."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2023-11-16 18:15:46.0,100,10\n" * 3)
+    spec = tmp_path / "spec.yaml"
+    lines = [f"workload: {{rate_rps: 0.2, arrival: {{kind: trace, path: {trace}}}, lengths: {{kind: trace}}}}"
+             if line.startswith("workload:") else line for line in SMALL.splitlines()]
+    spec.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["plan", str(spec), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"fleetwise plan: error: {trace}: workload.rate_rps=0.2: the kept requests all arrive at the same time, so "
+        "there is no rate to rescale; use time_scale or more requests\n")

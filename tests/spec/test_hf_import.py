@@ -174,3 +174,21 @@ def test_a_field_of_the_wrong_type_is_refused_by_its_name(field: str, value: obj
     with pytest.raises(SpecError) as err:
         model_from_hf_config(LLAMA_8B | {field: value}, "typed")
     assert str(err.value) == f"typed: config.json field {field} must be {kind}, got {shown}; fix config.json"
+
+
+GEMMA3_27B = {  # google/gemma-3-27b-it config.json: the language model under text_config, without the keys
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",  # its class defaults
+    "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
+                    "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+                    "query_pre_attn_scalar": 168, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27, "model_type": "siglip_vision_model"},
+}
+
+
+def test_gemma3_takes_its_config_class_defaults_for_absent_keys() -> None:
+    """Gemma3TextConfig's defaults fill what the file leaves out: a 262,208-token vocabulary, a
+    131,072-token context and a tied LM head (not an error, and not the 8,192-token fallback)."""
+    m = model_from_hf_config(GEMMA3_27B, "gemma-3-27b")
+    assert (m.vocab_size, m.max_context_tokens, m.tie_embeddings) == (262208, 131072, True)
+    assert round(m.params_total / 1e9, 1) == 27.0  # the language model of Gemma 3 27B (the vision tower aside)

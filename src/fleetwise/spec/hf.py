@@ -41,12 +41,17 @@ TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
 Gemma2Config, Gemma3TextConfig); their config.json files usually leave the key out."""
 
 
+CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072}}
+"""Defaults of a transformers config class that its published config.json files leave out
+(Gemma3TextConfig: Gemma 3's 262,208-token vocabulary and 131,072-token context), by `model_type`."""
+
+
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Multimodal configs nest the language model under `text_config`."""
+    """Multimodal configs nest the language model under `text_config`; keys its class defaults are filled."""
     inner = cfg.get("text_config")
     if isinstance(inner, dict) and "num_hidden_layers" in inner and "num_hidden_layers" not in cfg:
-        return inner
-    return cfg
+        cfg = inner
+    return CLASS_DEFAULTS.get(str(cfg.get("model_type")), {}) | cfg
 
 
 def _require(cfg: dict[str, Any], keys: tuple[str, ...], name: str) -> None:

@@ -106,3 +106,20 @@ def test_a_trace_whose_requests_arrive_at_once_names_the_spec_rate(tmp_path, cap
     assert capsys.readouterr().err == (
         f"fleetwise plan: error: {trace}: workload.rate_rps=0.2: the kept requests all arrive at the same time, so "
         "there is no rate to rescale; use time_scale or more requests\n")
+
+
+def test_a_preset_longer_than_the_context_says_how_to_fix_a_preset(tmp_path, capsys):
+    """A preset has no max_tokens to cap, so the fix is independent lengths (or a longer context)."""
+    cfg = tmp_path / "short-context" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                               "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+                               "vocab_size": 128256, "max_position_embeddings": 8192}))
+    lines = ["workload: {rate_rps: 0.2, lengths: {kind: preset, name: sharegpt}}" if line.startswith("workload:")
+             else f"model: {cfg}" if line.startswith("model:") else line for line in SMALL.splitlines()]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["plan", str(spec), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"fleetwise plan: error: {spec}: workload: sharegpt preset: prompt 8,141 + output 1,024 tokens exceeds the "
+        "model's context of 8,192 tokens; presets have no cap: use independent lengths\n")

@@ -87,6 +87,8 @@ def test_a_card_from_a_file_is_planned_and_its_fleet_simulates(tmp_path, capsys)
     assert main(["plan", str(spec), "-o", str(out), "--workers", "1", "--quiet"]) == 0
     fleet = PlanSpec.load(out)
     assert {p.accelerator for p in fleet.pools} == {str(card)}
+    assert json.loads(out.read_text())["prices"] == {str(card): {
+        "usd_per_gpu_hour": 3.0, "source": f"accelerator file {card}: price_per_hour_usd"}}
     workload = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "poisson-chat.yaml"
     capsys.readouterr()
     assert main(["simulate", str(out), "--workload", str(workload), "--requests", "20", "--out", str(tmp_path / "s")]) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from fleetwise.cli.main import main
 from fleetwise.spec.planning import planning_schema_text
@@ -71,3 +72,56 @@ def test_an_unknown_model_or_card_names_the_spec_and_the_field(tmp_path, capsys)
     spec.write_text(SMALL.replace("[{name: h100-sxm}]", "[{name: h100-sxm}, {name: h300}]"), encoding="utf-8")
     assert main(["plan", str(spec)]) == 2
     assert capsys.readouterr().err.startswith(f"fleetwise plan: error: {spec}: accelerators.1.name: unknown gpu 'h300'")
+
+
+def test_a_card_from_a_file_is_planned_and_its_fleet_simulates(tmp_path, capsys):
+    """An accelerator given as a file (a card not in the catalog) names the pools by its path, as a
+    model given as a config.json does, so the simulations and the fleet document find it again."""
+    from fleetwise.spec.catalog import get_gpu
+    from fleetwise.spec.plan import PlanSpec
+
+    card = tmp_path / "my-card.json"
+    card.write_text(json.dumps(get_gpu("h100-sxm").model_dump(mode="json") | {"name": "my-card"}), encoding="utf-8")
+    spec, out = tmp_path / "spec.yaml", tmp_path / "plan.json"
+    spec.write_text(SMALL.replace("name: h100-sxm", f"name: {card}"), encoding="utf-8")
+    assert main(["plan", str(spec), "-o", str(out), "--workers", "1", "--quiet"]) == 0
+    fleet = PlanSpec.load(out)
+    assert {p.accelerator for p in fleet.pools} == {str(card)}
+    assert json.loads(out.read_text())["prices"] == {str(card): {
+        "usd_per_gpu_hour": 3.0, "source": f"accelerator file {card}: price_per_hour_usd"}}
+    workload = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "poisson-chat.yaml"
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--workload", str(workload), "--requests", "20", "--out", str(tmp_path / "s")]) == 0
+    assert "20/20 completed" in capsys.readouterr().out
+
+
+def test_a_trace_whose_requests_arrive_at_once_names_the_spec_rate(tmp_path, capsys):
+    """The planner rescales the trace's gaps to workload.rate_rps; the error quotes that field and
+    its value, not the unit rate the planner rescales through."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2023-11-16 18:15:46.0,100,10\n" * 3)
+    spec = tmp_path / "spec.yaml"
+    lines = [f"workload: {{rate_rps: 0.2, arrival: {{kind: trace, path: {trace}}}, lengths: {{kind: trace}}}}"
+             if line.startswith("workload:") else line for line in SMALL.splitlines()]
+    spec.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["plan", str(spec), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"fleetwise plan: error: {trace}: workload.rate_rps=0.2: the kept requests all arrive at the same time, so "
+        "there is no rate to rescale; use time_scale or more requests\n")
+
+
+def test_a_preset_longer_than_the_context_says_how_to_fix_a_preset(tmp_path, capsys):
+    """A preset has no max_tokens to cap, so the fix is independent lengths (or a longer context)."""
+    cfg = tmp_path / "short-context" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                               "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+                               "vocab_size": 128256, "max_position_embeddings": 8192}))
+    lines = ["workload: {rate_rps: 0.2, lengths: {kind: preset, name: sharegpt}}" if line.startswith("workload:")
+             else f"model: {cfg}" if line.startswith("model:") else line for line in SMALL.splitlines()]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["plan", str(spec), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"fleetwise plan: error: {spec}: workload: sharegpt preset: prompt 8,141 + output 1,024 tokens exceeds the "
+        "model's context of 8,192 tokens; presets have no cap: use independent lengths\n")

@@ -90,3 +90,21 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args
     rc = main(["simulate", *args, "--trace", str(trace), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_quick_start_from_files_names_the_plan_by_the_model_and_card(tmp_path):
+    """`--model`/`--gpu` given as files name the run by what the files hold, not by their paths."""
+    from fleetwise.spec.catalog import get_gpu
+
+    card = tmp_path / "cards" / "my-card.json"
+    card.parent.mkdir()
+    card.write_text(json.dumps(get_gpu("h100-sxm").model_dump(mode="json") | {"name": "my-card"}))
+    cfg = tmp_path / "Llama-3.1-8B" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                               "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+                               "vocab_size": 128256, "max_position_embeddings": 131072}))
+    out = tmp_path / "q"
+    assert main(["simulate", "--model", str(cfg), "--gpu", str(card), "--trace",
+                 str(write_azure_slice(tmp_path / "azure.csv", 4)), "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / "summary.json").read_text())["plan"] == "Llama-3.1-8B-my-card-x1"

@@ -241,3 +241,19 @@ def test_drawing_tells_its_progress_figure_by_figure_up_to_one(sim_run, scenario
         page = report_page(result, progress=got.append)
         n = len(page.figures)
         assert got == pytest.approx([(i + 1) / n for i in range(n)]), result  # the builder said how many
+
+
+def test_a_run_where_no_request_completed_shows_no_latency_or_cost(tmp_path, recwarn):
+    """Every hand-off over a 1 kbit/s KV link outlives its lease: the summary's statistics of no
+    requests are zeros, which the report shows as "-", not as latencies of 0 ms and a cost of $0."""
+    plan = tmp_path / "slow-link.yaml"
+    plan.write_text((ROOT / "examples" / "plans" / "pd-70b.yaml").read_text().replace("gbps: 400 ", "gbps: 0.000001 "))
+    out = tmp_path / "run"
+    assert main(["simulate", str(plan), "--workload", str(ROOT / "examples" / "workloads" / "poisson-chat.yaml"),
+                 "--requests", "5", "--out", str(out), "--report", str(out / "report.html"), "--quiet"]) == 0
+    page = (out / "report.html").read_text(encoding="utf-8")
+    for name in ("TTFT", "TPOT", "E2E"):
+        assert f"<tr><td>{name}</td>" + "<td>-</td>" * 5 + "</tr>" in page
+    assert "0/5 requests completed" in page and "lease_expired" in page
+    assert '<td>0.0%</td><td class="num">16</td><td class="num">60.8</td><td>-</td></tr>' in page
+    assert not [w for w in recwarn if "legend" in str(w.message)]

@@ -9,7 +9,7 @@ from fleetwise.core.views import RoutingDecision
 from fleetwise.errors import SpecError
 from fleetwise.sim import runner
 from fleetwise.sim.runner import SimOptions, simulate
-from fleetwise.spec.faults import FaultScenario
+from fleetwise.spec.faults import FaultScenario, check_faults_apply
 from fleetwise.spec.plan import PlanSpec
 
 
@@ -151,6 +151,30 @@ def test_rolling_upgrade_drains_one_replica_at_a_time_and_changes_the_version():
 def test_fault_naming_an_unknown_replica_is_a_spec_error():
     with pytest.raises(SpecError, match="m-7"):
         run(mixed_plan(), [{"kind": "crash", "replica": "m-7", "at_s": 1.0}])
+
+
+def test_a_crash_of_a_replica_already_down_is_refused():
+    """A second crash while the first keeps the replica down would do nothing (the runner drops it
+    silently); after the restart, or on another replica, it is a fault like any other."""
+    first = {"kind": "crash", "replica": "m-0", "at_s": 5.0, "restart_after_s": 30.0}
+    with pytest.raises(SpecError) as err:
+        check_faults_apply(FaultScenario(faults=[first, {"kind": "crash", "replica": "m-0", "at_s": 6.0}]), mixed_plan())
+    assert str(err.value) == ("faults: faults.1 (crash): replica m-0 is already down at 6 s (faults.0 crashed it at "
+                              "5 s, back at 35 s), so this crash would change nothing; move it after 35 s or remove it")
+    never = first | {"restart_after_s": None}
+    with pytest.raises(SpecError, match=r"faults.1 crashed it at 5 s, never back\), so this crash would change "
+                                        r"nothing; remove it$"):
+        check_faults_apply(FaultScenario(faults=[{"kind": "crash", "replica": "m-0", "at_s": 50.0}, never]),
+                           mixed_plan())
+    at_restart = FaultScenario(faults=[first, {"kind": "crash", "replica": "m-0", "at_s": 35.0}])
+    with pytest.raises(SpecError, match="already down at 35 s"):  # the crash comes before the restart event
+        check_faults_apply(at_restart, mixed_plan())
+    later = FaultScenario(faults=[first, {"kind": "crash", "replica": "m-0", "at_s": 36.0},
+                                  {"kind": "crash", "replica": "m-1", "at_s": 6.0}])
+    check_faults_apply(later, mixed_plan())
+    _, s = run(mixed_plan(), later.model_dump()["faults"])
+    assert [(f["fault"], f["phase"]) for f in s["faults"] if f["phase"] == "crash"] == [(0, "crash"), (2, "crash"),
+                                                                                          (1, "crash")]
 
 
 def test_fault_file_validation():

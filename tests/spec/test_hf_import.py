@@ -157,3 +157,38 @@ def test_llama4_shared_expert_and_interleaved_dense_layers() -> None:
     assert maverick.moe is not None and maverick.ffn_size == 16384  # dense layers: intermediate_size_mlp
     assert (maverick.num_moe_layers, maverick.num_dense_layers) == (24, 24)
     assert (round(maverick.params_total / 1e9), round(maverick.params_active / 1e9, 1)) == (401, 17.2)
+
+
+@pytest.mark.parametrize(("field", "value", "shown"), [
+    ("hidden_size", "4096", "'4096'"),
+    ("max_position_embeddings", 1e12, "1000000000000.0"),
+    ("num_key_value_heads", 8.5, "8.5"),
+    ("num_hidden_layers", True, "True"),
+    ("tie_word_embeddings", "yes", "'yes'"),
+])
+def test_a_field_of_the_wrong_type_is_refused_by_its_name(field: str, value: object, shown: str) -> None:
+    """config.json values are read as written: a size given as text or a fraction, or a switch given
+    as text, is an error naming the config field (a hidden_size of "4096" once became a head_dim of
+    4096 and a 41B-parameter Phi-3-mini)."""
+    kind = "true or false" if field == "tie_word_embeddings" else "a whole number"
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(LLAMA_8B | {field: value}, "typed")
+    assert str(err.value) == f"typed: config.json field {field} must be {kind}, got {shown}; fix config.json"
+
+
+GEMMA3_27B = {  # google/gemma-3-27b-it config.json: the language model under text_config, without the keys
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",  # its class defaults
+    "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
+                    "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+                    "query_pre_attn_scalar": 168, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27, "model_type": "siglip_vision_model"},
+}
+
+
+def test_gemma3_takes_its_config_class_defaults_for_absent_keys() -> None:
+    """Gemma3TextConfig's defaults fill what the file leaves out: a 262,208-token vocabulary, a
+    131,072-token context and a tied LM head (not an error, and not the 8,192-token fallback)."""
+    m = model_from_hf_config(GEMMA3_27B, "gemma-3-27b")
+    assert (m.vocab_size, m.max_context_tokens, m.tie_embeddings) == (262208, 131072, True)
+    assert round(m.params_total / 1e9, 1) == 27.0  # the language model of Gemma 3 27B (the vision tower aside)

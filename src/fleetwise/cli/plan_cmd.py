@@ -79,6 +79,7 @@ def check_planning_context(spec: PlanningSpec, where: str) -> None:
         except SpecError as err:
             raise SpecError(f"{where}: accelerators.{i}.name: {err}") from None
     lengths = spec.workload.lengths
+    preset = lengths.name if isinstance(lengths, PresetLengths) else None
     if isinstance(lengths, PresetLengths):
         lengths = lengths.resolve()
     if not isinstance(lengths, IndependentLengths):
@@ -87,6 +88,9 @@ def check_planning_context(spec: PlanningSpec, where: str) -> None:
     if prompt is None or output is None:
         return
     problem = request_tokens_problem(prompt, output, ctx)
+    if problem and preset:
+        raise SpecError(f"{where}: workload: {preset} preset: {problem}; presets have no cap: use "
+                        "independent lengths")
     if problem:
         raise SpecError(f"{where}: workload: the longest request's {problem} of {spec.model}; cap "
                         "workload.lengths.input/output (max_tokens) to fit")

@@ -38,7 +38,7 @@ from fleetwise.spec.base import load_document
 from fleetwise.spec.faults import FaultScenario, check_faults_apply
 from fleetwise.spec.limits import MAX_DURATION_S, MAX_REPLICAS, MAX_REQUESTS
 from fleetwise.spec.output import check_writable_dir, check_writable_file
-from fleetwise.spec.plan import PlanSpec
+from fleetwise.spec.plan import PlanSpec, resolve_pool
 from fleetwise.spec.slo import SLOSpec
 from fleetwise.spec.workload import TraceArrival
 from fleetwise.workload.context import apply_context_limit, plan_context_tokens
@@ -112,7 +112,8 @@ def quick_plan(model: str, gpu: str, replicas: int, tp: int, policy: str = QUICK
          "parallelism": {"tp": tp}},
     ])
     plan.check(where="quick start")
-    return plan
+    named, card = resolve_pool(plan.pools[0], "quick start")  # files: the names they hold, not their paths
+    return plan.model_copy(update={"name": f"{named.name}-{card.name}-x{replicas}"})
 
 
 def check_policy(name: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fleetwise.perf.profile import Profile
+from fleetwise.spec.catalog_gpus import GPUS
 
 if TYPE_CHECKING:
     from fleetwise.planner.state import Search
@@ -39,9 +40,10 @@ def prices(search: Search) -> dict[str, dict[str, Any]]:
     out = {}
     for name, gpu in search.hw.gpus.items():
         from_spec = given.get(name) is not None
-        out[name] = {"usd_per_gpu_hour": round(gpu.price_per_hour_usd, 4),
-                     "source": "spec: accelerators[].price_per_hour_usd" if from_spec else
-                     "catalog default: " + gpu.sources.get("price_per_hour_usd", "fleetwise catalog")}
+        source = ("spec: accelerators[].price_per_hour_usd" if from_spec else
+                  "catalog default: " + gpu.sources.get("price_per_hour_usd", "fleetwise catalog") if name in GPUS else
+                  f"accelerator file {name}: price_per_hour_usd")  # a card from a file is keyed by its path
+        out[name] = {"usd_per_gpu_hour": round(gpu.price_per_hour_usd, 4), "source": source}
     return out
 
 

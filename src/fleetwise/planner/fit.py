@@ -17,7 +17,7 @@ from fleetwise.planner.layout import Enumeration, Hardware, Layout, Rejection
 from fleetwise.planner.simulate import MAX_REQUESTS_PER_RUN
 from fleetwise.planner.state import Context, Search
 from fleetwise.planner.workload import build_mix, burst_factor
-from fleetwise.spec.catalog import resolve_gpu, resolve_model
+from fleetwise.spec.catalog import GPUS, resolve_gpu, resolve_model
 from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.planning import AcceleratorChoice, PlanningSpec
 
@@ -45,8 +45,10 @@ def resolve_hardware(spec: PlanningSpec, context_tokens: int) -> Hardware:
     caps: dict[str, int] = {}
     for choice in spec.accelerators:
         gpu = _apply_overrides(resolve_gpu(choice.name), choice)
-        gpus[gpu.name] = gpu
-        caps[gpu.name] = min(spec.search.max_gpus, choice.max_gpus or spec.search.max_gpus)
+        # A card from a file is known by its path, as the simulator and the fleet document resolve it.
+        key = gpu.name if choice.name.strip().lower() in GPUS else choice.name
+        gpus[key] = gpu
+        caps[key] = min(spec.search.max_gpus, choice.max_gpus or spec.search.max_gpus)
     ctx = max(1, min(context_tokens, model.max_context_tokens))
     return Hardware(model, gpus, caps, ctx, FitOptions(context_tokens=ctx), spec.moe.expert_imbalance,
                     expert_load=spec.moe.expert_load)

@@ -94,7 +94,8 @@ def build_mix(spec: PlanWorkloadSpec, n: int, seed: int = 0, max_context_tokens:
         if a.format is not None:
             get_format(a.format, "workload.arrival.format")
         table = replay_arrivals(read_trace(a.path, a.format, a.columns), rate_rps=1.0, start_s=a.start_s,
-                                max_requests=min(n, a.max_requests or n), seed=seed)
+                                max_requests=min(n, a.max_requests or n), seed=seed,
+                                rate_field=f"workload.rate_rps={spec.rate_rps:g}")
         assert table.arrival_s is not None
         t = table.arrival_s
         gaps = _trace_gaps(t)

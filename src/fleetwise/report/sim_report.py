@@ -156,18 +156,20 @@ def _end_s(s: dict[str, Any]) -> float:
 
 def _headline(sec: Section, s: dict[str, Any]) -> None:
     slo = s.get("slo", {})
+    done = s["requests_completed"] > 0  # the summary's statistics of no requests are zeros, not measurements
     rows: list[list[Any]] = []
     for key, name, slo_key in LATENCIES:
         m = s[key]
         target = slo.get(slo_key)
-        rows.append([name, _ms(m["p50"]), _ms(m["p90"]), _ms(m["p99"]), _ms(m["mean"]),
+        rows.append([name, *([_ms(m[q]) for q in ("p50", "p90", "p99", "mean")] if done else ["-"] * 4),
                      "-" if target is None else _ms(target)])
     sec.table(["latency", "p50 (ms)", "p90 (ms)", "p99 (ms)", "mean (ms)", "SLO (ms)"], rows)
     t, c = s["throughput"], s["cost"]
     sec.table(["throughput (req/s)", "output (tokens/s)", "goodput (req/s)", "SLO attainment", "GPUs", "cost ($/h)",
                "$ per 1M output tokens"],
               [[float(t["requests_per_s"]), float(t["output_tokens_per_s"]), float(s["goodput_rps"]),
-                f"{s['slo_attainment']:.1%}", c["gpus"], float(c["usd_per_hour"]), float(c["usd_per_1m_output_tokens"])]])
+                f"{s['slo_attainment']:.1%}", c["gpus"], float(c["usd_per_hour"]),
+                float(c["usd_per_1m_output_tokens"]) if t["output_tokens_per_s"] > 0 else "-"]])
     if s.get("failure_reasons"):
         sec.table(["failure reason", "requests"], [[k, v] for k, v in s["failure_reasons"].items()])
 
@@ -200,7 +202,8 @@ def _latency_cdfs(run: RunData, groups: np.ndarray, what: str, name: str) -> plo
         ax.set_xlabel(f"{label} (ms)")
         ax.set_ylabel("requests at or below (%)")
         ax.set_ylim(0, plots.PCT * 1.01)
-        ax.legend(loc="lower right")
+        if ax.get_legend_handles_labels()[0]:  # nothing completed and no target: no line to name
+            ax.legend(loc="lower right")
     return plots.render(fig, name, f"TTFT, TPOT and end-to-end latency CDFs of completed requests per {what}; "
                                    "dashed red: SLO target")
 

@@ -136,3 +136,4 @@ def _build() -> list[AcceleratorSpec]:
 
 
 GPUS: dict[str, AcceleratorSpec] = {g.name: g for g in _build()}
+"""The catalog accelerators by name (`fleetwise catalog gpus`)."""

@@ -11,6 +11,7 @@ in the plan's per-replica results.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, get_args
@@ -190,6 +191,19 @@ class FaultScenario(Spec):
         return load_document(FaultScenario, path)
 
 
+def _check_not_down(scenario: FaultScenario, k: int, f: ReplicaCrash, at: str) -> None:
+    """SpecError when crash `k` hits its replica while another crash keeps it down (it would do nothing)."""
+    for j, g in enumerate(scenario.faults):
+        if j == k or not isinstance(g, ReplicaCrash) or g.replica != f.replica or (g.at_s, j) > (f.at_s, k):
+            continue
+        back = math.inf if g.restart_after_s is None else g.at_s + g.restart_after_s
+        if f.at_s <= back:  # a crash at the restart instant comes first, so it too finds the replica down
+            until = "never back" if back == math.inf else f"back at {back:g} s"
+            raise SpecError(f"{at}: replica {f.replica} is already down at {f.at_s:g} s (faults.{j} crashed it at "
+                            f"{g.at_s:g} s, {until}), so this crash would change nothing; "
+                            + (f"move it after {back:g} s or remove it" if back < math.inf else "remove it"))
+
+
 def check_faults_apply(scenario: FaultScenario, plan: PlanSpec, where: str = "faults") -> None:
     """SpecError for a fault that cannot act on `plan`: an unknown replica or pool, or a KV-path
     fault (`kv_link`, `decode_full`) on a colocated plan, which has no KV path, so it would do nothing."""
@@ -209,6 +223,8 @@ def check_faults_apply(scenario: FaultScenario, plan: PlanSpec, where: str = "fa
             if isinstance(f, DecodeFull) and pool.role != "decode":
                 raise SpecError(f"{at}: replica={quote(name)} is a {pool.role} replica; decode_full applies to "
                                 "decode replicas")
+        if isinstance(f, ReplicaCrash):
+            _check_not_down(scenario, k, f, at)
         for field, pool_name in (("pool", getattr(f, "pool", None)), ("matched_with", getattr(f, "matched_with", None))):
             if isinstance(f, RollingUpgrade) and pool_name is not None and pool_name not in replicas:
                 raise SpecError(f"{at}: {field}={quote(pool_name)} is not a pool of the plan; pools are "

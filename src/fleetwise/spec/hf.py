@@ -30,17 +30,28 @@ from fleetwise.spec.model import ModelSpec
 
 _BASE_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 _MLA_REQUIRED = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+COUNT_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "vocab_size", "intermediate_size", "max_position_embeddings", "num_local_experts", "num_experts",
+                "num_experts_per_tok", "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
+                "first_k_dense_replace", "decoder_sparse_step", "shared_expert_intermediate_size",
+                "intermediate_size_mlp", "interleave_moe_layer_step", *_MLA_REQUIRED, "q_lora_rank")
+"""The config.json fields read as counts or sizes: whole numbers, as transformers writes them."""
 TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
 """`model_type`s whose transformers config class defaults `tie_word_embeddings` to true (GemmaConfig,
 Gemma2Config, Gemma3TextConfig); their config.json files usually leave the key out."""
 
 
+CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072}}
+"""Defaults of a transformers config class that its published config.json files leave out
+(Gemma3TextConfig: Gemma 3's 262,208-token vocabulary and 131,072-token context), by `model_type`."""
+
+
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Multimodal configs nest the language model under `text_config`."""
+    """Multimodal configs nest the language model under `text_config`; keys its class defaults are filled."""
     inner = cfg.get("text_config")
     if isinstance(inner, dict) and "num_hidden_layers" in inner and "num_hidden_layers" not in cfg:
-        return inner
-    return cfg
+        cfg = inner
+    return CLASS_DEFAULTS.get(str(cfg.get("model_type")), {}) | cfg
 
 
 def _require(cfg: dict[str, Any], keys: tuple[str, ...], name: str) -> None:
@@ -50,6 +61,18 @@ def _require(cfg: dict[str, Any], keys: tuple[str, ...], name: str) -> None:
             f"{name}: config.json lacks required field(s) {', '.join(missing)}; "
             "add them or pass a full ModelSpec YAML instead"
         )
+
+
+def _check_types(cfg: dict[str, Any], name: str) -> None:
+    """SpecError naming the first field read here whose value is not of its type (null: absent)."""
+    for key in COUNT_FIELDS:
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise SpecError(f"{name}: config.json field {key} must be a whole number, got {quote(v)}; fix config.json")
+    tie = cfg.get("tie_word_embeddings")
+    if tie is not None and not isinstance(tie, bool):
+        raise SpecError(f"{name}: config.json field tie_word_embeddings must be true or false, got {quote(tie)}; "
+                        "fix config.json")
 
 
 def _moe_kind(cfg: dict[str, Any]) -> str | None:
@@ -117,6 +140,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, source: str = "") -> Mo
         raise SpecError(f"{name}: config.json must be a JSON object, got {type(cfg).__name__}")
     cfg = _text_config(cfg)
     _require(cfg, _BASE_REQUIRED, name)
+    _check_types(cfg, name)
     heads = cfg["num_attention_heads"]
     doc: dict[str, Any] = {
         "name": name,
@@ -126,7 +150,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, source: str = "") -> Mo
         "num_kv_heads": cfg.get("num_key_value_heads") or heads,
         "head_dim": cfg.get("head_dim") or _int_div(cfg["hidden_size"], heads),
         "vocab_size": cfg["vocab_size"],
-        "tie_embeddings": bool(cfg.get("tie_word_embeddings", cfg.get("model_type") in TIED_BY_DEFAULT)),
+        "tie_embeddings": (cfg["tie_word_embeddings"] if cfg.get("tie_word_embeddings") is not None
+                           else cfg.get("model_type") in TIED_BY_DEFAULT),
         "source": source or f"Hugging Face config.json ({cfg.get('model_type', 'unknown model_type')})",
     }
     if cfg.get("max_position_embeddings"):

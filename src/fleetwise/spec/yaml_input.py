@@ -5,6 +5,7 @@ document, so that a process reading only JSON never imports PyYAML; errors becom
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -46,6 +47,13 @@ class _BoundedLoader(yaml.SafeLoader):
                         None, None, f"duplicate key {quote(key)}; give each key once", key_node.start_mark)
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+"""A number in exponent form (`1e3`, `25.757e9`, `1.5E-3`): a float in YAML 1.2 and JSON, text
+under PyYAML's YAML 1.1 rule (which needs a dot and a signed exponent). Tried after the YAML 1.1
+resolvers, so what they read as a number or another type is unchanged."""
+_BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def _expanded_nodes(root: Any, where: str) -> int:

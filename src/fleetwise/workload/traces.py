@@ -104,12 +104,14 @@ def replay_arrivals(
     start_s: float = 0.0,
     max_requests: int | None = None,
     seed: int = 0,
+    rate_field: str | None = None,
 ) -> TraceTable:
     """Slice and rescale a trace: drop arrivals before `start_s`, keep `max_requests`, start at 0.
 
     `rate_rps` rescales so the mean inter-arrival time is 1/rate_rps, i.e. (n-1)/span = rate;
     it excludes `time_scale`. Length statistics have no timestamps: they get Poisson arrivals at
-    `rate_rps` from the seed's `trace.arrivals` stream.
+    `rate_rps` from the seed's `trace.arrivals` stream. `rate_field` is how errors name the rate
+    (default `rate_rps=<rate_rps>`; the planner rescales through a unit rate but names its spec's).
     """
     if rate_rps is not None and time_scale != 1.0:
         raise SpecError(f"give either time_scale ({time_scale}) or rate_rps ({rate_rps}), not both")
@@ -124,7 +126,7 @@ def replay_arrivals(
     if rate_rps is not None:
         span = float(t[-1]) if len(t) else 0.0
         if span <= 0:
-            raise SpecError(f"{table.path}: rate_rps={rate_rps}: the kept requests all arrive at the same "
+            raise SpecError(f"{table.path}: {rate_field or f'rate_rps={rate_rps}'}: the kept requests all arrive at the same "
                             "time, so there is no rate to rescale; use time_scale or more requests")
         t = t * ((len(t) - 1) / (span * rate_rps))
     else:

@@ -18,6 +18,7 @@ from fleetwise.perf.calibrate import (
     cross_validate_shapes,
     extrapolate_shapes,
     fit_bounds,
+    fit_warnings,
     grouped_tile_k_from_block,
     predict,
     shape_folds,
@@ -290,3 +291,21 @@ def test_bad_ceiling_is_refused(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(SpecError, match=r"ceilings\.bf16_gemm_8192_TFLOPs: expected a positive number, got True"):
         load_groundtruth(path)
+
+
+def test_cli_calibrate_warns_what_a_small_fit_cannot_tell(tmp_path, capsys):
+    """One decode point fits without error, but stderr says the fit is underdetermined and names the
+    step kinds it never saw; the shipped files (every kind, 88 points) give no warning."""
+    doc = {"schema": "fleetwise-groundtruth/1",
+           "models": {"m": {"config": GOOD_CONFIG, "decode": [{"batch": 1, "ctx": 64, "ms": 1.0}]}}}
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(doc))
+    assert main(["calibrate", str(path), "--gpu", "h200-sxm", "-o", str(tmp_path / "p.json"), "--no-band"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"warning: 1 measured points for {len(FIT_FACTORS)} fitted factors: the fit's own error says "
+                   "nothing about its accuracy; measure more shapes (`fleetwise measure` takes a grid) and "
+                   "read the held-out residuals",
+                   "warning: no prefill, mixed points: those steps are priced from the other kinds' factors "
+                   "and the prior; measure them to check"]
+    files = [load_groundtruth(SHARED / f) for f in FILES]
+    assert fit_warnings(files) == []

@@ -165,6 +165,23 @@ def calibrate(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec, *, base: P
     return prof.with_factors(fit=fit)  # type: ignore[arg-type]
 
 
+def fit_warnings(files: Sequence[GroundTruthFile], factors: Sequence[str] = FIT_FACTORS) -> list[str]:
+    """What a fit on `files` cannot tell: fewer points than fitted factors (its in-sample error then
+    says nothing), and step kinds (prefill, decode, mixed) with no point (their cost rests on factors
+    fitted on the other kinds and on the prior)."""
+    points = [pt for f in files for pt in f.points]
+    out = []
+    if len(points) < len(factors):
+        out.append(f"{len(points)} measured points for {len(factors)} fitted factors: the fit's own error "
+                   "says nothing about its accuracy; measure more shapes (`fleetwise measure` takes a grid) "
+                   "and read the held-out residuals")
+    missing = [k for k in ("prefill", "decode", "mixed") if not any(pt.kind == k for pt in points)]
+    if missing:
+        out.append(f"no {', '.join(missing)} points: those steps are priced from the other kinds' factors "
+                   "and the prior; measure them to check")
+    return out
+
+
 def _grouped_tile_k_without_moe_points(profile: Profile, files: Sequence[GroundTruthFile],
                                       gpu: AcceleratorSpec) -> float:
     """No MoE point to fit the grouped kernel on: solve it from the MoE block the same run timed

@@ -43,7 +43,8 @@ def test_every_term_is_simulated_against_the_sized_plan(small_search) -> None:
     assert [ln.split(": ")[1] for ln in lines] == [
         "1 mixed replica(s) down for the whole run",
         f"a rolling upgrade of the mixed pool (2 replicas, one out at a time, {cold:.0f} s each)",
-        f"a mixed replica joining cold (empty cache) after {cold:.0f} s (120 s start + {load:.1f} s reading its "
+        f"a mixed replica joining cold (empty cache) after {round(120 + round(load, 1), 1):g} s (120 s start + "
+        f"{load:.1f} s reading its "
         "weights from storage)",
     ]
     assert [ln.split(": ")[2].split(",")[0] for ln in lines] == [
@@ -63,7 +64,8 @@ def test_each_run_covers_its_whole_event(spec_factory) -> None:
         ("1 mixed replica(s) down for the whole run", "mixed", 1000.0, 200),
         (f"a rolling upgrade of the mixed pool (3 replicas, one out at a time, {cold:.0f} s each)", "mixed",
          3 * cold + 1000, math.ceil(0.2 * (3 * cold + 1000))),
-        (f"a mixed replica joining cold (empty cache) after {cold:.0f} s (300 s start + {load:.1f} s reading its "
+        (f"a mixed replica joining cold (empty cache) after {round(300 + round(load, 1), 1):g} s (300 s start + "
+         f"{load:.1f} s reading its "
          "weights from storage)", "mixed", cold + 1000, math.ceil(0.2 * (cold + 1000))),
         # S/2 at 0.2 req/s, 100 s at 0.3 req/s, S/2 at 0.2 req/s: 100 + 30 + 100 requests
         ("a burst of x1.50 the target rate for 100 s (the workload's burst factor)", None, 1100.0, 230),
@@ -144,7 +146,8 @@ def test_a_missed_upgrade_is_rerun_in_full_for_the_larger_pool(spec_factory) -> 
         math.ceil(14 * (3 * c + 60)), 1, True)
     # the cold join then runs against the three replicas the upgrade left
     assert (cold.term, cold.span_s, cold.requests, cold.added) == (
-        f"a mixed replica joining cold (empty cache) after {c:.0f} s (60 s start + {load:.1f} s reading its weights "
+        f"a mixed replica joining cold (empty cache) after {round(60 + round(load, 1), 1):g} s (60 s start + "
+        f"{load:.1f} s reading its weights "
         "from storage)", pytest.approx(c + 60), math.ceil(14 * (c + 60)), 0)
     assert out.full.pool("mixed").replicas == 3
 

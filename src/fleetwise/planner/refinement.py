@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fleetwise.core.request import Request
 from fleetwise.planner.executor import Executor
 from fleetwise.planner.layout import Rejection
-from fleetwise.planner.results import HeadroomCheck, Refined
+from fleetwise.planner.results import HeadroomCheck, Refined, cold_start_text
 from fleetwise.planner.simulate import (
     FleetRun,
     FleetShape,
@@ -162,8 +162,9 @@ def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
     big = max(full.pools, key=lambda p: p.gpus)
     cold, load = ctx.cold_s(big.layout), ctx.load_s(big.layout)
     if h.cold_start_s > 0 and big.replicas > 1:  # cold_start_s 0: the spec asks for no cold-join check
-        over("cold", f"a {big.role} replica joining cold (empty cache) after {cold:.0f} s ({h.cold_start_s:g} s start "
-             f"+ {load:.1f} s reading its weights from storage)", big.role,
+        total, load_text = cold_start_text(h.cold_start_s, load)
+        over("cold", f"a {big.role} replica joining cold (empty cache) after {total} s ({h.cold_start_s:g} s start "
+             f"+ {load_text} s reading its weights from storage)", big.role,
              cold + span, FaultScenario(name="cold join", faults=[ReplicaCrash(
                  replica=f"{big.role}-0", at_s=0.0, restart_after_s=cold)]))
     if ctx.burst > 1.0:

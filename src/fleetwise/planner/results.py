@@ -15,6 +15,12 @@ from fleetwise.planner.simulate import FleetShape, SimVerdict
 from fleetwise.spec.planning import HeadroomSpec
 
 
+def cold_start_text(start_s: float, load_s: float) -> tuple[str, str]:
+    """(total, weight read) of a cold start as the explanations print them, in seconds: the read to
+    0.1 s and the total as the start plus that printed read, so the sentence adds up."""
+    load = round(load_s, 1)
+    return f"{round(start_s + load, 1):g}", f"{load:.1f}"
+
 @dataclass(frozen=True)
 class LayoutEstimate:
     """Analytical figures of one replica layout under one length mix and SLO."""
@@ -69,8 +75,8 @@ class Sizing:
 
     def explain(self, headroom: HeadroomSpec) -> str:
         """One plain sentence with every term and its inputs."""
-        cold = (f"{headroom.cold_start_s + self.load_s:.0f} s = {headroom.cold_start_s:g} s start + "
-                f"{self.load_s:.1f} s reading the weights")
+        total, load = cold_start_text(headroom.cold_start_s, self.load_s)
+        cold = f"{total} s = {headroom.cold_start_s:g} s start + {load} s reading the weights"
         ramp = (f" + cold-start ramp {self.ramp_replicas:.2f} ({headroom.rate_growth_per_min:.0%}/min growth over "
                 f"{cold})" if self.ramp_replicas > 0 else
                 f" (cold start {cold} adds no ramp term: rate_growth_per_min is 0)")

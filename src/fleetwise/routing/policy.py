@@ -493,8 +493,8 @@ class ComposedPolicy:
         need = req.prompt_tokens + self._expected
         room = [kv_headroom(cd.ws[j], need + self.incoming.tokens(cd.names[j])) for j in roomy]
         room_at = [0.0] * len(cd.ws)
-        for j, r in zip(roomy, room, strict=True):
-            room_at[j] = r
+        for x, j in enumerate(roomy):  # index loops, not `zip(strict=True)`: mypyc compiles only a plain zip natively
+            room_at[j] = room[x]
         if min(room) < reserve:
             pairs = pt.with_decode(pairs, [j for j in roomy if room_at[j] >= reserve]) or pairs
         # Links degraded below a fraction of the best healthy bandwidth are skipped while another
@@ -515,8 +515,8 @@ class ComposedPolicy:
             pairs = [k for k in pairs if on_p[pi[k]] and on_d[dj[k]]] or pairs
         sp = self._profile_totals(req, cp.columns(req, list(range(len(cp.ws)))), "prefill")
         sd = [0.0] * len(cd.ws)
-        for j, t in zip(roomy, self._profile_totals(req, cd.columns(req, roomy, room), "decode"), strict=True):
-            sd[j] = t
+        for x, t in enumerate(self._profile_totals(req, cd.columns(req, roomy, room), "decode")):
+            sd[roomy[x]] = t
         totals = pair_totals(req, pairs, pt, links, self._links, sp, sd, self._side_weights, self._pair_scorers, cp, cd)
         x, _ = self.picker.max(pt.keys if pairs is pt.every else [pt.keys[k] for k in pairs], totals,
                                self._tie_break)

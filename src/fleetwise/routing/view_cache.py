@@ -43,7 +43,8 @@ def same_fields(old: Sequence[WorkerView], new: Sequence[WorkerView]) -> bool:
     `Eligible`'s names and weights read. O(workers); a view that is the same object is not read."""
     if len(old) != len(new):
         return False
-    for a, b in zip(old, new, strict=True):
+    for i in range(len(old)):  # not `zip(strict=True)`, which mypyc compiles as a generic call
+        a, b = old[i], new[i]
         if a is not b and not (a.name == b.name and a.healthy == b.healthy and a.model_version == b.model_version
                                and a.region == b.region and a.role == b.role and a.weight == b.weight):
             return False

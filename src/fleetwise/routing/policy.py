@@ -524,14 +524,14 @@ class ComposedPolicy:
         p, d = self._side_candidate(cp, pi[k], 0.0), self._side_candidate(cd, dj[k], room_at[dj[k]])
         return p, d, pt.scores(pairs, totals), pair_reason(req, p, d, links[k])
 
-    def _bounded_at(self, s: Side, at: list[int], pool: str) -> set[int]:
-        """The positions among `at` (of side `s`, ascending) the load bound of `pool` keeps."""
+    def _bounded_at(self, s: Side, at: list[int], pool: str) -> list[int]:
+        """The positions among `at` (of side `s`, ascending) the load bound of `pool` keeps, ascending."""
         if len(at) == len(s.ws):  # every position: the side's own columns, read, not copied
             _, kept, _ = self._bounded(s.load, s.own, s.slow, s.names, pool)
-            return set(kept)
+            return kept
         _, kept, _ = self._bounded([s.load[i] for i in at], [s.own[i] for i in at], [s.slow[i] for i in at],
                                    [s.names[i] for i in at], pool)
-        return {at[x] for x in kept}
+        return [at[x] for x in kept]
 
     # ---- feedback ----------------------------------------------------------------------------
 

@@ -256,7 +256,7 @@ class ComposedPolicy:
                 counts, k = v.share_counts(names, self.picker.seq, self.recent.counts[pool])
             else:
                 seen = self.recent.counts[pool]
-                counts = [seen[x] for x in names]  # a Counter: 0 for a name not seen
+                counts = [seen.get(x, 0) for x in names]
                 k = sum(counts)
         bound, kept = kernels.bounded(load, own, slow, self._bound_c, TIE_TOLERANCE, counts, k)
         return bound, kept, (kernels.left_out(names, kept) if len(kept) < n else [])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from fleetwise.routing import kernels
@@ -565,19 +565,21 @@ class RecentPicks:
     def __init__(self, window: int) -> None:
         self.window = max(1, window)
         self.picks: dict[str, deque[str]] = {}
-        self.counts: dict[str, Counter[str]] = {}
+        self.counts: dict[str, dict[str, int]] = {}
+        """Per pool, each worker's picks in the window (a plain dict, which compiled code reads natively;
+        a worker never picked has no entry: read with `.get(name, 0)`)."""
 
     def add(self, pool: str, name: str) -> str | None:
         """Note `name` as chosen in `pool`; returns the name that fell out of the window."""
         dq = self.picks.get(pool)
         if dq is None:
             dq = self.picks[pool] = deque(maxlen=self.window)
-            self.counts[pool] = Counter()
+            self.counts[pool] = {}
         counts = self.counts[pool]
         dropped = None
-        if len(dq) == dq.maxlen:
+        if len(dq) == self.window:  # the deque's maxlen
             dropped = dq[0]
             counts[dropped] -= 1  # about to fall out of the window
         dq.append(name)
-        counts[name] += 1
+        counts[name] = counts.get(name, 0) + 1
         return dropped

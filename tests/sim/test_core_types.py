@@ -19,8 +19,11 @@ import pytest
 from fleetwise.core.compiled import native
 from fleetwise.core.feedback import Cancelled, Completed, Dispatched, Failed, FirstToken
 from fleetwise.core.request import Request
-from fleetwise.core.views import FleetView, RouteRequest, RoutingDecision, WorkerView
+from fleetwise.core.views import FleetView, KvLinkView, RouteRequest, RoutingDecision, WorkerView
 from fleetwise.engine.blocks import CacheEntry
+from fleetwise.routing.plugins import Candidate
+from fleetwise.routing.signals import Columns
+from fleetwise.routing.state import Pending
 from fleetwise.sim.events import Arrival
 from fleetwise.spec.kv_format import KvFormat
 
@@ -29,6 +32,7 @@ SAMPLES: dict[type, tuple[Any, ...]] = {
     WorkerView: ("w1", "decode", "p", "h200-sxm", "v2", "eu", False, 3, 4, 5, 6, 0.25, 1024, 32, 1.5, 2.0,
                  KvFormat("v2")),
     FleetView: (2.5, (W,), ()),
+    KvLinkView: ("p0", "d0", 1e9, 0.002, 3, False),
     RouteRequest: ("r1", 100, 50, (1, 2), "t", "v2", "eu", 3.5, 256),
     RoutingDecision: ("w1", "p1", {"w1": 1.0}, "why", True, "prefix"),
     Dispatched: (1.0, "r1", "w1", 100, (7,), "p1"),
@@ -47,6 +51,7 @@ DEFAULTS: dict[type, tuple[tuple[Any, ...], dict[str, Any]]] = {
                           "kv_capacity_tokens": 0, "block_size": 16, "reported_at_s": 0.0, "weight": 1.0,
                           "kv_format": None}),
     FleetView: ((1.0, ()), {"links": ()}),
+    KvLinkView: (("p", "d", 1.0, 0.0), {"active_transfers": 0, "healthy": True}),
     RouteRequest: (("r", 10, None), {"block_hashes": (), "tenant": "default", "model_version": None,
                                      "region": None, "arrival_s": 0.0, "hash_block_tokens": 512}),
     RoutingDecision: (("w",), {"prefill_worker": None, "scores": {}, "reason": "", "safe_mode": False,
@@ -96,7 +101,29 @@ def test_a_decision_without_scores_gets_its_own_empty_dict() -> None:
     assert a.rejected is False and RoutingDecision(None).rejected is True
 
 
-@pytest.mark.parametrize("cls", [*SAMPLES, Arrival, CacheEntry], ids=lambda c: c.__name__)
+MUTABLE: dict[type, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    Candidate: ((W, 3, 2.5, 1.5, 1.25, 4, 0.5), {"slowness": 1.0, "prefix_blocks": 0, "kv_room": 0.0}),
+    Columns: (([1.0], [2.0], [1.5], [3], [4], [0.25], 5, [0], [W], [2.0], [0.5]), {"weight": None, "kv_room": None}),
+    Pending: (("r1", "w1", "p1", 1.5, 100, 50, 20.5), {}),
+}
+"""The routing policy's per-decision records (not frozen): a value per field, none of them the
+default, and the documented defaults of the optional fields."""
+
+
+@pytest.mark.parametrize("cls", list(MUTABLE), ids=lambda c: c.__name__)
+def test_policy_records_set_every_field_and_keep_their_defaults(cls: type) -> None:
+    values, defaults = MUTABLE[cls]
+    names = [f.name for f in dataclasses.fields(cls)]
+    assert len(names) == len(values)
+    positional, keyword = cls(*values), cls(**dict(zip(names, values, strict=True)))
+    for obj in (positional, keyword):
+        assert [getattr(obj, n) for n in names] == list(values)
+    assert positional == keyword and dataclasses.replace(positional) == positional
+    short = cls(*values[:len(names) - len(defaults)])
+    assert {n: getattr(short, n) for n in defaults} == defaults
+
+
+@pytest.mark.parametrize("cls", [*SAMPLES, *MUTABLE, Arrival, CacheEntry], ids=lambda c: c.__name__)
 def test_the_constructor_is_the_class_own_not_the_generated_one(cls: type) -> None:
     """The dataclasses module writes its `__init__` as Python even for a compiled class: these
     classes keep theirs (compiled natively, or, from the sources, the function in their module)."""

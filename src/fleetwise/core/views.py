@@ -89,7 +89,7 @@ def kv_format_of(w: WorkerView) -> KvFormat:
     return KvFormat(w.model_version) if f is None else f.at_version(w.model_version)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class KvLinkView:
     """A prefill->decode KV path as the router sees it."""
 
@@ -99,6 +99,15 @@ class KvLinkView:
     latency_s: float
     active_transfers: int = 0
     healthy: bool = True
+
+    def __init__(self, src: str, dst: str, bandwidth_bytes_per_s: float, latency_s: float, active_transfers: int = 0,
+                 healthy: bool = True) -> None:
+        object.__setattr__(self, "src", src)
+        object.__setattr__(self, "dst", dst)
+        object.__setattr__(self, "bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+        object.__setattr__(self, "latency_s", latency_s)
+        object.__setattr__(self, "active_transfers", active_transfers)
+        object.__setattr__(self, "healthy", healthy)
 
 
 @dataclass(frozen=True, slots=True, init=False)

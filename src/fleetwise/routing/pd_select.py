@@ -54,7 +54,12 @@ def _same_signature(ws: Sequence[WorkerView], seen: Sequence[WorkerView], sig: l
     same = len(seen) == n
     for i in range(n):
         w = ws[i]
-        if not (same and w is seen[i]) and (w.name, w.kv_format, w.model_version) != sig[i]:
+        if same and w is seen[i]:
+            continue
+        name, fmt, version = sig[i]
+        # Field by field, the format by identity first: a view's format is its replica's very
+        # object, and the tuple comparison called the interpreted dataclass `__eq__` every time.
+        if w.name != name or w.model_version != version or (w.kv_format is not fmt and w.kv_format != fmt):
             return False
     return True
 
@@ -271,7 +276,7 @@ class Side:
         n = len(ws)
         self.ws, self.names = ws, names
         self.load, self.requests = loads.load, loads.requests
-        self.slow = [f / w.weight for f, w in zip(slow, ws, strict=True)]
+        self.slow = [slow[i] / ws[i].weight for i in range(n)]  # not `zip(strict=True)`: a generic call compiled
         self.prefix = [0] * n
         self.room = [0.0] * n
         if side == "prefill":
@@ -328,12 +333,12 @@ def pair_totals(req: RouteRequest, pairs: list[int], pt: PairTable, links: list[
     if len(terms) == 1 and terms[0][2]:  # the default: one pass, `(a + b) + c` as the loop below sums it
         wt, vals, _ = terms[0]
         if every:
-            return [wp * sp[i] + wd * sd[j] + wt * v for i, j, v in zip(pi, dj, vals, strict=True)]
+            return [wp * sp[pi[k]] + wd * sd[dj[k]] + wt * vals[k] for k in range(len(pi))]
         return [wp * sp[pi[k]] + wd * sd[dj[k]] + wt * vals[k] for k in pairs]
-    totals = ([wp * sp[i] + wd * sd[j] for i, j in zip(pi, dj, strict=True)] if every
+    totals = ([wp * sp[pi[k]] + wd * sd[dj[k]] for k in range(len(pi))] if every
               else [wp * sp[pi[k]] + wd * sd[dj[k]] for k in pairs])
     for wt, vals, whole in terms:
         if whole and not every:
             vals = [vals[k] for k in pairs]
-        totals = [t + wt * v for t, v in zip(totals, vals, strict=True)]
+        totals = [totals[k] + wt * vals[k] for k in range(len(totals))]
     return totals

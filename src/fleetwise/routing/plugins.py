@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Candidate:
     """One eligible worker with the signals the scorers read."""
 
@@ -64,6 +64,12 @@ class Candidate:
     """Leading prompt blocks the prefix index says this worker holds."""
     kv_room: float = 0.0
     """KV fraction left after admitting the request (decode candidates of a P/D fleet; 0 elsewhere)."""
+
+    def __init__(self, view: WorkerView, requests: int, load: float, own: float, slowness: float = 1.0,
+                 prefix_blocks: int = 0, kv_room: float = 0.0) -> None:
+        # Its own `__init__`, compiled to plain stores (the generated one runs interpreted: core/views.py).
+        self.view, self.requests, self.load, self.own = view, requests, load, own
+        self.slowness, self.prefix_blocks, self.kv_room = slowness, prefix_blocks, kv_room
 
     @property
     def name(self) -> str:
@@ -206,7 +212,8 @@ def score_requests(req: RouteRequest, c: Columns) -> list[float]:
     """`min r / r` with `r = (requests + 1) / weight`: fewest outstanding requests per unit of
     weight scores 1 (with equal weights, `(min requests + 1) / (requests + 1)`)."""
     w = c.weight
-    xs = [float(r + 1) for r in c.requests] if w is None else [(r + 1) / x for r, x in zip(c.requests, w, strict=True)]
+    r = c.requests
+    xs = [float(x + 1) for x in r] if w is None else [(r[i] + 1) / w[i] for i in range(len(r))]
     return kernels.min_ratio_scores(xs, c.kept)
 
 

@@ -256,7 +256,7 @@ class ComposedPolicy:
                 counts, k = v.share_counts(names, self.picker.seq, self.recent.counts[pool])
             else:
                 seen = self.recent.counts[pool]
-                counts = [seen[x] for x in names]  # a Counter: 0 for a name not seen
+                counts = [seen.get(x, 0) for x in names]
                 k = sum(counts)
         bound, kept = kernels.bounded(load, own, slow, self._bound_c, TIE_TOLERANCE, counts, k)
         return bound, kept, (kernels.left_out(names, kept) if len(kept) < n else [])
@@ -493,8 +493,8 @@ class ComposedPolicy:
         need = req.prompt_tokens + self._expected
         room = [kv_headroom(cd.ws[j], need + self.incoming.tokens(cd.names[j])) for j in roomy]
         room_at = [0.0] * len(cd.ws)
-        for j, r in zip(roomy, room, strict=True):
-            room_at[j] = r
+        for x, j in enumerate(roomy):  # index loops, not `zip(strict=True)`: mypyc compiles only a plain zip natively
+            room_at[j] = room[x]
         if min(room) < reserve:
             pairs = pt.with_decode(pairs, [j for j in roomy if room_at[j] >= reserve]) or pairs
         # Links degraded below a fraction of the best healthy bandwidth are skipped while another
@@ -515,8 +515,8 @@ class ComposedPolicy:
             pairs = [k for k in pairs if on_p[pi[k]] and on_d[dj[k]]] or pairs
         sp = self._profile_totals(req, cp.columns(req, list(range(len(cp.ws)))), "prefill")
         sd = [0.0] * len(cd.ws)
-        for j, t in zip(roomy, self._profile_totals(req, cd.columns(req, roomy, room), "decode"), strict=True):
-            sd[j] = t
+        for x, t in enumerate(self._profile_totals(req, cd.columns(req, roomy, room), "decode")):
+            sd[roomy[x]] = t
         totals = pair_totals(req, pairs, pt, links, self._links, sp, sd, self._side_weights, self._pair_scorers, cp, cd)
         x, _ = self.picker.max(pt.keys if pairs is pt.every else [pt.keys[k] for k in pairs], totals,
                                self._tie_break)
@@ -524,14 +524,14 @@ class ComposedPolicy:
         p, d = self._side_candidate(cp, pi[k], 0.0), self._side_candidate(cd, dj[k], room_at[dj[k]])
         return p, d, pt.scores(pairs, totals), pair_reason(req, p, d, links[k])
 
-    def _bounded_at(self, s: Side, at: list[int], pool: str) -> set[int]:
-        """The positions among `at` (of side `s`, ascending) the load bound of `pool` keeps."""
+    def _bounded_at(self, s: Side, at: list[int], pool: str) -> list[int]:
+        """The positions among `at` (of side `s`, ascending) the load bound of `pool` keeps, ascending."""
         if len(at) == len(s.ws):  # every position: the side's own columns, read, not copied
             _, kept, _ = self._bounded(s.load, s.own, s.slow, s.names, pool)
-            return set(kept)
+            return kept
         _, kept, _ = self._bounded([s.load[i] for i in at], [s.own[i] for i in at], [s.slow[i] for i in at],
                                    [s.names[i] for i in at], pool)
-        return {at[x] for x in kept}
+        return [at[x] for x in kept]
 
     # ---- feedback ----------------------------------------------------------------------------
 

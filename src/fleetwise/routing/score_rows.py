@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from fleetwise.core.views import RoutingDecision
@@ -136,19 +136,21 @@ def winning_scores(d: RoutingDecision, scorers: tuple[str, ...]) -> dict[str, fl
             row = rows.row(d.worker, scorers)
             if row is not None:
                 return row
-        return _entries(rows.get, d.worker, d.prefill_worker, scorers)  # the table's `get`, without its Python frame
-    return _entries(sc.get, d.worker, d.prefill_worker, scorers)
+        return _entries(rows, d.worker, d.prefill_worker, scorers)  # the table's entries, read natively
+    return _entries(sc, d.worker, d.prefill_worker, scorers)
 
 
-def _entries(get: Callable[[str], Any], worker: str, prefill: str | None, scorers: tuple[str, ...]) -> dict[str, float]:
-    """`winning_scores` read entry by entry through `get` (a scores mapping's)."""
+def _entries(src: ScoreRows | Mapping[str, Any], worker: str, prefill: str | None,
+             scorers: tuple[str, ...]) -> dict[str, float]:
+    """`winning_scores` read entry by entry through `src.get` (a `ScoreRows`' is a native call,
+    not a call of its bound method: a P/D pair decision reads seven entries)."""
     key = worker if prefill is None else f"{prefill}->{worker}"
     out: dict[str, float] = {}
-    total = get(key)
+    total = src.get(key)
     if total is not None:
         out["total"] = total
     for s in scorers:
-        v = get(f"{worker}.{s}")
+        v = src.get(f"{worker}.{s}")
         if v is not None:
             out[s] = v
     return out

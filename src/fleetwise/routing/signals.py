@@ -16,7 +16,7 @@ from fleetwise.core.views import WorkerView
 __all__ = ["VIEW_ONLY_SCORERS", "Columns"]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Columns:
     """The candidates' signals (`plugins.Candidate` fields), one element per worker of the view,
     and which of them a decision kept."""
@@ -39,6 +39,15 @@ class Columns:
     """Each worker's relative capacity (None: every weight is 1)."""
     kv_room: list[float] | None = None
     """KV fraction left after admitting the request (decode candidates of a P/D fleet; None: 0 everywhere)."""
+
+    def __init__(self, load: list[float], own: list[float], slowness: list[float], requests: list[int],
+                 prefix: list[int] | None, kv_usage: list[float], n_hashes: int, kept: list[int],
+                 views: list[WorkerView], weight: list[float] | None = None,
+                 kv_room: list[float] | None = None) -> None:
+        # Its own `__init__`, compiled to plain stores (the generated one runs interpreted: core/views.py).
+        self.load, self.own, self.slowness, self.requests, self.prefix = load, own, slowness, requests, prefix
+        self.kv_usage, self.n_hashes, self.kept, self.views = kv_usage, n_hashes, kept, views
+        self.weight, self.kv_room = weight, kv_room
 
 
 VIEW_ONLY_SCORERS = frozenset({"kv"})

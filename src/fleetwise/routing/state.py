@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from fleetwise.routing import kernels
@@ -38,7 +38,7 @@ EXACT_FLOAT_INT = 1 << 53
 are all multiples of 1/den stays exact while its total, counted in 1/den units, is below it."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pending:
     """One dispatched request as the router estimated it."""
 
@@ -52,6 +52,11 @@ class Pending:
     """Expected decode tokens (max_output)."""
     predicted_cost: float
     """Token-equivalent work ahead of and including this request at dispatch (no slowness)."""
+
+    def __init__(self, request_id: str, worker: str, prefill_worker: str | None, dispatch_s: float,
+                 prefill_tokens: int, decode_tokens: int, predicted_cost: float) -> None:
+        self.request_id, self.worker, self.prefill_worker, self.dispatch_s = request_id, worker, prefill_worker, dispatch_s
+        self.prefill_tokens, self.decode_tokens, self.predicted_cost = prefill_tokens, decode_tokens, predicted_cost
 
 
 _NONE: OrderedDict[str, Pending] = OrderedDict()
@@ -507,7 +512,8 @@ class LatencyFeedback:
         half_life, lo, hi, band = self._kernel_args
         f = kernels.slowness(now_s, half_life, a.last_obs, a.has1, a.ref1, a.dev1, a.has2, a.ref2, a.dev2,
                              a.failure, lo, hi, band)
-        return [x if seen else 1.0 for x, seen in zip(f, a.seen, strict=True)] if a.unseen else f
+        seen = a.seen  # an index loop: mypyc compiles `zip` natively only without `strict=True`
+        return [f[i] if seen[i] else 1.0 for i in range(len(f))] if a.unseen else f
 
     def _term_lists(self, workers: list[str]) -> _TermLists:
         """The terms of `workers` as lists, kept between calls: an observation changes the
@@ -559,19 +565,21 @@ class RecentPicks:
     def __init__(self, window: int) -> None:
         self.window = max(1, window)
         self.picks: dict[str, deque[str]] = {}
-        self.counts: dict[str, Counter[str]] = {}
+        self.counts: dict[str, dict[str, int]] = {}
+        """Per pool, each worker's picks in the window (a plain dict, which compiled code reads natively;
+        a worker never picked has no entry: read with `.get(name, 0)`)."""
 
     def add(self, pool: str, name: str) -> str | None:
         """Note `name` as chosen in `pool`; returns the name that fell out of the window."""
         dq = self.picks.get(pool)
         if dq is None:
             dq = self.picks[pool] = deque(maxlen=self.window)
-            self.counts[pool] = Counter()
+            self.counts[pool] = {}
         counts = self.counts[pool]
         dropped = None
-        if len(dq) == dq.maxlen:
+        if len(dq) == self.window:  # the deque's maxlen
             dropped = dq[0]
             counts[dropped] -= 1  # about to fall out of the window
         dq.append(name)
-        counts[name] += 1
+        counts[name] = counts.get(name, 0) + 1
         return dropped

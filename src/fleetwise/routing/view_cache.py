@@ -8,7 +8,6 @@ recomputes every signal one candidate at a time and checks the decisions are the
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,7 +42,8 @@ def same_fields(old: Sequence[WorkerView], new: Sequence[WorkerView]) -> bool:
     `Eligible`'s names and weights read. O(workers); a view that is the same object is not read."""
     if len(old) != len(new):
         return False
-    for a, b in zip(old, new, strict=True):
+    for i in range(len(old)):  # not `zip(strict=True)`, which mypyc compiles as a generic call
+        a, b = old[i], new[i]
         if a is not b and not (a.name == b.name and a.healthy == b.healthy and a.model_version == b.model_version
                                and a.region == b.region and a.role == b.role and a.weight == b.weight):
             return False
@@ -196,12 +196,12 @@ class ViewColumns:
             load[i] = x
             requests[i] = reqs0[i] + n_pend
 
-    def share_counts(self, names: list[str], seq: int, seen: Counter[str]) -> tuple[list[int], int]:
+    def share_counts(self, names: list[str], seq: int, seen: dict[str, int]) -> tuple[list[int], int]:
         """Each worker's picks among the recent `mixed` decisions, and their sum (the load
         bound's share check): `counts`, rebuilt from `seen` (the pool's counts) unless the picks
         since (`PickerState.seq` still `seq`) have kept it current (`picked`)."""
         if self.counts_seq != seq:
-            self.counts = [seen[name] for name in names]  # a Counter: 0 for a name not seen
+            self.counts = [seen.get(name, 0) for name in names]
             self.counts_k = sum(self.counts)
             self.counts_seq = seq
         return self.counts, self.counts_k

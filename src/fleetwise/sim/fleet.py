@@ -21,7 +21,7 @@ from fleetwise.engine.records import StepOutput
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.sim.columns import ReplicaStats
 from fleetwise.sim.events import EventLoop
-from fleetwise.spec.kv_format import KvFormat, declared_format
+from fleetwise.spec.kv_format import KvCompat, KvFormat, declared_format, kv_compat
 from fleetwise.spec.plan import PlanSpec, PoolSpec
 
 __all__ = ["DOWN", "DRAINING", "UP", "Fleet", "Replica", "engine_config"]
@@ -80,6 +80,19 @@ class Fleet:
                                              cast(HorizonFn, horizon), stats))
         self.by_name = {r.name: r.idx for r in self.replicas}
         self.names = [r.name for r in self.replicas]
+        self._compat: dict[tuple[int, int, str, str], tuple[KvCompat, bool]] = {}
+        """`kv_compat` verdicts and their `direct`, by (sender, receiver, their model versions)."""
+
+    def kv_compat(self, src: Replica, dst: Replica) -> tuple[KvCompat, bool]:
+        """Whether `dst` can take `src`'s KV now (`kv_compat` of their formats now) and whether it
+        moves as is (`KvCompat.direct`); kept per pair and model versions, since a replica's
+        declared format changes only with its model version."""
+        key = (src.idx, dst.idx, src.model_version, dst.model_version)
+        hit = self._compat.get(key)
+        if hit is None:
+            c = kv_compat(src.format_now(), dst.format_now())
+            hit = self._compat[key] = (c, c.direct)
+        return hit
 
     def kick(self, rep: Replica, now_s: float) -> None:
         """Let an idle replica schedule at `now_s`, after everything else due at `now_s`."""

@@ -31,7 +31,7 @@ import numpy as np
 from fleetwise.core.request import Request
 from fleetwise.ledger.usage import Usage, billed
 from fleetwise.perf.types import BatchShape, SeqWork
-from fleetwise.sim.events import Event, Priority
+from fleetwise.sim.network import TRANSFER_END
 from fleetwise.spec.failure_domains import FailureDomainSpec
 
 if TYPE_CHECKING:
@@ -66,23 +66,19 @@ class RecoveryTarget(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class LeaseEnd(Event):
-    """A prefill replica's lease on a request's KV reaches its deadline."""
-
-    index: int
-    attempt: int
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Lease:
-    """KV held by prefill replica `replica` for request attempt `attempt` since `start_s`."""
+    """KV held by prefill replica `replica` for request attempt `attempt` since `start_s`
+    (one per hand-off: its own `__init__`, as a compiled dataclass's generated one runs interpreted)."""
 
     attempt: int
     replica: int
     start_s: float
     nbytes: float
     transfer: int = -1
+
+    def __init__(self, attempt: int, replica: int, start_s: float, nbytes: float, transfer: int = -1) -> None:
+        self.attempt, self.replica, self.start_s, self.nbytes, self.transfer = attempt, replica, start_s, nbytes, transfer
 
 
 class Recovery:
@@ -110,7 +106,8 @@ class Recovery:
         self.leases_expired = 0
         self.refusing: dict[int, int] = {}
         """Replica index -> faults making it refuse new requests now (`decode_full`, `fail_requests`)."""
-        sim.loop.on(LeaseEnd, self._on_lease_end)
+        self.lease_s = decisions.kv_lease_s
+        """`FailureDomainSpec.kv_lease_s`, read once (a pydantic model's attribute read is not a plain load)."""
 
     # ---- the request an attempt runs --------------------------------------------------------------
     def request(self, i: int) -> Request:
@@ -142,7 +139,9 @@ class Recovery:
         """The prefill replica holds request i's KV from now until the decode side acks it."""
         att = self.attempt(i)
         self.leases[i] = Lease(att, rep.idx, now_s, nbytes)
-        self.sim.loop.push(now_s + self.d.kv_lease_s, Priority.TRANSFER_END, LeaseEnd(i, att))
+        # The deadline is a callback on the loop with (index, attempt), no event object: ordered and
+        # counted as the lease-end event of the transfer-end priority it stands for.
+        self.sim.loop.call_at(now_s + self.lease_s, TRANSFER_END, self._on_lease_end, (i, att))
 
     def ack(self, i: int) -> None:
         """The decode side holds the KV: the lease ends (the prefill frees its blocks)."""
@@ -154,11 +153,13 @@ class Recovery:
         if lease is not None:
             self.orphaned_kv_byte_s += lease.nbytes * (now_s - lease.start_s)
 
-    def _on_lease_end(self, now_s: float, ev: LeaseEnd) -> None:
-        lease = self.leases.get(ev.index)
-        if lease is None or lease.attempt != ev.attempt:
+    def _on_lease_end(self, now_s: float, arg: tuple[int, int]) -> None:
+        """A lease reaches its deadline (`arg`: the request index and the attempt it was opened for)."""
+        i = arg[0]
+        lease = self.leases.get(i)
+        if lease is None or lease.attempt != arg[1]:
             return  # acked, or ended by a failure, in time
-        sim, i = self.sim, ev.index
+        sim = self.sim
         self.leases_expired += 1
         if lease.transfer >= 0:
             sim.net.cancel(now_s, lease.transfer)

@@ -394,7 +394,7 @@ class Simulation:
             self.release_prefill(rep, i, now_s)
             self.recovery.lost(i, now_s, "decode_lost" if dec.state == DOWN else "decode_pool_full")
             return
-        compat = kv_compat(rep.format_now(), dec.format_now())
+        compat, direct = self.fleet.kv_compat(rep, dec)
         if not compat.ok:
             # The decode side cannot read this KV (another model version, no common format): it
             # refuses the hand-off, the KV is freed and recovery prefills the request again (or
@@ -408,7 +408,7 @@ class Simulation:
         rec.kv_start_s[i] = now_s
         nbytes = dec.kv_bytes_per_token * self.recovery.request(i).prompt_tokens
         self.recovery.open_lease(i, rep, now_s, nbytes)
-        extra = 0.0 if compat.direct else handoff_extra_s(nbytes, compat, rep.deployment, dec.deployment)
+        extra = 0.0 if direct else handoff_extra_s(nbytes, compat, rep.deployment, dec.deployment)
         tid = self.net.start(now_s, self.recovery.tag(i), rep.port, dec.port, nbytes, extra)
         if i in self.recovery.leases:  # a transfer refused at start has ended the lease already
             self.recovery.leases[i].transfer = tid

@@ -12,13 +12,15 @@ sections compared are the plan document's `plans`, `fleet`, `disaggregation` and
 (what a search change must not move; `candidates`, `pd_sweep` and `search` may); `search.wall_s`
 is never compared. Prints one line per spec and writes the figures and any differing section.
 With `--keep DIR` each side's result (document and figures) is kept as `DIR/NAME.SIDE.result.json`
-and reused by a later run with the same DIR, so a base measured once (`--sides base`) is compared
-with the working tree as it changes.
+and reused by a later run with the same DIR while its tree's sources and the spec are unchanged
+(`fingerprint`; a changed tree is planned again), so a base measured once (`--sides base`) is
+compared with the working tree as it changes.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -86,14 +88,28 @@ def compare(base: dict[str, Any], head: dict[str, Any]) -> list[str]:
     return [s for s in SECTIONS if json.dumps(base.get(s), sort_keys=True) != json.dumps(head.get(s), sort_keys=True)]
 
 
+def fingerprint(src: Path, spec: Path | None) -> str:
+    """SHA-256 of the tree's Python sources (paths and bytes) and the spec: what a kept result was planned from."""
+    h = hashlib.sha256()
+    for path in sorted(src.rglob("*.py")):
+        h.update(str(path.relative_to(src)).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(spec.read_bytes() if spec else b"built-in")
+    return h.hexdigest()
+
+
 def _result(a: argparse.Namespace, tmp: Path, name: str, side: str, src: Path, spec: Path | None) -> dict[str, Any]:
-    """One side's result: kept from an earlier run with the same --keep, else planned now."""
+    """One side's result: kept from an earlier run with the same --keep and the same sources, else planned now."""
     kept = tmp / f"{name}.{side}.result.json"
+    fp = fingerprint(src, spec)
     if kept.exists():
-        return dict(json.loads(kept.read_text()))
+        old = dict(json.loads(kept.read_text()))
+        if old.get("fingerprint") == fp:
+            return old
+        print(f"{kept}: planned from other sources than {side}'s now; planning again", file=sys.stderr)
     if side not in a.sides.split(","):
         return {}
     got = plan_one(src, spec, tmp / f"{name}.{side}.json", a.workers, side in a.compiled.split(","))
+    got["fingerprint"] = fp
     kept.write_text(json.dumps(got))
     print(json.dumps({"spec": name, "side": side, **{k: got[k] for k in ("cpu_s", "wall_s", "simulations")}}),
           file=sys.stderr, flush=True)

@@ -4,8 +4,14 @@ database, for bug hunting outside CI."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, database=None)
@@ -123,3 +129,17 @@ def pytest_collection_modifyitems(config, items):  # noqa: ARG001 (pytest's hook
             tiers |= {"external", "slow"}  # starts (or looks for) a PostgreSQL server
         for tier in sorted(tiers):
             item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(scope="session")
+def load_benchmark() -> Callable[[str], ModuleType]:
+    """Import a script of `benchmarks/` by its file stem (the scripts are not a package)."""
+    def load(stem: str) -> ModuleType:
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{stem}.py"
+        spec = importlib.util.spec_from_file_location(stem, path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[stem] = mod
+        spec.loader.exec_module(mod)
+        return mod
+    return load

@@ -4,24 +4,11 @@ the spec it was planned from are unchanged."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("plan_identity", ROOT / "benchmarks" / "plan_identity.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["plan_identity"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_kept_result_is_replanned_when_the_sources_change(tmp_path, monkeypatch):
-    bench = _bench()
+def test_kept_result_is_replanned_when_the_sources_change(tmp_path, monkeypatch, load_benchmark):
+    bench = load_benchmark("plan_identity")
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "pkg" / "a.py").write_text("X = 1\n")

@@ -7,22 +7,12 @@ Long prompts (8192) + tight TPOT + fast link: PD wins; short prompts (512) + 2.5
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("pd_crossover", ROOT / "benchmarks" / "pd_crossover.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["pd_crossover"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_benchmark):
+    return load_benchmark("pd_crossover")
 
 
 def test_long_prompts_tight_tpot_pd_wins(bench):

@@ -40,8 +40,6 @@ class PoolBuild:
     deployment: Deployment
     kv_capacity_tokens: int
     """KV cache capacity of one replica in tokens (memory fit)."""
-    kv_bytes_per_token: float
-    """Bytes of KV cache per token of context (all layers, the pool's KV dtype)."""
     perf: BoundPerf
     config: EngineConfig
 
@@ -73,4 +71,4 @@ def build_pool(pool: PoolSpec, perf: PerfModel, where: str) -> PoolBuild:
             f"gpu_memory_utilization {share:g}); raise tp/pp or the share, or use smaller dtypes; see "
             f"`fleetwise fit --model {pool.model} --gpu {pool.accelerator}{flags}`"
         )
-    return PoolBuild(pool, dep, cap, model.kv_bytes_per_token(pool.kv_dtype), perf.bind(dep), engine_config(pool))
+    return PoolBuild(pool, dep, cap, perf.bind(dep), engine_config(pool))

@@ -3,9 +3,11 @@
 Owns the bytes a hand-off moves and how long it takes over a link. Does not model contention
 between concurrent transfers (the simulator's links do that) or KV capacity (see `memory`).
 
-    bytes = tokens * kv_bytes_per_token(kv_dtype of the sender)
-          = tokens * 2*layers*kv_heads*head_dim*dtype_bytes   (GQA)
-          = tokens * layers*(kv_lora_rank + rope_dim)*dtype_bytes   (MLA latent)
+    bytes = kv_bytes(tokens, kv_dtype of the sender)
+          = layer_tokens * 2*kv_heads*head_dim*dtype_bytes   (GQA)
+          = layer_tokens * (kv_lora_rank + rope_dim)*dtype_bytes   (MLA latent)
+    layer_tokens = full_layers*tokens + window_layers*min(tokens, sliding_window)
+    (`ModelSpec.kv_layer_tokens`: a sliding-window layer holds, and hands off, only its window)
     t = link.latency_s + bytes / (lanes * link.bandwidth_bytes_per_s)
 
 `link` is one GPU's NIC (or scale-up port). The cache is sharded on both ends: each TP rank
@@ -25,10 +27,11 @@ from fleetwise.spec.kv_format import KvCompat, kv_conversion_s
 
 
 def kv_transfer_bytes(tokens: int, deployment: Deployment) -> float:
-    """Bytes of KV cache for `tokens` positions of one sequence, all layers, at the KV dtype."""
+    """Bytes of KV cache for `tokens` positions of one sequence, all layers (windowed ones capped at
+    their window), at the KV dtype."""
     if tokens < 0:
         raise SpecError(f"tokens={tokens} is negative; pass the number of cached positions to move")
-    return tokens * deployment.model.kv_bytes_per_token(deployment.kv_dtype)
+    return deployment.model.kv_bytes(tokens, deployment.kv_dtype)
 
 
 def kv_shards(deployment: Deployment) -> int:

@@ -24,6 +24,10 @@ stages take the remainder; the worst stage decides):
   MLA stage_layers*(kv_lora_rank + rope_dim)*kv_bytes (the latent is replicated on every TP rank).
 - KV capacity (tokens) = floor((usable - weights - activations - reserve) / KV per token per card),
   the minimum over stages. A layout fits when that is at least one request at full context.
+- Sliding-window layers (`ModelSpec.sliding_window`) keep at most the window: capacity stays in
+  tokens at the full per-token cost (what a sequence inside the window pays), and a sequence of n
+  tokens needs `(full_stage_layers*n + window_stage_layers*min(n, window)) / stage_layers` of them
+  (`kv_request_tokens`): a request at full context fits in less, and more requests fit.
 """
 
 from __future__ import annotations
@@ -99,6 +103,9 @@ class LayoutFit:
     context_tokens: int
     terms: dict[str, float] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
+    request_tokens: float = 0.0
+    """KV tokens (at the full per-token cost) one request at `context_tokens` needs: the context itself
+    without a sliding window, less when windowed layers cap theirs (0: `context_tokens`)."""
 
     @property
     def gpus(self) -> int:
@@ -108,7 +115,7 @@ class LayoutFit:
     @property
     def fits(self) -> bool:
         """Weights and runtime state fit, with KV for one request at full context."""
-        return self.kv_capacity_tokens >= self.context_tokens
+        return self.kv_capacity_tokens >= (self.request_tokens or self.context_tokens)
 
     @property
     def label(self) -> str:
@@ -122,6 +129,7 @@ class LayoutFit:
                 "activation_bytes": self.activation_bytes, "reserve_bytes": self.reserve_bytes,
                 "kv_free_bytes": self.kv_free_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                 "kv_capacity_tokens": self.kv_capacity_tokens, "context_tokens": self.context_tokens,
+                "request_tokens": self.request_tokens or float(self.context_tokens),
                 "terms": dict(self.terms), "explanation": list(self.lines)}
 
 
@@ -268,6 +276,16 @@ def _kv_bytes_per_token_card(model: ModelSpec, tp: int, stage_layers: int, kv_dt
     return stage_layers * 2 * _kv_heads_per_card(model, tp) * model.head_dim * b
 
 
+def kv_request_tokens(model: ModelSpec, layers: range, tokens: float) -> float:
+    """KV tokens at the full per-token cost of `layers` that one sequence of `tokens` positions holds
+    (`tokens` without a sliding window; windowed layers keep at most the window)."""
+    w = model.window_layers_in(layers)
+    if w == 0 or not layers:
+        return float(tokens)
+    assert model.sliding_window is not None
+    return ((len(layers) - w) * tokens + w * min(tokens, model.sliding_window)) / len(layers)
+
+
 def _weight_bytes(dtype: str) -> float:
     if dtype not in WEIGHT_DTYPES:
         raise SpecError(f"weight dtype {dtype!r} is not supported; use one of {', '.join(WEIGHT_DTYPES)}")
@@ -295,6 +313,7 @@ def _stage_fit(model: ModelSpec, gpu: AcceleratorSpec, p: ParallelismSpec, stage
     free = usable - weights - acts - o.reserve_bytes
     capacity = max(0, math.floor(free / kv_tok)) if kv_tok > 0 else 0
     ctx = o.context_tokens or model.max_context_tokens
+    need = kv_request_tokens(model, layers, ctx)
     terms = {f"weights.{k}": v for k, v in wterms.items() if v} | {f"activations.{k}": v for k, v in aterms.items() if v}
     terms |= {"hbm_bytes": gpu.hbm_bytes, "gpu_memory_utilization": o.gpu_memory_utilization,
               "cuda_graph_bytes": o.cuda_graph_bytes, "workspace_bytes": o.workspace_bytes,
@@ -309,10 +328,19 @@ def _stage_fit(model: ModelSpec, gpu: AcceleratorSpec, p: ParallelismSpec, stage
         f"free for KV = {_gb(usable)} - {_gb(weights)} - {_gb(acts)} - {_gb(o.reserve_bytes)} = {_gb(free)}",
         f"KV per token per card ({dtypes[1]}) = {_kv_formula(model, p.tp, len(layers), dtypes[1])} = {kv_tok:.0f} B",
         f"KV capacity = {_gb(max(free, 0.0))} / {kv_tok:.0f} B = {capacity:,} tokens "
-        f"({'>=' if capacity >= ctx else '<'} {ctx:,} for one request at full context)",
+        f"({'>=' if capacity >= need else '<'} {need:,.0f} for one request at full context)",
     ]
+    if model.window_layers_in(layers):
+        terms["sliding_window"] = float(model.sliding_window or 0)
+        lines.insert(-1, _window_line(model, layers, ctx, need, capacity))
     return LayoutFit(p.tp, p.pp, p.ep, usable, weights, acts, o.reserve_bytes, kv_tok, free, capacity, ctx,
-                     terms, lines)
+                     terms, lines, need)
+
+
+def _window_line(model: ModelSpec, layers: range, ctx: int, need: float, capacity: int) -> str:
+    w = model.window_layers_in(layers)
+    return (f"sliding window: {w} of {len(layers)} layers keep at most {model.sliding_window:,} tokens, so a "
+            f"request at {ctx:,} tokens needs {need:,.0f} tokens of KV ({capacity / need:,.1f} such requests fit)")
 
 
 def _kv_formula(model: ModelSpec, tp: int, layers: int, kv_dtype: str) -> str:

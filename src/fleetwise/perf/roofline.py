@@ -37,6 +37,11 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
   streams at 1/attn_saturation_units of the bandwidth per KV head). Decode rows are
   T - prefill_tokens, their KV reads kv_read_tokens - prefill_tokens (prompt chunks are assumed
   to start without cached context), their pairs are the rest of attn_pairs. MLA reads the latent.
+  Sliding-window layers (`ModelSpec.sliding_window` W) read and attend over at most W positions:
+  their decode KV is min(kv_dec, rows*W) (longest row min(longest, W)) and their prompt pairs
+  min(pairs_pre, prefill_tokens*W). Both are upper bounds from the batch's sums, exact when every
+  decode row sits on one side of the window and every prompt within it; the other layers are priced
+  as above, so past the window a decode step grows with context through the full layers only.
 - Elementwise traffic, counted per token and layer from the implementation (norms, residual adds,
   RoPE by halves, K/V expanded to the query heads, the attention output's copy, SiLU and gate*up):
       T * (10*h + 13*H*d/tp + 11*K*d/tp [+ 5*ffn/tp, dense layers]) * ab / (B*elementwise_mem_eff)
@@ -226,11 +231,16 @@ class BoundPerf:
             self.kv_layer_bytes = 2 * kvh * m.head_dim * kvb
             pre_flops = dec_flops = 4 * heads * m.head_dim
             self.units_per_seq = kvh
-        L = m.num_layers
+        Lw = m.num_window_layers
+        L = m.num_layers - Lw  # full-attention layers; the windowed ones below
         self.c_attn_pre = L * pre_flops / (peak16 * p.attn_compute_eff)
         self.c_attn_dec = L * dec_flops / (peak16 * p.attn_compute_eff)
         self.kv_read = L * self.kv_layer_bytes / (bw * p.kv_mem_eff)
         self.seq_per_sat = p.attn_saturation_units / self.units_per_seq
+        self.window = float(m.sliding_window or 0) if Lw else 0.0
+        self.w_attn_pre = Lw * pre_flops / (peak16 * p.attn_compute_eff)
+        self.w_attn_dec = Lw * dec_flops / (peak16 * p.attn_compute_eff)
+        self.w_kv_read = Lw * self.kv_layer_bytes / (bw * p.kv_mem_eff)
 
     def _bind_comm(self, d: Deployment, h: int) -> None:
         par, acc = d.parallelism, d.accelerator
@@ -288,14 +298,25 @@ class BoundPerf:
         if self.micro > 1 and n > 1:  # as `_evaluate`: one micro-batch of the round
             f = 1.0 / (self.micro if self.micro < n else n)
             dec_kv, rows = dec_kv * f - 0 * f, n * f
-        sat = (float(longest) if longest > 0 else dec_kv / rows) * self.seq_per_sat
+        top = float(longest) if longest > 0 else dec_kv / rows
+        sat = top * self.seq_per_sat
         kv_m = self.kv_read * (sat if sat > dec_kv else dec_kv)  # max(): the same value
         a_dec = self.c_attn_dec * dec_kv
+        if self.window:
+            w_kv_m, w_a_dec = self._window_decode(dec_kv, rows, top)
+            kv_m, a_dec = kv_m + w_kv_m, a_dec + w_a_dec
         gpu = head + (a_dec if a_dec > kv_m else kv_m) + elem + comm_tp + comm_pp + comm_ep + self.graph_s
         if self.eager:
             p = self.p_exp
             return (gpu ** p + self.host_s ** p) ** (1.0 / p)
         return gpu
+
+    def _window_decode(self, dec_kv: float, rows: float, longest: float) -> tuple[float, float]:
+        """Sliding-window layers' decode KV read and attention FLOP time: each row reads at most the window."""
+        w = self.window
+        kv = min(dec_kv, rows * w)
+        top = min(longest, w) * self.seq_per_sat
+        return self.w_kv_read * max(kv, top), self.w_attn_dec * kv
 
     def _gemm_terms(self, T: float, S: float) -> tuple[float, float, float, float, float, float, float]:
         """Roofline sides of the dense GEMMs and LM head (T token rows, S sequence rows) and of
@@ -368,12 +389,18 @@ class BoundPerf:
         pre_pairs = pairs - dec_kv
         a_pre = self.c_attn_pre * pre_pairs if pre_pairs > 0 else 0.0
         kv_m = 0.0
+        longest = 0.0
         if dec > 0:
             # Saturated: all KV bytes at full bandwidth. Too few (row x KV head) units: the longest
             # row streams at the bandwidth of one unit, 1/attn_saturation_units of the card's.
             longest = max_decode_kv if max_decode_kv > 0 else dec_kv / dec
             kv_m = self.kv_read * max(dec_kv, longest * self.seq_per_sat)
         a_dec = self.c_attn_dec * dec_kv
+        if self.window:  # sliding-window layers: at most the window per row and per prompt token
+            if pre_pairs > 0:
+                a_pre += self.w_attn_pre * min(pre_pairs, pre * self.window)
+            w_kv_m, w_a_dec = self._window_decode(dec_kv, dec, longest) if dec > 0 else (0.0, 0.0)
+            kv_m, a_dec = kv_m + w_kv_m, a_dec + w_a_dec
         elem = self.e_tok * T
         comm_tp = self.tp_tok * T + self.tp_fix
         comm_pp = self.pp_tok * T + self.pp_fix

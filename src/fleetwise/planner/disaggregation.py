@@ -241,12 +241,14 @@ def _equal_cost(search: Search, ctx: Context, ex: Executor, colo: Candidate) -> 
 
 def _verdict(search: Search, lay: Layout, n: int, p: int, vc: SimVerdict, vp: SimVerdict) -> dict[str, Any]:
     st, slo = search.stats, search.spec.slo
-    kvb = search.hw.model.kv_bytes_per_token(search.spec.kv_dtype)
+    model, kv_dtype = search.hw.model, search.spec.kv_dtype
+    kvb = model.kv_bytes_per_token(kv_dtype)
     pd_better = (vp.attainment, vp.goodput_rps) > (vc.attainment, vc.goodput_rps)
     terms = {
         "interference_removed": f"TPOT p99 {vc.tpot['p99'] * 1e3:.1f} ms colocated -> {vp.tpot['p99'] * 1e3:.1f} ms "
                                 "with decode steps free of prompt chunks",
-        "kv_bytes_per_request": f"mean {kvb * st.prompt_mean / 1e6:.0f} MB, p99 {kvb * st.prompt_p99 / 1e6:.0f} MB "
+        "kv_bytes_per_request": f"mean {model.kv_bytes(st.prompt_mean, kv_dtype) / 1e6:.0f} MB, p99 "
+                                f"{model.kv_bytes(st.prompt_p99, kv_dtype) / 1e6:.0f} MB "
                                 f"({kvb / 1e3:.0f} kB per prompt token)",
         "kv_transfer_p99_s": vp.kv_transfer.get("p99_s", 0.0),
         "extra_failure_surface": "each request now needs a prefill replica, a decode replica and the KV link; "

@@ -27,8 +27,9 @@ import math
 
 from fleetwise.errors import InfeasibleError
 from fleetwise.perf.kv import kv_transfer_s
+from fleetwise.perf.memory import kv_request_tokens
 from fleetwise.perf.roofline import BoundPerf
-from fleetwise.perf.types import BatchShape, Deployment, SeqWork
+from fleetwise.perf.types import BatchShape, SeqWork
 from fleetwise.planner.fit import fit_line, nothing_fits
 from fleetwise.planner.layout import Layout, Rejection, kv_link
 from fleetwise.planner.results import LayoutEstimate
@@ -135,7 +136,8 @@ def estimate(dep: BoundPerf, layout: Layout, kv_cap: int, stats: LengthStats, sl
     slo_prompt = max(1, int(stats.percentile_prompt(slo.percentile)))
     t_alone, pbound = prefill_alone_s(dep, slo_prompt)
     ctx = int(stats.prompt_mean + stats.output_mean / 2)
-    seq_tokens = stats.prompt_mean + stats.output_mean
+    model = dep.deployment.model  # windowed layers cap a sequence's KV: fewer tokens of capacity per sequence
+    seq_tokens = kv_request_tokens(model, range(model.num_layers), stats.prompt_mean + stats.output_mean)
     t1_cost = dep.step_cost(BatchShape.decode(1, ctx))
     bstar = _max_decode_batch(dep, ctx, TPOT_MARGIN * slo.tpot_s, kv_cap, seq_tokens)
     t_b = decode_step_s(dep, bstar, ctx) if bstar else t1_cost.total_s
@@ -170,11 +172,6 @@ def _mixed_capacity(dep: BoundPerf, stats: LengthStats, slo: PlanSLOSpec, s_p: f
 
     hi = MIXED_PREFILL_UTILISATION / s_p
     return _max_load(lambda x: ok(x * hi), hi=1.0) * hi
-
-
-def kv_bytes(dep: Deployment, prompt_tokens: float) -> float:
-    """KV bytes one request hands from prefill to decode: KV bytes per token x prompt tokens."""
-    return dep.model.kv_bytes_per_token(dep.kv_dtype) * prompt_tokens
 
 
 def _ms(x: float) -> str:

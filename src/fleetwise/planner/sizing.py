@@ -138,12 +138,12 @@ def _pd_steps(search: Search, p: Layout, d: Layout, sp: Sizing, sd: Sizing) -> l
     st, ep, ed = search.stats, search.estimates[p], search.estimates[d]
     an_p = search.spec.workload.rate_rps * search.burst / ep.mu_prefill_rps if ep.mu_prefill_rps else math.inf
     an_d = search.spec.workload.rate_rps * search.burst / ed.mu_decode_rps if ed.mu_decode_rps else math.inf
-    kvb = search.hw.model.kv_bytes_per_token(search.spec.kv_dtype)
+    kv99 = search.hw.model.kv_bytes(st.prompt_p99, search.spec.kv_dtype)
     return [
         (f"P:D from the queueing model: input/output tokens {st.prompt_mean:,.0f}/{st.output_mean:,.0f} = "
          f"{st.prompt_mean / st.output_mean:.1f}; prefill service {ep.prefill_s_per_request * 1e3:.0f} ms per mean "
          f"prompt (M/G/1 queue, service-time C^2 {ep.prefill_service_cv2:.2f} over the prompt lengths, TTFT budget after the p{search.spec.slo.percentile} prefill and a KV transfer p99 of "
-         f"{ep.kv_transfer_p99_s * 1e3:.1f} ms = {kvb * st.prompt_p99 / 1e9:.2f} GB) gives {ep.mu_prefill_rps:.2f} "
+         f"{ep.kv_transfer_p99_s * 1e3:.1f} ms = {kv99 / 1e9:.2f} GB) gives {ep.mu_prefill_rps:.2f} "
          f"req/s per prefill replica; decode batch {ed.decode_batch} at {ed.tpot_at_batch_s * 1e3:.1f} ms per step "
          f"for {st.output_mean:.0f} tokens gives {ed.mu_decode_rps:.2f} req/s per decode replica; analytical "
          f"load {an_p:.2f}:{an_d:.2f}"),
@@ -164,7 +164,7 @@ def handoff_line(search: Search, p: Layout, d: Layout) -> tuple[bool, str | None
         return False, f"prefill {p.label} -> decode {d.label}: {c.reason}"
     if c.direct:
         return True, None
-    nbytes = search.hw.model.kv_bytes_per_token(kv_dtype) * search.stats.prompt_mean
+    nbytes = search.hw.model.kv_bytes(search.stats.prompt_mean, kv_dtype)
     link_bw, _ = kv_link_rates(search, p)
     wire = nbytes / (min(kv_shards(dp), kv_shards(dd)) * link_bw)
     extra = handoff_extra_s(nbytes, c, dp, dd)

@@ -30,7 +30,7 @@ __all__ = ["DOWN", "DRAINING", "UP", "Fleet", "Replica", "engine_config"]
 class Replica(EngineDriver):
     """One serving replica: its engine driver, plus what the simulator tracks about it."""
 
-    __slots__ = ("idx", "pool", "deployment", "kv_bytes_per_token", "stats", "port", "inflight", "pending")
+    __slots__ = ("idx", "pool", "deployment", "stats", "port", "inflight", "pending")
 
     def __init__(self, idx: int, name: str, build: PoolBuild, loop: EventLoop, on_output: OutputFn,
                  horizon: HorizonFn, stats: ReplicaStats) -> None:
@@ -43,7 +43,6 @@ class Replica(EngineDriver):
         self.idx = idx
         self.pool: PoolSpec = pool
         self.deployment = build.deployment
-        self.kv_bytes_per_token = build.kv_bytes_per_token
         self.stats = stats
         self.port = -1
         self.inflight: set[int] = set()

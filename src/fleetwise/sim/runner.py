@@ -41,7 +41,7 @@ from fleetwise.core.feedback import (
 from fleetwise.core.request import Request
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest
 from fleetwise.engine.api import StepOutput
-from fleetwise.perf.kv import handoff_extra_s, kv_shards
+from fleetwise.perf.kv import handoff_extra_s, kv_shards, kv_transfer_bytes
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.routing.base import RoutingPolicy
@@ -406,7 +406,7 @@ class Simulation:
             self.recovery.lost(i, now_s, "kv_version_skew" if skew else "kv_format_mismatch")
             return
         rec.kv_start_s[i] = now_s
-        nbytes = dec.kv_bytes_per_token * self.recovery.request(i).prompt_tokens
+        nbytes = kv_transfer_bytes(self.recovery.request(i).prompt_tokens, dec.deployment)
         self.recovery.open_lease(i, rep, now_s, nbytes)
         extra = 0.0 if direct else handoff_extra_s(nbytes, compat, rep.deployment, dec.deployment)
         tid = self.net.start(now_s, self.recovery.tag(i), rep.port, dec.port, nbytes, extra)

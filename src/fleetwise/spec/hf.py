@@ -11,6 +11,8 @@ does not download anything, and says how to put the config there when it is miss
 
 Defaults as in `transformers`: `head_dim` = hidden_size / num_attention_heads,
 `num_key_value_heads` = num_attention_heads, `tie_word_embeddings` = false.
+Sliding windows (`sliding_window` with `layer_types`, `sliding_window_pattern`, or Qwen2's
+`use_sliding_window` + `max_window_layers`) become `ModelSpec.sliding_window` and `window_layers`.
 Qwen-MoE layer placement (`decoder_sparse_step`, `mlp_only_layers`) is reduced to a count of
 dense layers, stored as `moe.first_dense_layers`: parameter and memory totals stay exact, only
 the position of the dense layers is approximated (they sit first).
@@ -34,16 +36,22 @@ COUNT_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_
                 "vocab_size", "intermediate_size", "max_position_embeddings", "num_local_experts", "num_experts",
                 "num_experts_per_tok", "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
                 "first_k_dense_replace", "decoder_sparse_step", "shared_expert_intermediate_size",
-                "intermediate_size_mlp", "interleave_moe_layer_step", *_MLA_REQUIRED, "q_lora_rank")
+                "intermediate_size_mlp", "interleave_moe_layer_step", *_MLA_REQUIRED, "q_lora_rank",
+                "sliding_window", "max_window_layers", "sliding_window_pattern")
 """The config.json fields read as counts or sizes: whole numbers, as transformers writes them."""
 TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
 """`model_type`s whose transformers config class defaults `tie_word_embeddings` to true (GemmaConfig,
 Gemma2Config, Gemma3TextConfig); their config.json files usually leave the key out."""
 
 
-CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072}}
-"""Defaults of a transformers config class that its published config.json files leave out
-(Gemma3TextConfig: Gemma 3's 262,208-token vocabulary and 131,072-token context), by `model_type`."""
+CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window_pattern": 6},
+                  "gemma2": {"sliding_window_pattern": 2}}
+"""Defaults of a transformers config class that its published config.json files leave out, by `model_type`:
+Gemma3TextConfig's 262,208-token vocabulary, 131,072-token context and 5 local layers per global one
+(`sliding_window_pattern` 6); Gemma2Config's alternating local/global layers (layer i local when i is even)."""
+
+QWEN2_MAX_WINDOW_LAYERS = 28
+"""Qwen2Config's default `max_window_layers`: layers from this index on use the window when `use_sliding_window`."""
 
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +81,31 @@ def _check_types(cfg: dict[str, Any], name: str) -> None:
     if tie is not None and not isinstance(tie, bool):
         raise SpecError(f"{name}: config.json field tie_word_embeddings must be true or false, got {quote(tie)}; "
                         "fix config.json")
+
+
+def _window(cfg: dict[str, Any], layers: int, name: str) -> dict[str, Any]:
+    """`sliding_window` and `window_layers` as transformers places the window: an explicit `layer_types`
+    list ("sliding_attention" entries); Qwen2's `use_sliding_window` (layers from `max_window_layers` on);
+    a `sliding_window_pattern` p (layer i global when (i+1) % p == 0: Gemma 2, Gemma 3, Cohere 2); else
+    every layer (Mistral). No window when `sliding_window` is null or 0, or `use_sliding_window` is false."""
+    window = cfg.get("sliding_window")
+    if not window or ("use_sliding_window" in cfg and cfg["use_sliding_window"] is not True):
+        return {}
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            raise SpecError(f"{name}: config.json field layer_types must list one type per layer ({layers}), "
+                            f"got {quote(types)}; fix config.json")
+        picked = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    elif "use_sliding_window" in cfg:
+        first = cfg.get("max_window_layers")
+        picked = tuple(range(QWEN2_MAX_WINDOW_LAYERS if first is None else first, layers))
+    elif cfg.get("sliding_window_pattern"):
+        p = int(cfg["sliding_window_pattern"])
+        picked = tuple(i for i in range(layers) if (i + 1) % p)
+    else:
+        return {"sliding_window": window}
+    return {"sliding_window": window, "window_layers": picked} if picked else {}
 
 
 def _moe_kind(cfg: dict[str, Any]) -> str | None:
@@ -156,6 +189,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, source: str = "") -> Mo
     }
     if cfg.get("max_position_embeddings"):
         doc["max_context_tokens"] = cfg["max_position_embeddings"]
+    doc |= _window(cfg, int(cfg["num_hidden_layers"]), name)
     kind = _moe_kind(cfg)
     if kind is None:
         _require(cfg, ("intermediate_size",), name)

@@ -17,6 +17,13 @@ Counting rules (per decoder layer, biases ignored, norms counted):
 
 KV bytes per token: GQA 2*layers*kv_heads*head_dim*bytes; MLA layers*(kv_lora_rank+rope)*bytes
 (the compressed latent is cached, which is why MLA shrinks the cache).
+
+Sliding-window attention (Mistral-7B-v0.1, Gemma 2/3, gpt-oss, Qwen2 with `use_sliding_window`): a
+windowed layer attends to, and keeps cached, only the last `sliding_window` positions. A sequence of
+n tokens holds `full_layers*n + window_layers*min(n, sliding_window)` layer-tokens of KV
+(`kv_layer_tokens`), so its per-token KV equals the all-layer figure up to the window and falls
+toward the full layers' share beyond it. `window_layers` lists which layers are windowed (None:
+every layer, Mistral's layout) so pipeline stages count their own.
 """
 
 from __future__ import annotations
@@ -100,6 +107,10 @@ class ModelSpec(Spec):
     """Where the figures come from (config URL, paper)."""
     verified: bool = True
     """False for published descriptions that are not a released config."""
+    sliding_window: int | None = Field(default=None, gt=0)
+    """Positions a sliding-window layer attends to and caches (config.json `sliding_window`); None: no window."""
+    window_layers: tuple[int, ...] | None = None
+    """Indices (0-based) of the layers that use the sliding window; None: every layer when `sliding_window` is set."""
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -114,6 +125,13 @@ class ModelSpec(Spec):
             raise ValueError("ffn_size=0 is only valid for MoE models; set ffn_size or add a `moe` block")
         if self.moe is not None and self.moe.first_dense_layers > 0 and self.ffn_size == 0:
             raise ValueError("moe.first_dense_layers > 0 needs ffn_size for those dense layers")
+        if self.window_layers is not None:
+            bad = [i for i in self.window_layers if not 0 <= i < self.num_layers]
+            if self.sliding_window is None:
+                raise ValueError("window_layers is set without sliding_window; set sliding_window or drop window_layers")
+            if bad or len(set(self.window_layers)) != len(self.window_layers):
+                raise ValueError(f"window_layers={list(self.window_layers)} must list distinct layer indices in "
+                                 f"0..{self.num_layers - 1}; fix window_layers")
         return self
 
     # ---- per-layer parameter counts -------------------------------------------------------
@@ -213,8 +231,47 @@ class ModelSpec(Spec):
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
-        """KV-cache bytes per token over all layers."""
+        """KV-cache bytes per token over all layers (a sequence within the sliding window, if any)."""
         return self.kv_elements_per_token() * dtype_bytes(kv_dtype)
+
+    # ---- sliding-window attention --------------------------------------------------------
+    def is_window_layer(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) attends over the sliding window only."""
+        if self.sliding_window is None:
+            return False
+        return self.window_layers is None or layer in self.window_layers
+
+    @property
+    def num_window_layers(self) -> int:
+        """Layers that attend over the sliding window only (0 without a window)."""
+        if self.sliding_window is None:
+            return 0
+        return self.num_layers if self.window_layers is None else len(self.window_layers)
+
+    def window_layers_in(self, layers: range) -> int:
+        """How many of `layers` (0-based indices, e.g. one pipeline stage's) are windowed."""
+        if self.sliding_window is None:
+            return 0
+        if self.window_layers is None:
+            return len(layers)
+        return sum(1 for i in self.window_layers if i in layers)
+
+    def kv_layer_tokens(self, tokens: float) -> float:
+        """Layer-tokens of KV one sequence of `tokens` positions keeps: full layers hold every position,
+        windowed layers at most `sliding_window` (`num_layers * tokens` without a window)."""
+        w = self.num_window_layers
+        if w == 0:
+            return self.num_layers * tokens
+        assert self.sliding_window is not None
+        return (self.num_layers - w) * tokens + w * min(tokens, self.sliding_window)
+
+    def kv_bytes(self, tokens: float, kv_dtype: str = "bf16") -> float:
+        """KV-cache bytes one sequence of `tokens` positions holds, windowed layers capped at their window
+        (`tokens * kv_bytes_per_token` exactly for a model without a window)."""
+        if self.num_window_layers == 0:
+            return tokens * self.kv_bytes_per_token(kv_dtype)
+        per_layer = self.kv_elements_per_token() // self.num_layers * dtype_bytes(kv_dtype)
+        return self.kv_layer_tokens(tokens) * per_layer
 
     def __hash__(self) -> int:  # frozen models hash by value; cached_property needs a dict
         return hash(self.name) ^ hash(self.params_total)

@@ -94,12 +94,14 @@ def test_tp2_splits_a_big_models_work_and_prices_its_all_reduces(name: str, gpu:
 @given(name=st.sampled_from(MODELS), gpu=st.sampled_from([g for g in GPUS if "fp8" in get_gpu(g).flops_per_s]),
        tp=st.sampled_from([1, 2, 8]))
 def test_fp8_weights_halve_the_quantised_weight_reads(name: str, gpu: str, tp: int) -> None:
-    """Linear layers' weights are read at 1 byte instead of 2."""
+    """Linear layers' weights are read at 1 byte instead of 2; the LM head stays bf16 (as the memory
+    fit and `ModelSpec.weight_bytes` store it), so its read does not change."""
     m, g = get_model(name), get_gpu(gpu)
     par = ParallelismSpec(tp=tp)
     b16 = BoundPerf(Deployment(m, g, par), PerfModel().profile)
     b8 = BoundPerf(Deployment(m, g, par, weight_dtype="fp8"), PerfModel().profile)
     assert b8.w_dense == b16.w_dense / 2
+    assert b8.w_lm == b16.w_lm and b8.c_lm == b16.c_lm
     if m.moe is not None:
         group = m.num_moe_layers * PerfModel().profile.expert_group_s
         assert math.isclose(b8.w_exp - group, (b16.w_exp - group) / 2, rel_tol=1e-12)

@@ -12,7 +12,8 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
   the model's W weights per GPU and A = sum of (N+K) activation widths:
       t = max(2*W*T / (P*eff_c(T)), (W*wb + T*A*ab) / (B*gemm_mem_eff)),
       eff_c(M) = gemm_compute_eff * M / (M + gemm_m_half_tokens).
-  LM head: the same roofline with M = S rows (logits of each sequence's last position only).
+  LM head: the same roofline with M = S rows (logits of each sequence's last position only), its
+  weights bf16 whatever the weight dtype (quantised checkpoints keep it unquantised).
 - Routed experts, per MoE layer and GPU, from what physically drives them: expected experts
   touched by T tokens X = E*(1-(1-k/E)^T), X/ep per rank; routed rows per rank
   R = min(T*k, T*k*imbalance/ep); m = R/(X/ep) tokens per touched expert; expert size 3*h*f/etp;
@@ -66,6 +67,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from fleetwise.perf.memory import KEPT_BYTES
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.types import BatchShape, Deployment, SeqWork, StepCost
 from fleetwise.perf.uncertainty import Band, band, residuals_of
@@ -171,9 +173,10 @@ class BoundPerf:
         self.m_half = p.gemm_m_half_tokens
         self.w_dense = dense.weights * wb / (bw * p.gemm_mem_eff)
         self.a_dense = dense.act_width * ACT_BYTES / (bw * p.gemm_mem_eff)
-        lm = m.vocab_size * h / tp
-        self.c_lm = 2 * lm / (peak * p.gemm_compute_eff)
-        self.w_lm = lm * wb / (bw * p.gemm_mem_eff)
+        # The LM head stays bf16 under fp8/int4 (as the memory fit and ModelSpec.weight_bytes store it).
+        lm, peak_lm = m.vocab_size * h / tp, acc.peak_flops("bf16")
+        self.c_lm = 2 * lm / (peak_lm * p.gemm_compute_eff)
+        self.w_lm = lm * KEPT_BYTES / (bw * p.gemm_mem_eff)
         self.a_lm = (h + m.vocab_size / tp) * ACT_BYTES / (bw * p.gemm_mem_eff)
 
         self._bind_experts(d, p, peak, bw, wb)

@@ -65,7 +65,7 @@ def test_an_unknown_model_or_card_names_the_spec_and_the_field(tmp_path, capsys)
     assert main(["plan", str(spec)]) == 2
     assert capsys.readouterr().err == (
         f"fleetwise plan: error: {spec}: model: unknown model 'llama-9b'; closest known: llama-3.1-8b, "
-        "llama-3.1-70b, llama-3.1-405b, mixtral-8x7b (see `fleetwise catalog models`)\n")
+        "llama-3.1-70b, llama-3.1-405b, gemma-3-27b (see `fleetwise catalog models`)\n")
     spec.write_text(SMALL.replace("model: llama-3.1-8b", f"model: {tmp_path / 'nothing' / 'config.json'}"))
     assert main(["plan", str(spec)]) == 2
     assert capsys.readouterr().err.startswith(f"fleetwise plan: error: {spec}: model: ")

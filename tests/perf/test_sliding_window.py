@@ -178,3 +178,15 @@ def test_fit_cli_fits_a_windowed_model_where_the_full_count_would_not(tmp_path: 
     plain = layout_fit(_no_window(model("gemma-3-27b")), get_gpu("h100-sxm"), ParallelismSpec())
     assert (plain.kv_capacity_tokens, plain.fits) == (38376, False)
     assert dataclasses.replace(plain, request_tokens=0.0).fits is False
+
+
+@pytest.mark.parametrize(("catalog", "family"), [("mistral-7b-v0.1", "mistral-7b"), ("gemma-3-27b", "gemma-3-27b"),
+                                                 ("gpt-oss-120b", "gpt-oss-120b")])
+def test_catalog_windowed_models_match_their_config(catalog: str, family: str) -> None:
+    from fleetwise.spec.catalog import get_model
+    c, imported = get_model(catalog), model(family)
+    assert (c.sliding_window, c.window_layers is None, c.num_window_layers) == (
+        imported.sliding_window, imported.window_layers is None, imported.num_window_layers)
+    assert c.window_layers == imported.window_layers
+    assert (c.kv_bytes(131072), c.params_total, c.params_active) == (
+        imported.kv_bytes(131072), imported.params_total, imported.params_active)

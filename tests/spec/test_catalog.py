@@ -10,8 +10,9 @@ import yaml
 from fleetwise.errors import SpecError, UnknownNameError
 from fleetwise.spec.catalog import get_gpu, get_model, list_gpus, list_models, resolve_gpu, resolve_model
 
-MODEL_NAMES = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-32b", "qwen3-32b", "qwen3-30b-a3b",
-               "qwen3-235b-a22b", "mixtral-8x7b", "deepseek-v3", "kimi-k2", "moe-2.8t-a104b"]
+MODEL_NAMES = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-32b", "qwen3-32b", "mistral-7b-v0.1",
+               "gemma-3-27b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b", "deepseek-v3",
+               "kimi-k2", "moe-2.8t-a104b"]
 GPU_NAMES = ["a100-80g", "h100-sxm", "h200-sxm", "b200", "b300", "l40s", "mi300x", "mi325x", "mi355x",
              "ascend-910b", "ascend-910c", "gaudi3"]
 

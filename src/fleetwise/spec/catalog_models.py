@@ -23,6 +23,10 @@ def _llama(name: str, repo: str, layers: int, hidden: int, heads: int, ffn: int)
     )
 
 
+GEMMA3_LOCAL_PER_GLOBAL = 6
+"""Gemma3TextConfig's `sliding_window_pattern`: layer i is global when (i + 1) % 6 == 0, local otherwise."""
+
+
 def _build() -> list[ModelSpec]:
     """Every built-in model, dense first, then mixture-of-experts, then MLA (the catalog's order)."""
     return [*_dense(), *_moe(), *_mla()]
@@ -43,6 +47,17 @@ def _dense() -> list[ModelSpec]:
             head_dim=128, ffn_size=25600, vocab_size=151936, max_context_tokens=32768,
             source=_HF.format("Qwen/Qwen3-32B"),
         ),
+        ModelSpec(  # a 4,096-token sliding window on every layer
+            name="mistral-7b-v0.1", num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+            head_dim=128, ffn_size=14336, vocab_size=32000, max_context_tokens=32768, sliding_window=4096,
+            source=_HF.format("mistralai/Mistral-7B-v0.1"),
+        ),
+        ModelSpec(  # 5 local layers (1,024-token window) per global one; the language model of Gemma 3 27B
+            name="gemma-3-27b", num_layers=62, hidden_size=5376, num_attention_heads=32, num_kv_heads=16,
+            head_dim=128, ffn_size=21504, vocab_size=262208, tie_embeddings=True, max_context_tokens=131072,
+            sliding_window=1024, window_layers=tuple(i for i in range(62) if (i + 1) % GEMMA3_LOCAL_PER_GLOBAL),
+            source=_HF.format("google/gemma-3-27b-it") + " (text_config; Gemma3TextConfig defaults)",
+        ),
     ]
 
 
@@ -59,6 +74,13 @@ def _moe() -> list[ModelSpec]:
             head_dim=128, ffn_size=0, vocab_size=151936, max_context_tokens=32768,
             moe=MoESpec(num_experts=128, experts_per_token=8, expert_ffn_size=1536),
             source=_HF.format("Qwen/Qwen3-235B-A22B"),
+        ),
+        ModelSpec(  # 128-token sliding window / full attention layers alternate (layer_types)
+            name="gpt-oss-120b", num_layers=36, hidden_size=2880, num_attention_heads=64, num_kv_heads=8,
+            head_dim=64, ffn_size=0, vocab_size=201088, max_context_tokens=131072,
+            moe=MoESpec(num_experts=128, experts_per_token=4, expert_ffn_size=2880),
+            sliding_window=128, window_layers=tuple(range(0, 36, 2)),
+            source=_HF.format("openai/gpt-oss-120b"),
         ),
         ModelSpec(
             name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,

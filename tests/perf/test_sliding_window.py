@@ -17,11 +17,15 @@ from fleetwise.errors import SpecError
 from fleetwise.perf import BatchShape, Deployment, PerfModel
 from fleetwise.perf.kv import kv_transfer_bytes
 from fleetwise.perf.memory import kv_request_tokens, layout_fit
+from fleetwise.planner.latency import estimate
+from fleetwise.planner.layout import Layout
+from fleetwise.planner.workload import LengthStats
 from fleetwise.spec.base import validate
-from fleetwise.spec.catalog import get_gpu
+from fleetwise.spec.catalog import get_gpu, get_model
 from fleetwise.spec.hf import model_from_hf_config
 from fleetwise.spec.model import ModelSpec
 from fleetwise.spec.parallel import ParallelismSpec
+from fleetwise.spec.slo import PlanSLOSpec
 
 MISTRAL_7B = {  # mistralai/Mistral-7B-v0.1: a 4,096-token window on every layer
     "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
@@ -183,10 +187,22 @@ def test_fit_cli_fits_a_windowed_model_where_the_full_count_would_not(tmp_path: 
 @pytest.mark.parametrize(("catalog", "family"), [("mistral-7b-v0.1", "mistral-7b"), ("gemma-3-27b", "gemma-3-27b"),
                                                  ("gpt-oss-120b", "gpt-oss-120b")])
 def test_catalog_windowed_models_match_their_config(catalog: str, family: str) -> None:
-    from fleetwise.spec.catalog import get_model
     c, imported = get_model(catalog), model(family)
     assert (c.sliding_window, c.window_layers is None, c.num_window_layers) == (
         imported.sliding_window, imported.window_layers is None, imported.num_window_layers)
     assert c.window_layers == imported.window_layers
     assert (c.kv_bytes(131072), c.params_total, c.params_active) == (
         imported.kv_bytes(131072), imported.params_total, imported.params_active)
+
+
+def test_planner_decode_batch_counts_a_windowed_sequence_at_its_capped_kv() -> None:
+    """The planner's decode batch per replica is KV capacity over one sequence's KV: 24,000-token prompts
+    with 1,000-token outputs on Mistral-7B-v0.1 hold 4,096 tokens each, not 25,000."""
+    stats = LengthStats(24000.0, 24000.0, 24000.0, 24000.0, 24000, 1000.0, 1000.0, 1000.0, 1000, 1.0)
+    slo = PlanSLOSpec(ttft_s=60.0, tpot_s=5.0)
+    lay = Layout("h200-sxm", "bf16", tp=1)
+    m = model("mistral-7b")
+    pm = PerfModel()
+    windowed = estimate(pm.bind(Deployment(m, H200)), lay, 100_000, stats, slo, 0.0)
+    plain = estimate(pm.bind(Deployment(_no_window(m), H200)), lay, 100_000, stats, slo, 0.0)
+    assert (windowed.decode_batch, plain.decode_batch) == (100_000 // 4096, 100_000 // 25_000)

@@ -192,7 +192,8 @@ class BoundPerf:
         self._bind_overhead(d, p)
         # PP with micro-batches in flight: a batch of S sequences splits into m = min(micro, S)
         # micro-batches; in steady state each stage runs each micro-batch once per round, so every
-        # sequence advances one token per round = the whole model's time at 1/m of the batch.
+        # sequence advances one token per round = the whole model's time at 1/m of the batch, and
+        # no less than its largest sequence alone (`_largest_row_s`).
         self.micro = (d.pp_microbatches or par.pp) if par.pp > 1 else 1
         self._decode_consts: dict[int, tuple[float, float, float, float, float]] = {}
 
@@ -311,8 +312,23 @@ class BoundPerf:
         gpu = head + (a_dec if a_dec > kv_m else kv_m) + elem + comm_tp + comm_pp + comm_ep + self.graph_s
         if self.eager:
             p = self.p_exp
-            return (gpu ** p + self.host_s ** p) ** (1.0 / p)
+            gpu = (gpu ** p + self.host_s ** p) ** (1.0 / p)
+        if self.micro > 1 and n > 1:  # as `_evaluate`: no less than the longest row alone
+            floor = self._largest_row_s(1, longest if longest > 0 else kv // n)
+            return gpu if gpu >= floor else floor
         return gpu
+
+    def _largest_row_s(self, max_new: int, longest: int) -> float:
+        """Pipeline parallelism: seconds of the step's largest sequence alone (its longest prompt chunk, from
+        no context; its longest decode row), a floor under the averaged micro-batch: a round waits for the
+        micro-batch holding it, so one more sequence never makes a step cheaper."""
+        t = 0.0
+        if max_new > 1:
+            t = self._evaluate_sums(1, max_new, max_new, max_new * (max_new + 1) / 2, max_new, 0, None, max_new)
+        if longest > 0:
+            d = self.decode_time_s(1, longest, longest)
+            t = t if t >= d else d
+        return t
 
     def _window_decode(self, dec_kv: float, rows: float, longest: float) -> tuple[float, float]:
         """Sliding-window layers' decode KV read and attention FLOP time: each row reads at most the window."""
@@ -364,14 +380,15 @@ class BoundPerf:
     def batch_time_s(self, n: int, new: int, kv: int, pairs: float, pre: int, mx: int, longest: int) -> float:
         """`step_time_s(BatchShape(n, new, kv, pairs, pre, mx, longest))`, bit for bit, without
         building the shape (the engine prices every step with prompt chunks this way)."""
-        return self._evaluate_sums(n, new, kv, pairs, pre, longest, None)
+        return self._evaluate_sums(n, new, kv, pairs, pre, longest, None, mx)
 
     def _evaluate(self, s: BatchShape, parts: dict[str, float] | None) -> float:
         return self._evaluate_sums(s.num_seqs, s.new_tokens, s.kv_read_tokens, s.attn_pairs, s.prefill_tokens,
-                                   s.max_decode_kv_tokens, parts)
+                                   s.max_decode_kv_tokens, parts, s.max_new_tokens)
 
     def _evaluate_sums(self, num_seqs: int, new_tokens: int, kv_read_tokens: int, attn_pairs: float,
-                       prefill_tokens: int, max_decode_kv: int, parts: dict[str, float] | None) -> float:
+                       prefill_tokens: int, max_decode_kv: int, parts: dict[str, float] | None,
+                       max_new: int = 0) -> float:
         # Token counts as floats (exact below 2**53): the values the int arithmetic gave.
         T = float(new_tokens)
         if T <= 0:
@@ -416,6 +433,11 @@ class BoundPerf:
             total = (gpu ** p + self.host_s ** p) ** (1.0 / p)
         else:
             total = gpu
+        if self.micro > 1 and num_seqs > 1:  # the round waits for its largest micro-batch
+            rows = new_tokens - prefill_tokens
+            top = max_decode_kv if max_decode_kv > 0 else ((kv_read_tokens - prefill_tokens) // rows if rows > 0 else 0)
+            floor = self._largest_row_s(max_new, top)
+            total = total if total >= floor else floor
         if parts is not None:
             parts.update(gemm_c=d_c + l_c + x_c, gemm_m=d_m + l_m + x_m, dense=max(d_c, d_m) + max(l_c, l_m),
                          experts=max(x_c, x_m), x_c=x_c, d_c=d_c, l_c=l_c, d_m=d_m, l_m=l_m, x_m=x_m,

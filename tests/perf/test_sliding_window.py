@@ -206,3 +206,12 @@ def test_planner_decode_batch_counts_a_windowed_sequence_at_its_capped_kv() -> N
     windowed = estimate(pm.bind(Deployment(m, H200)), lay, 100_000, stats, slo, 0.0)
     plain = estimate(pm.bind(Deployment(_no_window(m), H200)), lay, 100_000, stats, slo, 0.0)
     assert (windowed.decode_batch, plain.decode_batch) == (100_000 // 4096, 100_000 // 25_000)
+
+
+def test_a_window_switched_off_or_malformed() -> None:
+    for off in (None, False, 0):
+        assert model_from_hf_config(MISTRAL_7B | {"sliding_window": off}, "m").sliding_window is None
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(MISTRAL_7B | {"sliding_window": "4096"}, "m")
+    assert str(err.value) == ("m: config.json field sliding_window must be a whole number of tokens or null, "
+                              "got '4096'; fix config.json")

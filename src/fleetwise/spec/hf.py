@@ -37,7 +37,7 @@ COUNT_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_
                 "num_experts_per_tok", "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
                 "first_k_dense_replace", "decoder_sparse_step", "shared_expert_intermediate_size",
                 "intermediate_size_mlp", "interleave_moe_layer_step", *_MLA_REQUIRED, "q_lora_rank",
-                "sliding_window", "max_window_layers", "sliding_window_pattern")
+                "max_window_layers", "sliding_window_pattern")
 """The config.json fields read as counts or sizes: whole numbers, as transformers writes them."""
 TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
 """`model_type`s whose transformers config class defaults `tie_word_embeddings` to true (GemmaConfig,
@@ -87,9 +87,14 @@ def _window(cfg: dict[str, Any], layers: int, name: str) -> dict[str, Any]:
     """`sliding_window` and `window_layers` as transformers places the window: an explicit `layer_types`
     list ("sliding_attention" entries); Qwen2's `use_sliding_window` (layers from `max_window_layers` on);
     a `sliding_window_pattern` p (layer i global when (i+1) % p == 0: Gemma 2, Gemma 3, Cohere 2); else
-    every layer (Mistral). No window when `sliding_window` is null or 0, or `use_sliding_window` is false."""
+    every layer (Mistral). No window when `sliding_window` is null, false or 0, or `use_sliding_window` is false."""
     window = cfg.get("sliding_window")
-    if not window or ("use_sliding_window" in cfg and cfg["use_sliding_window"] is not True):
+    if window is None or window is False or window == 0:
+        return {}
+    if window is True or not isinstance(window, int) or window < 0:
+        raise SpecError(f"{name}: config.json field sliding_window must be a whole number of tokens or null, "
+                        f"got {quote(window)}; fix config.json")
+    if "use_sliding_window" in cfg and cfg["use_sliding_window"] is not True:
         return {}
     types = cfg.get("layer_types")
     if types is not None:

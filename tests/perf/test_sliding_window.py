@@ -17,6 +17,7 @@ from fleetwise.errors import SpecError
 from fleetwise.perf import BatchShape, Deployment, PerfModel
 from fleetwise.perf.kv import kv_transfer_bytes
 from fleetwise.perf.memory import kv_request_tokens, layout_fit
+from fleetwise.planner.fit import fit_line
 from fleetwise.planner.latency import estimate
 from fleetwise.planner.layout import Layout
 from fleetwise.planner.workload import LengthStats
@@ -215,3 +216,13 @@ def test_a_window_switched_off_or_malformed() -> None:
         model_from_hf_config(MISTRAL_7B | {"sliding_window": "4096"}, "m")
     assert str(err.value) == ("m: config.json field sliding_window must be a whole number of tokens or null, "
                               "got '4096'; fix config.json")
+
+
+def test_plan_fit_line_names_the_window() -> None:
+    class Hw:  # the one field of `Hardware` the fit line reads
+        model = get_model("gemma-3-27b")
+
+    f = layout_fit(Hw.model, get_gpu("h100-sxm"), ParallelismSpec())
+    line = fit_line(Hw(), Layout("h100-sxm", "bf16", tp=1), f, "bf16")
+    assert line.endswith("; sliding window: 52 of 62 layers keep at most 1,024 tokens, so a 131,072-token "
+                         "request needs 21,999 of them")

@@ -74,7 +74,7 @@ def _layouts_for(hw: Hardware, name: str, dtype: str, max_pp: int) -> list[Layou
 def _reject_reason(f: LayoutFit, ctx: int) -> str:
     return (f"does not fit: per card {f.weight_bytes / GB:.1f} GB weights + {f.activation_bytes / GB:.1f} GB "
             f"activations + {f.reserve_bytes / GB:.1f} GB reserve of {f.usable_bytes / GB:.1f} GB usable leaves "
-            f"KV for {max(0, f.kv_capacity_tokens):,} tokens; one request needs {ctx:,}")
+            f"KV for {max(0, f.kv_capacity_tokens):,} tokens; one request needs {f.request_tokens or ctx:,.0f}")
 
 
 def enumerate_layouts(hw: Hardware, spec: PlanningSpec) -> Enumeration:
@@ -141,6 +141,10 @@ def fit_line(hw: Hardware, lay: Layout, fit: LayoutFit, kv_dtype: str) -> str:
     line = (f"fit: {m.name} ({m.params_total / 1e9:.1f}B params, {m.weight_bytes(lay.weight_dtype) / 1e9:.0f} GB at "
             f"{lay.weight_dtype}) on {lay.label}: {fit.weight_bytes / 1e9:.1f} GB weights per card, "
             f"KV ({kv_dtype}) for {fit.kv_capacity_tokens:,} tokens per replica")
+    if m.num_window_layers:
+        line += (f"; sliding window: {m.num_window_layers} of {m.num_layers} layers keep at most "
+                 f"{m.sliding_window:,} tokens, so a {fit.context_tokens:,}-token request needs "
+                 f"{fit.request_tokens:,.0f} of them")
     if m.moe is not None:
         line += (f"; MoE: memory follows total params ({m.params_total / 1e9:.0f}B), compute follows active "
                  f"({m.params_active / 1e9:.1f}B, 1/{m.params_total / m.params_active:.1f})")

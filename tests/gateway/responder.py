@@ -9,7 +9,7 @@ honours vLLM's disaggregation protocol: a request with `kv_transfer_params.do_re
 returns `kv_transfer_params` naming its blocks; a request carrying `do_remote_prefill` counts as
 a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500),
 `die_after:K` (close the connection after K chunks of a stream), `metrics_fail` (500 on
-/metrics only).
+/metrics only), `health_fail` (503 on /health only).
 
 Run standalone: `python tests/gateway/responder.py --port 8001 [--token-delay-ms 0]`.
 """
@@ -107,6 +107,9 @@ class Responder:
         """Answer one request; False closes the connection."""
         self.paths.append(path)
         if path == "/health":
+            if self.fault == "health_fail":
+                w.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+                return True
             return self._json(w, b"{}")
         if path == "/metrics":
             if self.fault in ("metrics_fail", "hang_metrics"):

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from gw_harness import FAST_SCRAPE, MODEL, TOKEN, emulators, run, served_gateway
+from gw_harness import FAST_SCRAPE, MODEL, TOKEN, emulators, run, running_fleet, served_gateway
 
 from fleetwise.core.tokens import encode, words_text
 from fleetwise.emulator.generation import text_of
@@ -154,3 +154,38 @@ def test_a_stream_on_a_replica_that_hangs_mid_way_migrates_and_completes() -> No
                 assert f'fleetwise_gateway_upstream_errors_total{{backend="{first}",kind="timeout"}} 1.0' in page
                 await _fault(c, urls[int(first[1:])], "clear")
     run(scenario, 60)
+
+
+def test_every_replica_failing_its_health_checks_at_once_never_empties_the_fleet() -> None:
+    """With `health_failures: 1`, one slow health round (or a stall bound hit by requests on every
+    replica, as an event-loop pause on a busy machine causes) marks every healthy replica down at
+    once. Health verdicts alone never empty a role (the panic threshold): one replica of four
+    failing is left out, all four failing are all routed to, and once three pass again the fourth
+    is left out again."""
+    body = {"model": "m", "prompt": "hello", "max_tokens": 3}
+
+    async def served_by(f: Any, n: int) -> list[str]:
+        out = []
+        for _ in range(n):
+            status, doc, headers = await f.post("/v1/completions", body)
+            assert status == 200, doc
+            out.append(headers["x-fleetwise-backend"])
+        return out
+
+    async def scenario() -> None:
+        async with running_fleet(4, routing={"policy": "round-robin"}, stall={"probe_interval_s": 0}) as f:
+            live = f.gw.backends.live
+            f.responders[3].fault = "health_fail"
+            await f.wait_for(lambda: not live["b3"].healthy)
+            assert "b3" not in await served_by(f, 6)
+            for r in f.responders:
+                r.fault = "health_fail"
+            await f.wait_for(lambda: not any(b.healthy for b in live.values()))
+            assert sorted(set(await served_by(f, 8))) == ["b0", "b1", "b2", "b3"]
+            assert f.gw.fleet_document()["panic"] == ["mixed"]
+            for r in f.responders[:3]:
+                r.fault = ""
+            await f.wait_for(lambda: all(live[f"b{i}"].healthy for i in range(3)))
+            assert "b3" not in await served_by(f, 6)
+            assert f.gw.fleet_document()["panic"] == []
+    run(scenario)

@@ -123,6 +123,10 @@ class BackendSpec(Spec):
         return self.name or backend_name(self.url)
 
 
+HEALTHY_PANIC_THRESHOLD = 0.5
+"""Envoy's `healthy_panic_threshold` default (50%): below it, load balancing ignores host health."""
+
+
 class ScrapeSpec(Spec):
     """How often each backend's /metrics and /health are read."""
 
@@ -134,6 +138,10 @@ class ScrapeSpec(Spec):
     """Health check period."""
     health_failures: int = Field(default=2, ge=1)
     """Consecutive failed health checks before a backend is marked down."""
+    panic_threshold: float = Field(default=HEALTHY_PANIC_THRESHOLD, ge=0.0, le=1.0)
+    """Below this fraction of a role's backends passing their health checks, health verdicts are
+    ignored for that role and every one of its backends whose breaker allows is routed to (a
+    health outage never empties the fleet). 0 = never."""
     watch_interval_s: float = Field(default=2.0, gt=0.0)
     """How often `backends_file` is checked for changes."""
 

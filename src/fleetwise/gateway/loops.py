@@ -135,6 +135,7 @@ class FleetLoops(GatewayState):
         """Add or update a backend (config file, admin API); True when new. A new one is routable
         at once; its view is stale until its first scrape."""
         b, new = self.backends.upsert(spec)
+        self._sync_panic()
         if self.upstream.session is not None:
             if new:
                 asyncio.get_running_loop().create_task(self._first_look(b))
@@ -176,6 +177,7 @@ class FleetLoops(GatewayState):
             feed[1].cancel()
         if b is not None:
             self.policy.observe(WorkerDown(self.now(), name, "removed"))
+            self._sync_panic()
         return b is not None
 
     def reload_backends_file(self) -> None:

@@ -9,7 +9,8 @@ honours vLLM's disaggregation protocol: a request with `kv_transfer_params.do_re
 returns `kv_transfer_params` naming its blocks; a request carrying `do_remote_prefill` counts as
 a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500),
 `die_after:K` (close the connection after K chunks of a stream), `metrics_fail` (500 on
-/metrics only), `health_fail` (503 on /health only).
+/metrics only), `health_fail` (503 on /health only), `end_after:K` (end the answer cleanly after K
+chunks, without `[DONE]`).
 
 Run standalone: `python tests/gateway/responder.py --port 8001 [--token-delay-ms 0]`.
 """
@@ -195,6 +196,7 @@ class Responder:
                 doc["kv_transfer_params"] = out_kv
             return self._json(w, json.dumps(doc).encode())
         die_after = int(self.fault.split(":")[1]) if self.fault.startswith("die_after:") else -1
+        end_after = int(self.fault.split(":")[1]) if self.fault.startswith("end_after:") else -1
         w.write(SSE_HEADERS)
         head = json.dumps({"id": rid, "object": kind + ".chunk" if chat else kind, "created": created,
                            "model": self.model})[:-1]
@@ -202,6 +204,9 @@ class Responder:
             if i == die_after:
                 w.transport.abort()
                 return False
+            if i == end_after:  # a well-formed end of the answer, without the rest or [DONE]
+                w.write(b"0\r\n\r\n")
+                return True
             if w.is_closing():  # the client went away: stop generating (as an engine aborts)
                 return False
             last = i == n - 1

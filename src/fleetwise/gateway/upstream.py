@@ -460,6 +460,10 @@ class SseFramer:
         self.tail = out[-2048:]
         return out
 
+    def finished(self) -> bool:
+        """The stream's last event was `data: [DONE]` (an answer cut short ends without it)."""
+        return (self.tail + self.buf).rstrip().endswith(b"data: [DONE]")
+
     def _lf(self, chunk: bytes) -> bytes:
         """`chunk` with CRLF and CR line ends as LF; a CR ending the chunk waits in `buf` for the
         next chunk (it may be the first half of a CRLF)."""

@@ -173,7 +173,8 @@ class Responder:
         if kv.get("do_remote_decode"):
             self.prefills += 1
             out_kv = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [1, 2, 3],
-                      "remote_engine_id": self.engine_id, "remote_host": "127.0.0.1", "remote_port": self.port}
+                      "remote_engine_id": self.engine_id, "remote_request_id": f"cmpl-{self.served}",
+                      "remote_host": "127.0.0.1", "remote_port": self.port}
         elif kv.get("do_remote_prefill"):
             self.decodes_from_remote += 1
         rid = f"cmpl-{self.served}"
@@ -181,6 +182,8 @@ class Responder:
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         usage = {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}
+        if req.get("stream"):  # headers at once, as vLLM sends them; the first event after ttft_s
+            w.write(SSE_HEADERS)
         if self.ttft_s:
             await asyncio.sleep(self.ttft_s)
         if not req.get("stream"):
@@ -197,7 +200,6 @@ class Responder:
             return self._json(w, json.dumps(doc).encode())
         die_after = int(self.fault.split(":")[1]) if self.fault.startswith("die_after:") else -1
         end_after = int(self.fault.split(":")[1]) if self.fault.startswith("end_after:") else -1
-        w.write(SSE_HEADERS)
         head = json.dumps({"id": rid, "object": kind + ".chunk" if chat else kind, "created": created,
                            "model": self.model})[:-1]
         for i in range(n):

@@ -6,14 +6,17 @@ keys (`unknown_keys: reject`) and a /metrics token."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from gw_harness import run, running_fleet
 
 from fleetwise.gateway import GatewayConfig
+from fleetwise.gateway.call import KV_RELEASE_PATH
 from fleetwise.ledger import open_ledger
 from fleetwise.spec.base import read_document
 
@@ -167,4 +170,30 @@ def test_context_is_checked_before_prefill_and_a_refused_hand_off_frees_the_kv_a
                         await asyncio.sleep(0.02)
                     assert await metric(c, pre_url, "fleetwise:kv_leases") == 0  # freed now, not in 480 s
                     assert await metric(c, pre_url, "fleetwise:kv_orphaned_byte_seconds_total") > 0
+    run(scenario)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_between_the_prefill_and_the_decode_frees_the_prefilled_kv(stream: bool) -> None:
+    """The prefill answered (its KV is leased for the hand-off), the decode leg is sent, and the
+    client leaves before the decode answers: the gateway asks the prefill side to free the KV at
+    once (it used to stay leased until the lease expired, 480 s on `fleetwise emulate`)."""
+    async def scenario() -> None:
+        async with running_fleet(2, roles=("prefill", "decode")) as f:
+            pre, dec = f.responders
+            dec.ttft_s = 0.3  # the decode side answers late: the client leaves first
+
+            async def client() -> None:
+                async with f.client.post(f.url + "/v1/completions", json={**BODY, "stream": stream}) as r:
+                    await r.read()
+
+            task = asyncio.create_task(client())
+            await f.wait_for(lambda: pre.prefills == 1 and dec.running == 1)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await f.wait_for(lambda: KV_RELEASE_PATH in pre.paths)
+            await f.wait_for(lambda: all(b.in_flight == 0 for b in f.gw.backends.live.values()))
+            assert pre.paths.count(KV_RELEASE_PATH) == 1 and not f.gw.backends.handoffs
+            assert (await f.metrics())["fleetwise_gateway_kv_released_total"] == 1
     run(scenario)

@@ -101,6 +101,8 @@ class Call:
     """The client's ASGI receive channel (watched for a disconnect while a whole answer is awaited)."""
     refused: bool = False
     """The answer relayed was a backend's 4xx (for a P/D decode leg: the hand-off was refused)."""
+    gone: bool = False
+    """The client disconnected mid-stream."""
 
 
 def pinned(tenant: str, field_name: str, pin: str | None, asked: str | None, header: bytes) -> str | None:

@@ -130,9 +130,14 @@ class DispatchStage(RelayStage):
                 raise
             self._fault(pre, "handoff")  # the KV the prefill held is gone: try another pair
             raise Retry(pre, r.cause, r.detail) from None
+        except ClientGone:
+            if pre is not None:  # the client left while the decode leg was answering: its KV may wait unpulled
+                self._free_kv(pre, kv)
+            raise
         finally:
-            self.backends.handoff_ended(call.rid)
-        if pre is not None and call.refused:  # the decode side refused the hand-off (a 4xx relayed)
+            untaken = self.backends.handoffs.pop(call.rid, None) is not None
+        if pre is not None and (call.refused or (call.gone and untaken)):
+            # the decode side refused the hand-off (a 4xx relayed), or the client left before its first event
             self._free_kv(pre, kv)
         if broken is not None:
             await self._decode_failed(call, broken.backend, broken.kind, send, receive, broken.events)

@@ -227,6 +227,7 @@ class RelayStage(FleetLoops):
 
     async def _client_left(self, call: Call, b: Backend, delivered: int) -> None:
         """The client disconnected mid-stream: billed as cancelled with what it received (499)."""
+        call.gone = True
         await self._meter_end(call, "cancelled", "client_gone", delivered)
         self._release(call.rid, b.name, "client gone")
         self.telemetry.answered(call.endpoint, CLIENT_CLOSED_STATUS)

@@ -197,3 +197,23 @@ def test_a_client_gone_between_the_prefill_and_the_decode_frees_the_prefilled_kv
             assert pre.paths.count(KV_RELEASE_PATH) == 1 and not f.gw.backends.handoffs
             assert (await f.metrics())["fleetwise_gateway_kv_released_total"] == 1
     run(scenario)
+
+
+def test_a_backend_url_with_a_bad_port_or_a_relative_path_is_refused_naming_the_field() -> None:
+    """`http://host:99999` used to be accepted (by the config and the admin API) and then fail every
+    request routed to it with a 500 and a traceback in the log."""
+    from fleetwise.gateway.upstream import ConnectFailed, _origin
+
+    async def scenario() -> None:
+        async with running_fleet(1) as f:
+            url = f.gw.backends.live["b0"].spec.url
+            for bad, field in [({"url": "http://127.0.0.1:99999"}, "url"), ({"url": "http://127.0.0.1:8x"}, "url"),
+                               ({"url": url, "name": "m1", "metrics_path": "metrics"}, "metrics_path"),
+                               ({"url": url, "name": "h1", "health_path": "health"}, "health_path")]:
+                async with f.client.post(f.url + "/admin/backends", json=bad, headers=f.admin_headers()) as r:
+                    msg = (await r.json())["error"]["message"]
+                    assert r.status == 400 and f"backend: {field}:" in msg, msg
+            assert list(f.gw.backends.live) == ["b0"]
+    run(scenario)
+    with pytest.raises(ConnectFailed, match="port"):
+        _origin("http://127.0.0.1:99999/v1/completions")

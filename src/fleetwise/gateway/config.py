@@ -115,7 +115,20 @@ class BackendSpec(Spec):
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"backend url {v!r} must look like http://host:port")
+        try:
+            why = "port 0" if parts.port == 0 else ""  # urlsplit checks the port when it is read
+        except ValueError as err:
+            why = str(err)
+        if why:
+            raise ValueError(f"backend url {v!r}: {why}; give a port in 1-65535, as in http://host:8000")
         return v.rstrip("/")
+
+    @field_validator("metrics_path", "health_path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} must be a path starting with '/', such as '/{v}'")
+        return v
 
     @property
     def key(self) -> str:

@@ -238,6 +238,22 @@ def test_watched_backends_file_is_reconciled(tmp_path) -> None:  # type: ignore[
     run(scenario)
 
 
+def test_a_backends_file_naming_one_backend_twice_is_not_applied(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two entries with one name (a copy-paste with a new url) used to apply silently with the last
+    url winning; like any bad file, it keeps the last good fleet and the log names the name."""
+    async def scenario() -> None:
+        path = tmp_path / "fleet.yaml"
+        path.write_text("- {url: 'http://127.0.0.1:9', name: f0}\n")
+        async with running_fleet(1, backends_file=str(path)) as f:
+            assert set(f.gw.backends.live) == {"b0", "f0"}
+            time.sleep(0.01)
+            path.write_text("- {url: 'http://127.0.0.1:9', name: f1}\n- {url: 'http://127.0.0.1:10', name: f1}\n")
+            f.gw.reload_backends_file()
+            assert set(f.gw.backends.live) == {"b0", "f0"}
+            assert f.gw.backends.live["f0"].spec.url == "http://127.0.0.1:9"
+    run(scenario)
+
+
 def test_tenant_limits_answer_429_with_retry_after() -> None:
     async def scenario() -> None:
         tenants = [{"name": "a", "api_keys": ["ka"], "requests_per_s": 1, "burst_s": 2},

@@ -18,7 +18,7 @@ flags. Durations are seconds, sizes bytes, rates per second.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "IdempotencySpec", "KvEventsSpec", "LedgerOutageSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "StallSpec", "TenantSpec",
-    "TimeoutSpec", "backend_name", "fleet_backends", "fleet_settings",
+    "TimeoutSpec", "backend_name", "duplicate_names", "fleet_backends", "fleet_settings",
 ]
 
 Role = Literal["mixed", "prefill", "decode"]
@@ -134,6 +134,12 @@ class BackendSpec(Spec):
     def key(self) -> str:
         """The backend's name (given, or `host:port`)."""
         return self.name or backend_name(self.url)
+
+
+def duplicate_names(backends: Sequence[BackendSpec]) -> list[str]:
+    """The backend names given more than once, sorted."""
+    names = [b.key for b in backends]
+    return sorted({n for n in names if names.count(n) > 1})
 
 
 HEALTHY_PANIC_THRESHOLD = 0.5
@@ -326,8 +332,7 @@ class GatewayConfig(Spec):
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
-        names = [b.key for b in self.backends]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = duplicate_names(self.backends)
         if dup:
             raise ValueError(f"backends: duplicate name(s) {', '.join(dup)}; give each a distinct `name`")
         zmq = [b.key for b in self.backends if b.kv_events is not None]

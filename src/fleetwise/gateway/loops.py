@@ -20,7 +20,7 @@ from fleetwise.gateway.backends import Backend
 from fleetwise.gateway.call import (
     log,
 )
-from fleetwise.gateway.config import BackendSpec
+from fleetwise.gateway.config import BackendSpec, duplicate_names
 from fleetwise.gateway.kv_events import kv_source
 from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
 from fleetwise.gateway.scrape import parse_metrics
@@ -190,6 +190,9 @@ class FleetLoops(GatewayState):
             if not isinstance(items, list):
                 raise SpecError(f"{path}: expected a list of backends or {{backends: [...]}}")
             specs = [validate(BackendSpec, it, f"{path}: backends[{i}]", strict=True) for i, it in enumerate(items)]
+            dup = duplicate_names(specs)
+            if dup:
+                raise SpecError(f"{path}: duplicate backend name(s) {', '.join(dup)}; give each a distinct `name`")
         except (SpecError, OSError) as err:
             log.error("backends file not applied, keeping the previous fleet: %s", err)
             return

@@ -10,7 +10,7 @@ returns `kv_transfer_params` naming its blocks; a request carrying `do_remote_pr
 a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500),
 `die_after:K` (close the connection after K chunks of a stream), `metrics_fail` (500 on
 /metrics only), `health_fail` (503 on /health only), `end_after:K` (end the answer cleanly after K
-chunks, without `[DONE]`).
+chunks, without `[DONE]`), `models:JSON` (that JSON as the /v1/models answer).
 
 Run standalone: `python tests/gateway/responder.py --port 8001 [--token-delay-ms 0]`.
 """
@@ -123,6 +123,8 @@ class Responder:
                     % (len(text), text))
             return True
         if path == "/v1/models":
+            if self.fault.startswith("models:"):  # a well-formed JSON answer of another shape
+                return self._json(w, self.fault[7:].encode())
             return self._json(w, json.dumps({"object": "list", "data": [
                 {"id": self.model, "object": "model", "owned_by": "fleetwise"}]}).encode())
         if path not in ("/v1/completions", "/v1/chat/completions"):

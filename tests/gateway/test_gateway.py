@@ -4,6 +4,7 @@ rolling version change, tenants, bad input, admin."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
 import time
 import uuid
@@ -236,6 +237,22 @@ def test_watched_backends_file_is_reconciled(tmp_path) -> None:  # type: ignore[
             for r in extra:
                 await r.stop()
     run(scenario)
+
+
+def test_a_models_answer_of_another_shape_fails_the_health_check_without_a_traceback(caplog) -> None:  # type: ignore[no-untyped-def]
+    """/v1/models answering JSON that is not `{"data": [...]}` (a list, `data` a number) escaped the
+    health check as an AttributeError or TypeError: a traceback every round, and the backend never
+    got a verdict. It now fails the check as invalid JSON does."""
+    async def scenario() -> None:
+        async with running_fleet(2, routing={"policy": "round-robin"}) as f:
+            for shape in ('[{"id": "m"}]', '{"data": 5}', '"m"'):
+                f.responders[1].fault = f"models:{shape}"
+                await f.wait_for(lambda: not f.gw.backends.live["b1"].healthy)
+                f.responders[1].fault = ""
+                await f.wait_for(lambda: f.gw.backends.live["b1"].healthy)
+    with caplog.at_level(logging.WARNING, logger="fleetwise.gateway"):
+        run(scenario)
+    assert not [r.getMessage() for r in caplog.records if r.exc_info], caplog.text[-500:]
 
 
 def test_a_backends_file_naming_one_backend_twice_is_not_applied(tmp_path) -> None:  # type: ignore[no-untyped-def]

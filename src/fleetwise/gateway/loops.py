@@ -32,6 +32,15 @@ from fleetwise.spec.base import read_document, validate
 __all__ = ["FleetLoops"]
 
 
+def _served_models(doc: Any) -> list[dict[str, Any]]:
+    """The model entries of a /v1/models answer (`{"data": [{"id": ...}, ...]}`); ValueError for
+    JSON of another shape."""
+    data = doc.get("data", []) if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        raise ValueError(f"/v1/models: expected {{\"data\": [...]}}, got {type(doc).__name__}")
+    return [m for m in data if isinstance(m, dict) and "id" in m]
+
+
 class FleetLoops(GatewayState):
     """The loops that keep the fleet view current, and starting/stopping them."""
 
@@ -101,7 +110,7 @@ class FleetLoops(GatewayState):
             if ok:
                 status, data = await self.upstream.get(b.spec.url + "/v1/models", self.cfg.scrape.timeout_s)
                 if status == 200:
-                    ms = [m for m in json.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
+                    ms = _served_models(json.loads(data))
                     self.discovered_models[b.name] = frozenset(str(m["id"]) for m in ms)
                     self.contexts[b.name] = {str(m["id"]): int(m["max_model_len"]) for m in ms
                                              if isinstance(m.get("max_model_len"), int)}

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from fleetwise.core import tokens
 from fleetwise.errors import SpecError
 from fleetwise.gateway.backends import Breaker
+from fleetwise.gateway.call import usage_tokens
 from fleetwise.gateway.config import BreakerSpec, TenantSpec
 from fleetwise.gateway.limits import TenantLimiter, TokenBucket
 from fleetwise.gateway.migration import COUNTED_USAGE
@@ -252,3 +253,11 @@ def test_turn_cache_is_bounded_in_characters_and_keeps_the_recent() -> None:
     tok.chat_parts_ids([a])  # a is the most recent now
     tok.chat_parts_ids([c])  # 150 characters: b, the least recent, goes
     assert list(tok._turns._ids) == [a, c] and tok._turns.chars == 100
+
+
+def test_usage_tokens_reads_the_last_count_and_refuses_impossible_ones() -> None:
+    assert usage_tokens(b'data: {"usage": {"prompt_tokens": 8, "completion_tokens": 12}}\n\n') == 12
+    assert usage_tokens(b'{"usage": {"completion_tokens": 2147483647}}') == 2147483647
+    assert usage_tokens(b'{"usage": {"completion_tokens": 2147483648}}') == 0  # no request has that many
+    assert usage_tokens(b'{"usage": {"completion_tokens": ' + b"9" * 5000 + b"}}") == 0
+    assert usage_tokens(b'{"choices": []}') == 0

@@ -217,3 +217,32 @@ def test_a_backend_url_with_a_bad_port_or_a_relative_path_is_refused_naming_the_
     run(scenario)
     with pytest.raises(ConnectFailed, match="port"):
         _origin("http://127.0.0.1:99999/v1/completions")
+
+
+def test_a_client_that_stops_reading_is_dropped_and_its_request_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streaming client that reads nothing used to hold its request, the upstream connection and
+    the backend's work for it as long as it kept the connection open. Once the gateway's writes to
+    it stay blocked `send_timeout_s`, the connection is dropped and the request ends as a client
+    gone (the backend is told by the closed upstream connection)."""
+    import socket
+
+    from fleetwise.live.http import GuardedHttpTools
+    monkeypatch.setattr(GuardedHttpTools, "send_timeout_s", 0.3, raising=False)
+
+    async def scenario() -> None:
+        async with running_fleet(1) as f:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", int(f.url.rsplit(":", 1)[1])))
+            body = json.dumps({**BODY, "max_tokens": 1000000, "stream": True}).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\n\r\n%s" % (len(body), body))  # and never read
+            try:
+                b0 = f.gw.backends.live["b0"]
+                await f.wait_for(lambda: b0.in_flight == 1)
+                await f.wait_for(lambda: b0.in_flight == 0)
+                await f.wait_for(lambda: f.responders[0].running == 0)
+                assert (await f.metrics())['fleetwise_gateway_requests_total{endpoint="completions",status="499"}'] == 1
+            finally:
+                s.close()
+    run(scenario)

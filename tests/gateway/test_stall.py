@@ -189,3 +189,27 @@ def test_every_replica_failing_its_health_checks_at_once_never_empties_the_fleet
             assert "b3" not in await served_by(f, 6)
             assert f.gw.fleet_document()["panic"] == []
     run(scenario)
+
+
+def test_every_replica_slowing_down_at_once_is_not_a_fleet_outage_until_the_next_probe() -> None:
+    """The whole fleet's TTFT jumps past the stall bound at once (a load spike, or an event-loop
+    pause that makes every request in flight miss its bound): each stall holds its replica out
+    until an active probe passes. Without the panic threshold the fleet was empty until then (a
+    503 for every request; here the probe is 60 s away); with it, the next request is served."""
+    async def scenario() -> None:
+        async with running_fleet(3, routing={"policy": "round-robin"}, retries={"max_retries": 0},
+                                 stall={"min_first_token_s": 0.3, "probe_interval_s": 60}) as f:
+            body = {"model": "m", "prompt": "hello", "max_tokens": 2, "stream": True}
+            for _ in range(3):  # each replica gets a recent TTFT: the bound is the 0.3 s floor
+                assert (await f.stream("/v1/completions", body))[0] == 200
+            for r in f.responders:
+                r.ttft_s = 2.0
+            res = await asyncio.gather(*(f.stream("/v1/completions", body) for _ in range(3)))
+            assert [r[0] for r in res] == [502] * 3  # each missed its bound on its replica
+            live = f.gw.backends.live.values()
+            assert not any(b.probe_ok for b in live) and not any(b.healthy for b in live)
+            for r in f.responders:
+                r.ttft_s = 0.0
+            status, events, _ = await f.stream("/v1/completions", body)
+            assert status == 200 and events[-1] == "[DONE]", events
+    run(scenario)

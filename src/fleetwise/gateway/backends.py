@@ -292,6 +292,7 @@ class Backends:
         """A prefill leg answered: request `request_id`'s KV is on its way from `prefill` to `decode`."""
         self.handoffs[request_id] = (prefill, decode)
 
-    def handoff_ended(self, request_id: str) -> None:
-        """The decode leg's first event (or answer, or failure) came: the hand-off is over."""
-        self.handoffs.pop(request_id, None)
+    def handoff_ended(self, request_id: str) -> bool:
+        """The decode leg's first event (or answer, or failure) came: the hand-off is over; True
+        when it was still in flight."""
+        return self.handoffs.pop(request_id, None) is not None

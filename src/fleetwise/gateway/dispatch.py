@@ -135,7 +135,7 @@ class DispatchStage(RelayStage):
                 self._free_kv(pre, kv)
             raise
         finally:
-            untaken = self.backends.handoffs.pop(call.rid, None) is not None
+            untaken = self.backends.handoff_ended(call.rid)
         if pre is not None and (call.refused or (call.gone and untaken)):
             # the decode side refused the hand-off (a 4xx relayed), or the client left before its first event
             self._free_kv(pre, kv)

@@ -263,9 +263,10 @@ class Backends:
         return self.live.get(name) or self.draining.get(name)
 
     def released(self, b: Backend) -> None:
-        """A request on `b` ended; forget a drained backend once idle."""
-        if b.removed and b.in_flight == 0:
-            self.draining.pop(b.name, None)
+        """A request on `b` ended; forget a drained backend once idle (only `b` itself: a backend
+        of the same name removed since may still be draining)."""
+        if b.removed and b.in_flight == 0 and self.draining.get(b.name) is b:
+            del self.draining[b.name]
 
     def fleet(self, now_s: float, exclude: frozenset[str] = frozenset()) -> FleetView:
         """The view a policy routes on; `exclude` hides backends a retry must avoid."""

@@ -9,7 +9,8 @@ honours vLLM's disaggregation protocol: a request with `kv_transfer_params.do_re
 returns `kv_transfer_params` naming its blocks; a request carrying `do_remote_prefill` counts as
 a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500),
 `die_after:K` (close the connection after K chunks of a stream), `metrics_fail` (500 on
-/metrics only).
+/metrics only), `health_fail` (503 on /health only), `end_after:K` (end the answer cleanly after K
+chunks, without `[DONE]`), `models:JSON` (that JSON as the /v1/models answer).
 
 Run standalone: `python tests/gateway/responder.py --port 8001 [--token-delay-ms 0]`.
 """
@@ -107,6 +108,9 @@ class Responder:
         """Answer one request; False closes the connection."""
         self.paths.append(path)
         if path == "/health":
+            if self.fault == "health_fail":
+                w.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+                return True
             return self._json(w, b"{}")
         if path == "/metrics":
             if self.fault in ("metrics_fail", "hang_metrics"):
@@ -119,6 +123,8 @@ class Responder:
                     % (len(text), text))
             return True
         if path == "/v1/models":
+            if self.fault.startswith("models:"):  # a well-formed JSON answer of another shape
+                return self._json(w, self.fault[7:].encode())
             return self._json(w, json.dumps({"object": "list", "data": [
                 {"id": self.model, "object": "model", "owned_by": "fleetwise"}]}).encode())
         if path not in ("/v1/completions", "/v1/chat/completions"):
@@ -169,7 +175,8 @@ class Responder:
         if kv.get("do_remote_decode"):
             self.prefills += 1
             out_kv = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [1, 2, 3],
-                      "remote_engine_id": self.engine_id, "remote_host": "127.0.0.1", "remote_port": self.port}
+                      "remote_engine_id": self.engine_id, "remote_request_id": f"cmpl-{self.served}",
+                      "remote_host": "127.0.0.1", "remote_port": self.port}
         elif kv.get("do_remote_prefill"):
             self.decodes_from_remote += 1
         rid = f"cmpl-{self.served}"
@@ -177,6 +184,8 @@ class Responder:
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         usage = {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}
+        if req.get("stream"):  # headers at once, as vLLM sends them; the first event after ttft_s
+            w.write(SSE_HEADERS)
         if self.ttft_s:
             await asyncio.sleep(self.ttft_s)
         if not req.get("stream"):
@@ -192,13 +201,16 @@ class Responder:
                 doc["kv_transfer_params"] = out_kv
             return self._json(w, json.dumps(doc).encode())
         die_after = int(self.fault.split(":")[1]) if self.fault.startswith("die_after:") else -1
-        w.write(SSE_HEADERS)
+        end_after = int(self.fault.split(":")[1]) if self.fault.startswith("end_after:") else -1
         head = json.dumps({"id": rid, "object": kind + ".chunk" if chat else kind, "created": created,
                            "model": self.model})[:-1]
         for i in range(n):
             if i == die_after:
                 w.transport.abort()
                 return False
+            if i == end_after:  # a well-formed end of the answer, without the rest or [DONE]
+                w.write(b"0\r\n\r\n")
+                return True
             if w.is_closing():  # the client went away: stop generating (as an engine aborts)
                 return False
             last = i == n - 1

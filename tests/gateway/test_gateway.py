@@ -4,6 +4,7 @@ rolling version change, tenants, bad input, admin."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
 import time
 import uuid
@@ -235,6 +236,38 @@ def test_watched_backends_file_is_reconciled(tmp_path) -> None:  # type: ignore[
         finally:
             for r in extra:
                 await r.stop()
+    run(scenario)
+
+
+def test_a_models_answer_of_another_shape_fails_the_health_check_without_a_traceback(caplog) -> None:  # type: ignore[no-untyped-def]
+    """/v1/models answering JSON that is not `{"data": [...]}` (a list, `data` a number) escaped the
+    health check as an AttributeError or TypeError: a traceback every round, and the backend never
+    got a verdict. It now fails the check as invalid JSON does."""
+    async def scenario() -> None:
+        async with running_fleet(2, routing={"policy": "round-robin"}) as f:
+            for shape in ('[{"id": "m"}]', '{"data": 5}', '"m"'):
+                f.responders[1].fault = f"models:{shape}"
+                await f.wait_for(lambda: not f.gw.backends.live["b1"].healthy)
+                f.responders[1].fault = ""
+                await f.wait_for(lambda: f.gw.backends.live["b1"].healthy)
+    with caplog.at_level(logging.WARNING, logger="fleetwise.gateway"):
+        run(scenario)
+    assert not [r.getMessage() for r in caplog.records if r.exc_info], caplog.text[-500:]
+
+
+def test_a_backends_file_naming_one_backend_twice_is_not_applied(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two entries with one name (a copy-paste with a new url) used to apply silently with the last
+    url winning; like any bad file, it keeps the last good fleet and the log names the name."""
+    async def scenario() -> None:
+        path = tmp_path / "fleet.yaml"
+        path.write_text("- {url: 'http://127.0.0.1:9', name: f0}\n")
+        async with running_fleet(1, backends_file=str(path)) as f:
+            assert set(f.gw.backends.live) == {"b0", "f0"}
+            time.sleep(0.01)
+            path.write_text("- {url: 'http://127.0.0.1:9', name: f1}\n- {url: 'http://127.0.0.1:10', name: f1}\n")
+            f.gw.reload_backends_file()
+            assert set(f.gw.backends.live) == {"b0", "f0"}
+            assert f.gw.backends.live["f0"].spec.url == "http://127.0.0.1:9"
     run(scenario)
 
 

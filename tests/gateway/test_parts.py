@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from fleetwise.core import tokens
 from fleetwise.errors import SpecError
-from fleetwise.gateway.backends import Breaker
-from fleetwise.gateway.config import BreakerSpec, TenantSpec
+from fleetwise.gateway.backends import Backends, Breaker
+from fleetwise.gateway.call import usage_tokens
+from fleetwise.gateway.config import BackendSpec, BreakerSpec, TenantSpec
 from fleetwise.gateway.limits import TenantLimiter, TokenBucket
 from fleetwise.gateway.migration import COUNTED_USAGE
 from fleetwise.gateway.openai import (
@@ -252,3 +253,31 @@ def test_turn_cache_is_bounded_in_characters_and_keeps_the_recent() -> None:
     tok.chat_parts_ids([a])  # a is the most recent now
     tok.chat_parts_ids([c])  # 150 characters: b, the least recent, goes
     assert list(tok._turns._ids) == [a, c] and tok._turns.chars == 100
+
+
+def test_usage_tokens_reads_the_last_count_and_refuses_impossible_ones() -> None:
+    assert usage_tokens(b'data: {"usage": {"prompt_tokens": 8, "completion_tokens": 12}}\n\n') == 12
+    assert usage_tokens(b'{"usage": {"completion_tokens": 2147483647}}') == 2147483647
+    assert usage_tokens(b'{"usage": {"completion_tokens": 2147483648}}') == 0  # no request has that many
+    assert usage_tokens(b'{"usage": {"completion_tokens": ' + b"9" * 5000 + b"}}") == 0
+    assert usage_tokens(b'{"choices": []}') == 0
+
+
+def test_a_backend_removed_re_added_and_removed_again_stays_listed_while_it_drains() -> None:
+    """The first removal's last request ending used to drop the second removal's draining entry
+    (same name), hiding a backend with a request in flight from /admin/fleet and the metrics."""
+    bs = Backends(BreakerSpec(), 4)
+    spec = BackendSpec(url="http://127.0.0.1:1", name="b0")  # type: ignore[call-arg]
+    old, _ = bs.upsert(spec)
+    old.in_flight = 1
+    bs.remove("b0")
+    new, added = bs.upsert(spec)
+    assert added and new is not old
+    new.in_flight = 1
+    bs.remove("b0")
+    old.in_flight = 0
+    bs.released(old)
+    assert bs.get("b0") is new and list(bs.draining) == ["b0"]
+    new.in_flight = 0
+    bs.released(new)
+    assert bs.get("b0") is None and not bs.draining

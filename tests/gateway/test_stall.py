@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from gw_harness import FAST_SCRAPE, MODEL, TOKEN, emulators, run, served_gateway
+from gw_harness import FAST_SCRAPE, MODEL, TOKEN, emulators, run, running_fleet, served_gateway
 
 from fleetwise.core.tokens import encode, words_text
 from fleetwise.emulator.generation import text_of
@@ -154,3 +154,62 @@ def test_a_stream_on_a_replica_that_hangs_mid_way_migrates_and_completes() -> No
                 assert f'fleetwise_gateway_upstream_errors_total{{backend="{first}",kind="timeout"}} 1.0' in page
                 await _fault(c, urls[int(first[1:])], "clear")
     run(scenario, 60)
+
+
+def test_every_replica_failing_its_health_checks_at_once_never_empties_the_fleet() -> None:
+    """With `health_failures: 1`, one slow health round (or a stall bound hit by requests on every
+    replica, as an event-loop pause on a busy machine causes) marks every healthy replica down at
+    once. Health verdicts alone never empty a role (the panic threshold): one replica of four
+    failing is left out, all four failing are all routed to, and once three pass again the fourth
+    is left out again."""
+    body = {"model": "m", "prompt": "hello", "max_tokens": 3}
+
+    async def served_by(f: Any, n: int) -> list[str]:
+        out = []
+        for _ in range(n):
+            status, doc, headers = await f.post("/v1/completions", body)
+            assert status == 200, doc
+            out.append(headers["x-fleetwise-backend"])
+        return out
+
+    async def scenario() -> None:
+        async with running_fleet(4, routing={"policy": "round-robin"}, stall={"probe_interval_s": 0}) as f:
+            live = f.gw.backends.live
+            f.responders[3].fault = "health_fail"
+            await f.wait_for(lambda: not live["b3"].healthy)
+            assert "b3" not in await served_by(f, 6)
+            for r in f.responders:
+                r.fault = "health_fail"
+            await f.wait_for(lambda: not any(b.healthy for b in live.values()))
+            assert sorted(set(await served_by(f, 8))) == ["b0", "b1", "b2", "b3"]
+            assert f.gw.fleet_document()["panic"] == ["mixed"]
+            for r in f.responders[:3]:
+                r.fault = ""
+            await f.wait_for(lambda: all(live[f"b{i}"].healthy for i in range(3)))
+            assert "b3" not in await served_by(f, 6)
+            assert f.gw.fleet_document()["panic"] == []
+    run(scenario)
+
+
+def test_every_replica_slowing_down_at_once_is_not_a_fleet_outage_until_the_next_probe() -> None:
+    """The whole fleet's TTFT jumps past the stall bound at once (a load spike, or an event-loop
+    pause that makes every request in flight miss its bound): each stall holds its replica out
+    until an active probe passes. Without the panic threshold the fleet was empty until then (a
+    503 for every request; here the probe is 60 s away); with it, the next request is served."""
+    async def scenario() -> None:
+        async with running_fleet(3, routing={"policy": "round-robin"}, retries={"max_retries": 0},
+                                 stall={"min_first_token_s": 0.3, "probe_interval_s": 60}) as f:
+            body = {"model": "m", "prompt": "hello", "max_tokens": 2, "stream": True}
+            for _ in range(3):  # each replica gets a recent TTFT: the bound is the 0.3 s floor
+                assert (await f.stream("/v1/completions", body))[0] == 200
+            for r in f.responders:
+                r.ttft_s = 2.0
+            res = await asyncio.gather(*(f.stream("/v1/completions", body) for _ in range(3)))
+            assert [r[0] for r in res] == [502] * 3  # each missed its bound on its replica
+            live = f.gw.backends.live.values()
+            assert not any(b.probe_ok for b in live) and not any(b.healthy for b in live)
+            for r in f.responders:
+                r.ttft_s = 0.0
+            status, events, _ = await f.stream("/v1/completions", body)
+            assert status == 200 and events[-1] == "[DONE]", events
+    run(scenario)

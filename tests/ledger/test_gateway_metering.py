@@ -137,3 +137,22 @@ def test_pd_pair_records_both_pools(tmp_path) -> None:
             with open_ledger(db, create=False) as led:
                 assert [(w[3], w[6]) for w in led.work()] == [("prefill", "b0"), ("decode", "b1")]
     run(scenario)
+
+
+def test_a_stream_the_backend_ends_without_done_is_an_error_event_and_never_billed_completed(tmp_path) -> None:
+    """A backend that ends its answer well-formed (the last chunk of a chunked body, or the close of
+    a close-delimited one) before `[DONE]` cut the stream short: the client gets the error event and
+    `[DONE]`, the record says failed with what was delivered; it used to be a completed record and
+    a stream that just stopped, without `[DONE]` or an error."""
+    db = str(tmp_path / "ledger.db")
+
+    async def scenario() -> None:
+        async with running_fleet(1, ledger=db) as f:
+            f.responders[0].fault = "end_after:3"
+            status, events, headers = await f.stream("/v1/completions", COMPLETION)
+            assert status == 200 and texts(events) == ["t0 ", "t1 ", "t2 "]
+            assert events[-2]["error"]["type"] == "upstream_error" and events[-1] == "[DONE]"
+            (row,) = rows(db)
+            assert (row.request_id, row.status, row.delivered_tokens) == (headers["X-Request-ID"], "failed", 3)
+            assert (await f.metrics())["fleetwise_gateway_stream_errors_total"] == 1
+    run(scenario)

@@ -9,8 +9,10 @@ import threading
 from collections.abc import Sequence
 
 from fleetwise.ledger import Usage, WorkItem, open_ledger
+from fleetwise.ledger.meter import Meter
 from fleetwise.ledger.spool import Spool
 from fleetwise.ledger.store import Ledger, Outcome
+from fleetwise.ledger.usage import TOKEN_COUNT_LIMIT
 from fleetwise.ledger.writer import LedgerWriter
 
 MB = 1 << 20
@@ -140,3 +142,31 @@ def test_verify_reports_records_still_in_the_spool(tmp_path, capsys) -> None:
     sp.append([usage("k1", "r1")])
     assert main(args) == 1 and "1 usage record(s) still in the spool" in capsys.readouterr().out
     sp.close()
+
+
+def test_an_impossible_count_from_a_backend_is_not_taken_and_never_blocks_the_ledger(tmp_path) -> None:
+    """A backend's `usage` of 10^30 prompt tokens used to reach the database, which cannot hold it:
+    that write failed, the writer turned degraded and every later record waited in the spool behind
+    it, never replayed. The meter now keeps its own estimate for a count no request can have."""
+    led = open_ledger(str(tmp_path / "l.db"))
+
+    async def scenario() -> None:
+        w = LedgerWriter(led, Spool(tmp_path / "spool", MB), commit_wait_s=5.0, retry_s=0.05)
+        m = Meter(w, "k1", "r1", "acme", "m", 1.0, 12)
+        m.attempt("prefill", "first", None, ("d", "d0"), 12)
+        assert m.usage_from(b'data: {"usage": {"prompt_tokens": 1000000000000000000000000000000, '
+                            b'"completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": -3}}}')
+        assert (m.prompt_tokens, m.delivered_tokens, m.cached_tokens) == (12, 7, 0)
+        assert not m.usage_from(b'{"usage": {"completion_tokens": true}}') and m.delivered_tokens == 7
+        assert await m.end("completed", "", 2.0) == "billed"
+        m3 = Meter(w, "k3", "r3", "acme", "m", 1.0, 12)
+        m3.delivered_tokens = 10**30  # a driver's count, clamped to what the ledger holds
+        assert await m3.end("failed", "", 2.0) == "billed"
+        assert await w.record(usage("k2", "r2")) == "billed"
+        assert w.state()["degraded"] is False
+        w.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    with open_ledger(str(tmp_path / "l.db"), create=False) as check:
+        rows = {r.idempotency_key: (r.prompt_tokens, r.delivered_tokens) for r in check.rows()}
+    assert rows == {"k1": (12, 7), "k2": (10, 5), "k3": (12, TOKEN_COUNT_LIMIT)}

@@ -108,6 +108,7 @@ class AdminSurface(AdmitStage):
             "decisions": rep.get("decisions"),
             "by_reason": rep.get("by_reason"),
             "slowness": rep.get("slowness"),
+            "panic": sorted(self.backends.panic),
             "models": sorted(self.known_models()),
             "backends": [{**b.admin(now), "kv_events": self._kv_admin(b.name)} for b in self.backends.live.values()],
             "draining": [b.admin(now) for b in self.backends.draining.values()],

@@ -124,6 +124,10 @@ class Backend:
         """Healthy, breaker letting traffic through, not being removed."""
         return self.healthy and not self.removed and self.breaker.allows(now_s)
 
+    def routable(self, now_s: float, panic: bool) -> bool:
+        """`available`, or in a panic (too few of its role healthy) whatever its health verdict."""
+        return (self.healthy or panic) and not self.removed and self.breaker.allows(now_s)
+
     def observe_latency(self, ttft_s: float | None, tpot_s: float | None) -> None:
         """Fold one stream's TTFT/TPOT into the averages."""
         a = LATENCY_EWMA_ALPHA
@@ -132,9 +136,10 @@ class Backend:
         if tpot_s is not None:
             self.tpot_ewma_s = tpot_s if self.tpot_ewma_s is None else (1 - a) * self.tpot_ewma_s + a * tpot_s
 
-    def view(self, now_s: float) -> WorkerView:
-        """This backend as a policy sees it. Without a metrics endpoint the view is the gateway's
-        own in-flight count, always fresh; with one it is the last scrape (or, before the first
+    def view(self, now_s: float, panic: bool = False) -> WorkerView:
+        """This backend as a policy sees it (`panic`: its role is below the panic threshold, so its
+        health verdict is ignored). Without a metrics endpoint the view is the gateway's own
+        in-flight count, always fresh; with one it is the last scrape (or, before the first
         scrape, an empty view dated 0: stale until a scrape arrives)."""
         s = self.spec
         if s.metrics_path is None:
@@ -146,7 +151,7 @@ class Backend:
             at = self.scraped_at_s if self.scraped_at_s is not None else 0.0
             pre, dec = self.view_prefill_tokens, self.view_decode_tokens
         return WorkerView(name=s.key, role=s.role, pool=s.pool, accelerator=s.accelerator,
-                          model_version=s.model_version, region=s.region, healthy=self.available(now_s),
+                          model_version=s.model_version, region=s.region, healthy=self.routable(now_s, panic),
                           queued_requests=waiting, running_requests=running, queued_prefill_tokens=pre,
                           running_decode_tokens=dec, kv_usage=kv, weight=s.weight, reported_at_s=at,
                           kv_format=self.kv_format)
@@ -205,9 +210,12 @@ def backend_kv_format(s: BackendSpec) -> KvFormat:
 class Backends:
     """Every backend by name, in insertion order; builds the fleet view."""
 
-    def __init__(self, breaker: BreakerSpec, recent: int) -> None:
+    def __init__(self, breaker: BreakerSpec, recent: int, panic_threshold: float = 0.0) -> None:
         self.breaker_spec = breaker
         self.recent = recent
+        self.panic_threshold = panic_threshold
+        self.panic: set[str] = set()
+        """Roles below the panic threshold: their health verdicts are ignored (`update_panic`)."""
         self.live: dict[str, Backend] = {}
         self.draining: dict[str, Backend] = {}
         self._view_key: tuple[Any, ...] | None = None
@@ -239,18 +247,31 @@ class Backends:
                 self.draining[name] = b
         return b
 
+    def update_panic(self, role: str) -> bool:
+        """Whether `role` is now in a panic (fewer than `panic_threshold` of its live backends
+        pass their health checks), recorded in `panic`; True when that changed."""
+        members = [b for b in self.live.values() if b.spec.role == role]
+        now = bool(members) and sum(b.healthy for b in members) < self.panic_threshold * len(members)
+        if now == (role in self.panic):
+            return False
+        (self.panic.add if now else self.panic.discard)(role)
+        self.version += 1
+        return True
+
     def get(self, name: str) -> Backend | None:
         """A live or draining backend by name."""
         return self.live.get(name) or self.draining.get(name)
 
     def released(self, b: Backend) -> None:
-        """A request on `b` ended; forget a drained backend once idle."""
-        if b.removed and b.in_flight == 0:
-            self.draining.pop(b.name, None)
+        """A request on `b` ended; forget a drained backend once idle (only `b` itself: a backend
+        of the same name removed since may still be draining)."""
+        if b.removed and b.in_flight == 0 and self.draining.get(b.name) is b:
+            del self.draining[b.name]
 
     def fleet(self, now_s: float, exclude: frozenset[str] = frozenset()) -> FleetView:
         """The view a policy routes on; `exclude` hides backends a retry must avoid."""
-        workers = tuple(b.view(now_s) for name, b in self.live.items() if name not in exclude)
+        workers = tuple(b.view(now_s, b.spec.role in self.panic) for name, b in self.live.items()
+                        if name not in exclude)
         return FleetView(now_s=now_s, workers=workers, links=self.links(now_s))
 
     def links(self, now_s: float) -> tuple[KvLinkView, ...]:
@@ -266,12 +287,13 @@ class Backends:
         pre = [b for b in self.live.values() if b.spec.role == "prefill"]
         active = Counter(self.handoffs.values())
         return tuple(KvLinkView(p.name, d.name, d.kv_link.at(now_s, best), 0.0, active[(p.name, d.name)],
-                                d.available(now_s)) for p in pre for d in dec)
+                                d.routable(now_s, "decode" in self.panic)) for p in pre for d in dec)
 
     def handoff_started(self, request_id: str, prefill: str, decode: str) -> None:
         """A prefill leg answered: request `request_id`'s KV is on its way from `prefill` to `decode`."""
         self.handoffs[request_id] = (prefill, decode)
 
-    def handoff_ended(self, request_id: str) -> None:
-        """The decode leg's first event (or answer, or failure) came: the hand-off is over."""
-        self.handoffs.pop(request_id, None)
+    def handoff_ended(self, request_id: str) -> bool:
+        """The decode leg's first event (or answer, or failure) came: the hand-off is over; True
+        when it was still in flight."""
+        return self.handoffs.pop(request_id, None) is not None

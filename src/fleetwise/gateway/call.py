@@ -25,6 +25,7 @@ from fleetwise.gateway.openai import (
 )
 from fleetwise.gateway.upstream import FAULT_ERRORS
 from fleetwise.ledger.meter import Meter
+from fleetwise.ledger.usage import TOKEN_COUNT_LIMIT
 
 __all__ = ["CLIENT_CLOSED_STATUS", "Call", "ClientGone", "DONE_EVENT", "EMPTY_CHOICES", "ERROR_EVENT_STATUS", "IDEMPOTENCY_HEADER", "INCLUDE_USAGE", "KV_RELEASE_PATH", "PD_PREFILL_PARAMS", "REGION_HEADER", "Receive", "Retry", "Send", "VERSION_HEADER", "error_response", "header", "hold_back", "log", "not_allowed", "not_found", "pinned", "read_body", "unless_gone", "usage_tokens", "watch_disconnect"]
 
@@ -101,6 +102,8 @@ class Call:
     """The client's ASGI receive channel (watched for a disconnect while a whole answer is awaited)."""
     refused: bool = False
     """The answer relayed was a backend's 4xx (for a P/D decode leg: the hand-off was refused)."""
+    gone: bool = False
+    """The client disconnected mid-stream."""
 
 
 def pinned(tenant: str, field_name: str, pin: str | None, asked: str | None, header: bytes) -> str | None:
@@ -185,7 +188,8 @@ def hold_back(out: bytes, held: bytes, client_wants_usage: bool, meter: Meter | 
 
 
 def usage_tokens(data: bytes) -> int:
-    """`usage.completion_tokens` found in an answer's last bytes (0 when absent)."""
+    """`usage.completion_tokens` found in an answer's last bytes (0 when absent or beyond any
+    request, `TOKEN_COUNT_LIMIT`)."""
     i = data.rfind(b'"completion_tokens"')
     if i < 0:
         return 0
@@ -194,9 +198,10 @@ def usage_tokens(data: bytes) -> int:
     while k < len(data) and data[k:k + 1] in b" 0123456789":
         k += 1
     try:
-        return int(data[j:k])
+        n = int(data[j:k])
     except ValueError:
         return 0
+    return n if n <= TOKEN_COUNT_LIMIT else 0
 
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error") -> Response:

@@ -18,7 +18,7 @@ flags. Durations are seconds, sizes bytes, rates per second.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FLEETWISE_TOKENIZER", "BackendSpec", "BreakerSpec", "GatewayConfig", "IdempotencySpec", "KvEventsSpec", "LedgerOutageSpec", "LimitsSpec", "RetrySpec", "ScrapeSpec", "StallSpec", "TenantSpec",
-    "TimeoutSpec", "backend_name", "fleet_backends", "fleet_settings",
+    "TimeoutSpec", "backend_name", "duplicate_names", "fleet_backends", "fleet_settings",
 ]
 
 Role = Literal["mixed", "prefill", "decode"]
@@ -115,12 +115,35 @@ class BackendSpec(Spec):
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"backend url {v!r} must look like http://host:port")
+        try:
+            why = "port 0" if parts.port == 0 else ""  # urlsplit checks the port when it is read
+        except ValueError as err:
+            why = str(err)
+        if why:
+            raise ValueError(f"backend url {v!r}: {why}; give a port in 1-65535, as in http://host:8000")
         return v.rstrip("/")
+
+    @field_validator("metrics_path", "health_path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} must be a path starting with '/', such as '/{v}'")
+        return v
 
     @property
     def key(self) -> str:
         """The backend's name (given, or `host:port`)."""
         return self.name or backend_name(self.url)
+
+
+def duplicate_names(backends: Sequence[BackendSpec]) -> list[str]:
+    """The backend names given more than once, sorted."""
+    names = [b.key for b in backends]
+    return sorted({n for n in names if names.count(n) > 1})
+
+
+HEALTHY_PANIC_THRESHOLD = 0.5
+"""Envoy's `healthy_panic_threshold` default (50%): below it, load balancing ignores host health."""
 
 
 class ScrapeSpec(Spec):
@@ -134,6 +157,10 @@ class ScrapeSpec(Spec):
     """Health check period."""
     health_failures: int = Field(default=2, ge=1)
     """Consecutive failed health checks before a backend is marked down."""
+    panic_threshold: float = Field(default=HEALTHY_PANIC_THRESHOLD, ge=0.0, le=1.0)
+    """Below this fraction of a role's backends passing their health checks, health verdicts are
+    ignored for that role and every one of its backends whose breaker allows is routed to (a
+    health outage never empties the fleet). 0 = never."""
     watch_interval_s: float = Field(default=2.0, gt=0.0)
     """How often `backends_file` is checked for changes."""
 
@@ -305,8 +332,7 @@ class GatewayConfig(Spec):
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
-        names = [b.key for b in self.backends]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = duplicate_names(self.backends)
         if dup:
             raise ValueError(f"backends: duplicate name(s) {', '.join(dup)}; give each a distinct `name`")
         zmq = [b.key for b in self.backends if b.kv_events is not None]

@@ -115,7 +115,11 @@ class DispatchStage(RelayStage):
             payload = with_stream_options(payload, body, opts)
             body = {**body, "stream_options": {**(body.get("stream_options") or {}), **opts}}
         if pre is not None:
-            kv = await self._prefill(call, pre, headers, send, body)
+            try:
+                kv = await self._prefill(call, pre, headers, send, body)
+            except ClientGone:  # a prefill that ended as the client left holds KV no decode leg will take
+                self._free_kv(pre, {"remote_request_id": call.rid})
+                raise
             if kv is None:
                 return  # the prefill leg's client error was relayed
             payload = json.dumps({**body, "kv_transfer_params": kv}).encode()
@@ -130,16 +134,22 @@ class DispatchStage(RelayStage):
                 raise
             self._fault(pre, "handoff")  # the KV the prefill held is gone: try another pair
             raise Retry(pre, r.cause, r.detail) from None
+        except ClientGone:
+            if pre is not None:  # the client left while the decode leg was answering: its KV may wait unpulled
+                self._free_kv(pre, kv)
+            raise
         finally:
-            self.backends.handoff_ended(call.rid)
-        if pre is not None and call.refused:  # the decode side refused the hand-off (a 4xx relayed)
+            untaken = self.backends.handoff_ended(call.rid)
+        if pre is not None and (call.refused or (call.gone and untaken)):
+            # the decode side refused the hand-off (a 4xx relayed), or the client left before its first event
             self._free_kv(pre, kv)
         if broken is not None:
             await self._decode_failed(call, broken.backend, broken.kind, send, receive, broken.events)
 
     def _free_kv(self, pre: Backend, kv: dict[str, Any]) -> None:
         """Ask the prefill replica to free the KV it leased for a hand-off that will not happen (as
-        vLLM's NIXL connector frees on abort); best effort, in the background."""
+        vLLM's NIXL connector frees on abort); best effort, in the background. Without the prefill's
+        answer, `kv` names the request by the X-Request-Id sent (as `fleetwise emulate` names it)."""
         rid = kv.get("remote_request_id")
         if not isinstance(rid, str):
             return

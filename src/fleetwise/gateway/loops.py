@@ -20,7 +20,7 @@ from fleetwise.gateway.backends import Backend
 from fleetwise.gateway.call import (
     log,
 )
-from fleetwise.gateway.config import BackendSpec
+from fleetwise.gateway.config import BackendSpec, duplicate_names
 from fleetwise.gateway.kv_events import kv_source
 from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
 from fleetwise.gateway.scrape import parse_metrics
@@ -30,6 +30,15 @@ from fleetwise.gateway.upstream import FAULT_ERRORS
 from fleetwise.spec.base import read_document, validate
 
 __all__ = ["FleetLoops"]
+
+
+def _served_models(doc: Any) -> list[dict[str, Any]]:
+    """The model entries of a /v1/models answer (`{"data": [{"id": ...}, ...]}`); ValueError for
+    JSON of another shape."""
+    data = doc.get("data", []) if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        raise ValueError(f"/v1/models: expected {{\"data\": [...]}}, got {type(doc).__name__}")
+    return [m for m in data if isinstance(m, dict) and "id" in m]
 
 
 class FleetLoops(GatewayState):
@@ -101,7 +110,7 @@ class FleetLoops(GatewayState):
             if ok:
                 status, data = await self.upstream.get(b.spec.url + "/v1/models", self.cfg.scrape.timeout_s)
                 if status == 200:
-                    ms = [m for m in json.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
+                    ms = _served_models(json.loads(data))
                     self.discovered_models[b.name] = frozenset(str(m["id"]) for m in ms)
                     self.contexts[b.name] = {str(m["id"]): int(m["max_model_len"]) for m in ms
                                              if isinstance(m.get("max_model_len"), int)}
@@ -135,6 +144,7 @@ class FleetLoops(GatewayState):
         """Add or update a backend (config file, admin API); True when new. A new one is routable
         at once; its view is stale until its first scrape."""
         b, new = self.backends.upsert(spec)
+        self._sync_panic()
         if self.upstream.session is not None:
             if new:
                 asyncio.get_running_loop().create_task(self._first_look(b))
@@ -176,6 +186,7 @@ class FleetLoops(GatewayState):
             feed[1].cancel()
         if b is not None:
             self.policy.observe(WorkerDown(self.now(), name, "removed"))
+            self._sync_panic()
         return b is not None
 
     def reload_backends_file(self) -> None:
@@ -188,6 +199,9 @@ class FleetLoops(GatewayState):
             if not isinstance(items, list):
                 raise SpecError(f"{path}: expected a list of backends or {{backends: [...]}}")
             specs = [validate(BackendSpec, it, f"{path}: backends[{i}]", strict=True) for i, it in enumerate(items)]
+            dup = duplicate_names(specs)
+            if dup:
+                raise SpecError(f"{path}: duplicate backend name(s) {', '.join(dup)}; give each a distinct `name`")
         except (SpecError, OSError) as err:
             log.error("backends file not applied, keeping the previous fleet: %s", err)
             return

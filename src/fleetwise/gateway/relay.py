@@ -33,7 +33,7 @@ from fleetwise.gateway.migration import (
     relay_events,
 )
 from fleetwise.gateway.stall import first_token_bound_s, fleet_ttft_s, next_token_bound_s
-from fleetwise.gateway.upstream import FAULT_ERRORS, SseFramer, UpstreamResponse, fault_kind
+from fleetwise.gateway.upstream import FAULT_ERRORS, SseFramer, UpstreamBroken, UpstreamResponse, fault_kind
 
 __all__ = ["Broken", "RelayStage"]
 
@@ -143,6 +143,8 @@ class RelayStage(FleetLoops):
                 held = await self._send_first(call, b, first, held, send, t_first, t_send)
                 r.timeout_s = next_token_bound_s(b, self.cfg.stall, self.cfg.timeouts)
                 held = await self._pump(call, r, framer, held, send)
+                if not framer.finished() and not gone:  # ended well-formed, but before [DONE]: cut short
+                    raise UpstreamBroken("the backend ended the stream before data: [DONE]")
         except Retry:
             raise
         except FAULT_ERRORS as err:
@@ -225,6 +227,7 @@ class RelayStage(FleetLoops):
 
     async def _client_left(self, call: Call, b: Backend, delivered: int) -> None:
         """The client disconnected mid-stream: billed as cancelled with what it received (499)."""
+        call.gone = True
         await self._meter_end(call, "cancelled", "client_gone", delivered)
         self._release(call.rid, b.name, "client gone")
         self.telemetry.answered(call.endpoint, CLIENT_CLOSED_STATUS)

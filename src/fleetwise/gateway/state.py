@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 from fleetwise.core.feedback import Cancelled, WorkerDown, WorkerUp
 from fleetwise.core.views import FleetView, RoutingDecision
@@ -22,8 +22,9 @@ from fleetwise.gateway.backends import Backend, Backends, Decision
 from fleetwise.gateway.call import (
     Call,
     Send,
+    log,
 )
-from fleetwise.gateway.config import GatewayConfig
+from fleetwise.gateway.config import GatewayConfig, Role
 from fleetwise.gateway.idempotency import IdempotencyStore
 from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
 from fleetwise.gateway.limits import TenantLimiter
@@ -51,7 +52,7 @@ class GatewayState:
         self._clock = clock
         self._t0 = clock()
         self.policy = make_policy(cfg.routing, seed=cfg.seed)
-        self.backends = Backends(cfg.breaker, cfg.recent_decisions)
+        self.backends = Backends(cfg.breaker, cfg.recent_decisions, cfg.scrape.panic_threshold)
         for b in cfg.backends:
             self.backends.upsert(b)
         self.admin_token = admin_token if admin_token is not None else (
@@ -117,22 +118,49 @@ class GatewayState:
             self._health_verdict(b, False)
 
     def _health_verdict(self, b: Backend, ok: bool) -> None:
-        """One health observation: `health_failures` in a row take `b` out, one success brings it back."""
-        now = self.now()
+        """One health observation: `health_failures` in a row take `b` out, one success brings it back
+        (while its role is in a panic, `b` stays routable either way: `_sync_panic`)."""
+        role = b.spec.role
         if ok:
             b.health_failures = 0
             if not b.healthy:
                 b.healthy = True
                 b.breaker.success()
-                self.policy.observe(WorkerUp(now, b.name, b.spec.model_version))
-                feed = self.kv_feeds.get(b.name)
-                if feed is not None:  # WorkerUp emptied its prefix index: take the engine's contents again
-                    feed[0].resubscribe()
+                if role not in self.backends.panic:
+                    self._worker_up(b)
+                self._sync_panic(role)
         else:
             b.health_failures += 1
             if b.healthy and b.health_failures >= self.cfg.scrape.health_failures:
                 b.healthy = False
-                self.policy.observe(WorkerDown(now, b.name, "health check failed"))
+                if role not in self.backends.panic:
+                    self.policy.observe(WorkerDown(self.now(), b.name, "health check failed"))
+                self._sync_panic(role)
+
+    def _worker_up(self, b: Backend) -> None:
+        self.policy.observe(WorkerUp(self.now(), b.name, b.spec.model_version))
+        feed = self.kv_feeds.get(b.name)
+        if feed is not None:  # WorkerUp emptied its prefix index: take the engine's contents again
+            feed[0].resubscribe()
+
+    def _sync_panic(self, *roles: str) -> None:
+        """Enter or leave a panic for each of `roles` (all when none named): its backends down on
+        health checks alone go back to the policy while it lasts (never an empty fleet from health
+        verdicts alone, Envoy's panic threshold) and leave again when it ends."""
+        for role in roles or get_args(Role):
+            if not self.backends.update_panic(role):
+                continue
+            panic = role in self.backends.panic
+            down = [b for b in self.backends.live.values() if b.spec.role == role and not b.healthy]
+            log.warning("%s %s backends: %d of %d fail their health checks (panic_threshold %s)",
+                        "routing to all" if panic else "health verdicts apply again to", role, len(down),
+                        sum(b.spec.role == role for b in self.backends.live.values()),
+                        self.cfg.scrape.panic_threshold)
+            for b in down:
+                if panic:
+                    self._worker_up(b)
+                else:
+                    self.policy.observe(WorkerDown(self.now(), b.name, "health check failed"))
 
     def _release(self, rid: str, worker: str, why: str) -> None:
         """Release the policy's reservation for a request that ends without a verdict on the

@@ -80,7 +80,10 @@ def _origin(url: str) -> _Origin:
     u = urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ConnectFailed(f"not an http(s) URL: {url!r}")
-    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        port = u.port or (443 if u.scheme == "https" else 80)
+    except ValueError as err:  # a port out of range or not a number
+        raise ConnectFailed(f"bad port in {url!r}: {err}") from None
     target = (u.path or "/") + (f"?{u.query}" if u.query else "")
     host = u.netloc.rpartition("@")[2]  # never send credentials written into the URL as the Host
     return _Origin((u.scheme, u.hostname, port), target.encode("latin-1"), host.encode("idna"))
@@ -459,6 +462,10 @@ class SseFramer:
         self.events += out.count(b"data:")
         self.tail = out[-2048:]
         return out
+
+    def finished(self) -> bool:
+        """The stream's last event was `data: [DONE]` (an answer cut short ends without it)."""
+        return (self.tail + self.buf).rstrip().endswith(b"data: [DONE]")
 
     def _lf(self, chunk: bytes) -> bytes:
         """`chunk` with CRLF and CR line ends as LF; a CR ending the chunk waits in `buf` for the

@@ -25,8 +25,8 @@ def check_key(value: str) -> str:
     shown = value if len(value) <= 40 else value[:37] + "..."
     if not value or len(value) > MAX_KEY_CHARS:
         raise IdempotencyKeyError(
-            f"header {IDEMPOTENCY_HEADER}={shown!r} must be 1 to {MAX_KEY_CHARS} characters; send a shorter key "
-            "(a UUID is a good choice)")
+            f"header {IDEMPOTENCY_HEADER}={shown!r} must be 1 to {MAX_KEY_CHARS} characters; send "
+            f"{'a' if not value else 'a shorter'} key (a UUID is a good choice)")
     if any(not (0x21 <= ord(c) <= 0x7E) for c in value):
         raise IdempotencyKeyError(
             f"header {IDEMPOTENCY_HEADER}={shown!r} must be printable ASCII without spaces; use letters, digits "

@@ -18,13 +18,19 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from fleetwise.ledger.store import Outcome
-from fleetwise.ledger.usage import Status, Usage, WorkItem, WorkKind
+from fleetwise.ledger.usage import TOKEN_COUNT_LIMIT, Status, Usage, WorkItem, WorkKind
 
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
 """The last `"usage": {...}` object of an answer (one level of nesting: prompt_tokens_details)."""
+
+
+def _count(v: Any) -> int | None:
+    """A token count as a backend reports it; None for what no request can have (negative, above
+    `TOKEN_COUNT_LIMIT`, not an integer), so a buggy backend's count never reaches the ledger."""
+    return v if type(v) is int and 0 <= v <= TOKEN_COUNT_LIMIT else None
 
 
 class UsageSink(Protocol):
@@ -80,15 +86,17 @@ class Meter:
             return False
         if not isinstance(u, dict):
             return False
-        if isinstance(u.get("prompt_tokens"), int):
-            self.prompt_tokens = max(0, u["prompt_tokens"])
+        prompt, done = _count(u.get("prompt_tokens")), _count(u.get("completion_tokens"))
+        if prompt is not None:
+            self.prompt_tokens = prompt
         details = u.get("prompt_tokens_details")
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            self.cached_tokens = max(0, min(details["cached_tokens"], self.prompt_tokens))
-        if isinstance(u.get("completion_tokens"), int):
-            self.delivered_tokens = max(0, u["completion_tokens"])
-        self.usage_seen = True
-        return True
+        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        if cached is not None:
+            self.cached_tokens = min(cached, self.prompt_tokens)
+        if done is not None:
+            self.delivered_tokens = done
+        self.usage_seen = self.usage_seen or prompt is not None or done is not None
+        return prompt is not None or done is not None
 
     def usage(self, status: Status, reason: str, ended_at: float) -> Usage:
         """The record `end` writes (decode work = the tokens delivered)."""
@@ -97,9 +105,10 @@ class Meter:
             last = self.work[-1]
             work.append(WorkItem("decode", "first" if len(self.work) == 1 else last.reason, self.decode_pool,
                                  self.decode_backend, self.delivered_tokens, 0.0))
+        prompt = min(max(0, self.prompt_tokens), TOKEN_COUNT_LIMIT)  # never a record the ledger refuses
         return Usage(self.idempotency_key, self.request_id, self.tenant, self.model, self.prefill_pool,
-                     self.decode_pool, status, reason, self.prompt_tokens, min(self.cached_tokens, self.prompt_tokens),
-                     self.delivered_tokens, self.started_at, ended_at, tuple(work))
+                     self.decode_pool, status, reason, prompt, min(max(0, self.cached_tokens), prompt),
+                     min(max(0, self.delivered_tokens), TOKEN_COUNT_LIMIT), self.started_at, ended_at, tuple(work))
 
     async def end(self, status: Status, reason: str, ended_at: float) -> Outcome | None:
         """Write the usage record (once; a later call returns the first outcome)."""

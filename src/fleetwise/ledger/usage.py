@@ -16,6 +16,11 @@ Status = Literal["completed", "cancelled", "failed"]
 `failed` (a server-side error ended it)."""
 STATUSES: tuple[Status, ...] = ("completed", "cancelled", "failed")
 
+TOKEN_COUNT_LIMIT = 2**31 - 1
+"""Most tokens a live request's record counts (`ledger.meter`): PostgreSQL's INTEGER range. No
+model's context comes near it, and the ledger's BIGINT columns still hold sums over 2^32 such
+records. (A `Usage` may hold larger sums: the simulator bills whole runs as one.)"""
+
 WorkKind = Literal["prefill", "reprefill", "migration", "decode"]
 """A piece of work done for a request: the first prefill, a re-prefill after a lost prefill /
 KV hand-off, a migration's prefill of prompt + generated tokens, and decoding."""

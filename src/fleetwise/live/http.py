@@ -19,7 +19,8 @@ connection is just closed), a deadline for the body after its head (`body_timeou
 Content-Length larger than the body, or chunks that stop), limits on header lines and head
 bytes (431), and the body limit enforced while reading (413 on a Content-Length over the limit
 before any of the body is read, or as soon as a chunked body passes it): nothing over the limit
-is buffered. Refusals carry an OpenAI-style error body and close the connection.
+is buffered. Refusals carry an OpenAI-style error body and close the connection. A client that
+stops reading a response is dropped once its writes stayed blocked `SEND_TIMEOUT_S`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ the answer and a half-close, so the answer is not lost to a reset (nginx's linge
 its `lingering_timeout` is 5 s)."""
 
 
+SEND_TIMEOUT_S = 60.0
+"""Longest a response may stay blocked on a client that reads nothing (nginx's `send_timeout`
+default): the connection is then dropped, so a client that stops reading cannot hold a request,
+and the backend's work for it, forever."""
+
+
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request that was answered and closed."""
 
@@ -63,6 +70,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     limits: HttpLimitsSpec = HttpLimitsSpec()
     max_body_bytes: int = 4 * 1024 * 1024
+    send_timeout_s: float = SEND_TIMEOUT_S
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -72,6 +80,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._in_body = False
         self._head_bytes = self._headers = self._body_bytes = 0
         self._refused = False
+        self._send_timer: asyncio.TimerHandle | None = None
+        """Armed while writing is paused (the client's window is full): `send_timeout_s`."""
 
     # ---- deadlines -----------------------------------------------------------------------------
     def _arm(self, seconds: float, status: int, why: str) -> None:
@@ -97,7 +107,28 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_send_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout_s, self._send_expired)
+
+    def resume_writing(self) -> None:
+        self._stop_send_timer()
+        super().resume_writing()
+
+    def _stop_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_expired(self) -> None:
+        """The client read nothing for `send_timeout_s`: drop it (the app hears a disconnect)."""
+        self._send_timer = None
+        LOG.info("client read nothing for %.0f s: connection dropped", self.send_timeout_s)
+        self.transport.abort()
 
     # ---- refusing ------------------------------------------------------------------------------
     def _refuse(self, status: int, message: str) -> None:

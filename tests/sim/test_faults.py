@@ -135,6 +135,17 @@ def test_stale_view_freezes_the_router_view(monkeypatch, delay_s):
     assert max(fresh) <= delay_s + 1e-9
 
 
+@pytest.mark.parametrize("delay_s", [0.0, 0.25], ids=["exact", "delayed"])
+@pytest.mark.parametrize("plan", [mixed_plan, pd_plan], ids=["mixed", "pd"])
+def test_stale_view_from_before_the_first_request_keeps_the_fleet_it_started_with(plan, delay_s):
+    reqs = [Request(str(i), 0.5 + i * 0.1, 1024, 64) for i in range(40)]
+    res = simulate(plan(), reqs, FaultScenario(faults=[{"kind": "stale_view", "start_s": 0.0, "end_s": 100.0}]),
+                   SimOptions(seed=3, feedback_delay_s=delay_s))
+    s = res.summary
+    assert (s["requests_completed"], s["requests_failed"]) == (40, 0), s["failure_reasons"]
+    assert "" not in s["router"]["slowness"]
+
+
 def test_rolling_upgrade_drains_one_replica_at_a_time_and_changes_the_version():
     res, s = run(mixed_plan(), [{"kind": "rolling_upgrade", "pool": "m", "start_s": 3.0,
                                  "new_model_version": "v2", "restart_after_s": 1.0}])

@@ -48,8 +48,9 @@ class FaultTarget(Protocol):
         """Replica index `replica` starts (True) or stops refusing new requests (a decode replica: new KV)."""
         ...
 
-    def freeze_view(self, frozen: bool) -> None:
-        """The router keeps its current fleet view (True) or refreshes it again."""
+    def freeze_view(self, frozen: bool, now_s: float) -> None:
+        """The router keeps its current fleet view (True; the fleet at `now_s` when it has none yet)
+        or refreshes it again."""
         ...
 
 

@@ -179,7 +179,7 @@ class StaleViewKind(Interval):
 
     def apply(self, inj: FaultHost, now_s: float, k: int, fault: StaleView, ev: FaultEvent) -> None:
         """Freeze (start) or thaw (end) the router's view."""
-        inj.sim.freeze_view(ev.phase == "start")
+        inj.sim.freeze_view(ev.phase == "start", now_s)
         inj.note(now_s, k, ev.phase)
 
 

@@ -201,8 +201,12 @@ class Simulation:
         """Replica index `replica` starts (True) or stops refusing new requests (a decode replica: new KV)."""
         self.recovery.refuse(replica, refusing)
 
-    def freeze_view(self, frozen: bool) -> None:
-        """The router keeps its current fleet view (True) or refreshes it again."""
+    def freeze_view(self, frozen: bool, now_s: float) -> None:
+        """The router keeps its current fleet view (True) or refreshes it again. A stall before the
+        first routing decision keeps the fleet as it is at `now_s`: a router knows its replicas
+        before its control plane stalls (an empty view would reject every request)."""
+        if frozen and not self.view:
+            self._refresh_view(now_s)
         self.view_frozen = frozen
 
     # ---- arrivals and routing --------------------------------------------------------------------

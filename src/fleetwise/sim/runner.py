@@ -139,6 +139,9 @@ class Simulation:
         self.reps = self.fleet.replicas
         self.policy = opts.policy if opts.policy is not None else make_policy(plan.routing, seed=opts.seed)
         self.delay = opts.feedback_delay_s
+        safe = getattr(self.policy, "safe", None)  # an unchanged replica's view is as fresh as its refresh
+        for r in self.reps:
+            r.view_max_age_s = safe.spec.stale_after_s if safe is not None else math.inf
         if getattr(self.policy, "wants_kv_events", False):
             for r in self.reps:
                 r.engine.enable_kv_events()

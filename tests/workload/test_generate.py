@@ -255,6 +255,15 @@ def test_trace_arrival_with_trace_lengths(tmp_path: Path) -> None:
     assert {r.tenant for r in reqs} == {"a"}
 
 
+def test_trace_arrival_with_synthetic_lengths_and_no_bound_replays_every_row(tmp_path: Path) -> None:
+    spec = make_spec(arrival={"kind": "trace", "path": str(_mooncake(tmp_path)), "max_requests": 7},
+                     num_requests=None)
+    reqs = generate(spec, 0)
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs] == [(1.0 * i, 700, 50) for i in range(7)]
+    more = generate(make_spec(arrival={"kind": "trace", "path": str(_mooncake(tmp_path))}, num_requests=50), 0)
+    assert len(more) == 10  # num_requests beyond the trace's rows: every row
+
+
 def test_trace_arrival_with_synthetic_lengths_and_duration(tmp_path: Path) -> None:
     spec = make_spec(arrival={"kind": "trace", "path": str(_mooncake(tmp_path)), "rate_rps": 2.0},
                      num_requests=None, duration_s=3.0, prefix={"system_prompts": {"tokens": 512}})

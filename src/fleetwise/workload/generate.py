@@ -226,7 +226,7 @@ def _bound(spec: WorkloadSpec, t: _Turns, horizon_s: float, complete: bool) -> _
     order = np.argsort(t.arrival_s, kind="stable")
     t = _take(t, order)
     covered = len(t.arrival_s) if complete else int(np.searchsorted(t.arrival_s, horizon_s, side="right"))
-    enough = False
+    enough = complete  # every session drawn (a trace's rows): what there is, even with no bound or fewer
     if spec.duration_s is not None:
         inside = int(np.searchsorted(t.arrival_s, spec.duration_s, side="left"))
         enough = complete or horizon_s >= spec.duration_s

@@ -38,6 +38,43 @@ def test_fit_recovers_a_factor_the_model_produced(doc, pool):
     assert lo < TRUE_FACTOR < hi
 
 
+GOOD_POOL = {"pool": "mixed", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "step_time_factor": 1.3,
+             "ci95": [1.2, 1.4], "requests": 100}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"requests": 0}, r"m.json: pools.0.requests: must be greater than 0, got 0"),
+    ({"requests": -5}, r"m.json: pools.0.requests: must be greater than 0, got -5"),
+    ({"requests": "many"}, r"m.json: pools.0.requests: expected a number, got 'many'"),
+    ({"requests": None}, r"m.json: pools.0.requests: expected a number, got None"),
+    ({"step_time_factor": "abc"}, r"m.json: pools.0.step_time_factor: expected a number, got 'abc'"),
+    ({"step_time_factor": 0}, r"m.json: pools.0.step_time_factor: must be greater than 0, got 0"),
+    ({"step_time_factor": 1e300}, r"m.json: pools.0.step_time_factor: must be at most 1000, got 1e\+300"),
+    ({"ci95": [1.2]}, r"m.json: pools.0.ci95: expected \[low, high\] around step_time_factor 1.3, got list of 1 \[1.2\]"),
+    ({"ci95": "x"}, r"m.json: pools.0.ci95: expected \[low, high\] around step_time_factor 1.3, got 'x'"),
+    ({"ci95": [1.4, 1.2]}, r"m.json: pools.0.ci95: expected \[low, high\] around step_time_factor 1.3, got list of 2 \[1.4, 1.2\]"),
+    ({"ci95": [0.1, 0.2]}, r"m.json: pools.0.ci95: expected \[low, high\] around step_time_factor 1.3, got list of 2 \[0.1, 0.2\]"),
+    ({"ci95": [1.2, "x"]}, r"m.json: pools.0.ci95.1: expected a number, got 'x'"),
+])
+def test_a_measured_document_with_a_nonsensical_figure_names_the_field(change, message):
+    doc = {"schema": MEASURED_SCHEMA, "pools": [{**GOOD_POOL, **change}]}
+    with pytest.raises(SpecError, match=message):
+        load_measured(doc, "m.json", "llama-3.1-8b")
+
+
+def test_a_measured_document_that_measures_nothing_the_spec_plans_on_is_refused():
+    with pytest.raises(SpecError, match=r"m.json: pools: empty; nothing was measured"):
+        load_measured({"schema": MEASURED_SCHEMA, "pools": []}, "m.json", "llama-3.1-8b")
+    with pytest.raises(SpecError, match=r"m.json: pools: empty; nothing was measured"):
+        load_measured({"schema": MEASURED_SCHEMA}, "m.json", "llama-3.1-8b")
+    doc = {"schema": MEASURED_SCHEMA, "pools": [GOOD_POOL]}
+    with pytest.raises(SpecError, match=r"m.json: measured on h100-sxm, but the spec plans on h200-sxm, mi300x; "
+                                        r"the measurement would change nothing"):
+        load_measured(doc, "m.json", "llama-3.1-8b", ["h200-sxm", "mi300x"])
+    (m,) = load_measured(doc, "m.json", "llama-3.1-8b", ["h100-sxm", "h200-sxm"])
+    assert m.step_time_factor == 1.3
+
+
 def test_measured_document_of_another_model_is_refused():
     doc = {"schema": MEASURED_SCHEMA, "pools": [{"pool": "mixed", "accelerator": "h100-sxm", "model": "llama-3.1-8b",
                                                  "step_time_factor": 1.3, "ci95": [1.2, 1.4], "requests": 100}]}

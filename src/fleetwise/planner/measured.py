@@ -13,12 +13,14 @@ routing policy every simulation used).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleetwise.errors import SpecError
+from fleetwise.errors import SpecError, quote
 from fleetwise.planner.simulate import simulated_policy
+from fleetwise.spec.inputs import finite
+from fleetwise.spec.limits import MAX_FACTOR
 from fleetwise.spec.planning import MeasuredService
 
 if TYPE_CHECKING:
@@ -259,29 +261,52 @@ def fit_document(plan: PlanSpec, by_pool: dict[str, list[ReplicaMetrics]], seed:
     return {"schema": MEASURED_SCHEMA, "fleet": plan.name, "pools": pools}
 
 
-def load_measured(doc: Any, where: str, model: str) -> list[MeasuredService]:
+def _measured_pool(p: Any, at: str) -> tuple[str, float, float, tuple[float, float]]:
+    """(accelerator, requests, step-time factor, 95% interval) of one measured pool; SpecError
+    naming the field of a missing, non-numeric or nonsensical figure."""
+    if not isinstance(p, dict) or not {"accelerator", "model", "step_time_factor", "ci95", "requests"} <= set(p):
+        raise SpecError(f"{at}: needs accelerator, model, step_time_factor, ci95 and requests")
+    n = finite(p["requests"], f"{at}.requests", strictly_positive=True)
+    f = finite(p["step_time_factor"], f"{at}.step_time_factor", strictly_positive=True, maximum=MAX_FACTOR)
+    ci = p["ci95"]
+    if isinstance(ci, list) and len(ci) == 2:
+        lo, hi = (finite(x, f"{at}.ci95.{k}", minimum=0.0) for k, x in enumerate(ci))
+        if lo <= f <= hi:
+            return str(p["accelerator"]), n, f, (lo, hi)
+    raise SpecError(f"{at}.ci95: expected [low, high] around step_time_factor {f:g}, got {quote(ci)}; "
+                    "write it with `fleetwise calibrate --from-metrics`")
+
+
+def load_measured(doc: Any, where: str, model: str, accelerators: Sequence[str] | None = None) -> list[MeasuredService]:
     """The step-time factors of a `fleetwise-measured/1` document, one per accelerator (replicas
-    on one card pooled, weighted by requests); SpecError naming the field of a bad document or of
-    a measurement of another model than `model` (the factor corrects one model on one card)."""
+    on one card pooled, weighted by requests); SpecError naming the field of a bad document, of
+    a measurement of another model than `model` (the factor corrects one model on one card), or
+    of one on none of `accelerators` (the spec's cards: it would change nothing)."""
     if not isinstance(doc, dict) or doc.get("schema") != MEASURED_SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise SpecError(f"{where}: schema: {got!r} is not {MEASURED_SCHEMA}; write it with "
                         "`fleetwise calibrate --from-metrics ... --plan FLEET -o FILE`")
-    acc: dict[str, list[dict[str, Any]]] = {}
-    for i, p in enumerate(doc.get("pools") or []):
-        if not isinstance(p, dict) or not {"accelerator", "model", "step_time_factor", "ci95", "requests"} <= set(p):
-            raise SpecError(f"{where}: pools.{i}: needs accelerator, model, step_time_factor, ci95 and requests")
+    pools = doc.get("pools")
+    if pools is None or pools == []:
+        raise SpecError(f"{where}: pools: empty; nothing was measured; write it with "
+                        "`fleetwise calibrate --from-metrics ... --plan FLEET -o FILE`")
+    acc: dict[str, list[tuple[str, float, float, tuple[float, float]]]] = {}
+    for i, p in enumerate(pools if isinstance(pools, list) else [pools]):
+        gpu, n, f, ci = _measured_pool(p, f"{where}: pools.{i}")
         if p["model"] != model:
             raise SpecError(f"{where}: pools.{i}.model: measured on {p['model']!r}, but the spec plans {model!r}; "
                             "measure a fleet of this model")
-        acc.setdefault(str(p["accelerator"]), []).append(p)
+        acc.setdefault(gpu, []).append((str(p.get("pool", "?")), n, f, ci))
+    if accelerators is not None and not set(acc) & set(accelerators):
+        raise SpecError(f"{where}: measured on {', '.join(acc)}, but the spec plans on {', '.join(accelerators)}; "
+                        "the measurement would change nothing: measure a fleet on one of them or add its card")
     out = []
     for gpu, ps in acc.items():
-        n = sum(float(p["requests"]) for p in ps)
-        f = sum(float(p["step_time_factor"]) * float(p["requests"]) for p in ps) / n
-        lo = min(float(p["ci95"][0]) for p in ps)
-        hi = max(float(p["ci95"][1]) for p in ps)
-        src = f"{where}: {', '.join(p.get('pool', '?') for p in ps)}, {n:g} requests"
+        n = sum(q[1] for q in ps)
+        f = sum(q[2] * q[1] for q in ps) / n
+        lo = min(q[3][0] for q in ps)
+        hi = max(q[3][1] for q in ps)
+        src = f"{where}: {', '.join(q[0] for q in ps)}, {n:g} requests"
         out.append(MeasuredService(accelerator=gpu, step_time_factor=f, ci95=(lo, hi), source=src))
     return out
 

@@ -75,7 +75,16 @@ class ReplicaMetrics:
     """Seconds between the two scrapes whose difference this is (None: totals since start)."""
 
     def minus(self, earlier: ReplicaMetrics, span_s: float) -> ReplicaMetrics:
-        """The growth since an `earlier` scrape of the same replica, `span_s` seconds before."""
+        """The growth since an `earlier` scrape of the same replica, `span_s` seconds before;
+        SpecError naming a counter that fell (the replica restarted in between)."""
+        pairs = [(COUNTERS[k] + "_total", earlier.counters.get(k, 0.0), v) for k, v in self.counters.items()]
+        for k, h in self.histograms.items():
+            e = earlier.histograms.get(k, Histo())
+            pairs += [(HISTOGRAMS[k] + "_count", e.count, h.count), (HISTOGRAMS[k] + "_sum", e.total, h.total)]
+        for name, a, b in pairs:
+            if b < a:
+                raise SpecError(f"{self.source}: {name} fell from {a:g} to {b:g} between the two scrapes (the replica "
+                                "restarted?); measure again over a span without a restart")
         return ReplicaMetrics(self.source, {k: v - earlier.counters.get(k, 0.0) for k, v in self.counters.items()},
                               {k: h.minus(earlier.histograms.get(k, Histo())) for k, h in self.histograms.items()},
                               span_s)
@@ -103,6 +112,8 @@ def parse_metrics(text: str, source: str) -> ReplicaMetrics:
         raise SpecError(f"{source}: not Prometheus text format ({first}); give a /metrics URL or a saved dump") from None
     for fam in families:
         counter = by_counter.get(fam.name) or by_counter.get(fam.name.removesuffix("_total"))
+        if counter is not None or fam.name in by_histo:
+            _check_values(fam.samples, source)
         if counter is not None:  # `# TYPE x counter` or `# TYPE x_total counter`: the samples are x_total
             total = sum(s.value for s in fam.samples if s.name.endswith("_total"))
             out.counters[counter] = out.counters.get(counter, 0.0) + total
@@ -120,6 +131,14 @@ def parse_metrics(text: str, source: str) -> ReplicaMetrics:
         raise SpecError(f"{source}: no vLLM request metrics (vllm:request_success, vllm:request_prefill_time_seconds);"
                         " point at a vLLM or `fleetwise emulate` /metrics")
     return out
+
+
+def _check_values(samples: Iterable[Any], source: str) -> None:
+    """SpecError naming the first sample of a counter or histogram that is not a finite count >= 0."""
+    for x in samples:
+        if not (math.isfinite(x.value) and x.value >= 0):
+            raise SpecError(f"{source}: {x.name} is {x.value:g}; counters and histograms are finite and never "
+                            "negative: check the metrics come from a vLLM or `fleetwise emulate` replica")
 
 
 @dataclass(frozen=True)
@@ -149,8 +168,9 @@ class ServiceRates:
         return 1.0 / self.decode_s_per_token if self.decode_s_per_token > 0 else 0.0
 
 
-def service_rates(replicas: Iterable[ReplicaMetrics]) -> ServiceRates:
-    """The pooled service rates of replicas of one pool."""
+def service_rates(replicas: Iterable[ReplicaMetrics], role: str = "mixed") -> ServiceRates:
+    """The pooled service rates of replicas of one pool of `role`; SpecError when the prefill
+    (not a decode pool) or decode time (not a prefill pool) the fit reads is missing or zero."""
     reps = list(replicas)
     n = sum(r.counter("requests") for r in reps)
     if n < MIN_REQUESTS:
@@ -161,6 +181,14 @@ def service_rates(replicas: Iterable[ReplicaMetrics]) -> ServiceRates:
     gen = sum(r.counter("generation_tokens") for r in reps)
     spans = [r.span_s for r in reps]
     rate = None if any(s is None for s in spans) else n / sum(s for s in spans if s is not None)
+    where = ", ".join(r.source for r in reps)
+    if role != "decode" and not (pre.count > 0 and pre.total > 0):
+        raise SpecError(f"{where}: {HISTOGRAMS['prefill']} records {pre.total:g} s over {pre.count:g} requests; a "
+                        f"{role} pool's fit needs its prefill time: check the metrics come from this fleet's replicas")
+    if role != "prefill" and not (gen > n and dec.total > 0):
+        raise SpecError(f"{where}: {HISTOGRAMS['decode']} records {dec.total:g} s over {max(gen - n, 0):,g} decode "
+                        f"tokens; a {role} pool's fit needs its decode time: check the metrics come from this fleet's "
+                        "replicas")
     return ServiceRates(n, sum(r.counter("prompt_tokens") for r in reps) / n, gen / n, pre.total / max(pre.count, 1),
                         dec.total / max(gen - n, 1.0), rate)
 
@@ -247,7 +275,7 @@ def fit_document(plan: PlanSpec, by_pool: dict[str, list[ReplicaMetrics]], seed:
     pools = []
     for name, reps in by_pool.items():
         pool = next(p for p in plan.pools if p.name == name)
-        rates = service_rates(reps)
+        rates = service_rates(reps, pool.role)
         factor, lo, hi = fit_factor(plan, name, rates, seed)
         pools.append({"pool": name, "role": pool.role, "accelerator": pool.accelerator, "model": pool.model,
                       "replicas_measured": len(reps), "requests": rates.requests,

@@ -210,3 +210,19 @@ def test_every_fault_kind_of_the_spec_is_registered_and_faults_never_import_the_
         tree = ast.parse((src / name).read_text(encoding="utf-8"))
         mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert "fleetwise.sim.runner" not in mods, name
+
+
+def test_overlapping_hangs_nest_and_a_restart_ends_them():
+    reqs = [Request("0", 0.5, 512, 1000)]
+
+    def e2e(faults):
+        return run(mixed_plan(replicas=1), faults, reqs)[1]["e2e_s"]["p50"]
+
+    def hang(a, b):
+        return {"kind": "hang", "replica": "m-0", "start_s": a, "end_s": b}
+
+    alone = e2e([hang(1.0, 6.0)])
+    assert e2e([hang(1.0, 3.0), hang(2.0, 6.0)]) == alone  # stalled from 1 s until the last one ends
+    assert e2e([hang(1.0, 6.0), hang(2.0, 3.0)]) == alone
+    crash = {"kind": "crash", "replica": "m-0", "at_s": 2.0, "restart_after_s": 1.0}
+    assert e2e([hang(1.0, 6.0), hang(1.5, 8.0), crash]) == e2e([crash])  # the restart ends both

@@ -46,6 +46,7 @@ def restart(inj: FaultHost, rep: Replica, now_s: float, k: int, version: str | N
         rep.model_version = version
     rep.state = UP
     rep.stalled = False  # a new process: a hang does not survive the restart
+    rep.hangs.clear()
     rep.view_cache = None
     inj.note(now_s, k, "restart", rep.name)
     inj.sim.feedback(WorkerUp(now_s, rep.name, rep.model_version))
@@ -161,9 +162,14 @@ class HangKind(Interval):
         inj.boundary(fault.start_s)
 
     def apply(self, inj: FaultHost, now_s: float, k: int, fault: Hang, ev: FaultEvent) -> None:
-        """Stall the replica's steps (start) or let it step again (end)."""
+        """Stall the replica's steps (start) or let it step again (the end of the last one in force:
+        overlapping hangs nest)."""
         rep = inj.rep(fault.replica)
-        rep.stalled = ev.phase == "start"
+        if ev.phase == "start":
+            rep.hangs.add(k)
+        else:
+            rep.hangs.discard(k)
+        rep.stalled = bool(rep.hangs)
         if not rep.stalled:
             rep.kick(now_s)
         inj.note(now_s, k, ev.phase, rep.name)

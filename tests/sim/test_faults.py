@@ -226,3 +226,17 @@ def test_overlapping_hangs_nest_and_a_restart_ends_them():
     assert e2e([hang(1.0, 6.0), hang(2.0, 3.0)]) == alone
     crash = {"kind": "crash", "replica": "m-0", "at_s": 2.0, "restart_after_s": 1.0}
     assert e2e([hang(1.0, 6.0), hang(1.5, 8.0), crash]) == e2e([crash])  # the restart ends both
+
+
+def test_overlapping_kv_link_faults_compose_until_each_ends():
+    plan = pd_plan(failure_domains=NO_RECOVERY)
+
+    def link(a, b, factor, replica=None):
+        return {"kind": "kv_link", "replica": replica, "start_s": a, "end_s": b, "bandwidth_factor": factor}
+
+    _, down = run(plan, [link(2.0, 10.0, 0.0)])
+    assert down["failure_reasons"] == {"kv_transfer_failed": down["requests_failed"]} and down["requests_failed"] > 50
+    for inner in (link(3.0, 5.0, 0.5), link(3.0, 5.0, 0.5, "p-0"), link(3.0, 5.0, 0.0, "d-1")):
+        _, s = run(plan, [link(2.0, 10.0, 0.0), inner])
+        assert s["failure_reasons"] == down["failure_reasons"], inner  # still down from 5 to 10 s
+

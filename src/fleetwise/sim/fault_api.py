@@ -62,6 +62,8 @@ class FaultHost(Protocol):
     faults: list[Any]
     upgrade: dict[int, list[int]]
     """Rolling upgrade fault -> replica indices still to upgrade."""
+    kv_links: dict[int, dict[int, float]]
+    """KV port -> {kv_link fault in force: its bandwidth factor} (overlapping faults compose)."""
 
     def push(self, t_s: float, k: int, phase: str, target: int = -1) -> None:
         """Schedule phase `phase` of fault `k` at `t_s` (on replica index `target`)."""

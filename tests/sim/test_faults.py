@@ -240,3 +240,11 @@ def test_overlapping_kv_link_faults_compose_until_each_ends():
         _, s = run(plan, [link(2.0, 10.0, 0.0), inner])
         assert s["failure_reasons"] == down["failure_reasons"], inner  # still down from 5 to 10 s
 
+
+def test_overlapping_stale_views_keep_the_view_frozen_until_the_last_one_ends(monkeypatch):
+    spy = SpyPolicy()
+    monkeypatch.setattr(runner, "make_policy", lambda spec, seed=0: spy)
+    faults = [{"kind": "stale_view", "start_s": 1.0, "end_s": 3.0}, {"kind": "stale_view", "start_s": 1.5, "end_s": 2.0}]
+    simulate(mixed_plan(), make_requests(40), FaultScenario(faults=faults), SimOptions(seed=3))
+    frozen = [seen for now, seen in spy.seen if 1.0 <= now < 3.0]
+    assert frozen and all(seen < 1.0 for seen in frozen), "views taken before the first stall, none until the last ends"

@@ -49,8 +49,8 @@ class FaultTarget(Protocol):
         ...
 
     def freeze_view(self, frozen: bool, now_s: float) -> None:
-        """The router keeps its current fleet view (True; the fleet at `now_s` when it has none yet)
-        or refreshes it again."""
+        """One more stall keeps the router's current fleet view (True; the fleet at `now_s` when it
+        has none yet), or one fewer (False): it refreshes again when none is left."""
         ...
 
 

@@ -166,6 +166,7 @@ class Simulation:
         self.next_tick_s = math.inf
         self.view: tuple[Any, ...] = ()
         self.view_frozen = False
+        self.stalls = 0  # `stale_view` faults in force: the view refreshes again when the last one ends
         self.fb_buffer: list[Feedback] = []
         self.itl_gaps: list[float] = []
         self.itl_counts: list[int] = []
@@ -205,12 +206,13 @@ class Simulation:
         self.recovery.refuse(replica, refusing)
 
     def freeze_view(self, frozen: bool, now_s: float) -> None:
-        """The router keeps its current fleet view (True) or refreshes it again. A stall before the
-        first routing decision keeps the fleet as it is at `now_s`: a router knows its replicas
-        before its control plane stalls (an empty view would reject every request)."""
+        """One more stall keeps the router's fleet view (True), one fewer (False): it refreshes when
+        none is left. A stall before the first decision keeps the fleet as it is at `now_s` (a
+        router knows its replicas before its control plane stalls; an empty view rejects all)."""
         if frozen and not self.view:
             self._refresh_view(now_s)
-        self.view_frozen = frozen
+        self.stalls += 1 if frozen else -1
+        self.view_frozen = self.stalls > 0
 
     # ---- arrivals and routing --------------------------------------------------------------------
     def start(self) -> None:

@@ -81,6 +81,14 @@ def test_azure_unsorted_rows_and_utc_offset(tmp_path: Path) -> None:
     assert [(r.arrival_s, r.prompt_tokens) for r in reqs] == [(0.0, 1), (2.5, 2)]
 
 
+def test_timestamps_with_different_utc_offsets_are_the_instants_they_name(tmp_path: Path) -> None:
+    # a local-time log across a daylight-saving change: 01:59:59+01:00 and 03:00:01+02:00 are 2 s apart
+    text = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-03-31 01:59:59.0000000+01:00,1,1\n"
+            "2024-03-31 03:00:01.0000000+02:00,2,3\n2024-03-31T01:00:00Z,3,3\n2024-03-30 19:00:03-05:00,4,4\n")
+    reqs = load_trace(_put(tmp_path, "a.csv", text))
+    assert [(r.arrival_s, r.prompt_tokens) for r in reqs] == [(0.0, 4), (3596.0, 1), (3597.0, 3), (3598.0, 2)]
+
+
 def test_mooncake_fields_and_hash_ids(tmp_path: Path) -> None:
     reqs = load_trace(_mooncake(tmp_path))
     assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.block_hashes) for r in reqs] == [

@@ -267,3 +267,8 @@ def test_real_length_stats_match_published_percentiles(name: str, count: int, in
     s = trace_stats(load_trace(_real(name), rate_rps=5.0, seed=1))
     assert s.count == count and (s.input_p50, s.input_p90) == inp
     assert (s.output_p50, s.output_p90, s.output_p99)[: len(out)] == out
+
+
+def test_load_trace_refuses_a_rate_that_spreads_it_over_more_than_a_year(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"^arrival: the 3 requests span 2e\+09 s, more than a run may"):
+        load_trace(_mooncake(tmp_path), rate_rps=1e-9)

@@ -171,6 +171,16 @@ def to_requests(table: TraceTable, tenants: list[str] | None = None) -> list[Req
                         tenants or ["default"] * n))
 
 
+def check_run_span(reqs: list[Request]) -> list[Request]:
+    """`reqs` (sorted by arrival, from 0); SpecError when they span more than `MAX_DURATION_S`:
+    each gap is bounded, not their sum (a rate of 1e-9 req/s, a trace stretched 1000x)."""
+    if reqs and reqs[-1].arrival_s > MAX_DURATION_S:
+        raise SpecError(f"arrival: the {len(reqs)} requests span {reqs[-1].arrival_s:.3g} s, more than a run may "
+                        f"({MAX_DURATION_S:.3g} s, one year); raise the rate (arrival.rate_rps, --rate) or lower the "
+                        "time scale (time_scale, --arrival-stretch), or keep fewer requests")
+    return reqs
+
+
 def load_trace(
     path: str | Path,
     format: str | None = None,
@@ -184,7 +194,7 @@ def load_trace(
     """Load a trace as `Request`s sorted by arrival, arrivals starting at 0 (see `replay_arrivals`)."""
     table = replay_arrivals(read_trace(path, format, columns), time_scale=time_scale, rate_rps=rate_rps,
                             start_s=start_s, max_requests=max_requests, seed=seed)
-    return to_requests(table)
+    return check_run_span(to_requests(table))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -272,3 +272,13 @@ def test_real_length_stats_match_published_percentiles(name: str, count: int, in
 def test_load_trace_refuses_a_rate_that_spreads_it_over_more_than_a_year(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"^arrival: the 3 requests span 2e\+09 s, more than a run may"):
         load_trace(_mooncake(tmp_path), rate_rps=1e-9)
+
+
+def test_a_gzip_compressed_trace_is_named_as_such_with_the_fix(tmp_path: Path) -> None:
+    import gzip
+
+    p = tmp_path / "t.csv.gz"
+    p.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.0,1,1\n"))
+    with pytest.raises(SpecError, match=rf"^{p}: gzip-compressed; a trace is UTF-8 text \(CSV or JSONL\): "
+                                        rf"decompress it first \(gunzip {p}\)$"):
+        load_trace(p)

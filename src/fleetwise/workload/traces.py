@@ -34,6 +34,10 @@ from fleetwise.workload.parse import TraceTable, check_path, header_names
 if TYPE_CHECKING:
     from fleetwise.spec.workload import TraceColumns
 
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of a gzip file (RFC 1952, section 2.3.1)."""
+
+
 def detect_format(path: str | Path) -> str:
     """The first registered format whose needed columns the file's header has; SpecError naming what it found."""
     p = check_path(path)
@@ -61,6 +65,10 @@ def read_trace(path: str | Path, format: str | None = None, columns: TraceColumn
         else:
             table = (reader or TRACE_FORMATS[detect_format(p)].read)(p)
     except UnicodeDecodeError as err:
+        with p.open("rb") as f:
+            if f.read(2) == GZIP_MAGIC:
+                raise SpecError(f"{p}: gzip-compressed; a trace is UTF-8 text (CSV or JSONL): decompress it first "
+                                f"(gunzip {p})") from None
         raise SpecError(f"{p}: byte {err.object[err.start]:#04x} at offset {err.start} is not UTF-8; a trace is "
                         "UTF-8 text (CSV or JSONL)") from None
     except csv.Error as err:

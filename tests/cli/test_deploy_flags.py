@@ -48,3 +48,15 @@ def test_up_flags_are_refused_before_anything_starts(flag, tmp_path, capsys, mon
             continue
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and "error:" in err[0], (flag, value, err)
+
+
+@pytest.mark.parametrize("target", ["vllm", "k8s", "compose"])
+def test_deploy_refuses_a_fleet_whose_replicas_do_not_fit_their_cards(target, tmp_path, capsys):
+    plan = tmp_path / "big.yaml"
+    plan.write_text("name: big\npools:\n  - {name: m, replicas: 1, accelerator: h100-sxm, model: llama-3.1-405b}\n")
+    assert main(["deploy", str(plan), "--target", target, "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fleetwise deploy: error: {plan}: pools.0 (m): fit failed: no room for KV cache (tp=1, pp=1, "
+                   "bf16, gpu_memory_utilization 0.9); raise tp/pp or the share, or use smaller dtypes; see "
+                   "`fleetwise fit --model llama-3.1-405b --gpu h100-sxm`"]
+    assert not (tmp_path / "out").exists()

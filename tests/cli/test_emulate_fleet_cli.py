@@ -118,26 +118,22 @@ class _Fleet:
         self.member(name).proc = _Proc(None)
 
 
-def test_faults_replay_on_the_plans_replicas_and_a_crashed_one_restarts(tmp_path, monkeypatch, capsys):
-    import json
+def _fake_replay(monkeypatch, fleet: _Fleet) -> list[tuple[str, dict]]:
+    """Patch the fault replay: its admin POSTs are recorded as (replica, body), a crash ends the
+    member's process, and each look at the clock is half a modelled second later (time scale
+    1000), however loaded the host."""
+    from fleetwise.cli import fault_replay
 
-    from fleetwise.cli import emulate_cmd, fault_replay
-    from fleetwise.cli.fault_replay import FaultReplay
-    from fleetwise.emulator.faults.replay import LiveAction
-
-    fleet = _Fleet(["prefill-0", "decode-0"])
     sent: list[tuple[str, dict]] = []
 
     def post(url: str, token: str, body: dict) -> str:
-        sent.append((url, body))
+        name = url.rsplit("/", 1)[1]
+        sent.append((name, body))
         if body["kind"] == "crash":
-            fleet.member(url.rsplit("/", 1)[1]).proc = _Proc(1)
+            fleet.member(name).proc = _Proc(1)
         return "200"
 
-    monkeypatch.setattr(fault_replay, "post_fault", post)
-    monkeypatch.setattr(fault_replay, "SUPERVISE_POLL_S", 0.0)
-
-    class Clock:  # each look at the clock is half a modelled second later (time scale 1000), however loaded the host
+    class Clock:
         t = 0.0
 
         @classmethod
@@ -145,7 +141,21 @@ def test_faults_replay_on_the_plans_replicas_and_a_crashed_one_restarts(tmp_path
             cls.t += 0.0005
             return cls.t
 
+    monkeypatch.setattr(fault_replay, "post_fault", post)
+    monkeypatch.setattr(fault_replay, "SUPERVISE_POLL_S", 0.0)
     monkeypatch.setattr(fault_replay, "time", Clock)
+    return sent
+
+
+def test_faults_replay_on_the_plans_replicas_and_a_crashed_one_restarts(tmp_path, monkeypatch, capsys):
+    import json
+
+    from fleetwise.cli import emulate_cmd
+    from fleetwise.cli.fault_replay import FaultReplay
+    from fleetwise.emulator.faults.replay import LiveAction
+
+    fleet = _Fleet(["prefill-0", "decode-0"])
+    sent = _fake_replay(monkeypatch, fleet)
     acts = [LiveAction(0.0, "decode-0", {"kind": "hang", "duration_s": 1.0}, "decode-0: hang"),
             LiveAction(0.0, "decode-0", {"kind": "crash"}, "crash decode-0"),
             LiveAction(0.0, "prefill-0", {"kind": "crash"}, "crash prefill-0"),
@@ -173,3 +183,29 @@ def test_faults_without_a_plan_or_that_a_live_fleet_cannot_replay_are_refused_be
     assert main(["emulate", "--plan", str(plan), "--port", "1", "--faults", str(faults)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "faults.0 (stale_view): a live fleet cannot replay it" in err
+
+
+def test_a_restarted_replica_gets_the_interval_faults_still_in_force_but_not_a_hang(tmp_path, monkeypatch, capsys):
+    from fleetwise.cli import emulate_cmd
+    from fleetwise.cli.fault_replay import FaultReplay
+    from fleetwise.emulator.faults.replay import LiveAction
+
+    fleet = _Fleet(["mixed-0", "mixed-1"])
+    sent = _fake_replay(monkeypatch, fleet)
+    acts = [LiveAction(0.0, "mixed-0", {"kind": "slowdown", "factor": 3.0, "duration_s": 10.0}, "slowdown"),
+            LiveAction(0.0, "mixed-0", {"kind": "hang", "duration_s": 10.0}, "hang"),
+            LiveAction(0.0, "mixed-1", {"kind": "fail_requests", "status": 503, "duration_s": 10.0}, "refuse"),
+            LiveAction(1.0, "mixed-0", {"kind": "crash"}, "crash mixed-0"),
+            LiveAction(2.0, "mixed-0", {"kind": "fail_requests", "status": 503, "duration_s": 1.0}, "refuse"),
+            LiveAction(4.0, "mixed-0", None, "restart mixed-0"),
+            LiveAction(5.0, "mixed-0", {"kind": "crash"}, "crash mixed-0"),
+            LiveAction(5.0, "mixed-1", {"kind": "crash"}, "crash mixed-1")]
+    eps = [{"name": m.name, "url": f"http://h/{m.name}"} for m in fleet.members]
+    urls = {e["name"]: e["url"] for e in eps}
+    emulate_cmd._watch(eps, fleet, str(tmp_path / "ep.json"), FaultReplay(acts, fleet, urls, "t", 1000.0, "emulate"))
+    assert sent[5] == ("mixed-0", {"kind": "slowdown", "factor": 3.0, "duration_s": 6.0})
+    assert [(n, b["kind"]) for n, b in sent] == [("mixed-0", "slowdown"), ("mixed-0", "hang"), ("mixed-1", "fail_requests"),
+                                                 ("mixed-0", "crash"), ("mixed-0", "fail_requests"),
+                                                 ("mixed-0", "slowdown"), ("mixed-0", "crash"), ("mixed-1", "crash")]
+    out, _ = capsys.readouterr()
+    assert "fleetwise emulate: t=4 modelled s: mixed-0: slowdown again after its restart, for 6 modelled s (200)" in out

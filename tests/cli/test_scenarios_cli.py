@@ -65,3 +65,15 @@ def test_trace_option_replaces_the_workload(tmp_path, capsys):
     doc = json.loads((out / "scenarios.json").read_text())
     assert doc["info"]["heterogeneous"]["workload_source"] == f"override:{trace}"
     assert [r["requests"] for r in doc["scenarios"]["heterogeneous"]["round-robin"]] == [60, 60]
+
+
+def test_a_trace_with_fewer_requests_than_seeds_is_refused(tmp_path, capsys):
+    trace = tmp_path / "three.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:17:0{i}.0,{100 + i},10\n" for i in range(3)))
+    rc = main(["scenarios", "--scenario", "heterogeneous", "--trace", str(trace), "--seeds", "5",
+               "--dir", str(_tiny_dir(tmp_path)), "--no-fail", "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"fleetwise scenarios: error: --trace {trace}: 3 requests for --seeds 5: each seed replays its own window "
+        "of the trace, so 5 seeds need at least 5 requests; give --seeds 3 or fewer, or a longer trace"]

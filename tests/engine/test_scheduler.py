@@ -246,3 +246,12 @@ def test_step_outputs_share_the_read_only_empty_list_and_never_fill_it(role):
     assert shared > 0 and fresh > 0
     done = tr.handoff_s if role == "prefill" else tr.finish_s
     assert sorted(done) == [str(i) for i in sorted(range(24), key=str)]
+
+
+def test_a_request_that_never_fits_names_the_engine_and_a_fix_a_user_can_make():
+    eng = make_engine(num_blocks=4)
+    with pytest.raises(InfeasibleError) as err:
+        eng.add_request(make_request(7, prompt=60, output=10))
+    assert str(err.value) == (
+        f"request 7: 60 prompt + 10 output tokens never fit engine {eng.name!r} (its whole KV cache: 4 blocks of 16 "
+        "tokens); give its pool more KV room (tp, pp, fp8, gpu_memory_utilization)")

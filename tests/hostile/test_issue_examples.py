@@ -300,8 +300,9 @@ def test_scenarios_trace_over_context_is_counted(capsys, tmp_path, policy, trunc
 
 def _trace_planning_spec(tmp_path, over_context=None):
     extra = f", over_context: {over_context}" if over_context else ""
+    trace = _long_trace(tmp_path, (120, 200_000, 90, 300_000) + (80,) * 50)  # >= sample_requests once 2 are skipped
     return workload(tmp_path, "model: llama-3.1-8b\naccelerators: [{name: h100-sxm}]\n"
-                              f"workload: {{rate_rps: 0.2, arrival: {{kind: trace, path: {_long_trace(tmp_path)}}}{extra}}}\n"
+                              f"workload: {{rate_rps: 0.2, arrival: {{kind: trace, path: {trace}}}{extra}}}\n"
                               "slo: {ttft_s: 5.0, tpot_s: 0.2}\nweight_dtypes: [bf16]\nheadroom: {burst_factor: 1.0}\n"
                               "search: {max_gpus: 1, top_k: 1, refine_top: 1, seeds: 1, sample_requests: 50, "
                               "disaggregation: 'off', bisect_steps: 1}\n", "spec.yaml")

@@ -12,6 +12,8 @@ from fleetwise.planner.measured import (
     fit_factor,
     load_measured,
     modelled_service,
+    parse_metrics,
+    service_rates,
 )
 from fleetwise.spec.base import validate
 from fleetwise.spec.plan import PlanSpec
@@ -36,6 +38,92 @@ def test_fit_recovers_a_factor_the_model_produced(doc, pool):
     factor, lo, hi = fit_factor(plan, pool, measured, seed=0)
     assert factor == pytest.approx(TRUE_FACTOR, rel=0.03)
     assert lo < TRUE_FACTOR < hi
+
+
+def dump(req=100, prompt=100000, gen=12800, pre_n=100, pre_sum=5.0, dec_n=100, dec_sum=100.0) -> str:
+    """A replica's vLLM metrics page with these counter and histogram values."""
+    return "\n".join([
+        "# TYPE vllm:request_success counter", f'vllm:request_success_total{{finished_reason="stop"}} {req}',
+        "# TYPE vllm:prompt_tokens counter", f"vllm:prompt_tokens_total {prompt}",
+        "# TYPE vllm:generation_tokens counter", f"vllm:generation_tokens_total {gen}",
+        "# TYPE vllm:request_prefill_time_seconds histogram",
+        f'vllm:request_prefill_time_seconds_bucket{{le="+Inf"}} {pre_n}',
+        f"vllm:request_prefill_time_seconds_count {pre_n}", f"vllm:request_prefill_time_seconds_sum {pre_sum}",
+        "# TYPE vllm:request_decode_time_seconds histogram",
+        f'vllm:request_decode_time_seconds_bucket{{le="+Inf"}} {dec_n}',
+        f"vllm:request_decode_time_seconds_count {dec_n}", f"vllm:request_decode_time_seconds_sum {dec_sum}", ""])
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"pre_sum": "NaN"}, r"r.prom: vllm:request_prefill_time_seconds_sum is nan; "),
+    ({"prompt": "+Inf"}, r"r.prom: vllm:prompt_tokens_total is inf; "),
+    ({"pre_sum": -5}, r"r.prom: vllm:request_prefill_time_seconds_sum is -5; "),
+])
+def test_a_metrics_page_with_a_nonsensical_value_names_the_metric(values, message):
+    with pytest.raises(SpecError, match=message):
+        parse_metrics(dump(**values), "r.prom")
+
+
+def test_counters_that_fell_between_two_scrapes_are_refused_as_a_restart():
+    before = parse_metrics(dump(req=1000, pre_n=1000, pre_sum=50.0), "a.prom")
+    for after in (dump(req=100), dump(req=1100, pre_n=1100, pre_sum=40.0)):
+        with pytest.raises(SpecError, match=r"b.prom: vllm:\S+ fell from \S+ to \S+ between the two scrapes "
+                                            r"\(the replica restarted\?\); measure again"):
+            parse_metrics(after, "b.prom").minus(before, 60.0)
+
+
+@pytest.mark.parametrize(("values", "role", "message"), [
+    ({"pre_sum": 0}, "mixed", r"r.prom: vllm:request_prefill_time_seconds records 0 s over 100 requests"),
+    ({"pre_n": 0, "pre_sum": 0}, "prefill", r"r.prom: vllm:request_prefill_time_seconds records 0 s over 0 requests"),
+    ({"dec_sum": 0}, "decode", r"r.prom: vllm:request_decode_time_seconds records 0 s over 12,700 decode tokens"),
+    ({"gen": 100, "dec_sum": 0}, "mixed", r"r.prom: vllm:request_decode_time_seconds records 0 s over 0 decode tokens"),
+])
+def test_a_pool_without_the_service_time_its_role_needs_is_refused(values, role, message):
+    m = parse_metrics(dump(**values), "r.prom")
+    with pytest.raises(SpecError, match=message):
+        service_rates([m], role)
+
+
+def test_a_prefill_pool_needs_no_decode_time_and_a_decode_pool_no_prefill_time():
+    assert service_rates([parse_metrics(dump(dec_sum=0, gen=100), "r.prom")], "prefill").prefill_s == 0.05
+    assert service_rates([parse_metrics(dump(pre_sum=0), "r.prom")], "decode").decode_s_per_token == 100 / 12700
+
+
+GOOD_POOL = {"pool": "mixed", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "step_time_factor": 1.3,
+             "ci95": [1.2, 1.4], "requests": 100}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"requests": 0}, r"m.json: pools.0.requests: must be greater than 0, got 0"),
+    ({"requests": -5}, r"m.json: pools.0.requests: must be greater than 0, got -5"),
+    ({"requests": "many"}, r"m.json: pools.0.requests: expected a number, got 'many'"),
+    ({"requests": None}, r"m.json: pools.0.requests: expected a number, got None"),
+    ({"step_time_factor": "abc"}, r"m.json: pools.0.step_time_factor: expected a number, got 'abc'"),
+    ({"step_time_factor": 0}, r"m.json: pools.0.step_time_factor: must be greater than 0, got 0"),
+    ({"step_time_factor": 1e300}, r"m.json: pools.0.step_time_factor: must be at most 1000, got 1e\+300"),
+    ({"ci95": [1.2]}, r"m.json: pools.0.ci95: expected \[low, high\] around step_time_factor 1.3, got list of 1 \[1.2\]"),
+    ({"ci95": "x"}, r"m.json: pools.0.ci95: expected \[low, high\] around step_time_factor 1.3, got 'x'"),
+    ({"ci95": [1.4, 1.2]}, r"m.json: pools.0.ci95: expected \[low, high\] around step_time_factor 1.3, got list of 2 \[1.4, 1.2\]"),
+    ({"ci95": [0.1, 0.2]}, r"m.json: pools.0.ci95: expected \[low, high\] around step_time_factor 1.3, got list of 2 \[0.1, 0.2\]"),
+    ({"ci95": [1.2, "x"]}, r"m.json: pools.0.ci95.1: expected a number, got 'x'"),
+])
+def test_a_measured_document_with_a_nonsensical_figure_names_the_field(change, message):
+    doc = {"schema": MEASURED_SCHEMA, "pools": [{**GOOD_POOL, **change}]}
+    with pytest.raises(SpecError, match=message):
+        load_measured(doc, "m.json", "llama-3.1-8b")
+
+
+def test_a_measured_document_that_measures_nothing_the_spec_plans_on_is_refused():
+    with pytest.raises(SpecError, match=r"m.json: pools: empty; nothing was measured"):
+        load_measured({"schema": MEASURED_SCHEMA, "pools": []}, "m.json", "llama-3.1-8b")
+    with pytest.raises(SpecError, match=r"m.json: pools: empty; nothing was measured"):
+        load_measured({"schema": MEASURED_SCHEMA}, "m.json", "llama-3.1-8b")
+    doc = {"schema": MEASURED_SCHEMA, "pools": [GOOD_POOL]}
+    with pytest.raises(SpecError, match=r"m.json: measured on h100-sxm, but the spec plans on h200-sxm, mi300x; "
+                                        r"the measurement would change nothing"):
+        load_measured(doc, "m.json", "llama-3.1-8b", ["h200-sxm", "mi300x"])
+    (m,) = load_measured(doc, "m.json", "llama-3.1-8b", ["h100-sxm", "h200-sxm"])
+    assert m.step_time_factor == 1.3
 
 
 def test_measured_document_of_another_model_is_refused():

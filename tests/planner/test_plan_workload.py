@@ -149,3 +149,20 @@ def test_the_schema_lets_the_arrival_omit_the_rate_the_planner_sets():
     assert "required" not in defs["PoissonArrival"] and defs["GammaArrival"]["required"] == ["cv"]
     assert defs["TraceArrival"]["required"] == ["path"]
     assert "rate_rps" in defs["PlanWorkloadSpec"]["required"]
+
+
+@pytest.mark.parametrize(("rows", "fix"), [(3, "give a trace of at least 50 requests"),
+                                           (60, "lower search.sample_requests to 60 or give a longer trace")])
+def test_a_trace_shorter_than_one_simulation_run_is_refused(tmp_path, rows, fix):
+    from fleetwise.planner.fit import prepare
+    from fleetwise.spec.planning import PlanningSpec
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2024-05-01 00:{t // 60:02d}:{t % 60:02d}.0000000,100,10\n" for t in range(rows)))
+    spec = validate(PlanningSpec, {"model": "llama-3.1-8b", "accelerators": [{"name": "h200-sxm"}],
+                                   "workload": {"rate_rps": 5, "arrival": {"kind": "trace", "path": str(trace)}},
+                                   "slo": {"ttft_s": 1.0, "tpot_s": 0.05}}, "spec")
+    with pytest.raises(SpecError, match=rf"^workload.arrival.path={trace}: {rows} requests to replay, fewer than the "
+                                        rf"search.sample_requests=400 each simulation run replays; {fix}$"):
+        prepare(spec)

@@ -9,7 +9,7 @@ import heapq
 import numpy as np
 import pytest
 
-from fleetwise.core.feedback import Completed, FirstToken
+from fleetwise.core.feedback import Completed, Failed, FirstToken
 from fleetwise.core.views import FleetView, RouteRequest, WorkerView
 from fleetwise.routing import make_policy
 from fleetwise.routing.state import LatencyFeedback
@@ -141,3 +141,9 @@ def test_policy_stops_then_resumes_a_slow_worker():
     got = [i for i, w in enumerate(back) if w == "w3"]
     assert got[:6] == RETRIES  # each fast probe shortens the wait for the next
     assert back[-12:].count("w3") == 3  # recovered: an equal share again
+
+
+def test_a_request_failed_before_it_reached_a_worker_is_charged_to_no_worker():
+    policy = make_policy("fleetwise-default")
+    policy.observe(Failed(1.0, "r0", "", "rejected: no worker"))
+    assert policy.report()["slowness"] == {}

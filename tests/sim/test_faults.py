@@ -135,6 +135,17 @@ def test_stale_view_freezes_the_router_view(monkeypatch, delay_s):
     assert max(fresh) <= delay_s + 1e-9
 
 
+@pytest.mark.parametrize("delay_s", [0.0, 0.25], ids=["exact", "delayed"])
+@pytest.mark.parametrize("plan", [mixed_plan, pd_plan], ids=["mixed", "pd"])
+def test_stale_view_from_before_the_first_request_keeps_the_fleet_it_started_with(plan, delay_s):
+    reqs = [Request(str(i), 0.5 + i * 0.1, 1024, 64) for i in range(40)]
+    res = simulate(plan(), reqs, FaultScenario(faults=[{"kind": "stale_view", "start_s": 0.0, "end_s": 100.0}]),
+                   SimOptions(seed=3, feedback_delay_s=delay_s))
+    s = res.summary
+    assert (s["requests_completed"], s["requests_failed"]) == (40, 0), s["failure_reasons"]
+    assert "" not in s["router"]["slowness"]
+
+
 def test_rolling_upgrade_drains_one_replica_at_a_time_and_changes_the_version():
     res, s = run(mixed_plan(), [{"kind": "rolling_upgrade", "pool": "m", "start_s": 3.0,
                                  "new_model_version": "v2", "restart_after_s": 1.0}])
@@ -199,3 +210,41 @@ def test_every_fault_kind_of_the_spec_is_registered_and_faults_never_import_the_
         tree = ast.parse((src / name).read_text(encoding="utf-8"))
         mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert "fleetwise.sim.runner" not in mods, name
+
+
+def test_overlapping_hangs_nest_and_a_restart_ends_them():
+    reqs = [Request("0", 0.5, 512, 1000)]
+
+    def e2e(faults):
+        return run(mixed_plan(replicas=1), faults, reqs)[1]["e2e_s"]["p50"]
+
+    def hang(a, b):
+        return {"kind": "hang", "replica": "m-0", "start_s": a, "end_s": b}
+
+    alone = e2e([hang(1.0, 6.0)])
+    assert e2e([hang(1.0, 3.0), hang(2.0, 6.0)]) == alone  # stalled from 1 s until the last one ends
+    assert e2e([hang(1.0, 6.0), hang(2.0, 3.0)]) == alone
+    crash = {"kind": "crash", "replica": "m-0", "at_s": 2.0, "restart_after_s": 1.0}
+    assert e2e([hang(1.0, 6.0), hang(1.5, 8.0), crash]) == e2e([crash])  # the restart ends both
+
+
+def test_overlapping_kv_link_faults_compose_until_each_ends():
+    plan = pd_plan(failure_domains=NO_RECOVERY)
+
+    def link(a, b, factor, replica=None):
+        return {"kind": "kv_link", "replica": replica, "start_s": a, "end_s": b, "bandwidth_factor": factor}
+
+    _, down = run(plan, [link(2.0, 10.0, 0.0)])
+    assert down["failure_reasons"] == {"kv_transfer_failed": down["requests_failed"]} and down["requests_failed"] > 50
+    for inner in (link(3.0, 5.0, 0.5), link(3.0, 5.0, 0.5, "p-0"), link(3.0, 5.0, 0.0, "d-1")):
+        _, s = run(plan, [link(2.0, 10.0, 0.0), inner])
+        assert s["failure_reasons"] == down["failure_reasons"], inner  # still down from 5 to 10 s
+
+
+def test_overlapping_stale_views_keep_the_view_frozen_until_the_last_one_ends(monkeypatch):
+    spy = SpyPolicy()
+    monkeypatch.setattr(runner, "make_policy", lambda spec, seed=0: spy)
+    faults = [{"kind": "stale_view", "start_s": 1.0, "end_s": 3.0}, {"kind": "stale_view", "start_s": 1.5, "end_s": 2.0}]
+    simulate(mixed_plan(), make_requests(40), FaultScenario(faults=faults), SimOptions(seed=3))
+    frozen = [seen for now, seen in spy.seen if 1.0 <= now < 3.0]
+    assert frozen and all(seen < 1.0 for seen in frozen), "views taken before the first stall, none until the last ends"

@@ -136,3 +136,15 @@ def test_requests_still_held_at_the_end_are_failed_not_lost():
     env = {**os.environ, PURE_ENV: "1"}
     out = subprocess.run([sys.executable, "-c", STALLED], env=env, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [0, 10, {"unfinished_at_end": 10}]
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.25], ids=["exact", "delayed"])
+@pytest.mark.parametrize("policy", ["fleetwise-default", "least-outstanding"])
+def test_a_request_a_minute_is_routed_on_a_fresh_view_not_in_safe_mode(policy, delay_s):
+    plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": 2}],
+                    routing=policy)
+    reqs = [Request(str(i), 60.0 * i, 512, 16) for i in range(6)]
+    s = simulate(plan, reqs, options=SimOptions(seed=0, feedback_delay_s=delay_s)).summary
+    assert s["requests_completed"] == 6
+    assert "safe-mode" not in s["router"]["by_reason"]
+    assert (s["router"]["safe_mode"]["entries"], s["router"]["safe_mode"]["time_s"]) == (0, 0.0)

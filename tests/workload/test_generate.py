@@ -255,6 +255,15 @@ def test_trace_arrival_with_trace_lengths(tmp_path: Path) -> None:
     assert {r.tenant for r in reqs} == {"a"}
 
 
+def test_trace_arrival_with_synthetic_lengths_and_no_bound_replays_every_row(tmp_path: Path) -> None:
+    spec = make_spec(arrival={"kind": "trace", "path": str(_mooncake(tmp_path)), "max_requests": 7},
+                     num_requests=None)
+    reqs = generate(spec, 0)
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs] == [(1.0 * i, 700, 50) for i in range(7)]
+    more = generate(make_spec(arrival={"kind": "trace", "path": str(_mooncake(tmp_path))}, num_requests=50), 0)
+    assert len(more) == 10  # num_requests beyond the trace's rows: every row
+
+
 def test_trace_arrival_with_synthetic_lengths_and_duration(tmp_path: Path) -> None:
     spec = make_spec(arrival={"kind": "trace", "path": str(_mooncake(tmp_path)), "rate_rps": 2.0},
                      num_requests=None, duration_s=3.0, prefix={"system_prompts": {"tokens": 512}})
@@ -262,3 +271,23 @@ def test_trace_arrival_with_synthetic_lengths_and_duration(tmp_path: Path) -> No
     assert [r.arrival_s for r in reqs] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
     assert {r.prompt_tokens for r in reqs} == {1212} and {r.block_hashes[0] for r in reqs} == {0}
     check_chained(reqs)
+
+
+@pytest.mark.parametrize("arrival", [{"kind": "poisson", "rate_rps": 1e-9}, {"kind": "gamma", "rate_rps": 1e-9, "cv": 1.5}])
+def test_a_rate_that_spreads_the_requests_over_more_than_a_year_is_refused(arrival: dict) -> None:
+    with pytest.raises(SpecError, match=r"^arrival: the 5 requests span [0-9.e+]+ s, more than a run may \(3.16e\+07 s, "
+                                        r"one year\); raise the rate \(arrival.rate_rps, --rate\) or lower the time scale "
+                                        r"\(time_scale, --arrival-stretch\), or keep fewer requests$"):
+        generate(make_spec(arrival=arrival, num_requests=5), 0)
+
+
+def test_a_trace_rescaled_past_a_year_is_refused(tmp_path: Path) -> None:
+    spec = make_spec(arrival={"kind": "trace", "path": str(_mooncake(tmp_path)), "time_scale": 1000.0},
+                     lengths=None, num_requests=None)
+    assert generate(spec, 0)[-1].arrival_s == 9000.0
+    p = tmp_path / "far.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 5, "output_length": 5}\n'
+                 '{"timestamp": 100000000, "input_length": 5, "output_length": 5}\n')
+    with pytest.raises(SpecError, match=r"^arrival: the 2 requests span 1e\+08 s, more than a run may"):
+        generate(make_spec(arrival={"kind": "trace", "path": str(p), "time_scale": 1000.0}, lengths=None,
+                           num_requests=None), 0)

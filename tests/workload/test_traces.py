@@ -81,6 +81,14 @@ def test_azure_unsorted_rows_and_utc_offset(tmp_path: Path) -> None:
     assert [(r.arrival_s, r.prompt_tokens) for r in reqs] == [(0.0, 1), (2.5, 2)]
 
 
+def test_timestamps_with_different_utc_offsets_are_the_instants_they_name(tmp_path: Path) -> None:
+    # a local-time log across a daylight-saving change: 01:59:59+01:00 and 03:00:01+02:00 are 2 s apart
+    text = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-03-31 01:59:59.0000000+01:00,1,1\n"
+            "2024-03-31 03:00:01.0000000+02:00,2,3\n2024-03-31T01:00:00Z,3,3\n2024-03-30 19:00:03-05:00,4,4\n")
+    reqs = load_trace(_put(tmp_path, "a.csv", text))
+    assert [(r.arrival_s, r.prompt_tokens) for r in reqs] == [(0.0, 4), (3596.0, 1), (3597.0, 3), (3598.0, 2)]
+
+
 def test_mooncake_fields_and_hash_ids(tmp_path: Path) -> None:
     reqs = load_trace(_mooncake(tmp_path))
     assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.block_hashes) for r in reqs] == [
@@ -259,3 +267,18 @@ def test_real_length_stats_match_published_percentiles(name: str, count: int, in
     s = trace_stats(load_trace(_real(name), rate_rps=5.0, seed=1))
     assert s.count == count and (s.input_p50, s.input_p90) == inp
     assert (s.output_p50, s.output_p90, s.output_p99)[: len(out)] == out
+
+
+def test_load_trace_refuses_a_rate_that_spreads_it_over_more_than_a_year(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"^arrival: the 3 requests span 2e\+09 s, more than a run may"):
+        load_trace(_mooncake(tmp_path), rate_rps=1e-9)
+
+
+def test_a_gzip_compressed_trace_is_named_as_such_with_the_fix(tmp_path: Path) -> None:
+    import gzip
+
+    p = tmp_path / "t.csv.gz"
+    p.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.0,1,1\n"))
+    with pytest.raises(SpecError, match=rf"^{p}: gzip-compressed; a trace is UTF-8 text \(CSV or JSONL\): "
+                                        rf"decompress it first \(gunzip {p}\)$"):
+        load_trace(p)

@@ -36,10 +36,15 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fleetwise.engine.pools import build_pool
+    from fleetwise.perf.roofline import PerfModel
     from fleetwise.spec.plan import PlanSpec
 
     check_writable_dir(args.out, "--out")
     plan = PlanSpec.load(args.plan)
+    perf = PerfModel(None)
+    for i, pool in enumerate(plan.pools):  # a replica that cannot hold its weights and KV is no fleet to deploy
+        build_pool(pool, perf, f"{args.plan}: pools.{i}")
     opts = DeployOptions(vllm_image=args.vllm_image, fleetwise_image=args.fleetwise_image,
                          model_path=args.model_path, namespace=args.namespace)
     paths = write_files(render(plan, args.target, opts), args.out)

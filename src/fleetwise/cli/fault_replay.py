@@ -51,6 +51,8 @@ class FaultReplay:
         self.pending = list(actions)
         self.fleet, self.urls, self.token, self.time_scale, self.command = fleet, urls, token, time_scale, command
         self.t0 = time.monotonic()
+        self.sent: list[Any] = []
+        """Interval actions already due (their bodies carry `duration_s`), to resume after a restart."""
 
     def tick(self) -> list[str]:
         """Send every action due by now (printing one line each); the replicas restarted."""
@@ -64,8 +66,23 @@ class FaultReplay:
                 status = "serving"
             else:
                 status = post_fault(self.urls[a.replica], self.token, a.body)
+                if "duration_s" in a.body:
+                    self.sent.append(a)
             print(f"fleetwise {self.command}: t={a.at_s:g} modelled s: {a.what} ({status})", flush=True)
+            if a.body is None:
+                self._resume(a.replica, a.at_s)
         return restarted
+
+    def _resume(self, replica: str, now_s: float) -> None:
+        """Send a restarted `replica` the interval faults still in force at `now_s`, for what is
+        left of them: a new process starts without them, as the simulator's replica keeps them
+        across a restart (all but a hang, which a restart ends there too)."""
+        for a in self.sent:
+            end = a.at_s + a.body["duration_s"]
+            if a.replica == replica and a.body.get("kind") != "hang" and a.at_s <= now_s < end:
+                status = post_fault(self.urls[replica], self.token, {**a.body, "duration_s": end - now_s})
+                print(f"fleetwise {self.command}: t={now_s:g} modelled s: {replica}: {a.body['kind']} again after "
+                      f"its restart, for {end - now_s:g} modelled s ({status})", flush=True)
 
     @property
     def restarts_pending(self) -> bool:

@@ -131,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
         from fleetwise.spec.base import read_document
 
         spec = spec.model_copy(update={"measured_service": load_measured(read_document(args.measured), args.measured,
-                                                                              resolve_model(spec.model).name)})
+                                                                              resolve_model(spec.model).name,
+                                                                              [a.name for a in spec.accelerators])})
     workers = args.workers if args.workers is not None else max(1, os.cpu_count() or 1)
     quiet = args.quiet or args.json_out == "-"
     with progress.progress("planning", 1.0, quiet) as update:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Final
 
 from fleetwise.core.views import Role, WorkerView
@@ -60,7 +61,7 @@ class EngineDriver:
     __slots__ = ("name", "role", "engine", "clock", "on_output", "horizon", "perf", "_slowdown", "state",
                  "epoch", "busy", "kick_pending", "step_start_s", "step_dur_s", "step_passes", "step", "busy_s",
                  "view_cache", "view_pass", "pool_name", "accelerator", "model_version", "region",
-                 "kv_capacity_tokens", "kv_format", "stalled", "_step_end_fn", "_kick_fn")
+                 "kv_capacity_tokens", "kv_format", "stalled", "_step_end_fn", "_kick_fn", "view_max_age_s")
 
     def __init__(self, engine: Engine, clock: Clock, on_output: OutputFn, horizon: HorizonFn = no_horizon,
                  perf: BoundPerf | None = None, *, pool_name: str = "default", accelerator: str = "",
@@ -91,6 +92,10 @@ class EngineDriver:
         self.view_cache: WorkerView | None = None
         self.view_pass = 0
         """Passes of the fused step in flight that had ended when `view_cache` was taken."""
+        self.view_max_age_s = math.inf
+        """An unchanged cached view older than this (seconds) is re-dated to the time it is asked
+        for: the engine was observed then, so a router's safe mode must not read it as stale (the
+        simulator sets the policy's `stale_after_s`; an idle replica's view would age forever)."""
         self.pool_name, self.accelerator, self.model_version, self.region = pool_name, accelerator, model_version, region
         self.kv_capacity_tokens = (kv_capacity_tokens if kv_capacity_tokens is not None
                                    else engine.pool.capacity * engine.config.block_size)
@@ -186,7 +191,7 @@ class EngineDriver:
             elapsed = now_s - self.step_start_s
             j = self.engine.passes_done(elapsed)
             if v is not None and self.view_pass == j:
-                return v
+                return self._dated(v, now_s)
             self.view_pass = j
             v = None
         elif v is None:
@@ -196,6 +201,13 @@ class EngineDriver:
                 now_s, elapsed, j, pool=self.pool_name, accelerator=self.accelerator,
                 model_version=self.model_version, region=self.region, healthy=self.state == UP,
                 kv_capacity_tokens=self.kv_capacity_tokens, kv_format=self.kv_format)
+            return v
+        return self._dated(v, now_s)
+
+    def _dated(self, v: WorkerView, now_s: float) -> WorkerView:
+        """The cached view `v`, re-dated `now_s` (and cached) when older than `view_max_age_s`."""
+        if now_s - v.reported_at_s > self.view_max_age_s:
+            v = self.view_cache = replace(v, reported_at_s=now_s)
         return v
 
     def kv_usage_now(self, now_s: float) -> float:

@@ -153,8 +153,8 @@ class Engine:
     def _enqueue(self, st: SeqState) -> None:
         if not self.fits(st.req):
             raise InfeasibleError(f"request {st.req.request_id}: {st.req.prompt_tokens} prompt + {st.req.output_tokens} "
-                                  f"output tokens never fit engine {self.name!r} ({self.pool.capacity} blocks of "
-                                  f"{self._bs} tokens); check Engine.fits() first, or give the pool more memory")
+                                  f"output tokens never fit engine {self.name!r} (its whole KV cache: {self.pool.capacity} "
+                                  f"blocks of {self._bs} tokens); give its pool more KV room (tp, pp, fp8, gpu_memory_utilization)")
         self._waiting.append(st)
         self._waiting_prefill_tokens += 0 if st.transferred else st.target
 

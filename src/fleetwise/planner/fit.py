@@ -9,7 +9,7 @@ replica's GPUs when the expert count allows it. Does not time anything.
 
 from __future__ import annotations
 
-from fleetwise.errors import InfeasibleError
+from fleetwise.errors import InfeasibleError, SpecError
 from fleetwise.perf.memory import FitOptions, LayoutFit, layout_fit, tp_candidates
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
@@ -19,7 +19,7 @@ from fleetwise.planner.state import Context, Search
 from fleetwise.planner.workload import build_mix, burst_factor
 from fleetwise.spec.catalog import GPUS, resolve_gpu, resolve_model
 from fleetwise.spec.hardware import AcceleratorSpec
-from fleetwise.spec.planning import AcceleratorChoice, PlanningSpec
+from fleetwise.spec.planning import SAMPLE_REQUESTS_MIN, AcceleratorChoice, PlanningSpec
 
 GB = 1e9
 
@@ -114,10 +114,23 @@ def _nothing_fits_text(hw: Hardware, spec: PlanningSpec) -> str:
             "raise search.max_gpus or search.max_pp, allow fp8/int4 weights, or add a larger card")
 
 
+def _check_sample(spec: PlanningSpec, rows: int) -> None:
+    """SpecError when a trace gives fewer requests than one simulation run replays: every rate then
+    replays those few, and the bisection of a replica's goodput climbs to its cap."""
+    need = spec.search.sample_requests
+    if rows < need:
+        a = spec.workload.arrival
+        fix = (f"lower search.sample_requests to {rows} or give a longer trace" if rows >= SAMPLE_REQUESTS_MIN
+               else f"give a trace of at least {SAMPLE_REQUESTS_MIN} requests")
+        raise SpecError(f"workload.arrival.path={getattr(a, 'path', '?')}: {rows} requests to replay, fewer than the "
+                        f"search.sample_requests={need} each simulation run replays; {fix}")
+
+
 def prepare(spec: PlanningSpec) -> Search:
     """The state every later phase fills: request mix, burst factor, hardware, perf model, layouts."""
     n = MAX_REQUESTS_PER_RUN + 500
     mix = build_mix(spec.workload, n, seed=0, max_context_tokens=resolve_model(spec.model).max_context_tokens)
+    _check_sample(spec, len(mix.prompt))
     stats = mix.stats
     hw = resolve_hardware(spec, stats.prompt_max + stats.output_max)
     if spec.headroom.burst_factor is not None:

@@ -13,12 +13,14 @@ routing policy every simulation used).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleetwise.errors import SpecError
+from fleetwise.errors import SpecError, quote
 from fleetwise.planner.simulate import simulated_policy
+from fleetwise.spec.inputs import finite
+from fleetwise.spec.limits import MAX_FACTOR
 from fleetwise.spec.planning import MeasuredService
 
 if TYPE_CHECKING:
@@ -73,7 +75,16 @@ class ReplicaMetrics:
     """Seconds between the two scrapes whose difference this is (None: totals since start)."""
 
     def minus(self, earlier: ReplicaMetrics, span_s: float) -> ReplicaMetrics:
-        """The growth since an `earlier` scrape of the same replica, `span_s` seconds before."""
+        """The growth since an `earlier` scrape of the same replica, `span_s` seconds before;
+        SpecError naming a counter that fell (the replica restarted in between)."""
+        pairs = [(COUNTERS[k] + "_total", earlier.counters.get(k, 0.0), v) for k, v in self.counters.items()]
+        for k, h in self.histograms.items():
+            e = earlier.histograms.get(k, Histo())
+            pairs += [(HISTOGRAMS[k] + "_count", e.count, h.count), (HISTOGRAMS[k] + "_sum", e.total, h.total)]
+        for name, a, b in pairs:
+            if b < a:
+                raise SpecError(f"{self.source}: {name} fell from {a:g} to {b:g} between the two scrapes (the replica "
+                                "restarted?); measure again over a span without a restart")
         return ReplicaMetrics(self.source, {k: v - earlier.counters.get(k, 0.0) for k, v in self.counters.items()},
                               {k: h.minus(earlier.histograms.get(k, Histo())) for k, h in self.histograms.items()},
                               span_s)
@@ -101,6 +112,8 @@ def parse_metrics(text: str, source: str) -> ReplicaMetrics:
         raise SpecError(f"{source}: not Prometheus text format ({first}); give a /metrics URL or a saved dump") from None
     for fam in families:
         counter = by_counter.get(fam.name) or by_counter.get(fam.name.removesuffix("_total"))
+        if counter is not None or fam.name in by_histo:
+            _check_values(fam.samples, source)
         if counter is not None:  # `# TYPE x counter` or `# TYPE x_total counter`: the samples are x_total
             total = sum(s.value for s in fam.samples if s.name.endswith("_total"))
             out.counters[counter] = out.counters.get(counter, 0.0) + total
@@ -118,6 +131,14 @@ def parse_metrics(text: str, source: str) -> ReplicaMetrics:
         raise SpecError(f"{source}: no vLLM request metrics (vllm:request_success, vllm:request_prefill_time_seconds);"
                         " point at a vLLM or `fleetwise emulate` /metrics")
     return out
+
+
+def _check_values(samples: Iterable[Any], source: str) -> None:
+    """SpecError naming the first sample of a counter or histogram that is not a finite count >= 0."""
+    for x in samples:
+        if not (math.isfinite(x.value) and x.value >= 0):
+            raise SpecError(f"{source}: {x.name} is {x.value:g}; counters and histograms are finite and never "
+                            "negative: check the metrics come from a vLLM or `fleetwise emulate` replica")
 
 
 @dataclass(frozen=True)
@@ -147,8 +168,9 @@ class ServiceRates:
         return 1.0 / self.decode_s_per_token if self.decode_s_per_token > 0 else 0.0
 
 
-def service_rates(replicas: Iterable[ReplicaMetrics]) -> ServiceRates:
-    """The pooled service rates of replicas of one pool."""
+def service_rates(replicas: Iterable[ReplicaMetrics], role: str = "mixed") -> ServiceRates:
+    """The pooled service rates of replicas of one pool of `role`; SpecError when the prefill
+    (not a decode pool) or decode time (not a prefill pool) the fit reads is missing or zero."""
     reps = list(replicas)
     n = sum(r.counter("requests") for r in reps)
     if n < MIN_REQUESTS:
@@ -159,6 +181,14 @@ def service_rates(replicas: Iterable[ReplicaMetrics]) -> ServiceRates:
     gen = sum(r.counter("generation_tokens") for r in reps)
     spans = [r.span_s for r in reps]
     rate = None if any(s is None for s in spans) else n / sum(s for s in spans if s is not None)
+    where = ", ".join(r.source for r in reps)
+    if role != "decode" and not (pre.count > 0 and pre.total > 0):
+        raise SpecError(f"{where}: {HISTOGRAMS['prefill']} records {pre.total:g} s over {pre.count:g} requests; a "
+                        f"{role} pool's fit needs its prefill time: check the metrics come from this fleet's replicas")
+    if role != "prefill" and not (gen > n and dec.total > 0):
+        raise SpecError(f"{where}: {HISTOGRAMS['decode']} records {dec.total:g} s over {max(gen - n, 0):,g} decode "
+                        f"tokens; a {role} pool's fit needs its decode time: check the metrics come from this fleet's "
+                        "replicas")
     return ServiceRates(n, sum(r.counter("prompt_tokens") for r in reps) / n, gen / n, pre.total / max(pre.count, 1),
                         dec.total / max(gen - n, 1.0), rate)
 
@@ -245,7 +275,7 @@ def fit_document(plan: PlanSpec, by_pool: dict[str, list[ReplicaMetrics]], seed:
     pools = []
     for name, reps in by_pool.items():
         pool = next(p for p in plan.pools if p.name == name)
-        rates = service_rates(reps)
+        rates = service_rates(reps, pool.role)
         factor, lo, hi = fit_factor(plan, name, rates, seed)
         pools.append({"pool": name, "role": pool.role, "accelerator": pool.accelerator, "model": pool.model,
                       "replicas_measured": len(reps), "requests": rates.requests,
@@ -259,29 +289,52 @@ def fit_document(plan: PlanSpec, by_pool: dict[str, list[ReplicaMetrics]], seed:
     return {"schema": MEASURED_SCHEMA, "fleet": plan.name, "pools": pools}
 
 
-def load_measured(doc: Any, where: str, model: str) -> list[MeasuredService]:
+def _measured_pool(p: Any, at: str) -> tuple[str, float, float, tuple[float, float]]:
+    """(accelerator, requests, step-time factor, 95% interval) of one measured pool; SpecError
+    naming the field of a missing, non-numeric or nonsensical figure."""
+    if not isinstance(p, dict) or not {"accelerator", "model", "step_time_factor", "ci95", "requests"} <= set(p):
+        raise SpecError(f"{at}: needs accelerator, model, step_time_factor, ci95 and requests")
+    n = finite(p["requests"], f"{at}.requests", strictly_positive=True)
+    f = finite(p["step_time_factor"], f"{at}.step_time_factor", strictly_positive=True, maximum=MAX_FACTOR)
+    ci = p["ci95"]
+    if isinstance(ci, list) and len(ci) == 2:
+        lo, hi = (finite(x, f"{at}.ci95.{k}", minimum=0.0) for k, x in enumerate(ci))
+        if lo <= f <= hi:
+            return str(p["accelerator"]), n, f, (lo, hi)
+    raise SpecError(f"{at}.ci95: expected [low, high] around step_time_factor {f:g}, got {quote(ci)}; "
+                    "write it with `fleetwise calibrate --from-metrics`")
+
+
+def load_measured(doc: Any, where: str, model: str, accelerators: Sequence[str] | None = None) -> list[MeasuredService]:
     """The step-time factors of a `fleetwise-measured/1` document, one per accelerator (replicas
-    on one card pooled, weighted by requests); SpecError naming the field of a bad document or of
-    a measurement of another model than `model` (the factor corrects one model on one card)."""
+    on one card pooled, weighted by requests); SpecError naming the field of a bad document, of
+    a measurement of another model than `model` (the factor corrects one model on one card), or
+    of one on none of `accelerators` (the spec's cards: it would change nothing)."""
     if not isinstance(doc, dict) or doc.get("schema") != MEASURED_SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise SpecError(f"{where}: schema: {got!r} is not {MEASURED_SCHEMA}; write it with "
                         "`fleetwise calibrate --from-metrics ... --plan FLEET -o FILE`")
-    acc: dict[str, list[dict[str, Any]]] = {}
-    for i, p in enumerate(doc.get("pools") or []):
-        if not isinstance(p, dict) or not {"accelerator", "model", "step_time_factor", "ci95", "requests"} <= set(p):
-            raise SpecError(f"{where}: pools.{i}: needs accelerator, model, step_time_factor, ci95 and requests")
+    pools = doc.get("pools")
+    if pools is None or pools == []:
+        raise SpecError(f"{where}: pools: empty; nothing was measured; write it with "
+                        "`fleetwise calibrate --from-metrics ... --plan FLEET -o FILE`")
+    acc: dict[str, list[tuple[str, float, float, tuple[float, float]]]] = {}
+    for i, p in enumerate(pools if isinstance(pools, list) else [pools]):
+        gpu, n, f, ci = _measured_pool(p, f"{where}: pools.{i}")
         if p["model"] != model:
             raise SpecError(f"{where}: pools.{i}.model: measured on {p['model']!r}, but the spec plans {model!r}; "
                             "measure a fleet of this model")
-        acc.setdefault(str(p["accelerator"]), []).append(p)
+        acc.setdefault(gpu, []).append((str(p.get("pool", "?")), n, f, ci))
+    if accelerators is not None and not set(acc) & set(accelerators):
+        raise SpecError(f"{where}: measured on {', '.join(acc)}, but the spec plans on {', '.join(accelerators)}; "
+                        "the measurement would change nothing: measure a fleet on one of them or add its card")
     out = []
     for gpu, ps in acc.items():
-        n = sum(float(p["requests"]) for p in ps)
-        f = sum(float(p["step_time_factor"]) * float(p["requests"]) for p in ps) / n
-        lo = min(float(p["ci95"][0]) for p in ps)
-        hi = max(float(p["ci95"][1]) for p in ps)
-        src = f"{where}: {', '.join(p.get('pool', '?') for p in ps)}, {n:g} requests"
+        n = sum(q[1] for q in ps)
+        f = sum(q[2] * q[1] for q in ps) / n
+        lo = min(q[3][0] for q in ps)
+        hi = max(q[3][1] for q in ps)
+        src = f"{where}: {', '.join(q[0] for q in ps)}, {n:g} requests"
         out.append(MeasuredService(accelerator=gpu, step_time_factor=f, ci95=(lo, hi), source=src))
     return out
 

@@ -434,6 +434,8 @@ class LatencyFeedback:
         s.last_obs_s = max(s.last_obs_s, now_s)
 
     def failed(self, worker: str, now_s: float) -> None:
+        if not worker:  # rejected before any worker took it: says nothing of a worker
+            return
         s = self._stats(worker)
         s.failures.add(1.0, self._alpha)
         s.last_obs_s = max(s.last_obs_s, now_s)

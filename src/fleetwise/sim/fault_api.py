@@ -48,8 +48,9 @@ class FaultTarget(Protocol):
         """Replica index `replica` starts (True) or stops refusing new requests (a decode replica: new KV)."""
         ...
 
-    def freeze_view(self, frozen: bool) -> None:
-        """The router keeps its current fleet view (True) or refreshes it again."""
+    def freeze_view(self, frozen: bool, now_s: float) -> None:
+        """One more stall keeps the router's current fleet view (True; the fleet at `now_s` when it
+        has none yet), or one fewer (False): it refreshes again when none is left."""
         ...
 
 
@@ -61,6 +62,8 @@ class FaultHost(Protocol):
     faults: list[Any]
     upgrade: dict[int, list[int]]
     """Rolling upgrade fault -> replica indices still to upgrade."""
+    kv_links: dict[int, dict[int, float]]
+    """KV port -> {kv_link fault in force: its bandwidth factor} (overlapping faults compose)."""
 
     def push(self, t_s: float, k: int, phase: str, target: int = -1) -> None:
         """Schedule phase `phase` of fault `k` at `t_s` (on replica index `target`)."""

@@ -9,6 +9,7 @@ effect registers in `fleetwise.emulator.faults`. Every action is logged with `in
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fleetwise.core.feedback import WorkerDown, WorkerUp
@@ -46,6 +47,7 @@ def restart(inj: FaultHost, rep: Replica, now_s: float, k: int, version: str | N
         rep.model_version = version
     rep.state = UP
     rep.stalled = False  # a new process: a hang does not survive the restart
+    rep.hangs.clear()
     rep.view_cache = None
     inj.note(now_s, k, "restart", rep.name)
     inj.sim.feedback(WorkerUp(now_s, rep.name, rep.model_version))
@@ -116,13 +118,23 @@ class KvLinkKind(Interval):
     """The KV port bandwidth of one replica (or all) is scaled; factor 0 fails transfers."""
 
     def apply(self, inj: FaultHost, now_s: float, k: int, fault: KvLinkFault, ev: FaultEvent) -> None:
-        """Scale the ports' bandwidth (start) or restore it (end)."""
+        """Scale the ports' bandwidth (start) or restore it (end): each port keeps the product of
+        the factors of the kv_link faults in force on it, so overlapping faults compose."""
         sim = inj.sim
         if not sim.plan.disaggregated:
             inj.note(now_s, k, ev.phase + " (no KV links in a colocated plan)")
             return
         ports = [inj.rep(fault.replica).port] if fault.replica else list(range(len(sim.net.ports)))
-        sim.net.set_factor(now_s, ports, fault.bandwidth_factor if ev.phase == "start" else 1.0)
+        by_factor: dict[float, list[int]] = {}
+        for p in ports:
+            active = inj.kv_links.setdefault(p, {})
+            if ev.phase == "start":
+                active[k] = fault.bandwidth_factor
+            else:
+                active.pop(k, None)
+            by_factor.setdefault(math.prod(active.values()), []).append(p)
+        for factor, group in by_factor.items():
+            sim.net.set_factor(now_s, group, factor)
         inj.note(now_s, k, ev.phase, fault.replica or "all")
 
 
@@ -161,9 +173,14 @@ class HangKind(Interval):
         inj.boundary(fault.start_s)
 
     def apply(self, inj: FaultHost, now_s: float, k: int, fault: Hang, ev: FaultEvent) -> None:
-        """Stall the replica's steps (start) or let it step again (end)."""
+        """Stall the replica's steps (start) or let it step again (the end of the last one in force:
+        overlapping hangs nest)."""
         rep = inj.rep(fault.replica)
-        rep.stalled = ev.phase == "start"
+        if ev.phase == "start":
+            rep.hangs.add(k)
+        else:
+            rep.hangs.discard(k)
+        rep.stalled = bool(rep.hangs)
         if not rep.stalled:
             rep.kick(now_s)
         inj.note(now_s, k, ev.phase, rep.name)
@@ -179,7 +196,7 @@ class StaleViewKind(Interval):
 
     def apply(self, inj: FaultHost, now_s: float, k: int, fault: StaleView, ev: FaultEvent) -> None:
         """Freeze (start) or thaw (end) the router's view."""
-        inj.sim.freeze_view(ev.phase == "start")
+        inj.sim.freeze_view(ev.phase == "start", now_s)
         inj.note(now_s, k, ev.phase)
 
 

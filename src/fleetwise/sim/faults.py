@@ -57,6 +57,8 @@ class FaultInjector:
         self._boundaries: list[float] = []  # slowdown start/end times: steps must not straddle them
         self.upgrade: dict[int, list[int]] = {}
         """Rolling upgrade fault -> replica indices still to upgrade."""
+        self.kv_links: dict[int, dict[int, float]] = {}
+        """KV port -> {kv_link fault in force: its bandwidth factor} (overlapping faults compose)."""
         self._check()
         sim.loop.on(FaultEvent, self._on_event)
 

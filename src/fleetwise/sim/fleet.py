@@ -30,7 +30,7 @@ __all__ = ["DOWN", "DRAINING", "UP", "Fleet", "Replica", "engine_config"]
 class Replica(EngineDriver):
     """One serving replica: its engine driver, plus what the simulator tracks about it."""
 
-    __slots__ = ("idx", "pool", "deployment", "stats", "port", "inflight", "pending")
+    __slots__ = ("idx", "pool", "deployment", "stats", "port", "inflight", "pending", "hangs")
 
     def __init__(self, idx: int, name: str, build: PoolBuild, loop: EventLoop, on_output: OutputFn,
                  horizon: HorizonFn, stats: ReplicaStats) -> None:
@@ -49,6 +49,8 @@ class Replica(EngineDriver):
         """Request indices this replica currently holds (queued, running, or awaiting KV)."""
         self.pending: deque[float] = deque()
         """Arrival times of requests already routed here that have not arrived yet (delayed mode)."""
+        self.hangs: set[int] = set()
+        """Hang faults (by index) in force: the replica steps again when the last one ends (or at a restart)."""
         if pool.step_time_factor != 1.0:  # a measured correction of the model; slowdown faults multiply it
             self.slowdown = pool.step_time_factor
 

@@ -139,6 +139,9 @@ class Simulation:
         self.reps = self.fleet.replicas
         self.policy = opts.policy if opts.policy is not None else make_policy(plan.routing, seed=opts.seed)
         self.delay = opts.feedback_delay_s
+        safe = getattr(self.policy, "safe", None)  # an unchanged replica's view is as fresh as its refresh
+        for r in self.reps:
+            r.view_max_age_s = safe.spec.stale_after_s if safe is not None else math.inf
         if getattr(self.policy, "wants_kv_events", False):
             for r in self.reps:
                 r.engine.enable_kv_events()
@@ -163,6 +166,7 @@ class Simulation:
         self.next_tick_s = math.inf
         self.view: tuple[Any, ...] = ()
         self.view_frozen = False
+        self.stalls = 0  # `stale_view` faults in force: the view refreshes again when the last one ends
         self.fb_buffer: list[Feedback] = []
         self.itl_gaps: list[float] = []
         self.itl_counts: list[int] = []
@@ -201,9 +205,14 @@ class Simulation:
         """Replica index `replica` starts (True) or stops refusing new requests (a decode replica: new KV)."""
         self.recovery.refuse(replica, refusing)
 
-    def freeze_view(self, frozen: bool) -> None:
-        """The router keeps its current fleet view (True) or refreshes it again."""
-        self.view_frozen = frozen
+    def freeze_view(self, frozen: bool, now_s: float) -> None:
+        """One more stall keeps the router's fleet view (True), one fewer (False): it refreshes when
+        none is left. A stall before the first decision keeps the fleet as it is at `now_s` (a
+        router knows its replicas before its control plane stalls; an empty view rejects all)."""
+        if frozen and not self.view:
+            self._refresh_view(now_s)
+        self.stalls += 1 if frozen else -1
+        self.view_frozen = self.stalls > 0
 
     # ---- arrivals and routing --------------------------------------------------------------------
     def start(self) -> None:

@@ -239,6 +239,10 @@ def _with_trace(spec: ScenarioSpec, trace: str, rate_rps: float | None, max_requ
     from fleetwise.workload.traces import read_trace
 
     table = read_trace(trace, columns=columns)
+    if 0 < len(table) < seeds:  # seeds past the last row would replay the same rows: a CI over copies
+        raise SpecError(f"--trace {trace}: {len(table)} requests for --seeds {seeds}: each seed replays its own "
+                        f"window of the trace, so {seeds} seeds need at least {seeds} requests; give --seeds "
+                        f"{len(table)} or fewer, or a longer trace")
     if rate_rps is None and table.arrival_s is None:
         rate_rps = untimed_rate_rps
     n = max(1, len(table) // max(seeds, 1)) if max_requests is None else max_requests

@@ -25,6 +25,9 @@ from fleetwise.spec.slo import PlanSLOSpec
 from fleetwise.spec.workload import PrefixSpec, TraceArrival, WorkloadSpec
 
 SCHEMA_PATH = Path("docs/schema/planning-spec.schema.json")
+SAMPLE_REQUESTS_MIN = 50
+"""Fewest requests one planner simulation run replays (`search.sample_requests`): fewer give no
+percentile worth a verdict (p90 of 50 already rests on 5 requests)."""
 
 
 # ---- sections --------------------------------------------------------------------------------
@@ -184,7 +187,7 @@ class SearchSpec(Spec):
     """Candidates (after the analytical estimate) checked in the simulator over all seeds."""
     seeds: int = Field(default=3, gt=0, le=MAX_SEEDS)
     """Seeds per refined plan (attainment CI comes from their spread)."""
-    sample_requests: int = Field(default=400, ge=50, le=MAX_REQUESTS)
+    sample_requests: int = Field(default=400, ge=SAMPLE_REQUESTS_MIN, le=MAX_REQUESTS)
     """Requests per simulation run."""
     max_pp: int = Field(default=4, gt=0)
     """Largest pipeline degree considered."""

@@ -2,7 +2,7 @@
 header or JSONL fields (the mapping is `spec.workload.TraceColumns`, a trace arrival's `columns`).
 
 Arrivals may be seconds (any numbers: the first arrival becomes 0) or timestamps
-(`2024-05-01 12:00:03.25`, ISO 8601, a trailing `Z` or UTC offset ignored), detected from the
+(`2024-05-01 12:00:03.25`, ISO 8601, a trailing `Z` or UTC offset applied), detected from the
 values. Token counts must be non-negative integers. Errors name the file, the line, the column
 and the fix, like the built-in formats'.
 """

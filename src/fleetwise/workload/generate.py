@@ -36,7 +36,7 @@ from fleetwise.spec.workload import GammaArrival, PoissonArrival, TraceArrival, 
 from fleetwise.workload.formats import get_format
 from fleetwise.workload.parse import TraceTable
 from fleetwise.workload.sample import draw_gaps, draw_request_lengths
-from fleetwise.workload.traces import gc_paused, read_trace, replay_arrivals, to_requests
+from fleetwise.workload.traces import check_run_span, gc_paused, read_trace, replay_arrivals, to_requests
 
 _MAX_GROWTH_ROUNDS = 10  # at most 1024x the first guess of sessions
 SESSION_GUESS_MARGIN = 1.1
@@ -72,7 +72,7 @@ class _Turns:
 def generate(spec: WorkloadSpec, seed: int) -> list[Request]:
     """Requests sorted by arrival_s, request_id "0".."n-1"; the same (spec, seed) gives the same list.
     With `client_max_tokens`, every request carries that cap and its output is clipped to it."""
-    reqs = _generate(spec, seed)
+    reqs = check_run_span(_generate(spec, seed))
     cap = spec.client_max_tokens
     if cap is None:
         return reqs
@@ -226,7 +226,7 @@ def _bound(spec: WorkloadSpec, t: _Turns, horizon_s: float, complete: bool) -> _
     order = np.argsort(t.arrival_s, kind="stable")
     t = _take(t, order)
     covered = len(t.arrival_s) if complete else int(np.searchsorted(t.arrival_s, horizon_s, side="right"))
-    enough = False
+    enough = complete  # every session drawn (a trace's rows): what there is, even with no bound or fewer
     if spec.duration_s is not None:
         inside = int(np.searchsorted(t.arrival_s, spec.duration_s, side="left"))
         enough = complete or horizon_s >= spec.duration_s

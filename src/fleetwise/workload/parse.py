@@ -122,27 +122,37 @@ def float_column(p: Path, name: str, values: list[str], lines: list[int]) -> np.
 
 
 UTC_OFFSET_FORM = "+HH:MM"
-"""The ISO 8601 offset suffix `strip_offset` removes (its length: 6 characters)."""
+"""The ISO 8601 offset suffix `split_offset` removes (its length: 6 characters)."""
 
 
-def strip_offset(s: str) -> str:
-    """A timestamp without its trailing `Z` or UTC offset (`+00:00`)."""
+def split_offset(s: str) -> tuple[str, int]:
+    """A timestamp without its trailing `Z` or UTC offset (`+HH:MM`), and that offset in minutes
+    east of UTC (0 for `Z` or none)."""
     s = s.strip()
     if s.endswith("Z"):
-        return s[:-1]
+        return s[:-1], 0
     n = len(UTC_OFFSET_FORM)
     if len(s) > n and s[-n] in "+-" and s[-3] == ":":  # `+HH:MM`: sign 6 from the end, colon 3
-        return s[:-n]
-    return s
+        hh, mm = s[-n + 1:-3], s[-2:]
+        if hh.isdigit() and mm.isdigit():
+            return s[:-n], (1 if s[-n] == "+" else -1) * (int(hh) * 60 + int(mm))
+        return s[:-n], 0
+    return s, 0
 
 
 def datetime_column(p: Path, name: str, values: list[str], lines: list[int]) -> np.ndarray:
-    """Seconds since the earliest timestamp, exact to the nanosecond (datetime64[ns])."""
-    if values and values[0].strip() != strip_offset(values[0]):
-        values = [strip_offset(v) for v in values]
+    """Seconds since the earliest timestamp, exact to the nanosecond (datetime64[ns]); a trailing
+    UTC offset counts (a local-time log across a daylight-saving change keeps its true gaps)."""
+    offset_ns = None
+    if values and values[0].strip() != split_offset(values[0])[0]:
+        split = [split_offset(v) for v in values]
+        values = [v for v, _ in split]
+        offset_ns = np.array([m for _, m in split], dtype=np.int64) * 60_000_000_000
     try:
         check_dates(p, name, values, lines)
         ns = np.asarray(values, dtype="datetime64[ns]").astype(np.int64)
+        if offset_ns is not None and offset_ns.any():
+            ns = ns - offset_ns
     except ValueError:
         for v, ln in zip(values, lines, strict=True):
             try:

@@ -34,6 +34,10 @@ from fleetwise.workload.parse import TraceTable, check_path, header_names
 if TYPE_CHECKING:
     from fleetwise.spec.workload import TraceColumns
 
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of a gzip file (RFC 1952, section 2.3.1)."""
+
+
 def detect_format(path: str | Path) -> str:
     """The first registered format whose needed columns the file's header has; SpecError naming what it found."""
     p = check_path(path)
@@ -61,6 +65,10 @@ def read_trace(path: str | Path, format: str | None = None, columns: TraceColumn
         else:
             table = (reader or TRACE_FORMATS[detect_format(p)].read)(p)
     except UnicodeDecodeError as err:
+        with p.open("rb") as f:
+            if f.read(2) == GZIP_MAGIC:
+                raise SpecError(f"{p}: gzip-compressed; a trace is UTF-8 text (CSV or JSONL): decompress it first "
+                                f"(gunzip {p})") from None
         raise SpecError(f"{p}: byte {err.object[err.start]:#04x} at offset {err.start} is not UTF-8; a trace is "
                         "UTF-8 text (CSV or JSONL)") from None
     except csv.Error as err:
@@ -171,6 +179,16 @@ def to_requests(table: TraceTable, tenants: list[str] | None = None) -> list[Req
                         tenants or ["default"] * n))
 
 
+def check_run_span(reqs: list[Request]) -> list[Request]:
+    """`reqs` (sorted by arrival, from 0); SpecError when they span more than `MAX_DURATION_S`:
+    each gap is bounded, not their sum (a rate of 1e-9 req/s, a trace stretched 1000x)."""
+    if reqs and reqs[-1].arrival_s > MAX_DURATION_S:
+        raise SpecError(f"arrival: the {len(reqs)} requests span {reqs[-1].arrival_s:.3g} s, more than a run may "
+                        f"({MAX_DURATION_S:.3g} s, one year); raise the rate (arrival.rate_rps, --rate) or lower the "
+                        "time scale (time_scale, --arrival-stretch), or keep fewer requests")
+    return reqs
+
+
 def load_trace(
     path: str | Path,
     format: str | None = None,
@@ -184,7 +202,7 @@ def load_trace(
     """Load a trace as `Request`s sorted by arrival, arrivals starting at 0 (see `replay_arrivals`)."""
     table = replay_arrivals(read_trace(path, format, columns), time_scale=time_scale, rate_rps=rate_rps,
                             start_s=start_s, max_requests=max_requests, seed=seed)
-    return to_requests(table)
+    return check_run_span(to_requests(table))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Azure LLM inference traces (2023 and 2024): CSV `TIMESTAMP,ContextTokens,GeneratedTokens`.
 
 Timestamps such as `2023-11-16 18:17:03.9799600` are parsed by numpy's datetime64[ns], so
-exactly (the 7 fractional digits are 100 ns ticks); a trailing UTC offset (`+00:00`) is ignored.
+exactly (the 7 fractional digits are 100 ns ticks); a trailing UTC offset (`+00:00`) is applied.
 """
 
 from __future__ import annotations

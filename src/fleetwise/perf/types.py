@@ -146,4 +146,5 @@ class StepCost:
     """What dominates: `compute`, `memory`, `communication` or `overhead`."""
 
     def as_dict(self) -> dict[str, float | str]:
+        """Every field by name: the step's seconds, its parts' seconds and what bounds it."""
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]

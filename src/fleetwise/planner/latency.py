@@ -24,12 +24,14 @@ decide replica counts (sizing) or simulate (goodput).
 from __future__ import annotations
 
 import math
+from dataclasses import fields, replace
+from typing import Protocol
 
 from fleetwise.errors import InfeasibleError
 from fleetwise.perf.kv import kv_transfer_s
 from fleetwise.perf.memory import kv_request_tokens
 from fleetwise.perf.roofline import BoundPerf
-from fleetwise.perf.types import BatchShape, SeqWork
+from fleetwise.perf.types import BatchShape, Deployment, SeqWork, StepCost
 from fleetwise.planner.fit import fit_line, nothing_fits
 from fleetwise.planner.layout import Layout, Rejection, kv_link
 from fleetwise.planner.results import LayoutEstimate
@@ -56,7 +58,51 @@ MIXED_PREFILL_UTILISATION = 0.95
 """Most of a mixed replica's time prefills may take; decode steps stall behind the rest."""
 
 
-def prefill_alone_s(perf: BoundPerf, prompt_tokens: int, budget: int = TOKEN_BUDGET) -> tuple[float, str]:
+class StepPricer(Protocol):
+    """What the latency phase prices steps with: a `BoundPerf`, or one scaled by a measured factor."""
+
+    @property
+    def deployment(self) -> Deployment: ...
+
+    def step_time_s(self, shape: BatchShape) -> float: ...
+
+    def step_cost(self, shape: BatchShape) -> StepCost: ...
+
+
+class MeasuredPerf:
+    """A bound perf model whose every step takes `factor` times the modelled seconds: a card's
+    measured service (`measured_service[].step_time_factor`, from `calibrate --from-metrics`),
+    applied as the simulator applies it to a pool (`PoolSpec.step_time_factor`)."""
+
+    def __init__(self, perf: BoundPerf, factor: float) -> None:
+        self.perf, self.factor = perf, factor
+
+    @property
+    def deployment(self) -> Deployment:
+        """The deployment the model is bound to."""
+        return self.perf.deployment
+
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Seconds of one step of `shape`, measured factor applied."""
+        return self.perf.step_time_s(shape) * self.factor
+
+    def step_cost(self, shape: BatchShape) -> StepCost:
+        """The step's cost with every part scaled by the measured factor (what bounds it unchanged)."""
+        c = self.perf.step_cost(shape)
+        return replace(c, **{f.name: getattr(c, f.name) * self.factor for f in fields(c) if f.name != "bound"})
+
+
+def priced(search: Search, dep: Deployment, accelerator: str) -> StepPricer:
+    """The perf model bound to `dep`, scaled by the measured step-time factor of `accelerator` (the
+    layout's card, as the spec names it) when the spec gives one, as `simulate.to_plan_spec` scales
+    the simulated pools: floors, capacities and pruning see the speed the simulator runs at."""
+    bound = search.perf.bind(dep)
+    factors = {m.accelerator: m.step_time_factor for m in search.spec.measured_service}
+    factor = factors.get(accelerator, 1.0)
+    return bound if factor == 1.0 else MeasuredPerf(bound, factor)
+
+
+def prefill_alone_s(perf: StepPricer, prompt_tokens: int, budget: int = TOKEN_BUDGET) -> tuple[float, str]:
     """Seconds to prefill one prompt alone, chunk by chunk, and what bounds its largest chunk."""
     done, total, bound = 0, 0.0, ""
     while done < prompt_tokens:
@@ -68,12 +114,12 @@ def prefill_alone_s(perf: BoundPerf, prompt_tokens: int, budget: int = TOKEN_BUD
     return total, bound
 
 
-def decode_step_s(perf: BoundPerf, batch: int, ctx: int) -> float:
+def decode_step_s(perf: StepPricer, batch: int, ctx: int) -> float:
     """Seconds of one decode step of `batch` sequences at `ctx` tokens of context each."""
     return perf.step_time_s(BatchShape.decode(batch, max(1, ctx)))
 
 
-def _max_decode_batch(dep: BoundPerf, ctx: int, target_s: float, kv_cap: int, seq_tokens: float) -> int:
+def _max_decode_batch(dep: StepPricer, ctx: int, target_s: float, kv_cap: int, seq_tokens: float) -> int:
     limit = max(0, min(MAX_SEQS, int(kv_cap // max(1.0, seq_tokens))))
     lo, hi = 0, limit
     while lo < hi:
@@ -110,7 +156,7 @@ def _max_load(ok: object, hi: float = MAX_UTILISATION) -> float:
     return lo_v
 
 
-def _per_request_prefill_s(perf: BoundPerf, prompt_mean: float) -> float:
+def _per_request_prefill_s(perf: StepPricer, prompt_mean: float) -> float:
     """GPU seconds of a mean prompt when prompts are packed into full token-budget steps."""
     chunk = TOKEN_BUDGET
     n = max(1, round(chunk / max(1.0, prompt_mean)))
@@ -119,7 +165,7 @@ def _per_request_prefill_s(perf: BoundPerf, prompt_mean: float) -> float:
     return step / n
 
 
-def service_cv2(perf: BoundPerf, prompt_bins: tuple[float, ...]) -> float:
+def service_cv2(perf: StepPricer, prompt_bins: tuple[float, ...]) -> float:
     """Squared coefficient of variation of the prefill service time over the prompt-length bins
     (each bin's prompt priced packed at the token budget); 0 with fewer than two bins."""
     if len(prompt_bins) < 2:
@@ -129,7 +175,7 @@ def service_cv2(perf: BoundPerf, prompt_bins: tuple[float, ...]) -> float:
     return max(0.0, sum(x * x for x in s) / len(s) / (m * m) - 1.0) if m > 0 else 0.0
 
 
-def estimate(dep: BoundPerf, layout: Layout, kv_cap: int, stats: LengthStats, slo: PlanSLOSpec,
+def estimate(dep: StepPricer, layout: Layout, kv_cap: int, stats: LengthStats, slo: PlanSLOSpec,
              kv_p99_s: float) -> LayoutEstimate:
     """All analytical figures of one layout, priced by `dep` (the perf model bound to its deployment)."""
     p50, _ = prefill_alone_s(dep, max(1, int(stats.prompt_p50)))
@@ -157,7 +203,7 @@ def estimate(dep: BoundPerf, layout: Layout, kv_cap: int, stats: LengthStats, sl
         prefill_service_cv2=cv2)
 
 
-def _mixed_capacity(dep: BoundPerf, stats: LengthStats, slo: PlanSLOSpec, s_p: float, t_alone: float,
+def _mixed_capacity(dep: StepPricer, stats: LengthStats, slo: PlanSLOSpec, s_p: float, t_alone: float,
                     ctx: int, kv_cap: int, seq_tokens: float, cv2: float) -> float:
     def ok(lam: float) -> bool:
         rho_p = lam * s_p
@@ -250,7 +296,7 @@ def run(search: Search) -> None:
         dep = hw.deployment(lay, spec.kv_dtype)
         link = kv_link(spec, hw.gpus[lay.accelerator], lay)
         kv99 = kv_transfer_s(math.ceil(search.stats.prompt_p99), dep, dep, link)
-        search.estimates[lay] = estimate(search.perf.bind(dep), lay, f.kv_capacity_tokens, search.stats, spec.slo, kv99)
+        search.estimates[lay] = estimate(priced(search, dep, lay.accelerator), lay, f.kv_capacity_tokens, search.stats, spec.slo, kv99)
         search.fits[lay] = fit_line(hw, lay, f, spec.kv_dtype)
     all_est = list(search.estimates.values())
     split = spec.search.disaggregation != "off"

@@ -352,8 +352,8 @@ def provenance(search: Search, c: Candidate) -> list[str]:
         if m is not None:
             lo, hi = m.ci95
             out.append(f"{p.role} replicas: sized from measured service: step times x{m.step_time_factor:.3f} "
-                       f"(95% CI {lo:.3f}-{hi:.3f}; {m.source}) on the modelled ones; fit, memory and latency "
-                       "floors modelled")
+                       f"(95% CI {lo:.3f}-{hi:.3f}; {m.source}) on the modelled ones, latency floors and capacities "
+                       "included; fit and memory modelled")
         elif (p.role, p.layout) in search.measured:
             out.append(f"{p.role} replicas: sized from a load test ({search.measured[(p.role, p.layout)]})")
         else:

@@ -60,7 +60,7 @@ def test_rejected_requests_are_recorded_as_failed():
     plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b"}])
     res = simulate(plan, reqs)
     assert res.summary["requests_completed"] == 1 and res.summary["requests_failed"] == 1
-    assert res.records.failure[1].startswith("rejected")
+    assert res.records.failure[1].startswith("rejected: ") and res.records.failure[1].count("rejected") == 1
     assert math.isnan(res.records.first_token_s[1])
 
 

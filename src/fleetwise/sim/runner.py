@@ -67,8 +67,7 @@ RUN_GC_THRESHOLDS = (100_000, 50, 100)
 """Cyclic collector thresholds while a run's events are processed (restored after). A run makes
 small objects by the million and keeps the requests and records alive throughout; with Python's
 defaults (700, 10, 10) the collector rescans them over and over: 12-18% of the CPU of the busy
-100k-request run (benchmarks/sim_speed.py; results are the same either way). mypy raises its
-thresholds the same way. Everything alive when the events start (the requests, their records,
+100k-request run (benchmarks/sim_speed.py; results are the same either way). Everything alive when the events start (the requests, their records,
 the fleet) is also frozen for the run (`gc.freeze`: moved out of every generation the collector
 scans, and back after), so the collections that still run never walk it: about 8% of the CPU of
 the long-output busy run."""
@@ -270,7 +269,8 @@ class Simulation:
             if d.worker is not None:  # a decision this fleet cannot carry out: release its reservation
                 self.feedback(Cancelled(now_s, rr.request_id, d.worker, "unknown worker"))
             self.rec.decision[i] = d.kind
-            self.fail(i, now_s, f"rejected: {d.reason or 'no worker'}", None)
+            why = d.reason or "no worker"  # a policy's own rejection reason already starts "rejected"
+            self.fail(i, now_s, why if why.startswith("rejected") else f"rejected: {why}", None)
             return None
         self.rec.dispatch_s[i] = now_s
         self.rec.worker[i], self.rec.prefill_worker[i] = w, p

@@ -318,5 +318,6 @@ def _transfers(run: RunData, spans: list[tuple[float, float, str, str]]) -> plot
     plots.mark_spans(axes[0, 1], spans)
     axes[0, 1].set_xlabel("transfer start, simulated time (s)")
     axes[0, 1].set_ylabel("KV transfer time (ms)")
-    axes[0, 1].legend(loc="upper right")
+    if spans:  # the legend names the shaded fault and safe-mode periods; none, no legend
+        axes[0, 1].legend(loc="upper right")
     return plots.render(fig, "kv-transfers", "KV cache transfer times (prefill to decode): distribution and over time")

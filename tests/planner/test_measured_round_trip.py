@@ -55,6 +55,12 @@ def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
         time.sleep(0.2)
 
 
+def _gpus(fleet: dict) -> int:
+    """GPUs of a fleet document: replicas x TP x PP over its pools."""
+    return sum(p["replicas"] * p.get("parallelism", {}).get("tp", 1) * p.get("parallelism", {}).get("pp", 1)
+               for p in fleet["pools"])
+
+
 def _free_port() -> int:
     import socket
 
@@ -86,7 +92,7 @@ def test_calibrate_recovers_the_hidden_slowdown_and_the_replan_holds(tmp_path):
     assert main(["plan", str(spec), "--json", str(first), "--fleet-out", str(fleet), "--workers", "1",
                  "--quiet"]) == 0
     planned = json.loads(fleet.read_text(encoding="utf-8"))
-    replicas_before = sum(p["replicas"] for p in planned["pools"])
+    gpus_before = _gpus(planned)
 
     port, log = _free_port(), tmp_path / "fleet.log"
     url = f"http://127.0.0.1:{port}"
@@ -124,8 +130,7 @@ def test_calibrate_recovers_the_hidden_slowdown_and_the_replan_holds(tmp_path):
     assert main(["plan", str(spec), "--measured", str(measured), "--json", str(replan), "--fleet-out", str(refleet),
                  "--workers", "1", "--quiet"]) == 0
     redoc = json.loads(refleet.read_text(encoding="utf-8"))
-    replicas_after = sum(p["replicas"] for p in redoc["pools"])
-    assert replicas_after > replicas_before
+    assert _gpus(redoc) > gpus_before  # more replicas, or larger ones: the analytical phase prices x1.3 too
     assert all(p["step_time_factor"] == pytest.approx(pool["step_time_factor"]) for p in redoc["pools"])
     explanation = json.loads(replan.read_text(encoding="utf-8"))["plans"][0]["explanation"]
     assert any(line.startswith("mixed replicas: sized from measured service: step times x") for line in explanation)

@@ -28,6 +28,12 @@ def test_catalog_models_json(capsys: pytest.CaptureFixture[str]) -> None:
                                                          get_model("deepseek-v3").params_active)
     assert ds["kv_bytes_per_token_bf16"] == 70272
     assert next(r for r in rows if r["name"] == "moe-2.8t-a104b")["verified"] is False
+    # Gemma 3 27B: 52 of 62 layers keep a 1,024-token window, 10 keep all 131,072 (8 KiB per layer-token)
+    g = next(r for r in rows if r["name"] == "gemma-3-27b")
+    assert (g["sliding_window"], g["window_layers"], g["kv_bytes_per_token_bf16"]) == (1024, 52, 62 * 8192)
+    assert g["kv_bytes_at_max_context_bf16"] == (10 * 131072 + 52 * 1024) * 8192
+    assert (ds["sliding_window"], ds["window_layers"]) == (None, 0)
+    assert ds["kv_bytes_at_max_context_bf16"] == 70272 * get_model("deepseek-v3").max_context_tokens
 
 
 def test_catalog_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,6 +51,8 @@ def test_catalog_tables(capsys: pytest.CaptureFixture[str], kind: str) -> None:
     assert rc == 0
     names = [m.name for m in list_models()] if kind == "models" else [g.name for g in list_gpus()]
     assert all(n in out for n in names)
+    if kind == "models":  # a windowed model's KV/token holds only below its window: the note says what it keeps
+        assert "window 4,096 on 32/32 layers: 0.50 GiB KV at full context" in out
 
 
 def test_fit_llama_70b_h100_bf16(capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,8 @@ def model_row(m: ModelSpec) -> dict[str, Any]:
         "num_experts": moe.num_experts if moe else None,
         "experts_per_token": moe.experts_per_token if moe else None,
         "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"),
+        "sliding_window": m.sliding_window, "window_layers": m.num_window_layers,
+        "kv_bytes_at_max_context_bf16": m.kv_bytes(m.max_context_tokens, "bf16"),
         "weight_bytes_bf16": m.weight_bytes("bf16"), "max_context_tokens": m.max_context_tokens,
         "verified": m.verified, "source": m.source,
     }
@@ -58,8 +60,17 @@ def _models_table() -> Table:
         experts = f"{m.moe.experts_per_token}/{m.moe.num_experts}" if m.moe else "-"
         t.add_row(m.name, fmt_count(m.params_total), fmt_count(m.params_active), str(m.num_layers), m.attention,
                   experts, f"{m.kv_bytes_per_token('bf16') / 1024:,.1f} KiB", f"{m.max_context_tokens:,}",
-                  "" if m.verified else "unverified")
+                  _model_note(m))
     return t
+
+
+def _model_note(m: ModelSpec) -> str:
+    """The table's note: a sliding window (KV/token then holds only below the window) and unverified shapes."""
+    notes = [] if m.verified else ["unverified"]
+    if m.sliding_window is not None:
+        notes.append(f"window {m.sliding_window:,} on {m.num_window_layers}/{m.num_layers} layers: "
+                     f"{m.kv_bytes(m.max_context_tokens) / 2**30:,.2f} GiB KV at full context")
+    return "; ".join(notes)
 
 
 def _tflops(x: float | None) -> str:

@@ -21,9 +21,9 @@ from fleetwise.workload.traces import (
 )
 
 TRACES_ENV = "FLEETWISE_TRACES_DIR"
-SHARED = Path(os.environ.get(TRACES_ENV) or Path(__file__).resolve().parents[2] / ".." / "shared" / "traces")
-"""The public traces these tests check against their published statistics: not shipped with the
-project (their own licenses); the folder named by FLEETWISE_TRACES_DIR, else ../shared/traces."""
+TRACES_DIR = os.environ.get(TRACES_ENV)
+"""The folder of the public traces these tests check against their published statistics (not shipped
+with the project: their own licenses); unset, those tests skip saying so."""
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44
@@ -230,14 +230,16 @@ def test_prefix_reuse_counts_leading_seen_blocks_only() -> None:
     assert prefix_reuse_fraction(reqs) == (512 + 1024 + 300) / (1100 + 600 + 1024 + 700 + 300)
 
 
-# --- the real files (skipped when ../shared is absent) ---------------------------------------
+# --- the real files (skipped unless FLEETWISE_TRACES_DIR names them) ------------------------------
 
 
 def _real(name: str) -> Path:
-    p = SHARED / name
+    if not TRACES_DIR:
+        pytest.skip(f"{name}: public traces are not shipped with the project (their own licenses); "
+                    f"set {TRACES_ENV} to a folder holding them")
+    p = Path(TRACES_DIR) / name
     if not p.is_file():
-        pytest.skip(f"{p} not present: public traces are not shipped with the project (their own licenses); "
-                    f"set {TRACES_ENV} to a folder holding them (or put it beside the clone as ../shared/traces)")
+        pytest.skip(f"{p} not present: set {TRACES_ENV} to the folder holding the public traces")
     return p
 
 

@@ -97,8 +97,7 @@ def priced(search: Search, dep: Deployment, accelerator: str) -> StepPricer:
     layout's card, as the spec names it) when the spec gives one, as `simulate.to_plan_spec` scales
     the simulated pools: floors, capacities and pruning see the speed the simulator runs at."""
     bound = search.perf.bind(dep)
-    factors = {m.accelerator: m.step_time_factor for m in search.spec.measured_service}
-    factor = factors.get(accelerator, 1.0)
+    factor = search.spec.step_time_factor(accelerator)
     return bound if factor == 1.0 else MeasuredPerf(bound, factor)
 
 

@@ -304,6 +304,10 @@ class PlanningSpec(Spec):
             raise ValueError(f"routing_policy: {UnknownNameError('routing policy', self.routing_policy, PRESETS)}")
         return self
 
+    def step_time_factor(self, accelerator: str) -> float:
+        """Measured step time over modelled on `accelerator` (the last `measured_service` entry for it; 1.0 when none)."""
+        return next((m.step_time_factor for m in reversed(self.measured_service) if m.accelerator == accelerator), 1.0)
+
 
 def load_planning_spec(path: str | Path) -> PlanningSpec:
     """Read and validate a SPEC.yaml (SpecError with field, value and fix on a bad field)."""

@@ -279,11 +279,9 @@ def _kv_bytes_per_token_card(model: ModelSpec, tp: int, stage_layers: int, kv_dt
 def kv_request_tokens(model: ModelSpec, layers: range, tokens: float) -> float:
     """KV tokens at the full per-token cost of `layers` that one sequence of `tokens` positions holds
     (`tokens` without a sliding window; windowed layers keep at most the window)."""
-    w = model.window_layers_in(layers)
-    if w == 0 or not layers:
+    if not layers or model.window_layers_in(layers) == 0:
         return float(tokens)
-    assert model.sliding_window is not None
-    return ((len(layers) - w) * tokens + w * min(tokens, model.sliding_window)) / len(layers)
+    return model.kv_layer_tokens(tokens, layers) / len(layers)
 
 
 def _weight_bytes(dtype: str) -> float:

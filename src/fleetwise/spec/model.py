@@ -256,14 +256,16 @@ class ModelSpec(Spec):
             return len(layers)
         return sum(1 for i in self.window_layers if i in layers)
 
-    def kv_layer_tokens(self, tokens: float) -> float:
-        """Layer-tokens of KV one sequence of `tokens` positions keeps: full layers hold every position,
-        windowed layers at most `sliding_window` (`num_layers * tokens` without a window)."""
-        w = self.num_window_layers
+    def kv_layer_tokens(self, tokens: float, layers: range | None = None) -> float:
+        """Layer-tokens of KV one sequence of `tokens` positions keeps in `layers` (default: every layer):
+        full layers hold every position, windowed layers at most `sliding_window` (`len(layers) * tokens`
+        without a window)."""
+        layers = range(self.num_layers) if layers is None else layers
+        w = self.window_layers_in(layers)
         if w == 0:
-            return self.num_layers * tokens
+            return len(layers) * tokens
         assert self.sliding_window is not None
-        return (self.num_layers - w) * tokens + w * min(tokens, self.sliding_window)
+        return (len(layers) - w) * tokens + w * min(tokens, self.sliding_window)
 
     def kv_bytes(self, tokens: float, kv_dtype: str = "bf16") -> float:
         """KV-cache bytes one sequence of `tokens` positions holds, windowed layers capped at their window

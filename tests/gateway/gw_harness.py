@@ -42,6 +42,33 @@ def run(scenario: Callable[[], Awaitable[None]], timeout_s: float = SCENARIO_TIM
     asyncio.run(asyncio.wait_for(scenario(), timeout_s))
 
 
+LAG_TICK_S = 0.01
+"""Period of the event-loop lag monitor (s)."""
+
+
+@contextlib.asynccontextmanager
+async def loop_lag() -> AsyncIterator[list[float]]:
+    """Yield a one-item list holding the longest the shared event loop (gateway, emulators and
+    clients alike) was late for a LAG_TICK_S sleep while the block ran: the host's stall, which
+    every request in flight then carried, on top of what the gateway did."""
+    worst = [0.0]
+    loop = asyncio.get_running_loop()
+
+    async def tick() -> None:
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(LAG_TICK_S)
+            worst[0] = max(worst[0], loop.time() - t0 - LAG_TICK_S)
+
+    task = asyncio.create_task(tick())
+    try:
+        yield worst
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 @dataclass
 class Fleet:
     gw: Gateway

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from gw_harness import FAST_SCRAPE, MODEL, TOKEN, emulators, run, running_fleet, served_gateway
+from gw_harness import FAST_SCRAPE, MODEL, TOKEN, emulators, loop_lag, run, running_fleet, served_gateway
 
 from fleetwise.core.tokens import encode, words_text
 from fleetwise.emulator.generation import text_of
@@ -111,20 +111,22 @@ def test_one_hung_replica_of_four_keeps_the_fleets_goodput() -> None:
                 await _closed_loop(c, gw3, 0.5)  # warm-up
                 await _closed_loop(c, gw4, 0.5)  # every replica has a recent TTFT
                 await _fault(c, urls[3], "hang")
-                for _ in range(SEGMENTS):  # the hung side first: its first segment meets the hang fresh
-                    hung += await _closed_loop(c, gw4, PHASE_S / SEGMENTS, errors)
-                    three += await _closed_loop(c, gw3, PHASE_S / SEGMENTS)
+                async with loop_lag() as lag:
+                    for _ in range(SEGMENTS):  # the hung side first: its first segment meets the hang fresh
+                        hung += await _closed_loop(c, gw4, PHASE_S / SEGMENTS, errors)
+                        three += await _closed_loop(c, gw3, PHASE_S / SEGMENTS)
+                figures["host_stall_s"] = lag[0]
                 figures["e3_up"] = gw.backends.get("e3").available(gw.now())
             await _fault(c, urls[3], "clear")
         figures.update(three=_goodput(three), hung=_goodput(hung), worst_s=max(lat for lat, _ in hung),
                        failed=sum(not ok for _, ok in hung), errors=errors)
     run(scenario, 90)
     print(f"goodput 3 replicas {figures['three']:.1f}/s, 4 with one hung {figures['hung']:.1f}/s, "
-          f"slowest {figures['worst_s']:.2f} s")
+          f"slowest {figures['worst_s']:.2f} s, longest host stall of the event loop {figures['host_stall_s']:.2f} s")
     assert figures["failed"] == 0, figures["errors"][:5]
     assert not figures["e3_up"]
     assert figures["hung"] >= 0.7 * figures["three"]
-    assert figures["worst_s"] <= 2 * SLO_S
+    assert figures["worst_s"] <= 2 * SLO_S + figures["host_stall_s"]  # a stall of the host delays every request alike
 
 
 def test_a_stream_on_a_replica_that_hangs_mid_way_migrates_and_completes() -> None:

@@ -89,6 +89,8 @@ class Backend:
     load: EngineLoad = field(default_factory=EngineLoad)
     scraped_at_s: float | None = None
     scrape_errors: int = 0
+    scrape_rejected: str | None = None
+    """Why the last scrape's sample was rejected (`scrape.BadSample`); None after a good one."""
     in_flight: int = 0
     own_prefill_tokens: int = 0
     """Prompt tokens of this gateway's requests on the backend still before their first token."""
@@ -188,7 +190,7 @@ class Backend:
             "engine_ttft_mean_s": ld.ttft_mean_s, "engine_itl_mean_s": ld.itl_mean_s,
             "observed_ttft_s": self.ttft_ewma_s, "observed_tpot_s": self.tpot_ewma_s,
             "scrape_age_s": None if self.scraped_at_s is None else round(now_s - self.scraped_at_s, 3),
-            "scrape_errors": self.scrape_errors, "selected": self.selected, "faults": self.faults,
+            "scrape_errors": self.scrape_errors, "scrape_rejected": self.scrape_rejected, "selected": self.selected, "faults": self.faults,
             "recent": [{"request_id": d.request_id, "at_s": round(d.at_s, 3), "kind": d.kind,
                         "reason": d.reason, "score": d.score} for d in self.recent],
         }

@@ -44,6 +44,12 @@ FLEETWISE_TOKENIZER = "fleetwise"
 """The `tokenizer:` value naming fleetwise's own deterministic tokenizer (`fleetwise.core.tokens`)."""
 
 
+OPENAI_API_PATH = "/v1"
+"""The path OpenAI clients' `base_url` ends in (`http://host:8000/v1`, as LiteLLM's `api_base` and
+vLLM's docs write it); the gateway appends `/v1/completions` itself, and `/metrics` and `/health`
+live at the server's root, so a backend URL ending in it is taken as the root."""
+
+
 def backend_name(url: str) -> str:
     """The default name of a backend: its `host:port`."""
     parts = urlsplit(url)
@@ -77,7 +83,9 @@ class BackendSpec(Spec):
                       "`kv_events: {endpoint: tcp://host:port}` (docs/gateway.md, KV events)"}
 
     url: str
-    """Base URL, `http://host:port` (paths such as /v1/completions are appended)."""
+    """Base URL, `http://host:port` (paths such as /v1/completions are appended). A path is the
+    prefix the server is mounted under (`http://proxy/engine-a`); a trailing `/v1` is the OpenAI
+    client's `base_url` form and is dropped (`http://host:8000/v1` is `http://host:8000`)."""
     name: str = ""
     """Unique name in views, metrics and /admin/fleet; defaults to `host:port`."""
     role: Role = "mixed"
@@ -121,7 +129,11 @@ class BackendSpec(Spec):
             why = str(err)
         if why:
             raise ValueError(f"backend url {v!r}: {why}; give a port in 1-65535, as in http://host:8000")
-        return v.rstrip("/")
+        if parts.query or parts.fragment:
+            raise ValueError(f"backend url {v!r} has a query or fragment; give the server's base URL, as in "
+                             "http://host:8000")
+        base = v.rstrip("/")
+        return base[:-len(OPENAI_API_PATH)] if base.endswith(OPENAI_API_PATH) else base
 
     @field_validator("metrics_path", "health_path")
     @classmethod

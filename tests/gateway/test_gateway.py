@@ -58,8 +58,12 @@ def test_chat_streaming_usage_and_models() -> None:
                 assert r.status == 200
             await f.responders[0].stop()
             await f.wait_for(lambda: not f.gw.backends.live["b0"].healthy)
+            async with f.client.get(f.url + "/readiness") as r:  # a panic routes to all: still routable
+                assert (r.status, (await r.json())["panic"]) == (200, ["mixed"])
+            for _ in range(5):  # breaker.failures connect faults open the breaker
+                assert (await f.post("/v1/chat/completions", CHAT))[0] == 502
             async with f.client.get(f.url + "/readiness") as r:
-                assert r.status == 503
+                assert (r.status, (await r.json())["routable"]) == (503, {})
     run(scenario)
 
 

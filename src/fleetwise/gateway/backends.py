@@ -260,6 +260,14 @@ class Backends:
         self.version += 1
         return True
 
+    def routable_roles(self, now_s: float) -> dict[str, int]:
+        """Live backends a policy may route to now, per role (health verdicts ignored in a panic)."""
+        out: dict[str, int] = {}
+        for b in self.live.values():
+            if b.routable(now_s, b.spec.role in self.panic):
+                out[b.spec.role] = out.get(b.spec.role, 0) + 1
+        return out
+
     def get(self, name: str) -> Backend | None:
         """A live or draining backend by name."""
         return self.live.get(name) or self.draining.get(name)

@@ -112,6 +112,8 @@ class AdminSurface(AdmitStage):
             "by_reason": rep.get("by_reason"),
             "slowness": rep.get("slowness"),
             "panic": sorted(self.backends.panic),
+            "ejection": {"max_ejection_percent": self.cfg.breaker.max_ejection_percent,
+                         "capped": self.backends.capped_roles()},
             "models": sorted(self.known_models()),
             "backends": [{**b.admin(now), "kv_events": self._kv_admin(b.name)} for b in self.backends.live.values()],
             "draining": [b.admin(now) for b in self.backends.draining.values()],

@@ -37,6 +37,8 @@ class Breaker:
         self.opened_at_s: float | None = None
         self.probing = False
         self.opens = 0
+        self.held = False
+        """It would be open, but its role already has `max_ejection_percent` of its backends out."""
 
     def allows(self, now_s: float) -> bool:
         """Whether a request may go to the backend now (half-open lets the caller probe)."""
@@ -57,14 +59,20 @@ class Breaker:
 
     def success(self) -> None:
         """A request succeeded (any answer that is not a backend fault)."""
-        self.consecutive, self.opened_at_s, self.probing = 0, None, False
+        self.consecutive, self.opened_at_s, self.probing, self.held = 0, None, False, False
 
-    def fault(self, now_s: float) -> None:
-        """Connect error, timeout or 5xx."""
+    def fault(self, now_s: float, may_open: bool = True) -> None:
+        """Connect error, timeout or 5xx; a closed breaker due to open stays closed (`held`)
+        unless `may_open` (its role's ejection budget allows one more)."""
         self.consecutive += 1
-        if self.probing or (self.opened_at_s is None and self.consecutive >= self.spec.failures):
+        if self.probing:  # the half-open probe failed: open again (still counted as ejected)
             self.opened_at_s, self.probing = now_s, False
             self.opens += 1
+        elif self.opened_at_s is None and self.consecutive >= self.spec.failures:
+            self.held = not may_open
+            if may_open:
+                self.opened_at_s = now_s
+                self.opens += 1
 
 
 @dataclass(slots=True)
@@ -259,6 +267,18 @@ class Backends:
         (self.panic.add if now else self.panic.discard)(role)
         self.version += 1
         return True
+
+    def may_eject(self, b: Backend) -> bool:
+        """Whether `b`'s breaker may open: fewer of its role's live backends have open breakers than
+        `max_ejection_percent` of them (rounded down, at least one, never all)."""
+        role = [m for m in self.live.values() if m.spec.role == b.spec.role]
+        share = int(len(role) * self.breaker_spec.max_ejection_percent / 100.0)
+        budget = min(len(role) - 1, max(1, share)) if self.breaker_spec.max_ejection_percent > 0 else 0
+        return sum(m.breaker.opened_at_s is not None for m in role if m is not b) < budget
+
+    def capped_roles(self) -> list[str]:
+        """Roles with a breaker held closed by `max_ejection_percent` (sorted)."""
+        return sorted({b.spec.role for b in self.live.values() if b.breaker.held})
 
     def routable_roles(self, now_s: float) -> dict[str, int]:
         """Live backends a policy may route to now, per role (health verdicts ignored in a panic)."""

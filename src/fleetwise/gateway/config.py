@@ -177,6 +177,14 @@ class ScrapeSpec(Spec):
     """How often `backends_file` is checked for changes."""
 
 
+MAX_EJECTION_PERCENT = 50.0
+"""Default share of a role's backends open breakers may hold out. Envoy's `max_ejection_percent`
+defaults to 10% (and ejects at least one host); LLM fleets have 2 to 16 replicas a role, where
+10% means one, and a second dead replica would stay in rotation. 50% matches the health panic
+threshold (Envoy's `healthy_panic_threshold`): breakers and health checks alike leave at least
+half of a role routable."""
+
+
 class BreakerSpec(Spec):
     """Per-backend circuit breaker over backend faults (connect errors, timeouts, 5xx; never 4xx)."""
 
@@ -184,6 +192,11 @@ class BreakerSpec(Spec):
     """Consecutive faults that open the breaker."""
     open_s: float = Field(default=5.0, gt=0.0)
     """How long an open breaker refuses traffic before one probe request is let through."""
+    max_ejection_percent: float = Field(default=MAX_EJECTION_PERCENT, ge=0.0, le=100.0)
+    """Most of a role's backends (percent, rounded down, at least one) whose breakers may be open
+    at once, never all of them (Envoy's outlier detection `max_ejection_percent`): a breaker that
+    would open beyond it stays closed, so the backends that failed last stay routable. 100 = all
+    but one; 0 = breakers never open."""
 
 
 class TimeoutSpec(Spec):

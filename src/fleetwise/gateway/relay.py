@@ -33,7 +33,15 @@ from fleetwise.gateway.migration import (
     relay_events,
 )
 from fleetwise.gateway.stall import first_token_bound_s, fleet_ttft_s, next_token_bound_s
-from fleetwise.gateway.upstream import FAULT_ERRORS, SseFramer, UpstreamBroken, UpstreamResponse, fault_kind
+from fleetwise.gateway.upstream import (
+    ERROR_EVENT,
+    FAULT_ERRORS,
+    ErrorEvent,
+    SseFramer,
+    UpstreamBroken,
+    UpstreamResponse,
+    fault_kind,
+)
 
 __all__ = ["Broken", "RelayStage"]
 
@@ -132,7 +140,7 @@ class RelayStage(FleetLoops):
                     await self._refused(call, b, r, send)
                     return None
                 framer = SseFramer()
-                first = await self._first_event(b, r, framer, t_send + first_bound)
+                first, error = framer.cut_error(await self._first_event(b, r, framer, t_send + first_bound))
                 t_first = self.now()
                 self.backends.handoff_ended(call.rid)  # the decode leg has its KV
                 b.done(pre_left, 0)
@@ -141,6 +149,7 @@ class RelayStage(FleetLoops):
                     await send({"type": "http.response.start", "status": 200, "headers": stream_headers(call, b)})
                 sent_any = True
                 held = await self._send_first(call, b, first, held, send, t_first, t_send)
+                ended_by(error)
                 r.timeout_s = next_token_bound_s(b, self.cfg.stall, self.cfg.timeouts)
                 held = await self._pump(call, r, framer, held, send)
                 if not framer.finished() and not gone:  # ended well-formed, but before [DONE]: cut short
@@ -182,13 +191,15 @@ class RelayStage(FleetLoops):
 
     async def _pump(self, call: Call, r: UpstreamResponse, framer: SseFramer, held: bytes, send: Send) -> bytes:
         """Relay whole events until the stream ends (each wait bounded by `r.timeout_s`); returns
-        what is held back (the final [DONE] until the usage is recorded)."""
+        what is held back (the final [DONE] until the usage is recorded). An error event after
+        tokens is a broken stream (`ErrorEvent`): the events before it are relayed, it is not."""
         while chunk := await r.content.readany():
-            out = framer.feed(chunk)
+            out, error = framer.cut_error(framer.feed(chunk))
             if call.meter is not None or call.track:
                 out, held = self._relayed(call, out, held)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+            ended_by(error)
         return held
 
     async def _refused(self, call: Call, b: Backend, r: UpstreamResponse, send: Send) -> None:
@@ -215,7 +226,7 @@ class RelayStage(FleetLoops):
                 self._fault(b, "empty")
                 raise Retry(b, "empty", "stream closed before its first event")
             first = framer.feed(chunk)
-        if first.startswith(b'data: {"error"'):
+        if first.startswith(ERROR_EVENT):
             # The stream failed before any token: nothing reached the client, so it is retried. A
             # decode leg that could not get its KV (lease expired, pull failed) blames
             # `kv_transfer_params`: a failed hand-off, prefilled again elsewhere.
@@ -273,6 +284,12 @@ class RelayStage(FleetLoops):
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": f"data: {ev}\n\ndata: [DONE]\n\n".encode(),
                         "more_body": False})
+
+
+def ended_by(error: bytes) -> None:
+    """`ErrorEvent` when the backend's events ended with error event `error` (b"": they did not)."""
+    if error:
+        raise ErrorEvent(error[6:200].decode("utf-8", "replace").strip())
 
 
 def stream_headers(call: Call, b: Backend) -> list[tuple[bytes, bytes]]:

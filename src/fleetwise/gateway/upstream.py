@@ -23,13 +23,17 @@ from urllib.parse import urlsplit
 import aiohttp
 import httptools
 
-__all__ = ["FAULT_ERRORS", "ConnectFailed", "HttpPool", "SseFramer", "Upstream", "UpstreamBroken", "UpstreamResponse",
+__all__ = ["ERROR_EVENT", "FAULT_ERRORS", "ConnectFailed", "ErrorEvent", "HttpPool", "SseFramer", "Upstream", "UpstreamBroken", "UpstreamResponse",
            "fault_kind", "nodelay_socket"]
 
 
 class UpstreamBroken(ConnectionError):
     """The backend broke an exchange: closed the connection before the answer ended, or sent
     bytes that are not an HTTP/1.1 answer."""
+
+
+class ErrorEvent(UpstreamBroken):
+    """The backend ended a stream that had sent tokens with an SSE error event (`data: {"error": ...}`)."""
 
 
 class ConnectFailed(UpstreamBroken):
@@ -59,11 +63,13 @@ def nodelay_socket(addr_info: tuple[Any, ...]) -> socket.socket:
 
 
 def fault_kind(err: BaseException) -> str:
-    """`timeout`, `connect` or `disconnect` for a client-side exception."""
+    """`timeout`, `connect`, `error_event` or `disconnect` for a client-side exception."""
     if isinstance(err, TimeoutError):
         return "timeout"
     if isinstance(err, aiohttp.ClientConnectorError | ConnectFailed):
         return "connect"
+    if isinstance(err, ErrorEvent):
+        return "error_event"
     return "disconnect"
 
 
@@ -434,6 +440,10 @@ class Upstream:
             return r.status, await r.read()
 
 
+ERROR_EVENT = b'data: {"error"'
+"""How an OpenAI-compatible server's stream error event starts (vLLM's, the gateway's own)."""
+
+
 class SseFramer:
     """Cuts a byte stream at SSE event boundaries (blank line), so a relay only ever forwards
     whole events and an error event after a broken stream is never glued to half of one."""
@@ -462,6 +472,15 @@ class SseFramer:
         self.events += out.count(b"data:")
         self.tail = out[-2048:]
         return out
+
+    def cut_error(self, out: bytes) -> tuple[bytes, bytes]:
+        """Whole events `out` split at the first error event: (the events before it, the error
+        event and what followed, b"" without one); what follows is no longer counted in `events`."""
+        at = 0 if out.startswith(ERROR_EVENT) else out.find(b"\n\n" + ERROR_EVENT) + 2
+        if at == 1:  # find gave -1: no error event
+            return out, b""
+        self.events -= out[at:].count(b"data:")
+        return out[:at], out[at:]
 
     def finished(self) -> bool:
         """The stream's last event was `data: [DONE]` (an answer cut short ends without it)."""

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from gw_harness import ADMIN, run, running_fleet
 
+from fleetwise.gateway.openai import ANSWER_BASE_BYTES, LOGPROB_BYTES, STEP_TOKENS, TOKEN_BYTES, answer_bounds
 from fleetwise.gateway.scrape import BadSample, parse_metrics
 
 COMPLETION = {"model": "m", "prompt": "hello world", "max_tokens": 5, "stream": True}
@@ -57,4 +58,44 @@ def test_garbage_metrics_keep_the_last_good_view_and_count_scrape_errors() -> No
             assert doc["backends"][0]["scrape_rejected"] == "vllm:num_requests_running is -5.0"
             del r.metrics_text  # the class's page again
             await f.wait_for(lambda: b.scrape_rejected is None)
+    run(scenario)
+
+
+def test_answer_bounds_follow_max_tokens_logprobs_and_echo() -> None:
+    plain = answer_bounds({}, 100, 16)
+    assert (plain.event_bytes, plain.body_bytes) == (ANSWER_BASE_BYTES + 16 * TOKEN_BYTES,) * 2
+    lp = answer_bounds({"logprobs": 5}, 100, 1000)  # completions: the sampled token and 5 alternatives
+    per = TOKEN_BYTES + 6 * LOGPROB_BYTES
+    assert (lp.event_bytes, lp.body_bytes) == (ANSWER_BASE_BYTES + STEP_TOKENS * per, ANSWER_BASE_BYTES + 1000 * per)
+    chat = answer_bounds({"logprobs": True, "top_logprobs": 20}, 100, 10)
+    assert chat.body_bytes == ANSWER_BASE_BYTES + 10 * (TOKEN_BYTES + 21 * LOGPROB_BYTES)
+    echo = answer_bounds({"echo": True}, 100, 10)
+    assert echo.event_bytes == echo.body_bytes == ANSWER_BASE_BYTES + 110 * TOKEN_BYTES
+
+
+@pytest.mark.parametrize(("where", "stream"), [("first", True), ("body", False), ("error", False), ("error", True)])
+def test_an_oversized_answer_before_the_first_byte_fails_over(where: str, stream: bool) -> None:
+    async def scenario() -> None:
+        async with running_fleet(2, routing={"policy": "round-robin"}) as f:
+            f.responders[0].fault = f"oversize:{where}"
+            status, doc, headers = (await f.stream("/v1/completions", COMPLETION) if stream else
+                                    await f.post("/v1/completions", {**COMPLETION, "stream": False}))
+            assert (status, headers["x-fleetwise-backend"]) == (200, "b1")
+            text = [e["choices"][0]["text"] for e in doc[:-1]] if stream else [doc["choices"][0]["text"]]
+            assert "".join(text) == "t0 t1 t2 t3 t4 "
+            counts = {k: v for k, v in (await f.metrics()).items() if "oversized" in k}
+            assert counts == {'fleetwise_gateway_upstream_errors_total{backend="b0",kind="oversized"}': 1.0,
+                              'fleetwise_gateway_retries_total{cause="oversized"}': 1.0}
+    run(scenario)
+
+
+def test_an_oversized_event_mid_stream_ends_it_with_the_error_event() -> None:
+    async def scenario() -> None:
+        async with running_fleet(1) as f:
+            f.responders[0].fault = "oversize:mid"
+            status, events, _ = await f.stream("/v1/completions", COMPLETION)
+            assert status == 200 and [e["choices"][0]["text"] for e in events[:2]] == ["t0 ", "t1 "]
+            assert events[2]["error"]["type"] == "upstream_error" and "oversized" in events[2]["error"]["message"]
+            assert events[3:] == ["[DONE]"]
+            assert f.gw.backends.live["b0"].in_flight == 0
     run(scenario)

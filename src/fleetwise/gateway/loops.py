@@ -23,6 +23,7 @@ from fleetwise.gateway.call import (
 from fleetwise.gateway.config import BackendSpec, duplicate_names
 from fleetwise.gateway.kv_events import kv_source
 from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
+from fleetwise.gateway.openai import MAX_ERROR_BODY_BYTES
 from fleetwise.gateway.scrape import BadSample, parse_metrics
 from fleetwise.gateway.stall import first_token_bound_s, fleet_ttft_s, probe_body
 from fleetwise.gateway.state import GatewayState
@@ -138,7 +139,7 @@ class FleetLoops(GatewayState):
         try:
             async with self.upstream.post(b.spec.url + "/v1/completions", probe_body(models[0]),
                                           {"content-type": "application/json"}, read_s=bound) as r:
-                await r.read()
+                await r.read(MAX_ERROR_BODY_BYTES)
                 ok = r.status < 500
         except FAULT_ERRORS:
             ok = False

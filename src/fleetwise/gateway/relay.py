@@ -32,6 +32,7 @@ from fleetwise.gateway.loops import FleetLoops
 from fleetwise.gateway.migration import (
     relay_events,
 )
+from fleetwise.gateway.openai import MAX_ERROR_BODY_BYTES
 from fleetwise.gateway.stall import first_token_bound_s, fleet_ttft_s, next_token_bound_s
 from fleetwise.gateway.upstream import (
     ERROR_EVENT,
@@ -75,8 +76,8 @@ class RelayStage(FleetLoops):
         b.breaker.attempt(self.now())
         work = b.work(call.route.prompt_tokens, call.route.max_output_tokens or 0)
         try:
-            status, data, ctype = await unless_gone(None if call.resumed else call.receive,
-                                                     self._post_whole(b.spec.url + call.path, payload, headers, bound))
+            status, data, ctype = await unless_gone(None if call.resumed else call.receive, self._post_whole(
+                b.spec.url + call.path, payload, headers, bound, call.bounds.body_bytes))
         except FAULT_ERRORS as err:
             kind = fault_kind(err)
             self._fault(b, kind)
@@ -92,9 +93,9 @@ class RelayStage(FleetLoops):
         return status, data, ctype
 
     async def _post_whole(self, url: str, payload: bytes, headers: dict[str, str],
-                          bound: float) -> tuple[int, bytes, str]:
+                          bound: float, limit: int) -> tuple[int, bytes, str]:
         async with self.upstream.post(url, payload, headers, read_s=bound) as r:
-            data = await r.read()
+            data = await r.read(limit if r.status < 400 else MAX_ERROR_BODY_BYTES)
             return r.status, data, r.headers.get("content-type", "application/json")
 
     async def _relay(self, call: Call, b: Backend, payload: bytes, headers: dict[str, str], send: Send,
@@ -139,7 +140,7 @@ class RelayStage(FleetLoops):
                 if r.status >= 400:
                     await self._refused(call, b, r, send)
                     return None
-                framer = SseFramer()
+                framer = SseFramer(call.bounds.event_bytes)
                 first, error = framer.cut_error(await self._first_event(b, r, framer, t_send + first_bound))
                 t_first = self.now()
                 self.backends.handoff_ended(call.rid)  # the decode leg has its KV
@@ -149,7 +150,7 @@ class RelayStage(FleetLoops):
                     await send({"type": "http.response.start", "status": 200, "headers": stream_headers(call, b)})
                 sent_any = True
                 held = await self._send_first(call, b, first, held, send, t_first, t_send)
-                ended_by(error)
+                ended_by(framer, error)
                 r.timeout_s = next_token_bound_s(b, self.cfg.stall, self.cfg.timeouts)
                 held = await self._pump(call, r, framer, held, send)
                 if not framer.finished() and not gone:  # ended well-formed, but before [DONE]: cut short
@@ -199,13 +200,13 @@ class RelayStage(FleetLoops):
                 out, held = self._relayed(call, out, held)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
-            ended_by(error)
+            ended_by(framer, error)
         return held
 
     async def _refused(self, call: Call, b: Backend, r: UpstreamResponse, send: Send) -> None:
         """An error status before the stream: a 5xx (or any refusal of a continuation) is retried
         elsewhere, a client's 4xx is relayed as it is."""
-        data = await r.read()
+        data = await r.read(MAX_ERROR_BODY_BYTES)
         if r.status >= 500:
             self._fault(b, "5xx")
             raise Retry(b, "5xx", f"HTTP {r.status}")
@@ -226,6 +227,8 @@ class RelayStage(FleetLoops):
                 self._fault(b, "empty")
                 raise Retry(b, "empty", "stream closed before its first event")
             first = framer.feed(chunk)
+            if not first:
+                framer.check()
         if first.startswith(ERROR_EVENT):
             # The stream failed before any token: nothing reached the client, so it is retried. A
             # decode leg that could not get its KV (lease expired, pull failed) blames
@@ -286,10 +289,12 @@ class RelayStage(FleetLoops):
                         "more_body": False})
 
 
-def ended_by(error: bytes) -> None:
-    """`ErrorEvent` when the backend's events ended with error event `error` (b"": they did not)."""
+def ended_by(framer: SseFramer, error: bytes) -> None:
+    """After relaying whole events: `ErrorEvent` when they ended with error event `error` (b"":
+    they did not), `Oversized` when the event being received has passed its bound."""
     if error:
         raise ErrorEvent(error[6:200].decode("utf-8", "replace").strip())
+    framer.check()
 
 
 def stream_headers(call: Call, b: Backend) -> list[tuple[bytes, bytes]]:

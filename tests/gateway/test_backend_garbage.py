@@ -8,7 +8,14 @@ import asyncio
 import pytest
 from gw_harness import ADMIN, run, running_fleet
 
-from fleetwise.gateway.openai import ANSWER_BASE_BYTES, LOGPROB_BYTES, STEP_TOKENS, TOKEN_BYTES, answer_bounds
+from fleetwise.gateway.openai import (
+    ANSWER_BASE_BYTES,
+    KV_BLOCK_ID_BYTES,
+    LOGPROB_BYTES,
+    STEP_TOKENS,
+    TOKEN_BYTES,
+    answer_bounds,
+)
 from fleetwise.gateway.scrape import BadSample, parse_metrics
 
 COMPLETION = {"model": "m", "prompt": "hello world", "max_tokens": 5, "stream": True}
@@ -63,14 +70,16 @@ def test_garbage_metrics_keep_the_last_good_view_and_count_scrape_errors() -> No
 
 def test_answer_bounds_follow_max_tokens_logprobs_and_echo() -> None:
     plain = answer_bounds({}, 100, 16)
-    assert (plain.event_bytes, plain.body_bytes) == (ANSWER_BASE_BYTES + 16 * TOKEN_BYTES,) * 2
+    assert plain.event_bytes == ANSWER_BASE_BYTES + 16 * TOKEN_BYTES
+    assert plain.body_bytes == plain.event_bytes + 100 * KV_BLOCK_ID_BYTES  # a prefill answer names its blocks
     lp = answer_bounds({"logprobs": 5}, 100, 1000)  # completions: the sampled token and 5 alternatives
     per = TOKEN_BYTES + 6 * LOGPROB_BYTES
-    assert (lp.event_bytes, lp.body_bytes) == (ANSWER_BASE_BYTES + STEP_TOKENS * per, ANSWER_BASE_BYTES + 1000 * per)
+    assert lp.event_bytes == ANSWER_BASE_BYTES + STEP_TOKENS * per
+    assert lp.body_bytes == ANSWER_BASE_BYTES + 1000 * per + 100 * KV_BLOCK_ID_BYTES
     chat = answer_bounds({"logprobs": True, "top_logprobs": 20}, 100, 10)
-    assert chat.body_bytes == ANSWER_BASE_BYTES + 10 * (TOKEN_BYTES + 21 * LOGPROB_BYTES)
+    assert chat.body_bytes == ANSWER_BASE_BYTES + 10 * (TOKEN_BYTES + 21 * LOGPROB_BYTES) + 100 * KV_BLOCK_ID_BYTES
     echo = answer_bounds({"echo": True}, 100, 10)
-    assert echo.event_bytes == echo.body_bytes == ANSWER_BASE_BYTES + 110 * TOKEN_BYTES
+    assert echo.event_bytes == echo.body_bytes - 100 * KV_BLOCK_ID_BYTES == ANSWER_BASE_BYTES + 110 * TOKEN_BYTES
 
 
 @pytest.mark.parametrize(("where", "stream"), [("first", True), ("body", False), ("error", False), ("error", True)])

@@ -10,7 +10,12 @@ returns `kv_transfer_params` naming its blocks; a request carrying `do_remote_pr
 a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500),
 `die_after:K` (close the connection after K chunks of a stream), `metrics_fail` (500 on
 /metrics only), `health_fail` (503 on /health only), `end_after:K` (end the answer cleanly after K
-chunks, without `[DONE]`), `models:JSON` (that JSON as the /v1/models answer).
+chunks, without `[DONE]`), `error_after:K` (after K chunks an SSE error event, as vLLM sends
+one when the engine fails mid-stream, then `[DONE]`), `models:JSON` (that JSON as the /v1/models
+answer), `oversize:WHERE` (256 KiB where no legitimate answer to a short request has it: `first`
+a first SSE event, `mid` an event after two tokens, `body` a non-streamed body, `error` a 400's
+error body). With `chunk_usage` set, a stream asking for `continuous_usage_stats` gets the usage so
+far on every chunk (vLLM's), so the gateway can migrate it.
 
 Run standalone: `python tests/gateway/responder.py --port 8001 [--token-delay-ms 0]`.
 """
@@ -27,6 +32,8 @@ from typing import Any
 OK_HEADERS = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
 SSE_HEADERS = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
                b"transfer-encoding: chunked\r\n\r\n")
+OVERSIZE = b"x" * (256 << 10)
+"""Bytes no legitimate answer to a short request holds in one event, body or error body."""
 DEFAULT_MAX_TOKENS = 16
 """Output tokens when the client sets no `max_tokens` (vLLM would use the context limit)."""
 BLOCK_CHARS = 64
@@ -55,6 +62,7 @@ class Responder:
         self.paths: list[str] = []
         self.bodies: list[dict[str, Any]] = []
         self.keep_bodies = False
+        self.chunk_usage = False
         self._blocks: set[str] = set()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -132,6 +140,10 @@ class Responder:
             return True
         if self.fault == "hang":
             await asyncio.sleep(3600)
+        if self.fault == "oversize:error":
+            w.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(OVERSIZE) + 13, b'{"error": "' + OVERSIZE + b'"}'))
+            return True
         if self.fault == "fail":
             err = b'{"error":{"message":"engine failure","type":"server_error","code":500}}'
             w.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
@@ -197,11 +209,15 @@ class Responder:
                                       {"index": 0, "text": text, "finish_reason": "length"})
             doc: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": self.model,
                                    "choices": [choice], "usage": usage}
+            if self.fault == "oversize:body":
+                doc["padding"] = OVERSIZE.decode()
             if out_kv is not None:
                 doc["kv_transfer_params"] = out_kv
             return self._json(w, json.dumps(doc).encode())
         die_after = int(self.fault.split(":")[1]) if self.fault.startswith("die_after:") else -1
         end_after = int(self.fault.split(":")[1]) if self.fault.startswith("end_after:") else -1
+        error_after = int(self.fault.split(":")[1]) if self.fault.startswith("error_after:") else -1
+        counted = self.chunk_usage and (req.get("stream_options") or {}).get("continuous_usage_stats")
         head = json.dumps({"id": rid, "object": kind + ".chunk" if chat else kind, "created": created,
                            "model": self.model})[:-1]
         for i in range(n):
@@ -210,6 +226,15 @@ class Responder:
                 return False
             if i == end_after:  # a well-formed end of the answer, without the rest or [DONE]
                 w.write(b"0\r\n\r\n")
+                return True
+            if (i, self.fault) in ((0, "oversize:first"), (2, "oversize:mid")):  # an event that never ends
+                w.write(_chunk(b"data: " + OVERSIZE))
+                await w.drain()
+                await asyncio.sleep(3600)
+            if i == error_after:  # vLLM's error event for an engine failing mid-stream, then the end
+                err = b'{"error": {"object": "error", "message": "engine failed", "type": "InternalServerError", ' \
+                      b'"param": null, "code": 500}}'
+                w.write(_chunk(b"data: " + err + b"\n\n") + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
                 return True
             if w.is_closing():  # the client went away: stop generating (as an engine aborts)
                 return False
@@ -220,6 +245,8 @@ class Responder:
                 ev = f'{head}, "choices":[{{"index":0,"delta":{{{role}"content":"t{i} "}},"finish_reason":{fin}}}]}}'
             else:
                 ev = f'{head}, "choices":[{{"index":0,"text":"t{i} ","finish_reason":{fin}}}]}}'
+            if counted:
+                ev = ev[:-1] + f', "usage":{{"prompt_tokens":8,"completion_tokens":{i + 1},"total_tokens":{9 + i}}}}}'
             w.write(_chunk(b"data: " + ev.encode() + b"\n\n"))
             if self.token_delay_s and not last:
                 await asyncio.sleep(self.token_delay_s)

@@ -58,8 +58,16 @@ def test_chat_streaming_usage_and_models() -> None:
                 assert r.status == 200
             await f.responders[0].stop()
             await f.wait_for(lambda: not f.gw.backends.live["b0"].healthy)
+            async with f.client.get(f.url + "/readiness") as r:  # a panic routes to all: still routable
+                assert (r.status, (await r.json())["panic"]) == (200, ["mixed"])
+            for _ in range(5):  # a role's last backend keeps its breaker closed (max_ejection_percent)
+                assert (await f.post("/v1/chat/completions", CHAT))[0] == 502
             async with f.client.get(f.url + "/readiness") as r:
-                assert r.status == 503
+                assert (r.status, (await r.json())["routable"]) == (200, {"mixed": 1})
+            async with f.client.delete(f.url + "/admin/backends/b0", headers=f.admin_headers()) as r:
+                assert r.status == 200
+            async with f.client.get(f.url + "/readiness") as r:  # no backend left to route to
+                assert (r.status, (await r.json())["routable"]) == (503, {})
     run(scenario)
 
 

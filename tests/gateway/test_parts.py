@@ -96,7 +96,7 @@ def test_token_bucket_and_tenant_limits() -> None:
 
 
 def test_sse_framer_forwards_whole_events_only() -> None:
-    f = SseFramer()
+    f = SseFramer(1 << 20)
     assert f.feed(b"data: {\"a\":") == b""
     assert f.feed(b" 1}\n\ndata: {\"b\"") == b"data: {\"a\": 1}\n\n"
     assert f.feed(b": 2}\n\ndata: [DONE]\n\n") == b"data: {\"b\": 2}\n\ndata: [DONE]\n\n"
@@ -109,11 +109,11 @@ def test_sse_framer_relays_crlf_and_cr_streams_as_lf() -> None:
     lf = b'data: {"a": 1}\n\ndata: {"b":\ndata: 2}\n\ndata: [DONE]\n\n'
     crlf, cr = lf.replace(b"\n", b"\r\n"), lf.replace(b"\n", b"\r")
     for cut in range(len(crlf) + 1):
-        f = SseFramer()
+        f = SseFramer(1 << 20)
         out = f.feed(crlf[:cut]) + f.feed(crlf[cut:])
         assert out == lf and f.events == 4 and f.buf == b"", cut
     for cut in range(len(cr) + 1):  # a CR ending the stream may still be half a CRLF: it waits
-        f = SseFramer()
+        f = SseFramer(1 << 20)
         out = f.feed(cr[:cut]) + f.feed(cr[cut:])
         assert out == lf[:-len(b"data: [DONE]\n\n")] and f.buf == b"data: [DONE]\n\r", cut
 

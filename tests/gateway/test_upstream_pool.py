@@ -71,7 +71,7 @@ async def ok(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> bool:
 
 async def post(pool: HttpPool, url: str) -> tuple[int, bytes]:
     async with pool.post(url, b'{"x": 1}', {"content-type": "application/json", "x-request-id": "r1"}) as resp:
-        return resp.status, await resp.read()
+        return resp.status, await resp.read(1 << 20)
 
 
 def test_keep_alive_reuses_one_connection_and_sends_one_well_formed_request() -> None:

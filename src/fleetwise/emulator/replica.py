@@ -89,7 +89,7 @@ class EmulatedReplica:
         self.pulls = KvPulls(self, kv_pull)
         """Decode role: the KV pulled from prefill replicas."""
         self._next_eid = 0
-        self._fault_timers: dict[str, asyncio.TimerHandle] = {}
+        self._fault_timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
         self._aborts: list[Live] = []
         """Requests to drop from the engine at the end of the step in flight."""
         self.kv_port: KvPort | None = None
@@ -444,24 +444,20 @@ class EmulatedReplica:
                 t.cancel()
             self._fault_timers.clear()
             self._faults_changed()
-        else:
+        else:  # one more instance: overlapping faults of a kind compose (`FaultKind.compose`)
             actions = fault_kinds.FaultActions(crash=self._crash, changed=self.kick)
-            kind.apply(st, params, actions)
+            instance = kind.apply(st, params, actions)
             self._faults_changed()
-            st.active[kind.name] = params.model_dump()
-            old = self._fault_timers.pop(kind.name, None)
-            if old is not None:
-                old.cancel()
             if params.duration_s is not None:
                 loop = asyncio.get_running_loop()
-                self._fault_timers[kind.name] = loop.call_later(
-                    self._wall_s(params.duration_s), self._clear_kind, kind.name)
+                self._fault_timers[(kind.name, instance)] = loop.call_later(
+                    self._wall_s(params.duration_s), self._clear_instance, kind.name, instance)
         self.kick()
         return {"active": dict(st.active)}
 
-    def _clear_kind(self, name: str) -> None:
-        self._fault_timers.pop(name, None)
-        fault_kinds.clear_one(self.faults, name)
+    def _clear_instance(self, name: str, instance: int) -> None:
+        self._fault_timers.pop((name, instance), None)
+        fault_kinds.clear_one(self.faults, name, instance)
         self._faults_changed()
 
     def _faults_changed(self) -> None:

@@ -74,9 +74,12 @@ class AdminSurface(AdmitStage):
     async def _readiness(self, _: Request) -> Response:
         now = self.now()
         n = sum(b.available(now) for b in self.backends.live.values())
+        roles = self.backends.routable_roles(now)
+        serves = roles.get("mixed", 0) > 0 or (roles.get("prefill", 0) > 0 and roles.get("decode", 0) > 0)
         metering_ok, ledger = ledger_ready(self.ledger, self.cfg)
-        ready = n > 0 and metering_ok
-        doc: dict[str, Any] = {"ready": ready, "available_backends": n}
+        ready = serves and metering_ok
+        doc: dict[str, Any] = {"ready": ready, "available_backends": n, "routable": roles,
+                               "panic": sorted(self.backends.panic)}
         if ledger is not None:
             doc["ledger"] = ledger
         return JSONResponse(doc, status_code=200 if ready else 503)
@@ -109,6 +112,8 @@ class AdminSurface(AdmitStage):
             "by_reason": rep.get("by_reason"),
             "slowness": rep.get("slowness"),
             "panic": sorted(self.backends.panic),
+            "ejection": {"max_ejection_percent": self.cfg.breaker.max_ejection_percent,
+                         "capped": self.backends.capped_roles()},
             "models": sorted(self.known_models()),
             "backends": [{**b.admin(now), "kv_events": self._kv_admin(b.name)} for b in self.backends.live.values()],
             "draining": [b.admin(now) for b in self.backends.draining.values()],

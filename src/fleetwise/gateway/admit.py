@@ -41,6 +41,7 @@ from fleetwise.gateway.migration import (
 )
 from fleetwise.gateway.openai import (
     ClientError,
+    answer_bounds,
     parse_json_body,
     parse_request,
     prompt_blocks,
@@ -159,6 +160,9 @@ class AdmitStage(DispatchStage):
                               arrival_s=arrival, hash_block_tokens=lm.hash_block_tokens)
             call = Call(rid, endpoint, scope["path"], arrival, raw, body, pr.stream, pr.include_usage, rr,
                          receive=receive)
+            # Without max_tokens an engine generates up to its context (vLLM's default): bound by that.
+            call.bounds = answer_bounds(body, prompt_tokens, pr.max_tokens or self._context(pr.model)
+                                        or lm.max_output_tokens)
             if pr.stream and self.cfg.failure_domains.may_migrate(0):
                 call.track, call.keep_chunk_usage = True, client_wants_continuous(body)
             if self.ledger is not None:

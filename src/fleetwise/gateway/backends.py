@@ -37,6 +37,8 @@ class Breaker:
         self.opened_at_s: float | None = None
         self.probing = False
         self.opens = 0
+        self.held = False
+        """It would be open, but its role already has `max_ejection_percent` of its backends out."""
 
     def allows(self, now_s: float) -> bool:
         """Whether a request may go to the backend now (half-open lets the caller probe)."""
@@ -57,14 +59,20 @@ class Breaker:
 
     def success(self) -> None:
         """A request succeeded (any answer that is not a backend fault)."""
-        self.consecutive, self.opened_at_s, self.probing = 0, None, False
+        self.consecutive, self.opened_at_s, self.probing, self.held = 0, None, False, False
 
-    def fault(self, now_s: float) -> None:
-        """Connect error, timeout or 5xx."""
+    def fault(self, now_s: float, may_open: bool = True) -> None:
+        """Connect error, timeout or 5xx; a closed breaker due to open stays closed (`held`)
+        unless `may_open` (its role's ejection budget allows one more)."""
         self.consecutive += 1
-        if self.probing or (self.opened_at_s is None and self.consecutive >= self.spec.failures):
+        if self.probing:  # the half-open probe failed: open again (still counted as ejected)
             self.opened_at_s, self.probing = now_s, False
             self.opens += 1
+        elif self.opened_at_s is None and self.consecutive >= self.spec.failures:
+            self.held = not may_open
+            if may_open:
+                self.opened_at_s = now_s
+                self.opens += 1
 
 
 @dataclass(slots=True)
@@ -89,6 +97,8 @@ class Backend:
     load: EngineLoad = field(default_factory=EngineLoad)
     scraped_at_s: float | None = None
     scrape_errors: int = 0
+    scrape_rejected: str | None = None
+    """Why the last scrape's sample was rejected (`scrape.BadSample`); None after a good one."""
     in_flight: int = 0
     own_prefill_tokens: int = 0
     """Prompt tokens of this gateway's requests on the backend still before their first token."""
@@ -188,7 +198,7 @@ class Backend:
             "engine_ttft_mean_s": ld.ttft_mean_s, "engine_itl_mean_s": ld.itl_mean_s,
             "observed_ttft_s": self.ttft_ewma_s, "observed_tpot_s": self.tpot_ewma_s,
             "scrape_age_s": None if self.scraped_at_s is None else round(now_s - self.scraped_at_s, 3),
-            "scrape_errors": self.scrape_errors, "selected": self.selected, "faults": self.faults,
+            "scrape_errors": self.scrape_errors, "scrape_rejected": self.scrape_rejected, "selected": self.selected, "faults": self.faults,
             "recent": [{"request_id": d.request_id, "at_s": round(d.at_s, 3), "kind": d.kind,
                         "reason": d.reason, "score": d.score} for d in self.recent],
         }
@@ -257,6 +267,26 @@ class Backends:
         (self.panic.add if now else self.panic.discard)(role)
         self.version += 1
         return True
+
+    def may_eject(self, b: Backend) -> bool:
+        """Whether `b`'s breaker may open: fewer of its role's live backends have open breakers than
+        `max_ejection_percent` of them (rounded down, at least one, never all)."""
+        role = [m for m in self.live.values() if m.spec.role == b.spec.role]
+        share = int(len(role) * self.breaker_spec.max_ejection_percent / 100.0)
+        budget = min(len(role) - 1, max(1, share)) if self.breaker_spec.max_ejection_percent > 0 else 0
+        return sum(m.breaker.opened_at_s is not None for m in role if m is not b) < budget
+
+    def capped_roles(self) -> list[str]:
+        """Roles with a breaker held closed by `max_ejection_percent` (sorted)."""
+        return sorted({b.spec.role for b in self.live.values() if b.breaker.held})
+
+    def routable_roles(self, now_s: float) -> dict[str, int]:
+        """Live backends a policy may route to now, per role (health verdicts ignored in a panic)."""
+        out: dict[str, int] = {}
+        for b in self.live.values():
+            if b.routable(now_s, b.spec.role in self.panic):
+                out[b.spec.role] = out.get(b.spec.role, 0) + 1
+        return out
 
     def get(self, name: str) -> Backend | None:
         """A live or draining backend by name."""

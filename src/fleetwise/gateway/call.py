@@ -20,6 +20,8 @@ from starlette.responses import Response
 from fleetwise.core.views import RouteRequest
 from fleetwise.gateway.backends import Backend
 from fleetwise.gateway.openai import (
+    ANSWER_BASE_BYTES,
+    AnswerBounds,
     ClientError,
     error_body,
 )
@@ -104,6 +106,8 @@ class Call:
     """The answer relayed was a backend's 4xx (for a P/D decode leg: the hand-off was refused)."""
     gone: bool = False
     """The client disconnected mid-stream."""
+    bounds: AnswerBounds = AnswerBounds(ANSWER_BASE_BYTES, ANSWER_BASE_BYTES)
+    """The most bytes a legitimate answer takes (`openai.answer_bounds`, set at admission)."""
 
 
 def pinned(tenant: str, field_name: str, pin: str | None, asked: str | None, header: bytes) -> str | None:

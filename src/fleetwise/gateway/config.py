@@ -44,6 +44,12 @@ FLEETWISE_TOKENIZER = "fleetwise"
 """The `tokenizer:` value naming fleetwise's own deterministic tokenizer (`fleetwise.core.tokens`)."""
 
 
+OPENAI_API_PATH = "/v1"
+"""The path OpenAI clients' `base_url` ends in (`http://host:8000/v1`, as LiteLLM's `api_base` and
+vLLM's docs write it); the gateway appends `/v1/completions` itself, and `/metrics` and `/health`
+live at the server's root, so a backend URL ending in it is taken as the root."""
+
+
 def backend_name(url: str) -> str:
     """The default name of a backend: its `host:port`."""
     parts = urlsplit(url)
@@ -77,7 +83,9 @@ class BackendSpec(Spec):
                       "`kv_events: {endpoint: tcp://host:port}` (docs/gateway.md, KV events)"}
 
     url: str
-    """Base URL, `http://host:port` (paths such as /v1/completions are appended)."""
+    """Base URL, `http://host:port` (paths such as /v1/completions are appended). A path is the
+    prefix the server is mounted under (`http://proxy/engine-a`); a trailing `/v1` is the OpenAI
+    client's `base_url` form and is dropped (`http://host:8000/v1` is `http://host:8000`)."""
     name: str = ""
     """Unique name in views, metrics and /admin/fleet; defaults to `host:port`."""
     role: Role = "mixed"
@@ -121,7 +129,11 @@ class BackendSpec(Spec):
             why = str(err)
         if why:
             raise ValueError(f"backend url {v!r}: {why}; give a port in 1-65535, as in http://host:8000")
-        return v.rstrip("/")
+        if parts.query or parts.fragment:
+            raise ValueError(f"backend url {v!r} has a query or fragment; give the server's base URL, as in "
+                             "http://host:8000")
+        base = v.rstrip("/")
+        return base[:-len(OPENAI_API_PATH)] if base.endswith(OPENAI_API_PATH) else base
 
     @field_validator("metrics_path", "health_path")
     @classmethod
@@ -165,6 +177,14 @@ class ScrapeSpec(Spec):
     """How often `backends_file` is checked for changes."""
 
 
+MAX_EJECTION_PERCENT = 50.0
+"""Default share of a role's backends open breakers may hold out. Envoy's `max_ejection_percent`
+defaults to 10% (and ejects at least one host); LLM fleets have 2 to 16 replicas a role, where
+10% means one, and a second dead replica would stay in rotation. 50% matches the health panic
+threshold (Envoy's `healthy_panic_threshold`): breakers and health checks alike leave at least
+half of a role routable."""
+
+
 class BreakerSpec(Spec):
     """Per-backend circuit breaker over backend faults (connect errors, timeouts, 5xx; never 4xx)."""
 
@@ -172,6 +192,11 @@ class BreakerSpec(Spec):
     """Consecutive faults that open the breaker."""
     open_s: float = Field(default=5.0, gt=0.0)
     """How long an open breaker refuses traffic before one probe request is let through."""
+    max_ejection_percent: float = Field(default=MAX_EJECTION_PERCENT, ge=0.0, le=100.0)
+    """Most of a role's backends (percent, rounded down, at least one) whose breakers may be open
+    at once, never all of them (Envoy's outlier detection `max_ejection_percent`): a breaker that
+    would open beyond it stays closed, so the backends that failed last stay routable. 100 = all
+    but one; 0 = breakers never open."""
 
 
 class TimeoutSpec(Spec):

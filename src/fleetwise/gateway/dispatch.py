@@ -32,6 +32,7 @@ from fleetwise.gateway.migration import (
     streamed_text,
 )
 from fleetwise.gateway.openai import (
+    MAX_ERROR_BODY_BYTES,
     with_stream_options,
 )
 from fleetwise.gateway.relay import RelayStage
@@ -161,7 +162,7 @@ class DispatchStage(RelayStage):
                 async with self.upstream.post(pre.spec.url + KV_RELEASE_PATH, body,
                                               {"content-type": "application/json"},
                                               read_s=self.cfg.scrape.timeout_s) as r:
-                    await r.read()
+                    await r.read(MAX_ERROR_BODY_BYTES)
 
         task = asyncio.get_running_loop().create_task(release())
         self._background.add(task)

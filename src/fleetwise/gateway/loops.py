@@ -23,7 +23,8 @@ from fleetwise.gateway.call import (
 from fleetwise.gateway.config import BackendSpec, duplicate_names
 from fleetwise.gateway.kv_events import kv_source
 from fleetwise.gateway.kv_zmq import ZmqKvEventFeed
-from fleetwise.gateway.scrape import parse_metrics
+from fleetwise.gateway.openai import MAX_ERROR_BODY_BYTES
+from fleetwise.gateway.scrape import BadSample, parse_metrics
 from fleetwise.gateway.stall import first_token_bound_s, fleet_ttft_s, probe_body
 from fleetwise.gateway.state import GatewayState
 from fleetwise.gateway.upstream import FAULT_ERRORS
@@ -91,11 +92,18 @@ class FleetLoops(GatewayState):
             status, data = await self.upstream.get(b.spec.url + str(b.spec.metrics_path), self.cfg.scrape.timeout_s)
         except FAULT_ERRORS:
             status, data = 0, b""
-        if status != 200:
+        try:
+            load = parse_metrics(data.decode("utf-8", "replace")) if status == 200 else None
+        except BadSample as err:
+            if b.scrape_rejected is None:  # logged once per run of bad samples
+                log.warning("backend %s: /metrics sample rejected (%s); keeping its last good view", b.name, err)
+            b.scrape_rejected, load = str(err), None
+        if load is None:
             b.scrape_errors += 1
             self.telemetry.scrapes.labels("error").inc()
             return
-        b.scraped(parse_metrics(data.decode("utf-8", "replace")), self.now())
+        b.scrape_rejected = None
+        b.scraped(load, self.now())
         self.telemetry.scrapes.labels("ok").inc()
 
     async def health_once(self) -> None:
@@ -131,7 +139,7 @@ class FleetLoops(GatewayState):
         try:
             async with self.upstream.post(b.spec.url + "/v1/completions", probe_body(models[0]),
                                           {"content-type": "application/json"}, read_s=bound) as r:
-                await r.read()
+                await r.read(MAX_ERROR_BODY_BYTES)
                 ok = r.status < 500
         except FAULT_ERRORS:
             ok = False

@@ -23,12 +23,55 @@ from fleetwise.core.openai_request import parse_request as parse_request_shared
 from fleetwise.core.tokens import chat_text
 
 __all__ = [
-    "ClientError", "ParsedRequest", "error_body", "parse_json_body", "parse_request",
+    "ANSWER_BASE_BYTES", "AnswerBounds", "ClientError", "KV_BLOCK_ID_BYTES", "LOGPROB_BYTES", "MAX_ERROR_BODY_BYTES", "ParsedRequest",
+    "STEP_TOKENS", "TOKEN_BYTES", "answer_bounds", "error_body", "parse_json_body", "parse_request",
     "prompt_blocks", "with_stream_options", "with_stream_options_reference",
 ]
 
 HASH_BYTES = 8
 """Digest size of one chained prefix-block hash (64-bit ids, as vLLM's block hashes)."""
+
+
+TOKEN_BYTES = 512
+"""Most bytes one generated token adds to an answer: a stream chunk's JSON (id, object, created, a
+model name of up to 128 bytes, the choice with its finish reason and a usage block: about 350
+bytes) and the token's text (at most 32 bytes of vocabulary entry, JSON-escaped as \\uXXXX: 6x)."""
+LOGPROB_BYTES = 256
+"""Most bytes one logprob alternative adds (its token escaped, its `bytes` list, the logprob)."""
+STEP_TOKENS = 256
+"""Most tokens one stream event carries for one request: vLLM streams one engine step's delta
+(`--stream-interval` 1 by default; speculative decoding adds at most its proposal length)."""
+ANSWER_BASE_BYTES = 64 << 10
+"""An answer's bytes beside its tokens (headers of the document, usage, `kv_transfer_params`)."""
+KV_BLOCK_ID_BYTES = 12
+"""Bytes a prefill's answer may add per prompt token: its `kv_transfer_params` list the prompt's
+KV blocks, at most one id per token (block size 1; vLLM's default is 16) of 10 digits, a comma and
+a space."""
+MAX_ERROR_BODY_BYTES = 64 << 10
+"""Largest error body a backend may send: vLLM's and SGLang's are one JSON message of a few
+hundred bytes; 64 KiB keeps a long validation message whole."""
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerBounds:
+    """The most bytes a legitimate answer to one request can take: one stream event, and a whole
+    non-streamed body; a backend sending more is at fault."""
+
+    event_bytes: int
+    body_bytes: int
+
+
+def answer_bounds(body: dict[str, Any], prompt_tokens: int, max_tokens: int) -> AnswerBounds:
+    """The bounds of the answer to `body` (`max_tokens` generated; `prompt_tokens` echoed back when
+    it asks for `echo` or `prompt_logprobs`), each token with the logprobs it asks for; a body may
+    also name the prompt's KV blocks (a P/D prefill leg's answer)."""
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    alternatives = (lp + 1 if type(lp) is int else 0) + (1 + (top if type(top) is int else 0) if lp is True else 0)
+    plp = body.get("prompt_logprobs")
+    echoed = prompt_tokens if body.get("echo") is True or type(plp) is int else 0
+    per_token = TOKEN_BYTES + (alternatives + (plp if type(plp) is int else 0)) * LOGPROB_BYTES
+    return AnswerBounds(ANSWER_BASE_BYTES + (echoed + min(max_tokens, STEP_TOKENS)) * per_token,
+                        ANSWER_BASE_BYTES + (echoed + max_tokens) * per_token + prompt_tokens * KV_BLOCK_ID_BYTES)
 
 
 ClientError = ApiError

@@ -32,8 +32,17 @@ from fleetwise.gateway.loops import FleetLoops
 from fleetwise.gateway.migration import (
     relay_events,
 )
+from fleetwise.gateway.openai import MAX_ERROR_BODY_BYTES
 from fleetwise.gateway.stall import first_token_bound_s, fleet_ttft_s, next_token_bound_s
-from fleetwise.gateway.upstream import FAULT_ERRORS, SseFramer, UpstreamBroken, UpstreamResponse, fault_kind
+from fleetwise.gateway.upstream import (
+    ERROR_EVENT,
+    FAULT_ERRORS,
+    ErrorEvent,
+    SseFramer,
+    UpstreamBroken,
+    UpstreamResponse,
+    fault_kind,
+)
 
 __all__ = ["Broken", "RelayStage"]
 
@@ -67,8 +76,8 @@ class RelayStage(FleetLoops):
         b.breaker.attempt(self.now())
         work = b.work(call.route.prompt_tokens, call.route.max_output_tokens or 0)
         try:
-            status, data, ctype = await unless_gone(None if call.resumed else call.receive,
-                                                     self._post_whole(b.spec.url + call.path, payload, headers, bound))
+            status, data, ctype = await unless_gone(None if call.resumed else call.receive, self._post_whole(
+                b.spec.url + call.path, payload, headers, bound, call.bounds.body_bytes))
         except FAULT_ERRORS as err:
             kind = fault_kind(err)
             self._fault(b, kind)
@@ -84,9 +93,9 @@ class RelayStage(FleetLoops):
         return status, data, ctype
 
     async def _post_whole(self, url: str, payload: bytes, headers: dict[str, str],
-                          bound: float) -> tuple[int, bytes, str]:
+                          bound: float, limit: int) -> tuple[int, bytes, str]:
         async with self.upstream.post(url, payload, headers, read_s=bound) as r:
-            data = await r.read()
+            data = await r.read(limit if r.status < 400 else MAX_ERROR_BODY_BYTES)
             return r.status, data, r.headers.get("content-type", "application/json")
 
     async def _relay(self, call: Call, b: Backend, payload: bytes, headers: dict[str, str], send: Send,
@@ -131,8 +140,8 @@ class RelayStage(FleetLoops):
                 if r.status >= 400:
                     await self._refused(call, b, r, send)
                     return None
-                framer = SseFramer()
-                first = await self._first_event(b, r, framer, t_send + first_bound)
+                framer = SseFramer(call.bounds.event_bytes)
+                first, error = framer.cut_error(await self._first_event(b, r, framer, t_send + first_bound))
                 t_first = self.now()
                 self.backends.handoff_ended(call.rid)  # the decode leg has its KV
                 b.done(pre_left, 0)
@@ -141,6 +150,7 @@ class RelayStage(FleetLoops):
                     await send({"type": "http.response.start", "status": 200, "headers": stream_headers(call, b)})
                 sent_any = True
                 held = await self._send_first(call, b, first, held, send, t_first, t_send)
+                ended_by(framer, error)
                 r.timeout_s = next_token_bound_s(b, self.cfg.stall, self.cfg.timeouts)
                 held = await self._pump(call, r, framer, held, send)
                 if not framer.finished() and not gone:  # ended well-formed, but before [DONE]: cut short
@@ -182,19 +192,25 @@ class RelayStage(FleetLoops):
 
     async def _pump(self, call: Call, r: UpstreamResponse, framer: SseFramer, held: bytes, send: Send) -> bytes:
         """Relay whole events until the stream ends (each wait bounded by `r.timeout_s`); returns
-        what is held back (the final [DONE] until the usage is recorded)."""
+        what is held back (the final [DONE] until the usage is recorded). An error event after
+        tokens is a broken stream (`ErrorEvent`): the events before it are relayed, it is not."""
+        error = b""
         while chunk := await r.content.readany():
             out = framer.feed(chunk)
+            if b'{"error"' in out:  # tested inline: this loop runs once per chunk of every stream
+                out, error = framer.cut_error(out)
             if call.meter is not None or call.track:
                 out, held = self._relayed(call, out, held)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+            if error or len(framer.buf) > framer.max_event_bytes:
+                ended_by(framer, error)
         return held
 
     async def _refused(self, call: Call, b: Backend, r: UpstreamResponse, send: Send) -> None:
         """An error status before the stream: a 5xx (or any refusal of a continuation) is retried
         elsewhere, a client's 4xx is relayed as it is."""
-        data = await r.read()
+        data = await r.read(MAX_ERROR_BODY_BYTES)
         if r.status >= 500:
             self._fault(b, "5xx")
             raise Retry(b, "5xx", f"HTTP {r.status}")
@@ -215,7 +231,9 @@ class RelayStage(FleetLoops):
                 self._fault(b, "empty")
                 raise Retry(b, "empty", "stream closed before its first event")
             first = framer.feed(chunk)
-        if first.startswith(b'data: {"error"'):
+            if not first:
+                framer.check()
+        if first.startswith(ERROR_EVENT):
             # The stream failed before any token: nothing reached the client, so it is retried. A
             # decode leg that could not get its KV (lease expired, pull failed) blames
             # `kv_transfer_params`: a failed hand-off, prefilled again elsewhere.
@@ -273,6 +291,14 @@ class RelayStage(FleetLoops):
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": f"data: {ev}\n\ndata: [DONE]\n\n".encode(),
                         "more_body": False})
+
+
+def ended_by(framer: SseFramer, error: bytes) -> None:
+    """After relaying whole events: `ErrorEvent` when they ended with error event `error` (b"":
+    they did not), `Oversized` when the event being received has passed its bound."""
+    if error:
+        raise ErrorEvent(error[6:200].decode("utf-8", "replace").strip())
+    framer.check()
 
 
 def stream_headers(call: Call, b: Backend) -> list[tuple[bytes, bytes]]:

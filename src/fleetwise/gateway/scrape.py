@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["ALIASES", "EngineLoad", "parse_metrics"]
+__all__ = ["ALIASES", "BadSample", "EngineLoad", "MAX_REQUEST_COUNT", "parse_metrics"]
 
 ALIASES: dict[str, tuple[str, ...]] = {
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"),
@@ -36,10 +36,23 @@ ALIASES: dict[str, tuple[str, ...]] = {
 
 _WANTED = {name: field for field, names in ALIASES.items() for name in names}
 
+MAX_REQUEST_COUNT = 10_000_000
+"""Most requests a page may say an engine runs or queues: vLLM's `max_num_seqs` is at most a few
+thousand and its waiting queue is bounded by memory, so a count above ten million is a broken
+exporter, not load."""
+FRACTIONS = ("kv_usage", "prefix_hit_rate")
+"""Fields that are fractions (0..1): vLLM's `kv_cache_usage_perc` is a fraction despite its name."""
+
+
+class BadSample(ValueError):
+    """A /metrics page holding numbers no engine can report (NaN, infinite, a negative count, a
+    fraction above 1): the whole sample is rejected, so it never steers routing."""
+
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """One scrape, summed over label sets (an engine serving several model names)."""
+    """One scrape, summed over label sets (an engine serving several model names, data-parallel
+    engine indices); fractions are their mean."""
 
     running: int = 0
     waiting: int = 0
@@ -62,8 +75,10 @@ class EngineLoad:
 
 
 def parse_metrics(text: str) -> EngineLoad:
-    """The engine load on a Prometheus text page (unknown lines ignored, NaN treated as absent)."""
+    """The engine load on a Prometheus text page (unknown lines ignored); BadSample naming the
+    metric and its value when a known one is NaN, infinite or out of its range."""
     found: dict[str, dict[str, float]] = {}
+    seen: dict[str, int] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -76,22 +91,27 @@ def parse_metrics(text: str) -> EngineLoad:
             value = float(line.rsplit("}", 1)[-1].split()[0] if cut >= 0 else line.split()[1])
         except (ValueError, IndexError):
             continue
-        if math.isfinite(value):
-            per = found.setdefault(field, {})
-            per[name] = per.get(name, 0.0) + value
+        if not math.isfinite(value) or value < 0:
+            raise BadSample(f"{name} is {value}")
+        if value > 1 and field in FRACTIONS:
+            raise BadSample(f"{name} is {value:g}, above 1")
+        per = found.setdefault(field, {})
+        per[name] = per.get(name, 0.0) + value
+        seen[name] = seen.get(name, 0) + 1
     vals: dict[str, float] = {}
     for field, names in ALIASES.items():
         got = found.get(field)
         if got:
-            vals[field] = next(got[n] for n in names if n in got)
-    hit_rate = vals.get("prefix_hit_rate")
+            name = next(n for n in names if n in got)
+            vals[field] = got[name] / seen[name] if field in FRACTIONS else got[name]
     if "prefix_queries" in vals and vals["prefix_queries"] > 0:
-        hit_rate = vals.get("prefix_hits", 0.0) / vals["prefix_queries"]
+        vals["prefix_hit_rate"] = vals.get("prefix_hits", 0.0) / vals["prefix_queries"]
+    _check(vals)
     return EngineLoad(
         running=int(vals.get("running", 0)),
         waiting=int(vals.get("waiting", 0)),
-        kv_usage=min(1.0, max(0.0, vals.get("kv_usage", 0.0))),
-        prefix_hit_rate=hit_rate,
+        kv_usage=vals.get("kv_usage", 0.0),
+        prefix_hit_rate=vals.get("prefix_hit_rate"),
         ttft_mean_s=_mean(vals, "ttft"),
         itl_mean_s=_mean(vals, "itl"),
         kv_xfer_s_total=vals.get("kv_xfer_sum", 0.0),
@@ -99,6 +119,15 @@ def parse_metrics(text: str) -> EngineLoad:
         kv_xfer_bytes_total=vals.get("kv_bytes_sum", 0.0),
         names_seen=sum(len(p) for p in found.values()),
     )
+
+
+def _check(vals: dict[str, float]) -> None:
+    """BadSample for counts beyond any engine and more prefix hits than queries (after summing label sets)."""
+    for field in ("running", "waiting"):
+        if vals.get(field, 0.0) > MAX_REQUEST_COUNT:
+            raise BadSample(f"{field} is {vals[field]:g}, above {MAX_REQUEST_COUNT:,} requests")
+    if vals.get("prefix_hit_rate", 0.0) > 1.0:
+        raise BadSample(f"prefix hits / queries is {vals['prefix_hit_rate']:g}, above 1")
 
 
 def _mean(vals: dict[str, float], key: str) -> float | None:

@@ -110,7 +110,16 @@ class GatewayState:
 
     def _fault(self, b: Backend, kind: str) -> None:
         b.faults += 1
-        b.breaker.fault(self.now())
+        held = b.breaker.held
+        b.breaker.fault(self.now(), self.backends.may_eject(b))
+        if b.breaker.held and not held:
+            role = b.spec.role
+            log.warning("breaker of %s kept closed: %d of %d %s backends already have open breakers "
+                        "(breaker.max_ejection_percent %s)", b.name,
+                        sum(m.breaker.opened_at_s is not None for m in self.backends.live.values()
+                            if m.spec.role == role),
+                        sum(m.spec.role == role for m in self.backends.live.values()), role,
+                        self.cfg.breaker.max_ejection_percent)
         self.telemetry.upstream_errors.labels(b.name, kind).inc()
         if kind == "timeout" and b.probe_ok and self.cfg.stall.enabled and self.cfg.stall.probe_interval_s > 0:
             # A stalled request: the backend counts as failing its health checks until a probe passes.

@@ -23,13 +23,22 @@ from urllib.parse import urlsplit
 import aiohttp
 import httptools
 
-__all__ = ["FAULT_ERRORS", "ConnectFailed", "HttpPool", "SseFramer", "Upstream", "UpstreamBroken", "UpstreamResponse",
+__all__ = ["ERROR_EVENT", "FAULT_ERRORS", "MAX_GET_BYTES", "ConnectFailed", "ErrorEvent", "HttpPool", "Oversized", "SseFramer", "Upstream", "UpstreamBroken", "UpstreamResponse",
            "fault_kind", "nodelay_socket"]
 
 
 class UpstreamBroken(ConnectionError):
     """The backend broke an exchange: closed the connection before the answer ended, or sent
     bytes that are not an HTTP/1.1 answer."""
+
+
+class ErrorEvent(UpstreamBroken):
+    """The backend ended a stream that had sent tokens with an SSE error event (`data: {"error": ...}`)."""
+
+
+class Oversized(UpstreamBroken):
+    """The backend sent more than a legitimate answer can hold (an SSE event, a body, an error
+    body over its bound): a backend fault, never an unbounded buffer."""
 
 
 class ConnectFailed(UpstreamBroken):
@@ -42,6 +51,10 @@ READ_BUFFER_BYTES = 1 << 18
 """Answer bytes buffered before reading from the backend pauses (a client slower than the backend)."""
 IDLE_PER_ORIGIN = 512
 """Idle keep-alive connections kept per backend address; more are closed when released."""
+
+MAX_GET_BYTES = 64 << 20
+"""Largest answer to a scrape, health check or /v1/models: vLLM's /metrics with many LoRA adapters,
+engines and histogram buckets is a few MiB."""
 
 POOL_CONNECTIONS = 0
 """Upstream connections kept at most (0: no cap; each backend's own limits apply)."""
@@ -59,11 +72,15 @@ def nodelay_socket(addr_info: tuple[Any, ...]) -> socket.socket:
 
 
 def fault_kind(err: BaseException) -> str:
-    """`timeout`, `connect` or `disconnect` for a client-side exception."""
+    """`timeout`, `connect`, `error_event`, `oversized` or `disconnect` for a client-side exception."""
     if isinstance(err, TimeoutError):
         return "timeout"
     if isinstance(err, aiohttp.ClientConnectorError | ConnectFailed):
         return "connect"
+    if isinstance(err, ErrorEvent):
+        return "error_event"
+    if isinstance(err, Oversized):
+        return "oversized"
     return "disconnect"
 
 
@@ -258,10 +275,18 @@ class UpstreamResponse:
             self.conn.transport.resume_reading()
         return out
 
-    async def read(self) -> bytes:
-        """The rest of the body."""
-        parts = []
+    async def read(self, limit: int) -> bytes:
+        """The rest of the body; `Oversized` (the connection closed) beyond `limit` bytes."""
+        declared = self.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            self.close()
+            raise Oversized(f"the backend's answer is {declared} bytes; its bound is {limit}")
+        parts, size = [], 0
         while chunk := await self.readany():
+            size += len(chunk)
+            if size > limit:
+                self.close()
+                raise Oversized(f"the backend's answer passed its bound of {limit} bytes")
             parts.append(chunk)
         return b"".join(parts)
 
@@ -428,19 +453,32 @@ class Upstream:
         return self.pool.post(url, data, headers, read_s)
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
-        """A bounded GET (health checks, scrapes); raises on connect errors and timeouts."""
+        """A bounded GET (health checks, scrapes); raises on connect errors and timeouts, and
+        `Oversized` for an answer over MAX_GET_BYTES."""
         assert self.session is not None, "Upstream.open() first"
         async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            return r.status, await r.read()
+            parts, size = [], 0
+            async for chunk in r.content.iter_any():
+                size += len(chunk)
+                if size > MAX_GET_BYTES:
+                    raise Oversized(f"{url}: the answer passed {MAX_GET_BYTES} bytes")
+                parts.append(chunk)
+            return r.status, b"".join(parts)
+
+
+ERROR_EVENT = b'data: {"error"'
+"""How an OpenAI-compatible server's stream error event starts (vLLM's, the gateway's own)."""
 
 
 class SseFramer:
     """Cuts a byte stream at SSE event boundaries (blank line), so a relay only ever forwards
     whole events and an error event after a broken stream is never glued to half of one."""
 
-    __slots__ = ("buf", "events", "tail")
+    __slots__ = ("buf", "events", "max_event_bytes", "tail")
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int) -> None:
+        self.max_event_bytes = max_event_bytes
+        """Longest event the backend may send (`openai.answer_bounds`); `check` raises beyond it."""
         self.buf = b""
         self.events = 0
         """`data:` events forwarded (a token count for streams without usage)."""
@@ -462,6 +500,23 @@ class SseFramer:
         self.events += out.count(b"data:")
         self.tail = out[-2048:]
         return out
+
+    def check(self) -> None:
+        """`Oversized` when the event being received has passed `max_event_bytes` (a relay calls it
+        after forwarding the whole events before it)."""
+        if len(self.buf) > self.max_event_bytes:
+            raise Oversized(f"an SSE event from the backend passed its bound of {self.max_event_bytes} bytes")
+
+    def cut_error(self, out: bytes) -> tuple[bytes, bytes]:
+        """Whole events `out` split at the first error event: (the events before it, the error
+        event and what followed, b"" without one); what follows is no longer counted in `events`."""
+        if b'{"error"' not in out:  # the usual case, one C-speed scan
+            return out, b""
+        at = 0 if out.startswith(ERROR_EVENT) else out.find(b"\n\n" + ERROR_EVENT) + 2
+        if at == 1:  # find gave -1: no error event
+            return out, b""
+        self.events -= out[at:].count(b"data:")
+        return out[:at], out[at:]
 
     def finished(self) -> bool:
         """The stream's last event was `data: [DONE]` (an answer cut short ends without it)."""

@@ -11,6 +11,10 @@ kind is a new file plus one import line in `_KIND_MODULES`, never an edit to an 
 
 Body: `{"kind": NAME, ...params, "duration_s": S?}`; `duration_s` (modelled seconds) clears the
 fault by itself after that long. `{"kind": "clear"}` clears every fault.
+
+Faults of one kind that overlap compose as the simulator's do (`fleetwise.sim.fault_kinds`): each
+injection is an instance of its own, cleared by itself, and the kind's effect is `compose` over the
+instances in force (slowdowns and KV link factors multiply, hangs and refusals nest).
 """
 
 from __future__ import annotations
@@ -43,7 +47,11 @@ class FaultState:
     kv_link_factor: float = 1.0
     """Fraction of its bandwidth this replica's KV port keeps (a degraded link)."""
     active: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Active kinds and the parameters they were injected with (GET /admin/faults)."""
+    """Active kinds and their parameters (GET /admin/faults): the latest injection's, with the
+    effect the instances in force compose to, and `instances` when more than one is."""
+    instances: dict[str, dict[int, tuple[Any, dict[str, Any]]]] = field(default_factory=dict)
+    """Kind -> instance id -> (its value, its parameters), in injection order."""
+    next_id: int = 0
 
 
 class FaultParams(BaseModel):
@@ -73,17 +81,49 @@ class FaultKind:
         return ""
 
     def value(self, p: Any) -> Any:
-        """What `apply` sets `state_field` to: by default the value of the kind's one effect field."""
+        """What one instance asks `state_field` to be: by default the value of the kind's one effect field."""
         return getattr(p, self.spec.EFFECT_FIELDS[0])  # type: ignore[attr-defined]
 
-    def apply(self, state: FaultState, p: Any, actions: FaultActions) -> None:
-        """Set this kind's state field."""
-        setattr(state, self.state_field, self.value(p))
+    def compose(self, values: list[Any]) -> Any:
+        """The state field's value with these instances in force (oldest first): by default the
+        latest's (a refusal or hang nests: it lasts while any instance does)."""
+        return values[-1]
 
-    def clear(self, state: FaultState) -> None:
-        """Undo this kind: its state field back to the all-clear default."""
+    def apply(self, state: FaultState, p: Any, actions: FaultActions) -> int:
+        """Add one instance of this kind; returns its id (for `clear_one`)."""
+        state.next_id += 1
+        state.instances.setdefault(self.name, {})[state.next_id] = (
+            self.value(p) if self.state_field else None, p.model_dump())
+        self._refresh(state)
+        return state.next_id
+
+    def clear(self, state: FaultState, instance: int | None = None) -> None:
+        """Undo one instance (None: every one) of this kind; the others in force still compose."""
+        held = state.instances.get(self.name, {})
+        if instance is None:
+            held.clear()
+        else:
+            held.pop(instance, None)
+        self._refresh(state)
+
+    def _refresh(self, state: FaultState) -> None:
+        """Set the state field and the `active` entry from the instances in force."""
+        held = list(state.instances.get(self.name, {}).values())
+        if not held:
+            state.instances.pop(self.name, None)
+            state.active.pop(self.name, None)
+            if self.state_field:
+                setattr(state, self.state_field, FaultState.__dataclass_fields__[self.state_field].default)
+            return
+        shown = dict(held[-1][1])
         if self.state_field:
-            setattr(state, self.state_field, FaultState.__dataclass_fields__[self.state_field].default)
+            value = self.compose([v for v, _ in held])
+            setattr(state, self.state_field, value)
+            if self.spec.EFFECT_FIELDS:  # type: ignore[attr-defined]
+                shown[self.spec.EFFECT_FIELDS[0]] = value  # type: ignore[attr-defined]
+        if len(held) > 1:
+            shown["instances"] = len(held)
+        state.active[self.name] = shown
 
     def actions(self, fault: Any, plan: PlanSpec) -> list[LiveAction]:
         """Fault `fault` of a file on a live fleet: this kind's body, with the fault's effect
@@ -160,14 +200,14 @@ def _first_error(err: ValidationError) -> str:
 
 def clear_all(state: FaultState) -> None:
     """Undo every active fault."""
-    for name in list(state.active):
+    for name in list(state.instances):
         clear_one(state, name)
 
 
-def clear_one(state: FaultState, name: str) -> None:
-    """Undo one active kind."""
-    if state.active.pop(name, None) is not None:
-        REGISTRY[name].clear(state)
+def clear_one(state: FaultState, name: str, instance: int | None = None) -> None:
+    """Undo one instance of kind `name` (None: every instance of it)."""
+    if name in state.instances:
+        REGISTRY[name].clear(state, instance)
 
 
 _KIND_MODULES = ("slowdown", "hang", "fail_requests", "drop_streams", "crash", "kv_link")

@@ -15,8 +15,9 @@ from fleetwise.spec.plan import PlanSpec
 class Crash(FaultKind):
     spec = vocab.ReplicaCrash
 
-    def apply(self, state: FaultState, p: FaultParams, actions: FaultActions) -> None:
+    def apply(self, state: FaultState, p: FaultParams, actions: FaultActions) -> int:
         actions.crash()
+        return super().apply(state, p, actions)
 
     def actions(self, fault: Any, plan: PlanSpec) -> list[LiveAction]:
         """The crash at `at_s`, and the process started again `restart_after_s` later (if ever)."""

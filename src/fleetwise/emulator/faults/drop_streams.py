@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fleetwise.emulator.faults import FaultKind, register
 from fleetwise.spec import faults as vocab
 
@@ -11,3 +13,7 @@ from fleetwise.spec import faults as vocab
 class DropStreams(FaultKind):
     spec = vocab.DropStreams
     state_field = "drop_after_tokens"
+
+    def compose(self, values: list[Any]) -> Any:
+        """The earliest cut of the instances in force."""
+        return min(values)

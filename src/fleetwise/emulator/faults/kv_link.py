@@ -5,6 +5,7 @@ emulator's KV pulls have no failure path for a transfer cut on the wire."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fleetwise.emulator.faults import FaultKind, register
@@ -21,3 +22,7 @@ class KvLink(FaultKind):
             return ""
         return ("bandwidth_factor=0 (link down) would cut transfers on the wire, which an emulated replica's KV "
                 "pulls cannot fail yet; give a factor above 0, or run it in the simulator")
+
+    def compose(self, values: list[Any]) -> Any:
+        """Overlapping link faults multiply, as the simulator's `KvLinkKind`."""
+        return math.prod(values)

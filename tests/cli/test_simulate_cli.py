@@ -108,3 +108,16 @@ def test_quick_start_from_files_names_the_plan_by_the_model_and_card(tmp_path):
     assert main(["simulate", "--model", str(cfg), "--gpu", str(card), "--trace",
                  str(write_azure_slice(tmp_path / "azure.csv", 4)), "--out", str(out), "--quiet"]) == 0
     assert json.loads((out / "summary.json").read_text())["plan"] == "Llama-3.1-8B-my-card-x1"
+
+
+def test_tpot_of_a_run_of_one_token_outputs_prints_as_not_applicable(tmp_path, capsys):
+    trace = tmp_path / "one.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     + "".join(f"2023-11-16 18:15:{i:02d}.0000000,300,1\n" for i in range(5)))
+    out = tmp_path / "o"
+    assert main(["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", str(trace),
+                 "--tpot-slo", "0.001", "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "tpot  n/a (every completed output is 1 token)" in text and "SLO attainment 100.0%" in text
+    s = json.loads((out / "summary.json").read_text())
+    assert s["tpot_s"] == {"p50": None, "p90": None, "p99": None, "mean": None}

@@ -227,6 +227,9 @@ def _print(s: dict[str, Any], paths: dict[str, str]) -> None:
     c.print(f"{head} in {s['duration_s']:.1f} s simulated ({s['sim_wall_s']:.2f} s wall)")
     for k in ("ttft_s", "tpot_s", "e2e_s"):
         m = s[k]
+        if m["p50"] is None:  # TPOT of one-token outputs only: undefined
+            c.print(f"  {k[:-2]:5s} n/a (every completed output is 1 token)")
+            continue
         c.print(f"  {k[:-2]:5s} p50 {m['p50'] * 1e3:9.1f} ms   p90 {m['p90'] * 1e3:9.1f} ms   p99 {m['p99'] * 1e3:9.1f} ms")
     t = s["throughput"]
     c.print(f"  throughput {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.0f} tok/s; "

@@ -121,3 +121,13 @@ def test_tpot_of_a_run_of_one_token_outputs_prints_as_not_applicable(tmp_path, c
     assert "tpot  n/a (every completed output is 1 token)" in text and "SLO attainment 100.0%" in text
     s = json.loads((out / "summary.json").read_text())
     assert s["tpot_s"] == {"p50": None, "p90": None, "p99": None, "mean": None}
+
+
+def test_a_one_sided_pd_upgrade_is_warned_before_the_run(tmp_path, capsys):
+    faults = tmp_path / "f.yaml"
+    faults.write_text("faults:\n  - {kind: rolling_upgrade, pool: decode, start_s: 1, new_model_version: v2}\n")
+    rc = main(["simulate", str(PLANS / "pd-70b.yaml"), "--workload", str(WORKLOAD), "--faults", str(faults),
+               "--requests", "20", "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 0 and err.startswith(f"warning: {faults}: faults.0 (rolling_upgrade): pool 'decode' is the decode side")
+    assert "add matched_with: prefill" in err

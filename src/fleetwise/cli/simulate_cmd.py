@@ -35,7 +35,7 @@ from fleetwise.routing.registry import policy_names
 from fleetwise.sim.results import RECORDS_FORMATS, require_parquet
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.base import load_document
-from fleetwise.spec.faults import FaultScenario, check_faults_apply
+from fleetwise.spec.faults import FaultScenario, check_faults_apply, version_skew_warnings
 from fleetwise.spec.limits import MAX_DURATION_S, MAX_REPLICAS, MAX_REQUESTS
 from fleetwise.spec.output import check_writable_dir, check_writable_file
 from fleetwise.spec.plan import PlanSpec, resolve_pool
@@ -178,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     faults = FaultScenario.load(args.faults) if args.faults else None
     if faults is not None:
         check_faults_apply(faults, plan, args.faults)
+        for line in version_skew_warnings(faults, plan, args.faults):
+            print(f"warning: {line}", file=sys.stderr)
     reqs = load_requests(args)
     if not reqs:
         raise SpecError("the workload produced no requests; check num_requests/duration_s or the trace file")

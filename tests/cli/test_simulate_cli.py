@@ -131,3 +131,15 @@ def test_a_one_sided_pd_upgrade_is_warned_before_the_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 0 and err.startswith(f"warning: {faults}: faults.0 (rolling_upgrade): pool 'decode' is the decode side")
     assert "add matched_with: prefill" in err
+
+
+def test_requests_over_max_model_len_are_counted_and_the_run_completes(tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("pools:\n  - {name: m, accelerator: h100-sxm, model: llama-3.1-8b, engine: {max_model_len: 400}}\n")
+    out = tmp_path / "o"  # the azure slice's requests i hold 220 + 11 i tokens: i >= 17 exceed 400
+    assert main(["simulate", str(plan), "--trace", str(write_azure_slice(tmp_path / "t.csv", 20)), "--out", str(out),
+                 "--quiet"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests_completed"] == 17 and s["failure_reasons"] == {"rejected_max_model_len": 3}
+    assert s["over_context"]["rejected_max_model_len"] == 3
+    assert "3 rejected on arrival: longer than a replica's max_model_len" in capsys.readouterr().out

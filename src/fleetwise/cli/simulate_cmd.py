@@ -33,7 +33,7 @@ from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
 from fleetwise.routing.registry import policy_names
 from fleetwise.sim.results import RECORDS_FORMATS, require_parquet
-from fleetwise.sim.runner import SimOptions, simulate
+from fleetwise.sim.runner import MAX_MODEL_LEN_REASON, SimOptions, simulate
 from fleetwise.spec.base import load_document
 from fleetwise.spec.faults import FaultScenario, check_faults_apply, version_skew_warnings
 from fleetwise.spec.limits import MAX_DURATION_S, MAX_REPLICAS, MAX_REQUESTS
@@ -202,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
                           on_progress=(lambda now, last: update(min(now / last, 1.0)))
                           if progress.wanted(quiet) else None)  # no callback: the event loop's fast path
         res = simulate(plan, reqs, faults, opts)
-    res.summary["over_context"] = {"policy": args.over_context, **over_context}
+    rejected = res.summary["failure_reasons"].get(MAX_MODEL_LEN_REASON, 0)
+    res.summary["over_context"] = {"policy": args.over_context, **over_context, "rejected_max_model_len": rejected}
     paths = res.write(Path(args.out), args.records_format)
     _print(res.summary, paths)
     if recorder is not None and window is not None:
@@ -227,6 +228,9 @@ def _print(s: dict[str, Any], paths: dict[str, str]) -> None:
         c.print(f"  wrote {paths['summary']} and {paths['records']}")
         return
     c.print(f"{head} in {s['duration_s']:.1f} s simulated ({s['sim_wall_s']:.2f} s wall)")
+    if s["failure_reasons"].get(MAX_MODEL_LEN_REASON):
+        c.print(f"  {s['failure_reasons'][MAX_MODEL_LEN_REASON]} rejected on arrival: longer than a replica's "
+                "max_model_len (its KV cache or engine.max_model_len); see requests.csv's failure column")
     for k in ("ttft_s", "tpot_s", "e2e_s"):
         m = s[k]
         if m["p50"] is None:  # TPOT of one-token outputs only: undefined

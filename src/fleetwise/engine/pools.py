@@ -19,7 +19,7 @@ from fleetwise.perf.types import Deployment, pool_deployment
 from fleetwise.spec import engine_defaults as ed
 from fleetwise.spec.plan import PoolSpec, resolve_pool
 
-__all__ = ["PoolBuild", "build_pool", "engine_config"]
+__all__ = ["PoolBuild", "build_pool", "effective_max_model_len", "engine_config"]
 
 
 def engine_config(pool: PoolSpec) -> EngineConfig:
@@ -42,6 +42,8 @@ class PoolBuild:
     """KV cache capacity of one replica in tokens (memory fit)."""
     perf: BoundPerf
     config: EngineConfig
+    max_model_len: int
+    """Longest request (prompt + output tokens) a replica serves (`effective_max_model_len`)."""
 
     def engine(self, name: str) -> Engine:
         """A fresh engine of this pool named `name`, priced by the bound perf model."""
@@ -71,4 +73,24 @@ def build_pool(pool: PoolSpec, perf: PerfModel, where: str) -> PoolBuild:
             f"gpu_memory_utilization {share:g}); raise tp/pp or the share, or use smaller dtypes; see "
             f"`fleetwise fit --model {pool.model} --gpu {pool.accelerator}{flags}`"
         )
-    return PoolBuild(pool, dep, cap, perf.bind(dep), engine_config(pool))
+    return PoolBuild(pool, dep, cap, perf.bind(dep), engine_config(pool), effective_max_model_len(pool, dep, cap, where))
+
+
+def effective_max_model_len(pool: PoolSpec, dep: Deployment, kv_capacity_tokens: int, where: str) -> int:
+    """Tokens (prompt + output) one request may hold on `pool`: `engine.max_model_len`, checked
+    against the model's context and the KV cache as vLLM checks it at start-up (its `--max-model-len`
+    must fit both); unset, the context lowered to the KV cache, whole blocks (what vLLM's start-up
+    error names as the estimated maximum model length)."""
+    k = pool.engine
+    kv_tokens = kv_capacity_tokens // k.block_size * k.block_size
+    context = dep.model.max_context_tokens
+    if k.max_model_len is None:
+        return min(context, kv_tokens)
+    if k.max_model_len > context:
+        raise SpecError(f"{where} ({pool.name}): engine.max_model_len={k.max_model_len} exceeds the context of "
+                        f"{dep.model.name} ({context:,} tokens); lower it to at most {context:,}")
+    if k.max_model_len > kv_tokens:
+        raise SpecError(f"{where} ({pool.name}): engine.max_model_len={k.max_model_len} does not fit one replica's KV "
+                        f"cache ({kv_tokens:,} tokens); lower it to at most {kv_tokens:,} or give the pool more KV room "
+                        "(tp, pp, fp8 KV, gpu_memory_utilization)")
+    return k.max_model_len

@@ -19,6 +19,7 @@ Metric definitions (per completed request):
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,29 @@ CSV_COLUMNS = (
     "queue_s", *TIME_COLUMNS, "ttft_s", "tpot_s", "e2e_s", "tokens_generated", "retries", "failure",
     "decision", "decision_scores",
 )
+
+
+@dataclass
+class SimResult:
+    """A finished run: the summary document, the per-request records and the replicas by name."""
+
+    summary: dict[str, Any]
+    records: Records
+    replica_names: list[str]
+    engine_steps: int = 0
+    """Steps the engines ran (a fused step counts once); the cost unit of `benchmarks/sim_speed.py`."""
+    engine_passes: int = 0
+    """Forward passes those steps stood for."""
+
+    def write(self, out_dir: Any, records_format: str = "csv") -> dict[str, str]:
+        """Write summary.json and requests.csv (or .parquet) into `out_dir`."""
+        from fleetwise.spec.output import write_json
+
+        d = Path(out_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        write_json(d / "summary.json", self.summary, indent=2)
+        rec_path = write_records(self.records, self.replica_names, d / f"requests.{records_format}")
+        return {"summary": str(d / "summary.json"), "records": str(rec_path)}
 
 
 def pct(values: np.ndarray) -> dict[str, float]:

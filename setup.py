@@ -39,6 +39,7 @@ COMPILED = [
     "src/fleetwise/engine/records.py",
     "src/fleetwise/engine/scheduler.py",
     "src/fleetwise/engine/sequence.py",
+    "src/fleetwise/engine/state.py",
     "src/fleetwise/engine/step_state.py",
     "src/fleetwise/perf/kv.py",
     "src/fleetwise/perf/kv_share.py",

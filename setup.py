@@ -41,6 +41,7 @@ COMPILED = [
     "src/fleetwise/engine/sequence.py",
     "src/fleetwise/engine/state.py",
     "src/fleetwise/engine/step_state.py",
+    "src/fleetwise/engine/window.py",
     "src/fleetwise/perf/kv.py",
     "src/fleetwise/perf/kv_share.py",
     "src/fleetwise/perf/roofline.py",

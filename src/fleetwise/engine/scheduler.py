@@ -30,7 +30,7 @@ from fleetwise.core.request import Request
 from fleetwise.engine.bundle import Fused, plan_fused
 from fleetwise.engine.decoders import step_sums
 from fleetwise.engine.records import NO_ENTRIES, Step, StepOutput
-from fleetwise.engine.sequence import DECODE, HANDOFF, PREFILL, WAITING, SeqState, cdiv, lookup
+from fleetwise.engine.sequence import DECODE, HANDOFF, PREFILL, WAITING, SeqState, lookup
 from fleetwise.engine.state import EngineState
 from fleetwise.engine.step_state import ScheduledStep
 from fleetwise.errors import InfeasibleError, SpecError
@@ -46,7 +46,7 @@ class Engine(EngineState):
         """Whether `req` could ever run here: its largest KV footprint fits the whole pool."""
         role = self.role
         extra = req.output_tokens - 1 if role == "mixed" else (0 if role == "prefill" else req.output_tokens)
-        return req.output_tokens >= 1 and cdiv(req.prompt_tokens + extra, self._bs) <= self.pool.capacity
+        return req.output_tokens >= 1 and self._blocks(req.prompt_tokens + extra) <= self.pool.capacity
 
     def add_request(self, req: Request) -> None:
         """Enqueue a request (mixed and prefill roles) at the back of the FCFS waiting queue."""
@@ -130,6 +130,8 @@ class Engine(EngineState):
 
     def _reserve_decodes(self) -> bool:
         """Phase 1 fast path (nothing prefilling): reserve this pass's decode blocks; False: preempt."""
+        if self._window is not None:
+            return self.pool.allocate(self._decoders.new_blocks(self._passes, 1))
         return self.pool.allocate(self._decoders.res[(-self._passes) % self._bs])
 
     def _admission_may_change(self, budget: int) -> bool:
@@ -141,13 +143,13 @@ class Engine(EngineState):
 
     def _reserve_running(self, budget: int, preempted: list[str]) -> list[tuple[SeqState, int]]:
         """Phase 1: decodes and next chunks of running requests; preempt newest until blocks fit."""
-        bs, g = self._bs, self._passes
+        g = self._passes
         plan: dict[SeqState, tuple[int, int]] = {}
         for st in self._prefilling:
             if budget <= 0:
                 break
             chunk = min(st.target - st.computed, budget)
-            plan[st] = (chunk, cdiv(st.computed + chunk, bs) - st.shared - st.private)
+            plan[st] = (chunk, self._blocks(st.computed + chunk) - st.shared - st.private)
             budget -= chunk
         needed = self._decoders.new_blocks(g, 1) + sum(need for _, need in plan.values())
         while needed > self.pool.num_free and self._running:
@@ -212,14 +214,14 @@ class Engine(EngineState):
                               if keys and use_cache and self.config.enable_prefix_caching else ([], [], 0))
         computed = hit * bs if not full_hit else st.target
         if full_hit:
-            chunk, need = 0, cdiv(st.target + 1, bs) - hit
+            chunk, need = 0, self._blocks(st.target + 1) - hit
         else:
             remaining = st.target - computed
             if remaining > budget and not self.config.enable_chunked_prefill \
                     and remaining <= self.config.max_num_batched_tokens:
                 return None
             chunk = min(remaining, budget)
-            need = cdiv(computed + chunk, bs) - hit
+            need = self._blocks(computed + chunk) - hit
         pinned = sum(e.num_blocks for e in set(entries) if e.ref_count == 0) if entries else 0
         if need + pinned > self.pool.num_free:
             return None
@@ -364,7 +366,7 @@ class Engine(EngineState):
         context = st.a + self._passes
         self._decoders.leave(st)
         del self._running[st.req.request_id]
-        st.free_blocks(self.pool, cdiv(context, self._bs) - st.shared)
+        st.free_blocks(self.pool, self._blocks(context) - st.shared)
 
     def _preempt(self, st: SeqState) -> None:
         """Recompute preemption: free blocks, keep outputs, requeue at the front of waiting."""
@@ -383,7 +385,7 @@ class Engine(EngineState):
         if st.phase == DECODE:
             context = st.a + self._passes
             self._decoders.leave(st)
-            private = cdiv(context, self._bs) - st.shared
+            private = self._blocks(context) - st.shared
         else:
             self._prefilling.remove(st)
             private = st.private

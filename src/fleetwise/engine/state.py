@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from fleetwise.core.request import Request
 from fleetwise.core.views import Role, WorkerView
@@ -19,8 +20,9 @@ from fleetwise.engine.blocks import BlockPool
 from fleetwise.engine.bundle import BatchTimeFn, DecodeTimeFn, batch_time_of, decode_time_of
 from fleetwise.engine.decoders import DecodeSet
 from fleetwise.engine.records import EngineConfig
-from fleetwise.engine.sequence import DECODE, SeqState, hit_blocks
+from fleetwise.engine.sequence import DECODE, SeqState, cdiv, hit_blocks
 from fleetwise.engine.step_state import EngineCounters, ScheduledStep
+from fleetwise.engine.window import KvWindow, WindowedDecodeSet
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import BatchShape
 from fleetwise.spec.kv_format import KvFormat
@@ -34,20 +36,25 @@ class EngineState:
 
     def __init__(self, name: str, role: Role, config: EngineConfig, num_blocks: int,
                  step_time: StepTimeFn, decode_time: DecodeTimeFn | None = None,
-                 batch_time: BatchTimeFn | None = None) -> None:
+                 batch_time: BatchTimeFn | None = None, window: KvWindow | None = None) -> None:
         """`step_time` prices any batch; `decode_time(n, kv, longest)`, when given, must equal
         `step_time(decode_shape(n, kv, longest))` (a faster path for decode-only passes, which
         fused planning evaluates several times per step), and `batch_time(*fields)` must equal
-        `step_time(BatchShape(*fields))` (steps with prompt chunks, priced without the shape)."""
+        `step_time(BatchShape(*fields))` (steps with prompt chunks, priced without the shape).
+        `window`: the model's sliding-window layers, whose blocks a sequence frees as they leave
+        the window (`window.KvWindow`; prefix caching is then off); None: every layer keeps all."""
         if role not in ("mixed", "prefill", "decode"):
             raise SpecError(f"engine {name!r}: role={role!r} must be mixed, prefill or decode")
+        if window is not None and config.enable_prefix_caching:
+            config = replace(config, enable_prefix_caching=False)
         self.name, self.role, self.config = name, role, config
+        self._window = window
         self.step_time = step_time
         self.decode_time = decode_time if decode_time is not None else decode_time_of(step_time)
         self.batch_time = batch_time if batch_time is not None else batch_time_of(step_time)
         self.pool = BlockPool(num_blocks)
         self._bs = config.block_size
-        self._decoders = DecodeSet(config.block_size)
+        self._decoders = DecodeSet(config.block_size) if window is None else WindowedDecodeSet(config.block_size, window)
         self._waiting: deque[SeqState] = deque()
         self._waiting_prefill_tokens = 0
         self._running: dict[str, SeqState] = {}
@@ -62,6 +69,11 @@ class EngineState:
         self.stats = EngineCounters()
         self.per_request_outputs = False
         """Fill `StepOutput.tokens` (which requests got how many tokens): a server streams them."""
+
+    def _blocks(self, tokens: int) -> int:
+        """KV blocks one sequence of `tokens` positions holds here."""
+        w = self._window
+        return cdiv(tokens, self._bs) if w is None else w.blocks(tokens)
 
     def enable_kv_events(self) -> None:
         """Record the block pool's KV events and report them in each `StepOutput.kv_events`."""

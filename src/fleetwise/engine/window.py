@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fleetwise.engine.decoders import DecodeSet
 from fleetwise.engine.sequence import SeqState, cdiv
 
+
 @dataclass(frozen=True, slots=True)
 class KvWindow:
     """The layer mix of a windowed model, as the engine's block accounting needs it."""

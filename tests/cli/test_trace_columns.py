@@ -161,3 +161,14 @@ def test_arrivals_that_fit_no_unit_are_one_line_errors_naming_the_fix(tmp_path, 
                  str(tmp_path / "o"), "--trace-columns", f"{MAPPING},arrival_unit=min"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "arrival_unit=min: one of s, ms, us, ns" in err
+
+
+def test_simulate_says_which_unit_it_read_epoch_arrivals_in(tmp_path, capsys):
+    trace = _epoch_trace(tmp_path / "ms.csv", 1e3)
+    base = ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", str(trace), "--quiet"]
+    assert main([*base, "--out", str(tmp_path / "a"), "--trace-columns", MAPPING]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {trace}: column 'ts' read as epoch ms (the magnitude of its values); give arrival_unit" in err
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["requests_total"] == N
+    assert main([*base, "--out", str(tmp_path / "b"), "--trace-columns", f"{MAPPING},arrival_unit=ms"]) == 0
+    assert "note:" not in capsys.readouterr().err

@@ -158,8 +158,12 @@ def load_requests(args: argparse.Namespace) -> list[Request]:
                                              "time_scale": ("--arrival-stretch", args.arrival_stretch),
                                              "max_requests": ("--requests", args.requests)})
     columns = trace_columns.parse(args.trace_columns)
-    return load_trace(arrival.path, time_scale=arrival.time_scale, rate_rps=arrival.rate_rps,
-                      max_requests=arrival.max_requests, seed=args.seed, columns=columns)
+    notes: list[str] = []
+    reqs = load_trace(arrival.path, time_scale=arrival.time_scale, rate_rps=arrival.rate_rps,
+                      max_requests=arrival.max_requests, seed=args.seed, columns=columns, notes=notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return reqs
 
 
 def run(args: argparse.Namespace) -> int:

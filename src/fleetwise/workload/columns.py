@@ -72,9 +72,9 @@ def _epoch_unit(p: Path, name: str, t: np.ndarray, lines: list[int]) -> str | No
     return found[0] if found and (units != "").all() else None
 
 
-def _arrivals(p: Path, cols: TraceColumns, values: list[str], lines: list[int]) -> np.ndarray:
-    """Seconds from the first arrival: numbers in the mapping's unit (`auto`: see the module
-    docstring); anything else must be a timestamp."""
+def _arrivals(p: Path, cols: TraceColumns, values: list[str], lines: list[int]) -> tuple[np.ndarray, str]:
+    """Seconds from the first arrival, and the unit `auto` found when it is not seconds (else ""):
+    numbers in the mapping's unit (`auto`: see the module docstring); anything else must be a timestamp."""
     name, unit = cols.arrival, cols.arrival_unit
     try:
         np.asarray(values, dtype=np.float64)
@@ -82,7 +82,7 @@ def _arrivals(p: Path, cols: TraceColumns, values: list[str], lines: list[int]) 
         if unit != "auto":
             raise SpecError(f"{p}: arrival_unit={unit} applies to numeric arrivals; column {name!r} holds timestamps "
                             f"(e.g. {values[0][:40]!r}): drop arrival_unit") from None
-        return datetime_column(p, name, values, lines)
+        return datetime_column(p, name, values, lines), ""
     t = float_column(p, name, values, lines)  # names the line of a NaN or inf
     read_as: str = unit
     if unit == "auto":
@@ -94,7 +94,7 @@ def _arrivals(p: Path, cols: TraceColumns, values: list[str], lines: list[int]) 
             raise SpecError(f"{p}: column {name!r} spans {span:.3g} in its own unit: over a year as seconds; give the "
                             f"unit: --trace-columns arrival={cols.arrival},prompt={cols.prompt},output={cols.output},arrival_unit=ms "
                             "(or us, ns; `arrival_unit` in a file's columns)")
-    return t * ARRIVAL_UNITS[read_as]
+    return t * ARRIVAL_UNITS[read_as], read_as if unit == "auto" and read_as != "s" else ""
 
 
 def read_mapped(path: str | Path, cols: TraceColumns) -> TraceTable:
@@ -105,9 +105,13 @@ def read_mapped(path: str | Path, cols: TraceColumns) -> TraceTable:
         raw, lines = _read_jsonl(p, cols)
     else:
         raw, lines = read_csv(p, cols.names(), f"--trace-columns {cols.arrival},{cols.prompt},{cols.output}")
+    arrival_s, found = _arrivals(p, cols, raw[cols.arrival], lines)
+    note = (f"{p}: column {cols.arrival!r} read as epoch {found} (the magnitude of its values); give "
+            "arrival_unit to read it otherwise") if found else ""
     return TraceTable(
         str(p), "columns",
-        _arrivals(p, cols, raw[cols.arrival], lines),
+        arrival_s,
         int_column(p, cols.prompt, raw[cols.prompt], lines),
         int_column(p, cols.output, raw[cols.output], lines),
+        note=note,
     )

@@ -296,3 +296,16 @@ def test_undefined_tpot_of_a_seed_is_left_out_of_the_means():
     assert st["other"]["vs_baseline"]["tpot_p99_s"]["mean"] is None
     rows = {r.policy: r.cells for r in table_rows({"stats": stats})}
     assert rows["other"]["TPOT p99 ms"] == "n/a" and rows["round-robin"]["TPOT p99 ms"].startswith("30.0 ±")
+
+
+def test_a_scenario_upgrading_one_side_of_a_pd_plan_carries_a_note(tmp_path):
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples/scenarios/pd-rolling-upgrade.yaml").read_text())
+    assert sc.load_scenario(Path(__file__).resolve().parents[2] / "examples/scenarios/pd-rolling-upgrade.yaml").notes == ()
+    for f in doc["faults"]["faults"]:
+        f.pop("matched_with", None)
+    for f in (doc.get("small") or {}).get("faults", {}).get("faults", []):
+        f.pop("matched_with", None)
+    path = tmp_path / "one-sided.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    notes = sc.load_scenario(path).notes
+    assert len(notes) == 1 and "pool 'p' is the prefill side" in notes[0] and "add matched_with: d" in notes[0]

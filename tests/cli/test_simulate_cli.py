@@ -108,3 +108,38 @@ def test_quick_start_from_files_names_the_plan_by_the_model_and_card(tmp_path):
     assert main(["simulate", "--model", str(cfg), "--gpu", str(card), "--trace",
                  str(write_azure_slice(tmp_path / "azure.csv", 4)), "--out", str(out), "--quiet"]) == 0
     assert json.loads((out / "summary.json").read_text())["plan"] == "Llama-3.1-8B-my-card-x1"
+
+
+def test_tpot_of_a_run_of_one_token_outputs_prints_as_not_applicable(tmp_path, capsys):
+    trace = tmp_path / "one.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     + "".join(f"2023-11-16 18:15:{i:02d}.0000000,300,1\n" for i in range(5)))
+    out = tmp_path / "o"
+    assert main(["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", str(trace),
+                 "--tpot-slo", "0.001", "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "tpot  n/a (every completed output is 1 token)" in text and "SLO attainment 100.0%" in text
+    s = json.loads((out / "summary.json").read_text())
+    assert s["tpot_s"] == {"p50": None, "p90": None, "p99": None, "mean": None}
+
+
+def test_a_one_sided_pd_upgrade_is_warned_before_the_run(tmp_path, capsys):
+    faults = tmp_path / "f.yaml"
+    faults.write_text("faults:\n  - {kind: rolling_upgrade, pool: decode, start_s: 1, new_model_version: v2}\n")
+    rc = main(["simulate", str(PLANS / "pd-70b.yaml"), "--workload", str(WORKLOAD), "--faults", str(faults),
+               "--requests", "20", "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 0 and err.startswith(f"warning: {faults}: faults.0 (rolling_upgrade): pool 'decode' is the decode side")
+    assert "add matched_with: prefill" in err
+
+
+def test_requests_over_max_model_len_are_counted_and_the_run_completes(tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("pools:\n  - {name: m, accelerator: h100-sxm, model: llama-3.1-8b, engine: {max_model_len: 400}}\n")
+    out = tmp_path / "o"  # the azure slice's requests i hold 220 + 11 i tokens: i >= 17 exceed 400
+    assert main(["simulate", str(plan), "--trace", str(write_azure_slice(tmp_path / "t.csv", 20)), "--out", str(out),
+                 "--quiet"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests_completed"] == 17 and s["failure_reasons"] == {"rejected_max_model_len": 3}
+    assert s["over_context"]["rejected_max_model_len"] == 3
+    assert "3 rejected on arrival: longer than a replica's max_model_len" in capsys.readouterr().out

@@ -106,3 +106,69 @@ def test_format_and_columns_together_are_refused(mine):
     with pytest.raises(SpecError, match="give either format .* or columns"):
         validate(TraceArrival, {"path": str(mine), "format": "azure", "columns": {"arrival": "ts", "prompt": "a",
                                                                                   "output": "b"}}, "w.yaml")
+
+
+def _epoch_trace(path: Path, scale: float, start: float = 1_714_564_800.0) -> Path:
+    """Arrivals 0.5 s apart from 2024-05-01 12:00 UTC, written in `scale` units per second."""
+    path.write_text("ts,input_tokens,output_tokens\n" + "".join(
+        f"{(start + 0.5 * i) * scale:.1f},{300 + i},{8 + i % 3}\n" for i in range(N)))
+    return path
+
+
+@pytest.mark.parametrize("scale", [1, 1e3, 1e6, 1e9], ids=["s", "ms", "us", "ns"])
+def test_epoch_arrivals_are_read_in_the_unit_their_magnitude_gives(tmp_path, scale):
+    from fleetwise.workload.columns import read_mapped
+
+    table = read_mapped(_epoch_trace(tmp_path / "t.csv", scale), TraceColumns.parse(MAPPING))
+    assert table.arrival_s.tolist() == pytest.approx([0.5 * i for i in range(N)], abs=1e-6)
+
+
+@pytest.mark.parametrize("unit,scale", [("s", 1), ("ms", 1e3), ("us", 1e6), ("ns", 1e9)])
+def test_an_arrival_unit_in_the_mapping_scales_relative_arrivals(tmp_path, unit, scale):
+    from fleetwise.errors import SpecError
+    from fleetwise.workload.columns import read_mapped
+
+    f = tmp_path / "rel.csv"
+    f.write_text("ts,input_tokens,output_tokens\n" + "".join(f"{250 * i * scale / 1e3:g},300,8\n" for i in range(N)))
+    cols = TraceColumns.parse(f"{MAPPING},arrival_unit={unit}")
+    assert cols.arrival_unit == unit
+    assert read_mapped(f, cols).arrival_s.tolist() == pytest.approx([0.25 * i for i in range(N)], rel=1e-12)
+    if unit == "ns":  # as seconds (no unit given) these span over a year: the unit must be given
+        with pytest.raises(SpecError, match="over a year as seconds"):
+            read_mapped(f, TraceColumns.parse(MAPPING))
+    else:  # relative numbers without a unit are seconds, as before
+        assert read_mapped(f, TraceColumns.parse(MAPPING)).arrival_s.tolist() == [250 * i * scale / 1e3 for i in range(N)]
+
+
+def test_arrivals_that_fit_no_unit_are_one_line_errors_naming_the_fix(tmp_path, capsys):
+    from fleetwise.errors import SpecError
+    from fleetwise.workload.columns import read_mapped
+
+    long = tmp_path / "long.csv"  # 0 .. 5e10: as seconds, over a century; as ms, 1.6 years
+    long.write_text("ts,input_tokens,output_tokens\n0,300,8\n50000000000,300,8\n")
+    with pytest.raises(SpecError, match=r"column 'ts' spans 5e\+10 in its own unit: over a year as seconds; "
+                                        r"give the unit: --trace-columns .*,arrival_unit=ms"):
+        read_mapped(long, TraceColumns.parse(MAPPING))
+    mixed = _epoch_trace(tmp_path / "mixed.csv", 1e3)
+    mixed.write_text(mixed.read_text() + "1714564900,300,8\n")  # one row in seconds among milliseconds
+    with pytest.raises(SpecError, match=r"column 'ts' mixes epoch ms \(line 2\) and epoch s \(line 62\)"):
+        read_mapped(mixed, TraceColumns.parse(MAPPING))
+    stamped = tmp_path / "stamped.csv"
+    stamped.write_text("ts,input_tokens,output_tokens\n2024-05-01T12:00:00Z,300,8\n")
+    with pytest.raises(SpecError, match=r"arrival_unit=ms applies to numeric arrivals; column 'ts' holds timestamps"):
+        read_mapped(stamped, TraceColumns.parse(f"{MAPPING},arrival_unit=ms"))
+    assert main(["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", str(long), "--out",
+                 str(tmp_path / "o"), "--trace-columns", f"{MAPPING},arrival_unit=min"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "arrival_unit=min: one of s, ms, us, ns" in err
+
+
+def test_simulate_says_which_unit_it_read_epoch_arrivals_in(tmp_path, capsys):
+    trace = _epoch_trace(tmp_path / "ms.csv", 1e3)
+    base = ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trace", str(trace), "--quiet"]
+    assert main([*base, "--out", str(tmp_path / "a"), "--trace-columns", MAPPING]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {trace}: column 'ts' read as epoch ms (the magnitude of its values); give arrival_unit" in err
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["requests_total"] == N
+    assert main([*base, "--out", str(tmp_path / "b"), "--trace-columns", f"{MAPPING},arrival_unit=ms"]) == 0
+    assert "note:" not in capsys.readouterr().err

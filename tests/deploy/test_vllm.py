@@ -87,6 +87,14 @@ def test_pool_settings_become_flags(fleet):
         assert opt.get("--quantization") == ("fp8" if pool.weight_dtype == "fp8" else None)
         assert opt["--kv-cache-dtype"] == ("fp8" if pool.kv_dtype == "fp8" else "auto")
         assert (opt.get("--distributed-executor-backend") == "ray") == (pool.parallelism.gpus > 8)
+        assert "--max-model-len" not in argv  # unset: vLLM's own default, the model's context
+
+
+def test_a_pool_max_model_len_becomes_the_flag(fleet):
+    pool = fleet.pools[0]
+    pool = pool.model_copy(update={"engine": pool.engine.model_copy(update={"max_model_len": 8192})})
+    argv = serve_argv(pool, OPTS)
+    assert argv[argv.index("--max-model-len") + 1] == "8192"
 
 
 def test_pd_halves_use_nixl_with_their_roles(fleet):

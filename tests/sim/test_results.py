@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import numpy as np
 import pytest
 
 from fleetwise.core.request import Request
-from fleetwise.sim.results import CSV_COLUMNS, SCHEMA_VERSION, pct, weighted_pct
+from fleetwise.sim.results import CSV_COLUMNS, SCHEMA_VERSION, pct, record_rows, weighted_pct
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.slo import SLOSpec
@@ -82,3 +83,22 @@ def test_slo_met_checks_only_set_targets():
     slo = SLOSpec(ttft_max_s=0.1)
     assert slo.met(0.1, 10.0, 100.0) and not slo.met(0.11, 0.0, 0.0)
     assert SLOSpec().met(9.0, 9.0, 9.0)
+
+
+def test_tpot_of_one_token_outputs_is_undefined_not_zero():
+    """TPOT needs two output tokens: a run of 1-token outputs reports it as null (not 0.0), its
+    records leave the cell empty, and a TPOT target cannot be missed by a 1-token output."""
+    plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b"}])
+    reqs = [Request(str(i), 0.1 * i, 300, 1) for i in range(4)]
+    res = simulate(plan, reqs, options=SimOptions(slo=SLOSpec(tpot_max_s=1e-6)))
+    s = res.summary
+    assert s["requests_completed"] == 4
+    assert s["tpot_s"] == {"p50": None, "p90": None, "p99": None, "mean": None}
+    assert s["slo_attainment"] == 1.0
+    assert json.loads(json.dumps(s, allow_nan=False))["tpot_s"]["p99"] is None
+    assert [row[CSV_COLUMNS.index("tpot_s")] for row in record_rows(res.records, res.replica_names)] == [""] * 4
+
+
+def test_slo_met_treats_an_undefined_tpot_as_met():
+    slo = SLOSpec(tpot_max_s=0.01)
+    assert slo.met(0.5, math.nan, 1.0) and not slo.met(0.5, 0.02, 1.0)

@@ -148,3 +148,37 @@ def test_a_request_a_minute_is_routed_on_a_fresh_view_not_in_safe_mode(policy, d
     assert s["requests_completed"] == 6
     assert "safe-mode" not in s["router"]["by_reason"]
     assert (s["router"]["safe_mode"]["entries"], s["router"]["safe_mode"]["time_s"]) == (0, 0.0)
+
+
+def _small_kv_plan(**engine) -> PlanSpec:
+    """llama-3.1-8b on one H100 at 30% memory: a KV cache of 3,159 blocks of 16 (50,544 tokens),
+    under the model's 131,072-token context."""
+    return PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b",
+                            "gpu_memory_utilization": 0.3, "engine": engine}])
+
+
+def test_a_request_longer_than_the_kv_cache_is_rejected_up_front_and_the_run_goes_on():
+    """vLLM serves at most max_model_len tokens, by default the model's context lowered to what one
+    replica's KV cache holds; a longer request is refused when it arrives and the run continues."""
+    reqs = [Request("0", 0.0, 1000, 20), Request("1", 0.5, 50_530, 15), Request("2", 1.0, 50_530, 14),
+            Request("3", 1.5, 1000, 20)]
+    res = simulate(_small_kv_plan(), reqs)
+    s, rec = res.summary, res.records
+    assert s["requests_completed"] == 3 and s["failure_reasons"] == {"rejected_max_model_len": 1}
+    assert rec.failure == {1: "rejected_max_model_len: 50,545 prompt + output tokens > max_model_len 50,544"}
+    assert rec.worker[1] == -1 and math.isnan(rec.first_token_s[1]) and rec.tokens[2] == 14
+
+
+def test_a_pool_max_model_len_caps_requests_and_must_fit_the_kv_cache():
+    from fleetwise.errors import SpecError
+
+    reqs = [Request("0", 0.0, 8000, 192), Request("1", 0.5, 8000, 193)]
+    res = simulate(_small_kv_plan(max_model_len=8192), reqs)
+    assert res.records.failure == {1: "rejected_max_model_len: 8,193 prompt + output tokens > max_model_len 8,192"}
+    with pytest.raises(SpecError, match=r"^plan: pools\.0 \(m\): engine\.max_model_len=60000 does not fit one replica's "
+                                        r"KV cache \(50,544 tokens\); lower it to at most 50,544 or give the pool more "
+                                        r"KV room \(tp, pp, fp8 KV, gpu_memory_utilization\)$"):
+        simulate(_small_kv_plan(max_model_len=60_000), reqs)
+    with pytest.raises(SpecError, match=r"engine\.max_model_len=200000 exceeds the context of llama-3\.1-8b \(131,072 "
+                                        r"tokens\); lower it to at most 131,072"):
+        simulate(_small_kv_plan(max_model_len=200_000), reqs)

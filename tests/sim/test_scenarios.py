@@ -274,3 +274,38 @@ def test_trace_load_flags_are_checked(tmp_path):
         sc.load_scenario(SCEN_DIR / "long-short.yaml", trace=str(trace), trace_rate_rps=3.0, trace_load="scenario")
     with pytest.raises(SpecError, match="--trace-load='peak': unknown; use one of recorded, scenario"):
         sc.load_scenario(SCEN_DIR / "long-short.yaml", trace=str(trace), trace_load="peak")
+
+
+def test_undefined_tpot_of_a_seed_is_left_out_of_the_means():
+    """A seed whose outputs are all 1 token has no TPOT (None): the mean is over the others and
+    a metric no seed defines aggregates to null and renders as n/a."""
+    from fleetwise.sim.scenario_render import table_rows
+    from fleetwise.sim.scenario_verdict import aggregate
+
+    def run(seed, tpot):
+        return {"seed": seed, "ttft_p50_s": 0.1, "ttft_p99_s": 0.2, "tpot_p50_s": tpot, "tpot_p99_s": tpot,
+                "goodput_rps": 1.0, "slo_attainment": 1.0}
+
+    doc = {"baseline_policy": "round-robin", "scenarios": {"s": {
+        "round-robin": [run(0, None), run(1, 0.02), run(2, 0.04)],
+        "other": [run(0, None), run(1, None), run(2, None)]}}}
+    stats = aggregate(doc)
+    st = stats["s"]
+    assert st["round-robin"]["tpot_p99_s"]["mean"] == 0.03 and st["round-robin"]["tpot_p99_s"]["n"] == 2
+    assert st["other"]["tpot_p99_s"] == {"mean": None, "ci95_lo": None, "ci95_hi": None, "n": 0}
+    assert st["other"]["vs_baseline"]["tpot_p99_s"]["mean"] is None
+    rows = {r.policy: r.cells for r in table_rows({"stats": stats})}
+    assert rows["other"]["TPOT p99 ms"] == "n/a" and rows["round-robin"]["TPOT p99 ms"].startswith("30.0 ±")
+
+
+def test_a_scenario_upgrading_one_side_of_a_pd_plan_carries_a_note(tmp_path):
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples/scenarios/pd-rolling-upgrade.yaml").read_text())
+    assert sc.load_scenario(Path(__file__).resolve().parents[2] / "examples/scenarios/pd-rolling-upgrade.yaml").notes == ()
+    for f in doc["faults"]["faults"]:
+        f.pop("matched_with", None)
+    for f in (doc.get("small") or {}).get("faults", {}).get("faults", []):
+        f.pop("matched_with", None)
+    path = tmp_path / "one-sided.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    notes = sc.load_scenario(path).notes
+    assert len(notes) == 1 and "pool 'p' is the prefill side" in notes[0] and "add matched_with: d" in notes[0]

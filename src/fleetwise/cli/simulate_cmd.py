@@ -33,9 +33,9 @@ from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
 from fleetwise.routing.registry import policy_names
 from fleetwise.sim.results import RECORDS_FORMATS, require_parquet
-from fleetwise.sim.runner import SimOptions, simulate
+from fleetwise.sim.runner import MAX_MODEL_LEN_REASON, SimOptions, simulate
 from fleetwise.spec.base import load_document
-from fleetwise.spec.faults import FaultScenario, check_faults_apply
+from fleetwise.spec.faults import FaultScenario, check_faults_apply, version_skew_warnings
 from fleetwise.spec.limits import MAX_DURATION_S, MAX_REPLICAS, MAX_REQUESTS
 from fleetwise.spec.output import check_writable_dir, check_writable_file
 from fleetwise.spec.plan import PlanSpec, resolve_pool
@@ -158,8 +158,12 @@ def load_requests(args: argparse.Namespace) -> list[Request]:
                                              "time_scale": ("--arrival-stretch", args.arrival_stretch),
                                              "max_requests": ("--requests", args.requests)})
     columns = trace_columns.parse(args.trace_columns)
-    return load_trace(arrival.path, time_scale=arrival.time_scale, rate_rps=arrival.rate_rps,
-                      max_requests=arrival.max_requests, seed=args.seed, columns=columns)
+    notes: list[str] = []
+    reqs = load_trace(arrival.path, time_scale=arrival.time_scale, rate_rps=arrival.rate_rps,
+                      max_requests=arrival.max_requests, seed=args.seed, columns=columns, notes=notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return reqs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -178,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
     faults = FaultScenario.load(args.faults) if args.faults else None
     if faults is not None:
         check_faults_apply(faults, plan, args.faults)
+        for line in version_skew_warnings(faults, plan, args.faults):
+            print(f"warning: {line}", file=sys.stderr)
     reqs = load_requests(args)
     if not reqs:
         raise SpecError("the workload produced no requests; check num_requests/duration_s or the trace file")
@@ -200,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
                           on_progress=(lambda now, last: update(min(now / last, 1.0)))
                           if progress.wanted(quiet) else None)  # no callback: the event loop's fast path
         res = simulate(plan, reqs, faults, opts)
-    res.summary["over_context"] = {"policy": args.over_context, **over_context}
+    rejected = res.summary["failure_reasons"].get(MAX_MODEL_LEN_REASON, 0)
+    res.summary["over_context"] = {"policy": args.over_context, **over_context, "rejected_max_model_len": rejected}
     paths = res.write(Path(args.out), args.records_format)
     _print(res.summary, paths)
     if recorder is not None and window is not None:
@@ -225,8 +232,14 @@ def _print(s: dict[str, Any], paths: dict[str, str]) -> None:
         c.print(f"  wrote {paths['summary']} and {paths['records']}")
         return
     c.print(f"{head} in {s['duration_s']:.1f} s simulated ({s['sim_wall_s']:.2f} s wall)")
+    if s["failure_reasons"].get(MAX_MODEL_LEN_REASON):
+        c.print(f"  {s['failure_reasons'][MAX_MODEL_LEN_REASON]} rejected on arrival: longer than a replica's "
+                "max_model_len (its KV cache or engine.max_model_len); see requests.csv's failure column")
     for k in ("ttft_s", "tpot_s", "e2e_s"):
         m = s[k]
+        if m["p50"] is None:  # TPOT of one-token outputs only: undefined
+            c.print(f"  {k[:-2]:5s} n/a (every completed output is 1 token)")
+            continue
         c.print(f"  {k[:-2]:5s} p50 {m['p50'] * 1e3:9.1f} ms   p90 {m['p90'] * 1e3:9.1f} ms   p99 {m['p99'] * 1e3:9.1f} ms")
     t = s["throughput"]
     c.print(f"  throughput {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.0f} tok/s; "

@@ -1,4 +1,4 @@
-"""`--trace-columns arrival=C,prompt=C,output=C`: read a trace in no registered format by its own
+"""`--trace-columns arrival=C,prompt=C,output=C[,arrival_unit=U]`: read a trace in no registered format by its own
 column (CSV) or field (JSONL) names, on every command that reads a trace (`simulate`, `plan`,
 `scenarios`). The mapping is the trace arrival's `columns` (`spec.workload.TraceColumns`).
 """
@@ -15,9 +15,10 @@ FLAG = "--trace-columns"
 
 def add_flag(p: argparse.ArgumentParser, applies: str) -> None:
     """Add `--trace-columns`; `applies` says to which trace (`with --trace`, ...)."""
-    p.add_argument(FLAG, default=None, metavar="arrival=C,prompt=C,output=C",
+    p.add_argument(FLAG, default=None, metavar="arrival=C,prompt=C,output=C[,arrival_unit=U]",
                    help=f"{applies}: the trace file's own column (CSV) or field (JSONL) names, e.g. "
-                        f"{TRACE_COLUMNS_EXAMPLE}; arrivals in seconds or as timestamps")
+                        f"{TRACE_COLUMNS_EXAMPLE}; arrivals as timestamps or numbers: epoch times in the unit "
+                        "their magnitude gives, other numbers in seconds unless arrival_unit=ms|us|ns says otherwise")
 
 
 def parse(text: str | None) -> TraceColumns | None:

@@ -82,6 +82,8 @@ def serve_argv(pool: PoolSpec, opts: DeployOptions, port: int = ENGINE_PORT) -> 
             "--kv-cache-dtype", KV_CACHE_DTYPE[pool.kv_dtype],
             "--enable-chunked-prefill" if k.enable_chunked_prefill else "--no-enable-chunked-prefill",
             "--enable-prefix-caching" if k.enable_prefix_caching else "--no-enable-prefix-caching"]
+    if k.max_model_len is not None:
+        argv += ["--max-model-len", str(k.max_model_len)]
     if pool.weight_dtype in WEIGHT_QUANTIZATION:
         argv += ["--quantization", WEIGHT_QUANTIZATION[pool.weight_dtype]]
     if par.ep > 1:

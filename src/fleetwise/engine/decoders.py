@@ -99,8 +99,13 @@ class DecodeSet:
             heappop(heap)
         return 0
 
-    def needs_block(self, st: SeqState, g: int) -> bool:
-        return (st.a + g) % self.block_size == 0
+    def needs_block(self, st: SeqState, g: int) -> int:
+        """Blocks `st` takes in the pass that starts at counter `g` (1 when its context fills a block)."""
+        return 1 if (st.a + g) % self.block_size == 0 else 0
+
+    def live(self) -> list[SeqState]:
+        """The decoders in the set."""
+        return list(self._live.values())
 
     def new_blocks(self, g: int, passes: int) -> int:
         """Blocks the decoders need for `passes` passes starting at counter `g`."""

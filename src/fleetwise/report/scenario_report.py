@@ -7,6 +7,7 @@ prefix hit rate per replica, and the routing decisions by reason; then the pass-
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,9 @@ def _policies(name: str, stats: dict[str, Any], policies: list[str]) -> plots.Re
     colors = ["#9aa0ab" if i == len(pols) - 1 and p == "round-robin" else f"C{i}" for i, p in enumerate(pols)]
     for ax, (key, label, unit, scale) in zip(axes[0], METRICS, strict=True):
         st = [stats[p][key] for p in pols]
-        plots.bars_ci(ax, pols, [x["mean"] * scale for x in st], [_scaled(x["ci95_lo"], x["mean"], scale) for x in st],
-                      [_scaled(x["ci95_hi"], x["mean"], scale) for x in st], colors)
+        means = [math.nan if x["mean"] is None else x["mean"] for x in st]  # None: undefined, no bar
+        plots.bars_ci(ax, pols, [m * scale for m in means], [_scaled(x["ci95_lo"], m, scale) for x, m in zip(st, means, strict=True)],
+                      [_scaled(x["ci95_hi"], m, scale) for x, m in zip(st, means, strict=True)], colors)
         ax.set_title(label)
         ax.set_ylabel(f"{label} ({unit})")
     return plots.render(fig, f"{_slug(name)}-policies", f"{name}: policies side by side, mean over seeds with "

@@ -161,7 +161,8 @@ def _headline(sec: Section, s: dict[str, Any]) -> None:
     for key, name, slo_key in LATENCIES:
         m = s[key]
         target = slo.get(slo_key)
-        rows.append([name, *([_ms(m[q]) for q in ("p50", "p90", "p99", "mean")] if done else ["-"] * 4),
+        defined = done and m["p50"] is not None  # TPOT of one-token outputs only: undefined
+        rows.append([name, *([_ms(m[q]) for q in ("p50", "p90", "p99", "mean")] if defined else ["n/a" if done else "-"] * 4),
                      "-" if target is None else _ms(target)])
     sec.table(["latency", "p50 (ms)", "p90 (ms)", "p99 (ms)", "mean (ms)", "SLO (ms)"], rows)
     t, c = s["throughput"], s["cost"]

@@ -70,8 +70,11 @@ class Fleet:
         (both receive the `Replica`, which is the driver)."""
         self.plan, self.loop = plan, loop
         self.replicas: list[Replica] = []
+        self.max_model_len = 0
+        """Longest request (prompt + output tokens) every replica serves: the smallest pool's."""
         for i, pool in enumerate(plan.pools):
             build = build_pool(pool, perf, f"plan: pools.{i}")
+            self.max_model_len = min(self.max_model_len or build.max_model_len, build.max_model_len)
             gpu = build.deployment.accelerator
             price = pool.price_per_gpu_hour_usd if pool.price_per_gpu_hour_usd is not None else gpu.price_per_hour_usd
             for j in range(pool.replicas):

@@ -7,7 +7,9 @@ seconds, NaN = never happened) as events happen.
 Metric definitions (per completed request):
 - TTFT = first_token_s - arrival_s + network_s; E2E = finish_s - arrival_s + network_s (network_s:
   the round trip to a replica outside the client's region, `PlanSpec.regions`; 0 within one);
-- TPOT = (finish_s - first_token_s) / (output_tokens - 1) (0 for one-token outputs);
+- TPOT = (finish_s - first_token_s) / (output_tokens - 1); undefined (NaN in the records, an empty
+  cell) for a one-token output, which no TPOT target can fail; the summary's TPOT percentiles are
+  over multi-token outputs and null when there is none;
 - ITL: gaps between consecutive tokens of a request, as weighted samples from the engine;
 - queue = first scheduled (prefill start) - arrival (NaN when the engine does not report it);
 - goodput_rps = completed requests meeting every SLO target / span, where span = last finish -
@@ -17,6 +19,7 @@ Metric definitions (per completed request):
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +37,42 @@ CSV_COLUMNS = (
 )
 
 
+@dataclass
+class SimResult:
+    """A finished run: the summary document, the per-request records and the replicas by name."""
+
+    summary: dict[str, Any]
+    records: Records
+    replica_names: list[str]
+    engine_steps: int = 0
+    """Steps the engines ran (a fused step counts once); the cost unit of `benchmarks/sim_speed.py`."""
+    engine_passes: int = 0
+    """Forward passes those steps stood for."""
+
+    def write(self, out_dir: Any, records_format: str = "csv") -> dict[str, str]:
+        """Write summary.json and requests.csv (or .parquet) into `out_dir`."""
+        from fleetwise.spec.output import write_json
+
+        d = Path(out_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        write_json(d / "summary.json", self.summary, indent=2)
+        rec_path = write_records(self.records, self.replica_names, d / f"requests.{records_format}")
+        return {"summary": str(d / "summary.json"), "records": str(rec_path)}
+
+
 def pct(values: np.ndarray) -> dict[str, float]:
     """{p50, p90, p99, mean} of `values` (all 0.0 when empty), rounded to ns."""
     if values.size == 0:
         return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
     p = np.percentile(values, [50, 90, 99])
     return {"p50": _r(p[0]), "p90": _r(p[1]), "p99": _r(p[2]), "mean": _r(values.mean())}
+
+
+def pct_or_null(values: np.ndarray) -> dict[str, float | None]:
+    """`pct` of `values`, every figure None (JSON null) when there is none: an undefined statistic."""
+    if values.size == 0:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    return dict(pct(values))
 
 
 def weighted_pct(gaps: np.ndarray, counts: np.ndarray) -> dict[str, float]:
@@ -58,15 +91,17 @@ def _r(x: float) -> float:
     return round(float(x), 9)
 
 
-def request_metrics(rec: Records) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(ttft, tpot, e2e, completed mask) arrays over all requests (NaN where not completed)."""
+def request_metrics(rec: Records, one_token_tpot: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(ttft, tpot, e2e, completed mask) arrays over all requests (NaN where not completed); a
+    completed one-token output's TPOT is `one_token_tpot`: 0.0 passes any `tpot <= target` test,
+    NaN (records, summaries) says it is undefined."""
     arr = rec.arrival()
     first, fin = rec.column("first_token_s"), rec.column("finish_s")
     toks = rec.column("tokens").astype(np.float64)
     net = rec.column("network_s")  # a client in another region sees every token this much later
     ttft, e2e = first - arr + net, fin - arr + net
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(toks > 1, (fin - first) / np.maximum(toks - 1, 1), 0.0)
+        tpot = np.where(toks > 1, (fin - first) / np.maximum(toks - 1, 1), one_token_tpot)
     done = ~np.isnan(fin)
     return ttft, np.where(done, tpot, NAN), e2e, done
 
@@ -82,7 +117,7 @@ def summarize(
     extra: dict[str, Any],
 ) -> dict[str, Any]:
     """The summary document (format in docs/simulator.md); deterministic for fixed inputs."""
-    ttft, tpot, e2e, done = request_metrics(rec)
+    ttft, tpot, e2e, done = request_metrics(rec, NAN)
     n = len(rec.requests)
     arr = rec.arrival()
     fin = rec.column("finish_s")
@@ -105,7 +140,7 @@ def summarize(
         "requests_retried": int(np.count_nonzero(rec.column("retries"))),
         "duration_s": _r(span),
         "ttft_s": pct(ttft[done]),
-        "tpot_s": pct(tpot[done & (rec.column("tokens") > 1)]),
+        "tpot_s": pct_or_null(tpot[done & (rec.column("tokens") > 1)]),
         "itl_s": weighted_pct(*itl),
         "e2e_s": pct(e2e[done]),
         "queue_s": pct(_finite(rec.column("prefill_start_s") - arr)),
@@ -196,7 +231,7 @@ def record_rows(rec: Records, names: list[str], text: bool = False) -> list[list
     arrival = [r.arrival_s for r in reqs]
     times = [rec.column(c).tolist() for c in TIME_COLUMNS]
     queue = [ps - a for ps, a in zip(times[TIME_COLUMNS.index("prefill_start_s")], arrival, strict=True)]
-    floats = [queue, *times, *(m.tolist() for m in request_metrics(rec)[:3])]
+    floats = [queue, *times, *(m.tolist() for m in request_metrics(rec, NAN)[:3])]
     others_before: list[list[Any]] = [
         [r.request_id for r in reqs], arrival, [r.tenant for r in reqs], [r.prompt_tokens for r in reqs],
         [r.output_tokens for r in reqs], [names[w] if w >= 0 else "" for w in rec.prefill_worker],

@@ -55,12 +55,14 @@ from fleetwise.sim.fleet import DOWN, Fleet, Replica
 from fleetwise.sim.network import KvNetwork, TransferRecord
 from fleetwise.sim.recording import StepRecorder
 from fleetwise.sim.recovery import Recovery
-from fleetwise.sim.results import summarize, write_records
+from fleetwise.sim.results import SimResult, summarize
 from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.kv_format import kv_compat
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.slo import SLOSpec
 
+MAX_MODEL_LEN_REASON = "rejected_max_model_len"
+"""Failure reason of a request longer than the fleet's max_model_len (refused on arrival, never routed)."""
 MAX_SERIES = 256
 """Queue-length series longer than this are halved (every other point), keeping them bounded."""
 RUN_GC_THRESHOLDS = (100_000, 50, 100)
@@ -95,31 +97,6 @@ class SimOptions:
     pass the planner's or the emulator's object to price steps with the very same model."""
     recorder: StepRecorder | None = None
     """Record every engine step and KV transfer (for a trace export); None = no recording cost."""
-
-
-@dataclass
-class SimResult:
-    """A finished run: the summary document, the per-request records and the replicas by name."""
-
-    summary: dict[str, Any]
-    records: Records
-    replica_names: list[str]
-    engine_steps: int = 0
-    """Steps the engines ran (a fused step counts once); the cost unit of `benchmarks/sim_speed.py`."""
-    engine_passes: int = 0
-    """Forward passes those steps stood for."""
-
-    def write(self, out_dir: Any, records_format: str = "csv") -> dict[str, str]:
-        """Write summary.json and requests.csv (or .parquet) into `out_dir`."""
-        from pathlib import Path
-
-        from fleetwise.spec.output import write_json
-
-        d = Path(out_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        write_json(d / "summary.json", self.summary, indent=2)
-        rec_path = write_records(self.records, self.replica_names, d / f"requests.{records_format}")
-        return {"summary": str(d / "summary.json"), "records": str(rec_path)}
 
 
 class Simulation:
@@ -258,6 +235,10 @@ class Simulation:
     def _decide(self, i: int, now_s: float) -> tuple[int, int] | None:
         """Ask the policy; returns (worker, prefill worker or -1), or None after failing the request."""
         r = self.recovery.request(i)
+        if r.prompt_tokens + r.output_tokens > self.fleet.max_model_len:  # vLLM's 400, before any routing
+            self.fail(i, now_s, f"{MAX_MODEL_LEN_REASON}: {r.prompt_tokens + r.output_tokens:,} prompt + output "
+                                f"tokens > max_model_len {self.fleet.max_model_len:,}", None)
+            return None
         if self.delay == 0 and not self.view_frozen:
             self._refresh_view(now_s)
         rr = RouteRequest(r.request_id, r.prompt_tokens, r.max_tokens, r.block_hashes, r.tenant,

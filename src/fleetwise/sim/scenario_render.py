@@ -20,6 +20,8 @@ TABLE_COLUMNS = ("TTFT p50 s", "TTFT p99 s", "dP99 vs RR s", "TPOT p99 ms", "goo
 
 def _ci(st: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
     m, lo, hi = st["mean"], st["ci95_lo"], st["ci95_hi"]
+    if m is None:  # no seed defines it (TPOT of one-token outputs only)
+        return "n/a"
     if lo is None or hi is None:
         return f"{m * scale:.{digits}f}"
     return f"{m * scale:.{digits}f} ±{(hi - lo) / 2 * scale:.{digits}f}"
@@ -93,6 +95,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _ms_or_na(x: float | None) -> str:
+    """Seconds as ms with one decimal; `n/a` for an undefined figure (TPOT of one-token outputs only)."""
+    return "n/a" if x is None else f"{x * 1e3:.1f}"
+
+
 def _tenant_table(by_pol: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Per-tenant latency of seed 0 for every policy (only when the scenario has 2+ tenants)."""
     runs = {pol: r[0].get("per_tenant") or {} for pol, r in by_pol.items() if r}
@@ -103,7 +110,7 @@ def _tenant_table(by_pol: dict[str, list[dict[str, Any]]]) -> list[str]:
     for pol, tenants in runs.items():
         for t, v in tenants.items():
             out.append(f"| {pol} | {t} | {v['requests']} | {v['completed']} | {v['ttft_p50_s']:.3f} | "
-                       f"{v['ttft_p99_s']:.3f} | {v['tpot_p99_s'] * 1e3:.1f} | {v['e2e_p50_s']:.3f} |")
+                       f"{v['ttft_p99_s']:.3f} | {_ms_or_na(v['tpot_p99_s'])} | {v['e2e_p50_s']:.3f} |")
     return out + [""]
 
 

@@ -14,7 +14,7 @@ from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
 from fleetwise.sim.scenario_constants import SCENARIO_NAMES
 from fleetwise.spec.base import Spec, read_document, validate
-from fleetwise.spec.faults import FaultScenario
+from fleetwise.spec.faults import FaultScenario, version_skew_warnings
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.routing import DEFAULT_POLICY, PRESETS, RoutingSpec, deep_merge
 from fleetwise.spec.slo import SLOSpec
@@ -230,6 +230,7 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
         spec, source = _with_trace(spec, trace, trace_rate_rps, trace_requests, seeds, trace_columns,
                                    untimed_rate_rps=UNTIMED_RATE_RPS if target is not None else None)
     spec.plan.check(where=str(p))
+    notes += version_skew_warnings(spec.faults, spec.plan, str(p))
     return Scenario(spec, str(p), tuple(notes), source, over_context, target)
 
 

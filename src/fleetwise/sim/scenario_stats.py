@@ -50,7 +50,8 @@ class Interval:
 
 
 def _round(x: float | None) -> float | None:
-    return None if x is None else round(float(x), _DECIMALS)
+    """`x` to `_DECIMALS`; None for None and NaN (the mean of no value: JSON null)."""
+    return None if x is None or x != x else round(float(x), _DECIMALS)
 
 
 def mean_ci(values: Sequence[float]) -> Interval:

@@ -23,16 +23,25 @@ def aggregate(doc: dict[str, Any]) -> dict[str, Any]:
         ref = _by_seed(by_pol.get(base, []))
         for pol, runs in by_pol.items():
             mine = _by_seed(runs)
-            st: dict[str, Any] = {m: mean_ci([r[m] for r in mine.values()]).to_dict() for m in METRICS}
+            # A figure a seed leaves undefined (None: TPOT of one-token outputs only) is left out.
+            st: dict[str, Any] = {m: mean_ci([r[m] for r in mine.values() if r[m] is not None]).to_dict()
+                                  for m in METRICS}
             common = sorted(set(mine) & set(ref))
             if pol != base and common:
-                st["vs_baseline"] = {m: paired_ci([mine[k][m] for k in common], [ref[k][m] for k in common]).to_dict()
-                                     for m in METRICS}
+                st["vs_baseline"] = {m: paired_ci(*_defined_pairs(mine, ref, common, m)).to_dict() for m in METRICS}
                 g_ref = np.mean([ref[k]["goodput_rps"] for k in common])
                 g = np.mean([mine[k]["goodput_rps"] for k in common])
                 st["goodput_ratio"] = round(float(g / g_ref), 6) if g_ref > 0 else None
             out[name][pol] = st
     return out
+
+
+def _defined_pairs(mine: dict[int, dict[str, Any]], ref: dict[int, dict[str, Any]], seeds: list[int],
+                   metric: str) -> tuple[list[float], list[float]]:
+    """`metric` of both policies on the seeds where both define it."""
+    pairs = [(mine[k][metric], ref[k][metric]) for k in seeds
+             if mine[k][metric] is not None and ref[k][metric] is not None]
+    return [a for a, _ in pairs], [b for _, b in pairs]
 
 
 def _by_seed(runs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:

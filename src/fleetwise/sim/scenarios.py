@@ -26,6 +26,7 @@ import numpy as np
 
 from fleetwise.errors import SpecError
 from fleetwise.routing.registry import DEFAULT_POLICY, policy_names
+from fleetwise.sim.columns import NAN
 from fleetwise.sim.results import request_metrics
 from fleetwise.sim.runner import SimOptions, simulate
 from fleetwise.sim.scenario_constants import (
@@ -122,7 +123,7 @@ def run_one(job: Job) -> dict[str, Any]:
 def per_tenant(rec: Any) -> dict[str, dict[str, Any]]:
     """Per tenant: requests, completed, TTFT p50/p99, TPOT p99 and E2E p50 of its completed
     requests (did a hot tenant hurt the others?)."""
-    ttft, tpot, e2e, done = request_metrics(rec)
+    ttft, tpot, e2e, done = request_metrics(rec, NAN)
     tenants = np.array([r.tenant for r in rec.requests])
     out = {}
     for t in sorted(set(tenants.tolist())):
@@ -130,7 +131,7 @@ def per_tenant(rec: Any) -> dict[str, dict[str, Any]]:
         ok = mine & done
         out[t] = {"requests": int(mine.sum()), "completed": int(ok.sum()),
                   "ttft_p50_s": _q(ttft[ok], 50), "ttft_p99_s": _q(ttft[ok], 99),
-                  "tpot_p99_s": _q(tpot[ok], 99), "e2e_p50_s": _q(e2e[ok], 50)}
+                  "tpot_p99_s": _q_or_null(tpot[ok & np.isfinite(tpot)], 99), "e2e_p50_s": _q(e2e[ok], 50)}
     return out
 
 
@@ -164,6 +165,11 @@ def _per_replica(plan: PlanSpec, rec: Any, reps: list[dict[str, Any]]) -> list[d
 
 def _q(x: np.ndarray, q: float) -> float:
     return round(float(np.percentile(x, q)), 9) if x.size else 0.0
+
+
+def _q_or_null(x: np.ndarray, q: float) -> float | None:
+    """`_q`, None when there is no sample (an undefined statistic: TPOT of one-token outputs only)."""
+    return _q(x, q) if x.size else None
 
 
 # ---- many runs -------------------------------------------------------------------------------

@@ -229,3 +229,32 @@ def check_faults_apply(scenario: FaultScenario, plan: PlanSpec, where: str = "fa
             if isinstance(f, RollingUpgrade) and pool_name is not None and pool_name not in replicas:
                 raise SpecError(f"{at}: {field}={quote(pool_name)} is not a pool of the plan; pools are "
                                 f"{', '.join(p.name for p in plan.pools[:8])}")
+
+
+SIDES = {"prefill": "decode", "decode": "prefill"}
+"""The other side of each half of a P/D plan."""
+
+
+def version_skew_warnings(scenario: FaultScenario, plan: PlanSpec, where: str = "faults") -> list[str]:
+    """One line per rolling upgrade of one side of a P/D plan that leaves a pool of the other side
+    on another version: once it ends, no KV hand-off between them is accepted (version skew)."""
+    out = []
+    upgrades = [f for f in scenario.faults if isinstance(f, RollingUpgrade)]
+    roles = {p.name: p.role for p in plan.pools}
+    for k, f in enumerate(scenario.faults):
+        if not isinstance(f, RollingUpgrade) or roles.get(f.pool) not in SIDES:
+            continue
+        side = roles[f.pool]
+        other = SIDES[side]
+        upgraded = {name for g in upgrades if g.new_model_version == f.new_model_version
+                    for name in (g.pool, g.matched_with) if name is not None}
+        behind = [p.name for p in plan.pools if p.role == other and p.name not in upgraded
+                  and p.model_version != f.new_model_version]
+        if behind:
+            names = ", ".join(repr(n) for n in behind)
+            out.append(f"{where}: faults.{k} ({f.kind}): pool {f.pool!r} is the {side} side of P/D plan "
+                       f"{plan.name!r} and no fault upgrades its {other} pool{'s' if len(behind) > 1 else ''} {names} "
+                       f"to {f.new_model_version}: once the upgrade ends no decode replica accepts a prefill replica's "
+                       f"KV, and every request fails for version skew (kv_version_skew); add "
+                       f"matched_with: {behind[0]} to upgrade both sides in matched slices")
+    return out

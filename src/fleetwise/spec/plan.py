@@ -51,6 +51,10 @@ class EngineKnobs(Spec):
     """Split long prompts over steps, mixed with running decodes."""
     max_bundle_steps: int = Field(default=ed.MAX_BUNDLE_STEPS, gt=0)
     """Most decode-only passes the simulator may fuse into one event (no effect on results)."""
+    max_model_len: int | None = Field(default=None, ge=2, le=MAX_TOKENS)
+    """Longest request a replica serves, prompt plus output tokens (vLLM's `--max-model-len`);
+    longer ones are rejected on arrival. It must fit the model's context and one replica's KV
+    cache (as vLLM checks at start-up). None: the context, lowered to what the KV cache holds."""
 
 
 class PoolSpec(Spec):

@@ -28,10 +28,11 @@ class SLOSpec(Spec):
     """Longest acceptable end-to-end latency (arrival to last token)."""
 
     def met(self, ttft_s: float, tpot_s: float, e2e_s: float) -> bool:
-        """Whether one completed request meets every set target."""
+        """Whether one completed request meets every set target; a NaN `tpot_s` (a one-token
+        output has no TPOT) meets any TPOT target."""
         return (
             (self.ttft_max_s is None or ttft_s <= self.ttft_max_s)
-            and (self.tpot_max_s is None or tpot_s <= self.tpot_max_s)
+            and (self.tpot_max_s is None or not tpot_s > self.tpot_max_s)
             and (self.e2e_max_s is None or e2e_s <= self.e2e_max_s)
         )
 

@@ -71,6 +71,11 @@ TRACE_COLUMNS_EXAMPLE = "arrival=ts,prompt=input_tokens,output=output_tokens"
 """A `--trace-columns` value that errors quote as the form to follow."""
 MAX_COLUMN_NAME = 200
 """Longest column (JSON field) name a mapping may give."""
+ARRIVAL_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+"""Units a numeric arrival column may be in (`TraceColumns.arrival_unit`), as seconds per unit."""
+ArrivalUnit = Literal["auto", "s", "ms", "us", "ns"]
+MAX_UNIT_TEXT = 20
+"""Characters of an unknown `arrival_unit` an error quotes."""
 
 
 class TraceColumns(Spec):
@@ -83,15 +88,21 @@ class TraceColumns(Spec):
     """Prompt length in tokens."""
     output: str = Field(min_length=1, max_length=MAX_COLUMN_NAME)
     """Output length in tokens."""
+    arrival_unit: ArrivalUnit = "auto"
+    """Unit of numeric arrivals (`s`, `ms`, `us`, `ns`); `auto`: epoch times are read in the unit
+    their magnitude gives (years 2000-2100), other numbers as seconds (`fleetwise.workload.columns`)."""
 
     @staticmethod
     def parse(text: str, flag: str = "--trace-columns") -> TraceColumns:
-        """From `arrival=NAME,prompt=NAME,output=NAME` (any order)."""
+        """From `arrival=NAME,prompt=NAME,output=NAME[,arrival_unit=UNIT]` (any order)."""
         found: dict[str, str] = {}
         for part in text.split(","):
             key, sep, name = part.partition("=")
             key, name = key.strip(), name.strip()
-            if not sep or key not in TRACE_COLUMN_ROLES or not name or len(name) > MAX_COLUMN_NAME:
+            if key == "arrival_unit" and name not in ARRIVAL_UNITS and name != "auto":
+                raise SpecError(f"{flag}: arrival_unit={name[:MAX_UNIT_TEXT]}: one of {', '.join(ARRIVAL_UNITS)} (or auto: "
+                                "epoch times by their magnitude, other numbers as seconds)")
+            if not sep or key not in (*TRACE_COLUMN_ROLES, "arrival_unit") or not name or len(name) > MAX_COLUMN_NAME:
                 raise SpecError(f"{flag}={quote(text)}: expected "
                                 f"{','.join(r + '=COLUMN' for r in TRACE_COLUMN_ROLES)} (names of at most "
                                 f"{MAX_COLUMN_NAME} characters), e.g. {flag} {TRACE_COLUMNS_EXAMPLE}")
@@ -101,7 +112,7 @@ class TraceColumns(Spec):
         missing = [r for r in TRACE_COLUMN_ROLES if r not in found]
         if missing:
             raise SpecError(f"{flag}={quote(text)}: missing {', '.join(missing)}; e.g. {flag} {TRACE_COLUMNS_EXAMPLE}")
-        return TraceColumns(**found)
+        return TraceColumns(**found)  # type: ignore[arg-type]  # arrival_unit was checked above
 
     def names(self) -> tuple[str, str, str]:
         """(arrival, prompt, output) column names, in that order."""

@@ -30,6 +30,8 @@ class TraceTable:
     output_tokens: np.ndarray
     hash_ids: list[tuple[int, ...]] | None = None
     skipped_failed: int = 0
+    note: str = ""
+    """What reading decided that the file does not state (the unit of epoch arrivals); "" when nothing."""
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)

@@ -198,10 +198,14 @@ def load_trace(
     seed: int = 0,
     start_s: float = 0.0,
     columns: TraceColumns | None = None,
+    notes: list[str] | None = None,
 ) -> list[Request]:
-    """Load a trace as `Request`s sorted by arrival, arrivals starting at 0 (see `replay_arrivals`)."""
+    """Load a trace as `Request`s sorted by arrival, arrivals starting at 0 (see `replay_arrivals`);
+    `notes`, when given, gets what reading decided that the file does not state (`TraceTable.note`)."""
     table = replay_arrivals(read_trace(path, format, columns), time_scale=time_scale, rate_rps=rate_rps,
                             start_s=start_s, max_requests=max_requests, seed=seed)
+    if notes is not None and table.note:
+        notes.append(table.note)
     return check_run_span(to_requests(table))
 
 

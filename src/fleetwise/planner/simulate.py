@@ -181,7 +181,8 @@ def _waits(records: Any, pct: int) -> dict[str, float]:
 def _judge(summary: dict[str, Any], spec: PlanningSpec, check: Check, rate: float, seed: int,
            records: Any = None) -> SimVerdict:
     key = f"p{spec.slo.percentile}"
-    ttft, tpot = summary["ttft_s"], summary["tpot_s"]
+    # TPOT is undefined (null) when no output has two tokens: it meets any target, read as 0.0 s.
+    ttft, tpot = summary["ttft_s"], {k: v or 0.0 for k, v in summary["tpot_s"].items()}
     ok = summary["slo_attainment"] >= spec.slo.attainment
     if check != "tpot":
         ok = ok and ttft[key] <= spec.slo.ttft_s

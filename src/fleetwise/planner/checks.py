@@ -88,13 +88,19 @@ def _plan_runs(ctx: Context, full: FleetShape, claims: bool) -> list[FleetRun]:
     return [headroom_run(ctx, full, t) for t in headroom_runs(ctx, full)] + (claim_runs(ctx, full) if claims else [])
 
 
-def _then(ctx: Context, need: NotSimulated, probe: Refined, claims: bool) -> list[FleetRun]:
+Chain = list[tuple[FleetRun, bool]]
+"""Runs of one plan's check in the order it makes them, each with whether it is a headroom term
+(a term that misses adds a replica, so the runs after it in the chain are then not needed)."""
+
+
+def _then(ctx: Context, need: NotSimulated, probe: Refined, claims: bool) -> Chain:
     """The run a replayed check lacked, and after it the runs the rest of the check makes if
     that run passes: the later terms and the claims against the plan as it then stands."""
+    terms = len(headroom_runs(ctx, probe.full))
     later = _plan_runs(ctx, probe.full, claims)
     want = need.run.key(ctx.spec, ctx.prices)
     at = next((i for i, run in enumerate(later) if run.key(ctx.spec, ctx.prices) == want), len(later))
-    return [need.run, *later[at + 1:]]
+    return [(need.run, at < terms), *((run, i < terms) for i, run in enumerate(later) if i > at)]
 
 
 def next_runs(ctx: Context, item: CheckItem) -> list[FleetRun]:
@@ -106,7 +112,7 @@ def next_runs(ctx: Context, item: CheckItem) -> list[FleetRun]:
         with memo_only():
             check_plan(ctx, (probe, colo_tpot, claims))
     except NotSimulated as need:
-        return _then(ctx, need, probe, claims)
+        return [run for run, _term in _then(ctx, need, probe, claims)]
     return []
 
 
@@ -149,14 +155,14 @@ class _Checks:
         if not self.ex.parallel:
             self.ex.map(lambda _ctx, c: self._step(c, colo_tpot), ctx, cands)
             return
-        self._simulate_ahead([run for c in fresh for run in runs_ahead(ctx, c)])
+        self._simulate_ahead([[(run, True) for run in runs_ahead(ctx, c)] for c in fresh])
         todo = list(cands)
         while todo:
             needs = [(c, self._step(c, colo_tpot)) for c in todo]
             todo = [c for c, need in needs if need]
-            self._simulate_ahead([run for _, need in needs for run in need])
+            self._simulate_ahead([need for _, need in needs if need])
 
-    def _step(self, c: Candidate, colo_tpot: float | None) -> list[FleetRun]:
+    def _step(self, c: Candidate, colo_tpot: float | None) -> Chain:
         """Replay `c`'s check from the plan as refined up to its next stop (`advance`) and keep
         what it found; with parallel workers from the memo alone, returning the runs it lacks."""
         probe = copy.deepcopy(self.start[c.key])
@@ -178,18 +184,31 @@ class _Checks:
         c.cost_per_hour = fleet_cost(self.search, r.full, {})  # with what the headroom checks added
         return []
 
-    def _simulate_ahead(self, runs: list[FleetRun]) -> bool:
-        """Simulate the runs the memo lacks (each once), one task each, costliest first, into the
-        memo; False when there was none."""
+    def _simulate_ahead(self, chains: list[Chain]) -> None:
+        """Simulate the runs of `chains` the memo lacks (each once), one task each, costliest
+        first, into the memo. A headroom term that misses adds a replica, so the runs after it
+        in its chain, against the plan without it, are dropped if no worker has taken them yet
+        (`Executor.map_pruned`); a step that needs one of them again names it."""
         ctx, todo, seen = self.search.ctx, [], set()
-        for run in runs:
+        where: list[tuple[int, int, bool]] = []
+        """(chain, place in it, headroom term) per run in `todo`."""
+        places = sorted(((at, n) for n, chain in enumerate(chains) for at in range(len(chain))))
+        for at, n in places:  # each chain's first run (the one its step lacks) belongs to that chain
+            run, term = chains[n][at]
             key = run.key(ctx.spec, ctx.prices)
             if key not in seen and not run.in_memo(ctx.spec, ctx.prices):
                 seen.add(key)
                 todo.append(run)
-        for run, v in zip(todo, self.ex.map(_simulate, ctx, todo, cost=partial(_requests, ctx.spec)), strict=True):
-            run.remember(ctx.spec, ctx.prices, v)
-        return bool(todo)
+                where.append((n, at, term))
+
+        def after_miss(i: int, v: SimVerdict) -> list[int]:
+            n, at, term = where[i]
+            return [j for j, (m, later, _) in enumerate(where) if m == n and later > at] if term and not v.passed else []
+
+        done = self.ex.map_pruned(_simulate, ctx, todo, partial(_requests, ctx.spec), after_miss)
+        for run, v in zip(todo, done, strict=True):
+            if v is not None:
+                run.remember(ctx.spec, ctx.prices, v)
 
     def colocated_undecided(self) -> list[Candidate]:
         """The cheapest colocated plan, as `disaggregation.reference_colocated` picks it."""

@@ -78,7 +78,7 @@ def _requests(spec: PlanningSpec, run: FleetRun) -> float:
 def runs_ahead(ctx: Context, c: Candidate) -> list[FleetRun]:
     """The runs checking `c` starts with: each headroom term against the plan as refined. Its
     P/D claims run against the plan as the terms leave it, so they are simulated ahead only once
-    the terms have run (`next_runs`), not on the guess that no term misses (a term that misses
+    the terms have run (`_then`), not on the guess that no term misses (a term that misses
     on the built-in question's two P/D plans left their four claim runs each wasted)."""
     assert c.refined is not None
     return _plan_runs(ctx, c.refined.full, False)

@@ -18,6 +18,8 @@ subprocess and records its wall time, its CPU time (user + system of the process
 processes, from getrusage(RUSAGE_CHILDREN)), the 1-minute load average before and after (other
 work on a 2-core machine shows up there and in wall > CPU / cores), and the planner's own
 counters (`search`: layouts estimated, candidates sized, simulations, wall_s), and the plans.
+`pure_python` says whether the runs used the sources (`FLEETWISE_PURE_PYTHON=1`, or no compiled
+build in the checkout) rather than the mypyc-compiled modules, which are several times faster.
 
 Profiling (--profile, and automatically when the median wall time misses the target): one more
 run in a subprocess under cProfile with --workers 1, so every simulation runs in the profiled
@@ -162,6 +164,7 @@ def main() -> None:
         "schema": "fleetwise-planner-speed/2",
         "fleetwise_source": fleetwise_source(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "pure_python": os.environ.get("FLEETWISE_PURE_PYTHON") == "1" or not (REPO / "src" / "fleetwise" / "core" / "compiled.json").exists(),
         "cases": timed,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

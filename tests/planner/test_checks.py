@@ -132,3 +132,37 @@ def test_next_runs_replays_from_the_memo_and_names_the_rerun_after_a_miss(spec_f
     simulate._memo.clear()
     alone, _ = checks.check_plan(ctx, (copy.deepcopy(item[0]), None, False))
     assert from_memo == alone and from_memo.full.pool("mixed").replicas == 3
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_check_stops_where_a_term_that_missed_adds_a_replica(spec_factory, workers: int) -> None:
+    """The plan of `test_next_runs_...` (its failure term misses at two replicas): one step runs
+    the term, adds the third replica and stops before the rerun, the plan unchecked at the
+    larger plan's cost (its bound); the next step completes the check, equal to the check run
+    alone, with each run counted once. The same with the runs simulated ahead in workers."""
+    from fleetwise.planner import simulate
+    from fleetwise.planner.fit import prepare
+    from fleetwise.planner.layout import Layout
+    from fleetwise.planner.results import Refined
+    from fleetwise.planner.simulate import FleetShape, PoolShape, SimVerdict
+    from fleetwise.planner.state import Candidate
+
+    spec = spec_factory(workload={"rate_rps": 14.0, "prompt_tokens": {"kind": "fixed", "tokens": 2048},
+                                  "output_tokens": {"kind": "fixed", "tokens": 128}},
+                        headroom={"failures_to_survive": 1, "upgrade_batch_replicas": 0, "cold_start_s": 0})
+    search = prepare(spec)
+    full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 2),))
+    met = SimVerdict(True, 14.0, 0, {}, {}, 1.0, 14.0, 0)
+    c = Candidate("two", "colocated", full, {}, [], 6.0, Refined("two", full, full, seeds=[met]))
+    search.refined = [c]
+    simulate._memo.clear()
+    with Executor(workers) as ex:
+        ch = checks._Checks(search, ex)
+        ch.advance([c], None)
+        assert c.refined is not None and c.refined.full.pool("mixed").replicas == 3
+        assert (ch.grows, ch.checked, c.cost_per_hour, search.simulations) == ({"two": 1}, set(), 9.0, 1)
+        ch.advance([c], None)
+    assert ch.checked == {"two"}
+    simulate._memo.clear()
+    alone, _ = checks.check_plan(search.ctx, (Refined("two", full, full, seeds=[met]), None, False))
+    assert c.refined == alone and search.simulations == alone.runs == 2

@@ -102,3 +102,19 @@ def test_reachable_address_passes() -> None:
         srv.bind(("127.0.0.1", 0))
         srv.listen(1)
         ex_mod._check_reachable(f"127.0.0.1:{srv.getsockname()[1]}", timeout_s=2.0)
+
+
+def _item(ctx: None, item: int) -> int:
+    time.sleep(0.05)
+    return item
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_map_pruned_drops_the_items_a_result_names_before_they_start(workers: int) -> None:
+    """Two items run at a time, costliest first: when 5 comes back it names 2, 1 and 0, which have
+    not started (a free worker is handed one item at a time), so they never run; 3 and 4 do.
+    Inline every item runs."""
+    items = [5, 4, 3, 2, 1, 0]
+    with Executor(workers=workers) as ex:
+        out = ex.map_pruned(_item, None, items, cost=float, prune=lambda i, r: [3, 4, 5] if r == 5 else [])
+    assert out == ([5, 4, 3, None, None, None] if workers == 2 else items)

@@ -5,9 +5,12 @@ Owns which refined plans that met the SLO get their headroom terms simulated
 (`disaggregation.check_claims`, which may demote), and in what order. Both only ever move a plan
 down: its final `ranking.rank_key` (demoted, $/h, -goodput, name) is never below the key it has
 before them (not demoted, the $/h of its serving replicas plus spares, the same goodput and
-name). So plans are checked in waves, each wave's runs in parallel: a wave takes every
+name), nor below the key it has when a term that missed has added replicas (their cost
+included). So plans are checked in steps, each step's runs in parallel: a step takes every
 unchecked plan that is still among the first `top_k` of the order that uses each checked plan's
-final key and each unchecked plan's lower bound (it could still be reported); likewise the
+final key and each unchecked plan's lower bound (it could still be reported), and runs its
+checks until they complete or a term that missed adds a replica (the bound rises; a plan that
+then falls out of the first `top_k` is not checked further, `_Checks.advance`); likewise the
 cheapest colocated plan (the equal-cost verdict's reference, whose TPOT every claim quotes),
 settled before any claim runs; and, when a colocated plan ranks first, the cheapest P/D plan
 (the verdict sentence names it). What is left unchecked could not have been reported whatever
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -32,19 +36,33 @@ from fleetwise.planner.sizing import fleet_cost, over_limits
 from fleetwise.planner.state import Candidate, Context, Search
 from fleetwise.spec.planning import PlanningSpec
 
-MAX_AHEAD_ROUNDS = 8
-"""Rounds of runs simulated ahead per wave (the likely runs, then each round what the checks
-replayed from the memo need next); whatever is still missing after them is simulated while the
-checks run here."""
-
 CheckItem = tuple[Refined, float | None, bool]
 """What a check task gets: the refined plan, the reference colocated TPOT p99, whether to check claims."""
 
 
-def check_plan(ctx: Context, item: CheckItem) -> tuple[Refined, Claims | None]:
+class Grown(Exception):
+    """A check stopped where a headroom term that missed added a replica (`stop_after`)."""
+
+
+def stop_after(grows: int) -> Callable[[Refined], None]:
+    """An `on_grow` for `check_headroom` that lets the first `grows` replicas added pass and stops
+    the check (`Grown`) when the next is added, before its rerun."""
+    seen = 0
+
+    def hook(_r: Refined) -> None:
+        nonlocal seen
+        seen += 1
+        if seen > grows:
+            raise Grown
+
+    return hook
+
+
+def check_plan(ctx: Context, item: CheckItem,
+               on_grow: Callable[[Refined], None] | None = None) -> tuple[Refined, Claims | None]:
     """A refined plan's headroom terms (the plan as they leave it) and, when asked, its P/D claims."""
     r, colo_tpot, claims = item
-    check_headroom(ctx, r)
+    check_headroom(ctx, r, on_grow)
     return r, (check_claims(ctx, r.full, colo_tpot, r.seeds[0]) if claims else None)
 
 
@@ -60,7 +78,7 @@ def _requests(spec: PlanningSpec, run: FleetRun) -> float:
 def runs_ahead(ctx: Context, c: Candidate) -> list[FleetRun]:
     """The runs checking `c` starts with: each headroom term against the plan as refined. Its
     P/D claims run against the plan as the terms leave it, so they are simulated ahead only once
-    the terms have run (`next_runs`), not on the guess that no term misses (a term that misses
+    the terms have run (`_then`), not on the guess that no term misses (a term that misses
     on the built-in question's two P/D plans left their four claim runs each wasted)."""
     assert c.refined is not None
     return _plan_runs(ctx, c.refined.full, False)
@@ -70,20 +88,31 @@ def _plan_runs(ctx: Context, full: FleetShape, claims: bool) -> list[FleetRun]:
     return [headroom_run(ctx, full, t) for t in headroom_runs(ctx, full)] + (claim_runs(ctx, full) if claims else [])
 
 
+Chain = list[tuple[FleetRun, bool]]
+"""Runs of one plan's check in the order it makes them, each with whether it is a headroom term
+(a term that misses adds a replica, so the runs after it in the chain are then not needed)."""
+
+
+def _then(ctx: Context, need: NotSimulated, probe: Refined, claims: bool) -> Chain:
+    """The run a replayed check lacked, and after it the runs the rest of the check makes if
+    that run passes: the later terms and the claims against the plan as it then stands."""
+    terms = len(headroom_runs(ctx, probe.full))
+    later = _plan_runs(ctx, probe.full, claims)
+    want = need.run.key(ctx.spec, ctx.prices)
+    at = next((i for i, run in enumerate(later) if run.key(ctx.spec, ctx.prices) == want), len(later))
+    return [(need.run, at < terms), *((run, i < terms) for i, run in enumerate(later) if i > at)]
+
+
 def next_runs(ctx: Context, item: CheckItem) -> list[FleetRun]:
     """The run checking `item` needs next that the memo lacks (none: every run it makes is
-    there), replayed on a copy from the memo alone, and after it the runs the rest of the check
-    makes if that run passes: the later terms and the claims against the plan as it then stands."""
+    there), replayed on a copy from the memo alone, and the runs that follow it (`_then`)."""
     r, colo_tpot, claims = item
     probe = copy.deepcopy(r)
     try:
         with memo_only():
             check_plan(ctx, (probe, colo_tpot, claims))
     except NotSimulated as need:
-        later = _plan_runs(ctx, probe.full, claims)
-        want = need.run.key(ctx.spec, ctx.prices)
-        at = next((i for i, run in enumerate(later) if run.key(ctx.spec, ctx.prices) == want), len(later))
-        return [need.run, *later[at + 1:]]
+        return [run for run, _term in _then(ctx, need, probe, claims)]
     return []
 
 
@@ -95,52 +124,91 @@ def undecided(cands: list[Candidate], key: Callable[[Candidate], Any], k: int,
 
 
 class _Checks:
-    """The checks phase's bookkeeping: which plans are checked, and each wave run."""
+    """The checks phase's bookkeeping: which plans are checked, how far each unfinished check
+    has got, and each step run."""
 
     def __init__(self, search: Search, ex: Executor) -> None:
         self.search, self.ex = search, ex
         self.passed = [c for c in search.refined if c.refined is not None and c.refined.passed]
         self.order = {c.key: i for i, c in enumerate(search.refined)}
         self.checked: set[str] = set()
+        self.start: dict[str, Refined] = {}
+        """Each plan as refined, before its checks: every step replays the check from it."""
+        self.grows: dict[str, int] = {}
+        """Replicas a plan's headroom terms have added in the steps so far."""
+        self.counted: dict[str, int] = {}
+        """Check runs of a plan already in `search.simulations`."""
 
-    def wave(self, cands: list[Candidate], colo_tpot: float | None) -> None:
-        """Check `cands`: with parallel workers, their headroom terms are simulated ahead, one task
-        per run, into this process's memo, then round by round what the checks replayed from the
-        memo need next (`next_runs`: a term rerun against the larger plan, the claims), and the
-        checks themselves then run here from the memo; else one task per plan."""
+    def advance(self, cands: list[Candidate], colo_tpot: float | None) -> None:
+        """Take each plan of `cands` to its next stop: its checks complete (it is checked), or a
+        headroom term misses and adds a replica (its cost, still a lower bound of its final cost,
+        rises, and the caller decides again whether it may still be reported). With parallel
+        workers the runs are simulated ahead, one task per run, into this process's memo: the
+        headroom terms of a plan not started, then, round by round, what each step replayed from
+        the memo alone lacks (`_then`); else each step simulates as it goes. Either way a step
+        stops at the same place, so the answer does not depend on the workers."""
         ctx = self.search.ctx
-        items = [(c.refined, colo_tpot, c.kind != "colocated") for c in cands if c.refined is not None]
-        before = [r.runs for r, _, _ in items]
-        if self.ex.parallel:
-            ahead = [run for c in cands for run in runs_ahead(ctx, c)]
-            open_items = list(items)
-            for _ in range(MAX_AHEAD_ROUNDS):
-                if not self._simulate_ahead(ahead):
-                    break
-                needs = [(it, next_runs(ctx, it)) for it in open_items]
-                open_items = [it for it, need in needs if need]  # a plan needing nothing is complete
-                ahead = [run for _, need in needs for run in need]
-            done = [check_plan(ctx, it) for it in items]
-        else:
-            done = self.ex.map(check_plan, ctx, items)
-        for c, n, (r, claims) in zip(cands, before, done, strict=True):
-            self.search.simulations += r.runs - n + (claims.runs if claims else 0)
-            c.refined, c.claims = r, claims
-            c.cost_per_hour = fleet_cost(self.search, r.full, {})  # with what the headroom checks added
-            self.checked.add(c.key)
+        fresh = [c for c in cands if c.key not in self.start]
+        for c in fresh:
+            assert c.refined is not None
+            self.start[c.key] = c.refined
+        if not self.ex.parallel:
+            self.ex.map(lambda _ctx, c: self._step(c, colo_tpot), ctx, cands)
+            return
+        self._simulate_ahead([[(run, True) for run in runs_ahead(ctx, c)] for c in fresh])
+        todo = list(cands)
+        while todo:
+            needs = [(c, self._step(c, colo_tpot)) for c in todo]
+            todo = [c for c, need in needs if need]
+            self._simulate_ahead([need for _, need in needs if need])
 
-    def _simulate_ahead(self, runs: list[FleetRun]) -> bool:
-        """Simulate the runs the memo lacks (each once), one task each, costliest first, into the
-        memo; False when there was none."""
+    def _step(self, c: Candidate, colo_tpot: float | None) -> Chain:
+        """Replay `c`'s check from the plan as refined up to its next stop (`advance`) and keep
+        what it found; with parallel workers from the memo alone, returning the runs it lacks."""
+        probe = copy.deepcopy(self.start[c.key])
+        claims = c.kind != "colocated"
+        try:
+            with memo_only() if self.ex.parallel else nullcontext():
+                r, cl = check_plan(self.search.ctx, (probe, colo_tpot, claims), stop_after(self.grows.get(c.key, 0)))
+        except NotSimulated as need:
+            return _then(self.search.ctx, need, probe, claims)
+        except Grown:
+            self.grows[c.key] = self.grows.get(c.key, 0) + 1
+            r, cl = probe, None
+        else:
+            self.checked.add(c.key)
+        runs = r.runs - self.start[c.key].runs + (cl.runs if cl else 0)
+        self.search.simulations += runs - self.counted.get(c.key, 0)
+        self.counted[c.key] = runs
+        c.refined, c.claims = r, cl
+        c.cost_per_hour = fleet_cost(self.search, r.full, {})  # with what the headroom checks added
+        return []
+
+    def _simulate_ahead(self, chains: list[Chain]) -> None:
+        """Simulate the runs of `chains` the memo lacks (each once), one task each, costliest
+        first, into the memo. A headroom term that misses adds a replica, so the runs after it
+        in its chain, against the plan without it, are dropped if no worker has taken them yet
+        (`Executor.map_pruned`); a step that needs one of them again names it."""
         ctx, todo, seen = self.search.ctx, [], set()
-        for run in runs:
+        where: list[tuple[int, int, bool]] = []
+        """(chain, place in it, headroom term) per run in `todo`."""
+        places = sorted(((at, n) for n, chain in enumerate(chains) for at in range(len(chain))))
+        for at, n in places:  # each chain's first run (the one its step lacks) belongs to that chain
+            run, term = chains[n][at]
             key = run.key(ctx.spec, ctx.prices)
             if key not in seen and not run.in_memo(ctx.spec, ctx.prices):
                 seen.add(key)
                 todo.append(run)
-        for run, v in zip(todo, self.ex.map(_simulate, ctx, todo, cost=partial(_requests, ctx.spec)), strict=True):
-            run.remember(ctx.spec, ctx.prices, v)
-        return bool(todo)
+                where.append((n, at, term))
+
+        def after_miss(i: int, v: SimVerdict) -> list[int]:
+            n, at, term = where[i]
+            return [j for j, (m, later, _) in enumerate(where) if m == n and later > at] if term and not v.passed else []
+
+        done = self.ex.map_pruned(_simulate, ctx, todo, partial(_requests, ctx.spec), after_miss)
+        for run, v in zip(todo, done, strict=True):
+            if v is not None:
+                run.remember(ctx.spec, ctx.prices, v)
 
     def colocated_undecided(self) -> list[Candidate]:
         """The cheapest colocated plan, as `disaggregation.reference_colocated` picks it."""
@@ -163,19 +231,21 @@ class _Checks:
 
 
 def run(search: Search, ex: Executor) -> None:
-    """Check, wave by wave, the plans that may still be reported or quoted; list the rest as unchecked."""
+    """Check, step by step, the plans that may still be reported or quoted; list the rest as unchecked."""
     ch = _Checks(search, ex)
     while need := ch.colocated_undecided():
         need += [c for c in ch.ranking_undecided() if c.kind == "colocated" and c not in need]
-        ch.wave(need, None)
+        ch.advance(need, None)
     colo = reference_colocated(search)
     colo_tpot = colo.refined.seeds[0].tpot["p99"] if colo and colo.refined else None
     while need := ch.ranking_undecided():
-        ch.wave(need, colo_tpot)
+        ch.advance(need, colo_tpot)
     search.unchecked = [c for c in ch.passed if c.key not in ch.checked]
     for c in search.unchecked:
         what = "headroom terms and claims" if c.kind != "colocated" else "headroom terms"
-        search.rejected.append(Rejection(c.key, (
-            f"not checked: meets the SLO at the target rate, but at ${c.cost_per_hour:.2f}/h before its headroom "
-            f"terms it ranks below the {search.top_k} plans reported whatever they add; its {what} were not "
-            "simulated")))
+        added = ch.grows.get(c.key, 0)
+        why = (f"at ${c.cost_per_hour:.2f}/h before its headroom terms it ranks below the {search.top_k} plans "
+               f"reported whatever they add; its {what} were not simulated") if not added else (
+               f"at ${c.cost_per_hour:.2f}/h with the {added} replica(s) its headroom terms added so far it ranks "
+               f"below the {search.top_k} plans reported whatever the rest add; its other {what} were not simulated")
+        search.rejected.append(Rejection(c.key, f"not checked: meets the SLO at the target rate, but {why}"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from functools import partial
 from typing import Any, TypeVar
 
@@ -70,6 +70,35 @@ class Executor:
         out: list[R] = [None] * len(items)  # type: ignore[list-item]
         for i, r in zip(order, done, strict=True):
             out[i] = r
+        return out
+
+    def map_pruned(self, fn: Callable[[Any, T], R], ctx: Any, items: Sequence[T], cost: Callable[[T], float],
+                   prune: Callable[[int, R], Iterable[int]]) -> list[R | None]:
+        """`map` with the costliest first, except that after each result `prune(i, result)` names
+        items (by index) no longer worth running: those not started yet are not run, None in
+        their place. Each worker process is handed its next item only when it is free (a pool
+        queues items ahead, which could then not be dropped). Inline and on Ray every item runs."""
+        if self.ray_address or self.workers == 1 or len(items) < 2:
+            return list(self.map(fn, ctx, items, cost))
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+        waiting = sorted(range(len(items)), key=lambda i: -cost(items[i]))
+        running: dict[Future[R], int] = {}
+        out: list[R | None] = [None] * len(items)
+        done = 0
+        while waiting or running:
+            while waiting and len(running) < self.workers:
+                i = waiting.pop(0)
+                running[self._pool.submit(fn, ctx, items[i])] = i
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in sorted(finished, key=running.__getitem__):
+                i = running.pop(f)
+                out[i] = f.result()
+                done += 1
+                if self.on_task is not None:
+                    self.on_task(done, len(items))
+                dropped = set(prune(i, f.result()))
+                waiting = [j for j in waiting if j not in dropped]
         return out
 
     def _counted(self, results: Iterable[R], total: int) -> list[R]:

@@ -11,6 +11,7 @@ simulated is the checks phase's choice (`checks`). Does not rank (ranking).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetwise.core.request import Request
@@ -180,10 +181,12 @@ def headroom_run(ctx: Context, full: FleetShape, run: HeadroomRun) -> FleetRun:
     return FleetRun(ctx.mix, full, ctx.spec.workload.rate_rps, 0, run.faults, run.requests)
 
 
-def check_headroom(ctx: Context, out: Refined) -> None:
+def check_headroom(ctx: Context, out: Refined, on_grow: Callable[[Refined], None] | None = None) -> None:
     """Simulate each headroom term against the sized plan; a miss adds a replica to its pool and
     the term is run again as it stands for the larger pool (an upgrade of one replica more lasts
-    one `cold_start_s` longer). Later terms run against the plan with what earlier ones added."""
+    one `cold_start_s` longer). Later terms run against the plan with what earlier ones added.
+    `on_grow` hears the plan each time a replica is added, before the rerun (it may raise to stop
+    the check there: `checks`)."""
     def sim(run: HeadroomRun) -> SimVerdict:
         out.runs += 1
         return headroom_run(ctx, out.full, run).verdict(ctx.spec, ctx.prices)
@@ -205,6 +208,8 @@ def check_headroom(ctx: Context, out: Refined) -> None:
         while not v.passed and added < MAX_HEADROOM_ADDS:
             out.full = out.full.with_replicas(**{role: out.full.pool(role).replicas + 1})
             added += 1
+            if on_grow is not None:
+                on_grow(out)
             run = next((r for r in terms() if r.key == run.key), run)
             v = sim(run)
         out.headroom.append(HeadroomCheck(run.term, role, v, added, len(run.requests), run.span_s,

@@ -233,7 +233,8 @@ def test_over_context_truncate_and_skip_are_counted(capsys, tmp_path):
     o = simulate(capsys, tmp_path, COLOCATED, "--workload", wl, "--over-context", "truncate")
     assert o.rc == 0, o.err
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert s["over_context"] == {"policy": "truncate", "max_context_tokens": 131072, "truncated": 4, "skipped": 0}
+    assert s["over_context"] == {"policy": "truncate", "max_context_tokens": 131072, "truncated": 4, "skipped": 0,
+                                 "rejected_max_model_len": 0}
     assert s["requests_completed"] == 4
     o = simulate(capsys, tmp_path, COLOCATED, "--workload", wl, "--over-context", "skip")
     assert_user_error(o, "every request was skipped")

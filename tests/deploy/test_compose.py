@@ -38,3 +38,11 @@ def test_compose_runs_every_replica_emulated_behind_the_gateway(fleet):
     assert [(b.kv_events.endpoint, b.kv_events.replay_endpoint) for b in cfg.backends if b.kv_events] == [
         (f"tcp://{n}:5557", f"tcp://{n}:5558") for n in names]
     assert cfg.tokenizer == "fleetwise" and cfg.limits.hash_block_tokens == fleet.pools[0].engine.block_size
+
+
+def test_a_pools_max_model_len_reaches_its_emulated_replicas(fleet):
+    pools = [p.model_copy(update={"engine": p.engine.model_copy(update={"max_model_len": 8192})}) for p in fleet.pools]
+    files = render(fleet.model_copy(update={"pools": pools}), "compose", DeployOptions(fleetwise_image="fw:test"))
+    parser = build_parser()
+    for svc in [s for n, s in yaml.safe_load(files["compose.yaml"])["services"].items() if n != "gateway"]:
+        assert config_from_args(parser.parse_args(svc["command"][1:])).max_model_len == 8192

@@ -50,7 +50,8 @@ class EmulatorConfig(Spec):
     served_model_name: str | None = None
     """Name clients send as `model` (default: the catalog model name)."""
     max_model_len: int | None = Field(default=None, ge=1)
-    """Longest prompt + output (default: the model's context)."""
+    """Longest prompt + output (vLLM's --max-model-len; refused when the KV cache cannot hold it;
+    default: the model's context, lowered to what the KV cache holds)."""
     weight_dtype: Literal["bf16", "fp8", "int4"] = "bf16"
     kv_dtype: Literal["bf16", "fp8"] = "bf16"
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
@@ -111,7 +112,7 @@ class EmulatorConfig(Spec):
     def pool(self) -> PoolSpec:
         """The one-replica pool this emulator runs (engine knobs default to the project's)."""
         engine: dict[str, object] = {"enable_prefix_caching": self.enable_prefix_caching}
-        for k in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
             if getattr(self, k) is not None:
                 engine[k] = getattr(self, k)
         return validate(PoolSpec, {

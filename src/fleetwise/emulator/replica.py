@@ -73,9 +73,11 @@ class EmulatedReplica:
         self.engine = build.engine(cfg.name)
         self.engine.per_request_outputs = True
         self.engine.enable_kv_events()
-        self.max_model_len = cfg.max_model_len or build.deployment.model.max_context_tokens
-        if self.max_model_len < 2:
-            raise SpecError(f"--max-model-len={self.max_model_len} must be at least 2")
+        if cfg.max_model_len is not None and cfg.max_model_len < 2:
+            raise SpecError(f"--max-model-len={cfg.max_model_len} must be at least 2")
+        self.max_model_len = build.max_model_len
+        """The pool's (`engine.pools.effective_max_model_len`): as given, checked against the context and
+        the KV cache as vLLM checks it at start-up; unset, the context lowered to what the KV cache holds."""
         self.lengths = OutputLengthModel(cfg.output_lengths, cfg.seed)
         self.metrics = ReplicaMetrics(cfg.name, self.max_model_len)
         self.metrics.time_scale.set(cfg.time_scale)

@@ -49,7 +49,7 @@ class EmulatorConfig(Spec):
     port: int = Field(default=8000, ge=0, le=65535)
     served_model_name: str | None = None
     """Name clients send as `model` (default: the catalog model name)."""
-    max_model_len: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=2)
     """Longest prompt + output (vLLM's --max-model-len; refused when the KV cache cannot hold it;
     default: the model's context, lowered to what the KV cache holds)."""
     weight_dtype: Literal["bf16", "fp8", "int4"] = "bf16"

@@ -40,7 +40,6 @@ from fleetwise.engine.clock import ORDER_ARRIVAL
 from fleetwise.engine.driver import DOWN, EngineDriver
 from fleetwise.engine.pools import build_pool
 from fleetwise.engine.records import StepOutput
-from fleetwise.errors import SpecError
 from fleetwise.live import AsyncioClock
 from fleetwise.perf.kv import kv_shards
 from fleetwise.perf.profile import Profile
@@ -73,8 +72,6 @@ class EmulatedReplica:
         self.engine = build.engine(cfg.name)
         self.engine.per_request_outputs = True
         self.engine.enable_kv_events()
-        if cfg.max_model_len is not None and cfg.max_model_len < 2:
-            raise SpecError(f"--max-model-len={cfg.max_model_len} must be at least 2")
         self.max_model_len = build.max_model_len
         """The pool's (`engine.pools.effective_max_model_len`): as given, checked against the context and
         the KV cache as vLLM checks it at start-up; unset, the context lowered to what the KV cache holds."""

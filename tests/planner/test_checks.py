@@ -101,6 +101,22 @@ def test_runs_simulated_ahead_in_workers_give_the_same_checks(refined: Search,
     assert in_checks == 0, "a check run was simulated in the planning process"
 
 
+def _next_runs(ctx, item) -> list:
+    """The run checking `item` needs next that the memo lacks (none: every run it makes is there),
+    replayed on a copy from the memo alone, and the runs that follow it (`checks._then`): the
+    reference for what `_Checks._step` hands the workers."""
+    from fleetwise.planner.simulate import NotSimulated, memo_only
+
+    r, colo_tpot, claims = item
+    probe = copy.deepcopy(r)
+    try:
+        with memo_only():
+            checks.check_plan(ctx, (probe, colo_tpot, claims))
+    except NotSimulated as need:
+        return [run for run, _term in checks._then(ctx, need, probe, claims)]
+    return []
+
+
 def test_next_runs_replays_from_the_memo_and_names_the_rerun_after_a_miss(spec_factory) -> None:
     """Two H100 replicas at 14 req/s sized with no failure spare: the failure term misses, so the
     check needs that term again against three replicas. Replayed from the memo with the likely
@@ -120,13 +136,13 @@ def test_next_runs_replays_from_the_memo_and_names_the_rerun_after_a_miss(spec_f
     simulate._memo.clear()
     item = (Refined("two", full, full), None, False)
     likely = checks._plan_runs(ctx, full, False)
-    assert checks.next_runs(ctx, item)[0].key(spec, ctx.prices) == likely[0].key(spec, ctx.prices)
+    assert _next_runs(ctx, item)[0].key(spec, ctx.prices) == likely[0].key(spec, ctx.prices)
     for run in likely:
         run.verdict(spec, ctx.prices)
-    (rerun,) = checks.next_runs(ctx, item)
+    (rerun,) = _next_runs(ctx, item)
     assert rerun.fleet.pool("mixed").replicas == 3 and rerun.faults == likely[0].faults
     rerun.verdict(spec, ctx.prices)
-    assert checks.next_runs(ctx, item) == []
+    assert _next_runs(ctx, item) == []
     with memo_only():
         from_memo, _ = checks.check_plan(ctx, (copy.deepcopy(item[0]), None, False))
     simulate._memo.clear()

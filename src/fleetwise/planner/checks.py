@@ -103,19 +103,6 @@ def _then(ctx: Context, need: NotSimulated, probe: Refined, claims: bool) -> Cha
     return [(need.run, at < terms), *((run, i < terms) for i, run in enumerate(later) if i > at)]
 
 
-def next_runs(ctx: Context, item: CheckItem) -> list[FleetRun]:
-    """The run checking `item` needs next that the memo lacks (none: every run it makes is
-    there), replayed on a copy from the memo alone, and the runs that follow it (`_then`)."""
-    r, colo_tpot, claims = item
-    probe = copy.deepcopy(r)
-    try:
-        with memo_only():
-            check_plan(ctx, (probe, colo_tpot, claims))
-    except NotSimulated as need:
-        return [run for run, _term in _then(ctx, need, probe, claims)]
-    return []
-
-
 def undecided(cands: list[Candidate], key: Callable[[Candidate], Any], k: int,
               checked: set[str]) -> list[Candidate]:
     """The unchecked candidates among the first `k` by `key` (each a final value once checked, a

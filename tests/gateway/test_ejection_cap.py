@@ -29,6 +29,8 @@ def test_breakers_open_up_to_the_share_at_least_one_never_all(n: int, percent: f
     states = [bs.live[f"b{i}"].breaker.state(1.0) for i in range(n)]
     assert states == ["open"] * opened + ["closed"] * (n - opened)  # the first to fail go, the last stay
     assert [bs.live[f"b{i}"].breaker.held for i in range(n)] == [False] * opened + [True] * (n - opened)
+    # /admin/fleet tells a held breaker from a closed one that is fine
+    assert [bs.live[f"b{i}"].admin(1.0)["breaker_held"] for i in range(n)] == [False] * opened + [True] * (n - opened)
     assert bs.capped_roles() == (["mixed"] if opened < n else [])
     assert bs.routable_roles(1.0)["mixed"] == n - opened
 

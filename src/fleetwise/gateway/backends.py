@@ -192,8 +192,8 @@ class Backend:
         return {
             "name": s.key, "url": s.url, "role": s.role, "pool": s.pool, "model_version": s.model_version,
             "region": s.region, "accelerator": s.accelerator, "weight": s.weight,
-            "healthy": self.healthy, "breaker": self.breaker.state(now_s), "available": self.available(now_s),
-            "in_flight": self.in_flight, "queued": ld.waiting, "running": ld.running, "kv_usage": ld.kv_usage,
+            "healthy": self.healthy, "breaker": self.breaker.state(now_s), "breaker_held": self.breaker.held,
+            "available": self.available(now_s), "in_flight": self.in_flight, "queued": ld.waiting, "running": ld.running, "kv_usage": ld.kv_usage,
             "prefix_hit_rate": ld.prefix_hit_rate,
             "engine_ttft_mean_s": ld.ttft_mean_s, "engine_itl_mean_s": ld.itl_mean_s,
             "observed_ttft_s": self.ttft_ewma_s, "observed_tpot_s": self.tpot_ewma_s,

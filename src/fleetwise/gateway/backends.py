@@ -131,8 +131,8 @@ class Backend:
         return self.spec.key
 
     def available(self, now_s: float) -> bool:
-        """Healthy, breaker letting traffic through, not being removed."""
-        return self.healthy and not self.removed and self.breaker.allows(now_s)
+        """Healthy, breaker letting traffic through, not being removed (`routable` outside a panic)."""
+        return self.routable(now_s, False)
 
     def routable(self, now_s: float, panic: bool) -> bool:
         """`available`, or in a panic (too few of its role healthy) whatever its health verdict."""

@@ -317,13 +317,18 @@ def figures(doc: dict[str, Any], path: tuple[str, ...] = ()) -> dict[str, float]
 
 def against(before: dict[str, Any], after: dict[str, Any]) -> tuple[list[str], int]:
     """Per figure both documents hold: before, after and whether it got worse (a larger |error| %, as
-    stored: 2 decimals); then the count. Returns (lines, figures worse)."""
+    stored: 2 decimals); per evaluation (in_sample, held_out, ...) the figures worse and the sum of the
+    changes in points; then the count. Returns (lines, figures worse)."""
     old, new = figures(before), figures(after)
     common = [k for k in new if k in old]
     worse = [k for k in common if new[k] > old[k]]
     width = max((len(k) for k in common), default=0)
     lines = [f"{k:<{width}}  {old[k]:7.2f} -> {new[k]:7.2f}  {new[k] - old[k]:+6.2f}"
              f"{'  WORSE' if k in worse else ''}" for k in common]
+    for section in dict.fromkeys(k.split("/")[0] for k in common):
+        keys = [k for k in common if k.split("/")[0] == section]
+        lines.append(f"{section}: {sum(k in worse for k in keys)} of {len(keys)} worse, "
+                     f"changes sum to {sum(new[k] - old[k] for k in keys):+.2f} points")
     only = sorted(set(new) ^ set(old))
     lines.append(f"{len(worse)} of {len(common)} comparable figures worse"
                  + (f" ({len(only)} figures in one document only, not compared)" if only else ""))

@@ -35,7 +35,8 @@ def test_figures_and_worse_count(fidelity):
                                        "in_sample/by_kind/decode/max_abs_pct": 5.01}
     lines, worse = fidelity.against(before, after)
     assert worse == 2
-    assert [line.endswith("WORSE") for line in lines[:-1]] == [True, False, False, True]
+    assert [line.endswith("WORSE") for line in lines[:4]] == [True, False, False, True]
+    assert lines[4] == "in_sample: 2 of 4 worse, changes sum to -0.49 points"
     assert lines[-1] == "2 of 4 comparable figures worse (1 figures in one document only, not compared)"
 
 
@@ -46,3 +47,8 @@ def test_stored_results_against_the_baseline(fidelity):
     now = json.loads((RESULTS / "perf_fidelity.json").read_text(encoding="utf-8"))
     lines, worse = fidelity.against(base, now)
     assert worse == 30 and lines[-1].startswith("30 of 84 comparable figures worse")
+    assert lines[-6:-1] == ["in_sample: 5 of 8 worse, changes sum to +1.56 points",
+                            "held_out: 2 of 16 worse, changes sum to -11.42 points",
+                            "held_out_kinds: 10 of 24 worse, changes sum to -5.78 points",
+                            "held_out_shapes: 6 of 8 worse, changes sum to +0.78 points",
+                            "extrapolation: 7 of 28 worse, changes sum to -19.76 points"]

@@ -2,6 +2,11 @@
 
 Run:  python3 benchmarks/perf_fidelity.py [--shared DIR]  (default: the shipped src/fleetwise/perf/ground_truth)
                                           [--out benchmarks/results/perf_fidelity.json]
+                                          [--against benchmarks/results/perf_fidelity_19067bb.json]
+
+`--against FILE` prints every figure (median and max |error| %) both runs hold, before and after,
+marks the ones that got worse and exits 1 if any did; perf_fidelity_19067bb.json holds the figures
+of commit 19067bb, the baseline of "nothing gets worse".
 
 Writes, per fit: the points predicted, median and max |error| % overall and per kind (prefill,
 decode, mixed) and the fitted factors.
@@ -292,12 +297,52 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+FIGURE_KEYS = ("median_abs_pct", "max_abs_pct")
+NOT_FIGURES = ("worst_points", "factors", "fitted_on")
+
+
+def figures(doc: dict[str, Any], path: tuple[str, ...] = ()) -> dict[str, float]:
+    """Every median and max |error| % of a results document, keyed by its path ('held_out/llama-3.1-8b/
+    by_kind/decode/max_abs_pct'); worst points and factors are not figures."""
+    out: dict[str, float] = {}
+    for key, value in doc.items():
+        if key in NOT_FIGURES:
+            continue
+        if isinstance(value, dict):
+            out.update(figures(value, (*path, key)))
+        elif key in FIGURE_KEYS and isinstance(value, int | float):
+            out["/".join((*path, key))] = float(value)
+    return out
+
+
+def against(before: dict[str, Any], after: dict[str, Any]) -> tuple[list[str], int]:
+    """Per figure both documents hold: before, after and whether it got worse (a larger |error| %, as
+    stored: 2 decimals); per evaluation (in_sample, held_out, ...) the figures worse and the sum of the
+    changes in points; then the count. Returns (lines, figures worse)."""
+    old, new = figures(before), figures(after)
+    common = [k for k in new if k in old]
+    worse = [k for k in common if new[k] > old[k]]
+    width = max((len(k) for k in common), default=0)
+    lines = [f"{k:<{width}}  {old[k]:7.2f} -> {new[k]:7.2f}  {new[k] - old[k]:+6.2f}"
+             f"{'  WORSE' if k in worse else ''}" for k in common]
+    for section in dict.fromkeys(k.split("/")[0] for k in common):
+        keys = [k for k in common if k.split("/")[0] == section]
+        lines.append(f"{section}: {sum(k in worse for k in keys)} of {len(keys)} worse, "
+                     f"changes sum to {sum(new[k] - old[k] for k in keys):+.2f} points")
+    only = sorted(set(new) ^ set(old))
+    lines.append(f"{len(worse)} of {len(common)} comparable figures worse"
+                 + (f" ({len(only)} figures in one document only, not compared)" if only else ""))
+    return lines, len(worse)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", default=str(SHIPPED_DIR))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "perf_fidelity.json"))
     ap.add_argument("--routing-replay", action="store_true", help="replay the MoE routing of one mixed step instead")
     ap.add_argument("--figure", action="store_true", help=f"also draw {FIGURE.relative_to(REPO)}")
+    ap.add_argument("--against", metavar="FILE", help="compare every figure with an earlier results file; exit 1 "
+                    "when any got worse (e.g. benchmarks/results/perf_fidelity_19067bb.json)")
     args = ap.parse_args()
     if args.routing_replay:
         doc = json.loads((Path(args.shared) / "h200_moe.json").read_text(encoding="utf-8"))
@@ -349,6 +394,12 @@ def main() -> int:
     for line in summary_lines(doc):
         print(line)
     print(f"wrote {args.out}")
+    if args.against:
+        lines, worse = against(json.loads(Path(args.against).read_text(encoding="utf-8")), doc)
+        print(f"against {args.against}:")
+        for line in lines:
+            print(line)
+        return 1 if worse else 0
     return 0
 
 

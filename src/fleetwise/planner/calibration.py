@@ -16,7 +16,7 @@ from fleetwise.spec.catalog_gpus import GPUS
 if TYPE_CHECKING:
     from fleetwise.planner.state import Search
 
-CALIBRATED_ACCURACY = ("a profile fitted on a card's measured steps predicts them within 1.45% median, 10.9% "
+CALIBRATED_ACCURACY = ("a profile fitted on a card's measured steps predicts them within 1.40% median, 11.2% "
                        "worst (H200, docs/perf-model.md, Measured accuracy)")
 """The accuracy a calibrated profile is known to reach, as README and docs/perf-model.md state it."""
 

@@ -266,8 +266,7 @@ class ComposedPolicy:
         return kernels.totals([SCORERS["requests"](req, cols)], [self._weights.get("requests", 1.0)])
 
     def _record(self, pool: str, name: str, own: float) -> tuple[str, int] | None:
-        """Note `name` as chosen in `pool` for its own cost `own` (tokens); returns the pick that fell
-        out of the recent window."""
+        """Note `name` as chosen in `pool` for its own cost `own` (tokens); returns the pick that left the window."""
         self.picker.chosen(name)
         return self.recent.add(pool, name, pick_work(own))
 
@@ -300,8 +299,7 @@ class ComposedPolicy:
         w, name, cost = e.ws[i], names[i], self.params.cost
         load, _ = ledger_load(w, view_load(w, cost), self.inflight, cost.decode_token_weight, cost.per_request_tokens)
         prefix = self.index.match(name, req.block_hashes)
-        own = own_cost(req, prefix, cost, self._expected)
-        self._record("mixed", name, own)
+        self._record("mixed", name, own := own_cost(req, prefix, cost, self._expected))
         self._dispatch(req, prefix, load + own, name, None, now)
         return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
@@ -312,10 +310,9 @@ class ComposedPolicy:
             reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
             kind = "safe-mode"
         seq = self.picker.seq
-        work = pick_work(c.own)
         dropped = self._record("mixed", c.name, c.own)
         if e.vec is not None:
-            e.vec.picked(c.name, work, dropped, seq, self.picker.seq)
+            e.vec.picked(c.name, pick_work(c.own), dropped, seq, self.picker.seq)
         self._dispatch(req, c.prefix_blocks, c.load + c.own, c.name, None, now)
         return RoutingDecision(worker=c.name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 

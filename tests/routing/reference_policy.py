@@ -60,22 +60,22 @@ def reference_factor(fb: LatencyFeedback, worker: str, now_s: float) -> float:
     return 1.0 if abs(f - 1.0) < p.deadband else f
 
 
-def load_bound(cs: Sequence[Candidate], recent: Sequence[str],
+def load_bound(cs: Sequence[Candidate], recent: Sequence[tuple[str, int]],
                p: LoadBoundParams) -> tuple[list[Candidate], float, list[str]]:
     """The load bound over candidates: `current <= c * mean(current) + own * slowness`, then the
-    share check over the last picks (`ceil(c * (k + 1) * speed / sum(speed))`), if it keeps any."""
+    share check over the last picks' work (`work <= c * (W + own) * speed / sum(speed)`), if it keeps any."""
     current = [c.load * c.slowness for c in cs]
     bound = p.c * (sum(current) / len(cs))
     kept = [c for c, cur in zip(cs, current, strict=True) if cur <= bound + c.own * c.slowness + TIE_TOLERANCE]
     if p.share_window > 0 and recent:
-        counts = {c.name: 0 for c in cs}
-        for name in list(recent)[-p.share_window:]:
-            if name in counts:
-                counts[name] += 1
-        k = sum(counts.values())
+        work = {c.name: 0 for c in cs}
+        for name, w in list(recent)[-p.share_window:]:
+            if name in work:
+                work[name] += w
+        k = sum(work.values())
         speed = {c.name: 1.0 / c.slowness for c in cs}
         total = sum(speed.values())
-        both = [c for c in kept if counts[c.name] + 1 <= math.ceil(p.c * (k + 1) * speed[c.name] / total)]
+        both = [c for c in kept if work[c.name] <= p.c * (k + c.own) * speed[c.name] / total]
         kept = both or kept
     ids = {id(c) for c in kept}
     return kept, bound, [c.name for c in cs if id(c) not in ids]
@@ -174,6 +174,6 @@ class ReferencePolicy:
             c, kind = kept[i], PICKER_KINDS[kind]
         if safe:
             reason, kind = f"safe-mode last-known ({p.safe.describe()}); {reason}", "safe-mode"
-        p._record("mixed", c.name)
+        p._record("mixed", c.name, c.own)
         p._dispatch(req, c.prefix_blocks, c.load + c.own, c.name, None, now)
         return RoutingDecision(worker=c.name, scores=scores, reason=reason, safe_mode=safe, kind=kind)

@@ -100,9 +100,12 @@ def test_load_bound_tokens_and_share():
     cs = [cand("a", load=1000), cand("b", load=0), cand("c", load=200)]
     kept, bound, excluded = load_bound(cs, [], LoadBoundParams(c=1.25))
     assert bound == 1.25 * 400 and excluded == ["a"]  # 1000 > 500 + own 100
-    kept, _, excluded = load_bound(cs, ["c", "c", "b"], LoadBoundParams(c=1.25))
-    # share: ceil(1.25 * 4 / 3) = 2 -> c (2 + 1 > 2) is out as well
+    kept, _, excluded = load_bound(cs, [("c", 100), ("c", 100), ("b", 100)], LoadBoundParams(c=1.25))
+    # share of the recent work: c took 200 of 300 tokens > 1.25 * (300 + own 100) / 3 = 166.7 -> out as well
     assert [k.name for k in kept] == ["b"] and excluded == ["a", "c"]
+    # weighted by work, not decisions: b's one long prompt (3000 of 3200) puts b out, c's two short ones do not
+    kept, _, excluded = load_bound(cs, [("b", 3000), ("c", 100), ("c", 100)], LoadBoundParams(c=1.25))
+    assert [k.name for k in kept] == ["c"] and excluded == ["a", "b"]
 
 
 def test_pickers_seeded_and_stable():

@@ -31,7 +31,7 @@ def test_off_trusts_the_stale_view_and_last_known_counts_what_it_sent():
     # off: w0 is idle as the view says, however many requests went there since (only the load
     # bound's share check sends some to w1); last_known: w0 carries what it sent there
     assert all("w0 load 0 " in r for w, r in off if w == "w0")
-    assert [w for w, _ in off] == ["w0", "w0", "w1", "w0", "w0", "w1", "w0", "w1", "w0", "w0", "w1", "w0"]
+    assert [w for w, _ in off] == ["w0", "w0", "w1", "w0", "w0", "w1", "w0", "w0", "w1", "w0", "w1", "w0"]
     assert [w for w, _ in known] == ["w0", "w1"] * 6
     assert not any("safe-mode" in r for _, r in off) and all("safe-mode last-known" in r for _, r in known)
     assert known[2][1].endswith("least-cost w0 (cost 2128 tok); w0 load 1064 within bound 2454")

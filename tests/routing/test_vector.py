@@ -72,17 +72,18 @@ def test_prefix_scorer_without_any_cached_prefix_scores_zero():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(cand, min_size=2, max_size=12), st.floats(1.01, 3), st.integers(0, 8),
-       st.lists(st.integers(0, 14), max_size=40))
+       st.lists(st.tuples(st.integers(0, 14), st.integers(1, 5000)), max_size=40))
 def test_bounded_equals_load_bound(rows, c, window, recent_idx):
     cs = candidates(rows)
     names = [x.name for x in cs]
-    recent = deque((f"w{i:02d}" for i in recent_idx), maxlen=max(1, window))  # names beyond the fleet too
+    # names beyond the fleet too
+    recent = deque(((f"w{i:02d}", w) for i, w in recent_idx), maxlen=max(1, window))
     p = LoadBoundParams(c=c, share_window=window)
     want_kept, want_bound, _ = load_bound(cs, recent, p)
     counts = None
     k = 0
     if window > 0 and recent:
-        counts = [sum(1 for r in recent if r == n) for n in names]
+        counts = [sum(w for r, w in recent if r == n) for n in names]
         k = sum(counts)
     bound, kept = kernels.bounded([x.load for x in cs], [x.own for x in cs], [x.slowness for x in cs], c,
                                   TIE_TOLERANCE, counts, k)

@@ -180,6 +180,8 @@ def step_sums(dec: DecodeSet, passes: int, chunks: list[tuple[SeqState, int]]
         pairs += c * (st.computed + (c + 1) / 2)
         if c > 1:
             pre += c
+            if st.computed > longest:  # a chunk streams its cached context like a decode row
+                longest = st.computed
         elif st.computed + 1 > longest:  # a one-token chunk reads its KV like a decode row
             longest = st.computed + 1
         mx = max(mx, c)

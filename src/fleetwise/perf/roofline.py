@@ -36,8 +36,10 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
       t_dec = max(kvb_layer*max(kv_dec, longest*attn_saturation_units/U_seq) / (B*kv_mem_eff), flops/(P*eff)),
   U = decode sequences x KV heads per GPU (work units; too few leave SMs idle: the longest row then
   streams at 1/attn_saturation_units of the bandwidth per KV head). Decode rows are
-  T - prefill_tokens, their KV reads kv_read_tokens - prefill_tokens (prompt chunks are assumed
-  to start without cached context), their pairs are the rest of attn_pairs. MLA reads the latent.
+  T - prefill_tokens; the streamed KV is kv_read_tokens - prefill_tokens: the decode rows' and the
+  prompt chunks' cached context (a chunk reads its cached KV like a decode row, with or without decode
+  rows in the step; its longest row counts in the bound), their pairs are the rest of attn_pairs.
+  MLA reads the latent.
   Sliding-window layers (`ModelSpec.sliding_window` W) read and attend over at most W positions:
   their decode KV is min(kv_dec, rows*W) (longest row min(longest, W)) and their prompt pairs
   min(pairs_pre, prefill_tokens*W). Both are upper bounds from the batch's sums, exact when every
@@ -403,23 +405,25 @@ class BoundPerf:
         d_c, d_m, l_c, l_m, x_c, x_m, x_r = self._gemm_terms(T, S)
         # Attention: prompt rows compute-bound, decode rows bandwidth-bound on their KV.
         dec = T - pre
-        dec_kv = kv_read - pre if dec > 0 else 0
+        # Streamed KV: decode rows' (context + 1) and prompt chunks' cached context (kv_read - pre).
+        dec_kv = kv_read - pre
         if dec_kv < 0:
             dec_kv = 0
         pre_pairs = pairs - dec_kv
         a_pre = self.c_attn_pre * pre_pairs if pre_pairs > 0 else 0.0
         kv_m = 0.0
         longest = 0.0
-        if dec > 0:
+        streams = dec if dec > 0 else S  # rows streaming KV: the decode rows, else the chunks
+        if dec > 0 or dec_kv > 0:
             # Saturated: all KV bytes at full bandwidth. Too few (row x KV head) units: the longest
             # row streams at the bandwidth of one unit, 1/attn_saturation_units of the card's.
-            longest = max_decode_kv if max_decode_kv > 0 else dec_kv / dec
+            longest = max_decode_kv if max_decode_kv > 0 else dec_kv / streams
             kv_m = self.kv_read * max(dec_kv, longest * self.seq_per_sat)
         a_dec = self.c_attn_dec * dec_kv
         if self.window:  # sliding-window layers: at most the window per row and per prompt token
             if pre_pairs > 0:
                 a_pre += self.w_attn_pre * min(pre_pairs, pre * self.window)
-            w_kv_m, w_a_dec = self._window_decode(dec_kv, dec, longest) if dec > 0 else (0.0, 0.0)
+            w_kv_m, w_a_dec = self._window_decode(dec_kv, streams, longest) if dec > 0 or dec_kv > 0 else (0.0, 0.0)
             kv_m, a_dec = kv_m + w_kv_m, a_dec + w_a_dec
         elem = self.e_tok * T
         comm_tp = self.tp_tok * T + self.tp_fix

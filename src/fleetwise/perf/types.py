@@ -36,8 +36,9 @@ class BatchShape:
     attn_pairs: sum over sequences of new*(context + (new+1)/2): causal query-key pairs.
     prefill_tokens: new tokens of sequences with new > 1 (prompt chunks).
     max_new_tokens: largest single chunk.
-    max_decode_kv_tokens: largest KV read (context + 1) of a decode row (new == 1); 0 when unknown.
-      Decode attention with few rows is bound by its longest row, not by the mean.
+    max_decode_kv_tokens: largest KV a row streams: a decode row's (new == 1) context + 1, a prompt
+      chunk's cached context; 0 when unknown. Attention with few rows is bound by its longest row,
+      not by the mean.
     """
 
     num_seqs: int
@@ -60,6 +61,7 @@ class BatchShape:
             pairs += s.new_tokens * (s.context_tokens + (s.new_tokens + 1) / 2)
             if s.new_tokens > 1:
                 pre += s.new_tokens
+                mdk = max(mdk, s.context_tokens)
             elif s.new_tokens == 1:
                 mdk = max(mdk, s.context_tokens + 1)
             mx = max(mx, s.new_tokens)

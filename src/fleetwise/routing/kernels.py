@@ -65,8 +65,8 @@ def bounded(load: list[float], own: list[float], slow: list[float], c: float, to
             counts: list[int] | None, k: int) -> tuple[float, list[int]]:
     """The load bound: the token bound `c * mean(load * slow)` and the indices of the
     workers within it (`load * slow <= bound + own * slow + tol`); with `counts` (each worker's
-    picks among the `k` recent ones) only those also within their share
-    (`counts + 1 <= ceil(c * (k + 1) * speed / sum(speed))`, speed `1 / slow`) if any is."""
+    work, tokens, among the recent picks, which total `k` tokens) only those also within their
+    share (`counts <= c * (k + own) * speed / sum(speed)`, speed `1 / slow`) if any is."""
     n = len(load)
     total = 0.0  # `sum` of the products in worker order: the same double, without the list
     speeds = 0.0  # and of the speeds `1 / slow`, for the share check
@@ -83,10 +83,9 @@ def bounded(load: list[float], own: list[float], slow: list[float], c: float, to
         if load[i] * s <= bound + own[i] * s + tol:
             kept.append(i)
     if counts is not None:
-        share = c * (k + 1)
         both: list[int] = []
         for i in kept:
-            if counts[i] + 1 <= math.ceil(share * (1.0 / slow[i]) / speeds):
+            if counts[i] <= c * (k + own[i]) * (1.0 / slow[i]) / speeds:
                 both.append(i)
         if both:
             kept = both

@@ -70,7 +70,7 @@ from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.routing.reasons import max_reason, pair_reason
 from fleetwise.routing.safe_mode import SafeModeTracker, as_fresh
 from fleetwise.routing.signals import Columns
-from fleetwise.routing.state import InFlight, LatencyFeedback, Pending, RecentPicks
+from fleetwise.routing.state import InFlight, LatencyFeedback, Pending, RecentPicks, pick_work
 from fleetwise.routing.vector import ScoreTable
 from fleetwise.routing.view_cache import Eligible, ViewColumns, ledger_load, positions, same_fields
 from fleetwise.spec.routing import PolicyParams, SafeModeSpec
@@ -265,10 +265,10 @@ class ComposedPolicy:
         """Totals by the `requests` scorer alone (what power-of-two compares without weighted scorers)."""
         return kernels.totals([SCORERS["requests"](req, cols)], [self._weights.get("requests", 1.0)])
 
-    def _record(self, pool: str, name: str) -> str | None:
-        """Note `name` as chosen in `pool`; returns the name that fell out of the recent window."""
+    def _record(self, pool: str, name: str, own: float) -> tuple[str, int] | None:
+        """Note `name` as chosen in `pool` for its own cost `own` (tokens); returns the pick that left the window."""
         self.picker.chosen(name)
-        return self.recent.add(pool, name)
+        return self.recent.add(pool, name, pick_work(own))
 
     def _dispatch(self, req: RouteRequest, prefix_blocks: int, predicted_cost: float, worker: str,
                   prefill: str | None, now: float) -> None:
@@ -299,8 +299,8 @@ class ComposedPolicy:
         w, name, cost = e.ws[i], names[i], self.params.cost
         load, _ = ledger_load(w, view_load(w, cost), self.inflight, cost.decode_token_weight, cost.per_request_tokens)
         prefix = self.index.match(name, req.block_hashes)
-        self._record("mixed", name)
-        self._dispatch(req, prefix, load + own_cost(req, prefix, cost, self._expected), name, None, now)
+        self._record("mixed", name, own := own_cost(req, prefix, cost, self._expected))
+        self._dispatch(req, prefix, load + own, name, None, now)
         return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
     def _route_mixed(self, req: RouteRequest, now: float, e: Eligible, safe: bool) -> RoutingDecision:
@@ -310,9 +310,9 @@ class ComposedPolicy:
             reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
             kind = "safe-mode"
         seq = self.picker.seq
-        dropped = self._record("mixed", c.name)
+        dropped = self._record("mixed", c.name, c.own)
         if e.vec is not None:
-            e.vec.picked(c.name, dropped, seq, self.picker.seq)
+            e.vec.picked(c.name, pick_work(c.own), dropped, seq, self.picker.seq)
         self._dispatch(req, c.prefix_blocks, c.load + c.own, c.name, None, now)
         return RoutingDecision(worker=c.name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
@@ -432,8 +432,8 @@ class ComposedPolicy:
             kind = "safe-mode"
         if no_link:
             reason += "; no healthy KV link, sent anyway"
-        self._record("prefill", p.name)
-        self._record("decode", d.name)
+        self._record("prefill", p.name, p.own)
+        self._record("decode", d.name, d.own)
         self._dispatch(req, p.prefix_blocks, p.load + p.own, d.name, p.name, now)
         self.incoming.add(req.request_id, d.name, req.prompt_tokens + self._expected)
         return RoutingDecision(worker=d.name, prefill_worker=p.name, scores=scores, reason=reason, safe_mode=safe,

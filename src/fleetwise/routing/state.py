@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from fleetwise.routing import kernels
 from fleetwise.spec.routing import FeedbackParams
 
-__all__ = ["InFlight", "LatencyFeedback", "Pending", "RecentPicks"]
+__all__ = ["InFlight", "LatencyFeedback", "Pending", "RecentPicks", "pick_work"]
 
 MAX_TRACKED = 1 << 17
 """In-flight entries kept at most (the oldest are dropped: a driver that never reports back)."""
@@ -558,21 +558,28 @@ class LatencyFeedback:
         return {w: round(self.factor(w, now_s), 4) for w in sorted(self._w)}
 
 
+def pick_work(own: float) -> int:
+    """A pick's work in the share check: its own predicted cost rounded to whole tokens, at least 1
+    (whole tokens keep the window's running sums exact as picks enter and leave it)."""
+    return max(1, round(own))
+
+
 class RecentPicks:
-    """Per pool (`mixed`, `prefill`, `decode`), the last `window` workers chosen and how often each
-    appears among them (the load bound's share check)."""
+    """Per pool (`mixed`, `prefill`, `decode`), the last `window` workers chosen with the work each
+    took (its own predicted cost, in whole tokens, at least 1) and each worker's summed work among
+    them (the load bound's share check)."""
 
     __slots__ = ("window", "picks", "counts")
 
     def __init__(self, window: int) -> None:
         self.window = max(1, window)
-        self.picks: dict[str, deque[str]] = {}
+        self.picks: dict[str, deque[tuple[str, int]]] = {}
         self.counts: dict[str, dict[str, int]] = {}
-        """Per pool, each worker's picks in the window (a plain dict, which compiled code reads natively;
-        a worker never picked has no entry: read with `.get(name, 0)`)."""
+        """Per pool, each worker's work (tokens) in the window (a plain dict, which compiled code reads
+        natively; a worker never picked has no entry: read with `.get(name, 0)`)."""
 
-    def add(self, pool: str, name: str) -> str | None:
-        """Note `name` as chosen in `pool`; returns the name that fell out of the window."""
+    def add(self, pool: str, name: str, work: int) -> tuple[str, int] | None:
+        """Note `name` as chosen in `pool` for `work` tokens; returns the pick that fell out of the window."""
         dq = self.picks.get(pool)
         if dq is None:
             dq = self.picks[pool] = deque(maxlen=self.window)
@@ -581,7 +588,7 @@ class RecentPicks:
         dropped = None
         if len(dq) == self.window:  # the deque's maxlen
             dropped = dq[0]
-            counts[dropped] -= 1  # about to fall out of the window
-        dq.append(name)
-        counts[name] = counts.get(name, 0) + 1
+            counts[dropped[0]] -= dropped[1]  # about to fall out of the window
+        dq.append((name, work))
+        counts[name] = counts.get(name, 0) + work
         return dropped

@@ -137,7 +137,7 @@ class ViewColumns:
         """`InFlight.changes_since` position of the last update (-1: never updated)."""
         self.pos = {name: i for i, name in enumerate(e.names)}
         self.counts = [0] * n
-        """Each worker's picks among the recent `mixed` decisions (the load bound's share check)."""
+        """Each worker's work (tokens) among the recent `mixed` decisions (the load bound's share check)."""
         self.counts_k = 0
         """Their sum."""
         self.counts_seq = -1
@@ -197,7 +197,7 @@ class ViewColumns:
             requests[i] = reqs0[i] + n_pend
 
     def share_counts(self, names: list[str], seq: int, seen: dict[str, int]) -> tuple[list[int], int]:
-        """Each worker's picks among the recent `mixed` decisions, and their sum (the load
+        """Each worker's work (tokens) among the recent `mixed` decisions, and their sum (the load
         bound's share check): `counts`, rebuilt from `seen` (the pool's counts) unless the picks
         since (`PickerState.seq` still `seq`) have kept it current (`picked`)."""
         if self.counts_seq != seq:
@@ -206,15 +206,15 @@ class ViewColumns:
             self.counts_seq = seq
         return self.counts, self.counts_k
 
-    def picked(self, name: str, dropped: str | None, seq_before: int, seq: int) -> None:
-        """`name` was chosen (`dropped` fell out of the recent window), moving `PickerState.seq`
-        from `seq_before` to `seq`: the share counts follow if they were current."""
+    def picked(self, name: str, work: int, dropped: tuple[str, int] | None, seq_before: int, seq: int) -> None:
+        """`name` was chosen for `work` tokens (`dropped` fell out of the recent window), moving
+        `PickerState.seq` from `seq_before` to `seq`: the share counts follow if they were current."""
         if self.counts_seq != seq_before:
             return
         pos = self.pos
-        if dropped is not None and dropped in pos:
-            self.counts[pos[dropped]] -= 1
-            self.counts_k -= 1
-        self.counts[pos[name]] += 1
-        self.counts_k += 1
+        if dropped is not None and dropped[0] in pos:
+            self.counts[pos[dropped[0]]] -= dropped[1]
+            self.counts_k -= dropped[1]
+        self.counts[pos[name]] += work
+        self.counts_k += work
         self.counts_seq = seq

@@ -55,8 +55,11 @@ class LoadBoundParams(Spec):
 
     A worker is eligible only if (1) its predicted cost after taking the request is at most
     `c * mean` over the candidates (plus the request's own cost, so an idle worker always
-    qualifies) and (2) it took at most `ceil(c * (k + 1) / n)` of the last `k <= share_window`
-    decisions, so sequential traffic cannot pile onto one worker either.
+    qualifies) and (2) the work it took among the last `share_window` decisions (each weighted by
+    its own predicted cost in tokens) is at most `c` times its share of that work plus the
+    request's (`c * (W + own) / n`, by speed on uneven workers), so sequential traffic cannot pile
+    onto one worker either. The share is of work, not of decisions: a worker that just took a long
+    prompt is not kept eligible, while those that took many short ones are not pushed out for them.
     """
 
     enabled: bool = True
@@ -64,7 +67,7 @@ class LoadBoundParams(Spec):
     c: float = Field(default=1.25, gt=1.0)
     """Load factor: how far above the fleet mean a worker may go."""
     share_window: int = Field(default=64, ge=0)
-    """Recent decisions counted for the share bound; 0 disables the share check."""
+    """Recent decisions whose work (own predicted cost, tokens) the share bound counts; 0 disables the share check."""
 
 
 class FeedbackParams(Spec):

@@ -182,3 +182,19 @@ def test_a_pool_max_model_len_caps_requests_and_must_fit_the_kv_cache():
     with pytest.raises(SpecError, match=r"engine\.max_model_len=200000 exceeds the context of llama-3\.1-8b \(131,072 "
                                         r"tokens\); lower it to at most 131,072"):
         simulate(_small_kv_plan(max_model_len=200_000), reqs)
+
+
+def test_pd_prefill_pools_check_the_prompt_and_decode_pools_the_whole_request():
+    """A prefill instance computes the prompt and one token (prompt + 1 against its max_model_len);
+    the decode instance holds prompt + output against its own, as two vLLM servers of a P/D pair do."""
+    pools = [{"name": "p", "role": "prefill", "replicas": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b",
+              "engine": {"max_model_len": 4096}},
+             {"name": "d", "role": "decode", "replicas": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b",
+              "engine": {"max_model_len": 16384}}]
+    reqs = [Request("0", 0.0, 4000, 1000), Request("1", 0.5, 4096, 10), Request("2", 1.0, 10_000, 7000),
+            Request("3", 1.5, 4095, 20)]
+    res = simulate(PlanSpec(pools=pools, routing="round-robin"), reqs)
+    assert res.records.failure == {
+        1: "rejected_max_model_len: 4,096 prompt tokens + 1 > the prefill pools' max_model_len 4,096",
+        2: "rejected_max_model_len: 17,000 prompt + output tokens > max_model_len 16,384"}
+    assert res.summary["requests_completed"] == 2 and res.records.tokens[0] == 1000

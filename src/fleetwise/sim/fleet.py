@@ -71,10 +71,15 @@ class Fleet:
         self.plan, self.loop = plan, loop
         self.replicas: list[Replica] = []
         self.max_model_len = 0
-        """Longest request (prompt + output tokens) every replica serves: the smallest pool's."""
+        """Longest request (prompt + output tokens) every replica that decodes serves: the smallest such pool's."""
+        self.max_prefill_len = 0
+        """Longest prompt + 1 token (what a prefill instance computes) every prefill replica serves (0: none)."""
         for i, pool in enumerate(plan.pools):
             build = build_pool(pool, perf, f"plan: pools.{i}")
-            self.max_model_len = min(self.max_model_len or build.max_model_len, build.max_model_len)
+            if pool.role == "prefill":
+                self.max_prefill_len = min(self.max_prefill_len or build.max_model_len, build.max_model_len)
+            else:
+                self.max_model_len = min(self.max_model_len or build.max_model_len, build.max_model_len)
             gpu = build.deployment.accelerator
             price = pool.price_per_gpu_hour_usd if pool.price_per_gpu_hour_usd is not None else gpu.price_per_hour_usd
             for j in range(pool.replicas):

@@ -239,6 +239,10 @@ class Simulation:
             self.fail(i, now_s, f"{MAX_MODEL_LEN_REASON}: {r.prompt_tokens + r.output_tokens:,} prompt + output "
                                 f"tokens > max_model_len {self.fleet.max_model_len:,}", None)
             return None
+        if self.fleet.max_prefill_len and r.prompt_tokens + 1 > self.fleet.max_prefill_len:  # the prefill leg's 400
+            self.fail(i, now_s, f"{MAX_MODEL_LEN_REASON}: {r.prompt_tokens:,} prompt tokens + 1 > the prefill "
+                                f"pools' max_model_len {self.fleet.max_prefill_len:,}", None)
+            return None
         if self.delay == 0 and not self.view_frozen:
             self._refresh_view(now_s)
         rr = RouteRequest(r.request_id, r.prompt_tokens, r.max_tokens, r.block_hashes, r.tenant,

@@ -271,3 +271,35 @@ def test_a_client_gone_during_the_prefill_asks_the_prefill_side_to_free_what_it_
             await f.wait_for(lambda: KV_RELEASE_PATH in pre.paths)
             assert dec.running == 0 and not f.gw.backends.handoffs
     run(scenario)
+
+
+def test_pd_context_checks_the_prompt_on_prefill_backends_and_the_request_on_decode_ones() -> None:
+    """A P/D prefill leg computes the prompt and one token, so a prefill backend's smaller context
+    bounds only the prompt; the decode backend's bounds prompt + max_tokens (as each vLLM server checks)."""
+    from gw_harness import FAST_SCRAPE, MODEL, emulators, served_gateway
+
+    from fleetwise.core.tokens import words_text
+
+    async def scenario() -> None:
+        roles = ("prefill", "decode")
+        async with emulators(roles, each=[{"max_model_len": 600}, {"max_model_len": 1000}]) as emus:
+            doc = {"backends": [{"url": u, "name": r, "role": r} for (_, u), r in zip(emus, roles, strict=True)],
+                   "scrape": FAST_SCRAPE, "tokenizer": "fleetwise"}
+            async with served_gateway(doc) as (gw, url):
+                import aiohttp
+                async with aiohttp.ClientSession() as c:
+                    await asyncio.sleep(0.2)  # a health round: the backends' context lengths are known
+                    body = {"model": MODEL, "prompt": words_text(list(range(400))), "max_tokens": 500}
+                    async with c.post(url + "/v1/completions", json=body) as r:
+                        assert r.status == 200  # 400 + 500 > 600, but only 401 run on the prefill side
+                    async with c.post(url + "/v1/completions", json={**body, "max_tokens": 700}) as r:
+                        doc_ = await r.json()
+                    assert r.status == 400 and doc_["error"]["param"] == "max_tokens"
+                    assert "context of 1000 tokens" in doc_["error"]["message"]
+                    long = {**body, "prompt": words_text(list(range(600))), "max_tokens": 8}
+                    async with c.post(url + "/v1/completions", json=long) as r:
+                        doc_ = await r.json()
+                    assert r.status == 400 and doc_["error"]["param"] == "prompt"
+                    assert doc_["error"]["message"] == ("prompt: the prompt (600 tokens) + 1 exceeds the prefill "
+                                                        "backends' context of 600 tokens; shorten the prompt")
+    run(scenario)

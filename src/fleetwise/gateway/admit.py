@@ -3,8 +3,9 @@ then the tenant's slot, held in one `async with` while the later stages run; the
 against the model's vocabulary and the context check.
 
 A request's prompt + `max_tokens` is checked against the model's context (the smallest
-`max_model_len` the live backends report) before anything is sent, so a P/D request is never
-prefilled for a decode side that must refuse it (the prefill would hold its KV for nothing).
+`max_model_len` the live backends that decode report) before anything is sent, so a P/D request is
+never prefilled for a decode side that must refuse it (the prefill would hold its KV for nothing);
+a counted prompt + 1 against the prefill backends' smallest.
 A token-id prompt is checked id by id: an id outside the vocabulary is the client's mistake (a
 400 naming the position and the value), never the gateway's (it used to reach the block hasher
 as a 500 and leak the tenant's concurrency slot).
@@ -51,7 +52,7 @@ from fleetwise.ledger import IdempotencyKeyError, idempotency_key
 from fleetwise.ledger.meter import Meter
 from fleetwise.spec.catalog import get_model
 
-__all__ = ["TOKEN_ID_LIMIT", "AdmitStage", "check_context", "check_token_ids", "vocabulary"]
+__all__ = ["TOKEN_ID_LIMIT", "AdmitStage", "check_context", "check_prefill_context", "check_token_ids", "vocabulary"]
 
 TOKEN_ID_LIMIT = 1 << 32
 """Ids beyond every vocabulary: block hashes pack ids as unsigned 32-bit (`core.tokens.block_digests`)."""
@@ -94,6 +95,15 @@ def check_context(prompt_tokens: int, max_tokens: int, context: int | None) -> N
                           param="max_tokens", code="context_length_exceeded")
 
 
+def check_prefill_context(prompt_tokens: int, context: int | None, param: str) -> None:
+    """Raise a 400 naming `param` when the prompt + the one token a P/D prefill leg computes exceeds
+    the prefill backends' `context` (None: no prefill backend reports one)."""
+    if context is not None and prompt_tokens + 1 > context:
+        raise ClientError(400, f"{param}: the prompt ({prompt_tokens} tokens) + 1 exceeds the prefill backends' "
+                               f"context of {context} tokens; shorten the prompt", param=param,
+                          code="context_length_exceeded")
+
+
 class AdmitStage(DispatchStage):
     """Admitting one completion request and running it through the later stages."""
 
@@ -132,7 +142,9 @@ class AdmitStage(DispatchStage):
                 check_token_ids(ids, vocabulary(lm.vocab_size, self.tokenizer, pr.model))
             prompt_tokens = pr.prompt_tokens if ids is None else max(len(ids), 1)
             if pr.max_tokens is not None:  # before any prefill: a decode side would refuse it
-                check_context(prompt_tokens if ids is not None else 0, pr.max_tokens, self._context(pr.model))
+                check_context(prompt_tokens if ids is not None else 0, pr.max_tokens, self._context(pr.model, False))
+            if ids is not None:  # a P/D prefill leg computes the prompt and one token
+                check_prefill_context(prompt_tokens, self._context(pr.model, True), "messages" if chat else "prompt")
             key = idempotency_key(header(scope, IDEMPOTENCY_HEADER)) if self.ledger is not None else ""
             admission = lim.admit(prompt_tokens + max_out, arrival)
         except ClientError as err:
@@ -161,7 +173,7 @@ class AdmitStage(DispatchStage):
             call = Call(rid, endpoint, scope["path"], arrival, raw, body, pr.stream, pr.include_usage, rr,
                          receive=receive)
             # Without max_tokens an engine generates up to its context (vLLM's default): bound by that.
-            call.bounds = answer_bounds(body, prompt_tokens, pr.max_tokens or self._context(pr.model)
+            call.bounds = answer_bounds(body, prompt_tokens, pr.max_tokens or self._context(pr.model, False)
                                         or lm.max_output_tokens)
             if pr.stream and self.cfg.failure_domains.may_migrate(0):
                 call.track, call.keep_chunk_usage = True, client_wants_continuous(body)
@@ -209,9 +221,12 @@ class AdmitStage(DispatchStage):
         assert self.ledger is not None
         return bool(await self.ledger.completed(tenant, key))
 
-    def _context(self, model: str) -> int | None:
-        """The smallest context length a live backend reports for `model` (None: none reports one)."""
-        lens = [c[model] for name, c in self.contexts.items() if model in c and name in self.backends.live]
+    def _context(self, model: str, prefill: bool) -> int | None:
+        """The smallest context length (tokens) the live prefill backends (`prefill`), or the live
+        backends that decode, report for `model` (None: none reports one)."""
+        live = self.backends.live
+        lens = [c[model] for name, c in self.contexts.items()
+                if model in c and name in live and (live[name].spec.role == "prefill") == prefill]
         return min(lens) if lens else None
 
     def _tokenize(self, body: dict[str, Any], chat: bool) -> list[int]:

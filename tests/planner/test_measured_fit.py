@@ -1,5 +1,6 @@
 """The step-time fit recovers a known factor from service rates the model itself produces at that
-factor, for colocated and for prefill/decode pools; a measured document for another model is refused."""
+factor, for colocated and for prefill/decode pools, and each pool's own factor in a heterogeneous
+fleet; a measured document for another model is refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fleetwise.errors import SpecError
 from fleetwise.planner.measured import (
     MEASURED_SCHEMA,
     ServiceRates,
-    fit_factor,
+    fit_factors,
     load_measured,
     modelled_service,
     parse_metrics,
@@ -28,16 +29,19 @@ MIXED = {"name": "mixed", "routing": "round-robin",
 TRUE_FACTOR = 1.2
 
 
-@pytest.mark.parametrize("doc,pool", [(MIXED, "mixed"), (PD, "prefill"), (PD, "decode")])
-def test_fit_recovers_a_factor_the_model_produced(doc, pool):
+@pytest.mark.parametrize("doc", [MIXED, PD])
+def test_fit_recovers_a_factor_the_model_produced(doc):
     plan = validate(PlanSpec, doc, "plan")
     load = ServiceRates(requests=400, prompt_tokens=1024, output_tokens=96, prefill_s=0.0, decode_s_per_token=0.0,
                         rate_rps=6.0)
-    m = modelled_service(plan, pool, load, TRUE_FACTOR, seed=11)  # "measured": the model at 1.2x, another seed
-    measured = ServiceRates(400, 1024, 96, m.prefill_s, m.decode_s_per_token, 6.0)
-    factor, lo, hi = fit_factor(plan, pool, measured, seed=0)
-    assert factor == pytest.approx(TRUE_FACTOR, rel=0.03)
-    assert lo < TRUE_FACTOR < hi
+    loads = {p.name: load for p in plan.pools}
+    truth = modelled_service(plan, loads, {p.name: TRUE_FACTOR for p in plan.pools}, seed=11)  # another seed
+    measured = {name: ServiceRates(400, 1024, 96, m.prefill_s, m.decode_s_per_token, 6.0) for name, m in truth.items()}
+    fits = fit_factors(plan, measured, seed=0)
+    assert set(fits) == {p.name for p in plan.pools}
+    for factor, lo, hi in fits.values():
+        assert factor == pytest.approx(TRUE_FACTOR, rel=0.03)
+        assert lo < TRUE_FACTOR < hi
 
 
 def dump(req=100, prompt=100000, gen=12800, pre_n=100, pre_sum=5.0, dec_n=100, dec_sum=100.0) -> str:
@@ -136,3 +140,42 @@ def test_measured_document_of_another_model_is_refused():
         load_measured(doc, "m.json", "llama-3.1-70b")
     with pytest.raises(SpecError, match=r"m.json: schema: 'fleetwise-plan/1' is not fleetwise-measured/1"):
         load_measured({"schema": "fleetwise-plan/1"}, "m.json", "llama-3.1-8b")
+
+
+HETERO = {"name": "hetero", "routing": "round-robin",
+          "pools": [{"name": "old", "replicas": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+                    {"name": "new", "replicas": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b"}]}
+
+
+def _measured_per_pool(plan: PlanSpec, factors: dict[str, float], rate_rps: float) -> dict[str, ServiceRates]:
+    """What each pool's metrics would say of the whole fleet run at `rate_rps` (round-robin over
+    both pools, each pool's steps x its own factor): per-pool means and per-replica rates."""
+    import numpy as np
+
+    from fleetwise.core.request import Request
+    from fleetwise.sim.runner import SimOptions, simulate
+
+    slow = plan.model_copy(update={"pools": [p.model_copy(update={"step_time_factor": factors[p.name]})
+                                             for p in plan.pools]})
+    arrivals = np.cumsum(np.random.default_rng(5).exponential(1.0 / rate_rps, 3000))
+    rec = simulate(slow, [Request(f"m-{i}", float(t), 1024, 96) for i, t in enumerate(arrivals)],
+                   options=SimOptions(seed=5)).records
+    worker, start = rec.column("worker"), rec.column("prefill_start_s")
+    first, end = rec.column("first_token_s"), rec.column("finish_s")
+    out = {}
+    for w, pool in enumerate(plan.pools):
+        mine = worker == w
+        out[pool.name] = ServiceRates(float(mine.sum()), 1024, 96, float((first[mine] - start[mine]).mean()),
+                                      float(((end[mine] - first[mine]) / 95).mean()), float(mine.sum() / arrivals[-1]))
+    return out
+
+
+def test_each_pool_of_a_heterogeneous_fleet_is_fitted_at_its_own_load_and_speed():
+    """Two colocated pools on different cards, one 1.5x slower than modelled: each pool's factor is
+    fitted at the load the router gave it, with the other pool at its own speed."""
+    plan = validate(PlanSpec, HETERO, "plan")
+    truth = {"old": 1.5, "new": 1.0}
+    fits = fit_factors(plan, _measured_per_pool(plan, truth, 16.0), seed=0)
+    for name, (factor, lo, hi) in fits.items():
+        assert factor == pytest.approx(truth[name], rel=0.03), fits
+        assert lo < truth[name] < hi, fits

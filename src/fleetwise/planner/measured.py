@@ -3,8 +3,8 @@
 Owns reading Prometheus text-format metrics with vLLM's names (what `fleetwise emulate` and vLLM
 serve), the per-replica effective service rates they give (prefill tokens per second of prefill
 time, decode tokens per second of decode time), fitting each pool's step-time factor against the
-perf model (the same replica simulated at the measured load: measured over modelled, iterated
-once at the fitted factor so batching follows the slower steps) with a 95% interval, the
+perf model (each pool simulated at the load it was measured under, at its own factor: the factor
+at which measured over modelled is 1, so batching follows the slower steps) with a 95% interval, the
 `fleetwise-measured/1` document `calibrate --from-metrics` writes and `plan --measured` reads,
 and the provenance lines of a ranked plan (which numbers are measured, which modelled, which
 routing policy every simulation used).
@@ -13,7 +13,7 @@ routing policy every simulation used).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,12 @@ MIN_REQUESTS = 20
 """Fewest completed requests of a pool before a factor is fitted from it."""
 FIT_REQUESTS = 1500
 """Requests of the simulation that models a measured replica (its noise stays well under 1%)."""
+CV_BATCHES = 10
+"""Consecutive batches of a simulated pool's requests whose means give its service-time spread."""
+FIT_TOLERANCE = 0.005
+"""Measured over modelled service within this of 1 ends the fit (half the simulation's noise floor)."""
+FIT_STEPS = 6
+"""Most simulations per fit (two at least: one at the model's speed, one at the first estimate)."""
 
 
 @dataclass
@@ -205,87 +211,165 @@ class Modelled:
 
 
 def _cv(x: Any) -> float:
-    return float(x.std(ddof=1) / x.mean()) if x.size > 1 and x.mean() > 0 else 0.0
+    """Per-request coefficient of variation of service times in arrival order, carrying the
+    correlation a shared load gives neighbours (batch means: the spread of CV_BATCHES consecutive
+    batches' means, scaled to one request), at least the plain per-request one."""
+    import numpy as np
+
+    if x.size < 2 or x.mean() <= 0:
+        return 0.0
+    plain = float(x.std(ddof=1) / x.mean())
+    if x.size < 4 * CV_BATCHES:
+        return plain
+    means = np.array([b.mean() for b in np.array_split(x, CV_BATCHES)])
+    return max(plain, float(math.sqrt(x.size / CV_BATCHES) * means.std(ddof=1) / x.mean()))
 
 
-def modelled_service(plan: PlanSpec, pool_name: str, rates: ServiceRates, factor: float, seed: int) -> Modelled:
-    """`pool_name`'s service when the fleet is simulated at the measured per-replica rate and mean
-    lengths with step times x `factor`."""
+def _lengths(plan: PlanSpec, rates: Mapping[str, ServiceRates]) -> tuple[int, int]:
+    """Mean (prompt, output) tokens of the measured requests: prompts as the pools that prefill
+    them saw, outputs as the pools that decode them did (all pools where none of that role was measured)."""
+    role = {p.name: p.role for p in plan.pools}
+
+    def mean(attr: str, skip: str) -> float:
+        rs = [r for n, r in rates.items() if role[n] != skip] or list(rates.values())
+        return sum(getattr(r, attr) * r.requests for r in rs) / sum(r.requests for r in rs)
+
+    return max(1, round(mean("prompt_tokens", "decode"))), max(2, round(mean("output_tokens", "prefill")))
+
+
+def _fleet_rate(plan: PlanSpec, rates: Mapping[str, ServiceRates]) -> float:
+    """Requests per second the measured P/D fleet served: over the prefill pools (the decode pools
+    where no prefill pool was measured), a pool not measured taken at the measured pools' mean per replica."""
+    measured = [p for p in plan.pools if p.name in rates]
+    role = "prefill" if any(p.role == "prefill" for p in measured) else measured[0].role
+    pools = [p for p in plan.pools if p.role == role]
+    seen = [p for p in pools if p.name in rates]
+    per_replica = sum((rates[p.name].rate_rps or 1.0) * p.replicas for p in seen) / sum(p.replicas for p in seen)
+    return sum((rates[p.name].rate_rps or 1.0) * p.replicas if p.name in rates else per_replica * p.replicas
+               for p in pools)
+
+
+def modelled_service(plan: PlanSpec, rates: Mapping[str, ServiceRates], factors: Mapping[str, float],
+                     seed: int) -> dict[str, Modelled]:
+    """Each measured pool's modelled service at the load it was measured under, its step times x
+    its own factor (pools not measured: x1): a colocated pool simulated alone at its measured rate
+    per replica (the share the router gave it), prefill/decode pools together at the fleet's rate."""
+    pools = [p.model_copy(update={"step_time_factor": factors.get(p.name, 1.0)}) for p in plan.pools]
+    if plan.disaggregated:
+        sim_plan = plan.model_copy(update={"pools": pools})
+        return _simulated(sim_plan, _fleet_rate(plan, rates), _lengths(plan, rates), seed)
+    out: dict[str, Modelled] = {}
+    for pool in pools:
+        if pool.name in rates:
+            r = rates[pool.name]
+            alone = plan.model_copy(update={"pools": [pool]})
+            out.update(_simulated(alone, (r.rate_rps or 1.0) * pool.replicas, _lengths(plan, {pool.name: r}), seed))
+    return out
+
+
+def _simulated(plan: PlanSpec, rate_rps: float, lengths: tuple[int, int], seed: int) -> dict[str, Modelled]:
+    """Every pool's modelled service when `plan` serves Poisson arrivals at `rate_rps` of fixed `lengths`."""
     import numpy as np
 
     from fleetwise.core.request import Request
     from fleetwise.sim.runner import SimOptions, simulate
 
-    pools = [p.model_copy(update={"step_time_factor": factor}) for p in plan.pools]
-    sim_plan = plan.model_copy(update={"pools": pools})
-    pool = next(p for p in plan.pools if p.name == pool_name)
-    rate = (rates.rate_rps or 1.0) * pool.replicas
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, FIT_REQUESTS)
-    prompt, output = max(1, round(rates.prompt_tokens)), max(2, round(rates.output_tokens))
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate_rps, FIT_REQUESTS)
+    prompt, output = lengths
     reqs = [Request(f"fit-{i}", float(t), prompt, output) for i, t in enumerate(np.cumsum(gaps))]
-    rec = simulate(sim_plan, reqs, options=SimOptions(seed=seed)).records
-    names = [f"{p.name}-{i}" for p in plan.pools for i in range(p.replicas)]
-    ours = np.array([names[w].rpartition("-")[0] == pool_name if w >= 0 else False for w in rec.column("worker")])
-    mine_p = np.array([names[w].rpartition("-")[0] == pool_name if w >= 0 else False
-                       for w in rec.column("prefill_worker")]) if plan.disaggregated else ours
+    rec = simulate(plan, reqs, options=SimOptions(seed=seed)).records
+    pool_of = np.array([p.name for p in plan.pools for _ in range(p.replicas)] + [""])  # worker -1: none
+    decoded_by = pool_of[rec.column("worker")]
+    prefilled_by = pool_of[rec.column("prefill_worker")] if plan.disaggregated else decoded_by
     start, first, end = rec.column("prefill_start_s"), rec.column("first_token_s"), rec.column("finish_s")
     prefill_end = rec.column("prefill_end_s") if plan.disaggregated else first
-    ok_p = mine_p & np.isfinite(start) & np.isfinite(prefill_end)
-    ok_d = ours & np.isfinite(first) & np.isfinite(end)
-    tokens = np.full(len(reqs), output)
-    pre = prefill_end[ok_p] - start[ok_p]
-    dec = (end[ok_d] - first[ok_d]) / np.maximum(tokens[ok_d] - 1, 1)
-    return Modelled(float(pre.mean()) if pre.size else 0.0, float(dec.mean()) if dec.size else 0.0,
-                    _cv(pre), _cv(dec), int(max(pre.size, dec.size)))
+    out = {}
+    for pool in plan.pools:
+        ok_p = (prefilled_by == pool.name) & np.isfinite(start) & np.isfinite(prefill_end)
+        ok_d = (decoded_by == pool.name) & np.isfinite(first) & np.isfinite(end)
+        pre = prefill_end[ok_p] - start[ok_p]
+        dec = (end[ok_d] - first[ok_d]) / (output - 1)
+        out[pool.name] = Modelled(float(pre.mean()) if pre.size else 0.0, float(dec.mean()) if dec.size else 0.0,
+                                  _cv(pre), _cv(dec), int(max(pre.size, dec.size)))
+    return out
 
 
-def fit_factor(plan: PlanSpec, pool_name: str, rates: ServiceRates, seed: int = 0) -> tuple[float, float, float]:
-    """(step-time factor, 95% low, 95% high) of a pool: measured over modelled prefill and decode
-    time (weighted by their share of a request's service), refined once at the first estimate.
-    The interval takes the per-request spread the model predicts at that load (histogram buckets
-    are too coarse to give it) over the measured and the simulated request counts."""
-    role = next(p.role for p in plan.pools if p.name == pool_name)
-
-    def ratio(factor: float) -> tuple[float, float]:
-        m = modelled_service(plan, pool_name, rates, factor, seed)
+def _ratios(plan: PlanSpec, rates: Mapping[str, ServiceRates], factors: Mapping[str, float],
+            seed: int) -> dict[str, tuple[float, float]]:
+    """Per measured pool: (measured over modelled service at `factors`, its relative standard error)."""
+    modelled = modelled_service(plan, rates, factors, seed)
+    out = {}
+    for pool in plan.pools:
+        if pool.name not in rates:
+            continue
+        r, m = rates[pool.name], modelled[pool.name]
         parts = []  # (measured / modelled, weight, per-request cv)
-        if role != "decode" and m.prefill_s > 0:
-            parts.append((rates.prefill_s / m.prefill_s, rates.prefill_s, m.prefill_cv))
-        if role != "prefill" and m.decode_s_per_token > 0:
-            parts.append((rates.decode_s_per_token / m.decode_s_per_token,
-                          rates.decode_s_per_token * rates.output_tokens, m.decode_cv))
+        if pool.role != "decode" and m.prefill_s > 0:
+            parts.append((r.prefill_s / m.prefill_s, r.prefill_s, m.prefill_cv))
+        if pool.role != "prefill" and m.decode_s_per_token > 0:
+            parts.append((r.decode_s_per_token / m.decode_s_per_token, r.decode_s_per_token * r.output_tokens,
+                          m.decode_cv))
         if not parts:
-            raise SpecError(f"pool {pool_name}: the model served no request of it at the measured load; "
+            raise SpecError(f"pool {pool.name}: the model served no request of it at the measured load; "
                             "check that the metrics belong to this fleet")
         weight = sum(w for _, w, _ in parts)
         cv = math.sqrt(sum((w / weight * c) ** 2 for _, w, c in parts))
-        rel_se = cv * math.sqrt(1 / rates.requests + 1 / max(m.requests, 1))
-        return sum(r * w for r, w, _ in parts) / weight, rel_se
+        out[pool.name] = (sum(x * w for x, w, _ in parts) / weight,
+                          cv * math.sqrt(1 / r.requests + 1 / max(m.requests, 1)))
+    return out
 
-    first, _ = ratio(1.0)
-    again, rel_se = ratio(first)
-    factor = first * again
-    half = Z95 * rel_se * factor
-    return factor, max(0.0, factor - half), factor + half
+
+def fit_factors(plan: PlanSpec, rates: Mapping[str, ServiceRates], seed: int = 0) -> dict[str, tuple[float, float, float]]:
+    """Per measured pool: (step-time factor, 95% low, 95% high): the factor at which the modelled
+    prefill and decode time (weighted by their share of a request's service) meet the measured
+    ones, every pool at its own estimate. Slower steps grow the batch, so the modelled time grows
+    faster than the factor near saturation: Newton steps on log(measured / modelled) over log
+    factor, the slope from the last two simulations (-1 at first), until within FIT_TOLERANCE or
+    FIT_STEPS simulations. The interval takes the per-request spread the model predicts at that
+    load (histogram buckets are too coarse to give it) over the measured and simulated counts."""
+    factors = {name: 1.0 for name in rates}
+    seen: dict[str, tuple[float, float]] = {}  # pool -> (log factor, log ratio) of the simulation before
+    for step in range(FIT_STEPS):
+        ratios = _ratios(plan, rates, factors, seed)
+        nxt = {}
+        for name, (ratio, _) in ratios.items():
+            lf, lr = math.log(factors[name]), math.log(ratio)
+            slope = -1.0
+            if name in seen and lf != seen[name][0]:
+                slope = min(-0.2, max(-5.0, (lr - seen[name][1]) / (lf - seen[name][0])))
+            seen[name] = (lf, lr)
+            nxt[name] = math.exp(lf - lr / slope)
+        done = all(abs(r - 1) <= FIT_TOLERANCE for r, _ in ratios.values())
+        factors = nxt
+        if done and step > 0:
+            break
+    out = {}
+    for name, (_, rel_se) in ratios.items():
+        factor = factors[name]
+        half = Z95 * rel_se * factor
+        out[name] = (factor, max(0.0, factor - half), factor + half)
+    return out
 
 
 def fit_document(plan: PlanSpec, by_pool: dict[str, list[ReplicaMetrics]], seed: int = 0) -> dict[str, Any]:
     """The `fleetwise-measured/1` document: per measured pool its service rates, the modelled
     ones and the fitted step-time factor with its 95% interval."""
+    role = {p.name: p for p in plan.pools}
+    rates = {name: service_rates(reps, role[name].role) for name, reps in by_pool.items()}
+    fits = fit_factors(plan, rates, seed)
     pools = []
     for name, reps in by_pool.items():
-        pool = next(p for p in plan.pools if p.name == name)
-        rates = service_rates(reps, pool.role)
-        factor, lo, hi = fit_factor(plan, name, rates, seed)
+        pool, r = role[name], rates[name]
+        factor, lo, hi = fits[name]
         pools.append({"pool": name, "role": pool.role, "accelerator": pool.accelerator, "model": pool.model,
-                      "replicas_measured": len(reps), "requests": rates.requests,
-                      "rate_rps_per_replica": None if rates.rate_rps is None else round(rates.rate_rps, 6),
-                      "prompt_tokens_mean": round(rates.prompt_tokens, 3),
-                      "output_tokens_mean": round(rates.output_tokens, 3),
-                      "prefill_tokens_per_s": round(rates.prefill_tokens_per_s, 3),
-                      "decode_tokens_per_s": round(rates.decode_tokens_per_s, 3),
+                      "replicas_measured": len(reps), "requests": r.requests,
+                      "rate_rps_per_replica": None if r.rate_rps is None else round(r.rate_rps, 6),
+                      "prompt_tokens_mean": round(r.prompt_tokens, 3),
+                      "output_tokens_mean": round(r.output_tokens, 3),
+                      "prefill_tokens_per_s": round(r.prefill_tokens_per_s, 3),
+                      "decode_tokens_per_s": round(r.decode_tokens_per_s, 3),
                       "step_time_factor": round(factor, 4), "ci95": [round(lo, 4), round(hi, 4)],
-                      "sources": [r.source for r in reps]})
+                      "sources": [m.source for m in reps]})
     return {"schema": MEASURED_SCHEMA, "fleet": plan.name, "pools": pools}
 
 

@@ -13,9 +13,9 @@ from fleetwise.planner.measured import (
     fit_factors,
     load_measured,
     modelled_service,
-    parse_metrics,
     service_rates,
 )
+from fleetwise.planner.metrics_page import parse_page
 from fleetwise.spec.base import validate
 from fleetwise.spec.plan import PlanSpec
 
@@ -65,15 +65,15 @@ def dump(req=100, prompt=100000, gen=12800, pre_n=100, pre_sum=5.0, dec_n=100, d
 ])
 def test_a_metrics_page_with_a_nonsensical_value_names_the_metric(values, message):
     with pytest.raises(SpecError, match=message):
-        parse_metrics(dump(**values), "r.prom")
+        parse_page(dump(**values), "r.prom")
 
 
 def test_counters_that_fell_between_two_scrapes_are_refused_as_a_restart():
-    before = parse_metrics(dump(req=1000, pre_n=1000, pre_sum=50.0), "a.prom")
+    (before,) = parse_page(dump(req=1000, pre_n=1000, pre_sum=50.0), "a.prom")
     for after in (dump(req=100), dump(req=1100, pre_n=1100, pre_sum=40.0)):
         with pytest.raises(SpecError, match=r"b.prom: vllm:\S+ fell from \S+ to \S+ between the two scrapes "
                                             r"\(the replica restarted\?\); measure again"):
-            parse_metrics(after, "b.prom").minus(before, 60.0)
+            parse_page(after, "b.prom")[0].minus(before, 60.0)
 
 
 @pytest.mark.parametrize(("values", "role", "message"), [
@@ -83,14 +83,13 @@ def test_counters_that_fell_between_two_scrapes_are_refused_as_a_restart():
     ({"gen": 100, "dec_sum": 0}, "mixed", r"r.prom: vllm:request_decode_time_seconds records 0 s over 0 decode tokens"),
 ])
 def test_a_pool_without_the_service_time_its_role_needs_is_refused(values, role, message):
-    m = parse_metrics(dump(**values), "r.prom")
     with pytest.raises(SpecError, match=message):
-        service_rates([m], role)
+        service_rates(parse_page(dump(**values), "r.prom"), role)
 
 
 def test_a_prefill_pool_needs_no_decode_time_and_a_decode_pool_no_prefill_time():
-    assert service_rates([parse_metrics(dump(dec_sum=0, gen=100), "r.prom")], "prefill").prefill_s == 0.05
-    assert service_rates([parse_metrics(dump(pre_sum=0), "r.prom")], "decode").decode_s_per_token == 100 / 12700
+    assert service_rates(parse_page(dump(dec_sum=0, gen=100), "r.prom"), "prefill").prefill_s == 0.05
+    assert service_rates(parse_page(dump(pre_sum=0), "r.prom"), "decode").decode_s_per_token == 100 / 12700
 
 
 GOOD_POOL = {"pool": "mixed", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "step_time_factor": 1.3,

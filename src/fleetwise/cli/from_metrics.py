@@ -28,7 +28,7 @@ def add_flags(c: Any) -> None:
     """The `--from-metrics` flags of `fleetwise calibrate`."""
     c.add_argument("--from-metrics", nargs="+", metavar="SOURCE", default=None,
                    help="fit measured service rates instead: one replica's /metrics URL or saved dump(s) per "
-                        "SOURCE ([NAME=]URL|FILE|BEFORE,AFTER), vLLM metric names; needs --plan")
+                        "SOURCE ([NAME=]URL|FILE|BEFORE,AFTER), vLLM or SGLang metric names; needs --plan")
     c.add_argument("--plan", metavar="FLEET", default=None, type=input_file("plan file"), help="with --from-metrics: the fleet document the "
                    "replicas run (`fleetwise plan --fleet-out`)")
     c.add_argument("--interval", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=None, metavar="S",
@@ -71,7 +71,7 @@ def _named(args: argparse.Namespace, plan: Any) -> list[tuple[str, str]]:
 
 def collect(args: argparse.Namespace, plan: Any) -> dict[str, list[Any]]:
     """Each pool's replica metrics over the measured span, in engine seconds."""
-    from fleetwise.planner.measured import parse_metrics
+    from fleetwise.planner.metrics_page import growth, parse_page
 
     named = _named(args, plan)
     urls = [(n, s) for n, s in named if s.startswith(("http://", "https://"))]
@@ -79,20 +79,21 @@ def collect(args: argparse.Namespace, plan: Any) -> dict[str, list[Any]]:
     if interval is None:
         raise SpecError("--from-metrics with saved dumps needs --interval S: the seconds the dumps cover")
     span = interval * args.time_scale
-    first = {n: parse_metrics(_read(s), s) for n, s in urls}
+    first = {n: parse_page(_read(s), s) for n, s in urls}
     if urls:
         time.sleep(interval)
     by_pool: dict[str, list[Any]] = {}
     for name, src in named:
         if name in first:
-            m = parse_metrics(_read(src), src).minus(first[name], span)
+            ms = growth(parse_page(_read(src), src), first[name], span)
         elif "," in src:
             a, b = src.split(",", 1)
-            m = parse_metrics(_read(b), b).minus(parse_metrics(_read(a), a), span)
+            ms = growth(parse_page(_read(b), b), parse_page(_read(a), a), span)
         else:
-            m = parse_metrics(_read(src), src)
-            m.span_s = span
-        by_pool.setdefault(name.rpartition("-")[0], []).append(m)
+            ms = parse_page(_read(src), src)
+            for m in ms:
+                m.span_s = span
+        by_pool.setdefault(name.rpartition("-")[0], []).extend(ms)
     return by_pool
 
 

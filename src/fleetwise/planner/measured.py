@@ -1,8 +1,8 @@
 """Service rates measured on a running fleet, fitted against the model, and where a plan's numbers come from.
 
-Owns reading Prometheus text-format metrics with vLLM's names (what `fleetwise emulate` and vLLM
-serve), the per-replica effective service rates they give (prefill tokens per second of prefill
-time, decode tokens per second of decode time), fitting each pool's step-time factor against the
+Owns the effective service rates a pool's replica metrics give (`metrics_page` reads them, any
+registered engine's names; per finished request: prefill tokens per second of prefill time,
+decode tokens per second of decode time), fitting each pool's step-time factor against the
 perf model (each pool simulated at the load it was measured under, at its own factor: the factor
 at which measured over modelled is 1, so batching follows the slower steps) with a 95% interval, the
 `fleetwise-measured/1` document `calibrate --from-metrics` writes and `plan --measured` reads,
@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetwise.errors import SpecError, quote
+from fleetwise.planner.metrics_page import Histo, ReplicaMetrics
 from fleetwise.planner.simulate import simulated_policy
 from fleetwise.spec.inputs import finite
 from fleetwise.spec.limits import MAX_FACTOR
@@ -28,15 +29,6 @@ if TYPE_CHECKING:
     from fleetwise.spec.plan import PlanSpec
 
 MEASURED_SCHEMA = "fleetwise-measured/1"
-COUNTERS = {"requests": "vllm:request_success", "prompt_tokens": "vllm:prompt_tokens",
-            "generation_tokens": "vllm:generation_tokens", "prefix_hits": "vllm:prefix_cache_hits",
-            "prefix_queries": "vllm:prefix_cache_queries"}
-"""vLLM counter names (vllm/v1/metrics/loggers.py; the emulator serves the same) -> field."""
-HISTOGRAMS = {"prefill": "vllm:request_prefill_time_seconds", "decode": "vllm:request_decode_time_seconds",
-              "queue": "vllm:request_queue_time_seconds", "ttft": "vllm:time_to_first_token_seconds",
-              "tpot": "vllm:request_time_per_output_token_seconds", "itl": "vllm:inter_token_latency_seconds",
-              "e2e": "vllm:e2e_request_latency_seconds"}
-"""vLLM histogram names -> field; the fit uses prefill and decode time (queueing excluded)."""
 Z95 = 1.959963984540054
 """Two-sided 95% quantile of the standard normal (scipy.stats.norm.ppf(0.975))."""
 MIN_REQUESTS = 20
@@ -49,102 +41,6 @@ FIT_TOLERANCE = 0.005
 """Measured over modelled service within this of 1 ends the fit (half the simulation's noise floor)."""
 FIT_STEPS = 6
 """Most simulations per fit (two at least: one at the model's speed, one at the first estimate)."""
-
-
-@dataclass
-class Histo:
-    """One histogram's count, sum and cumulative buckets (upper bound -> count), summed over series."""
-
-    count: float = 0.0
-    total: float = 0.0
-    buckets: dict[float, float] = field(default_factory=dict)
-
-    def __add__(self, other: Histo) -> Histo:
-        keys = set(self.buckets) | set(other.buckets)
-        return Histo(self.count + other.count, self.total + other.total,
-                     {le: self.buckets.get(le, 0.0) + other.buckets.get(le, 0.0) for le in keys})
-
-    def minus(self, other: Histo) -> Histo:
-        """This histogram's growth since `other` (an earlier scrape)."""
-        return Histo(self.count - other.count, self.total - other.total,
-                     {le: n - other.buckets.get(le, 0.0) for le, n in self.buckets.items()})
-
-
-@dataclass
-class ReplicaMetrics:
-    """What one replica's metrics say over the measured span (counters and histograms summed over labels)."""
-
-    source: str
-    counters: dict[str, float] = field(default_factory=dict)
-    histograms: dict[str, Histo] = field(default_factory=dict)
-    span_s: float | None = None
-    """Seconds between the two scrapes whose difference this is (None: totals since start)."""
-
-    def minus(self, earlier: ReplicaMetrics, span_s: float) -> ReplicaMetrics:
-        """The growth since an `earlier` scrape of the same replica, `span_s` seconds before;
-        SpecError naming a counter that fell (the replica restarted in between)."""
-        pairs = [(COUNTERS[k] + "_total", earlier.counters.get(k, 0.0), v) for k, v in self.counters.items()]
-        for k, h in self.histograms.items():
-            e = earlier.histograms.get(k, Histo())
-            pairs += [(HISTOGRAMS[k] + "_count", e.count, h.count), (HISTOGRAMS[k] + "_sum", e.total, h.total)]
-        for name, a, b in pairs:
-            if b < a:
-                raise SpecError(f"{self.source}: {name} fell from {a:g} to {b:g} between the two scrapes (the replica "
-                                "restarted?); measure again over a span without a restart")
-        return ReplicaMetrics(self.source, {k: v - earlier.counters.get(k, 0.0) for k, v in self.counters.items()},
-                              {k: h.minus(earlier.histograms.get(k, Histo())) for k, h in self.histograms.items()},
-                              span_s)
-
-    def counter(self, name: str) -> float:
-        """A counter's value (0 when the replica does not export it)."""
-        return self.counters.get(name, 0.0)
-
-    def histo(self, name: str) -> Histo:
-        """A histogram (empty when absent)."""
-        return self.histograms.get(name, Histo())
-
-
-def parse_metrics(text: str, source: str) -> ReplicaMetrics:
-    """A replica's vLLM metrics from Prometheus text format; SpecError naming the source when none is there."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = ReplicaMetrics(source)
-    by_counter = {v: k for k, v in COUNTERS.items()}
-    by_histo = {v: k for k, v in HISTOGRAMS.items()}
-    try:
-        families = list(text_string_to_metric_families(text))
-    except ValueError as err:
-        first = (str(err).splitlines() or [""])[0][:80]
-        raise SpecError(f"{source}: not Prometheus text format ({first}); give a /metrics URL or a saved dump") from None
-    for fam in families:
-        counter = by_counter.get(fam.name) or by_counter.get(fam.name.removesuffix("_total"))
-        if counter is not None or fam.name in by_histo:
-            _check_values(fam.samples, source)
-        if counter is not None:  # `# TYPE x counter` or `# TYPE x_total counter`: the samples are x_total
-            total = sum(s.value for s in fam.samples if s.name.endswith("_total"))
-            out.counters[counter] = out.counters.get(counter, 0.0) + total
-        if fam.name in by_histo:
-            h = out.histograms.setdefault(by_histo[fam.name], Histo())
-            for s in fam.samples:
-                if s.name.endswith("_count"):
-                    h.count += s.value
-                elif s.name.endswith("_sum"):
-                    h.total += s.value
-                elif s.name.endswith("_bucket"):
-                    le = float(s.labels["le"])
-                    h.buckets[le] = h.buckets.get(le, 0.0) + s.value
-    if "requests" not in out.counters or "prefill" not in out.histograms:
-        raise SpecError(f"{source}: no vLLM request metrics (vllm:request_success, vllm:request_prefill_time_seconds);"
-                        " point at a vLLM or `fleetwise emulate` /metrics")
-    return out
-
-
-def _check_values(samples: Iterable[Any], source: str) -> None:
-    """SpecError naming the first sample of a counter or histogram that is not a finite count >= 0."""
-    for x in samples:
-        if not (math.isfinite(x.value) and x.value >= 0):
-            raise SpecError(f"{source}: {x.name} is {x.value:g}; counters and histograms are finite and never "
-                            "negative: check the metrics come from a vLLM or `fleetwise emulate` replica")
 
 
 @dataclass(frozen=True)
@@ -161,7 +57,9 @@ class ServiceRates:
     decode_s_per_token: float
     """Mean decode time per generated token after the first."""
     rate_rps: float | None
-    """Requests per second per replica over the span (None when the span is unknown)."""
+    """Requests per second per replica over the span (None when the span is unknown): those that
+    reached their first token in it where the time-to-first-token histogram says, since a span
+    that starts or ends on a change of load sees finishes lag arrivals by a whole request."""
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -175,28 +73,76 @@ class ServiceRates:
 
 
 def service_rates(replicas: Iterable[ReplicaMetrics], role: str = "mixed") -> ServiceRates:
-    """The pooled service rates of replicas of one pool of `role`; SpecError when the prefill
-    (not a decode pool) or decode time (not a prefill pool) the fit reads is missing or zero."""
+    """The pooled service rates of replicas of one pool of `role`, per finished request; SpecError
+    naming the metric when the prompt length, the prefill time (not a decode pool) or the output
+    length and decode time (not a prefill pool) the fit reads is missing or zero."""
     reps = list(replicas)
     n = sum(r.counter("requests") for r in reps)
-    if n < MIN_REQUESTS:
-        raise SpecError(f"{', '.join(r.source for r in reps)}: {n:g} completed request(s); at least {MIN_REQUESTS} "
-                        "are needed to fit a service rate (scrape over a longer interval or under load)")
-    pre = sum((r.histo("prefill") for r in reps), Histo())
-    dec = sum((r.histo("decode") for r in reps), Histo())
-    gen = sum(r.counter("generation_tokens") for r in reps)
-    spans = [r.span_s for r in reps]
-    rate = None if any(s is None for s in spans) else n / sum(s for s in spans if s is not None)
     where = ", ".join(r.source for r in reps)
-    if role != "decode" and not (pre.count > 0 and pre.total > 0):
-        raise SpecError(f"{where}: {HISTOGRAMS['prefill']} records {pre.total:g} s over {pre.count:g} requests; a "
-                        f"{role} pool's fit needs its prefill time: check the metrics come from this fleet's replicas")
-    if role != "prefill" and not (gen > n and dec.total > 0):
-        raise SpecError(f"{where}: {HISTOGRAMS['decode']} records {dec.total:g} s over {max(gen - n, 0):,g} decode "
-                        f"tokens; a {role} pool's fit needs its decode time: check the metrics come from this fleet's "
-                        "replicas")
-    return ServiceRates(n, sum(r.counter("prompt_tokens") for r in reps) / n, gen / n, pre.total / max(pre.count, 1),
-                        dec.total / max(gen - n, 1.0), rate)
+    if n < MIN_REQUESTS:
+        raise SpecError(f"{where}: {n:g} completed request(s); at least {MIN_REQUESTS} "
+                        "are needed to fit a service rate (scrape over a longer interval or under load)")
+    page = _Pooled(reps, role, where, n)
+    prompt = page.length("prompt", "prompt_tokens", "the prompt length")
+    output = page.length("output", "generation_tokens", "the output length") if role != "prefill" else 1.0
+    prefill = page.time((("prefill",), ("ttft", "queue")), "the prefill time") if role != "decode" else 0.0
+    decode = 0.0
+    if role != "prefill":
+        decode = page.time((("decode",), ("e2e", "ttft")), "the decode time", per_token=output - 1)
+    spans = [r.span_s for r in reps]
+    ttft = page.histograms.get("ttft", Histo())
+    started = ttft.count if ttft.count > 0 else n  # first tokens lag arrivals less than finishes do
+    rate = None if any(s is None for s in spans) else started / sum(s for s in spans if s is not None)
+    return ServiceRates(n, prompt, output, prefill, decode, rate)
+
+
+class _Pooled:
+    """The pooled fields of one pool's replicas, read the way `service_rates` needs them."""
+
+    def __init__(self, reps: list[ReplicaMetrics], role: str, where: str, requests: float) -> None:
+        self.names, self.role, self.where, self.n = reps[0].names, role, where, requests
+        self.counters = {k: sum(r.counter(k) for r in reps) for k in self.names.counters
+                         if all(k in r.counters for r in reps)}
+        self.histograms = {k: sum((r.histo(k) for r in reps), Histo()) for k in self.names.histograms
+                           if any(k in r.histograms for r in reps)}
+
+    def _fix(self) -> str:
+        return f"a {self.role} pool's fit needs it: scrape or save the whole /metrics page of {self.names.hint}"
+
+    def length(self, histogram: str, counter: str, what: str) -> float:
+        """Mean tokens per finished request: its per-request histogram where the page has one
+        (counters also count the tokens of requests still running), else counter / requests."""
+        mean = self.histograms[histogram].mean if histogram in self.histograms else None
+        if mean is not None:
+            return mean
+        if counter in self.counters:
+            return self.counters[counter] / self.n
+        names = [self.names.histograms[histogram]] if histogram in self.names.histograms else []
+        names.append(self.names.counters[counter] + "_total")
+        raise SpecError(f"{self.where}: no {' or '.join(names)} ({what}); {self._fix()}")
+
+    def time(self, ways: tuple[tuple[str, ...], ...], what: str, per_token: float | None = None) -> float:
+        """Mean seconds per request (per token after the first with `per_token` tokens) of the first
+        way of reading it the page has all fields of: one histogram, or the first less the second."""
+        ways = tuple(w for w in ways if all(k in self.names.histograms for k in w))
+        way = next((w for w in ways if all(k in self.histograms for k in w)), None)
+        if way is None:
+            w = ways[0]
+            have = [self.names.histograms[k] for k in w if k in self.histograms]
+            missing = ", ".join(self.names.histograms[k] for k in w if k not in self.histograms)
+            raise SpecError(f"{self.where}: no {missing} ({'with ' + ', '.join(have) + ': ' if have else ''}{what}); "
+                            f"{self._fix()}")
+        hs = [self.histograms[k] for k in way]
+        mean = (hs[0].mean or 0.0) - sum(h.mean or 0.0 for h in hs[1:])
+        tokens = 1.0 if per_token is None else per_token
+        if mean > 0 and tokens > 0 and all(h.count > 0 for h in hs):
+            return mean / tokens
+        got = " less ".join(f"{self.names.histograms[k]} {h.total:g} s over {h.count:g}" for k, h in zip(way, hs, strict=True))
+        over = f"{hs[0].count:g} requests" if per_token is None else f"{max(tokens, 0) * hs[0].count:,g} decode tokens"
+        if len(way) == 1:
+            got = f"{self.names.histograms[way[0]]} records {hs[0].total:g} s over {over}"
+        raise SpecError(f"{self.where}: {got}; a {self.role} pool's fit needs {what}: check the metrics come from "
+                        "this fleet's replicas")
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,14 @@ wall seconds to the engine's seconds for an emulated fleet. The fit is `fleetwis
 from __future__ import annotations
 
 import argparse
+import http.client
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from fleetwise.cli.common import float_flag, input_file
-from fleetwise.errors import SpecError
+from fleetwise.errors import SpecError, quote
 from fleetwise.spec.limits import MAX_DURATION_S
 from fleetwise.spec.output import check_writable_file, write_json
 
@@ -43,8 +44,10 @@ def _read(src: str) -> str:
         try:
             with urllib.request.urlopen(src, timeout=10.0) as r:
                 return str(r.read(MAX_METRICS_BYTES).decode("utf-8", "replace"))
-        except OSError as err:
-            raise SpecError(f"--from-metrics {src}: cannot scrape it ({err}); check the URL") from None
+        except (OSError, http.client.HTTPException) as err:  # refused, timed out, HTTP error, not HTTP at all
+            why = f"{type(err).__name__}: {quote(str(err), 80)}" if isinstance(err, http.client.HTTPException) else err
+            raise SpecError(f"--from-metrics {src}: cannot scrape it ({why}); check the URL, or leave a "
+                            "replica that is down out and name the others (NAME=SOURCE)") from None
     path = Path(src)
     if not path.is_file():
         raise SpecError(f"--from-metrics {src}: no such file or URL; give a /metrics URL or a saved dump")

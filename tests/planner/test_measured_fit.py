@@ -178,3 +178,33 @@ def test_each_pool_of_a_heterogeneous_fleet_is_fitted_at_its_own_load_and_speed(
     for name, (factor, lo, hi) in fits.items():
         assert factor == pytest.approx(truth[name], rel=0.03), fits
         assert lo < truth[name] < hi, fits
+
+
+PD_POOLS = [{"pool": "prefill", "role": "prefill", "accelerator": "h200-sxm", "model": "llama-3.1-8b",
+             "step_time_factor": 1.5, "ci95": [1.2, 1.8], "requests": 120},
+            {"pool": "decode", "role": "decode", "accelerator": "h200-sxm", "model": "llama-3.1-8b",
+             "step_time_factor": 1.0, "ci95": [0.99, 1.01], "requests": 120}]
+
+
+def test_prefill_and_decode_pools_measured_on_one_card_keep_their_own_factors(spec_factory):
+    """A P/D fleet whose prefill pool runs 1.5x the model and whose decode pool runs as modelled:
+    re-planned P/D pools keep their role's factor (a merged 1.25 would grow decode and starve
+    prefill); a colocated candidate on the card takes the merge; the analytical phase prices
+    prompt steps at the prefill factor and decode-only steps at the decode one."""
+    from fleetwise.perf.types import BatchShape, SeqWork
+    from fleetwise.planner import fit
+    from fleetwise.planner.latency import priced
+
+    measured = load_measured({"schema": MEASURED_SCHEMA, "pools": PD_POOLS}, "m.json", "llama-3.1-8b")
+    assert {(m.accelerator, m.role, m.step_time_factor) for m in measured} == {
+        ("h200-sxm", None, 1.25), ("h200-sxm", "prefill", 1.5), ("h200-sxm", "decode", 1.0)}
+    spec = spec_factory(accelerators=[{"name": "h200-sxm"}], measured_service=[m.model_dump() for m in measured])
+    assert [spec.step_time_factor("h200-sxm", r) for r in ("prefill", "decode", "mixed")] == [1.5, 1.0, 1.25]
+    assert spec.step_time_factor("h100-sxm", "prefill") == 1.0
+    search = fit.prepare(spec)
+    lay = next(lay for lay, _ in search.enumeration.fitting if lay.accelerator == "h200-sxm")
+    dep = search.hw.deployment(lay, "bf16")
+    bound, pricer = search.perf.bind(dep), priced(search, dep, "h200-sxm")
+    prompt, decode = BatchShape.of([SeqWork(512, 0)]), BatchShape.decode(8, 1024)
+    assert pricer.step_time_s(prompt) == pytest.approx(1.5 * bound.step_time_s(prompt), rel=1e-12)
+    assert pricer.step_time_s(decode) == pytest.approx(1.0 * bound.step_time_s(decode), rel=1e-12)

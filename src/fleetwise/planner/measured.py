@@ -337,7 +337,8 @@ def _measured_pool(p: Any, at: str) -> tuple[str, float, float, tuple[float, flo
 
 def load_measured(doc: Any, where: str, model: str, accelerators: Sequence[str] | None = None) -> list[MeasuredService]:
     """The step-time factors of a `fleetwise-measured/1` document, one per accelerator (replicas
-    on one card pooled, weighted by requests); SpecError naming the field of a bad document, of
+    on one card pooled, weighted by requests) and one per role of its prefill and decode pools
+    (which price only their own phase); SpecError naming the field of a bad document, of
     a measurement of another model than `model` (the factor corrects one model on one card), or
     of one on none of `accelerators` (the spec's cards: it would change nothing)."""
     if not isinstance(doc, dict) or doc.get("schema") != MEASURED_SCHEMA:
@@ -348,24 +349,29 @@ def load_measured(doc: Any, where: str, model: str, accelerators: Sequence[str] 
     if pools is None or pools == []:
         raise SpecError(f"{where}: pools: empty; nothing was measured; write it with "
                         "`fleetwise calibrate --from-metrics ... --plan FLEET -o FILE`")
-    acc: dict[str, list[tuple[str, float, float, tuple[float, float]]]] = {}
+    acc: dict[tuple[str, str | None], list[tuple[str, float, float, tuple[float, float]]]] = {}
     for i, p in enumerate(pools if isinstance(pools, list) else [pools]):
         gpu, n, f, ci = _measured_pool(p, f"{where}: pools.{i}")
         if p["model"] != model:
             raise SpecError(f"{where}: pools.{i}.model: measured on {p['model']!r}, but the spec plans {model!r}; "
                             "measure a fleet of this model")
-        acc.setdefault(gpu, []).append((str(p.get("pool", "?")), n, f, ci))
-    if accelerators is not None and not set(acc) & set(accelerators):
-        raise SpecError(f"{where}: measured on {', '.join(acc)}, but the spec plans on {', '.join(accelerators)}; "
-                        "the measurement would change nothing: measure a fleet on one of them or add its card")
+        row = (str(p.get("pool", "?")), n, f, ci)
+        acc.setdefault((gpu, None), []).append(row)
+        if p.get("role") in ("prefill", "decode"):  # P/D pools keep their own factor too
+            acc.setdefault((gpu, p["role"]), []).append(row)
+    cards = {gpu for gpu, _ in acc}
+    if accelerators is not None and not cards & set(accelerators):
+        raise SpecError(f"{where}: measured on {', '.join(sorted(cards))}, but the spec plans on "
+                        f"{', '.join(accelerators)}; the measurement would change nothing: measure a fleet on one of "
+                        "them or add its card")
     out = []
-    for gpu, ps in acc.items():
+    for (gpu, role), ps in acc.items():
         n = sum(q[1] for q in ps)
         f = sum(q[2] * q[1] for q in ps) / n
         lo = min(q[3][0] for q in ps)
         hi = max(q[3][1] for q in ps)
         src = f"{where}: {', '.join(q[0] for q in ps)}, {n:g} requests"
-        out.append(MeasuredService(accelerator=gpu, step_time_factor=f, ci95=(lo, hi), source=src))
+        out.append(MeasuredService(accelerator=gpu, step_time_factor=f, ci95=(lo, hi), source=src, role=role))
     return out
 
 
@@ -375,10 +381,9 @@ def provenance(search: Search, c: Candidate) -> list[str]:
     spec = search.spec
     why = "the spec's routing_policy" if spec.routing_policy else "the gateway's default; the spec names none"
     out = [f"routing: every simulation routed with {simulated_policy(spec)} ({why})"]
-    measured = {m.accelerator: m for m in spec.measured_service}
     assert c.refined is not None
     for p in c.refined.full.pools:
-        m = measured.get(p.layout.accelerator)
+        m = spec.measured_for(p.layout.accelerator, p.role)
         if m is not None:
             lo, hi = m.ci95
             out.append(f"{p.role} replicas: sized from measured service: step times x{m.step_time_factor:.3f} "

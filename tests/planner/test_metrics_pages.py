@@ -138,3 +138,17 @@ def test_a_page_of_no_known_engine_lists_the_known_ones():
     with pytest.raises(SpecError, match=r"x.prom: no request metrics of a known engine \(SGLang: sglang:num_requests_total;"
                                         r" vLLM: vllm:request_success_total\)"):
         parse_page("# TYPE tgi_request_count counter\ntgi_request_count_total 5\n", "x.prom")
+
+
+def test_a_restart_whose_counters_outgrew_the_first_scrape_is_caught_by_the_process_start_time():
+    """A replica that restarted early in the span and then served more than it had before: no
+    counter fell, but the process start time (vLLM's and `fleetwise emulate`'s pages have it) moved."""
+    start = "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {}\n"
+    (before,) = parse_page(vllm_page(req=40) + start.format(1.7e9), "a.prom")
+    (after,) = parse_page(vllm_page(req=90) + start.format(1.7e9), "b.prom")
+    assert after.minus(before, 60.0).counter("requests") == 50
+    (restarted,) = parse_page(vllm_page(req=90) + start.format(1.7e9 + 30), "b.prom")
+    with pytest.raises(SpecError, match=r"b.prom: process_start_time_seconds moved from 1700000000 to 1700000030 "
+                                        r"between the two scrapes \(the replica restarted\); measure again over a "
+                                        r"span without a restart"):
+        restarted.minus(before, 60.0)

@@ -4,7 +4,7 @@ Recognises the page's engine by the prefix most of its families carry (`metric_n
 registered mapping per engine), sums each field's series over their labels, splits an engine's
 data-parallel ranks (its `replica_label`) into one replica each, and differences two scrapes of
 the same replica. Unknown metrics are ignored; a field's value that is not a finite count, a
-counter that fell between two scrapes, and a page with no engine's request metrics are refused
+counter that fell or a process start time that moved between two scrapes, and a page with no engine's request metrics are refused
 with the source, the metric and the fix.
 """
 
@@ -17,6 +17,9 @@ from typing import Any
 
 from fleetwise.errors import SpecError
 from fleetwise.planner.metric_names import METRIC_NAMES, EngineMetrics
+
+PROCESS_START = "process_start_time_seconds"
+"""Prometheus' process collector's start time of the serving process (vLLM's default registry exports it)."""
 
 
 @dataclass
@@ -56,11 +59,16 @@ class ReplicaMetrics:
     histograms: dict[str, Histo] = field(default_factory=dict)
     span_s: float | None = None
     """Seconds between the two scrapes whose difference this is (None: totals since start)."""
+    started_s: float | None = None
+    """The page's `process_start_time_seconds` (Prometheus' process collector), when it has one."""
 
     def minus(self, earlier: ReplicaMetrics, span_s: float) -> ReplicaMetrics:
         """The growth since an `earlier` scrape of the same replica, `span_s` seconds before;
         SpecError naming a counter that fell (the replica restarted in between)."""
         names = self.names
+        if None not in (self.started_s, earlier.started_s) and self.started_s != earlier.started_s:
+            raise SpecError(f"{self.source}: {PROCESS_START} moved from {earlier.started_s:.0f} to {self.started_s:.0f} "
+                            "between the two scrapes (the replica restarted); measure again over a span without a restart")
         pairs = [(names.counters[k] + "_total", earlier.counters.get(k, 0.0), v) for k, v in self.counters.items()]
         for k, h in self.histograms.items():
             e = earlier.histograms.get(k, Histo())
@@ -72,7 +80,7 @@ class ReplicaMetrics:
         return ReplicaMetrics(self.source, names, self.rank,
                               {k: v - earlier.counters.get(k, 0.0) for k, v in self.counters.items()},
                               {k: h.minus(earlier.histograms.get(k, Histo())) for k, h in self.histograms.items()},
-                              span_s)
+                              span_s, self.started_s)
 
     def counter(self, name: str) -> float:
         """A counter's value (0 when the replica does not export it)."""
@@ -117,6 +125,7 @@ def parse_page(text: str, source: str) -> list[ReplicaMetrics]:
     by_counter = {v: k for k, v in names.counters.items()}
     by_histo = {v: k for k, v in names.histograms.items()}
     reps: dict[str, ReplicaMetrics] = {}
+    started = next((s.value for f in families if f.name == PROCESS_START for s in f.samples), None)
     for fam in families:
         counter = by_counter.get(fam.name) or by_counter.get(fam.name.removesuffix("_total"))
         histo = by_histo.get(fam.name)
@@ -135,6 +144,7 @@ def parse_page(text: str, source: str) -> list[ReplicaMetrics]:
             m.source = f"{source} {names.replica_label}={rank}"
     out = [reps[k] for k in sorted(reps, key=lambda k: (len(k), k))] or [ReplicaMetrics(source, names)]
     for m in out:
+        m.started_s = started
         _check_requests(m)
     return out
 

@@ -152,3 +152,19 @@ def test_a_restart_whose_counters_outgrew_the_first_scrape_is_caught_by_the_proc
                                         r"between the two scrapes \(the replica restarted\); measure again over a "
                                         r"span without a restart"):
         restarted.minus(before, 60.0)
+
+
+def test_sglang_data_parallel_ranks_count_as_replicas_with_an_equal_share():
+    """SGLang's schedulers label their series `dp_rank` while its tokenizer's request metrics add
+    up every rank: a page of two DP ranks is two replicas, each half the requests, same means."""
+    ranks = f'{MODEL},engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+    extra = [f'sglang:num_running_reqs{{{ranks},dp_rank="{r}"}} 3' for r in ("0", "1")]
+    page = sglang_page(extra=extra).replace("# TYPE sglang:num_running_reqs gauge\n"
+                                            f"sglang:num_running_reqs{{{ranks}}} 3\n", "# TYPE sglang:num_running_reqs gauge\n")
+    ms = parse_page(page, "sg.prom")
+    assert [(m.source, m.counter("requests")) for m in ms] == [("sg.prom dp_rank=0", 25), ("sg.prom dp_rank=1", 25)]
+    for m in ms:
+        m.span_s = 10.0
+    r = service_rates(ms)
+    assert (r.requests, r.rate_rps, r.prompt_tokens, r.output_tokens) == (50, 2.5, 2000, 201)
+    assert r.prefill_s == pytest.approx(0.05)

@@ -2,10 +2,11 @@
 
 Recognises the page's engine by the prefix most of its families carry (`metric_names`: one
 registered mapping per engine), sums each field's series over their labels, splits an engine's
-data-parallel ranks (its `replica_label`) into one replica each, and differences two scrapes of
-the same replica. Unknown metrics are ignored; a field's value that is not a finite count, a
-counter that fell or a process start time that moved between two scrapes, and a page with no engine's request metrics are refused
-with the source, the metric and the fix.
+data-parallel ranks (its `replica_label`) into one replica each, or, where the request metrics add
+the ranks up (its `shared_rank_label`), into that many equal shares, and differences two scrapes
+of the same replica. Unknown metrics are ignored; a field's value that is not a finite count, a
+counter that fell or a process start time that moved between two scrapes, and a page with no
+engine's request metrics are refused with the source, the metric and the fix.
 """
 
 from __future__ import annotations
@@ -143,10 +144,21 @@ def parse_page(text: str, source: str) -> list[ReplicaMetrics]:
         for rank, m in reps.items():
             m.source = f"{source} {names.replica_label}={rank}"
     out = [reps[k] for k in sorted(reps, key=lambda k: (len(k), k))] or [ReplicaMetrics(source, names)]
+    shared = sorted({s.labels[names.shared_rank_label] for f in families for s in f.samples
+                     if names.shared_rank_label in s.labels}, key=lambda k: (len(k), k)) if names.shared_rank_label else []
+    if len(shared) > 1 and len(out) == 1:
+        out = [_share(out[0], f"{source} {names.shared_rank_label}={rank}", rank, len(shared)) for rank in shared]
     for m in out:
         m.started_s = started
         _check_requests(m)
     return out
+
+
+def _share(m: ReplicaMetrics, source: str, rank: str, n: int) -> ReplicaMetrics:
+    """One of `n` data-parallel ranks whose request metrics `m` adds up: an equal share of each."""
+    return ReplicaMetrics(source, m.names, rank, {k: v / n for k, v in m.counters.items()},
+                          {k: Histo(h.count / n, h.total / n, {le: c / n for le, c in h.buckets.items()})
+                           for k, h in m.histograms.items()})
 
 
 def _add_sample(h: Histo, s: Any) -> None:

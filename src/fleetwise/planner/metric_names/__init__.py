@@ -41,6 +41,9 @@ class EngineMetrics:
     """A label whose values are separate engines on one page (data-parallel ranks, each a replica), if any."""
     hint: str
     """Where such a page comes from, for messages."""
+    shared_rank_label: str | None = None
+    """A label some series carry (the schedulers') whose values count data-parallel ranks that the
+    request metrics add up: the page is that many replicas, each an equal share."""
 
 
 METRIC_NAMES: Registry[str, EngineMetrics] = Registry("engine metric names")

@@ -168,3 +168,14 @@ def test_sglang_data_parallel_ranks_count_as_replicas_with_an_equal_share():
     r = service_rates(ms)
     assert (r.requests, r.rate_rps, r.prompt_tokens, r.output_tokens) == (50, 2.5, 2000, 201)
     assert r.prefill_s == pytest.approx(0.05)
+
+
+def test_an_idle_sglang_replica_pools_with_a_busy_one_and_halves_the_rate():
+    """An SGLang replica that has served nothing has no request series yet: it adds no requests
+    and its span, not a missing metric."""
+    idle = "\n".join(["# TYPE sglang:num_running_reqs gauge", f"sglang:num_running_reqs{{{MODEL}}} 0", ""])
+    ms = [*parse_page(sglang_page(), "busy.prom"), *parse_page(idle, "idle.prom")]
+    for m in ms:
+        m.span_s = 10.0
+    r = service_rates(ms)
+    assert (r.requests, r.rate_rps, r.prompt_tokens, r.output_tokens) == (50, 2.5, 2000, 201)

@@ -45,7 +45,7 @@ FIT_STEPS = 6
 
 @dataclass(frozen=True)
 class ServiceRates:
-    """One pool's effective service rates: means per request, with their relative standard errors."""
+    """One pool's effective service rates: means per finished request, and the load per replica."""
 
     requests: float
     prompt_tokens: float
@@ -90,7 +90,7 @@ def service_rates(replicas: Iterable[ReplicaMetrics], role: str = "mixed") -> Se
     if role != "prefill":
         decode = page.time((("decode",), ("e2e", "ttft")), "the decode time", per_token=output - 1)
     spans = [r.span_s for r in reps]
-    ttft = page.histograms.get("ttft", Histo())
+    ttft = sum((r.histo("ttft") for r in reps), Histo())
     started = ttft.count if ttft.count > 0 else n  # first tokens lag arrivals less than finishes do
     rate = None if any(s is None for s in spans) else started / sum(s for s in spans if s is not None)
     return ServiceRates(n, prompt, output, prefill, decode, rate)
@@ -100,11 +100,12 @@ class _Pooled:
     """The pooled fields of one pool's replicas, read the way `service_rates` needs them."""
 
     def __init__(self, reps: list[ReplicaMetrics], role: str, where: str, requests: float) -> None:
-        self.names, self.role, self.where, self.n = reps[0].names, role, where, requests
-        self.counters = {k: sum(r.counter(k) for r in reps) for k in self.names.counters
-                         if all(k in r.counters for r in reps)}
-        self.histograms = {k: sum((r.histo(k) for r in reps), Histo()) for k in self.names.histograms
-                           if any(k in r.histograms for r in reps)}
+        busy = [r for r in reps if r.counter("requests") > 0]  # an idle replica adds nothing, not a missing metric
+        self.names, self.role, self.where, self.n = busy[0].names, role, where, requests
+        self.counters = {k: sum(r.counter(k) for r in busy) for k in self.names.counters
+                         if all(k in r.counters for r in busy)}
+        self.histograms = {k: sum((r.histo(k) for r in busy), Histo()) for k in self.names.histograms
+                           if any(k in r.histograms for r in busy)}
 
     def _fix(self) -> str:
         return f"a {self.role} pool's fit needs it: scrape or save the whole /metrics page of {self.names.hint}"
@@ -125,6 +126,9 @@ class _Pooled:
         """Mean seconds per request (per token after the first with `per_token` tokens) of the first
         way of reading it the page has all fields of: one histogram, or the first less the second."""
         ways = tuple(w for w in ways if all(k in self.names.histograms for k in w))
+        if not ways:
+            raise SpecError(f"{self.where}: {self.names.engine}'s metric names give no {what}; a {self.role} pool "
+                            f"cannot be fitted from them")
         way = next((w for w in ways if all(k in self.histograms for k in w)), None)
         if way is None:
             w = ways[0]

@@ -83,3 +83,31 @@ def test_a_source_that_is_not_http_or_is_down_is_one_line(tmp_path, capsys):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "Connection refused" in line
     assert line.endswith("check the URL, or leave a replica that is down out and name the others (NAME=SOURCE)")
+
+
+def test_a_pd_fleets_lines_show_each_pool_the_rate_it_serves(tmp_path, capsys):
+    """vLLM dumps of a prefill and a decode replica: each pool's line names only its own phase."""
+    fleet = tmp_path / "pd.json"
+    fleet.write_text(json.dumps({"name": "pd", "routing": "round-robin", "pools": [
+        {"name": "prefill", "role": "prefill", "replicas": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b"},
+        {"name": "decode", "role": "decode", "replicas": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b"}]}),
+        encoding="utf-8")
+
+    def dump(requests: int, output: int, prefill_s: float, decode_s: float) -> str:
+        lab = 'engine="0",model_name="llama-3.1-8b"'
+        lines = ["# TYPE vllm:request_success counter", f"vllm:request_success_total{{{lab}}} {requests}"]
+        for name, mean in (("vllm:request_prompt_tokens", 1024), ("vllm:request_generation_tokens", output),
+                           ("vllm:request_prefill_time_seconds", prefill_s),
+                           ("vllm:request_decode_time_seconds", decode_s)):
+            lines += [f"# TYPE {name} histogram", f'{name}_bucket{{{lab},le="+Inf"}} {requests}',
+                      f"{name}_count{{{lab}}} {requests}", f"{name}_sum{{{lab}}} {mean * requests}"]
+        return "\n".join([*lines, ""])
+
+    pre, dec = tmp_path / "pre.prom", tmp_path / "dec.prom"
+    pre.write_text(dump(300, 1, 0.08, 0.0), encoding="utf-8")
+    dec.write_text(dump(300, 64, 0.0, 63 * 0.009), encoding="utf-8")
+    assert main(["calibrate", "--from-metrics", f"prefill-0={pre}", f"decode-0={dec}", "--plan", str(fleet),
+                 "--interval", "60", "-o", str(tmp_path / "m.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("prefill: 1 replica(s), 300 requests: prefill 12,800 tok/s; step time x")
+    assert lines[1].startswith("decode: 1 replica(s), 300 requests: decode 111.1 tok/s per request; step time x")

@@ -112,8 +112,9 @@ def run(args: argparse.Namespace) -> int:
     write_json(args.output, doc)
     for p in doc["pools"]:
         lo, hi = p["ci95"]
-        print(f"{p['pool']}: {p['replicas_measured']} replica(s), {p['requests']:g} requests: prefill "
-              f"{p['prefill_tokens_per_s']:,.0f} tok/s, decode {p['decode_tokens_per_s']:,.1f} tok/s per request; "
+        rates = [f"prefill {p['prefill_tokens_per_s']:,.0f} tok/s"] if p["role"] != "decode" else []
+        rates += [f"decode {p['decode_tokens_per_s']:,.1f} tok/s per request"] if p["role"] != "prefill" else []
+        print(f"{p['pool']}: {p['replicas_measured']} replica(s), {p['requests']:g} requests: {', '.join(rates)}; "
               f"step time x{p['step_time_factor']:.3f} of the model (95% CI {lo:.3f}-{hi:.3f})")
     print(f"wrote {args.output}")
     return 0

@@ -21,6 +21,7 @@ from fleetwise.deploy.vllm import (
 from fleetwise.errors import SpecError
 from fleetwise.gateway.config import GatewayConfig
 from fleetwise.spec.base import validate
+from fleetwise.spec.plan import PlanSpec
 
 OPTS = DeployOptions()
 
@@ -134,3 +135,21 @@ def test_model_without_hf_repository_asks_for_model_path(fleet, tmp_path):
     with pytest.raises(SpecError, match="names no Hugging Face repository; pass --model-path"):
         serve_argv(pool, OPTS)
     assert serve_argv(pool, DeployOptions(model_path="/models/x"))[2] == "/models/x"
+
+
+@pytest.mark.parametrize(("par", "ok"), [({"tp": 4, "ep": 2}, False), ({"tp": 2, "pp": 2, "ep": 2}, True),
+                                         ({"tp": 2, "pp": 2, "ep": 4}, True), ({"tp": 4, "ep": 4}, True),
+                                         ({"tp": 4, "ep": 1}, True), ({"tp": 2, "pp": 4, "ep": 4}, False)])
+def test_an_expert_parallel_degree_vllm_cannot_run_is_refused(par, ok):
+    """vLLM's --enable-expert-parallel spreads each layer's experts over the TP ranks of its pipeline
+    stage: EP 1, TP or TP x PP (the planner's) run as written; another degree would silently run as EP = TP."""
+    pool = validate(PlanSpec, {"name": "moe", "pools": [{"name": "moe", "replicas": 1, "accelerator": "h100-sxm",
+                                                          "model": "qwen3-30b-a3b", "parallelism": par}]}, "p").pools[0]
+    if ok:
+        assert ("--enable-expert-parallel" in serve_argv(pool, OPTS)) == (par["ep"] > 1)
+        return
+    with pytest.raises(SpecError, match=rf"pool moe: parallelism.ep={par['ep']} is not an expert-parallel degree vLLM "
+                                        rf"runs with tp={par['tp']}, pp={par.get('pp', 1)}: --enable-expert-parallel "
+                                        rf"spreads each layer's experts over the {par['tp']} TP ranks of its stage; "
+                                        rf"use ep={'1 or 4' if par['tp'] == 4 else '1, 2 or 8'}$"):
+        serve_argv(pool, OPTS)

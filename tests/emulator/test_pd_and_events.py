@@ -317,3 +317,22 @@ def test_a_prefill_answer_is_written_inside_the_step_end_before_the_next_step_is
             assert seen[1][1] > 1
 
     run(main())
+
+
+def test_a_hand_off_between_pools_on_different_cards_and_layouts():
+    """Prefill on one B200 and decode on two H200s, fp8 weights: each side takes the other's
+    layout as the pull names it for the KV shards, not by fitting the other's weights on its own card
+    (every request used to fail: a 70B at bf16 does not fit one H200)."""
+    async def go():
+        pre = cfg(role="prefill", port=9121, model="llama-3.1-70b", gpu="b200", weight_dtype="fp8")
+        dec = cfg(role="decode", port=9122, model="llama-3.1-70b", gpu="h200-sxm", tp=2, weight_dtype="fp8")
+        async with serve(pre) as (papp, pc):
+            async with serve(dec, kv_post=asgi_post({"http://127.0.0.1:9121": papp})) as (dapp, dc):
+                r = await pc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1,
+                                                           "kv_transfer_params": {"do_remote_decode": True}})
+                assert r.status_code == 200, r.text
+                d = await dc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8,
+                                                           "kv_transfer_params": r.json()["kv_transfer_params"]})
+                assert d.status_code == 200, d.text
+                assert d.json()["usage"]["completion_tokens"] == 8
+    run(go())

@@ -91,7 +91,7 @@ def test_models_health_version_and_metric_names():
                          "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
                          "vllm:e2e_request_latency_seconds_bucket", "vllm:prompt_tokens_total",
                          "vllm:generation_tokens_total", "vllm:request_success_total",
-                         "fleetwise:step_deadline_overrun_seconds_bucket"):
+                         "fleetwise:step_deadline_overrun_seconds_bucket", "process_start_time_seconds"):
                 assert name in text, name
             assert metric(text, "vllm:generation_tokens_total") == 4
             assert metric(text, "vllm:prompt_tokens_total") == len(encode(PROMPT))

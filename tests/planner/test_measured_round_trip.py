@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from fleetwise.cli.main import main
-from fleetwise.planner.measured import parse_metrics, service_rates
+from fleetwise.planner.measured import service_rates
+from fleetwise.planner.metrics_page import parse_page
 from fleetwise.spec.base import validate
 from fleetwise.spec.workload import WorkloadSpec
 from fleetwise.workload.generate import generate
@@ -167,7 +168,7 @@ def test_service_rates_from_a_metrics_dump(tmp_path):
         'vllm:request_decode_time_seconds_bucket{le="0.5"} 0', 'vllm:request_decode_time_seconds_bucket{le="1.0"} 40',
         'vllm:request_decode_time_seconds_bucket{le="+Inf"} 40', "vllm:request_decode_time_seconds_count 40",
         "vllm:request_decode_time_seconds_sum 25.2", ""])
-    m = parse_metrics(text, "dump.prom")
+    (m,) = parse_page(text, "dump.prom")
     m.span_s = 10.0
     r = service_rates([m])
     assert (r.requests, r.prompt_tokens, r.output_tokens, r.rate_rps) == (40, 512, 64, 4.0)

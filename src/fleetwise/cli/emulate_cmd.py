@@ -61,6 +61,10 @@ def register(subparsers: Any) -> None:
                         "modelled seconds from when they all serve")
     p.add_argument("--tp", type=int_flag(1, 1024), default=1, help="tensor parallel degree of the replica")
     p.add_argument("--pp", type=int_flag(1, 1024), default=1, help="pipeline parallel degree of the replica")
+    p.add_argument("--ep", type=int_flag(1, 1024), default=1,
+                   help="expert parallel degree of an MoE replica, over its TP x PP GPUs (a pool's parallelism.ep)")
+    p.add_argument("--expert-imbalance", type=float_flag(minimum=1.0), default=1.0, metavar="X",
+                   help="with --ep > 1: the busiest rank's routed tokens over the mean (a pool's expert_imbalance)")
     p.add_argument("--role", choices=("mixed", "prefill", "decode"), default="mixed",
                    help="mixed = colocated; prefill/decode = one half of a disaggregated pair "
                         "(vLLM's kv_transfer_params protocol)")
@@ -157,7 +161,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         if getattr(args, name) < (0 if name == "port" else 1):
             raise SpecError(f"--{name}={getattr(args, name)} must be at least {0 if name == 'port' else 1}")
     return validate(EmulatorConfig, dict(
-        model=args.model, gpu=args.gpu, tp=args.tp, pp=args.pp, role=args.role, model_version=args.model_version,
+        model=args.model, gpu=args.gpu, tp=args.tp, pp=args.pp, ep=args.ep, expert_imbalance=args.expert_imbalance,
+        role=args.role, model_version=args.model_version,
         time_scale=args.time_scale, spin=not args.no_spin, seed=args.seed, host=args.host, port=args.port,
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,
         weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,

@@ -10,13 +10,14 @@ wall seconds to the engine's seconds for an emulated fleet. The fit is `fleetwis
 from __future__ import annotations
 
 import argparse
+import http.client
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from fleetwise.cli.common import float_flag, input_file
-from fleetwise.errors import SpecError
+from fleetwise.errors import SpecError, quote
 from fleetwise.spec.limits import MAX_DURATION_S
 from fleetwise.spec.output import check_writable_file, write_json
 
@@ -28,7 +29,7 @@ def add_flags(c: Any) -> None:
     """The `--from-metrics` flags of `fleetwise calibrate`."""
     c.add_argument("--from-metrics", nargs="+", metavar="SOURCE", default=None,
                    help="fit measured service rates instead: one replica's /metrics URL or saved dump(s) per "
-                        "SOURCE ([NAME=]URL|FILE|BEFORE,AFTER), vLLM metric names; needs --plan")
+                        "SOURCE ([NAME=]URL|FILE|BEFORE,AFTER), vLLM or SGLang metric names; needs --plan")
     c.add_argument("--plan", metavar="FLEET", default=None, type=input_file("plan file"), help="with --from-metrics: the fleet document the "
                    "replicas run (`fleetwise plan --fleet-out`)")
     c.add_argument("--interval", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=None, metavar="S",
@@ -43,8 +44,10 @@ def _read(src: str) -> str:
         try:
             with urllib.request.urlopen(src, timeout=10.0) as r:
                 return str(r.read(MAX_METRICS_BYTES).decode("utf-8", "replace"))
-        except OSError as err:
-            raise SpecError(f"--from-metrics {src}: cannot scrape it ({err}); check the URL") from None
+        except (OSError, http.client.HTTPException) as err:  # refused, timed out, HTTP error, not HTTP at all
+            why = f"{type(err).__name__}: {quote(str(err), 80)}" if isinstance(err, http.client.HTTPException) else err
+            raise SpecError(f"--from-metrics {src}: cannot scrape it ({why}); check the URL, or leave a "
+                            "replica that is down out and name the others (NAME=SOURCE)") from None
     path = Path(src)
     if not path.is_file():
         raise SpecError(f"--from-metrics {src}: no such file or URL; give a /metrics URL or a saved dump")
@@ -71,7 +74,7 @@ def _named(args: argparse.Namespace, plan: Any) -> list[tuple[str, str]]:
 
 def collect(args: argparse.Namespace, plan: Any) -> dict[str, list[Any]]:
     """Each pool's replica metrics over the measured span, in engine seconds."""
-    from fleetwise.planner.measured import parse_metrics
+    from fleetwise.planner.metrics_page import growth, parse_page
 
     named = _named(args, plan)
     urls = [(n, s) for n, s in named if s.startswith(("http://", "https://"))]
@@ -79,20 +82,21 @@ def collect(args: argparse.Namespace, plan: Any) -> dict[str, list[Any]]:
     if interval is None:
         raise SpecError("--from-metrics with saved dumps needs --interval S: the seconds the dumps cover")
     span = interval * args.time_scale
-    first = {n: parse_metrics(_read(s), s) for n, s in urls}
+    first = {n: parse_page(_read(s), s) for n, s in urls}
     if urls:
         time.sleep(interval)
     by_pool: dict[str, list[Any]] = {}
     for name, src in named:
         if name in first:
-            m = parse_metrics(_read(src), src).minus(first[name], span)
+            ms = growth(parse_page(_read(src), src), first[name], span)
         elif "," in src:
             a, b = src.split(",", 1)
-            m = parse_metrics(_read(b), b).minus(parse_metrics(_read(a), a), span)
+            ms = growth(parse_page(_read(b), b), parse_page(_read(a), a), span)
         else:
-            m = parse_metrics(_read(src), src)
-            m.span_s = span
-        by_pool.setdefault(name.rpartition("-")[0], []).append(m)
+            ms = parse_page(_read(src), src)
+            for m in ms:
+                m.span_s = span
+        by_pool.setdefault(name.rpartition("-")[0], []).extend(ms)
     return by_pool
 
 
@@ -108,8 +112,9 @@ def run(args: argparse.Namespace) -> int:
     write_json(args.output, doc)
     for p in doc["pools"]:
         lo, hi = p["ci95"]
-        print(f"{p['pool']}: {p['replicas_measured']} replica(s), {p['requests']:g} requests: prefill "
-              f"{p['prefill_tokens_per_s']:,.0f} tok/s, decode {p['decode_tokens_per_s']:,.1f} tok/s per request; "
+        rates = [f"prefill {p['prefill_tokens_per_s']:,.0f} tok/s"] if p["role"] != "decode" else []
+        rates += [f"decode {p['decode_tokens_per_s']:,.1f} tok/s per request"] if p["role"] != "prefill" else []
+        print(f"{p['pool']}: {p['replicas_measured']} replica(s), {p['requests']:g} requests: {', '.join(rates)}; "
               f"step time x{p['step_time_factor']:.3f} of the model (95% CI {lo:.3f}-{hi:.3f})")
     print(f"wrote {args.output}")
     return 0

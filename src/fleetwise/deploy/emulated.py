@@ -16,7 +16,8 @@ def emulate_args(plan: PlanSpec, pool: PoolSpec, host: str, port: int) -> list[s
     """Arguments after `fleetwise emulate` for one replica of `pool` listening on host:port."""
     k = pool.engine
     out = ["--model", pool.model, "--gpu", pool.accelerator, "--tp", str(pool.parallelism.tp),
-           "--pp", str(pool.parallelism.pp), "--role", pool.role, "--model-version", pool.model_version,
+           "--pp", str(pool.parallelism.pp), "--ep", str(pool.parallelism.ep),
+           "--expert-imbalance", repr(pool.expert_imbalance), "--role", pool.role, "--model-version", pool.model_version,
            "--host", host, "--port", str(port), "--weight-dtype", pool.weight_dtype, "--kv-dtype", pool.kv_dtype,
            "--gpu-memory-utilization", repr(pool.gpu_memory_utilization),
            "--max-num-seqs", str(k.max_num_seqs), "--max-num-batched-tokens", str(k.max_num_batched_tokens),

@@ -87,6 +87,11 @@ def serve_argv(pool: PoolSpec, opts: DeployOptions, port: int = ENGINE_PORT) -> 
     if pool.weight_dtype in WEIGHT_QUANTIZATION:
         argv += ["--quantization", WEIGHT_QUANTIZATION[pool.weight_dtype]]
     if par.ep > 1:
+        runs = sorted({1, par.tp, par.tp * par.pp})
+        if par.ep not in runs:
+            raise SpecError(f"pool {pool.name}: parallelism.ep={par.ep} is not an expert-parallel degree vLLM runs with "
+                            f"tp={par.tp}, pp={par.pp}: --enable-expert-parallel spreads each layer's experts over the "
+                            f"{par.tp} TP ranks of its stage; use ep={', '.join(map(str, runs[:-1]))} or {runs[-1]}")
         argv.append("--enable-expert-parallel")
     if resolve_gpu(pool.accelerator).gpus_per_node < par.gpus:
         argv += ["--distributed-executor-backend", "ray"]  # a replica over several nodes

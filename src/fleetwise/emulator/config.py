@@ -37,6 +37,10 @@ class EmulatorConfig(Spec):
     gpu: str
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+    """Expert parallel degree of an MoE model (over the TP x PP GPUs), as the pool's `parallelism.ep`."""
+    expert_imbalance: float = Field(default=1.0, ge=1)
+    """MoE with ep > 1: the busiest rank's routed tokens over the mean, as the pool's `expert_imbalance`."""
     role: Literal["mixed", "prefill", "decode"] = "mixed"
     model_version: str = "v1"
     time_scale: float = 1.0
@@ -117,7 +121,8 @@ class EmulatorConfig(Spec):
                 engine[k] = getattr(self, k)
         return validate(PoolSpec, {
             "name": "emulated", "role": self.role, "replicas": 1, "accelerator": self.gpu, "model": self.model,
-            "parallelism": {"tp": self.tp, "pp": self.pp}, "weight_dtype": self.weight_dtype,
+            "parallelism": {"tp": self.tp, "pp": self.pp, "ep": self.ep}, "expert_imbalance": self.expert_imbalance,
+            "weight_dtype": self.weight_dtype,
             "kv_dtype": self.kv_dtype, "engine": engine, "model_version": self.model_version,
             "gpu_memory_utilization": self.gpu_memory_utilization,
         }, "emulator options")

@@ -17,15 +17,14 @@ from fleetwise.emulator.metrics import ReplicaMetrics
 from fleetwise.emulator.running import Lease, Live
 from fleetwise.engine.clock import ORDER_ARRIVAL
 from fleetwise.engine.driver import DOWN, EngineDriver
-from fleetwise.engine.pools import build_pool
 from fleetwise.engine.scheduler import Engine
 from fleetwise.errors import SpecError
 from fleetwise.live import AsyncioClock
 from fleetwise.perf.kv import kv_shards, kv_transfer_bytes
 from fleetwise.perf.roofline import PerfModel
-from fleetwise.perf.types import Deployment
+from fleetwise.perf.types import Deployment, pool_deployment
 from fleetwise.spec.kv_format import KvFormat
-from fleetwise.spec.plan import PoolSpec
+from fleetwise.spec.plan import PoolSpec, resolve_pool
 
 __all__ = ["MAX_DST_KINDS", "KvLeases", "LeaseHost"]
 
@@ -158,7 +157,9 @@ class KvLeases:
         self.r.kick()
 
     def dst_deployment(self, dst: dict[str, Any]) -> Deployment:
-        """The decode side's deployment named in a pull (memoised: a fleet has few kinds)."""
+        """The decode side's deployment named in a pull, for its KV shards (memoised: a fleet has few
+        kinds): model, card and layout as named, not fitted here (the other side's weights and
+        memory share are its own: it serves, so they fit)."""
         key = json.dumps(dst, sort_keys=True)
         dep = self._dst_cache.get(key)
         if dep is None:
@@ -169,11 +170,13 @@ class KvLeases:
                 "model": dst.get("model", self.r.cfg.model),
                 "parallelism": {"tp": dst.get("tp", 1), "pp": dst.get("pp", 1)},
                 "kv_dtype": dst.get("kv_dtype", self.r.cfg.kv_dtype)})
-            dep = self._dst_cache[key] = build_pool(pool, self.r.perf_model, "KV pull dst").deployment
+            model, gpu = resolve_pool(pool, "KV pull dst")
+            dep = self._dst_cache[key] = pool_deployment(model, gpu, pool)
         return dep
 
     def src_deployment(self, ktp: dict[str, Any]) -> Deployment:
-        """The prefill side's deployment as its kv_transfer_params name it (same model and card)."""
+        """The prefill side's deployment as its kv_transfer_params name it (its TP and PP; the KV
+        shards depend on nothing else, so this replica's model and card stand in for the rest)."""
         tp, pp = ktp.get("tp_size", 1), ktp.get("pp_size", 1)
         return self.dst_deployment({"model": self.r.cfg.model, "accelerator": self.r.cfg.gpu, "tp": tp, "pp": pp,
                                      "kv_dtype": self.r.cfg.kv_dtype})

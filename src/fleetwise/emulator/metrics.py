@@ -13,6 +13,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -61,6 +62,7 @@ class ReplicaMetrics:
 
     def __init__(self, model_name: str, max_model_len: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)  # process_*, as vLLM's default registry has: a restart shows
         self._labels = (model_name, "0")
         self._engine_metrics()
         self._request_metrics(build_1_2_5_buckets(max_model_len))

@@ -70,35 +70,43 @@ class StepPricer(Protocol):
 
 
 class MeasuredPerf:
-    """A bound perf model whose every step takes `factor` times the modelled seconds: a card's
+    """A bound perf model whose steps take a measured factor times the modelled seconds: a card's
     measured service (`measured_service[].step_time_factor`, from `calibrate --from-metrics`),
-    applied as the simulator applies it to a pool (`PoolSpec.step_time_factor`)."""
+    applied as the simulator applies it to a pool (`PoolSpec.step_time_factor`): `factor` on steps
+    with prompt tokens, `decode_factor` (default `factor`) on decode-only ones, where a P/D fleet's
+    prefill and decode pools on the card were measured apart."""
 
-    def __init__(self, perf: BoundPerf, factor: float) -> None:
+    def __init__(self, perf: BoundPerf, factor: float, decode_factor: float | None = None) -> None:
         self.perf, self.factor = perf, factor
+        self.decode_factor = factor if decode_factor is None else decode_factor
 
     @property
     def deployment(self) -> Deployment:
         """The deployment the model is bound to."""
         return self.perf.deployment
 
+    def _factor(self, shape: BatchShape) -> float:
+        return self.factor if shape.prefill_tokens > 0 else self.decode_factor
+
     def step_time_s(self, shape: BatchShape) -> float:
         """Seconds of one step of `shape`, measured factor applied."""
-        return self.perf.step_time_s(shape) * self.factor
+        return self.perf.step_time_s(shape) * self._factor(shape)
 
     def step_cost(self, shape: BatchShape) -> StepCost:
         """The step's cost with every part scaled by the measured factor (what bounds it unchanged)."""
-        c = self.perf.step_cost(shape)
-        return replace(c, **{f.name: getattr(c, f.name) * self.factor for f in fields(c) if f.name != "bound"})
+        c, f = self.perf.step_cost(shape), self._factor(shape)
+        return replace(c, **{x.name: getattr(c, x.name) * f for x in fields(c) if x.name != "bound"})
 
 
 def priced(search: Search, dep: Deployment, accelerator: str) -> StepPricer:
-    """The perf model bound to `dep`, scaled by the measured step-time factor of `accelerator` (the
-    layout's card, as the spec names it) when the spec gives one, as `simulate.to_plan_spec` scales
-    the simulated pools: floors, capacities and pruning see the speed the simulator runs at."""
+    """The perf model bound to `dep`, scaled by the measured step-time factors of `accelerator` (the
+    layout's card, as the spec names it) when the spec gives them, as `simulate.to_plan_spec` scales
+    the simulated pools: floors, capacities and pruning see the speed the simulator runs at (prompt
+    steps at the prefill pools' factor, decode-only steps at the decode pools', where measured apart)."""
     bound = search.perf.bind(dep)
-    factor = search.spec.step_time_factor(accelerator)
-    return bound if factor == 1.0 else MeasuredPerf(bound, factor)
+    spec = search.spec
+    prefill, decode = spec.step_time_factor(accelerator, "prefill"), spec.step_time_factor(accelerator, "decode")
+    return bound if prefill == decode == 1.0 else MeasuredPerf(bound, prefill, decode)
 
 
 def prefill_alone_s(perf: StepPricer, prompt_tokens: int, budget: int = TOKEN_BUDGET) -> tuple[float, str]:

@@ -1,10 +1,10 @@
 """Service rates measured on a running fleet, fitted against the model, and where a plan's numbers come from.
 
-Owns reading Prometheus text-format metrics with vLLM's names (what `fleetwise emulate` and vLLM
-serve), the per-replica effective service rates they give (prefill tokens per second of prefill
-time, decode tokens per second of decode time), fitting each pool's step-time factor against the
-perf model (the same replica simulated at the measured load: measured over modelled, iterated
-once at the fitted factor so batching follows the slower steps) with a 95% interval, the
+Owns the effective service rates a pool's replica metrics give (`metrics_page` reads them, any
+registered engine's names; per finished request: prefill tokens per second of prefill time,
+decode tokens per second of decode time), fitting each pool's step-time factor against the
+perf model (each pool simulated at the load it was measured under, at its own factor: the factor
+at which measured over modelled is 1, so batching follows the slower steps) with a 95% interval, the
 `fleetwise-measured/1` document `calibrate --from-metrics` writes and `plan --measured` reads,
 and the provenance lines of a ranked plan (which numbers are measured, which modelled, which
 routing policy every simulation used).
@@ -13,11 +13,12 @@ routing policy every simulation used).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetwise.errors import SpecError, quote
+from fleetwise.planner.metrics_page import Histo, ReplicaMetrics
 from fleetwise.planner.simulate import simulated_policy
 from fleetwise.spec.inputs import finite
 from fleetwise.spec.limits import MAX_FACTOR
@@ -28,122 +29,23 @@ if TYPE_CHECKING:
     from fleetwise.spec.plan import PlanSpec
 
 MEASURED_SCHEMA = "fleetwise-measured/1"
-COUNTERS = {"requests": "vllm:request_success", "prompt_tokens": "vllm:prompt_tokens",
-            "generation_tokens": "vllm:generation_tokens", "prefix_hits": "vllm:prefix_cache_hits",
-            "prefix_queries": "vllm:prefix_cache_queries"}
-"""vLLM counter names (vllm/v1/metrics/loggers.py; the emulator serves the same) -> field."""
-HISTOGRAMS = {"prefill": "vllm:request_prefill_time_seconds", "decode": "vllm:request_decode_time_seconds",
-              "queue": "vllm:request_queue_time_seconds", "ttft": "vllm:time_to_first_token_seconds",
-              "tpot": "vllm:request_time_per_output_token_seconds", "itl": "vllm:inter_token_latency_seconds",
-              "e2e": "vllm:e2e_request_latency_seconds"}
-"""vLLM histogram names -> field; the fit uses prefill and decode time (queueing excluded)."""
 Z95 = 1.959963984540054
 """Two-sided 95% quantile of the standard normal (scipy.stats.norm.ppf(0.975))."""
 MIN_REQUESTS = 20
 """Fewest completed requests of a pool before a factor is fitted from it."""
 FIT_REQUESTS = 1500
 """Requests of the simulation that models a measured replica (its noise stays well under 1%)."""
-
-
-@dataclass
-class Histo:
-    """One histogram's count, sum and cumulative buckets (upper bound -> count), summed over series."""
-
-    count: float = 0.0
-    total: float = 0.0
-    buckets: dict[float, float] = field(default_factory=dict)
-
-    def __add__(self, other: Histo) -> Histo:
-        keys = set(self.buckets) | set(other.buckets)
-        return Histo(self.count + other.count, self.total + other.total,
-                     {le: self.buckets.get(le, 0.0) + other.buckets.get(le, 0.0) for le in keys})
-
-    def minus(self, other: Histo) -> Histo:
-        """This histogram's growth since `other` (an earlier scrape)."""
-        return Histo(self.count - other.count, self.total - other.total,
-                     {le: n - other.buckets.get(le, 0.0) for le, n in self.buckets.items()})
-
-
-@dataclass
-class ReplicaMetrics:
-    """What one replica's metrics say over the measured span (counters and histograms summed over labels)."""
-
-    source: str
-    counters: dict[str, float] = field(default_factory=dict)
-    histograms: dict[str, Histo] = field(default_factory=dict)
-    span_s: float | None = None
-    """Seconds between the two scrapes whose difference this is (None: totals since start)."""
-
-    def minus(self, earlier: ReplicaMetrics, span_s: float) -> ReplicaMetrics:
-        """The growth since an `earlier` scrape of the same replica, `span_s` seconds before;
-        SpecError naming a counter that fell (the replica restarted in between)."""
-        pairs = [(COUNTERS[k] + "_total", earlier.counters.get(k, 0.0), v) for k, v in self.counters.items()]
-        for k, h in self.histograms.items():
-            e = earlier.histograms.get(k, Histo())
-            pairs += [(HISTOGRAMS[k] + "_count", e.count, h.count), (HISTOGRAMS[k] + "_sum", e.total, h.total)]
-        for name, a, b in pairs:
-            if b < a:
-                raise SpecError(f"{self.source}: {name} fell from {a:g} to {b:g} between the two scrapes (the replica "
-                                "restarted?); measure again over a span without a restart")
-        return ReplicaMetrics(self.source, {k: v - earlier.counters.get(k, 0.0) for k, v in self.counters.items()},
-                              {k: h.minus(earlier.histograms.get(k, Histo())) for k, h in self.histograms.items()},
-                              span_s)
-
-    def counter(self, name: str) -> float:
-        """A counter's value (0 when the replica does not export it)."""
-        return self.counters.get(name, 0.0)
-
-    def histo(self, name: str) -> Histo:
-        """A histogram (empty when absent)."""
-        return self.histograms.get(name, Histo())
-
-
-def parse_metrics(text: str, source: str) -> ReplicaMetrics:
-    """A replica's vLLM metrics from Prometheus text format; SpecError naming the source when none is there."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = ReplicaMetrics(source)
-    by_counter = {v: k for k, v in COUNTERS.items()}
-    by_histo = {v: k for k, v in HISTOGRAMS.items()}
-    try:
-        families = list(text_string_to_metric_families(text))
-    except ValueError as err:
-        first = (str(err).splitlines() or [""])[0][:80]
-        raise SpecError(f"{source}: not Prometheus text format ({first}); give a /metrics URL or a saved dump") from None
-    for fam in families:
-        counter = by_counter.get(fam.name) or by_counter.get(fam.name.removesuffix("_total"))
-        if counter is not None or fam.name in by_histo:
-            _check_values(fam.samples, source)
-        if counter is not None:  # `# TYPE x counter` or `# TYPE x_total counter`: the samples are x_total
-            total = sum(s.value for s in fam.samples if s.name.endswith("_total"))
-            out.counters[counter] = out.counters.get(counter, 0.0) + total
-        if fam.name in by_histo:
-            h = out.histograms.setdefault(by_histo[fam.name], Histo())
-            for s in fam.samples:
-                if s.name.endswith("_count"):
-                    h.count += s.value
-                elif s.name.endswith("_sum"):
-                    h.total += s.value
-                elif s.name.endswith("_bucket"):
-                    le = float(s.labels["le"])
-                    h.buckets[le] = h.buckets.get(le, 0.0) + s.value
-    if "requests" not in out.counters or "prefill" not in out.histograms:
-        raise SpecError(f"{source}: no vLLM request metrics (vllm:request_success, vllm:request_prefill_time_seconds);"
-                        " point at a vLLM or `fleetwise emulate` /metrics")
-    return out
-
-
-def _check_values(samples: Iterable[Any], source: str) -> None:
-    """SpecError naming the first sample of a counter or histogram that is not a finite count >= 0."""
-    for x in samples:
-        if not (math.isfinite(x.value) and x.value >= 0):
-            raise SpecError(f"{source}: {x.name} is {x.value:g}; counters and histograms are finite and never "
-                            "negative: check the metrics come from a vLLM or `fleetwise emulate` replica")
+CV_BATCHES = 10
+"""Consecutive batches of a simulated pool's requests whose means give its service-time spread."""
+FIT_TOLERANCE = 0.005
+"""Measured over modelled service within this of 1 ends the fit (half the simulation's noise floor)."""
+FIT_STEPS = 6
+"""Most simulations per fit (two at least: one at the model's speed, one at the first estimate)."""
 
 
 @dataclass(frozen=True)
 class ServiceRates:
-    """One pool's effective service rates: means per request, with their relative standard errors."""
+    """One pool's effective service rates: means per finished request, and the load per replica."""
 
     requests: float
     prompt_tokens: float
@@ -155,7 +57,9 @@ class ServiceRates:
     decode_s_per_token: float
     """Mean decode time per generated token after the first."""
     rate_rps: float | None
-    """Requests per second per replica over the span (None when the span is unknown)."""
+    """Requests per second per replica over the span (None when the span is unknown): those that
+    reached their first token in it where the time-to-first-token histogram says, since a span
+    that starts or ends on a change of load sees finishes lag arrivals by a whole request."""
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -169,28 +73,80 @@ class ServiceRates:
 
 
 def service_rates(replicas: Iterable[ReplicaMetrics], role: str = "mixed") -> ServiceRates:
-    """The pooled service rates of replicas of one pool of `role`; SpecError when the prefill
-    (not a decode pool) or decode time (not a prefill pool) the fit reads is missing or zero."""
+    """The pooled service rates of replicas of one pool of `role`, per finished request; SpecError
+    naming the metric when the prompt length, the prefill time (not a decode pool) or the output
+    length and decode time (not a prefill pool) the fit reads is missing or zero."""
     reps = list(replicas)
     n = sum(r.counter("requests") for r in reps)
-    if n < MIN_REQUESTS:
-        raise SpecError(f"{', '.join(r.source for r in reps)}: {n:g} completed request(s); at least {MIN_REQUESTS} "
-                        "are needed to fit a service rate (scrape over a longer interval or under load)")
-    pre = sum((r.histo("prefill") for r in reps), Histo())
-    dec = sum((r.histo("decode") for r in reps), Histo())
-    gen = sum(r.counter("generation_tokens") for r in reps)
-    spans = [r.span_s for r in reps]
-    rate = None if any(s is None for s in spans) else n / sum(s for s in spans if s is not None)
     where = ", ".join(r.source for r in reps)
-    if role != "decode" and not (pre.count > 0 and pre.total > 0):
-        raise SpecError(f"{where}: {HISTOGRAMS['prefill']} records {pre.total:g} s over {pre.count:g} requests; a "
-                        f"{role} pool's fit needs its prefill time: check the metrics come from this fleet's replicas")
-    if role != "prefill" and not (gen > n and dec.total > 0):
-        raise SpecError(f"{where}: {HISTOGRAMS['decode']} records {dec.total:g} s over {max(gen - n, 0):,g} decode "
-                        f"tokens; a {role} pool's fit needs its decode time: check the metrics come from this fleet's "
-                        "replicas")
-    return ServiceRates(n, sum(r.counter("prompt_tokens") for r in reps) / n, gen / n, pre.total / max(pre.count, 1),
-                        dec.total / max(gen - n, 1.0), rate)
+    if n < MIN_REQUESTS:
+        raise SpecError(f"{where}: {n:g} completed request(s); at least {MIN_REQUESTS} "
+                        "are needed to fit a service rate (scrape over a longer interval or under load)")
+    page = _Pooled(reps, role, where, n)
+    prompt = page.length("prompt", "prompt_tokens", "the prompt length")
+    output = page.length("output", "generation_tokens", "the output length") if role != "prefill" else 1.0
+    prefill = page.time((("prefill",), ("ttft", "queue")), "the prefill time") if role != "decode" else 0.0
+    decode = 0.0
+    if role != "prefill":
+        decode = page.time((("decode",), ("e2e", "ttft")), "the decode time", per_token=output - 1)
+    spans = [r.span_s for r in reps]
+    ttft = sum((r.histo("ttft") for r in reps), Histo())
+    started = ttft.count if ttft.count > 0 else n  # first tokens lag arrivals less than finishes do
+    rate = None if any(s is None for s in spans) else started / sum(s for s in spans if s is not None)
+    return ServiceRates(n, prompt, output, prefill, decode, rate)
+
+
+class _Pooled:
+    """The pooled fields of one pool's replicas, read the way `service_rates` needs them."""
+
+    def __init__(self, reps: list[ReplicaMetrics], role: str, where: str, requests: float) -> None:
+        busy = [r for r in reps if r.counter("requests") > 0]  # an idle replica adds nothing, not a missing metric
+        self.names, self.role, self.where, self.n = busy[0].names, role, where, requests
+        self.counters = {k: sum(r.counter(k) for r in busy) for k in self.names.counters
+                         if all(k in r.counters for r in busy)}
+        self.histograms = {k: sum((r.histo(k) for r in busy), Histo()) for k in self.names.histograms
+                           if any(k in r.histograms for r in busy)}
+
+    def _fix(self) -> str:
+        return f"a {self.role} pool's fit needs it: scrape or save the whole /metrics page of {self.names.hint}"
+
+    def length(self, histogram: str, counter: str, what: str) -> float:
+        """Mean tokens per finished request: its per-request histogram where the page has one
+        (counters also count the tokens of requests still running), else counter / requests."""
+        mean = self.histograms[histogram].mean if histogram in self.histograms else None
+        if mean is not None:
+            return mean
+        if counter in self.counters:
+            return self.counters[counter] / self.n
+        names = [self.names.histograms[histogram]] if histogram in self.names.histograms else []
+        names.append(self.names.counters[counter] + "_total")
+        raise SpecError(f"{self.where}: no {' or '.join(names)} ({what}); {self._fix()}")
+
+    def time(self, ways: tuple[tuple[str, ...], ...], what: str, per_token: float | None = None) -> float:
+        """Mean seconds per request (per token after the first with `per_token` tokens) of the first
+        way of reading it the page has all fields of: one histogram, or the first less the second."""
+        ways = tuple(w for w in ways if all(k in self.names.histograms for k in w))
+        if not ways:
+            raise SpecError(f"{self.where}: {self.names.engine}'s metric names give no {what}; a {self.role} pool "
+                            f"cannot be fitted from them")
+        way = next((w for w in ways if all(k in self.histograms for k in w)), None)
+        if way is None:
+            w = ways[0]
+            have = [self.names.histograms[k] for k in w if k in self.histograms]
+            missing = ", ".join(self.names.histograms[k] for k in w if k not in self.histograms)
+            raise SpecError(f"{self.where}: no {missing} ({'with ' + ', '.join(have) + ': ' if have else ''}{what}); "
+                            f"{self._fix()}")
+        hs = [self.histograms[k] for k in way]
+        mean = (hs[0].mean or 0.0) - sum(h.mean or 0.0 for h in hs[1:])
+        tokens = 1.0 if per_token is None else per_token
+        if mean > 0 and tokens > 0 and all(h.count > 0 for h in hs):
+            return mean / tokens
+        got = " less ".join(f"{self.names.histograms[k]} {h.total:g} s over {h.count:g}" for k, h in zip(way, hs, strict=True))
+        over = f"{hs[0].count:g} requests" if per_token is None else f"{max(tokens, 0) * hs[0].count:,g} decode tokens"
+        if len(way) == 1:
+            got = f"{self.names.histograms[way[0]]} records {hs[0].total:g} s over {over}"
+        raise SpecError(f"{self.where}: {got}; a {self.role} pool's fit needs {what}: check the metrics come from "
+                        "this fleet's replicas")
 
 
 @dataclass(frozen=True)
@@ -205,87 +161,165 @@ class Modelled:
 
 
 def _cv(x: Any) -> float:
-    return float(x.std(ddof=1) / x.mean()) if x.size > 1 and x.mean() > 0 else 0.0
+    """Per-request coefficient of variation of service times in arrival order, carrying the
+    correlation a shared load gives neighbours (batch means: the spread of CV_BATCHES consecutive
+    batches' means, scaled to one request), at least the plain per-request one."""
+    import numpy as np
+
+    if x.size < 2 or x.mean() <= 0:
+        return 0.0
+    plain = float(x.std(ddof=1) / x.mean())
+    if x.size < 4 * CV_BATCHES:
+        return plain
+    means = np.array([b.mean() for b in np.array_split(x, CV_BATCHES)])
+    return max(plain, float(math.sqrt(x.size / CV_BATCHES) * means.std(ddof=1) / x.mean()))
 
 
-def modelled_service(plan: PlanSpec, pool_name: str, rates: ServiceRates, factor: float, seed: int) -> Modelled:
-    """`pool_name`'s service when the fleet is simulated at the measured per-replica rate and mean
-    lengths with step times x `factor`."""
+def _lengths(plan: PlanSpec, rates: Mapping[str, ServiceRates]) -> tuple[int, int]:
+    """Mean (prompt, output) tokens of the measured requests: prompts as the pools that prefill
+    them saw, outputs as the pools that decode them did (all pools where none of that role was measured)."""
+    role = {p.name: p.role for p in plan.pools}
+
+    def mean(attr: str, skip: str) -> float:
+        rs = [r for n, r in rates.items() if role[n] != skip] or list(rates.values())
+        return sum(getattr(r, attr) * r.requests for r in rs) / sum(r.requests for r in rs)
+
+    return max(1, round(mean("prompt_tokens", "decode"))), max(2, round(mean("output_tokens", "prefill")))
+
+
+def _fleet_rate(plan: PlanSpec, rates: Mapping[str, ServiceRates]) -> float:
+    """Requests per second the measured P/D fleet served: over the prefill pools (the decode pools
+    where no prefill pool was measured), a pool not measured taken at the measured pools' mean per replica."""
+    measured = [p for p in plan.pools if p.name in rates]
+    role = "prefill" if any(p.role == "prefill" for p in measured) else measured[0].role
+    pools = [p for p in plan.pools if p.role == role]
+    seen = [p for p in pools if p.name in rates]
+    per_replica = sum((rates[p.name].rate_rps or 1.0) * p.replicas for p in seen) / sum(p.replicas for p in seen)
+    return sum((rates[p.name].rate_rps or 1.0) * p.replicas if p.name in rates else per_replica * p.replicas
+               for p in pools)
+
+
+def modelled_service(plan: PlanSpec, rates: Mapping[str, ServiceRates], factors: Mapping[str, float],
+                     seed: int) -> dict[str, Modelled]:
+    """Each measured pool's modelled service at the load it was measured under, its step times x
+    its own factor (pools not measured: x1): a colocated pool simulated alone at its measured rate
+    per replica (the share the router gave it), prefill/decode pools together at the fleet's rate."""
+    pools = [p.model_copy(update={"step_time_factor": factors.get(p.name, 1.0)}) for p in plan.pools]
+    if plan.disaggregated:
+        sim_plan = plan.model_copy(update={"pools": pools})
+        return _simulated(sim_plan, _fleet_rate(plan, rates), _lengths(plan, rates), seed)
+    out: dict[str, Modelled] = {}
+    for pool in pools:
+        if pool.name in rates:
+            r = rates[pool.name]
+            alone = plan.model_copy(update={"pools": [pool]})
+            out.update(_simulated(alone, (r.rate_rps or 1.0) * pool.replicas, _lengths(plan, {pool.name: r}), seed))
+    return out
+
+
+def _simulated(plan: PlanSpec, rate_rps: float, lengths: tuple[int, int], seed: int) -> dict[str, Modelled]:
+    """Every pool's modelled service when `plan` serves Poisson arrivals at `rate_rps` of fixed `lengths`."""
     import numpy as np
 
     from fleetwise.core.request import Request
     from fleetwise.sim.runner import SimOptions, simulate
 
-    pools = [p.model_copy(update={"step_time_factor": factor}) for p in plan.pools]
-    sim_plan = plan.model_copy(update={"pools": pools})
-    pool = next(p for p in plan.pools if p.name == pool_name)
-    rate = (rates.rate_rps or 1.0) * pool.replicas
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, FIT_REQUESTS)
-    prompt, output = max(1, round(rates.prompt_tokens)), max(2, round(rates.output_tokens))
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate_rps, FIT_REQUESTS)
+    prompt, output = lengths
     reqs = [Request(f"fit-{i}", float(t), prompt, output) for i, t in enumerate(np.cumsum(gaps))]
-    rec = simulate(sim_plan, reqs, options=SimOptions(seed=seed)).records
-    names = [f"{p.name}-{i}" for p in plan.pools for i in range(p.replicas)]
-    ours = np.array([names[w].rpartition("-")[0] == pool_name if w >= 0 else False for w in rec.column("worker")])
-    mine_p = np.array([names[w].rpartition("-")[0] == pool_name if w >= 0 else False
-                       for w in rec.column("prefill_worker")]) if plan.disaggregated else ours
+    rec = simulate(plan, reqs, options=SimOptions(seed=seed)).records
+    pool_of = np.array([p.name for p in plan.pools for _ in range(p.replicas)] + [""])  # worker -1: none
+    decoded_by = pool_of[rec.column("worker")]
+    prefilled_by = pool_of[rec.column("prefill_worker")] if plan.disaggregated else decoded_by
     start, first, end = rec.column("prefill_start_s"), rec.column("first_token_s"), rec.column("finish_s")
     prefill_end = rec.column("prefill_end_s") if plan.disaggregated else first
-    ok_p = mine_p & np.isfinite(start) & np.isfinite(prefill_end)
-    ok_d = ours & np.isfinite(first) & np.isfinite(end)
-    tokens = np.full(len(reqs), output)
-    pre = prefill_end[ok_p] - start[ok_p]
-    dec = (end[ok_d] - first[ok_d]) / np.maximum(tokens[ok_d] - 1, 1)
-    return Modelled(float(pre.mean()) if pre.size else 0.0, float(dec.mean()) if dec.size else 0.0,
-                    _cv(pre), _cv(dec), int(max(pre.size, dec.size)))
+    out = {}
+    for pool in plan.pools:
+        ok_p = (prefilled_by == pool.name) & np.isfinite(start) & np.isfinite(prefill_end)
+        ok_d = (decoded_by == pool.name) & np.isfinite(first) & np.isfinite(end)
+        pre = prefill_end[ok_p] - start[ok_p]
+        dec = (end[ok_d] - first[ok_d]) / (output - 1)
+        out[pool.name] = Modelled(float(pre.mean()) if pre.size else 0.0, float(dec.mean()) if dec.size else 0.0,
+                                  _cv(pre), _cv(dec), int(max(pre.size, dec.size)))
+    return out
 
 
-def fit_factor(plan: PlanSpec, pool_name: str, rates: ServiceRates, seed: int = 0) -> tuple[float, float, float]:
-    """(step-time factor, 95% low, 95% high) of a pool: measured over modelled prefill and decode
-    time (weighted by their share of a request's service), refined once at the first estimate.
-    The interval takes the per-request spread the model predicts at that load (histogram buckets
-    are too coarse to give it) over the measured and the simulated request counts."""
-    role = next(p.role for p in plan.pools if p.name == pool_name)
-
-    def ratio(factor: float) -> tuple[float, float]:
-        m = modelled_service(plan, pool_name, rates, factor, seed)
+def _ratios(plan: PlanSpec, rates: Mapping[str, ServiceRates], factors: Mapping[str, float],
+            seed: int) -> dict[str, tuple[float, float]]:
+    """Per measured pool: (measured over modelled service at `factors`, its relative standard error)."""
+    modelled = modelled_service(plan, rates, factors, seed)
+    out = {}
+    for pool in plan.pools:
+        if pool.name not in rates:
+            continue
+        r, m = rates[pool.name], modelled[pool.name]
         parts = []  # (measured / modelled, weight, per-request cv)
-        if role != "decode" and m.prefill_s > 0:
-            parts.append((rates.prefill_s / m.prefill_s, rates.prefill_s, m.prefill_cv))
-        if role != "prefill" and m.decode_s_per_token > 0:
-            parts.append((rates.decode_s_per_token / m.decode_s_per_token,
-                          rates.decode_s_per_token * rates.output_tokens, m.decode_cv))
+        if pool.role != "decode" and m.prefill_s > 0:
+            parts.append((r.prefill_s / m.prefill_s, r.prefill_s, m.prefill_cv))
+        if pool.role != "prefill" and m.decode_s_per_token > 0:
+            parts.append((r.decode_s_per_token / m.decode_s_per_token, r.decode_s_per_token * r.output_tokens,
+                          m.decode_cv))
         if not parts:
-            raise SpecError(f"pool {pool_name}: the model served no request of it at the measured load; "
+            raise SpecError(f"pool {pool.name}: the model served no request of it at the measured load; "
                             "check that the metrics belong to this fleet")
         weight = sum(w for _, w, _ in parts)
         cv = math.sqrt(sum((w / weight * c) ** 2 for _, w, c in parts))
-        rel_se = cv * math.sqrt(1 / rates.requests + 1 / max(m.requests, 1))
-        return sum(r * w for r, w, _ in parts) / weight, rel_se
+        out[pool.name] = (sum(x * w for x, w, _ in parts) / weight,
+                          cv * math.sqrt(1 / r.requests + 1 / max(m.requests, 1)))
+    return out
 
-    first, _ = ratio(1.0)
-    again, rel_se = ratio(first)
-    factor = first * again
-    half = Z95 * rel_se * factor
-    return factor, max(0.0, factor - half), factor + half
+
+def fit_factors(plan: PlanSpec, rates: Mapping[str, ServiceRates], seed: int = 0) -> dict[str, tuple[float, float, float]]:
+    """Per measured pool: (step-time factor, 95% low, 95% high): the factor at which the modelled
+    prefill and decode time (weighted by their share of a request's service) meet the measured
+    ones, every pool at its own estimate. Slower steps grow the batch, so the modelled time grows
+    faster than the factor near saturation: Newton steps on log(measured / modelled) over log
+    factor, the slope from the last two simulations (-1 at first), until within FIT_TOLERANCE or
+    FIT_STEPS simulations. The interval takes the per-request spread the model predicts at that
+    load (histogram buckets are too coarse to give it) over the measured and simulated counts."""
+    factors = {name: 1.0 for name in rates}
+    seen: dict[str, tuple[float, float]] = {}  # pool -> (log factor, log ratio) of the simulation before
+    for step in range(FIT_STEPS):
+        ratios = _ratios(plan, rates, factors, seed)
+        nxt = {}
+        for name, (ratio, _) in ratios.items():
+            lf, lr = math.log(factors[name]), math.log(ratio)
+            slope = -1.0
+            if name in seen and lf != seen[name][0]:
+                slope = min(-0.2, max(-5.0, (lr - seen[name][1]) / (lf - seen[name][0])))
+            seen[name] = (lf, lr)
+            nxt[name] = math.exp(lf - lr / slope)
+        done = all(abs(r - 1) <= FIT_TOLERANCE for r, _ in ratios.values())
+        factors = nxt
+        if done and step > 0:
+            break
+    out = {}
+    for name, (_, rel_se) in ratios.items():
+        factor = factors[name]
+        half = Z95 * rel_se * factor
+        out[name] = (factor, max(0.0, factor - half), factor + half)
+    return out
 
 
 def fit_document(plan: PlanSpec, by_pool: dict[str, list[ReplicaMetrics]], seed: int = 0) -> dict[str, Any]:
     """The `fleetwise-measured/1` document: per measured pool its service rates, the modelled
     ones and the fitted step-time factor with its 95% interval."""
+    role = {p.name: p for p in plan.pools}
+    rates = {name: service_rates(reps, role[name].role) for name, reps in by_pool.items()}
+    fits = fit_factors(plan, rates, seed)
     pools = []
     for name, reps in by_pool.items():
-        pool = next(p for p in plan.pools if p.name == name)
-        rates = service_rates(reps, pool.role)
-        factor, lo, hi = fit_factor(plan, name, rates, seed)
+        pool, r = role[name], rates[name]
+        factor, lo, hi = fits[name]
         pools.append({"pool": name, "role": pool.role, "accelerator": pool.accelerator, "model": pool.model,
-                      "replicas_measured": len(reps), "requests": rates.requests,
-                      "rate_rps_per_replica": None if rates.rate_rps is None else round(rates.rate_rps, 6),
-                      "prompt_tokens_mean": round(rates.prompt_tokens, 3),
-                      "output_tokens_mean": round(rates.output_tokens, 3),
-                      "prefill_tokens_per_s": round(rates.prefill_tokens_per_s, 3),
-                      "decode_tokens_per_s": round(rates.decode_tokens_per_s, 3),
+                      "replicas_measured": len(reps), "requests": r.requests,
+                      "rate_rps_per_replica": None if r.rate_rps is None else round(r.rate_rps, 6),
+                      "prompt_tokens_mean": round(r.prompt_tokens, 3),
+                      "output_tokens_mean": round(r.output_tokens, 3),
+                      "prefill_tokens_per_s": round(r.prefill_tokens_per_s, 3),
+                      "decode_tokens_per_s": round(r.decode_tokens_per_s, 3),
                       "step_time_factor": round(factor, 4), "ci95": [round(lo, 4), round(hi, 4)],
-                      "sources": [r.source for r in reps]})
+                      "sources": [m.source for m in reps]})
     return {"schema": MEASURED_SCHEMA, "fleet": plan.name, "pools": pools}
 
 
@@ -307,7 +341,8 @@ def _measured_pool(p: Any, at: str) -> tuple[str, float, float, tuple[float, flo
 
 def load_measured(doc: Any, where: str, model: str, accelerators: Sequence[str] | None = None) -> list[MeasuredService]:
     """The step-time factors of a `fleetwise-measured/1` document, one per accelerator (replicas
-    on one card pooled, weighted by requests); SpecError naming the field of a bad document, of
+    on one card pooled, weighted by requests) and one per role of its prefill and decode pools
+    (which price only their own phase); SpecError naming the field of a bad document, of
     a measurement of another model than `model` (the factor corrects one model on one card), or
     of one on none of `accelerators` (the spec's cards: it would change nothing)."""
     if not isinstance(doc, dict) or doc.get("schema") != MEASURED_SCHEMA:
@@ -318,24 +353,29 @@ def load_measured(doc: Any, where: str, model: str, accelerators: Sequence[str] 
     if pools is None or pools == []:
         raise SpecError(f"{where}: pools: empty; nothing was measured; write it with "
                         "`fleetwise calibrate --from-metrics ... --plan FLEET -o FILE`")
-    acc: dict[str, list[tuple[str, float, float, tuple[float, float]]]] = {}
+    acc: dict[tuple[str, str | None], list[tuple[str, float, float, tuple[float, float]]]] = {}
     for i, p in enumerate(pools if isinstance(pools, list) else [pools]):
         gpu, n, f, ci = _measured_pool(p, f"{where}: pools.{i}")
         if p["model"] != model:
             raise SpecError(f"{where}: pools.{i}.model: measured on {p['model']!r}, but the spec plans {model!r}; "
                             "measure a fleet of this model")
-        acc.setdefault(gpu, []).append((str(p.get("pool", "?")), n, f, ci))
-    if accelerators is not None and not set(acc) & set(accelerators):
-        raise SpecError(f"{where}: measured on {', '.join(acc)}, but the spec plans on {', '.join(accelerators)}; "
-                        "the measurement would change nothing: measure a fleet on one of them or add its card")
+        row = (str(p.get("pool", "?")), n, f, ci)
+        acc.setdefault((gpu, None), []).append(row)
+        if p.get("role") in ("prefill", "decode"):  # P/D pools keep their own factor too
+            acc.setdefault((gpu, p["role"]), []).append(row)
+    cards = {gpu for gpu, _ in acc}
+    if accelerators is not None and not cards & set(accelerators):
+        raise SpecError(f"{where}: measured on {', '.join(sorted(cards))}, but the spec plans on "
+                        f"{', '.join(accelerators)}; the measurement would change nothing: measure a fleet on one of "
+                        "them or add its card")
     out = []
-    for gpu, ps in acc.items():
+    for (gpu, role), ps in acc.items():
         n = sum(q[1] for q in ps)
         f = sum(q[2] * q[1] for q in ps) / n
         lo = min(q[3][0] for q in ps)
         hi = max(q[3][1] for q in ps)
         src = f"{where}: {', '.join(q[0] for q in ps)}, {n:g} requests"
-        out.append(MeasuredService(accelerator=gpu, step_time_factor=f, ci95=(lo, hi), source=src))
+        out.append(MeasuredService(accelerator=gpu, step_time_factor=f, ci95=(lo, hi), source=src, role=role))
     return out
 
 
@@ -345,10 +385,9 @@ def provenance(search: Search, c: Candidate) -> list[str]:
     spec = search.spec
     why = "the spec's routing_policy" if spec.routing_policy else "the gateway's default; the spec names none"
     out = [f"routing: every simulation routed with {simulated_policy(spec)} ({why})"]
-    measured = {m.accelerator: m for m in spec.measured_service}
     assert c.refined is not None
     for p in c.refined.full.pools:
-        m = measured.get(p.layout.accelerator)
+        m = spec.measured_for(p.layout.accelerator, p.role)
         if m is not None:
             lo, hi = m.ci95
             out.append(f"{p.role} replicas: sized from measured service: step times x{m.step_time_factor:.3f} "

@@ -121,8 +121,8 @@ def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]
     pools = [pool_spec(p.layout, spec.model, spec.kv_dtype,
                        planned_imbalance(spec.moe.expert_imbalance, spec.moe.expert_load, p.layout.ep), p.role,
                        p.replicas, prices[p.layout.accelerator]) for p in fleet.pools]
-    pools = [p.model_copy(update={"step_time_factor": spec.step_time_factor(p.accelerator)})
-             if spec.step_time_factor(p.accelerator) != 1.0 else p for p in pools]
+    pools = [p.model_copy(update={"step_time_factor": spec.step_time_factor(p.accelerator, p.role)})
+             if spec.step_time_factor(p.accelerator, p.role) != 1.0 else p for p in pools]
     kv = KvLinkSpec(bandwidth_bytes_per_s=fleet.kv_link_bytes_per_s, latency_s=fleet.kv_link_latency_s) \
         if fleet.kv_link_bytes_per_s else KvLinkSpec()
     return PlanSpec(name=spec.name, pools=pools, kv_link=kv, routing=simulated_policy(spec),

@@ -252,6 +252,10 @@ class MeasuredService(Spec):
     """95% confidence interval of the factor."""
     source: str = ""
     """Where it was measured (metrics sources, replicas, requests)."""
+    role: Literal["prefill", "decode"] | None = None
+    """The pool role it was measured on, when a fleet's prefill and decode pools on this card were
+    measured apart: that role's pools (and, in the analytical phase, prompt or decode-only steps)
+    take it; None: every pool on the card."""
 
 
 class PlanningSpec(Spec):
@@ -304,9 +308,17 @@ class PlanningSpec(Spec):
             raise ValueError(f"routing_policy: {UnknownNameError('routing policy', self.routing_policy, PRESETS)}")
         return self
 
-    def step_time_factor(self, accelerator: str) -> float:
-        """Measured step time over modelled on `accelerator` (the last `measured_service` entry for it; 1.0 when none)."""
-        return next((m.step_time_factor for m in reversed(self.measured_service) if m.accelerator == accelerator), 1.0)
+    def measured_for(self, accelerator: str, role: str | None = None) -> MeasuredService | None:
+        """The measurement a `role` pool on `accelerator` takes: the last `measured_service` entry
+        for that card and role, else for the card (role None), else None."""
+        cards = [m for m in reversed(self.measured_service) if m.accelerator == accelerator]
+        return next((m for m in cards if m.role is not None and m.role == role),
+                    next((m for m in cards if m.role is None), None))
+
+    def step_time_factor(self, accelerator: str, role: str | None = None) -> float:
+        """Measured step time over modelled of a `role` pool on `accelerator` (`measured_for`; 1.0 when none)."""
+        m = self.measured_for(accelerator, role)
+        return 1.0 if m is None else m.step_time_factor
 
 
 def load_planning_spec(path: str | Path) -> PlanningSpec:

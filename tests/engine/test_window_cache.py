@@ -14,7 +14,9 @@ from fleetwise.engine.pools import kv_window
 from fleetwise.engine.sequence import DECODE
 from fleetwise.engine.window import KvWindow
 from fleetwise.perf.types import BatchShape
+from fleetwise.sim.runner import simulate
 from fleetwise.spec.catalog import get_model
+from fleetwise.spec.plan import PlanSpec
 
 from .engine_factories import Trace, affine_time, drive, make_request
 
@@ -144,3 +146,27 @@ def test_shared_prefixes_under_pressure_keep_the_pool_consistent(model):
     assert (engine.stats.prefix_hit_tokens, trace.preempted) == {
         "gpt-oss-120b": (91_680, 2), "gemma-3-27b": (85_904, 3), "mistral-7b-v0.1": (55_696, 0)}[model]
     assert engine.pool.num_used == 0 and engine.pool.num_free == 400
+
+
+def test_a_simulated_gemma_replica_serves_shared_system_prompts_from_its_cache():
+    """`simulate`: one gemma-3-27b replica on an H100, 200 requests at 1 req/s, each a 4,096-token system
+    prompt (one of two) plus 100 to 1,500 tokens of its own: 82% of prompt tokens hit, TTFT p50 0.56 s ->
+    0.11 s, p99 2.64 s -> 0.28 s, and the KV held falls (mean usage 0.47 -> 0.19)."""
+    got = {}
+    for caching in (True, False):
+        plan = PlanSpec(pools=[{"name": "g", "accelerator": "h100-sxm", "model": "gemma-3-27b",
+                                "engine": {"enable_prefix_caching": caching}}])
+        rng = random.Random(37)
+        reqs, t = [], 0.0
+        for i in range(200):
+            t += rng.expovariate(1.0)
+            sp = rng.randrange(2)
+            reqs.append(make_request(i, prompt=4096 + rng.randint(100, 1500), output=rng.randint(20, 300),
+                                     hashes=(*range(100 * sp, 100 * sp + 8), *range(1000 + 10 * i, 1003 + 10 * i)),
+                                     arrival_s=t))
+        s = simulate(plan, reqs).summary
+        rep = s["per_replica"][0]
+        got[caching] = (s["requests_completed"], rep["prefix_hit_rate"], s["ttft_s"]["p50"], s["ttft_s"]["p99"],
+                        rep["kv_usage"]["mean"], rep["preemptions"])
+    assert got[True] == (200, 0.822724418, 0.111155647, 0.280365027, 0.18779434, 0)
+    assert got[False] == (200, 0.0, 0.562748506, 2.639440052, 0.4716337, 0)

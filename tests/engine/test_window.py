@@ -36,7 +36,7 @@ def test_a_windowed_engine_runs_long_sequences_side_by_side_and_returns_every_bl
     window (three fit side by side)."""
     window = KvWindow(10, 52, 1024, 16)
     engine = Engine("w", "mixed", EngineConfig(), 400, affine_time, window=window)
-    assert engine.config.enable_prefix_caching is False  # a cached block holds every layer's KV
+    assert engine.config.enable_prefix_caching  # on: these prompts carry no hashes and share nothing
     reqs = [make_request(i, prompt=7000, output=300) for i in range(3)]
 
     def check(e: Engine) -> None:

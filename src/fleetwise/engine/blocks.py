@@ -149,8 +149,9 @@ class BlockPool:
     def promote(self, key: SpanKey, n: int) -> CacheEntry | None:
         """Turn `n` of a request's private blocks into a new cached span (ref 1, held by that
         request). None, and no change, when `key` is already cached: the request keeps its
-        blocks private, as vLLM keeps a duplicate block uncached."""
-        if key in self._cached or n <= 0:
+        blocks private, as vLLM keeps a duplicate block uncached. A span of 0 blocks is cached
+        too (a windowed chain past the window whose windowed-only layers add none)."""
+        if key in self._cached or n < 0:
             return None
         assert n <= self.num_private
         self.version += 1
@@ -187,7 +188,7 @@ class BlockPool:
         assert self.num_free_uncached >= 0 and self.num_private >= 0
         assert self.num_free_uncached + self.num_private + total == self.capacity
         assert self.num_used + self.num_free == self.capacity
-        assert all(e.ref_count >= 0 and e.num_blocks > 0 for e in self._cached.values())
+        assert all(e.ref_count >= 0 and e.num_blocks >= 0 for e in self._cached.values())
         assert all(self._cached[k] is e for k, e in self._cached.items() if e.key == k)
         evictable = [e for e in self._cached.values() if e.ref_count == 0]
         assert {e.key for e in evictable} == set(self._lru)

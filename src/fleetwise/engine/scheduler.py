@@ -27,12 +27,14 @@ from __future__ import annotations
 import math
 
 from fleetwise.core.request import Request
+from fleetwise.engine.blocks import CacheEntry, SpanKey
 from fleetwise.engine.bundle import Fused, plan_fused
 from fleetwise.engine.decoders import step_sums
 from fleetwise.engine.records import NO_ENTRIES, Step, StepOutput
 from fleetwise.engine.sequence import DECODE, HANDOFF, PREFILL, WAITING, SeqState, lookup
 from fleetwise.engine.state import EngineState
 from fleetwise.engine.step_state import ScheduledStep
+from fleetwise.engine.window import lookup_windowed
 from fleetwise.errors import InfeasibleError, SpecError
 
 NO_IDS: frozenset[str] = frozenset()  # what `_admit_waiting` gets unless a preemption emptied the engine
@@ -149,7 +151,7 @@ class Engine(EngineState):
             if budget <= 0:
                 break
             chunk = min(st.target - st.computed, budget)
-            plan[st] = (chunk, self._blocks(st.computed + chunk) - st.shared - st.private)
+            plan[st] = (chunk, self._held(st, st.computed + chunk) - st.shared - st.private)
             budget -= chunk
         needed = self._decoders.new_blocks(g, 1) + sum(need for _, need in plan.values())
         while needed > self.pool.num_free and self._running:
@@ -210,36 +212,50 @@ class Engine(EngineState):
         keys, ends = st.spans(bs)
         full_hit = st.transferred  # transferred KV: every full block may come from the cache
         max_hit = st.target // bs if full_hit else (st.target - 1) // bs
-        entries, uses, hit = (lookup(self.pool, keys, ends, max_hit)
+        entries, uses, hit = (self._lookup(st, keys, ends, max_hit)
                               if keys and use_cache and self.config.enable_prefix_caching else ([], [], 0))
+        # What the sequence holds past the hit: windowless, its blocks less the hit's; windowed, its own.
+        wo, base = (hit * bs, sum(uses)) if self._window is not None else (0, 0)
+        held = self._blocks if self._window is None else self._window.blocks
         computed = hit * bs if not full_hit else st.target
         if full_hit:
-            chunk, need = 0, self._blocks(st.target + 1) - hit
+            chunk, need = 0, held(st.target + 1 - wo) - (hit if self._window is None else 0)
         else:
             remaining = st.target - computed
             if remaining > budget and not self.config.enable_chunked_prefill \
                     and remaining <= self.config.max_num_batched_tokens:
                 return None
             chunk = min(remaining, budget)
-            need = self._blocks(computed + chunk) - hit
+            need = held(computed + chunk - wo) - (hit if self._window is None else 0)
         pinned = sum(e.num_blocks for e in set(entries) if e.ref_count == 0) if entries else 0
         if need + pinned > self.pool.num_free:
             return None
         if entries or st.entries:
-            st.attach(self.pool, entries, uses)
+            st.attach(self.pool, entries, uses, hit)
         else:  # no hit: what `attach` leaves (empty spans, nothing shared, next span 0)
             st.shared = st.next_span = 0
+        st.wo, st.base = wo, base
+        if self._window is not None:
+            st.costs = self._window.chain_costs(ends, hit)
         self.pool.allocate(need)
         st.private, st.computed = need, computed
         self._start_running(st)
         return chunk, hit * bs
+
+    def _lookup(self, st: SeqState, keys: list[SpanKey], ends: list[int], max_hit: int
+                ) -> tuple[list[CacheEntry], list[int], int]:
+        """The longest cached prefix of `st`'s prompt (`sequence.lookup`, `window.lookup_windowed`)."""
+        w = self._window
+        if w is None:
+            return lookup(self.pool, keys, ends, max_hit)
+        return lookup_windowed(self.pool, keys, ends, w.chain_costs(ends), max_hit, w)
 
     def _start_running(self, st: SeqState) -> None:
         self._seq += 1
         st.seq = self._seq
         self._running[st.req.request_id] = st
         self.stats.prompt_tokens_admitted += st.target
-        self.stats.prefix_hit_tokens += st.shared * self._bs
+        self.stats.prefix_hit_tokens += st.shared * self._bs if self._window is None else st.wo
         if st.transferred:
             if self.config.enable_prefix_caching:
                 st.cache_computed(self.pool, self._bs)
@@ -366,7 +382,7 @@ class Engine(EngineState):
         context = st.a + self._passes
         self._decoders.leave(st)
         del self._running[st.req.request_id]
-        st.free_blocks(self.pool, self._blocks(context) - st.shared)
+        st.free_blocks(self.pool, self._held(st, context) - st.shared)
 
     def _preempt(self, st: SeqState) -> None:
         """Recompute preemption: free blocks, keep outputs, requeue at the front of waiting."""
@@ -385,7 +401,7 @@ class Engine(EngineState):
         if st.phase == DECODE:
             context = st.a + self._passes
             self._decoders.leave(st)
-            private = self._blocks(context) - st.shared
+            private = self._held(st, context) - st.shared
         else:
             self._prefilling.remove(st)
             private = st.private

@@ -100,12 +100,16 @@ class SeqState:
     scheduled: admitted once already (a re-admission after preemption is not a first schedule).
     shared/private: blocks held in cached spans / privately (decoders derive private).
     entries/uses: the cached spans it uses (aligned with its span index; None = kept private).
+    costs: blocks a cached chain holds up to each span's end (None: `ends`, one block per block of
+        tokens; a windowed engine's are `window.KvWindow.chain_costs`).
+    wo, base: a windowed engine's prefix hit at admission, tokens and the blocks of its spans (0, 0
+        otherwise): the sequence holds `window.blocks(context - wo)` blocks of its own.
     a, f: decoder bookkeeping: context = a + passes; finishes when passes reach f.
     seq: admission number in its engine (-1 before the first).
     """
 
     __slots__ = ("req", "target", "transferred", "computed", "outputs", "first_done", "scheduled", "phase", "seq",
-                 "shared", "private", "entries", "uses", "next_span", "keys", "ends", "a", "f")
+                 "shared", "private", "entries", "uses", "next_span", "keys", "ends", "costs", "wo", "base", "a", "f")
 
     def __init__(self, req: Request, target: int, transferred: bool = False) -> None:
         self.req = req
@@ -124,6 +128,9 @@ class SeqState:
         self.next_span = 0
         self.keys: list[SpanKey] | None = None
         self.ends: list[int] | None = None
+        self.costs: list[int] | None = None
+        self.wo = 0
+        self.base = 0
         self.a = 0
         self.f = 0
 
@@ -132,8 +139,8 @@ class SeqState:
             self.keys, self.ends = prompt_spans(self.req, block_size)
         return self.keys, self.ends
 
-    def attach(self, pool: BlockPool, entries: list[CacheEntry], uses: list[int]) -> None:
-        """Take references on the prefix-cache hits found by `lookup`."""
+    def attach(self, pool: BlockPool, entries: list[CacheEntry], uses: list[int], hit: int) -> None:
+        """Take references on the prefix-cache hits found by `lookup` (`hit` blocks of tokens)."""
         for entry in entries:
             pool.acquire(entry)
         self.entries = list(entries)
@@ -141,16 +148,17 @@ class SeqState:
         self.shared = sum(uses)
         ends = self.ends or []
         n = len(uses)
-        tail_full = n > 0 and self.shared == ends[n - 1]
+        tail_full = n > 0 and hit == ends[n - 1]
         self.next_span = n if tail_full else max(n - 1, 0)
 
     def cache_computed(self, pool: BlockPool, block_size: int) -> None:
         """Offer every span completed by `computed` tokens to the prefix cache."""
         keys, ends = self.spans(block_size)
+        cum = ends if self.costs is None else self.costs
         full = self.computed // block_size
         j = self.next_span
         while j < len(ends) and ends[j] <= full:
-            size = ends[j] - (ends[j - 1] if j else 0)
+            size = cum[j] - (cum[j - 1] if j else 0)
             if j < len(self.entries):
                 self._grow_tail(pool, j, size)
             else:
@@ -179,4 +187,4 @@ class SeqState:
         pool.free(private)
         self.entries = []
         self.uses = []
-        self.shared = self.private = self.next_span = 0
+        self.shared = self.private = self.next_span = self.wo = self.base = 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 
 from fleetwise.core.request import Request
 from fleetwise.core.views import Role, WorkerView
@@ -20,9 +19,9 @@ from fleetwise.engine.blocks import BlockPool
 from fleetwise.engine.bundle import BatchTimeFn, DecodeTimeFn, batch_time_of, decode_time_of
 from fleetwise.engine.decoders import DecodeSet
 from fleetwise.engine.records import EngineConfig
-from fleetwise.engine.sequence import DECODE, SeqState, cdiv, hit_blocks
+from fleetwise.engine.sequence import DECODE, SeqState, cdiv, hit_blocks, prompt_spans
 from fleetwise.engine.step_state import EngineCounters, ScheduledStep
-from fleetwise.engine.window import KvWindow, WindowedDecodeSet
+from fleetwise.engine.window import KvWindow, WindowedDecodeSet, lookup_windowed
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import BatchShape
 from fleetwise.spec.kv_format import KvFormat
@@ -42,11 +41,9 @@ class EngineState:
         fused planning evaluates several times per step), and `batch_time(*fields)` must equal
         `step_time(BatchShape(*fields))` (steps with prompt chunks, priced without the shape).
         `window`: the model's sliding-window layers, whose blocks a sequence frees as they leave
-        the window (`window.KvWindow`; prefix caching is then off); None: every layer keeps all."""
+        the window (`window.KvWindow`, with its prefix-cache chains); None: every layer keeps all."""
         if role not in ("mixed", "prefill", "decode"):
             raise SpecError(f"engine {name!r}: role={role!r} must be mixed, prefill or decode")
-        if window is not None and config.enable_prefix_caching:
-            config = replace(config, enable_prefix_caching=False)
         self.name, self.role, self.config = name, role, config
         self._window = window
         self.step_time = step_time
@@ -74,6 +71,11 @@ class EngineState:
         """KV blocks one sequence of `tokens` positions holds here."""
         w = self._window
         return cdiv(tokens, self._bs) if w is None else w.blocks(tokens)
+
+    def _held(self, st: SeqState, tokens: int) -> int:
+        """KV blocks `st` holds at `tokens` positions, its own and its prefix hit's (`SeqState.wo`, `base`)."""
+        w = self._window
+        return cdiv(tokens, self._bs) if w is None else w.blocks(tokens - st.wo) + st.base
 
     def enable_kv_events(self) -> None:
         """Record the block pool's KV events and report them in each `StepOutput.kv_events`."""
@@ -151,7 +153,11 @@ class EngineState:
         """Prompt tokens of `req` this engine's prefix cache would serve now."""
         if not self.config.enable_prefix_caching or not req.block_hashes:
             return 0
-        return hit_blocks(self.pool, req, self._bs, (req.prompt_tokens - 1) // self._bs) * self._bs
+        w, bs = self._window, self._bs
+        if w is None:
+            return hit_blocks(self.pool, req, bs, (req.prompt_tokens - 1) // bs) * bs
+        keys, ends = prompt_spans(req, bs)
+        return lookup_windowed(self.pool, keys, ends, w.chain_costs(ends), (req.prompt_tokens - 1) // bs, w)[2] * bs
 
     def load(self, elapsed_s: float | None = None, passes_done: int | None = None) -> tuple[int, int, int, int, float]:
         """(queued requests, running requests, queued prefill tokens, decode tokens left, KV usage):

@@ -408,7 +408,7 @@ class BoundPerf:
         # Streamed KV: decode rows' (context + 1) and prompt chunks' cached context (kv_read - pre).
         dec_kv = kv_read - pre
         if dec_kv < 0:
-            dec_kv = 0
+            dec_kv = 0.0
         pre_pairs = pairs - dec_kv
         a_pre = self.c_attn_pre * pre_pairs if pre_pairs > 0 else 0.0
         kv_m = 0.0

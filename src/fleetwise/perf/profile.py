@@ -87,7 +87,7 @@ class Profile(Spec):
     expert_group_s: float = Field(default=1e-6, gt=0)
     """Fixed GPU time per touched expert and MoE layer in a grouped GEMM (group setup, pipeline fill).
     Source of the default: none measured; 1 us is a round prior of the order of one CTA's prologue
-    and epilogue. Fitted on h200_moe.json + h200_mixed.json: 1.08 us (in sample)."""
+    and epilogue. The all-points H200 fit (benchmarks/results/perf_fidelity.json, `in_sample`): 1.00 us."""
     attn_compute_eff: float = Field(default=0.4, gt=0, le=1)
     """Fraction of dense peak FLOP/s fused (flash) attention reaches on prompt chunks."""
     kv_mem_eff: float = Field(default=0.85, gt=0, le=1)
@@ -105,7 +105,7 @@ class Profile(Spec):
     moe_kernel_weight: float = Field(default=1.5, ge=1)
     """Cost of an MoE-block kernel (routing, sort, scatter, grouped GEMM) relative to a plain one.
     Source of the default: none measured; a round prior between a plain kernel (1) and the bound (4).
-    Fitted on h200_moe.json + h200_mixed.json: 1.57 (in sample)."""
+    The all-points H200 fit (benchmarks/results/perf_fidelity.json, `in_sample`): 1.62."""
     eager_overlap_p: float = Field(default=4.0, ge=1)
     """Exponent of the smooth max (host^p + gpu^p)^(1/p) of eager steps: host launches overlap GPU work."""
 

@@ -88,7 +88,8 @@ def test_up_serves_streaming_completions_and_replays_faults(tmp_path):
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "up", str(plan), "--port", str(port),
                                  "--time-scale", str(TIME_SCALE), "--faults", str(faults), "--duration", "300"],
-                                stdout=out, stderr=subprocess.STDOUT)
+                                stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as a background job starts
     try:
         while "OpenAI API" not in log.read_text(errors="replace"):
             assert proc.poll() is None, log.read_text(errors="replace")
@@ -126,7 +127,12 @@ def test_up_serves_streaming_completions_and_replays_faults(tmp_path):
             assert c.get(f"http://127.0.0.1:{port + 1}/health").status_code == 200  # restarted
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        try:
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:  # a hung supervisor must not outlive the test (its fleet stops with it)
+                proc.terminate()
+                proc.wait(30)
     for p in range(port, port + 7):  # every process stopped: no one listens there any more
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections may linger in TIME_WAIT

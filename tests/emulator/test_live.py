@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -204,7 +205,8 @@ def test_a_pd_fleet_from_a_plan_hands_off_over_tcp(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--plan", str(plan),
                                  "--port", str(port), "--time-scale", "50", "--endpoints", str(endpoints),
                                  "--kv-lease", str(PD_KV_LEASE_S), "--admin-token", TOKEN],
-                                stdout=out, stderr=subprocess.STDOUT)
+                                stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as a background job starts
     try:
         eps = {e["name"]: e for e in _wait_json(endpoints, proc, log, time.monotonic() + PD_FLEET_WAIT_S)}
         assert eps["prefill-0"]["role"] == "prefill" and eps["decode-0"]["url"] == f"http://127.0.0.1:{port + 1}"
@@ -235,7 +237,7 @@ def test_a_pd_fleet_from_a_plan_hands_off_over_tcp(tmp_path):
             assert proc.poll() is None, log.read_text(errors="replace")
             assert c.get(eps["prefill-0"]["url"] + "/health").status_code == 200
     finally:
-        proc.send_signal(__import__("signal").SIGINT)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C, though started with it ignored
         try:  # the fleet gives each replica 10 s to stop before it kills it
             assert proc.wait(PD_FLEET_WAIT_S) == 0, log.read_text(errors="replace")
         finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import signal
 import sys
 import time
 from typing import Any
@@ -29,7 +28,7 @@ from fleetwise.cli.common import (
     input_file,
     int_flag,
 )
-from fleetwise.cli.local_fleet import FLEET_START_TIMEOUT_S
+from fleetwise.cli.local_fleet import FLEET_START_TIMEOUT_S, stop_on_signals
 from fleetwise.errors import SpecError
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
@@ -285,10 +284,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     fleet = replica_fleet(args, plan, env)
     roles = {f"{p.name}-{i}": p.role for p in plan.pools for i in range(p.replicas)}
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)  # SIGTERM stops the fleet like Ctrl-C (SIGINT may be ignored)
+    stop_on_signals()  # Ctrl-C and SIGTERM stop the fleet (SIGINT set even where it was inherited ignored)
     try:
         fleet.start(FLEET_START_TIMEOUT_S)
         gone = [m.name for m in fleet.exited()]

@@ -6,10 +6,12 @@ A process is named; its health URL must answer 200 before the fleet counts as st
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 
 from fleetwise.errors import SpecError
 
@@ -18,6 +20,17 @@ FLEET_START_TIMEOUT_S = 60.0
 STOP_WAIT_S = 10.0
 """Wall seconds a stopped process gets to exit after SIGTERM before it is killed."""
 HEALTH_POLL_S = 0.2
+
+
+def stop_on_signals() -> None:
+    """Make SIGINT (Ctrl-C) and SIGTERM raise KeyboardInterrupt in this process, so a supervisor
+    stops its fleet on either. SIGINT is set explicitly: a process started in the background by a
+    shell without job control inherits SIGINT ignored, and Python then leaves it ignored."""
+    def on_signal(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
 
 
 @dataclass

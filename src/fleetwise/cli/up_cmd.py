@@ -19,7 +19,6 @@ import argparse
 import os
 import secrets
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -82,6 +81,7 @@ def _gateway_member(args: argparse.Namespace, plan: Any, urls: dict[str, str], e
 def run(args: argparse.Namespace) -> int:
     from fleetwise.cli.emulate_cmd import replica_fleet, replica_url
     from fleetwise.cli.fault_replay import FaultReplay, live_fault_actions
+    from fleetwise.cli.local_fleet import stop_on_signals
     from fleetwise.emulator.config import ADMIN_TOKEN_ENV as EMULATOR_TOKEN_ENV
     from fleetwise.gateway.config import GatewayConfig
     from fleetwise.spec.plan import PlanSpec
@@ -96,10 +96,7 @@ def run(args: argparse.Namespace) -> int:
     urls = {m.name: replica_url(fleet, m.name) for m in fleet.members}
     workdir = Path(tempfile.mkdtemp(prefix="fleetwise-up-"))
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    stop_on_signals()  # Ctrl-C and SIGTERM stop the fleet (SIGINT set even where it was inherited ignored)
     try:
         fleet.members.append(_gateway_member(args, plan, urls, env, workdir, replica_args))
         fleet.start()  # all at once: the gateway's readiness waits for its backends

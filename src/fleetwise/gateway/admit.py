@@ -51,6 +51,7 @@ from fleetwise.gateway.prompt_tokens import PromptTokenizer, request_ids
 from fleetwise.ledger import IdempotencyKeyError, idempotency_key
 from fleetwise.ledger.meter import Meter
 from fleetwise.spec.catalog import get_model
+from fleetwise.spec.context import leg_tokens
 
 __all__ = ["TOKEN_ID_LIMIT", "AdmitStage", "check_context", "check_prefill_context", "check_token_ids", "vocabulary"]
 
@@ -98,7 +99,7 @@ def check_context(prompt_tokens: int, max_tokens: int, context: int | None) -> N
 def check_prefill_context(prompt_tokens: int, context: int | None, param: str) -> None:
     """Raise a 400 naming `param` when the prompt + the one token a P/D prefill leg computes exceeds
     the prefill backends' `context` (None: no prefill backend reports one)."""
-    if context is not None and prompt_tokens + 1 > context:
+    if context is not None and leg_tokens(prompt_tokens, 0, True) > context:
         raise ClientError(400, f"{param}: the prompt ({prompt_tokens} tokens) + 1 exceeds the prefill backends' "
                                f"context of {context} tokens; shorten the prompt", param=param,
                           code="context_length_exceeded")

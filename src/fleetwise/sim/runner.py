@@ -56,6 +56,7 @@ from fleetwise.sim.network import KvNetwork, TransferRecord
 from fleetwise.sim.recording import StepRecorder
 from fleetwise.sim.recovery import Recovery
 from fleetwise.sim.results import SimResult, summarize
+from fleetwise.spec.context import leg_tokens
 from fleetwise.spec.faults import FaultScenario
 from fleetwise.spec.kv_format import kv_compat
 from fleetwise.spec.plan import PlanSpec
@@ -239,7 +240,7 @@ class Simulation:
             self.fail(i, now_s, f"{MAX_MODEL_LEN_REASON}: {r.prompt_tokens + r.output_tokens:,} prompt + output "
                                 f"tokens > max_model_len {self.fleet.max_model_len:,}", None)
             return None
-        if self.fleet.max_prefill_len and r.prompt_tokens + 1 > self.fleet.max_prefill_len:  # the prefill leg's 400
+        if self.fleet.max_prefill_len and leg_tokens(r.prompt_tokens, r.output_tokens, True) > self.fleet.max_prefill_len:
             self.fail(i, now_s, f"{MAX_MODEL_LEN_REASON}: {r.prompt_tokens:,} prompt tokens + 1 > the prefill "
                                 f"pools' max_model_len {self.fleet.max_prefill_len:,}", None)
             return None

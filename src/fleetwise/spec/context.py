@@ -12,6 +12,17 @@ the prompt (then the output) to fit, or `skip` the request; truncated and skippe
 counted in the run's summary."""
 
 
+PREFILL_LEG_OUTPUT_TOKENS = 1
+"""Tokens a P/D prefill leg generates after the prompt: vLLM's disaggregated prefill instance runs
+the request with `max_tokens=1` and hands the KV over, so its context bounds prompt + 1."""
+
+
+def leg_tokens(prompt_tokens: int, output_tokens: int, prefill_leg: bool) -> int:
+    """Tokens (prompt + output) a request needs of one replica's context: prompt + 1 on a P/D
+    prefill replica, prompt + output on one that decodes."""
+    return prompt_tokens + (PREFILL_LEG_OUTPUT_TOKENS if prefill_leg else output_tokens)
+
+
 def request_tokens_problem(prompt_tokens: int, output_tokens: int, max_context_tokens: int) -> str | None:
     """Why a request cannot be served by a model with this context (None when it can)."""
     if prompt_tokens < 1:

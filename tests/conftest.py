@@ -37,6 +37,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/planner/test_profile.py": ("slow",),
     "tests/planner/test_progress.py": ("slow",),
     "tests/gateway/test_load.py": ("slow",),
+    "tests/spec/test_engine_metrics.py::test_adding_an_engine_is_one_new_file_the_gateway_then_reads": ("slow",),
     "tests/workload/test_traces.py": ("slow",),
     "tests/emulator/test_pd_and_events.py::test_a_pull_reaches_the_decode_engine_at_its_modelled_landing_however_late_its_answer":
         ("slow", "wallclock"),

@@ -8,8 +8,8 @@ import pytest
 
 from fleetwise.errors import SpecError
 from fleetwise.planner.measured import service_rates
-from fleetwise.planner.metric_names import METRIC_NAMES
 from fleetwise.planner.metrics_page import parse_page
+from fleetwise.spec.engine_metrics import METRIC_NAMES
 
 MODEL = 'model_name="meta-llama/Llama-3.1-8B-Instruct"'
 

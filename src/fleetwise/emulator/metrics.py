@@ -1,9 +1,12 @@
 """Prometheus metrics with vLLM's names, plus `fleetwise:` extras; all times in modelled seconds.
 
 Owns the metric objects of one emulated replica (one `CollectorRegistry` each, so several
-replicas can live in one process). Names, label names (`model_name`, `engine`) and histogram
-buckets follow vLLM v1's Prometheus logger (`vllm/v1/metrics/loggers.py`, vLLM 0.10-0.11):
-counters are exposed with the `_total` suffix, as prometheus_client and vLLM both do.
+replicas can live in one process). The names are the registry's vLLM entry
+(`fleetwise.spec.engine_metrics.vllm`: the newest generation of each live name, the calibration
+counters and histograms, and the names no reader reads), so the gateway and calibration read what
+it writes; label names (`model_name`, `engine`), help strings and histogram buckets follow vLLM
+v1's Prometheus logger (`vllm/v1/metrics/loggers.py`, vLLM 0.10-0.11): counters are exposed with
+the `_total` suffix, as prometheus_client and vLLM both do.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+
+from fleetwise.spec.engine_metrics import METRIC_NAMES
 
 # vLLM exposes no `_created` series; neither do we (a process-wide prometheus_client setting).
 disable_created_metrics()
@@ -53,6 +58,9 @@ def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
         exp += 1
 
 
+VLLM = METRIC_NAMES["vllm"]
+"""The names this replica exports: vLLM's entry in the engine metric names registry."""
+
 LABEL_NAMES = ("model_name", "engine")
 """Labels of every replica metric, as vLLM labels its own (`engine` is "0": one engine core)."""
 
@@ -81,52 +89,47 @@ class ReplicaMetrics:
 
     def _engine_metrics(self) -> None:
         """vLLM's engine gauges and counters: batch, queue, KV cache, prefix cache, tokens, finishes."""
-        g, c = self._gauge, self._counter
-        self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.prefix_queries = c("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
-        self.prefix_hits = c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.preemptions = c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = c("vllm:generation_tokens", "Number of generation tokens processed.")
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+        g, c, n, live = self._gauge, self._counter, VLLM.counters, VLLM.newest
+        self.running = g(live("running"), "Number of requests in model execution batches.")
+        self.waiting = g(live("waiting"), "Number of requests waiting to be processed.")
+        self.kv_usage = g(live("kv_usage"), "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = c(n["prefix_queries"], "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = c(n["prefix_hits"], "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = c(VLLM.unread["preemptions"], "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = c(n["prompt_tokens"], "Number of prefill tokens processed.")
+        self.generation_tokens = c(n["generation_tokens"], "Number of generation tokens processed.")
+        success = Counter(n["requests"], "Count of successfully processed requests.",
                           (*LABEL_NAMES, "finished_reason"), registry=self.registry)
         self.success = {reason: success.labels(*self._labels, reason) for reason in ("stop", "length", "abort")}
 
     def _request_metrics(self, tok_buckets: tuple[float, ...]) -> None:
         """vLLM's per-request histograms: token counts (buckets `tok_buckets`) and phase latencies."""
-        h, lat = self._histogram, REQUEST_LATENCY_BUCKETS
-        self.req_prompt_tokens = h("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok_buckets)
-        self.req_generation_tokens = h("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                                       tok_buckets)
-        self.req_max_tokens = h("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+        h, lat, n, other = self._histogram, REQUEST_LATENCY_BUCKETS, VLLM.histograms, VLLM.unread
+        self.req_prompt_tokens = h(n["prompt"], "Number of prefill tokens processed.", tok_buckets)
+        self.req_generation_tokens = h(n["output"], "Number of generation tokens processed.", tok_buckets)
+        self.req_max_tokens = h(other["max_tokens"], "Histogram of the max_tokens request parameter.",
                                 tok_buckets)
-        self.iteration_tokens = h("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+        self.iteration_tokens = h(other["step_tokens"], "Histogram of number of tokens per engine_step.",
                                   ITERATION_TOKENS_BUCKETS)
-        self.ttft = h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
-        self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
-        self.tpot = h("vllm:request_time_per_output_token_seconds",
-                      "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
-        self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lat)
-        self.queue = h("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", lat)
-        self.prefill_time = h("vllm:request_prefill_time_seconds",
-                              "Histogram of time spent in PREFILL phase for request.", lat)
-        self.decode_time = h("vllm:request_decode_time_seconds",
-                             "Histogram of time spent in DECODE phase for request.", lat)
-        self.inference_time = h("vllm:request_inference_time_seconds",
-                                "Histogram of time spent in RUNNING phase for request.", lat)
+        self.ttft = h(n["ttft"], "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = h(n["itl"], "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.tpot = h(n["tpot"], "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+        self.e2e = h(n["e2e"], "Histogram of e2e request latency in seconds.", lat)
+        self.queue = h(n["queue"], "Histogram of time spent in WAITING phase for request.", lat)
+        self.prefill_time = h(n["prefill"], "Histogram of time spent in PREFILL phase for request.", lat)
+        self.decode_time = h(n["decode"], "Histogram of time spent in DECODE phase for request.", lat)
+        self.inference_time = h(other["running_time"], "Histogram of time spent in RUNNING phase for request.",
+                                lat)
 
     def _kv_connector_metrics(self) -> None:
         """vLLM's NIXL KV-connector metrics, observed on the decode side as vLLM does (the pull's
         transfer time, in modelled seconds, and its bytes); the gateway's KV-link view reads them."""
-        self.nixl_xfer_time = self._histogram("vllm:nixl_xfer_time_seconds",
-                                              "Histogram of transfer duration for NIXL KV Cache transfers.",
-                                              NIXL_XFER_BUCKETS)
-        self.nixl_bytes = self._histogram("vllm:nixl_bytes_transferred",
-                                          "Histogram of bytes transferred per NIXL KV Cache transfers.",
-                                          NIXL_BYTES_BUCKETS)
-        self.nixl_failed = self._counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.")
+        h, live = self._histogram, VLLM.newest
+        self.nixl_xfer_time = h(live("kv_xfer"), "Histogram of transfer duration for NIXL KV Cache transfers.",
+                                NIXL_XFER_BUCKETS)
+        self.nixl_bytes = h(live("kv_bytes"), "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                            NIXL_BYTES_BUCKETS)
+        self.nixl_failed = self._counter(VLLM.unread["kv_failed"], "Number of failed NIXL KV Cache transfers.")
 
     def _fleetwise_metrics(self) -> None:
         """fleetwise's own: step deadline overruns, engine busy time, KV hand-offs, time scale, refusals."""

@@ -1,37 +1,44 @@
-"""Engine load from a Prometheus `/metrics` page: the metric names of vLLM, SGLang and
-llama.cpp's server mapped onto the fields of a `WorkerView`.
+"""Engine load from a Prometheus `/metrics` page: the live load signals of every registered engine
+(`fleetwise.spec.engine_metrics`: vLLM, SGLang, llama.cpp's server) mapped onto the fields of a
+`WorkerView`.
 
-One table (`ALIASES`) says which exposed name feeds which field; the first name present wins,
-so a backend that exports several generations of names is read once. Sources: vLLM
-`vllm/v1/metrics/loggers.py` (v0.10+: `kv_cache_usage_perc`; older: `gpu_cache_usage_perc`),
-SGLang `sglang/srt/metrics/collector.py`, llama.cpp `tools/server/server.cpp` (`--metrics`).
+One table (`ALIASES`, built from the registry) says which exposed sample feeds which field; the
+first name present wins, so a backend that exports several generations of names is read once.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["ALIASES", "BadSample", "EngineLoad", "MAX_REQUEST_COUNT", "parse_metrics"]
+from fleetwise.spec.engine_metrics import METRIC_NAMES, EngineMetrics
 
-ALIASES: dict[str, tuple[str, ...]] = {
-    "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"),
-    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"),
-    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
-                 "llamacpp:kv_cache_usage_ratio"),
-    "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-    "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-    "prefix_hit_rate": ("sglang:cache_hit_rate",),
-    "ttft_sum": ("vllm:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_sum"),
-    "ttft_count": ("vllm:time_to_first_token_seconds_count", "sglang:time_to_first_token_seconds_count"),
-    "itl_sum": ("vllm:inter_token_latency_seconds_sum", "vllm:time_per_output_token_seconds_sum",
-                "sglang:inter_token_latency_seconds_sum", "sglang:time_per_output_token_seconds_sum"),
-    "itl_count": ("vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count",
-                  "sglang:inter_token_latency_seconds_count", "sglang:time_per_output_token_seconds_count"),
-    "kv_xfer_sum": ("vllm:nixl_xfer_time_seconds_sum",),
-    "kv_xfer_count": ("vllm:nixl_xfer_time_seconds_count",),
-    "kv_bytes_sum": ("vllm:nixl_bytes_transferred_sum",),
+__all__ = ["ALIASES", "BadSample", "EngineLoad", "MAX_REQUEST_COUNT", "SAMPLES", "aliases", "parse_metrics"]
+
+SAMPLES: dict[str, tuple[str, str]] = {
+    "running": ("running", ""), "waiting": ("waiting", ""), "kv_usage": ("kv_usage", ""),
+    "prefix_queries": ("prefix_queries", "_total"), "prefix_hits": ("prefix_hits", "_total"),
+    "prefix_hit_rate": ("prefix_hit_rate", ""),
+    "ttft_sum": ("ttft", "_sum"), "ttft_count": ("ttft", "_count"),
+    "itl_sum": ("itl", "_sum"), "itl_count": ("itl", "_count"),
+    "kv_xfer_sum": ("kv_xfer", "_sum"), "kv_xfer_count": ("kv_xfer", "_count"),
+    "kv_bytes_sum": ("kv_bytes", "_sum"),
 }
+"""WorkerView-side field -> (the registry's live field, the sample's suffix): a gauge's value, a
+counter's `_total`, a histogram's `_sum` or `_count`."""
+
+
+def aliases(engines: Iterable[EngineMetrics]) -> dict[str, tuple[str, ...]]:
+    """WorkerView-side field -> the exposed sample names of `engines`, preferred first: engines by
+    their `precedence` (whatever order they come in), each engine's newest generation first."""
+    ranked = sorted(engines, key=lambda e: (e.precedence, e.key))
+    table = {f: tuple(name + suffix for e in ranked for name in e.live.get(live, ()))
+             for f, (live, suffix) in SAMPLES.items()}
+    return {f: names for f, names in table.items() if names}
+
+
+ALIASES = aliases(METRIC_NAMES.values())
 """WorkerView-side field -> exposed metric names, preferred first."""
 
 _WANTED = {name: field for field, names in ALIASES.items() for name in names}

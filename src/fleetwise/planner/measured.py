@@ -1,13 +1,13 @@
 """Service rates measured on a running fleet, fitted against the model, and where a plan's numbers come from.
 
 Owns the effective service rates a pool's replica metrics give (`metrics_page` reads them, any
-registered engine's names; per finished request: prefill tokens per second of prefill time,
-decode tokens per second of decode time), fitting each pool's step-time factor against the
-perf model (each pool simulated at the load it was measured under, at its own factor: the factor
-at which measured over modelled is 1, so batching follows the slower steps) with a 95% interval, the
-`fleetwise-measured/1` document `calibrate --from-metrics` writes and `plan --measured` reads,
-and the provenance lines of a ranked plan (which numbers are measured, which modelled, which
-routing policy every simulation used).
+engine's names registered in `fleetwise.spec.engine_metrics`; per finished request: prefill tokens
+per second of prefill time, decode tokens per second of decode time), fitting each pool's step-time
+factor against the perf model (each pool simulated at the load it was measured under, at its own
+factor: the factor at which measured over modelled is 1, so batching follows the slower steps) with
+a 95% interval, the `fleetwise-measured/1` document `calibrate --from-metrics` writes and
+`plan --measured` reads, and the provenance lines of a ranked plan (which numbers are measured, which
+modelled, which routing policy every simulation used).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """A replica's Prometheus metrics page (or saved dump) read into the fields the fit uses.
 
-Recognises the page's engine by the prefix most of its families carry (`metric_names`: one
-registered mapping per engine), sums each field's series over their labels, splits an engine's
-data-parallel ranks (its `replica_label`) into one replica each, or, where the request metrics add
-the ranks up (its `shared_rank_label`), into that many equal shares, and differences two scrapes
-of the same replica. Unknown metrics are ignored; a field's value that is not a finite count, a
-counter that fell or a process start time that moved between two scrapes, and a page with no
-engine's request metrics are refused with the source, the metric and the fix.
+Recognises the page's engine by the prefix most of its families carry (one registered entry per
+engine in `fleetwise.spec.engine_metrics`, among those with calibration names), sums each field's
+series over their labels, splits an engine's data-parallel ranks (its `replica_label`) into one
+replica each, or, where the request metrics add the ranks up (its `shared_rank_label`), into that
+many equal shares, and differences two scrapes of the same replica. Unknown metrics are ignored; a
+field's value that is not a finite count, a counter that fell or a process start time that moved
+between two scrapes, and a page with no engine's request metrics are refused with the source, the
+metric and the fix.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwise.errors import SpecError
-from fleetwise.planner.metric_names import METRIC_NAMES, EngineMetrics
+from fleetwise.spec.engine_metrics import METRIC_NAMES, EngineMetrics
 
 PROCESS_START = "process_start_time_seconds"
 """Prometheus' process collector's start time of the serving process (vLLM's default registry exports it)."""
@@ -103,13 +104,15 @@ def _families(text: str, source: str) -> list[Any]:
 
 
 def _engine(families: list[Any], source: str) -> EngineMetrics:
-    """The registered engine whose prefix most families carry; SpecError listing the known ones."""
-    hits = {k: sum(f.name.startswith(n.prefix) for f in families) for k, n in METRIC_NAMES.items()}
-    best = max(hits, key=lambda k: hits[k])
+    """The registered engine with calibration names whose prefix most families carry; SpecError
+    listing the known ones."""
+    engines = [n for n in METRIC_NAMES.values() if "requests" in n.counters]
+    hits = [sum(f.name.startswith(n.prefix) for f in families) for n in engines]
+    best = max(range(len(engines)), key=lambda i: hits[i])
     if hits[best] == 0:
-        known = "; ".join(f"{n.engine}: {n.counters['requests']}_total" for n in METRIC_NAMES.values())
+        known = "; ".join(f"{n.engine}: {n.counters['requests']}_total" for n in engines)
         raise SpecError(f"{source}: no request metrics of a known engine ({known}); point at one replica's /metrics")
-    return METRIC_NAMES[best]
+    return engines[best]
 
 
 def growth(after: list[ReplicaMetrics], before: list[ReplicaMetrics], span_s: float) -> list[ReplicaMetrics]:

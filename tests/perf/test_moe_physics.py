@@ -61,3 +61,23 @@ def test_decode_reads_only_touched_experts(pm):
     touched4 = 8 * (1 - (1 - 2 / 8) ** 4)
     assert four / one == pytest.approx(touched4 / 2, rel=0.1)
     assert many / one == pytest.approx(8 / 2, rel=0.1)
+
+
+def test_expert_parallelism_stays_inside_each_pipeline_stage(pm):
+    """EP counted over TP x PP (ep=16 at TP8 PP2) spreads each layer's experts over the 8 GPUs of the
+    stage that runs it, as vLLM's --enable-expert-parallel does: one prompt, which PP does not split,
+    costs the same expert GEMMs and the same intra-node all-to-all as at TP8 PP1 EP8, never the
+    network (the all-to-all used to cross nodes over all 16 GPUs, and each GPU's expert work was
+    divided by 16 although only 8 of them run a layer)."""
+    from fleetwise.spec.parallel import ParallelismSpec
+
+    m = get_model("kimi-k2")
+    assert ParallelismSpec(tp=8, pp=2, ep=16).ep_stage == 8
+    assert ParallelismSpec(tp=8, pp=2, ep=8).ep_stage == 8
+    assert ParallelismSpec(tp=2, pp=4, ep=2).ep_stage == 2
+    assert ParallelismSpec(tp=1, pp=2, ep=2).ep_stage == 1  # one GPU per stage: no expert parallelism
+    prompt = BatchShape.prefill(1, 2048)
+    one = pm.step_cost(prompt, Deployment(m, H200, ParallelismSpec(tp=8, pp=1, ep=8), "fp8"))
+    two = pm.step_cost(prompt, Deployment(m, H200, ParallelismSpec(tp=8, pp=2, ep=16), "fp8"))
+    assert two.gemm_compute_s == pytest.approx(one.gemm_compute_s, rel=1e-9)
+    assert two.ep_comm_s == pytest.approx(one.ep_comm_s, rel=1e-9)  # over NVLink (was the network: 9.6x)

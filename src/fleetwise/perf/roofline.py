@@ -208,7 +208,7 @@ class BoundPerf:
         mo = m.moe
         assert mo is not None
         h, f = m.hidden_size, mo.expert_ffn_size
-        ep = par.ep
+        ep = par.ep_stage  # a layer's experts are spread over its own stage's EP ranks
         etp = max(1, par.tp // ep)
         self.n_exp, self.topk, self.ep = float(mo.num_experts), float(mo.experts_per_token), float(ep)
         self.miss = 1.0 - mo.experts_per_token / mo.num_experts
@@ -250,7 +250,7 @@ class BoundPerf:
 
     def _bind_comm(self, d: Deployment, h: int) -> None:
         par, acc = d.parallelism, d.accelerator
-        tp, pp, ep = par.tp, par.pp, par.ep
+        tp, pp, ep = par.tp, par.pp, par.ep_stage
         intra, net = acc.intra_node_link, acc.network
         tok = h * ACT_BYTES
         # TP: ring all-reduces (bus bytes 2*(tp-1)/tp per byte); per token bytes and a fixed latency per step.
@@ -276,7 +276,7 @@ class BoundPerf:
         n = (self.layers * p.attn_kernels_per_layer + dense_l * p.ffn_kernels_per_layer
              + self.moe_layers * p.moe_kernels_per_layer * p.moe_kernel_weight + p.step_kernels)
         n += (TP_ALLREDUCES_PER_LAYER * self.layers * (par.tp > 1)
-              + EP_ALLTOALLS_PER_MOE_LAYER * self.moe_layers * (par.ep > 1) + PP_KERNELS_PER_BOUNDARY * (par.pp - 1))
+              + EP_ALLTOALLS_PER_MOE_LAYER * self.moe_layers * (par.ep_stage > 1) + PP_KERNELS_PER_BOUNDARY * (par.pp - 1))
         self.kernels = n
         self.graph_s = n * p.kernel_graph_s
         self.eager = not d.cuda_graphs

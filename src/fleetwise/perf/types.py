@@ -121,8 +121,9 @@ class Deployment:
 
 def pool_deployment(model: ModelSpec, accelerator: AcceleratorSpec, pool: PoolSpec) -> Deployment:
     """The one way a pool becomes a `Deployment` (planner and simulator alike): its parallelism,
-    dtypes and, for MoE with ep > 1, its expert load imbalance (ignored otherwise)."""
-    skew = pool.expert_imbalance if model.moe is not None and pool.parallelism.ep > 1 else 1.0
+    dtypes and, for MoE with expert parallelism inside a stage (`ep_stage` > 1), its expert load
+    imbalance (ignored otherwise)."""
+    skew = pool.expert_imbalance if model.moe is not None and pool.parallelism.ep_stage > 1 else 1.0
     return Deployment(model, accelerator, pool.parallelism, pool.weight_dtype, pool.kv_dtype,
                       expert_load_imbalance=skew)
 

@@ -16,16 +16,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetwise.planner.goodput import analytical_sizing
 from fleetwise.planner.simulate import FleetShape, SimVerdict
-from fleetwise.planner.sizing import fleet_cost, size_pool, spares
+from fleetwise.planner.sizing import fleet_cost, spares
 from fleetwise.planner.state import Candidate, Search
 
 VERDICTS = ("ranked", "demoted", "missed_slo", "over_limits", "not_checked", "not_refined", "not_simulated")
 """A candidate's verdict: ranked (meets the SLO), demoted (meets it, a PD claim failed), missed
 the SLO in simulation, over the GPU limits, not checked (meets the SLO, but could not be
 reported whatever its headroom and claims gave, so they were not simulated), not refined
-(costlier than those refined), not simulated (a colocated layout whose analytical cost per
-req/s was above the best ones)."""
+(costlier than those refined), not simulated (a colocated layout whose analytical fleet at the
+target rate cost more than the best ones')."""
 
 
 def _r(x: float, nd: int = 4) -> float:
@@ -84,12 +85,12 @@ def _not_simulated(search: Search, reasons: dict[str, str]) -> list[dict[str, An
     """Colocated layouts the goodput phase left out, priced from their analytical capacity."""
     from fleetwise.planner.simulate import PoolShape
 
-    w, h, out = search.spec.workload, search.spec.headroom, []
+    w, out = search.spec.workload, []
     for lay, e in search.estimates.items():
         key = f"colocated {lay.label}"
         if key not in reasons or lay in search.shortlists.get("mixed", []) or e.mu_mixed_rps <= 0:
             continue
-        s = size_pool("mixed", e.mu_mixed_rps, w.rate_rps, search.burst, h)
+        s = analytical_sizing(search, e)
         fleet = FleetShape((PoolShape("mixed", lay, s.total),))
         capacity = s.serving * e.mu_mixed_rps
         out.append({"candidate": key, "kind": "colocated", "fleet": fleet.label, "gpus": fleet.gpus, "pd_ratio": None,

@@ -16,7 +16,7 @@ from functools import partial
 from fleetwise.planner.executor import Executor
 from fleetwise.planner.layout import Layout, Rejection, kv_link
 from fleetwise.planner.loadtest import load_measurement
-from fleetwise.planner.results import LayoutEstimate
+from fleetwise.planner.results import LayoutEstimate, Sizing, size_pool
 from fleetwise.planner.simulate import FleetShape, PoolShape, bisect_rate, passes, requests_for
 from fleetwise.planner.state import Context, Search
 from fleetwise.spec.planning import PlanningSpec
@@ -72,6 +72,20 @@ def _cost_rate(search: Search, lay: Layout, mu: float) -> float:
     return search.hw.price(lay.accelerator) * lay.gpus / mu if mu > 0 else math.inf
 
 
+def analytical_sizing(search: Search, e: LayoutEstimate) -> Sizing:
+    """The colocated replicas a layout needs at the target rate by its analytical capacity
+    (`mu_mixed_rps` > 0): serving replicas for rate x burst plus the headroom spares."""
+    return size_pool("mixed", e.mu_mixed_rps, search.spec.workload.rate_rps, search.burst, search.spec.headroom,
+                     search.ctx.load_s(e.layout))
+
+
+def _fleet_cost(search: Search, e: LayoutEstimate) -> float:
+    """$/h of `analytical_sizing`'s fleet. At a low rate whole replicas and spares dominate, so the
+    cost per req/s alone ranks a big fast layout ahead of a small one that needs no more replicas
+    and costs less: the layout with the cheapest such fleet is simulated too."""
+    return search.hw.price(e.layout.accelerator) * e.layout.gpus * analytical_sizing(search, e).total
+
+
 def _shortlists(search: Search) -> dict[str, list[Layout]]:
     """Layouts to simulate per role: colocated ones must meet both targets; a prefill pool only
     the TTFT target and a decode pool only the TPOT target (each phase runs apart)."""
@@ -81,11 +95,18 @@ def _shortlists(search: Search) -> dict[str, list[Layout]]:
     lists: dict[str, list[Layout]] = {"mixed": [], "prefill": [], "decode": []}
     if mode != "only":
         by = sorted((e for e in ok if e.mu_mixed_rps > 0), key=lambda e: _cost_rate(search, e.layout, e.mu_mixed_rps))
-        lists["mixed"] = [e.layout for e in by[: search.spec.search.refine_top]]
-        for e in by[search.spec.search.refine_top:]:
-            search.rejected.append(Rejection(f"colocated {e.layout.label}", (
-                f"not simulated: analytical cost ${_cost_rate(search, e.layout, e.mu_mixed_rps):.2f}/h per req/s "
-                f"is above the {search.spec.search.refine_top} best colocated layouts")))
+        k = search.spec.search.refine_top
+        chosen = by[:k]
+        fleet = min(by, key=lambda e: (_fleet_cost(search, e), _cost_rate(search, e.layout, e.mu_mixed_rps)), default=None)
+        if fleet is not None and fleet not in chosen:
+            chosen.append(fleet)
+        lists["mixed"] = [e.layout for e in chosen]
+        for e in by:
+            if e not in chosen:
+                search.rejected.append(Rejection(f"colocated {e.layout.label}", (
+                    f"not simulated: analytical cost ${_cost_rate(search, e.layout, e.mu_mixed_rps):.2f}/h per req/s "
+                    f"is above the {k} best colocated layouts, and its fleet at the target rate "
+                    f"(${_fleet_cost(search, e):.2f}/h) is not the cheapest")))
         if not lists["mixed"] and ok:
             lists["mixed"] = [min(ok, key=lambda e: _cost_rate(search, e.layout, e.mu_decode_rps)).layout]
     if mode != "off":

@@ -71,17 +71,18 @@ class Hardware:
     expert_load: str | None = None
     """Measured expert-load histogram (spec `moe.expert_load`): each layout's imbalance comes from it."""
 
-    def imbalance_for(self, ep: int) -> float:
-        """Expert load imbalance of a layout with `ep` expert-parallel ranks (measured, or assumed)."""
+    def imbalance_for(self, layout: Layout) -> float:
+        """Expert load imbalance over the EP ranks one MoE layer of `layout` runs on (its stage's;
+        measured, or assumed)."""
         experts = self.model.moe.num_experts if self.model.moe is not None else None
-        return planned_imbalance(self.imbalance, self.expert_load, ep, experts)
+        return planned_imbalance(self.imbalance, self.expert_load, layout.parallelism.ep_stage, experts)
 
     def price(self, accelerator: str) -> float:
         return self.gpus[accelerator].price_per_hour_usd
 
     def deployment(self, layout: Layout, kv_dtype: str) -> Deployment:
         """The layout's deployment, built as the simulator builds a pool's (`pool_deployment`)."""
-        pool = pool_spec(layout, self.model.name, kv_dtype, self.imbalance_for(layout.ep))
+        pool = pool_spec(layout, self.model.name, kv_dtype, self.imbalance_for(layout))
         return pool_deployment(self.model, self.gpus[layout.accelerator], pool)
 
 

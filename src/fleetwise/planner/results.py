@@ -8,6 +8,7 @@ other's results through this module. Computes nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fleetwise.planner.layout import Layout
@@ -88,6 +89,24 @@ class Sizing:
             f"{self.serving} serving + {self.failures} for {headroom.failures_to_survive} failure(s) + "
             f"{self.upgrade} for {upgrade_why} ({headroom.upgrade_batch_replicas} at a time) = {self.total}"
         )
+
+
+
+def size_pool(role: str, goodput_rps: float, rate_rps: float, burst: float, headroom: HeadroomSpec,
+              load_s: float = 0.0) -> Sizing:
+    """Replicas for one pool (goodput must be > 0: callers drop candidates that cannot meet the
+    SLO); `load_s`: seconds a replica reads its weights on a cold start."""
+    if goodput_rps <= 0:
+        raise ValueError("goodput_rps must be positive")
+    load = rate_rps * burst / goodput_rps
+    ramp = load * headroom.rate_growth_per_min * (headroom.cold_start_s + load_s) / 60.0
+    serving = max(1, math.ceil(load + ramp - 1e-9))
+    failures = headroom.failures_to_survive
+    if headroom.failures_during_upgrade:
+        upgrade = headroom.upgrade_batch_replicas
+    else:
+        upgrade = max(0, headroom.upgrade_batch_replicas - failures)
+    return Sizing(role, goodput_rps, rate_rps, burst, load, ramp, serving, failures, upgrade, load_s)
 
 
 @dataclass

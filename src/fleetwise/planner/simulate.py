@@ -119,7 +119,8 @@ class SimVerdict:
 def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]) -> PlanSpec:
     """The simulator's plan document for a fleet shape."""
     pools = [pool_spec(p.layout, spec.model, spec.kv_dtype,
-                       planned_imbalance(spec.moe.expert_imbalance, spec.moe.expert_load, p.layout.ep), p.role,
+                       planned_imbalance(spec.moe.expert_imbalance, spec.moe.expert_load,
+                                         p.layout.parallelism.ep_stage), p.role,
                        p.replicas, prices[p.layout.accelerator]) for p in fleet.pools]
     pools = [p.model_copy(update={"step_time_factor": spec.step_time_factor(p.accelerator, p.role)})
              if spec.step_time_factor(p.accelerator, p.role) != 1.0 else p for p in pools]

@@ -27,29 +27,11 @@ from fleetwise.perf.kv import handoff_extra_s, kv_shards
 from fleetwise.planner.goodput import kv_link_rates
 from fleetwise.planner.latency import latency_line, profile_line
 from fleetwise.planner.layout import Layout, Rejection
-from fleetwise.planner.results import Sizing
+from fleetwise.planner.results import Sizing, size_pool
 from fleetwise.planner.simulate import FleetShape, PoolShape
 from fleetwise.planner.state import Candidate, Search
 from fleetwise.spec.engine_defaults import BLOCK_SIZE
 from fleetwise.spec.kv_format import declared_format, kv_compat
-from fleetwise.spec.planning import HeadroomSpec
-
-
-def size_pool(role: str, goodput_rps: float, rate_rps: float, burst: float, headroom: HeadroomSpec,
-              load_s: float = 0.0) -> Sizing:
-    """Replicas for one pool (goodput must be > 0: callers drop candidates that cannot meet the
-    SLO); `load_s`: seconds a replica reads its weights on a cold start."""
-    if goodput_rps <= 0:
-        raise ValueError("goodput_rps must be positive")
-    load = rate_rps * burst / goodput_rps
-    ramp = load * headroom.rate_growth_per_min * (headroom.cold_start_s + load_s) / 60.0
-    serving = max(1, math.ceil(load + ramp - 1e-9))
-    failures = headroom.failures_to_survive
-    if headroom.failures_during_upgrade:
-        upgrade = headroom.upgrade_batch_replicas
-    else:
-        upgrade = max(0, headroom.upgrade_batch_replicas - failures)
-    return Sizing(role, goodput_rps, rate_rps, burst, load, ramp, serving, failures, upgrade, load_s)
 
 
 def pd_ratio_text(prefill: Sizing, decode: Sizing) -> str:
@@ -82,8 +64,11 @@ def _moe_line(search: Search, lay: Layout) -> str | None:
     cost = search.perf.step_cost(BatchShape.decode(max(1, e.decode_batch), int(search.stats.prompt_mean)), dep)
     load = search.hw.expert_load
     source = f"measured from {load}" if load else ASSUMED_IMBALANCE_NOTE
-    return (f"MoE: {m.moe.num_experts} experts, {m.moe.experts_per_token} per token; EP={lay.ep} over the "
-            f"replica's {lay.gpus} GPUs; expert load imbalance {search.hw.imbalance_for(lay.ep):.2f} (busiest rank "
+    stage = lay.parallelism.ep_stage
+    where = (f"each layer's experts over the {stage} GPUs of its pipeline stage" if stage != lay.ep
+             else f"over the replica's {lay.gpus} GPUs")
+    return (f"MoE: {m.moe.num_experts} experts, {m.moe.experts_per_token} per token; EP={lay.ep}, {where}; "
+            f"expert load imbalance {search.hw.imbalance_for(lay):.2f} (busiest rank "
             f"over mean, {source}); at batch {e.decode_batch} a decode step spends "
             f"{cost.ep_comm_s * 1e3:.2f} ms in all-to-all of {cost.total_s * 1e3:.1f} ms")
 

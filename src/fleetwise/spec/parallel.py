@@ -25,6 +25,15 @@ class ParallelismSpec(Spec):
         """GPUs of one replica: TP x PP."""
         return self.tp * self.pp
 
+    @property
+    def ep_stage(self) -> int:
+        """EP ranks one MoE layer's experts are spread over: those of the pipeline stage that runs the
+        layer. An `ep` above `tp` counts the experts' GPUs over every stage (a card holds the same
+        expert bytes either way), but a layer runs on its own stage only: vLLM's
+        `--enable-expert-parallel` spreads each layer's experts over its stage's TP ranks, so the
+        all-to-all stays inside the stage and its node."""
+        return max(1, self.ep // self.pp) if self.ep > self.tp else self.ep
+
     def check(self, model: ModelSpec, gpu: AcceleratorSpec) -> None:
         """Raise SpecError when the layout cannot run this model on this card."""
         if self.tp > gpu.gpus_per_node:

@@ -133,7 +133,7 @@ def _alt_first_token(res: SimResult, slo: SLOSpec) -> dict[str, float]:
     ttft = (pend - arr)[done]
     tpot = ((fin - pend) / np.maximum(n_out - 1, 1))[done]
     span = float(np.nanmax(fin) - arr.min())
-    good = sum(slo.met(a, b, math.inf) for a, b in zip(ttft, tpot, strict=True))
+    good = int(slo.met(ttft, tpot, math.inf).sum())
     return {"goodput_rps": good / span, "slo_attainment": good / len(arr),
             "ttft_p99_s": float(np.percentile(ttft, 99)), "tpot_p99_s": float(np.percentile(tpot, 99))}
 

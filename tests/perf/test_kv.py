@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleetwise.errors import SpecError
-from fleetwise.perf.kv import kv_shards, kv_transfer_bytes, kv_transfer_s
+from fleetwise.perf.kv import kv_shards, kv_transfer_bytes, kv_transfer_s, kv_transfer_sizer
 from fleetwise.perf.types import Deployment
 from fleetwise.spec.catalog import get_gpu, get_model
 from fleetwise.spec.hardware import LinkSpec
@@ -59,3 +59,12 @@ def test_mismatched_models_are_an_error():
 def test_negative_tokens_are_an_error():
     with pytest.raises(SpecError, match="tokens=-1"):
         kv_transfer_bytes(-1, dep())
+
+
+def test_a_pools_sizer_gives_each_transfers_bytes():
+    """The per-pool sizer the simulator keeps: tokens x bytes per token, a windowed model's
+    windowed layers capped at the window (gemma-3-27b: 10 full and 52 windowed layers of 1,024)."""
+    plain, fp8, gemma = kv_transfer_sizer(dep()), kv_transfer_sizer(dep(kv_dtype="fp8")), kv_transfer_sizer(dep("gemma-3-27b"))
+    assert (plain(1000), plain(0), fp8(1000)) == (1000 * 131072, 0, 1000 * 65536)
+    assert (gemma(512), gemma(16384)) == (512 * 507904, (10 * 16384 + 52 * 1024) * 8192)
+    assert [kv_transfer_bytes(n, dep("gemma-3-27b")) for n in (1, 1024, 1025)] == [gemma(n) for n in (1, 1024, 1025)]

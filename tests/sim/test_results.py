@@ -102,3 +102,37 @@ def test_tpot_of_one_token_outputs_is_undefined_not_zero():
 def test_slo_met_treats_an_undefined_tpot_as_met():
     slo = SLOSpec(tpot_max_s=0.01)
     assert slo.met(0.5, math.nan, 1.0) and not slo.met(0.5, 0.02, 1.0)
+
+
+def _met_rule(slo: SLOSpec, ttft: float, tpot: float, e2e: float) -> bool:
+    """The documented rule for one request, written out: each set target at or above its figure, a NaN TPOT meets any."""
+    return ((slo.ttft_max_s is None or ttft <= slo.ttft_max_s) and (slo.tpot_max_s is None or not tpot > slo.tpot_max_s)
+            and (slo.e2e_max_s is None or e2e <= slo.e2e_max_s))
+
+
+def test_slo_met_over_arrays_is_the_rule_per_request_on_edge_values():
+    """Equality meets a target, just above misses it, NaN TTFT or E2E misses, NaN TPOT meets; an
+    unset target is not checked; one request's floats give the same answer as the arrays."""
+    edges = [0.0, 0.1, np.nextafter(0.1, 1.0), np.nextafter(0.1, 0.0), 1.0, math.inf, math.nan]
+    grid = np.array([(a, b, c) for a in edges for b in edges for c in edges]).T
+    for slo in (SLOSpec(), SLOSpec(ttft_max_s=0.1), SLOSpec(tpot_max_s=0.1), SLOSpec(e2e_max_s=0.1),
+                SLOSpec(ttft_max_s=0.1, tpot_max_s=0.1, e2e_max_s=1.0)):
+        want = [_met_rule(slo, *col) for col in grid.T]
+        got = slo.met(*grid)
+        assert got.dtype == np.bool_ and got.tolist() == want
+        assert [bool(slo.met(*col)) for col in grid.T.tolist()] == want
+    assert SLOSpec(tpot_max_s=0.1).met(1.0, math.nan, 1.0) and not SLOSpec(ttft_max_s=0.1).met(math.nan, 0.0, 0.0)
+
+
+def test_summary_without_replica_series_is_the_summary_less_them():
+    """`replica_series=False` drops exactly each replica's three sampled series; every other figure is the same."""
+    opts = SimOptions(seed=3, slo=SLOSpec(ttft_max_s=0.2, tpot_max_s=0.02))
+    full = simulate(PLAN, make_requests(120), options=opts).summary
+    lean = simulate(PLAN, make_requests(120), options=SimOptions(seed=3, slo=opts.slo, replica_series=False)).summary
+    series = ("queue_length", "running", "kv_usage_series")
+    assert all(len(r["queue_length"]["t_s"]) > 0 for r in full["per_replica"])
+    for r in full["per_replica"]:
+        for k in series:
+            del r[k]
+    full.pop("sim_wall_s"), lean.pop("sim_wall_s")
+    assert json.dumps(lean, sort_keys=True) == json.dumps(full, sort_keys=True)

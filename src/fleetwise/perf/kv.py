@@ -20,6 +20,8 @@ A pair that is not direct (another vendor, another KV format) adds `handoff_extr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import Deployment
 from fleetwise.spec.hardware import LinkSpec
@@ -31,7 +33,13 @@ def kv_transfer_bytes(tokens: int, deployment: Deployment) -> float:
     their window), at the KV dtype."""
     if tokens < 0:
         raise SpecError(f"tokens={tokens} is negative; pass the number of cached positions to move")
-    return deployment.model.kv_bytes(tokens, deployment.kv_dtype)
+    return kv_transfer_sizer(deployment)(tokens)
+
+
+def kv_transfer_sizer(deployment: Deployment) -> Callable[[float], float]:
+    """`kv_transfer_bytes` of `deployment` as a function of tokens (known not negative), its
+    per-token figures worked out once: what the simulator keeps per pool for its hand-offs."""
+    return deployment.model.kv_sizer(deployment.kv_dtype)
 
 
 def kv_shards(deployment: Deployment) -> int:

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from operator import attrgetter
 from typing import Any, Literal
@@ -156,11 +156,7 @@ def steady_goodput(records: Any, slo: SLOSpec) -> float:
     if n < 2 or float(arr.max()) <= float(arr.min()):
         return 0.0
     ttft, tpot, e2e, done = request_metrics(records)
-    met = done.copy()  # `slo.met` of every completed request, as arrays
-    for values, target in ((ttft, slo.ttft_max_s), (tpot, slo.tpot_max_s), (e2e, slo.e2e_max_s)):
-        if target is not None:
-            met &= values <= target
-    good = int(met.sum())
+    good = int((done & slo.met(ttft, tpot, e2e)).sum())
     return good / n * (n - 1) / (float(arr.max()) - float(arr.min()))
 
 
@@ -358,7 +354,8 @@ def simulate_fleet(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices
 
     reqs = requests if requests is not None else _arrivals(spec, mix, rate_rps, seed)
     plan = to_plan_spec(spec, fleet, prices)
-    result = simulate(plan, reqs, faults=faults, options=SimOptions(seed=seed, slo=_sim_slo(spec, check)))
+    result = simulate(plan, reqs, faults=faults,
+                      options=SimOptions(seed=seed, slo=_sim_slo(spec, check), replica_series=False))
     return _judge(result.summary, spec, check, rate_rps, seed, result.records)
 
 
@@ -383,7 +380,8 @@ def passes(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[s
     watch = VerdictWatch(make_policy(plan.routing, seed=seed), slo.ttft_max_s, slo.tpot_max_s, len(reqs),
                          spec.slo.attainment, spec.slo.percentile, 2 * plan.regions.latency_s)
     try:
-        result = simulate(plan, reqs, options=SimOptions(seed=seed, slo=slo, policy=watch))  # type: ignore[arg-type]
+        result = simulate(plan, reqs, options=SimOptions(seed=seed, slo=slo, policy=watch,  # type: ignore[arg-type]
+                                                         replica_series=False))
     except CertainMiss:
         return False
     except CertainPass:
@@ -396,15 +394,16 @@ def run_span_s(spec: PlanningSpec, rate_rps: float) -> float:
     return requests_for(rate_rps, spec.search.sample_requests) / rate_rps
 
 
-def requests_over(mix: LengthMix, rate_rps: float, duration_s: float) -> list[Request]:
+def requests_over(mix: LengthMix, rate_rps: float, duration_s: float,
+                  retime: Callable[[Any], Any] | None = None) -> list[Request]:
     """Arrivals at mean `rate_rps` for `duration_s` seconds: the mix repeated as often as needed
-    (the mix's lengths and gap shape; ceil(rate x duration) requests)."""
+    (the mix's lengths and gap shape; ceil(rate x duration) requests); `retime` as `requests_at`'s."""
     import numpy as np
 
     n = max(1, math.ceil(rate_rps * duration_s - 1e-9))
     if n > len(mix.prompt):
         mix = LengthMix(np.resize(mix.prompt, n), np.resize(mix.output, n), np.resize(mix.unit_gaps, n), mix.source)
-    return requests_at(mix, rate_rps, n)
+    return requests_at(mix, rate_rps, n, retime)
 
 
 def burst_requests(mix: LengthMix, rate_rps: float, factor: float, start_s: float, window_s: float,
@@ -413,20 +412,18 @@ def burst_requests(mix: LengthMix, rate_rps: float, factor: float, start_s: floa
     `factor` x `rate_rps`, then `rate_rps` again for `after_s`. The mix's arrivals at one rate are
     re-timed through the piecewise rate (inverse of the cumulative arrival count), so the window
     holds `factor` times the arrivals of a window at the mean rate."""
+    import numpy as np
+
     base_n = rate_rps * start_s
     burst_n = rate_rps * factor * window_s
-    reqs = requests_over(mix, rate_rps, start_s + factor * window_s + after_s)
-    out = []
-    for r in reqs:
-        u = r.arrival_s * rate_rps  # cumulative expected arrivals at the constant rate
-        if u < base_n:
-            t = u / rate_rps
-        elif u < base_n + burst_n:
-            t = start_s + (u - base_n) / (rate_rps * factor)
-        else:
-            t = start_s + window_s + (u - base_n - burst_n) / rate_rps
-        out.append(replace(r, arrival_s=t))
-    return out
+
+    def retime(t: Any) -> Any:
+        u = t * rate_rps  # cumulative expected arrivals at the constant rate
+        return np.where(u < base_n, u / rate_rps,
+                        np.where(u < base_n + burst_n, start_s + (u - base_n) / (rate_rps * factor),
+                                 start_s + window_s + (u - base_n - burst_n) / rate_rps))
+
+    return requests_over(mix, rate_rps, start_s + factor * window_s + after_s, retime)
 
 
 def _shift_seed(mix: LengthMix, rate_rps: float, n: int, seed: int) -> list[Any]:

@@ -9,6 +9,7 @@ at many rates), and the statistics the analytical estimate needs. Lengths and ga
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,15 +136,19 @@ def _describe(lengths: LengthsSpec) -> str:
     return lengths.kind
 
 
-def requests_at(mix: LengthMix, rate_rps: float, count: int | None = None) -> list[Request]:
+def requests_at(mix: LengthMix, rate_rps: float, count: int | None = None,
+                retime: Callable[[np.ndarray], np.ndarray] | None = None) -> list[Request]:
     """The mix's first `count` requests arriving at mean rate `rate_rps` (same lengths at every rate);
-    the sample's gaps are rescaled to mean exactly 1/rate, so a short run is offered the target rate."""
+    the sample's gaps are rescaled to mean exactly 1/rate, so a short run is offered the target rate.
+    `retime` maps those arrival times (s) to the ones the requests get (e.g. a burst's)."""
     n = len(mix.prompt) if count is None else min(count, len(mix.prompt))
     gaps = mix.unit_gaps[:n]
     if n > 1 and gaps[: n - 1].mean() > 0:
         gaps = gaps / gaps[: n - 1].mean()  # the sample itself arrives at exactly `rate_rps` on average
     gaps = gaps / rate_rps
     t = np.concatenate([[0.0], np.cumsum(gaps[:-1])]) if n else np.zeros(0)
+    if retime is not None:
+        t = retime(t)
     p, o = mix.prompt[:n].astype(np.int64).tolist(), mix.output[:n].astype(np.int64).tolist()
     return [Request(str(i), ti, pi, oi) for i, ti, pi, oi in zip(range(n), t.tolist(), p, o, strict=True)]
 

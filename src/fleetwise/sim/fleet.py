@@ -18,6 +18,7 @@ from fleetwise.core.views import WorkerView
 from fleetwise.engine.driver import DOWN, DRAINING, UP, EngineDriver, HorizonFn, OutputFn
 from fleetwise.engine.pools import PoolBuild, build_pool, engine_config
 from fleetwise.engine.records import StepOutput
+from fleetwise.perf.kv import kv_transfer_sizer
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.sim.columns import ReplicaStats
 from fleetwise.sim.events import EventLoop
@@ -30,10 +31,10 @@ __all__ = ["DOWN", "DRAINING", "UP", "Fleet", "Replica", "engine_config"]
 class Replica(EngineDriver):
     """One serving replica: its engine driver, plus what the simulator tracks about it."""
 
-    __slots__ = ("idx", "pool", "deployment", "stats", "port", "inflight", "pending", "hangs")
+    __slots__ = ("idx", "pool", "deployment", "kv_bytes", "stats", "port", "inflight", "pending", "hangs")
 
     def __init__(self, idx: int, name: str, build: PoolBuild, loop: EventLoop, on_output: OutputFn,
-                 horizon: HorizonFn, stats: ReplicaStats) -> None:
+                 horizon: HorizonFn, stats: ReplicaStats, kv_bytes: Callable[[float], float]) -> None:
         pool = build.pool
         super().__init__(build.engine(name), loop, on_output, horizon, build.perf, pool_name=pool.name,
                          accelerator=build.deployment.accelerator.name, model_version=pool.model_version,
@@ -43,6 +44,9 @@ class Replica(EngineDriver):
         self.idx = idx
         self.pool: PoolSpec = pool
         self.deployment = build.deployment
+        self.kv_bytes = kv_bytes
+        """Bytes of KV a hand-off of n prompt tokens to this replica moves (`perf.kv.kv_transfer_sizer`
+        of its deployment, one per pool)."""
         self.stats = stats
         self.port = -1
         self.inflight: set[int] = set()
@@ -82,11 +86,12 @@ class Fleet:
                 self.max_model_len = min(self.max_model_len or build.max_model_len, build.max_model_len)
             gpu = build.deployment.accelerator
             price = pool.price_per_gpu_hour_usd if pool.price_per_gpu_hour_usd is not None else gpu.price_per_hour_usd
+            kv_bytes = kv_transfer_sizer(build.deployment)
             for j in range(pool.replicas):
                 name = f"{pool.name}-{j}"
                 stats = ReplicaStats(name, pool.name, pool.role, build.deployment.gpus, price)
                 self.replicas.append(Replica(len(self.replicas), name, build, loop, cast(OutputFn, on_output),
-                                             cast(HorizonFn, horizon), stats))
+                                             cast(HorizonFn, horizon), stats, kv_bytes))
         self.by_name = {r.name: r.idx for r in self.replicas}
         self.names = [r.name for r in self.replicas]
         self._compat: dict[tuple[int, int, str, str], tuple[KvCompat, bool]] = {}

@@ -115,8 +115,10 @@ def summarize(
     router_report: dict[str, Any],
     seed: int,
     extra: dict[str, Any],
+    series: bool = True,
 ) -> dict[str, Any]:
-    """The summary document (format in docs/simulator.md); deterministic for fixed inputs."""
+    """The summary document (format in docs/simulator.md); deterministic for fixed inputs.
+    `series=False` leaves each replica's time series out (`SimOptions.replica_series`)."""
     ttft, tpot, e2e, done = request_metrics(rec, NAN)
     n = len(rec.requests)
     arr = rec.arrival()
@@ -125,7 +127,7 @@ def summarize(
     end = float(np.nanmax(fin)) if done.any() else start
     span = max(end - start, 1e-9)
     out_tokens = int(rec.column("tokens")[done].sum())
-    good = done & np.array([slo.met(a, b, c) for a, b, c in zip(ttft, tpot, e2e, strict=True)]) if n else done
+    good = done & slo.met(ttft, tpot, e2e)
     reasons: dict[str, int] = {}
     for r in rec.failure.values():
         key = r.split(":", 1)[0]
@@ -148,7 +150,7 @@ def summarize(
         "goodput_rps": _r(good.sum() / span),
         "slo": slo.model_dump(),
         "slo_attainment": _r(good.sum() / n) if n else 0.0,
-        "per_replica": [{**_replica(r, span), "decisions": d}
+        "per_replica": [{**_replica(r, span, series), "decisions": d}
                         for r, d in zip(replicas, decisions_by_replica(rec, len(replicas)), strict=True)],
         "kv_transfer": _transfers(transfers),
         "cost": _cost(replicas, out_tokens, span),
@@ -177,10 +179,9 @@ def _finite(x: np.ndarray) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
-def _replica(r: ReplicaStats, span: float) -> dict[str, Any]:
+def _replica(r: ReplicaStats, span: float, series: bool) -> dict[str, Any]:
     kv = np.asarray(r.kv_usage_samples, dtype=np.float64)
-    t_s = [_r(q[0]) for q in r.queue_series]
-    return {
+    out: dict[str, Any] = {
         "name": r.name,
         "pool": r.pool,
         "role": r.role,
@@ -189,10 +190,13 @@ def _replica(r: ReplicaStats, span: float) -> dict[str, Any]:
         "utilization": _r(min(1.0, r.busy_s / span)),
         "preemptions": r.preemptions,
         "kv_usage": {"mean": _r(kv.mean()) if kv.size else 0.0, "max": _r(kv.max()) if kv.size else 0.0},
-        "queue_length": {"t_s": t_s, "value": [q[1] for q in r.queue_series]},
-        "running": {"t_s": t_s, "value": [q[2] for q in r.queue_series]},
-        "kv_usage_series": {"t_s": t_s, "value": [_r(q[3]) for q in r.queue_series]},
     }
+    if series:
+        t_s = [_r(q[0]) for q in r.queue_series]
+        out["queue_length"] = {"t_s": t_s, "value": [q[1] for q in r.queue_series]}
+        out["running"] = {"t_s": t_s, "value": [q[2] for q in r.queue_series]}
+        out["kv_usage_series"] = {"t_s": t_s, "value": [_r(q[3]) for q in r.queue_series]}
+    return out
 
 
 def _transfers(transfers: list[Any]) -> dict[str, Any]:

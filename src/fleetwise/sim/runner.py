@@ -41,7 +41,7 @@ from fleetwise.core.feedback import (
 from fleetwise.core.request import Request
 from fleetwise.core.views import FleetView, KvLinkView, RouteRequest
 from fleetwise.engine.api import StepOutput
-from fleetwise.perf.kv import handoff_extra_s, kv_shards, kv_transfer_bytes
+from fleetwise.perf.kv import handoff_extra_s, kv_shards
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.roofline import PerfModel
 from fleetwise.routing.base import RoutingPolicy
@@ -98,6 +98,10 @@ class SimOptions:
     pass the planner's or the emulator's object to price steps with the very same model."""
     recorder: StepRecorder | None = None
     """Record every engine step and KV transfer (for a trace export); None = no recording cost."""
+    replica_series: bool = True
+    """Put each replica's sampled time series in the summary (`per_replica[].queue_length`,
+    `running`, `kv_usage_series`); False leaves them out, for a caller that reads none of them
+    (the planner: about 0.5 ms of rounding per replica and run)."""
 
 
 class Simulation:
@@ -401,7 +405,7 @@ class Simulation:
             self.recovery.lost(i, now_s, "kv_version_skew" if skew else "kv_format_mismatch")
             return
         rec.kv_start_s[i] = now_s
-        nbytes = kv_transfer_bytes(self.recovery.request(i).prompt_tokens, dec.deployment)
+        nbytes = dec.kv_bytes(self.recovery.request(i).prompt_tokens)
         self.recovery.open_lease(i, rep, now_s, nbytes)
         extra = 0.0 if direct else handoff_extra_s(nbytes, compat, rep.deployment, dec.deployment)
         tid = self.net.start(now_s, self.recovery.tag(i), rep.port, dec.port, nbytes, extra)
@@ -554,7 +558,7 @@ def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | No
     }
     extra["failure_domains"] = sim.recovery.report()
     summary = summarize(sim.rec, [r.stats for r in sim.reps], sim.net.records, itl, opts.slo,
-                        sim.policy.report(), opts.seed, extra)
+                        sim.policy.report(), opts.seed, extra, opts.replica_series)
     summary["sim_wall_s"] = round(time.perf_counter() - wall0, 3)
     if opts.recorder is not None:
         opts.recorder.transfers.extend(sim.net.records)

@@ -28,6 +28,7 @@ every layer, Mistral's layout) so pipeline stages count their own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 from typing import Literal
 
@@ -270,10 +271,16 @@ class ModelSpec(Spec):
     def kv_bytes(self, tokens: float, kv_dtype: str = "bf16") -> float:
         """KV-cache bytes one sequence of `tokens` positions holds, windowed layers capped at their window
         (`tokens * kv_bytes_per_token` exactly for a model without a window)."""
+        return self.kv_sizer(kv_dtype)(tokens)
+
+    def kv_sizer(self, kv_dtype: str = "bf16") -> Callable[[float], float]:
+        """`kv_bytes` at `kv_dtype` as a function of tokens, its per-token figures worked out once:
+        what a caller sizing many sequences of one model keeps (the simulator, per pool)."""
         if self.num_window_layers == 0:
-            return tokens * self.kv_bytes_per_token(kv_dtype)
+            per_token = self.kv_bytes_per_token(kv_dtype)
+            return lambda tokens: tokens * per_token
         per_layer = self.kv_elements_per_token() // self.num_layers * dtype_bytes(kv_dtype)
-        return self.kv_layer_tokens(tokens) * per_layer
+        return lambda tokens: self.kv_layer_tokens(tokens) * per_layer
 
     def __hash__(self) -> int:  # frozen models hash by value; cached_property needs a dict
         return hash(self.name) ^ hash(self.params_total)

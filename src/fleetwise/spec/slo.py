@@ -9,12 +9,16 @@ and workload models (about 0.3 s of a simulation's imports).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from fleetwise.spec.base import Spec
 from fleetwise.spec.limits import MAX_DURATION_S
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike, NDArray
 
 
 class SLOSpec(Spec):
@@ -27,14 +31,20 @@ class SLOSpec(Spec):
     e2e_max_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
     """Longest acceptable end-to-end latency (arrival to last token)."""
 
-    def met(self, ttft_s: float, tpot_s: float, e2e_s: float) -> bool:
-        """Whether one completed request meets every set target; a NaN `tpot_s` (a one-token
-        output has no TPOT) meets any TPOT target."""
-        return (
-            (self.ttft_max_s is None or ttft_s <= self.ttft_max_s)
-            and (self.tpot_max_s is None or not tpot_s > self.tpot_max_s)
-            and (self.e2e_max_s is None or e2e_s <= self.e2e_max_s)
-        )
+    def met(self, ttft_s: ArrayLike, tpot_s: ArrayLike, e2e_s: ArrayLike) -> NDArray[np.bool_]:
+        """Whether completed requests meet every set target, element-wise over arrays of seconds
+        (one request's three floats give a 0-d array): each figure at or under its target; a NaN
+        `tpot_s` (a one-token output has no TPOT) meets any TPOT target, a NaN TTFT or E2E none."""
+        import numpy as np  # here, not at import: loading a spec does not load numpy
+
+        ok = np.ones(np.broadcast(ttft_s, tpot_s, e2e_s).shape, dtype=bool)
+        if self.ttft_max_s is not None:
+            ok &= np.less_equal(ttft_s, self.ttft_max_s)
+        if self.tpot_max_s is not None:
+            ok &= ~np.greater(tpot_s, self.tpot_max_s)
+        if self.e2e_max_s is not None:
+            ok &= np.less_equal(e2e_s, self.e2e_max_s)
+        return ok
 
 
 class PlanSLOSpec(Spec):

@@ -33,11 +33,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def emulator(*args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def emulator(*args: str, sigint_ignored: bool = False) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`fleetwise emulate` on a free port, healthy; `sigint_ignored`: started as a shell's background job."""
     port = free_port()
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", "llama-3.1-8b",
                              "--gpu", "h100-sxm", "--host", "127.0.0.1", "--port", str(port), "--time-scale", "50",
-                             "--admin-token", TOKEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--admin-token", TOKEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=ignore)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -77,6 +80,17 @@ def test_live_streaming_cut_stream_and_crash():
         with contextlib.suppress(httpx.HTTPError):
             c.post("/admin/faults", json={"kind": "crash"}, headers=auth)
         assert proc.wait(10) == 1
+
+
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_the_emulator_with_exit_0(signum, sigint_ignored):
+    # uvicorn raises the signal again once stopped: exit 143 on SIGTERM, 130 on Ctrl-C, unless kept
+    with emulator(sigint_ignored=sigint_ignored) as (proc, url):
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=START_TIMEOUT_S)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert b"interrupted" not in err and b"Traceback" not in err
 
 
 def _metric_value(text: str, prefix: str) -> float:

@@ -1,9 +1,12 @@
 """`fleetwise gateway --workers N`: N processes on one port (SO_REUSEPORT), each answering
-requests on its own (their request ids carry their process id), all stopped by one SIGTERM."""
+requests on its own (their request ids carry their process id), all stopped by one SIGTERM; one
+gateway or several stopped by Ctrl-C or SIGTERM exit 0, also when started as a shell's background
+job (SIGINT inherited ignored)."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -69,3 +72,24 @@ def test_two_workers_share_the_port_answer_alike_and_stop_together() -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_the_gateway_with_exit_0_though_sigint_was_ignored(workers, signum) -> None:
+    gport = _free_port()
+    gateway = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "gateway", "--workers", str(workers),
+                                "--backend", "http://127.0.0.1:9", "--model", "m", "--port", str(gport)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # a background job
+    try:
+        _ready(f"http://127.0.0.1:{gport}/health", gateway)
+        gateway.send_signal(signum)  # to the command's process only, not its group
+        _, err = gateway.communicate(timeout=30)
+        assert gateway.returncode == 0, err.decode()[-2000:]
+        assert b"exited with status" not in err and b"Traceback" not in err
+    finally:
+        if gateway.poll() is None:
+            os.killpg(gateway.pid, signal.SIGKILL)  # the workers too
+            gateway.wait()

@@ -220,6 +220,30 @@ def test_bad_output_paths_fail_before_the_run(capsys, tmp_path):
     assert_user_error(o, "--out")
 
 
+def test_unwritable_report_schema_and_endpoints_paths_fail_before_the_work(capsys, tmp_path):
+    # each was an internal error (exit 70) once the run, the plan or the fleet had started
+    (tmp_path / "file").write_text("x")
+    under_a_file = tmp_path / "file" / "sub"
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: llama-3.1-8b\naccelerators: [{name: h100-sxm}]\nworkload: {rate_rps: 1, preset: sharegpt}\n"
+                    "slo: {ttft_s: 2, tpot_s: 0.05}\n")
+    o = run_cli(capsys, ["simulate", COLOCATED, "--workload", small_workload(tmp_path), "--out", tmp_path / "o",
+                         "--report", under_a_file / "r.html"])
+    assert_user_error(o, "--report=", "is a file, so the directory cannot be made")
+    assert not (tmp_path / "o").exists()
+    assert_user_error(run_cli(capsys, ["plan", spec, "--report", under_a_file / "r.html"]), "--report=", "is a file")
+    assert_user_error(run_cli(capsys, ["scenarios", "--small", "--out", tmp_path / "sc", "--report",
+                                       under_a_file / "r.html"]), "--report=", "is a file")
+    assert_user_error(run_cli(capsys, ["report", tmp_path / "missing.json", "-o", under_a_file / "r.html"]),
+                      "--report=", "is a file")
+    assert_user_error(run_cli(capsys, ["plan", "--write-schema", under_a_file / "s.json"]), "--write-schema=",
+                      "is a file")
+    o = run_cli(capsys, ["emulate", "--plan", COLOCATED, "--port", "1", "--endpoints", under_a_file / "ep.json"])
+    assert_user_error(o, "--endpoints=", "does not exist")
+    assert run_cli(capsys, ["plan", "--write-schema", tmp_path / "new" / "s.json"]).rc == 0  # its folder is made
+    assert json.loads((tmp_path / "new" / "s.json").read_text())["title"]
+
+
 # ---- physics the tool should know ---------------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ from fleetwise.errors import SpecError
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from fleetwise.spec.limits import MAX_BLOCK_TOKENS, MAX_DURATION_S, MAX_ENGINE_SEQS, MAX_TOKENS
-from fleetwise.spec.output import write_json
+from fleetwise.spec.output import check_writable_file, write_json
 
 
 def register(subparsers: Any) -> None:
@@ -269,6 +269,8 @@ def run_fleet(args: argparse.Namespace) -> int:
     from fleetwise.spec.plan import PlanSpec
 
     plan = PlanSpec.load(args.plan)
+    if args.endpoints:  # before any replica starts
+        check_writable_file(args.endpoints, "--endpoints")
     actions = live_fault_actions(args.faults, plan) if args.faults else []
     cmds = fleet_commands(args, plan)
     for i, (name, _, _) in enumerate(cmds):  # a port held by another server would answer its /health

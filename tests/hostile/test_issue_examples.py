@@ -53,6 +53,25 @@ def test_binary_and_utf16_files_are_one_line(capsys, tmp_path, kind, content, ne
     assert_user_error(run_cli(capsys, argv), str(bad), needle)
 
 
+@pytest.mark.parametrize("kind", ["plan", "workload", "faults", "planning", "model", "gpu", "gateway", "up"])
+def test_an_empty_file_says_it_is_empty(capsys, tmp_path, kind):
+    # it was "expected a mapping at the top level, got NoneType", with no fix
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    wl = small_workload(tmp_path)
+    argv = {
+        "plan": ["simulate", empty, "--workload", wl, "--out", tmp_path / "o"],
+        "workload": ["simulate", COLOCATED, "--workload", empty, "--out", tmp_path / "o"],
+        "faults": ["simulate", COLOCATED, "--workload", wl, "--faults", empty, "--out", tmp_path / "o"],
+        "planning": ["plan", empty],
+        "model": ["fit", "--model", empty, "--gpu", "h100-sxm"],
+        "gpu": ["fit", "--model", "llama-3.1-8b", "--gpu", empty],
+        "gateway": ["gateway", "--config", empty],
+        "up": ["up", empty],
+    }[kind]
+    assert_user_error(run_cli(capsys, argv), f"{empty}: expected a mapping", "the file is empty; write its fields")
+
+
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
 def test_documents_nested_thousands_deep(capsys, tmp_path, suffix):
     p = tmp_path / f"deep{suffix}"

@@ -93,3 +93,20 @@ def test_ctrl_c_or_sigterm_stops_the_gateway_with_exit_0_though_sigint_was_ignor
         if gateway.poll() is None:
             os.killpg(gateway.pid, signal.SIGKILL)  # the workers too
             gateway.wait()
+
+
+@pytest.mark.slow
+def test_port_0_prints_the_port_the_system_picked() -> None:
+    # it printed http://127.0.0.1:0, leaving the user no way to reach the gateway
+    gateway = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "gateway", "--backend",
+                                "http://127.0.0.1:9", "--model", "m", "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = gateway.stdout.readline().decode() if gateway.stdout else ""
+        port = int(line.split("http://127.0.0.1:", 1)[1].split(" ", 1)[0])
+        assert port > 0, line
+        _ready(f"http://127.0.0.1:{port}/health", gateway)
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        gateway.communicate(timeout=30)
+    assert gateway.returncode == 0

@@ -21,6 +21,9 @@ MAX_QUOTE_CHARS = QUOTE_CHARS
 MAX_INT_DIGITS = 30
 """Longest integer literal accepted in a JSON body (beyond any count or id the project uses)."""
 
+MAX_TCP_PORT = 65_535
+"""Highest TCP port (16 bits, RFC 9293); a fleet on consecutive ports from P must end at or below it."""
+
 MAX_REPLICAS = 10_000
 """Most replicas in one plan (all pools). The simulator and the router keep per-replica state and
 score every eligible replica per request; 10k replicas of 8 GPUs is 80k GPUs, beyond any

@@ -5,6 +5,7 @@ job (SIGINT inherited ignored)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -110,3 +111,27 @@ def test_port_0_prints_the_port_the_system_picked() -> None:
         gateway.send_signal(signal.SIGTERM)
         gateway.communicate(timeout=30)
     assert gateway.returncode == 0
+
+
+@pytest.mark.slow
+def test_workers_stop_when_the_gateway_process_is_killed() -> None:
+    # SIGKILL runs no handler: the workers kept serving the port with no parent
+    gport = _free_port()
+    gateway = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "gateway", "--workers", "2",
+                                "--backend", "http://127.0.0.1:9", "--model", "m", "--port", str(gport)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _ready(f"http://127.0.0.1:{gport}/health", gateway)
+        gateway.kill()
+        gateway.wait(10)
+        deadline = time.monotonic() + WALL_S
+        while True:  # nothing listens once both workers have stopped
+            try:
+                socket.create_connection(("127.0.0.1", gport), timeout=1).close()
+            except OSError:
+                break
+            assert time.monotonic() < deadline, "the workers kept serving after the gateway was killed"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(gateway.pid, signal.SIGKILL)  # the workers too, if still there

@@ -39,6 +39,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from fleetwise.core.openai_request import error_body
+from fleetwise.live.process import stop_with_parent
 from fleetwise.spec.http import HttpLimitsSpec
 
 __all__ = ["LISTEN_BACKLOG", "GuardedHttpTools", "guarded_protocol", "listening_socket", "run_workers",
@@ -286,9 +287,11 @@ def run_workers(host: str, port: int, workers: int, serve_one: Callable[[socket.
     port = int(first.getsockname()[1])
     socks = [first, *(listening_socket(host, port, reuse_port=True) for _ in range(workers - 1))]
     pids: list[int] = []
+    parent = os.getpid()
     for i, sock in enumerate(socks):
         pid = os.fork()
-        if pid == 0:  # the worker: its socket only, then serve until stopped
+        if pid == 0:  # the worker: its socket only, then serve until stopped (or this process dies)
+            stop_with_parent(parent)
             for j, other in enumerate(socks):
                 if j != i:
                     other.close()

@@ -124,6 +124,19 @@ def test_a_fleet_past_the_last_port_or_on_port_0_is_refused_before_it_starts(cap
     assert len(err.strip().splitlines()) == 1 and needle in err, err
 
 
+@pytest.mark.parametrize("command", ["emulate", "up"])
+def test_a_local_fleet_of_more_replicas_than_the_limit_is_refused_before_it_starts(capsys, tmp_path, command):
+    # 500 replicas started 500 emulator processes (about 75 MB each) on the machine
+    plan = Path(__file__).resolve().parents[2] / "examples" / "plans" / "colocated-8b.yaml"
+    big = tmp_path / "big.yaml"
+    big.write_text(plan.read_text().replace("replicas: 4", "replicas: 500"))
+    argv = ["emulate", "--plan", str(big), "--port", "8001"] if command == "emulate" else ["up", str(big)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{big}: 500 replicas: a local fleet starts at most 64 emulator processes" in err
+
+
 def _metric_value(text: str, prefix: str) -> float:
     line = next(ln for ln in text.splitlines() if ln.startswith(prefix))
     return float(line.rsplit(" ", 1)[1])

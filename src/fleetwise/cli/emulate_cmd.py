@@ -32,7 +32,14 @@ from fleetwise.cli.local_fleet import FLEET_START_TIMEOUT_S, stop_on_signals
 from fleetwise.errors import SpecError
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
-from fleetwise.spec.limits import MAX_BLOCK_TOKENS, MAX_DURATION_S, MAX_ENGINE_SEQS, MAX_TCP_PORT, MAX_TOKENS
+from fleetwise.spec.limits import (
+    MAX_BLOCK_TOKENS,
+    MAX_DURATION_S,
+    MAX_ENGINE_SEQS,
+    MAX_LOCAL_REPLICAS,
+    MAX_TCP_PORT,
+    MAX_TOKENS,
+)
 from fleetwise.spec.output import check_writable_file, write_json
 
 
@@ -215,6 +222,10 @@ def replica_fleet(args: argparse.Namespace, plan: Any, env: dict[str, str]) -> A
     """A `LocalFleet` of one emulator process per replica of `plan`, ports from `--port` in plan order."""
     from fleetwise.cli.local_fleet import LocalFleet, Member
 
+    count = sum(p.replicas for p in plan.pools)
+    if count > MAX_LOCAL_REPLICAS:
+        raise SpecError(f"{args.plan}: {count} replicas: a local fleet starts at most {MAX_LOCAL_REPLICAS} emulator "
+                        "processes (a limit, see docs/errors.md); scale pools[].replicas down for the rehearsal")
     members = []
     for i, (name, _, argv) in enumerate(fleet_commands(args, plan)):
         members.append(Member(name, argv, f"http://{args.host}:{args.port + i}/health", env))

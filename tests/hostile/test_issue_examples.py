@@ -263,6 +263,17 @@ def test_unwritable_report_schema_and_endpoints_paths_fail_before_the_work(capsy
     assert json.loads((tmp_path / "new" / "s.json").read_text())["title"]
 
 
+@pytest.mark.parametrize("doc", [{"schema": "fleetwise-plan/1"}, {"schema": "fleetwise-plan/1", "plans": "x"},
+                                 {"schema": "fleetwise-scenarios/1", "scenarios": [1]}],
+                         ids=["plan-schema-only", "plans-a-string", "scenarios-of-numbers"])
+def test_a_result_cut_short_or_edited_is_one_line_not_an_internal_error(capsys, tmp_path, doc):
+    # a plan JSON holding only its schema was "internal error: KeyError: 'workload'", exit 70
+    f = tmp_path / "result.json"
+    f.write_text(json.dumps(doc))
+    assert_user_error(run_cli(capsys, ["report", f, "-o", tmp_path / "r.html"]), f"{f}: not a whole result",
+                      "give the file the command wrote")
+
+
 # ---- physics the tool should know ---------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ import zmq
 from emu_helpers import TOKEN, sse_events
 
 from fleetwise.cli.emulate_cmd import FLEET_START_TIMEOUT_S
-from fleetwise.cli.main import build_parser
+from fleetwise.cli.main import build_parser, main
 
 START_TIMEOUT_S = 30.0
 
@@ -33,11 +33,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def emulator(*args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def emulator(*args: str, sigint_ignored: bool = False) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`fleetwise emulate` on a free port, healthy; `sigint_ignored`: started as a shell's background job."""
     port = free_port()
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", "llama-3.1-8b",
                              "--gpu", "h100-sxm", "--host", "127.0.0.1", "--port", str(port), "--time-scale", "50",
-                             "--admin-token", TOKEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--admin-token", TOKEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=ignore)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -77,6 +80,61 @@ def test_live_streaming_cut_stream_and_crash():
         with contextlib.suppress(httpx.HTTPError):
             c.post("/admin/faults", json={"kind": "crash"}, headers=auth)
         assert proc.wait(10) == 1
+
+
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_the_emulator_with_exit_0(signum, sigint_ignored):
+    # uvicorn raises the signal again once stopped: exit 143 on SIGTERM, 130 on Ctrl-C, unless kept
+    with emulator(sigint_ignored=sigint_ignored) as (proc, url):
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=START_TIMEOUT_S)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert b"interrupted" not in err and b"Traceback" not in err
+
+
+def test_port_0_prints_the_port_the_system_picked():
+    # it printed http://127.0.0.1:0, leaving the user no way to reach the replica
+    proc = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "emulate", "--model", "llama-3.1-8b",
+                             "--gpu", "h100-sxm", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = proc.stdout.readline().decode() if proc.stdout else ""
+        port = int(line.rsplit(":", 1)[1])
+        assert port > 0, line
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10.0).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=START_TIMEOUT_S)
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--port", "65534"], "--port=65534: the plan's replicas take ports 65534..65537, past the last TCP port 65535; "
+                          "give --port 65532 or lower"),
+    (["--port", "0"], "--port=0: the plan's replicas take consecutive ports from --port"),
+    (["--port", "8001", "--kv-events-port", "65530"], "--kv-events-port=65530: the plan's replicas' KV events take "
+                                                      "ports 65530..65537"),
+], ids=["past-65535", "port-0", "kv-events-past-65535"])
+def test_a_fleet_past_the_last_port_or_on_port_0_is_refused_before_it_starts(capsys, flags, needle):
+    # a replica past 65535 failed its own flag check ("--port ... got '65536'"); on port 0 the fleet
+    # waited its whole start timeout for a health route it could not find
+    plan = Path(__file__).resolve().parents[2] / "examples" / "plans" / "colocated-8b.yaml"
+    assert main(["emulate", "--plan", str(plan), *flags]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+@pytest.mark.parametrize("command", ["emulate", "up"])
+def test_a_local_fleet_of_more_replicas_than_the_limit_is_refused_before_it_starts(capsys, tmp_path, command):
+    # 500 replicas started 500 emulator processes (about 75 MB each) on the machine
+    plan = Path(__file__).resolve().parents[2] / "examples" / "plans" / "colocated-8b.yaml"
+    big = tmp_path / "big.yaml"
+    big.write_text(plan.read_text().replace("replicas: 4", "replicas: 500"))
+    argv = ["emulate", "--plan", str(big), "--port", "8001"] if command == "emulate" else ["up", str(big)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{big}: 500 replicas: a local fleet starts at most 64 emulator processes" in err
 
 
 def _metric_value(text: str, prefix: str) -> float:

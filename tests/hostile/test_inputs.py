@@ -143,3 +143,5 @@ def test_writable_checks(tmp_path):
     assert output.check_writable_file(tmp_path / "out.json") == tmp_path / "out.json"
     assert "does not exist" in _err(output.check_writable_file, tmp_path / "missing" / "out.json")
     assert "is a directory" in _err(output.check_writable_file, tmp_path)
+    assert output.check_writable_file(tmp_path / "new" / "out.html", make_folders=True) == tmp_path / "new" / "out.html"
+    assert "is a file" in _err(output.check_writable_file, tmp_path / "f" / "sub" / "r.html", make_folders=True)

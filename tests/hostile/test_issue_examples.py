@@ -53,6 +53,25 @@ def test_binary_and_utf16_files_are_one_line(capsys, tmp_path, kind, content, ne
     assert_user_error(run_cli(capsys, argv), str(bad), needle)
 
 
+@pytest.mark.parametrize("kind", ["plan", "workload", "faults", "planning", "model", "gpu", "gateway", "up"])
+def test_an_empty_file_says_it_is_empty(capsys, tmp_path, kind):
+    # it was "expected a mapping at the top level, got NoneType", with no fix
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    wl = small_workload(tmp_path)
+    argv = {
+        "plan": ["simulate", empty, "--workload", wl, "--out", tmp_path / "o"],
+        "workload": ["simulate", COLOCATED, "--workload", empty, "--out", tmp_path / "o"],
+        "faults": ["simulate", COLOCATED, "--workload", wl, "--faults", empty, "--out", tmp_path / "o"],
+        "planning": ["plan", empty],
+        "model": ["fit", "--model", empty, "--gpu", "h100-sxm"],
+        "gpu": ["fit", "--model", "llama-3.1-8b", "--gpu", empty],
+        "gateway": ["gateway", "--config", empty],
+        "up": ["up", empty],
+    }[kind]
+    assert_user_error(run_cli(capsys, argv), f"{empty}: expected a mapping", "the file is empty; write its fields")
+
+
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
 def test_documents_nested_thousands_deep(capsys, tmp_path, suffix):
     p = tmp_path / f"deep{suffix}"
@@ -218,6 +237,41 @@ def test_bad_output_paths_fail_before_the_run(capsys, tmp_path):
     assert_user_error(run_cli(capsys, ["plan", spec, "-o", tmp_path / "missing" / "x.json"]), "--output")
     o = run_cli(capsys, ["scenarios", "--small", "--out", tmp_path / "file"])
     assert_user_error(o, "--out")
+
+
+def test_unwritable_report_schema_and_endpoints_paths_fail_before_the_work(capsys, tmp_path):
+    # each was an internal error (exit 70) once the run, the plan or the fleet had started
+    (tmp_path / "file").write_text("x")
+    under_a_file = tmp_path / "file" / "sub"
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: llama-3.1-8b\naccelerators: [{name: h100-sxm}]\nworkload: {rate_rps: 1, preset: sharegpt}\n"
+                    "slo: {ttft_s: 2, tpot_s: 0.05}\n")
+    o = run_cli(capsys, ["simulate", COLOCATED, "--workload", small_workload(tmp_path), "--out", tmp_path / "o",
+                         "--report", under_a_file / "r.html"])
+    assert_user_error(o, "--report=", "is a file, so the directory cannot be made")
+    assert not (tmp_path / "o").exists()
+    assert_user_error(run_cli(capsys, ["plan", spec, "--report", under_a_file / "r.html"]), "--report=", "is a file")
+    assert_user_error(run_cli(capsys, ["scenarios", "--small", "--out", tmp_path / "sc", "--report",
+                                       under_a_file / "r.html"]), "--report=", "is a file")
+    assert_user_error(run_cli(capsys, ["report", tmp_path / "missing.json", "-o", under_a_file / "r.html"]),
+                      "--report=", "is a file")
+    assert_user_error(run_cli(capsys, ["plan", "--write-schema", under_a_file / "s.json"]), "--write-schema=",
+                      "is a file")
+    o = run_cli(capsys, ["emulate", "--plan", COLOCATED, "--port", "1", "--endpoints", under_a_file / "ep.json"])
+    assert_user_error(o, "--endpoints=", "does not exist")
+    assert run_cli(capsys, ["plan", "--write-schema", tmp_path / "new" / "s.json"]).rc == 0  # its folder is made
+    assert json.loads((tmp_path / "new" / "s.json").read_text())["title"]
+
+
+@pytest.mark.parametrize("doc", [{"schema": "fleetwise-plan/1"}, {"schema": "fleetwise-plan/1", "plans": "x"},
+                                 {"schema": "fleetwise-scenarios/1", "scenarios": [1]}],
+                         ids=["plan-schema-only", "plans-a-string", "scenarios-of-numbers"])
+def test_a_result_cut_short_or_edited_is_one_line_not_an_internal_error(capsys, tmp_path, doc):
+    # a plan JSON holding only its schema was "internal error: KeyError: 'workload'", exit 70
+    f = tmp_path / "result.json"
+    f.write_text(json.dumps(doc))
+    assert_user_error(run_cli(capsys, ["report", f, "-o", tmp_path / "r.html"]), f"{f}: not a whole result",
+                      "give the file the command wrote")
 
 
 # ---- physics the tool should know ---------------------------------------------------------------

@@ -173,6 +173,13 @@ def check(capsys: pytest.CaptureFixture[str], argv: list[Any], outputs: Sequence
     return o
 
 
+class _Unbound:
+    """What the stubbed `listening_socket` gives: a socket's name and nothing bound."""
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", 1)
+
+
 @pytest.fixture(autouse=True)
 def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
     """Relative paths a flag names (`--json 3`) land in the test's folder, never the checkout; a
@@ -181,11 +188,13 @@ def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
     import uvicorn
 
     import fleetwise.gateway
+    import fleetwise.gateway.server
     import fleetwise.live.http
 
     calls: list[str] = []
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(fleetwise.live.http, "listening_socket", lambda *a, **k: None)
+    for module in (fleetwise.live.http, fleetwise.gateway.server):  # the servers bind first, then print the port
+        monkeypatch.setattr(module, "listening_socket", lambda *a, **k: _Unbound())
     monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **k: calls.append("emulate"))
     monkeypatch.setattr(fleetwise.gateway, "serve", lambda *a, **k: calls.append("gateway"))
     return calls

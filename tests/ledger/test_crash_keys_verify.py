@@ -151,3 +151,15 @@ def test_not_a_database_is_a_clear_error(tmp_path):
     bad.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(SpecError, match="is not a usable SQLite database"):
         open_ledger(str(bad))
+
+
+def test_a_reader_refuses_a_file_without_a_ledger_and_leaves_it_unchanged(tmp_path):
+    empty = tmp_path / "usage.json"  # a wrong path: it was given a ledger's tables (40 KiB) and summed as empty
+    empty.write_bytes(b"")
+    with pytest.raises(SpecError, match="holds no fleetwise ledger"):
+        open_ledger(str(empty), create=False)
+    assert empty.read_bytes() == b""
+    with open_ledger(str(tmp_path / "ledger.db")) as led:  # a gateway's ledger, even with no usage yet, still reads
+        assert led.summary()["tenants"] == {}
+    with open_ledger(str(tmp_path / "ledger.db"), create=False) as led:
+        assert led.summary()["total"]["requests"] == 0

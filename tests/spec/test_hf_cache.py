@@ -76,6 +76,9 @@ def test_a_repo_id_not_in_the_cache_says_how_to_get_it_there(hub, capsys):
     assert main(["fit", "--model", REPO, "--gpu", "h100-sxm"]) == 2
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and "not in the local cache" in line and "downloads nothing" in line
+    # the fix, whole: it came after the cache path, and the one-line cut took its end
+    assert f"`huggingface-cli download {REPO} config.json`" in line and "or give a config.json path" in line
+
 
 
 def test_fit_takes_a_cached_repo_id(hub, capsys):

@@ -32,8 +32,15 @@ from fleetwise.cli.local_fleet import FLEET_START_TIMEOUT_S, stop_on_signals
 from fleetwise.errors import SpecError
 from fleetwise.spec.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
-from fleetwise.spec.limits import MAX_BLOCK_TOKENS, MAX_DURATION_S, MAX_ENGINE_SEQS, MAX_TOKENS
-from fleetwise.spec.output import write_json
+from fleetwise.spec.limits import (
+    MAX_BLOCK_TOKENS,
+    MAX_DURATION_S,
+    MAX_ENGINE_SEQS,
+    MAX_LOCAL_REPLICAS,
+    MAX_TCP_PORT,
+    MAX_TOKENS,
+)
+from fleetwise.spec.output import check_writable_file, write_json
 
 
 def register(subparsers: Any) -> None:
@@ -82,7 +89,7 @@ def register(subparsers: Any) -> None:
                    help='length distribution for requests without max_tokens, e.g. \'{"kind": "lognormal", '
                         '"median_tokens": 200, "p99_tokens": 2000}\' (default: that one, max 8192)')
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
-    p.add_argument("--port", type=int_flag(0, 65535), default=8000, help="port to bind")
+    p.add_argument("--port", type=int_flag(0, MAX_TCP_PORT), default=8000, help="port to bind")
     p.add_argument("--admin-token", default=None,
                    help="bearer token for POST /admin/faults (default: $FLEETWISE_EMULATOR_ADMIN_TOKEN; "
                         "unset = admin disabled, every admin call gets 401)")
@@ -106,7 +113,7 @@ def add_serving_flags(p: Any) -> None:
                    help="publish KV events as vLLM does, e.g. '{\"enable_kv_cache_events\": true, \"publisher\": "
                         "\"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\", "
                         "\"topic\": \"\"}' (vLLM's --kv-events-config; see docs/emulator.md)")
-    p.add_argument("--kv-events-port", type=int_flag(1, 65535), default=None, metavar="P",
+    p.add_argument("--kv-events-port", type=int_flag(1, MAX_TCP_PORT), default=None, metavar="P",
                    help="with --plan: each replica publishes its KV events over ZeroMQ on ports from P (replica i: "
                         "P+2i, replay P+2i+1), and --endpoints lists them for the gateway")
     p.add_argument("--server", choices=("lean", "uvicorn"), default=None,
@@ -215,6 +222,10 @@ def replica_fleet(args: argparse.Namespace, plan: Any, env: dict[str, str]) -> A
     """A `LocalFleet` of one emulator process per replica of `plan`, ports from `--port` in plan order."""
     from fleetwise.cli.local_fleet import LocalFleet, Member
 
+    count = sum(p.replicas for p in plan.pools)
+    if count > MAX_LOCAL_REPLICAS:
+        raise SpecError(f"{args.plan}: {count} replicas: a local fleet starts at most {MAX_LOCAL_REPLICAS} emulator "
+                        "processes (a limit, see docs/errors.md); scale pools[].replicas down for the rehearsal")
     members = []
     for i, (name, _, argv) in enumerate(fleet_commands(args, plan)):
         members.append(Member(name, argv, f"http://{args.host}:{args.port + i}/health", env))
@@ -253,6 +264,17 @@ def _watch(endpoints: list[dict[str, str]], fleet: Any, endpoints_file: str | No
         time.sleep(SUPERVISE_POLL_S)
 
 
+def _check_port_span(flag: str, first: int, count: int, what: str) -> None:
+    """SpecError naming `flag` unless `count` consecutive ports from `first` are all TCP ports
+    (0, "any free port", is not: each replica's is known before it starts)."""
+    if first == 0:
+        raise SpecError(f"{flag}=0: the plan's {what} consecutive ports from {flag}, so the system cannot pick "
+                        f"them; give a free port such as 8001")
+    if first + count - 1 > MAX_TCP_PORT:
+        raise SpecError(f"{flag}={first}: the plan's {what} ports {first}..{first + count - 1}, past the last TCP "
+                        f"port {MAX_TCP_PORT}; give {flag} {MAX_TCP_PORT - count + 1} or lower")
+
+
 def run_fleet(args: argparse.Namespace) -> int:
     """Start every replica of `--plan` as its own process; stop them all on Ctrl-C or SIGTERM. Each
     replica's port is checked free first and each must answer /health (else one line, exit 2);
@@ -269,8 +291,13 @@ def run_fleet(args: argparse.Namespace) -> int:
     from fleetwise.spec.plan import PlanSpec
 
     plan = PlanSpec.load(args.plan)
+    if args.endpoints:  # before any replica starts
+        check_writable_file(args.endpoints, "--endpoints")
     actions = live_fault_actions(args.faults, plan) if args.faults else []
     cmds = fleet_commands(args, plan)
+    _check_port_span("--port", args.port, len(cmds), "replicas take")
+    if args.kv_events_port is not None:
+        _check_port_span("--kv-events-port", args.kv_events_port, 2 * len(cmds), "replicas' KV events take")
     for i, (name, _, _) in enumerate(cmds):  # a port held by another server would answer its /health
         check_port_free(args.host, args.port + i, f"--plan: replica {name} (--port {args.port} + {i})")
         kv = kv_events_of(args, i) or {}
@@ -325,8 +352,6 @@ def run(args: argparse.Namespace) -> int:
     # passes, which would otherwise stall the step loop (vLLM's engine does the same).
     gc.collect()
     gc.freeze()
-    print(f"fleetwise emulate: {cfg.name} on {cfg.tp}x{cfg.gpu} role={cfg.role} time-scale={cfg.time_scale:g} "
-          f"at http://{cfg.host}:{cfg.port}", flush=True)
     if args.server is not None:
         print(f"fleetwise emulate: --server {args.server} is deprecated and ignored (the emulator is served by "
               "uvicorn)", file=sys.stderr, flush=True)
@@ -338,5 +363,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:  # the port is taken, or the address is not ours
         raise SpecError(f"--port={cfg.port}: cannot listen on {cfg.host}:{cfg.port} ({err.strerror or err}); "
                         "pick a free port") from None
+    print(f"fleetwise emulate: {cfg.name} on {cfg.tp}x{cfg.gpu} role={cfg.role} time-scale={cfg.time_scale:g} "
+          f"at http://{cfg.host}:{sock.getsockname()[1]}", flush=True)  # the system's pick under --port 0
     uvicorn_server(app.state.front, cfg.http, MAX_BODY_BYTES, args.log_level).run(sockets=[sock])
     return 0

@@ -17,6 +17,7 @@ from fleetwise.cli.common import LOG_LEVELS, check_listen_address, input_file, i
 from fleetwise.errors import SpecError
 from fleetwise.routing import policy_names
 from fleetwise.spec.base import load_document, validate
+from fleetwise.spec.limits import MAX_TCP_PORT
 
 MAX_WORKERS = 256
 """Most --workers (processes on one port; one or two per core is the useful range)."""
@@ -44,7 +45,7 @@ def register(subparsers: Any) -> None:
                                  "/v1/models report)")
     rename_flag(p, "--model", served)  # --model names a model spec everywhere else
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=int_flag(0, 65535), help="listen port (default 8000)")
+    p.add_argument("--port", type=int_flag(0, MAX_TCP_PORT), help="listen port (default 8000)")
     p.add_argument("--backends-file", metavar="FILE", help="watched YAML list of backends")
     p.add_argument("--tokenizer", metavar="T",
                    help="tokenize prompts for routing: 'fleetwise' (the emulator's tokenizer) or a HuggingFace "
@@ -94,22 +95,23 @@ def build_config(args: argparse.Namespace) -> Any:
     return out
 
 
-def started_line(gw: Any) -> str:
-    """What the gateway serves once started: its address, the backends it has read (config and
-    backends file) by role, and the policy."""
+def started_line(gw: Any, port: int | None = None) -> str:
+    """What the gateway serves once started: its address (`port`: the one bound, where --port 0
+    let the system pick), the backends it has read (config and backends file) by role, and the policy."""
     cfg = gw.cfg
     roles: dict[str, int] = {}
     for b in gw.backends.live.values():
         roles[b.spec.role] = roles.get(b.spec.role, 0) + 1
     by_role = ", ".join(f"{n} {r}" for r, n in sorted(roles.items())) or "none yet"
     source = f" (watching {cfg.backends_file})" if cfg.backends_file else ""
-    return (f"fleetwise gateway on http://{cfg.host}:{cfg.port} -> {sum(roles.values())} backend(s): {by_role}"
+    return (f"fleetwise gateway on http://{cfg.host}:{cfg.port if port is None else port} -> {sum(roles.values())} "
+            f"backend(s): {by_role}"
             f"{source}, policy {cfg.routing.policy}")
 
 
 def run(args: argparse.Namespace) -> int:
     from fleetwise.gateway import Gateway, serve
-    from fleetwise.gateway.server import serve_workers
+    from fleetwise.gateway.server import listening_socket, serve_workers
     from fleetwise.report.dashboard import render_dashboard
 
     cfg = build_config(args)
@@ -124,7 +126,9 @@ def run(args: argparse.Namespace) -> int:
                   f"{cfg.routing.policy}", flush=True)
             return serve_workers(lambda: Gateway(cfg, dashboard=render_dashboard), cfg.host, cfg.port, workers,
                                  args.log_level)
-        serve(gw, cfg.host, cfg.port, args.log_level, on_ready=lambda: print(started_line(gw), flush=True))
+        sock = listening_socket(cfg.host, cfg.port)
+        port = int(sock.getsockname()[1])  # the system's pick under --port 0
+        serve(gw, cfg.host, port, args.log_level, sock, on_ready=lambda: print(started_line(gw, port), flush=True))
     except OSError as err:
         raise SpecError(f"--port {cfg.port}: cannot listen on {cfg.host}:{cfg.port} ({err.strerror}); "
                         "pick a free port") from None

@@ -6,6 +6,8 @@ A process is named; its health URL must answer 200 before the fleet counts as st
 
 from __future__ import annotations
 
+import functools
+import os
 import signal
 import subprocess
 import time
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwise.errors import SpecError
+from fleetwise.live.process import stop_with_parent
 
 FLEET_START_TIMEOUT_S = 60.0
 """Wall seconds a fleet's processes get to answer their health route before the command gives up."""
@@ -44,6 +47,11 @@ class Member:
     proc: subprocess.Popen[bytes] | None = None
 
 
+def _spawn(m: Member) -> subprocess.Popen[bytes]:
+    """Start `m`'s process, stopped (SIGTERM) if this supervisor dies without stopping it."""
+    return subprocess.Popen(m.argv, env=m.env, preexec_fn=functools.partial(stop_with_parent, os.getpid()))
+
+
 @dataclass
 class LocalFleet:
     """Named processes started together and stopped together."""
@@ -56,7 +64,7 @@ class LocalFleet:
         """Start every member not running and wait until each answers its health URL."""
         for m in self.members:
             if m.proc is None or m.proc.poll() is not None:
-                m.proc = subprocess.Popen(m.argv, env=m.env)
+                m.proc = _spawn(m)
         deadline = time.monotonic() + timeout_s
         for m in self.members:
             self._wait_healthy(m, deadline)
@@ -66,7 +74,7 @@ class LocalFleet:
         m = self.member(name)
         if m.proc is not None and m.proc.poll() is None:
             return
-        m.proc = subprocess.Popen(m.argv, env=m.env)
+        m.proc = _spawn(m)
         self._wait_healthy(m, time.monotonic() + timeout_s)
 
     def member(self, name: str) -> Member:

@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetwise.spec.planning import load_planning_spec, write_planning_schema
 
     if args.write_schema:
+        check_writable_file(args.write_schema, "--write-schema", make_folders=True)
         print(write_planning_schema(args.write_schema))
         return 0
     if args.json_out not in (None, "-"):  # the older spelling of -o FILE

@@ -17,6 +17,7 @@ from typing import Any
 from fleetwise.cli import progress
 from fleetwise.cli.common import rename_flag
 from fleetwise.errors import SpecError
+from fleetwise.spec.output import check_writable_file
 
 
 def register(subparsers: Any) -> None:
@@ -53,6 +54,7 @@ def check_report_path(path: str | None) -> None:
         raise SpecError(f"--report={path}: the report is an HTML file; name it like {Path(path).stem}.html")
     if Path(path).is_dir():
         raise SpecError(f"--report={path} is a directory; give a file name such as {Path(path) / 'report.html'}")
+    check_writable_file(path, "--report", make_folders=True)  # its folder is made if missing
 
 
 def write_document(doc: dict[str, Any], out: str | Path, open_it: bool, quiet: bool = False) -> Path:

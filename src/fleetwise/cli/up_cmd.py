@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetwise.cli.common import SEED_MAX, check_listen_address, float_flag, input_file, int_flag
-from fleetwise.spec.limits import MAX_DURATION_S
+from fleetwise.spec.limits import MAX_DURATION_S, MAX_TCP_PORT
 
 
 def register(subparsers: Any) -> None:
@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("plan", metavar="PLAN", type=input_file("plan file"),
                    help="fleet document (`fleetwise plan --json/--fleet-out`) or plan file")
     p.add_argument("--host", default="127.0.0.1", help="address the gateway and replicas bind")
-    p.add_argument("--port", type=int_flag(1, 65535 - 1024), default=8000,
+    p.add_argument("--port", type=int_flag(1, MAX_TCP_PORT - 1024), default=8000,
                    help="gateway port; the replicas take the ports after it, in plan order")
     p.add_argument("--time-scale", type=float_flag(positive=True), default=1.0, metavar="X",
                    help="modelled seconds per wall second of the emulated replicas (and of the fault times)")

@@ -18,7 +18,7 @@ from fleetwise.emulator.kv_events import KvEventsConfig
 from fleetwise.spec.base import Spec, validate
 from fleetwise.spec.engine_defaults import GPU_MEMORY_UTILIZATION
 from fleetwise.spec.http import HttpLimitsSpec
-from fleetwise.spec.limits import MAX_FACTOR, MIN_FACTOR
+from fleetwise.spec.limits import MAX_FACTOR, MAX_TCP_PORT, MIN_FACTOR
 from fleetwise.spec.plan import KvLinkSpec, PoolSpec
 from fleetwise.spec.workload import LengthDist
 
@@ -50,7 +50,7 @@ class EmulatorConfig(Spec):
     (`fleetwise.live.clock`); False sleeps to the deadline (less CPU, later step ends)."""
     seed: int = 0
     host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default=8000, ge=0, le=MAX_TCP_PORT)
     served_model_name: str | None = None
     """Name clients send as `model` (default: the catalog model name)."""
     max_model_len: int | None = Field(default=None, ge=2)

@@ -28,7 +28,7 @@ from fleetwise.spec.base import Spec
 from fleetwise.spec.dtypes import KvDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
 from fleetwise.spec.http import HttpLimitsSpec
-from fleetwise.spec.limits import MAX_BLOCK_TOKENS, MAX_BODY_BYTES
+from fleetwise.spec.limits import MAX_BLOCK_TOKENS, MAX_BODY_BYTES, MAX_TCP_PORT
 from fleetwise.spec.routing import RoutingSpec
 
 if TYPE_CHECKING:
@@ -305,7 +305,7 @@ class GatewayConfig(Spec):
     """The whole gateway document."""
 
     host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default=8000, ge=0, le=MAX_TCP_PORT)
     models: tuple[str, ...] = ()
     """Model names served; empty = whatever the backends' /v1/models report."""
     backends: tuple[BackendSpec, ...] = ()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fleetwise.errors import SpecError
 from fleetwise.ledger.postgres import PostgresLedger
-from fleetwise.ledger.sqlite import SqliteLedger
+from fleetwise.ledger.sqlite import SqliteLedger, check_holds_ledger
 from fleetwise.ledger.store import Ledger
 from fleetwise.spec.failure_domains import FailureDomainSpec
 
@@ -27,6 +27,8 @@ def _sqlite(url: str, decisions: FailureDomainSpec | None, create: bool) -> Ledg
     path = url.removeprefix("sqlite:///")
     if not create and not Path(path).is_file():
         raise SpecError(f"ledger {path!r} not found; pass the --ledger a gateway wrote to")
+    if not create:
+        check_holds_ledger(path)
     return SqliteLedger(path, decisions)
 
 

@@ -8,6 +8,7 @@ loss (NORMAL survives a process kill only); see https://www.sqlite.org/wal.html.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,21 @@ from fleetwise.spec.failure_domains import FailureDomainSpec
 
 BUSY_TIMEOUT_S = 10.0
 """How long a writer waits for another process's write transaction before failing."""
+
+
+def check_holds_ledger(path: str | Path) -> None:
+    """A reader's check that the SQLite file at `path` holds a ledger (its `ledger_meta` table),
+    read without writing to it: a wrong path (an empty file, another program's database) is
+    refused, not given a ledger's schema. A file SQLite cannot open read-only is left to
+    `SqliteLedger`, which names what is wrong with it."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ledger_meta'").fetchone()
+    except sqlite3.DatabaseError:
+        return
+    if found is None:
+        raise SpecError(f"ledger path {str(path)!r} holds no fleetwise ledger (an empty file or another "
+                        "database); pass the ledger a gateway wrote to")
 
 
 class SqliteLedger(Ledger):

@@ -31,7 +31,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import httptools
@@ -39,6 +39,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from fleetwise.core.openai_request import error_body
+from fleetwise.live.process import stop_with_parent
 from fleetwise.spec.http import HttpLimitsSpec
 
 __all__ = ["LISTEN_BACKLOG", "GuardedHttpTools", "guarded_protocol", "listening_socket", "run_workers",
@@ -256,6 +257,15 @@ class _Server(uvicorn.Server):
         if self.started and self.on_ready is not None:
             self.on_ready()
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        """uvicorn's handlers for SIGINT and SIGTERM, without its raising the signal again once
+        stopped (uvicorn >= 0.29): a server stopped by Ctrl-C or SIGTERM has shut down cleanly and
+        exits 0, not 130 or 143 (nor does a `--workers` parent log its workers as failed)."""
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
+
 
 def uvicorn_server(app: Any, limits: HttpLimitsSpec, max_body_bytes: int, log_level: str = "warning",
                    on_ready: Callable[[], None] | None = None) -> uvicorn.Server:
@@ -270,16 +280,18 @@ def uvicorn_server(app: Any, limits: HttpLimitsSpec, max_body_bytes: int, log_le
 def run_workers(host: str, port: int, workers: int, serve_one: Callable[[socket.socket], None]) -> int:
     """Serve on host:port from `workers` forked processes, each on its own SO_REUSEPORT socket
     (the kernel spreads new connections over them), each running `serve_one(socket)` until it
-    stops. SIGTERM to this process is passed on to every worker (Ctrl-C reaches them as a
-    process group); a worker that exits is reported and the others keep serving. Returns the
-    highest exit status once all have exited (Linux: needs fork and SO_REUSEPORT)."""
+    stops. SIGTERM or SIGINT (Ctrl-C) to this process is passed on to every worker as SIGTERM
+    (SIGINT even where it was inherited ignored, as a shell starts a background job); a worker
+    that exits is reported and the others keep serving. Returns the highest exit status once all have exited (Linux: needs fork and SO_REUSEPORT)."""
     first = listening_socket(host, port, reuse_port=True)
     port = int(first.getsockname()[1])
     socks = [first, *(listening_socket(host, port, reuse_port=True) for _ in range(workers - 1))]
     pids: list[int] = []
+    parent = os.getpid()
     for i, sock in enumerate(socks):
         pid = os.fork()
-        if pid == 0:  # the worker: its socket only, then serve until stopped
+        if pid == 0:  # the worker: its socket only, then serve until stopped (or this process dies)
+            stop_with_parent(parent)
             for j, other in enumerate(socks):
                 if j != i:
                     other.close()
@@ -300,14 +312,13 @@ def run_workers(host: str, port: int, workers: int, serve_one: Callable[[socket.
                 os.kill(pid, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)  # also where it was inherited ignored (a shell's background job)
     worst = 0
     left = set(pids)
     while left:
         try:
             pid, status = os.wait()
         except InterruptedError:
-            continue
-        except KeyboardInterrupt:  # Ctrl-C: the workers got it too; wait for them
             continue
         left.discard(pid)
         code = os.waitstatus_to_exitcode(status)

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetwise.errors import SpecError
+from fleetwise.errors import SpecError, quote
 
 if TYPE_CHECKING:
     from fleetwise.report.page import Page, Progress
@@ -43,7 +43,11 @@ def report_page(result: str | Path, progress: Progress | None = None) -> Page:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise SpecError(f"{path}: not JSON ({err}); give a result written by fleetwise") from None
-    return document_page(doc, path, progress)
+    try:
+        return document_page(doc, path, progress)
+    except (KeyError, IndexError, TypeError) as err:  # a file edited or cut short: not the shape its writer gives
+        raise SpecError(f"{path}: not a whole result as fleetwise writes it ({type(err).__name__}: "
+                        f"{quote(str(err), 60)}); give the file the command wrote, or run the command again") from None
 
 
 def document_page(doc: Any, path: Path | None = None, progress: Progress | None = None) -> Page:

@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from fleetwise.core.request import Request
 from fleetwise.errors import SpecError
 from fleetwise.sim.scenario_constants import SCENARIO_NAMES
-from fleetwise.spec.base import Spec, read_document, validate
+from fleetwise.spec.base import Spec, read_document, top_mapping, validate
 from fleetwise.spec.faults import FaultScenario, version_skew_warnings
 from fleetwise.spec.plan import PlanSpec
 from fleetwise.spec.routing import DEFAULT_POLICY, PRESETS, RoutingSpec, deep_merge
@@ -195,9 +195,7 @@ def load_scenario(path: str | Path, small: bool = False, trace: str | None = Non
     `over_context` is what a request beyond the plan's context does (`Scenario`).
     """
     p = Path(path)
-    data = read_document(p)
-    if not isinstance(data, dict):
-        raise SpecError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    data = top_mapping(read_document(p), str(p))
     if small:
         data = deep_merge(data, data.get("small") or {})
     spec = validate(ScenarioSpec, data, str(p), strict=True)

@@ -205,9 +205,16 @@ def read_document(path: str | Path) -> Any:
     return inputs.read_document(path)
 
 
+def top_mapping(data: Any, where: str, what: str = "") -> dict[str, Any]:
+    """`data`, a document's top level, if it is a mapping; else one SpecError line naming
+    `where` and what it holds instead (an empty file says so). `what`: " (a ModelSpec)"."""
+    if isinstance(data, dict):
+        return data
+    got = "the file is empty" if data is None else f"got {type(data).__name__}"
+    raise SpecError(f"{where}: expected a mapping{what} at the top level, {got}; write its fields as `key: value` lines")
+
+
 def load_document(model: type[T], path: str | Path) -> T:
     """Read and validate a spec file."""
-    data = read_document(path)
-    if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    data = top_mapping(read_document(path), str(path))
     return validate(model, data, str(path), strict=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fleetwise.errors import SpecError, UnknownNameError, quote
-from fleetwise.spec.base import read_document, validate
+from fleetwise.spec.base import read_document, top_mapping, validate
 from fleetwise.spec.catalog_gpus import GPUS
 from fleetwise.spec.catalog_models import MODELS
 from fleetwise.spec.hardware import AcceleratorSpec
@@ -90,9 +90,7 @@ def resolve_model(name_or_path: str) -> ModelSpec:
         return model_from_hf_path(p)
     if p.suffix == ".json" and p.is_file():
         return _model_from_json(p)
-    data = read_document(p)
-    if not isinstance(data, dict):
-        raise SpecError(f"{p}: expected a mapping (a ModelSpec) at the top level, got {type(data).__name__}")
+    data = top_mapping(read_document(p), str(p), " (a ModelSpec)")
     if looks_like_hf_config(data):
         return model_from_hf_config(data, default_name(p), source=f"config at {p}")
     return validate(ModelSpec, data, str(p), strict=True)
@@ -114,7 +112,5 @@ def resolve_gpu(name_or_path: str) -> AcceleratorSpec:
         return GPUS[name_or_path.strip().lower()]
     if not _is_path_like(name_or_path):
         raise UnknownNameError("gpu", name_or_path, GPUS)
-    data = read_document(name_or_path)
-    if not isinstance(data, dict):
-        raise SpecError(f"{name_or_path}: expected a mapping (an AcceleratorSpec), got {type(data).__name__}")
+    data = top_mapping(read_document(name_or_path), name_or_path, " (an AcceleratorSpec)")
     return validate(AcceleratorSpec, data, str(name_or_path), strict=True)

@@ -267,10 +267,11 @@ def cached_config(repo_id: str) -> Path:
     for d in found:
         if (d / "config.json").is_file():
             return d / "config.json"
-    raise SpecError(f"model {quote(repo_id)}: a Hugging Face repo id whose config.json is not in the local cache "
-                    f"({root}); fleetwise downloads nothing: fetch it once with `huggingface-cli download {repo_id} "
-                    "config.json` (gated models: `huggingface-cli login` first; HF_HOME or HF_HUB_CACHE moves the "
-                    "cache), or give the path of a config.json")
+    # the fix first: a line is cut at cli.main.MAX_ERROR_LINE_CHARS, and the cache path is long
+    raise SpecError(f"model {quote(repo_id)}: config.json not in the local cache of Hugging Face and fleetwise "
+                    f"downloads nothing; run `huggingface-cli download {repo_id} config.json` (gated: "
+                    f"`huggingface-cli login` first) or give a config.json path (cache: {root}; HF_HOME or "
+                    "HF_HUB_CACHE moves it)")
 
 
 def model_from_hf_cache(repo_id: str) -> ModelSpec:

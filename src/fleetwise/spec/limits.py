@@ -21,6 +21,15 @@ MAX_QUOTE_CHARS = QUOTE_CHARS
 MAX_INT_DIGITS = 30
 """Longest integer literal accepted in a JSON body (beyond any count or id the project uses)."""
 
+MAX_TCP_PORT = 65_535
+"""Highest TCP port (16 bits, RFC 9293); a fleet on consecutive ports from P must end at or below it."""
+
+MAX_LOCAL_REPLICAS = 64
+"""Most replicas `fleetwise up` and `emulate --plan` start as local processes: each emulator
+process is about 75 MB resident and a second or so of CPU to start (pure Python, the 2-core VM
+of docs/simulator.md), so 64 is about 5 GB; a plan of 500 started 500 processes and loaded that
+machine to 62 before its start timeout. A larger fleet is rehearsed scaled down."""
+
 MAX_REPLICAS = 10_000
 """Most replicas in one plan (all pools). The simulator and the router keep per-replica state and
 score every eligible replica per request; 10k replicas of 8 GPUs is 80k GPUs, beyond any

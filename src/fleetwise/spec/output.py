@@ -62,31 +62,44 @@ def check_writable_dir(path: str | Path, what: str = "--out") -> Path:
     try:
         if p.exists() and not p.is_dir():
             raise SpecError(f"{what}={quote(str(p), 200)}: exists and is not a directory; pick a directory")
-        anchor = p
-        while not anchor.exists():
-            anchor = anchor.parent
-        if not anchor.is_dir():
-            raise SpecError(f"{what}={quote(str(p), 200)}: {anchor} is a file, so the directory cannot be made")
-        if not os.access(anchor, os.W_OK | os.X_OK):
-            raise SpecError(f"{what}={quote(str(p), 200)}: {anchor} is not writable; pick another directory")
+        _check_folder_can_hold(p, what, p)
     except (OSError, ValueError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-        raise SpecError(f"{what}={quote(str(p), 200)}: not a usable path ({reason})") from None
+        raise _unusable(what, p, err) from None
     return p
 
 
-def check_writable_file(path: str | Path, what: str = "--json") -> Path:
-    """`path` as a file that can be created or overwritten; checked before any work."""
+def check_writable_file(path: str | Path, what: str = "--json", make_folders: bool = False) -> Path:
+    """`path` as a file that can be created or overwritten; checked before any work. With
+    `make_folders` its folder may be missing if it can be made (the writer makes it)."""
     p = Path(path)
     try:
         if p.is_dir():
             raise SpecError(f"{what}={quote(str(p), 200)}: is a directory; give a file name")
         parent = p.parent if str(p.parent) else Path(".")
-        if not parent.is_dir():
+        if make_folders:
+            _check_folder_can_hold(parent, what, p)
+        elif not parent.is_dir():
             raise SpecError(f"{what}={quote(str(p), 200)}: folder {parent} does not exist; create it first")
-        if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        if (parent.is_dir() and not os.access(parent, os.W_OK | os.X_OK)) or (p.exists() and not os.access(p, os.W_OK)):
             raise SpecError(f"{what}={quote(str(p), 200)}: not writable; pick another path")
     except (OSError, ValueError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-        raise SpecError(f"{what}={quote(str(p), 200)}: not a usable path ({reason})") from None
+        raise _unusable(what, p, err) from None
     return p
+
+
+def _check_folder_can_hold(folder: Path, what: str, shown: Path) -> None:
+    """`folder` exists and is writable, or its nearest existing ancestor is a writable directory
+    (so it can be made); else a SpecError naming `what`=`shown`."""
+    anchor = folder
+    while not anchor.exists():
+        anchor = anchor.parent
+    if not anchor.is_dir():
+        raise SpecError(f"{what}={quote(str(shown), 200)}: {anchor} is a file, so the directory cannot be made")
+    if not os.access(anchor, os.W_OK | os.X_OK):
+        raise SpecError(f"{what}={quote(str(shown), 200)}: {anchor} is not writable; pick another directory")
+
+
+def _unusable(what: str, p: Path, err: OSError | ValueError) -> SpecError:
+    """The error of a path the system refused to look at (too long, a NUL byte)."""
+    reason = getattr(err, "strerror", None) or str(err)
+    return SpecError(f"{what}={quote(str(p), 200)}: not a usable path ({reason})")

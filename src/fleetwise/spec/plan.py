@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from fleetwise.errors import SpecError, UnknownNameError, quote
 from fleetwise.spec import engine_defaults as ed
-from fleetwise.spec.base import Spec, read_document, validate
+from fleetwise.spec.base import Spec, read_document, top_mapping, validate
 from fleetwise.spec.dtypes import KvDtype, WeightDtype
 from fleetwise.spec.failure_domains import FailureDomainSpec
 from fleetwise.spec.limits import (
@@ -250,8 +250,7 @@ def fleet_section(data: Any, where: str) -> tuple[dict[str, Any], str]:
     """The plan mapping inside a document and where it is: the document itself (hand-written, no
     `schema`), a fleet document without its `schema`, or the `fleet` section of a plan search;
     SpecError naming the field."""
-    if not isinstance(data, dict):
-        raise SpecError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+    data = top_mapping(data, where)
     schema = data.get("schema")
     if schema is None:
         return data, where

@@ -23,7 +23,6 @@ prediction is capped by the request's `max_tokens` when given.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from fleetwise.spec.routing import OutputPredictorParams
@@ -67,31 +66,37 @@ class OutputPredictor:
         self.p = params or OutputPredictorParams()
         self._keep = 0.5 ** (1.0 / self.p.half_life_requests)
         self._log_ratio = math.log(self.p.bucket_ratio)
+        self._prior_weight: float = self.p.prior_weight
+        """`prior_weight` and `prior_tokens` as native fields (read per prediction; a pydantic field
+        is a generic attribute lookup in compiled code)."""
+        self._prior_tokens: float = self.p.prior_tokens
         self._fleet = _Sums()
         self._tenant: dict[str, _Sums] = {}
         self._bucket: dict[tuple[str, int], _Sums] = {}
-        self._open: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._open: dict[str, tuple[str, int]] = {}
+        """Requests awaiting completion, oldest first (a plain dict: mypyc compiles its operations natively)."""
         self.observed = 0
         """Completions learned from."""
 
     def bucket(self, prompt_tokens: int) -> int:
         """Geometric prompt-length bucket: `floor(log(prompt) / log(bucket_ratio))` (0 for <= 1 token)."""
-        return int(math.log(prompt_tokens) / self._log_ratio) if prompt_tokens > 1 else 0
+        return int(math.log(float(prompt_tokens)) / self._log_ratio) if prompt_tokens > 1 else 0  # float: native log
 
     def predict(self, tenant: str, prompt_tokens: int, max_tokens: int | None = None) -> float:
         """Expected output tokens of a request (no bookkeeping), capped by `max_tokens` if given."""
-        k = self.p.prior_weight
-        fleet = self._fleet.shrunk(self.p.prior_tokens, k)
+        k = self._prior_weight
+        fleet = self._fleet.shrunk(self._prior_tokens, k)
         ten = self._tenant.get(tenant, _EMPTY).shrunk(fleet, k)
         est = self._bucket.get((tenant, self.bucket(prompt_tokens)), _EMPTY).shrunk(ten, k)
         return min(est, float(max_tokens)) if max_tokens is not None and max_tokens > 0 else est
 
     def expect(self, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int | None = None) -> int:
         """`predict` rounded to whole tokens (at least 1); remembers the request until it completes."""
-        self._open[request_id] = (tenant, self.bucket(prompt_tokens))
-        self._open.move_to_end(request_id)
-        while len(self._open) > MAX_OPEN:
-            self._open.popitem(last=False)
+        open_ = self._open
+        open_.pop(request_id, None)  # to the end, as the newest
+        open_[request_id] = (tenant, self.bucket(prompt_tokens))
+        while len(open_) > MAX_OPEN:
+            del open_[next(iter(open_))]
         return max(1, round(self.predict(tenant, prompt_tokens, max_tokens)))
 
     def completed(self, request_id: str, output_tokens: int) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from fleetwise.routing import kernels
@@ -85,9 +85,12 @@ class InFlight:
     """
 
     def __init__(self) -> None:
-        self._by_id: dict[str, Pending] = {}
-        """Every entry by request id, in dispatch order (plain dicts keep insertion order; mypyc
-        compiles their reads and writes natively, an `OrderedDict`'s as generic calls)."""
+        self._by_id: OrderedDict[str, Pending] = OrderedDict()
+        """Every entry by request id, in dispatch order: an `OrderedDict`, whose oldest entry is
+        found in O(1) when `MAX_TRACKED` evicts (a plain dict's first live entry is found by
+        scanning past the slots its deletions left, quadratic while an overloaded fleet keeps
+        evicting). The per-worker maps below are plain dicts (mypyc compiles their reads and writes
+        natively, an `OrderedDict`'s as generic calls): they are read by key and from the newest end."""
         self._serving: dict[str, dict[str, Pending]] = {}
         self._prefilling: dict[str, dict[str, Pending]] = {}
         self._version: dict[str, int] = {}

@@ -40,6 +40,14 @@ from fleetwise.errors import InfeasibleError, SpecError
 NO_IDS: frozenset[str] = frozenset()  # what `_admit_waiting` gets unless a preemption emptied the engine
 
 
+def chunk_tokens(chunks: list[tuple[SeqState, int]]) -> int:
+    """Prompt tokens of a step's chunks (a loop: compiled, the builtin `sum` is a generic call)."""
+    n = 0
+    for _, c in chunks:
+        n += c
+    return n
+
+
 class Engine(EngineState):
     """One replica. See the module docstring for the step phases and `api.py` for the contract."""
 
@@ -89,7 +97,7 @@ class Engine(EngineState):
         if self._prefilling or not self._reserve_decodes():
             preempted = []
             chunks = self._reserve_running(budget, preempted)
-        budget = self.config.max_num_batched_tokens - self._decoders.n - sum([c for _, c in chunks])
+        budget = self.config.max_num_batched_tokens - self._decoders.n - chunk_tokens(chunks)
         new_decoders: list[SeqState] = NO_ENTRIES
         scheduled: list[tuple[str, float]] = NO_ENTRIES
         hits = 0
@@ -128,7 +136,7 @@ class Engine(EngineState):
         sums = step_sums(self._decoders, self._passes, chunks)
         d0 = self.batch_time(*sums)
         self._inflight = ScheduledStep(1, d0, n_dec, chunks, new_decoders, preempted, hits, scheduled)
-        return Step(d0, 1, None, sums[0], sum([c for _, c in chunks]), n_dec, sums=sums)
+        return Step(d0, 1, None, sums[0], chunk_tokens(chunks), n_dec, sums=sums)
 
     def _reserve_decodes(self) -> bool:
         """Phase 1 fast path (nothing prefilling): reserve this pass's decode blocks; False: preempt."""

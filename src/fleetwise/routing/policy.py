@@ -30,7 +30,6 @@ pairs only as sums and comparisons.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,8 +61,8 @@ from fleetwise.routing.plugins import (
     PickerState,
     apply_filters,
     kv_headroom,
-    own_cost,
-    view_load,
+    own_cost_at,
+    side_load,
 )
 from fleetwise.routing.predictor import OutputPredictor
 from fleetwise.routing.prefix_index import PrefixIndex
@@ -96,8 +95,8 @@ class ComposedPolicy:
         self.feedback = LatencyFeedback(params.feedback)
         self.down: dict[str, float] = {}
         self.recent = RecentPicks(params.load_bound.share_window)
-        self.by_reason: Counter[str] = Counter()
-        self.by_worker: Counter[str] = Counter()
+        self.by_reason: dict[str, int] = {}
+        self.by_worker: dict[str, int] = {}
         self.last_now_s = 0.0
         self.rejected = 0
         self._down_version = 0
@@ -142,13 +141,13 @@ class ComposedPolicy:
         report the engines' `KvStored`/`KvEvicted` events."""
 
     def _read_params(self, params: PolicyParams) -> None:
-        """The parameters each decision reads, as plain attributes: a pydantic model's attribute
-        read goes through its `__getattr__` hook, some 200 instructions even from compiled code."""
+        """The parameters each decision reads, as plain attributes (a pydantic field: ~350 instructions a read)."""
         lb, pdp, cost = params.load_bound, params.pd, params.cost
         self._bound_on: bool = lb.enabled
         self._bound_c: float = lb.c
         self._share_window: int = lb.share_window
         self._tie_break: str = params.tie_break
+        self._picker_kind: str = params.picker
         self._record_dispatch: bool = params.prefix_index.record_dispatch
         self._kv_reserve: float = pdp.kv_reserve
         self._degraded_fraction: float = pdp.degraded_link_fraction
@@ -173,7 +172,7 @@ class ComposedPolicy:
         self._expected = 0 if self._simple else self.predictor.expect(
             req.request_id, req.tenant, req.prompt_tokens, req.max_output_tokens)
         e = self._eligible_cached(req, fleet)
-        if not self.safe.spec.enabled and self.safe.stale(now, e.reported):  # off: the stale view taken as fresh
+        if not self.safe.enabled and self.safe.stale(now, e.reported):  # off: the stale view taken as fresh
             fleet = as_fresh(fleet)
             e = self._eligible_cached(req, fleet)
         ws = e.ws
@@ -181,11 +180,11 @@ class ComposedPolicy:
         if not ws:
             return self._done(RoutingDecision(worker=None, reason=f"rejected: {e.why}", kind="rejected"))
         safe = self.safe.update_sorted(now, e.reported)
-        if safe and self.safe.spec.action == "reject":
+        if safe and self.safe.action == "reject":
             msg = f"safe-mode reject: fleet view stale ({self.safe.describe()}); shedding load"
             return self._done(RoutingDecision(worker=None, reason=msg, safe_mode=True, kind="safe-mode"))
         if ws[0].role == "mixed":
-            if self._simple or (safe and self.safe.spec.action == "round_robin"):
+            if self._simple or (safe and self.safe.action == "round_robin"):
                 d = self._route_mixed_simple(req, now, e, safe)
             else:
                 d = self._route_mixed(req, now, e, safe)
@@ -194,12 +193,13 @@ class ComposedPolicy:
         return self._done(d)
 
     def _done(self, d: RoutingDecision) -> RoutingDecision:
-        self.by_reason[d.kind] += 1
+        by_reason, by_worker = self.by_reason, self.by_worker  # plain dicts: a Counter's updates are generic calls
+        by_reason[d.kind] = by_reason.get(d.kind, 0) + 1
         self.rejected += d.worker is None
         if d.worker is not None:
-            self.by_worker[d.worker] += 1
+            by_worker[d.worker] = by_worker.get(d.worker, 0) + 1
         if d.prefill_worker is not None:
-            self.by_worker[d.prefill_worker] += 1
+            by_worker[d.prefill_worker] = by_worker.get(d.prefill_worker, 0) + 1
         return d
 
     def _eligible_cached(self, req: RouteRequest, fleet: FleetView) -> Eligible:
@@ -285,21 +285,21 @@ class ComposedPolicy:
         names = e.names
         scores: dict[str, float]
         kind = "safe-mode"
-        if safe and self.safe.spec.action == "round_robin":
+        if safe and self.safe.action == "round_robin":
             i = self.picker.round_robin(names, "mixed")
             reason = f"safe-mode round-robin {names[i]} ({self.safe.describe()})"
             scores = {}
         else:
             scores = e.zero_scores.copy()  # every total is an empty sum: no scorer has weight
-            i, reason, _ = PICKERS[self.params.picker](self.picker, names, lambda: [], "mixed", self._tie_break)
+            i, reason, _ = PICKERS[self._picker_kind](self.picker, names, lambda: [], "mixed", self._tie_break)
             if safe:
                 reason = f"safe-mode last-known ({self.safe.describe()}); {reason}"
             else:
-                kind = PICKER_KINDS[self.params.picker]
-        w, name, cost = e.ws[i], names[i], self.params.cost
-        load, _ = ledger_load(w, view_load(w, cost), self.inflight, cost.decode_token_weight, cost.per_request_tokens)
+                kind = PICKER_KINDS[self._picker_kind]
+        w, name, dw, per_req = e.ws[i], names[i], self._dw, self._per_req
+        load, _ = ledger_load(w, side_load(w, dw, per_req), self.inflight, dw, per_req)
         prefix = self.index.match(name, req.block_hashes)
-        self._record("mixed", name, own := own_cost(req, prefix, cost, self._expected))
+        self._record("mixed", name, own := own_cost_at(req, prefix, dw, per_req, self._expected))
         self._dispatch(req, prefix, load + own, name, None, now)
         return RoutingDecision(worker=name, scores=scores, reason=reason, safe_mode=safe, kind=kind)
 
@@ -320,9 +320,9 @@ class ComposedPolicy:
         """Each worker's own cost of `req` after its cached prefix, and the prefix blocks (None:
         none cached anywhere), for the workers at `pos` (name -> position): one lookup of the
         prompt in the prefix index for them all (`PrefixIndex.match_all`, O(prompt blocks))."""
-        cost, exp, hashes = self.params.cost, self._expected, req.block_hashes
+        dw, per_req, exp, hashes = self._dw, self._per_req, self._expected, req.block_hashes
         n = len(pos)
-        own = [own_cost(req, 0, cost, exp)] * n
+        own = [own_cost_at(req, 0, dw, per_req, exp)] * n
         prefix: list[int] | None = None
         if hashes:
             for name, k in self.index.match_all(hashes):
@@ -331,7 +331,7 @@ class ComposedPolicy:
                     if prefix is None:
                         prefix = [0] * n
                     prefix[i] = k
-                    own[i] = own_cost(req, k, cost, exp)
+                    own[i] = own_cost_at(req, k, dw, per_req, exp)
         return own, prefix
 
     def _pick_mixed(self, req: RouteRequest, now: float,
@@ -357,7 +357,7 @@ class ComposedPolicy:
         columns = list(per.values())
         kept_names = names if every else [names[i] for i in kept]
         totals = kernels.totals(columns, self._scorer_weights) if columns else [0.0] * len(kept)
-        kind = self.params.picker
+        kind = self._picker_kind
         if kind == "max":
             j, n_tied = self.picker.max(kept_names, totals, self._tie_break)
             reason = ""
@@ -414,7 +414,7 @@ class ComposedPolicy:
         no_link = not pairs
         if no_link:  # soft, like the region filter: the prefill takes a while, a link may be back by then
             pairs = fit
-        kp, kd = ("round_robin", "round_robin") if safe and self.safe.spec.action == "round_robin" else self._pd_pickers
+        kp, kd = ("round_robin", "round_robin") if safe and self.safe.action == "round_robin" else self._pd_pickers
         if kp != "max" or kd != "max":
             p, d, reason = self._pick_pd_simple(req, pairs, pt, cp, cd, kp, kd)
             scores: Mapping[str, float] = {}
@@ -428,7 +428,7 @@ class ComposedPolicy:
                   kind: str, safe: bool, no_link: bool, now: float) -> RoutingDecision:
         """Send `req` to the chosen (prefill, decode) pair: record both, book the load, say why."""
         if safe:
-            reason = f"safe-mode {self.safe.spec.action.replace('_', '-')} ({self.safe.describe()}); {reason}"
+            reason = f"safe-mode {self.safe.action.replace('_', '-')} ({self.safe.describe()}); {reason}"
             kind = "safe-mode"
         if no_link:
             reason += "; no healthy KV link, sent anyway"

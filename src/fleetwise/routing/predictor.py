@@ -67,21 +67,27 @@ class OutputPredictor:
         self.p = params or OutputPredictorParams()
         self._keep = 0.5 ** (1.0 / self.p.half_life_requests)
         self._log_ratio = math.log(self.p.bucket_ratio)
+        self._prior_weight: float = self.p.prior_weight
+        """`prior_weight` and `prior_tokens` as native fields (read per prediction; a pydantic field
+        is a generic attribute lookup in compiled code)."""
+        self._prior_tokens: float = self.p.prior_tokens
         self._fleet = _Sums()
         self._tenant: dict[str, _Sums] = {}
         self._bucket: dict[tuple[str, int], _Sums] = {}
         self._open: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        """Requests awaiting completion, oldest first (an `OrderedDict`: `MAX_OPEN` evicts the oldest
+        in O(1), where a plain dict would scan past the slots of earlier deletions each time)."""
         self.observed = 0
         """Completions learned from."""
 
     def bucket(self, prompt_tokens: int) -> int:
         """Geometric prompt-length bucket: `floor(log(prompt) / log(bucket_ratio))` (0 for <= 1 token)."""
-        return int(math.log(prompt_tokens) / self._log_ratio) if prompt_tokens > 1 else 0
+        return int(math.log(float(prompt_tokens)) / self._log_ratio) if prompt_tokens > 1 else 0  # float: native log
 
     def predict(self, tenant: str, prompt_tokens: int, max_tokens: int | None = None) -> float:
         """Expected output tokens of a request (no bookkeeping), capped by `max_tokens` if given."""
-        k = self.p.prior_weight
-        fleet = self._fleet.shrunk(self.p.prior_tokens, k)
+        k = self._prior_weight
+        fleet = self._fleet.shrunk(self._prior_tokens, k)
         ten = self._tenant.get(tenant, _EMPTY).shrunk(fleet, k)
         est = self._bucket.get((tenant, self.bucket(prompt_tokens)), _EMPTY).shrunk(ten, k)
         return min(est, float(max_tokens)) if max_tokens is not None and max_tokens > 0 else est

@@ -4,6 +4,7 @@ the load bound, slowness, ties) and of a P/D pair, with token counts written com
 from __future__ import annotations
 
 import math
+from typing import Final
 
 from fleetwise.core.views import KvLinkView, RouteRequest
 from fleetwise.routing.plugins import Candidate
@@ -13,8 +14,10 @@ from fleetwise.spec.routing import PolicyParams
 __all__ = ["fixed", "fmt_tokens", "max_reason", "pair_reason"]
 
 
-FIXED_SCALES = (1.0, 10.0, 100.0)
-"""`10 ** digits` of the `digits` `fixed` writes itself (0, 1 or 2 decimals)."""
+FIXED_SCALES: Final[tuple[float, ...]] = (1.0, 10.0, 100.0)
+"""`10 ** digits` of the `digits` `fixed` writes itself (0, 1 or 2 decimals). Typed as a tuple of
+any length: mypyc keeps a `Final` fixed-length tuple unboxed and its check that the value is set
+is inverted (every read raised `NameError`)."""
 
 
 def fixed(x: float, digits: int) -> str:
@@ -32,7 +35,8 @@ def fixed(x: float, digits: int) -> str:
             if not digits:
                 return f"{sign}{n}"
             unit = int(scale)
-            return f"{sign}{n // unit}.{str(n % unit).zfill(digits)}"
+            frac = str(n % unit)  # below `unit`: at most `digits` figures, one short at most (digits 1 or 2)
+            return f"{sign}{n // unit}.{frac if len(frac) == digits else '0' + frac}"
     return f"{x:.{digits}f}"
 
 

@@ -35,6 +35,12 @@ class SafeModeTracker:
 
     def __init__(self, spec: SafeModeSpec) -> None:
         self.spec = spec
+        self.enabled: bool = spec.enabled
+        """The spec's fields read per decision, kept as native fields (in compiled code a spec's
+        field is a generic attribute lookup on a pydantic model each time)."""
+        self.action: str = spec.action
+        self.stale_after_s: float = spec.stale_after_s
+        self.stale_fraction: float = spec.stale_fraction
         self.active = False
         self.entered_at_s = 0.0
         self.total_s = 0.0
@@ -47,18 +53,18 @@ class SafeModeTracker:
     def update(self, now_s: float, workers: Sequence[WorkerView]) -> bool:
         """Re-evaluate from the eligible workers' ages; return whether safe mode is on."""
         self.tick(now_s)
-        if not self.spec.enabled or not workers:
+        if not self.enabled or not workers:
             return self._set(False, now_s)
         ages = [now_s - w.reported_at_s for w in workers]
-        stale = sum(a > self.spec.stale_after_s for a in ages)
+        stale = sum(a > self.stale_after_s for a in ages)
         self.last_age_s = max(ages)
-        return self._set(stale >= self.spec.stale_fraction * len(workers), now_s)
+        return self._set(stale >= self.stale_fraction * len(workers), now_s)
 
     def update_sorted(self, now_s: float, reported_at: Sequence[float]) -> bool:
         """`update` given the eligible workers' `reported_at_s`, ascending (same result: ages
         fall as report times rise, so the stale ones are a prefix and the oldest comes first)."""
         self.tick(now_s)
-        if not self.spec.enabled or not reported_at:
+        if not self.enabled or not reported_at:
             return self._set(False, now_s)
         self.last_age_s = now_s - reported_at[0]
         return self._set(self.stale(now_s, reported_at), now_s)
@@ -67,7 +73,7 @@ class SafeModeTracker:
         """Whether the view is stale by the spec's rule (enabled or not), given the eligible
         workers' `reported_at_s` ascending."""
         n = len(reported_at)
-        limit = self.spec.stale_after_s
+        limit = self.stale_after_s
         lo, hi = 0, n  # ages[:lo] are stale, ages[hi:] are not
         while lo < hi:
             mid = (lo + hi) // 2
@@ -75,7 +81,7 @@ class SafeModeTracker:
                 lo = mid + 1
             else:
                 hi = mid
-        return n > 0 and lo >= self.spec.stale_fraction * n
+        return n > 0 and lo >= self.stale_fraction * n
 
     def tick(self, now_s: float) -> None:
         """Advance the clock (from a route call or any feedback event)."""

@@ -11,20 +11,20 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from fleetwise.core.views import RoutingDecision
 
 __all__ = ["SCORE_DIGITS", "ScoreRows", "rounded", "winning_scores"]
 
-SCORE_DIGITS = 6
+SCORE_DIGITS: Final = 6
 """Decimal places of a decision's scores (`round(v, 6)`)."""
-SCALE = 10.0 ** SCORE_DIGITS
+SCALE: Final = 10.0 ** SCORE_DIGITS
 """`10 ** SCORE_DIGITS`, an exact double."""
-SCALED_LIMIT = 2.0 ** 30
+SCALED_LIMIT: Final = 2.0 ** 30
 """Largest scaled magnitude `clear_nearest` rounds itself: below it the scaling's rounding error
 (half an ulp, at most 2 ** -23) stays under `TIE_MARGIN`."""
-TIE_MARGIN = 1e-6
+TIE_MARGIN: Final = 1e-6
 """How near a half (in units of the last kept digit) the builtin `round` or formatting decides instead."""
 
 
@@ -59,8 +59,8 @@ class ScoreRows:
 
     __slots__ = ("names", "scorers", "keys", "where", "kept", "columns")
 
-    def __init__(self, names: list[str], scorers: Mapping[str, int], keys: list[list[str]],
-                 where: Mapping[str, tuple[int, int]], kept: list[int] | None, columns: list[list[float]]) -> None:
+    def __init__(self, names: list[str], scorers: dict[str, int], keys: list[list[str]],
+                 where: dict[str, tuple[int, int]], kept: list[int] | None, columns: list[list[float]]) -> None:
         self.names = names
         """Every worker's name (the view's order)."""
         self.scorers = scorers
@@ -130,6 +130,8 @@ def winning_scores(d: RoutingDecision, scorers: tuple[str, ...]) -> dict[str, fl
     if d.worker is None:
         return {}
     sc = d.scores
+    if isinstance(sc, dict):  # a plain dict (round-robin's totals): read natively, no attribute lookup that fails
+        return _entries(sc, d.worker, d.prefill_worker, scorers)
     rows = getattr(sc, "rows", None)  # a `vector.ScoreTable`'s entries
     if isinstance(rows, ScoreRows):
         if d.prefill_worker is None:
@@ -140,17 +142,24 @@ def winning_scores(d: RoutingDecision, scorers: tuple[str, ...]) -> dict[str, fl
     return _entries(sc, d.worker, d.prefill_worker, scorers)
 
 
-def _entries(src: ScoreRows | Mapping[str, Any], worker: str, prefill: str | None,
+def _entries(src: ScoreRows | dict[str, Any] | Mapping[str, Any], worker: str, prefill: str | None,
              scorers: tuple[str, ...]) -> dict[str, float]:
-    """`winning_scores` read entry by entry through `src.get` (a `ScoreRows`' is a native call,
-    not a call of its bound method: a P/D pair decision reads seven entries)."""
+    """`winning_scores` read entry by entry (`_get`: a P/D pair decision reads seven entries)."""
     key = worker if prefill is None else f"{prefill}->{worker}"
     out: dict[str, float] = {}
-    total = src.get(key)
+    total = _get(src, key)
     if total is not None:
         out["total"] = total
     for s in scorers:
-        v = src.get(f"{worker}.{s}")
+        v = _get(src, f"{worker}.{s}")
         if v is not None:
             out[s] = v
     return out
+
+
+def _get(src: ScoreRows | dict[str, Any] | Mapping[str, Any], key: str) -> Any:
+    """`src.get(key)`: a dict's and a `ScoreRows`' as native calls, not calls of a bound method
+    (another `Mapping`'s through its method)."""
+    if isinstance(src, dict):
+        return src.get(key)
+    return src.get(key)

@@ -59,19 +59,19 @@ class Pending:
         self.prefill_tokens, self.decode_tokens, self.predicted_cost = prefill_tokens, decode_tokens, predicted_cost
 
 
-_NONE: OrderedDict[str, Pending] = OrderedDict()
+_NONE: dict[str, Pending] = {}
 """An empty per-worker map to read from (never written)."""
 
 
-def _per_worker(maps: dict[str, OrderedDict[str, Pending]], worker: str) -> OrderedDict[str, Pending]:
+def _per_worker(maps: dict[str, dict[str, Pending]], worker: str) -> dict[str, Pending]:
     """`worker`'s map in `maps`, created on first use."""
     m = maps.get(worker)
     if m is None:
-        m = maps[worker] = OrderedDict()
+        m = maps[worker] = {}
     return m
 
 
-def _drop(maps: dict[str, OrderedDict[str, Pending]], worker: str, request_id: str) -> bool:
+def _drop(maps: dict[str, dict[str, Pending]], worker: str, request_id: str) -> bool:
     """Remove `request_id` from `worker`'s map; whether it was there."""
     m = maps.get(worker)
     return m is not None and m.pop(request_id, None) is not None
@@ -86,8 +86,13 @@ class InFlight:
 
     def __init__(self) -> None:
         self._by_id: OrderedDict[str, Pending] = OrderedDict()
-        self._serving: dict[str, OrderedDict[str, Pending]] = {}
-        self._prefilling: dict[str, OrderedDict[str, Pending]] = {}
+        """Every entry by request id, in dispatch order: an `OrderedDict`, whose oldest entry is
+        found in O(1) when `MAX_TRACKED` evicts (a plain dict's first live entry is found by
+        scanning past the slots its deletions left, quadratic while an overloaded fleet keeps
+        evicting). The per-worker maps below are plain dicts (mypyc compiles their reads and writes
+        natively, an `OrderedDict`'s as generic calls): they are read by key and from the newest end."""
+        self._serving: dict[str, dict[str, Pending]] = {}
+        self._prefilling: dict[str, dict[str, Pending]] = {}
         self._version: dict[str, int] = {}
         self._log: list[str] = []
         """Workers in the order their entries changed (`changes_since`); `_log_base` is the

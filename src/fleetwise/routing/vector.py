@@ -31,8 +31,8 @@ class ScoreTable(Mapping[str, float]):
 
     __slots__ = ("rows", "_dict")
 
-    def __init__(self, names: list[str], scorers: Mapping[str, int], keys: list[list[str]],
-                 where: Mapping[str, tuple[int, int]], kept: list[int] | None, columns: list[list[float]]) -> None:
+    def __init__(self, names: list[str], scorers: dict[str, int], keys: list[list[str]],
+                 where: dict[str, tuple[int, int]], kept: list[int] | None, columns: list[list[float]]) -> None:
         self.rows = ScoreRows(names, scorers, keys, where, kept, columns)
         """The entries (`ScoreRows`: names, scorer columns, keys, kept positions, the lists)."""
         self._dict: dict[str, float] | None = None

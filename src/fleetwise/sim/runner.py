@@ -221,7 +221,7 @@ class Simulation:
         if not self.view_frozen:
             self._refresh_view(now_s)
         end = now_s + self.delay
-        reqs, n, reps, push = self.reqs, len(self.reqs), self.reps, self.loop.push
+        reqs, n, reps, loop = self.reqs, len(self.reqs), self.reps, self.loop  # `loop.push`: a native call
         while self.cursor < n and reqs[self.cursor].arrival_s < end:
             i = self.cursor
             self.cursor += 1
@@ -230,7 +230,7 @@ class Simulation:
             if route is not None:
                 w, p = route
                 reps[p if p >= 0 else w].pending.append(t)
-                push(t, Priority.ARRIVAL, RoutedArrival(i, w, p))
+                loop.push(t, Priority.ARRIVAL, RoutedArrival(i, w, p))
         if self.cursor < n:
             self.next_tick_s = max(end, reqs[self.cursor].arrival_s) if not self.view_frozen else end
             self.loop.push(self.next_tick_s, Priority.ROUTE, RouteTick())

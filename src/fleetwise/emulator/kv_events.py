@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any, Literal
 
 import msgpack
@@ -88,7 +88,7 @@ class KvEventPublisher:
     def __init__(self, block_size: int, cfg: KvEventsConfig | None = None) -> None:
         self.block_size = block_size
         self.cfg = cfg if cfg is not None and cfg.publishes else None
-        self._blocks: dict[int, tuple[int | None, list[int]]] = {}
+        self._blocks: OrderedDict[int, tuple[int | None, list[int]]] = OrderedDict()  # oldest first, O(1) eviction
         self.seq = -1
         """Sequence number of the last batch sent."""
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps if cfg else BUFFER_STEPS)
@@ -145,7 +145,7 @@ class KvEventPublisher:
                 blocks[h] = (parent, prompt_ids[i * bs:(i + 1) * bs])
             parent = h
         while len(blocks) > MAX_REMEMBERED_BLOCKS:
-            del blocks[next(iter(blocks))]
+            blocks.popitem(last=False)
 
     def _stored(self, hashes: list[int]) -> list[list[Any]]:
         """`BlockStored` events of `hashes`, consecutive blocks of one chain in one event."""

@@ -13,6 +13,7 @@ guesses fill the gaps as they do for a backend without events.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -165,7 +166,7 @@ class BlockNames:
 
     def __init__(self, hash_block_tokens: int) -> None:
         self.hash_block_tokens = hash_block_tokens
-        self._digest: dict[EngineHash, bytes] = {}
+        self._digest: OrderedDict[EngineHash, bytes] = OrderedDict()  # oldest first, O(1) eviction
 
     def __len__(self) -> int:
         return len(self._digest)
@@ -185,7 +186,7 @@ class BlockNames:
             digests.pop(h, None)
             digests[h] = d
         while len(digests) > MAX_MAPPED_BLOCKS:
-            del digests[next(iter(digests))]
+            digests.popitem(last=False)
         return tuple(map(block_id, out))
 
     def removed(self, hashes: tuple[EngineHash, ...]) -> tuple[int, ...]:

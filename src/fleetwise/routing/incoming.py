@@ -9,6 +9,8 @@ worker's KV headroom instead of sending every request of that interval to the sa
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from fleetwise.routing.state import MAX_TRACKED
 
 __all__ = ["IncomingKv"]
@@ -18,7 +20,9 @@ class IncomingKv:
     """Per decode worker: tokens of the requests routed to it whose KV has not landed yet."""
 
     def __init__(self) -> None:
-        self._by_id: dict[str, tuple[str, int]] = {}
+        # Oldest first: evicting from the front of an OrderedDict is O(1); a plain dict's first
+        # key after many front pops is found by skipping the deleted slots (quadratic at the cap).
+        self._by_id: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._tokens: dict[str, int] = {}
 
     def add(self, request_id: str, worker: str, tokens: int) -> None:
@@ -27,7 +31,8 @@ class IncomingKv:
         self._by_id[request_id] = (worker, tokens)
         self._tokens[worker] = self._tokens.get(worker, 0) + tokens
         while len(self._by_id) > MAX_TRACKED:  # a driver that never reports back
-            self.landed(next(iter(self._by_id)))
+            worker, tokens = self._by_id.popitem(last=False)[1]
+            self._tokens[worker] -= tokens
 
     def landed(self, request_id: str) -> None:
         """The request's first token arrived (its KV is in the worker's view), or it ended."""

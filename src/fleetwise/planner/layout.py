@@ -72,10 +72,9 @@ class Hardware:
     """Measured expert-load histogram (spec `moe.expert_load`): each layout's imbalance comes from it."""
 
     def imbalance_for(self, layout: Layout) -> float:
-        """Expert load imbalance over the EP ranks one MoE layer of `layout` runs on (its stage's;
-        measured, or assumed)."""
+        """`layout_imbalance` with the histogram checked against the model's expert count."""
         experts = self.model.moe.num_experts if self.model.moe is not None else None
-        return planned_imbalance(self.imbalance, self.expert_load, layout.parallelism.ep_stage, experts)
+        return layout_imbalance(self.imbalance, self.expert_load, layout, experts)
 
     def price(self, accelerator: str) -> float:
         return self.gpus[accelerator].price_per_hour_usd
@@ -84,6 +83,13 @@ class Hardware:
         """The layout's deployment, built as the simulator builds a pool's (`pool_deployment`)."""
         pool = pool_spec(layout, self.model.name, kv_dtype, self.imbalance_for(layout))
         return pool_deployment(self.model, self.gpus[layout.accelerator], pool)
+
+
+def layout_imbalance(assumed: float, expert_load: str | None, layout: Layout, experts: int | None = None) -> float:
+    """Expert load imbalance (busiest EP rank over the mean) over the EP ranks one MoE layer of
+    `layout` runs on, its pipeline stage's: from the measured histogram `expert_load`, else `assumed`
+    (the planner's one rule, for its estimates and its simulations)."""
+    return planned_imbalance(assumed, expert_load, layout.parallelism.ep_stage, experts)
 
 
 def pool_spec(layout: Layout, model: str, kv_dtype: str, imbalance: float, role: str = "mixed",

@@ -28,9 +28,8 @@ from operator import attrgetter
 from typing import Any, Literal
 
 from fleetwise.core.request import Request
-from fleetwise.perf.expert_load import planned_imbalance
 from fleetwise.planner.early import CertainMiss, CertainPass, VerdictWatch
-from fleetwise.planner.layout import Layout, pool_spec
+from fleetwise.planner.layout import Layout, layout_imbalance, pool_spec
 from fleetwise.planner.workload import LengthMix, requests_at
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash
 from fleetwise.spec.plan import KvLinkSpec, PlanSpec
@@ -119,8 +118,7 @@ class SimVerdict:
 def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]) -> PlanSpec:
     """The simulator's plan document for a fleet shape."""
     pools = [pool_spec(p.layout, spec.model, spec.kv_dtype,
-                       planned_imbalance(spec.moe.expert_imbalance, spec.moe.expert_load,
-                                         p.layout.parallelism.ep_stage), p.role,
+                       layout_imbalance(spec.moe.expert_imbalance, spec.moe.expert_load, p.layout), p.role,
                        p.replicas, prices[p.layout.accelerator]) for p in fleet.pools]
     pools = [p.model_copy(update={"step_time_factor": spec.step_time_factor(p.accelerator, p.role)})
              if spec.step_time_factor(p.accelerator, p.role) != 1.0 else p for p in pools]

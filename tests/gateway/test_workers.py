@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -97,14 +98,17 @@ def test_ctrl_c_or_sigterm_stops_the_gateway_with_exit_0_though_sigint_was_ignor
 
 
 @pytest.mark.slow
-def test_port_0_prints_the_port_the_system_picked() -> None:
-    # it printed http://127.0.0.1:0, leaving the user no way to reach the gateway
+@pytest.mark.parametrize("workers", [1, 2])
+def test_port_0_prints_the_port_the_system_picked(workers) -> None:
+    # it printed http://127.0.0.1:0 (with --workers too), leaving the user no way to reach the gateway
     gateway = subprocess.Popen([sys.executable, "-m", "fleetwise.cli.main", "gateway", "--backend",
-                                "http://127.0.0.1:9", "--model", "m", "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                "http://127.0.0.1:9", "--model", "m", "--port", "0", "--workers", str(workers)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         line = gateway.stdout.readline().decode() if gateway.stdout else ""
-        port = int(line.split("http://127.0.0.1:", 1)[1].split(" ", 1)[0])
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert found, line
+        port = int(found.group(1))
         assert port > 0, line
         _ready(f"http://127.0.0.1:{port}/health", gateway)
     finally:

@@ -122,10 +122,12 @@ def run(args: argparse.Namespace) -> int:
     gw = Gateway(cfg if workers == 1 else cfg.model_copy(update={"ledger": None}), dashboard=render_dashboard)
     try:
         if workers > 1:  # each worker builds its own gateway after the fork (nothing shared but the port)
-            print(f"fleetwise gateway on http://{cfg.host}:{cfg.port}: {workers} workers, policy "
-                  f"{cfg.routing.policy}", flush=True)
+            def bound(port: int) -> None:
+                print(f"fleetwise gateway on http://{cfg.host}:{port}: {workers} workers, policy "
+                      f"{cfg.routing.policy}", flush=True)
+
             return serve_workers(lambda: Gateway(cfg, dashboard=render_dashboard), cfg.host, cfg.port, workers,
-                                 args.log_level)
+                                 args.log_level, bound)
         sock = listening_socket(cfg.host, cfg.port)
         port = int(sock.getsockname()[1])  # the system's pick under --port 0
         serve(gw, cfg.host, port, args.log_level, sock, on_ready=lambda: print(started_line(gw, port), flush=True))

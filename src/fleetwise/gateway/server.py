@@ -31,7 +31,10 @@ def serve(gw: Gateway, host: str, port: int, log_level: str = "warning", sock: s
 
 
 def serve_workers(make_gateway: Callable[[], Gateway], host: str, port: int, workers: int,
-                  log_level: str = "warning") -> int:
+                  log_level: str = "warning", on_bound: Callable[[int], None] | None = None) -> int:
     """Serve from `workers` processes on one port (SO_REUSEPORT), each with its own `Gateway`
-    built by `make_gateway` after the fork; the exit status once all have stopped."""
-    return http.run_workers(host, port, workers, lambda sock: serve(make_gateway(), host, port, log_level, sock))
+    built by `make_gateway` after the fork (`on_bound` hears the port bound, the system's pick
+    under port 0); the exit status once all have stopped."""
+    return http.run_workers(host, port, workers,
+                            lambda sock: serve(make_gateway(), host, int(sock.getsockname()[1]), log_level, sock),
+                            on_bound)

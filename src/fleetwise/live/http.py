@@ -277,14 +277,19 @@ def uvicorn_server(app: Any, limits: HttpLimitsSpec, max_body_bytes: int, log_le
     return _Server(config, on_ready)
 
 
-def run_workers(host: str, port: int, workers: int, serve_one: Callable[[socket.socket], None]) -> int:
+def run_workers(host: str, port: int, workers: int, serve_one: Callable[[socket.socket], None],
+                on_bound: Callable[[int], None] | None = None) -> int:
     """Serve on host:port from `workers` forked processes, each on its own SO_REUSEPORT socket
     (the kernel spreads new connections over them), each running `serve_one(socket)` until it
     stops. SIGTERM or SIGINT (Ctrl-C) to this process is passed on to every worker as SIGTERM
     (SIGINT even where it was inherited ignored, as a shell starts a background job); a worker
-    that exits is reported and the others keep serving. Returns the highest exit status once all have exited (Linux: needs fork and SO_REUSEPORT)."""
+    that exits is reported and the others keep serving. `on_bound` hears the port bound (the
+    system's pick under port 0) before the workers start. Returns the highest exit status once all
+    have exited (Linux: needs fork and SO_REUSEPORT)."""
     first = listening_socket(host, port, reuse_port=True)
     port = int(first.getsockname()[1])
+    if on_bound is not None:
+        on_bound(port)
     socks = [first, *(listening_socket(host, port, reuse_port=True) for _ in range(workers - 1))]
     pids: list[int] = []
     parent = os.getpid()

@@ -496,6 +496,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.vidur_venv.resolve().is_relative_to(REPO):
         sys.exit(f"--vidur-venv {a.vidur_venv} is inside the repository; put it outside (e.g. /tmp/vidur-venv)")
+    needed = a.length_trace if a.workload == "vidur" else a.trace
+    if not Path(needed).is_file():
+        sys.exit(f"{needed}: no such trace (the public traces live in ../shared/traces beside the checkout); "
+                 f"pass --{'length-trace' if a.workload == 'vidur' else 'trace'} PATH")
     a.rate = DEFAULT_RATE[a.workload] if a.rate is None else a.rate
     a.max_tokens = a.max_tokens or (4096 if a.workload == "vidur" else 8192)
 

@@ -263,6 +263,15 @@ def test_cli_calibrate_then_predict_json(tmp_path, capsys):
 GOOD_CONFIG = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128, "vocab": 100}
 
 
+def _write_point(tmp_path, config, kind, point):
+    """A ground-truth file of model `m` (GOOD_CONFIG overridden by `config`) holding one point."""
+    doc = {"schema": "fleetwise-groundtruth/1",
+           "models": {"m": {"config": {**GOOD_CONFIG, **config}, kind: [point]}}}
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
 @pytest.mark.parametrize("config,kind,point,match", [
     ({}, "decode", {"batch": 1, "ctx": 64, "ms": 1e308}, r"decode\[0\]\.ms: expected a step time .* got 1e\+308"),
     ({}, "decode", {"batch": 1, "ctx": 64, "ms": True}, r"decode\[0\]\.ms: .* got True"),
@@ -275,10 +284,7 @@ GOOD_CONFIG = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim":
 ], ids=["huge-ms", "bool-ms", "negative-ms", "fractional-hidden", "batch-0", "negative-seq", "negative-chunk", "bool-batch"])
 def test_ground_truth_values_are_validated(tmp_path, capsys, config, kind, point, match):
     """Each bad value is one line naming the file, the model, the point and the field, in calibrate and predict."""
-    doc = {"schema": "fleetwise-groundtruth/1",
-           "models": {"m": {"config": {**GOOD_CONFIG, **config}, kind: [point]}}}
-    path = tmp_path / "gt.json"
-    path.write_text(json.dumps(doc))
+    path = _write_point(tmp_path, config, kind, point)
     with pytest.raises(SpecError, match=match):
         load_groundtruth(path)
     assert main(["calibrate", str(path), "-o", str(tmp_path / "p.json")]) == 2
@@ -288,6 +294,23 @@ def test_ground_truth_values_are_validated(tmp_path, capsys, config, kind, point
     Profile(accelerator="h200-sxm").save(prof)
     assert main(["predict", "--profile", str(prof), "--against", str(path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("config,match", [
+    ({"kv_heads": 3}, r"models\.m\.config: num_attention_heads=4 is not a multiple of num_kv_heads=3; GQA groups"),
+    ({"ffn": 0}, r"models\.m\.config: ffn_size=0 is only valid for MoE models; set ffn_size"),
+    ({"ffn": 0, "experts": 4, "topk": 8, "moe_ffn": 32},
+     r"models\.m\.config: experts_per_token=8 exceeds num_experts=4; top-k must be at most"),
+], ids=["gqa-ratio", "dense-no-ffn", "topk-over-experts"])
+def test_config_shape_rules_name_rule_and_value(tmp_path, capsys, config, match):
+    """A config that breaks a model-shape rule is one line naming the file, the model, the rule and its
+    values (was: pydantic's header `1 validation error for ModelSpec`, or `arguments: ...` without the file)."""
+    path = _write_point(tmp_path, config, "decode", {"batch": 1, "ctx": 64, "ms": 1.0})
+    with pytest.raises(SpecError, match=match):
+        load_groundtruth(path)
+    assert main(["calibrate", str(path), "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0]
 
 
 def test_bad_ceiling_is_refused(tmp_path):

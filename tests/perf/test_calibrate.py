@@ -198,7 +198,7 @@ def test_extrapolation_to_larger_shapes(files):
     assert {p.point.chunk for p in ext["mixed chunk"]} == {2048, 4096, 8192}
     assert {name: (summarize(ps)["median_abs_pct"], summarize(ps)["max_abs_pct"]) for name, ps in ext.items()} == {
         "prefill tokens": (5.85, 12.09), "decode batch": (5.82, 13.31), "decode context": (1.5, 5.18),
-        "mixed chunk": (2.84, 8.93), "mixed batch": (2.82, 13.5), "all axes": (3.71, 17.14)}
+        "mixed chunk": (2.84, 8.93), "mixed batch": (2.82, 13.5), "all axes": (3.3, 17.14)}
     for name, ps in ext.items():
         assert summarize(ps)["max_abs_pct"] <= 20.0, name
     pooled = summarize([p for name, ps in ext.items() if name != "all axes" for p in ps])

@@ -11,7 +11,12 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
 - Dense GEMMs (QKV, O, gate/up, down, router, shared experts, MLA projections), aggregated over
   the model's W weights per GPU and A = sum of (N+K) activation widths:
       t = max(2*W*T / (P*eff_c(T)), (W*wb + T*A*ab) / (B*gemm_mem_eff)),
-      eff_c(M) = gemm_compute_eff * M / (M + gemm_m_half_tokens).
+      eff_c(M) = gemm_compute_eff * M / (M + min(M, gemm_m_half_tokens)).
+  The padding rows are tile waste: a kernel runs M rows in a tile of at most the next power of two
+  from the MMA's 16 rows (cuBLAS/CUTLASS small-M tiles, Marlin's 16-row blocks), so it never computes
+  more padding rows than real ones; a GEMV of one row pays about one row, not gemm_m_half_tokens.
+  Without the cap a weight-only int4 GEMM (bf16 tensor work, a quarter of the bytes) at batch 1 was
+  compute-bound on 109 rows and barely faster than bf16.
   LM head: the same roofline with M = S rows (logits of each sequence's last position only), its
   weights bf16 whatever the weight dtype (quantised checkpoints keep it unquantised).
 - Routed experts, per MoE layer and GPU, from what physically drives them: expected experts
@@ -170,7 +175,7 @@ class BoundPerf:
         self.layers, self.moe_layers = m.num_layers, m.num_moe_layers
 
         dense = _dense_weights(m, tp)
-        # Dense GEMM roofline: compute = c_dense*(T + m_half), memory = w_dense + a_dense*T.
+        # Dense GEMM roofline: compute = c_dense*(T + min(T, m_half)), memory = w_dense + a_dense*T.
         self.c_dense = 2 * dense.weights / (peak * p.gemm_compute_eff)
         self.m_half = p.gemm_m_half_tokens
         self.w_dense = dense.weights * wb / (bw * p.gemm_mem_eff)
@@ -343,8 +348,10 @@ class BoundPerf:
         """Roofline sides of the dense GEMMs and LM head (T token rows, S sequence rows) and of
         the routed experts: (dense compute, dense memory, LM compute, LM memory, expert compute,
         expert memory, expert row traffic)."""
-        d_c, d_m = self.c_dense * (T + self.m_half), self.w_dense + self.a_dense * T
-        l_c, l_m = self.c_lm * (S + self.m_half), self.w_lm + self.a_lm * S
+        # Tile padding: no more padding rows than real rows (small-M tiles), at most m_half.
+        mh = self.m_half
+        d_c, d_m = self.c_dense * (T + (T if T < mh else mh)), self.w_dense + self.a_dense * T
+        l_c, l_m = self.c_lm * (S + (S if S < mh else mh)), self.w_lm + self.a_lm * S
         x_c = x_m = x_r = 0.0
         if self.has_moe:
             touched = self.n_exp * (1.0 - self.miss ** T) / self.ep

@@ -238,3 +238,18 @@ def test_gemm_tile_padding_never_exceeds_the_rows():
     for rows, padded in ((1, 2.0), (64, 128.0), (500, 500.0 + pm.profile.gemm_m_half_tokens)):
         cost = bound.step_cost(BatchShape.decode(rows, 512))
         assert cost.gemm_compute_s == pytest.approx((bound.c_dense + bound.c_lm) * padded, rel=1e-12)
+
+
+def test_replicated_kv_head_costs_what_an_own_head_costs():
+    """With kv_heads < tp every rank holds one whole K/V head (vLLM replicates it; the memory fit counts it,
+    `memory.kv_heads_per_card`): 4 KV heads at TP8 read the same K/V weights and move the same K/V widths
+    per rank as 8 KV heads at TP8. The step priced half a head's projection weights and elementwise
+    traffic per rank before (cheaper than the 8-head model, whose cards hold the same bytes)."""
+    pm = PerfModel()
+    par = ParallelismSpec(tp=8)
+    base = get_model("qwen3-30b-a3b")  # 32 query heads, 4 KV heads
+    assert base.num_kv_heads == 4
+    eight = base.model_copy(update={"num_kv_heads": 8})
+    shape = BatchShape.decode(8, 1024) + BatchShape.prefill(1, 512)
+    assert (pm.step_time_s(shape, Deployment(base, H200, par))
+            == pm.step_time_s(shape, Deployment(eight, H200, par)))

@@ -74,7 +74,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fleetwise.perf.memory import KEPT_BYTES
+from fleetwise.perf.memory import KEPT_BYTES, kv_heads_per_card
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.types import BatchShape, Deployment, SeqWork, StepCost
 from fleetwise.perf.uncertainty import Band, band, residuals_of
@@ -118,7 +118,7 @@ def _attn_gemms(m: ModelSpec, tp: int) -> _Dense:
         width = q_w + h + a.kv_lora_rank + a.qk_rope_head_dim + a.kv_lora_rank
         width += nh * (a.qk_nope_head_dim + a.v_head_dim) / tp + nh * a.v_head_dim / tp + h
         return _Dense(q + kv_a + kv_b + o, width)
-    qkv_n = (nh + 2 * m.num_kv_heads) * m.head_dim / tp
+    qkv_n = (nh / tp + 2 * kv_heads_per_card(m, tp)) * m.head_dim  # K/V heads replicated when kv_heads < tp
     o_k = nh * m.head_dim / tp
     return _Dense(h * qkv_n + o_k * h, h + qkv_n + o_k + h)
 
@@ -189,7 +189,7 @@ class BoundPerf:
         self._bind_experts(d, p, peak, bw, wb)
         self._bind_attention(d, p, bw, kvb)
         # Counted elementwise traffic (norms, residuals, RoPE, K/V expansion, copies) plus the KV write, per token.
-        q_w, kv_w = m.num_attention_heads * m.head_dim / tp, m.num_kv_heads * m.head_dim / tp
+        q_w, kv_w = m.num_attention_heads * m.head_dim / tp, kv_heads_per_card(m, tp) * m.head_dim
         elems = (m.num_layers * (p.elementwise_hidden_passes * h + p.elementwise_qhead_passes * q_w
                                  + p.elementwise_kvhead_passes * kv_w)
                  + m.num_dense_layers * p.elementwise_ffn_passes * m.ffn_size / tp)
@@ -238,7 +238,7 @@ class BoundPerf:
             dec_flops = 2 * heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim)
             self.units_per_seq = max(1.0, heads / MLA_HEADS_PER_UNIT)
         else:
-            kvh = max(1.0, m.num_kv_heads / tp)
+            kvh = kv_heads_per_card(m, tp)
             self.kv_layer_bytes = 2 * kvh * m.head_dim * kvb
             pre_flops = dec_flops = 4 * heads * m.head_dim
             self.units_per_seq = kvh

@@ -17,6 +17,7 @@ from fleetwise.perf.calibrate import (
     cross_validate,
     cross_validate_shapes,
     extrapolate_shapes,
+    faster_than_the_card,
     fit_bounds,
     fit_warnings,
     grouped_tile_k_from_block,
@@ -338,3 +339,21 @@ def test_cli_calibrate_warns_what_a_small_fit_cannot_tell(tmp_path, capsys):
                    "and the prior; measure them to check"]
     files = [load_groundtruth(SHARED / f) for f in FILES]
     assert fit_warnings(files) == []
+
+
+def test_points_faster_than_the_card_are_named(tmp_path, capsys):
+    """The H200 files fitted as an A100 (the wrong --gpu): 61 of 88 points are faster than any profile
+    within the factor bounds prices them there, one warning line names the first; as an H200, none. Before,
+    the fit ran silently to its bounds."""
+    files = [load_groundtruth(SHARED / f) for f in FILES]
+    assert faster_than_the_card(files, H200) == []
+    line = ("61 of 88 points measured faster than a100-80g allows at the fastest factor bounds (first: "
+            "llama-3.1-8b prefill batch=1 seq=512: 21.73 ms < 26.86 ms); no fit reaches them: check --gpu "
+            "and the model's config")
+    assert faster_than_the_card(files, get_gpu("a100-80g")) == [line]
+    one = _write_point(tmp_path, {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "head_dim": 128,
+                                  "ffn": 28672, "vocab": 128256}, "decode", {"batch": 1, "ctx": 512, "ms": 7.0})
+    assert main(["calibrate", str(one), "--gpu", "h200-sxm", "-o", str(tmp_path / "p.json"), "--no-band"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("warning: 1 of 1 points measured faster than h200-sxm allows at the fastest factor "
+                              "bounds (first: m decode batch=1 ctx=512: 7 ms < ")

@@ -2,7 +2,8 @@
 
 Checked for any model, card, layout, dtype and shape: a step is finite and positive; more rows, more
 context or a longer prompt never make it cheaper; TP splits the work of a big model (its all-reduces
-priced); fp8 weights halve the bytes of the quantised weights; MoE compute follows the active experts
+priced); fp8 weights halve the bytes of the quantised weights, and a small dense decode is never
+slower at fewer weight bytes (int4 <= fp8 <= bf16); MoE compute follows the active experts
 and memory the total; a card with more HBM bandwidth is not slower on decode.
 """
 
@@ -114,6 +115,20 @@ def test_fp8_weights_halve_the_quantised_weight_reads(name: str, gpu: str, tp: i
     if m.moe is not None:
         group = m.num_moe_layers * PerfModel().profile.expert_group_s
         assert math.isclose(b8.w_exp - group, (b16.w_exp - group) / 2, rel_tol=1e-12)
+
+
+@SWEEP
+@given(name=st.sampled_from([n for n in MODELS if get_model(n).moe is None]), gpu=st.sampled_from(GPUS),
+       tp=st.sampled_from([1, 2, 8]), b=st.integers(1, 16), ctx=st.integers(1, 32768))
+def test_fewer_weight_bytes_never_slow_a_small_dense_decode(name: str, gpu: str, tp: int, b: int, ctx: int) -> None:
+    """A decode of up to 16 rows is bound by the weight read: int4 (bf16 tensor work, 0.5 bytes) is never
+    slower than fp8 (1 byte), nor fp8 than bf16 (the GEMM pads at most its own rows, `roofline`). Before the
+    tile-padding cap int4 was compute-bound on gemm_m_half_tokens rows and slower than fp8."""
+    m, g = get_model(name), get_gpu(gpu)
+    pm, par, shape = PerfModel(), ParallelismSpec(tp=tp), BatchShape.decode(b, ctx)
+    dtypes = ["int4", "fp8", "bf16"] if "fp8" in g.flops_per_s else ["int4", "bf16"]
+    times = [pm.step_time_s(shape, Deployment(m, g, par, weight_dtype=w)) for w in dtypes]
+    assert times == sorted(times)
 
 
 def _with_experts(m: ModelSpec, experts: int) -> ModelSpec:

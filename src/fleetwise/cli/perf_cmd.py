@@ -23,7 +23,14 @@ from fleetwise.cli import measure_cmd
 from fleetwise.cli.common import console as _console
 from fleetwise.cli.common import emit_json, input_file
 from fleetwise.errors import SpecError
-from fleetwise.perf.calibrate import calibrate, fit_warnings, held_out_residuals, predict, summarize
+from fleetwise.perf.calibrate import (
+    calibrate,
+    faster_than_the_card,
+    fit_warnings,
+    held_out_residuals,
+    predict,
+    summarize,
+)
 from fleetwise.perf.groundtruth import load_groundtruth
 from fleetwise.perf.profile import Profile
 from fleetwise.spec.catalog import resolve_gpu
@@ -73,7 +80,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     base = Profile(accelerator=gpu.name, engine="; ".join(engines),
                    source="fitted to " + ", ".join(str(f) for f in args.files))
     prof = calibrate(files, gpu, base=base)
-    for line in fit_warnings(files):
+    for line in fit_warnings(files) + faster_than_the_card(files, gpu):
         print(f"warning: {line}", file=sys.stderr)
     if not args.no_band:
         prof = prof.model_copy(update={"residuals": held_out_residuals(files, gpu, base)})

@@ -191,6 +191,30 @@ def fit_warnings(files: Sequence[GroundTruthFile], factors: Sequence[str] = FIT_
     return out
 
 
+FASTER_WHEN_HIGHER = frozenset({"gemm_mem_eff", "gemm_compute_eff", "attn_compute_eff", "kv_mem_eff",
+                                 "elementwise_mem_eff", "eager_overlap_p"})
+"""Factors whose larger value makes every step cheaper (efficiencies; the smooth max's exponent); for the
+others (tile rows, kernel times, per-tile work, saturation units, MoE kernel weight) the smaller is cheaper."""
+
+
+def faster_than_the_card(files: Sequence[GroundTruthFile], gpu: AcceleratorSpec) -> list[str]:
+    """Points measured faster than any profile within the factor bounds can price them on `gpu` (every
+    efficiency at its upper bound, every overhead at its lower): no fit can reach them, and the usual
+    cause is the wrong card (`--gpu`) or a config that is not the measured model. One line naming the
+    first such point and the count, or nothing."""
+    bounds = fit_bounds(files, gpu)
+    fastest = Profile().with_factors(**{n: b[1] if n in FASTER_WHEN_HIGHER else b[0] for n, b in bounds.items()})
+    slow = [p for p in predict(fastest, files, gpu) if p.point.measured_s < p.predicted_s]
+    if not slow:
+        return []
+    pt, floor = slow[0].point, slow[0].predicted_s
+    shape = " ".join(f"{k}={v}" for k, v in pt.as_dict().items() if k not in ("model", "kind"))
+    total = sum(len(f.points) for f in files)
+    return [f"{len(slow)} of {total} points measured faster than {gpu.name} allows at the fastest factor "
+            f"bounds (first: {pt.model} {pt.kind} {shape}: {pt.measured_s * 1e3:.4g} ms < "
+            f"{floor * 1e3:.4g} ms); no fit reaches them: check --gpu and the model's config"]
+
+
 def _grouped_tile_k_without_moe_points(profile: Profile, files: Sequence[GroundTruthFile],
                                       gpu: AcceleratorSpec) -> float:
     """No MoE point to fit the grouped kernel on: solve it from the MoE block the same run timed

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from fleetwise.errors import SpecError
 from fleetwise.perf.types import BatchShape
-from fleetwise.spec.base import read_document
+from fleetwise.spec.base import describe_validation_error, read_document
 from fleetwise.spec.model import ModelSpec, MoESpec
 
 GROUNDTRUTH_SCHEMA = "fleetwise-groundtruth/1"
@@ -140,18 +142,20 @@ def model_from_config(name: str, cfg: dict[str, Any], where: str = "config") -> 
     fix = "fix the model's config (whole counts and sizes)"
     v = {k: _whole(cfg[k], f"{where}.{k}", 0 if k == "ffn" else 1, fix) for k in _CONFIG_KEYS}
     moe = None
-    if cfg.get("experts"):
-        if "topk" not in cfg or "moe_ffn" not in cfg:
-            raise SpecError(f"{where}: experts={cfg['experts']} needs `topk` and `moe_ffn`")
-        moe = MoESpec(num_experts=_whole(cfg["experts"], f"{where}.experts", 1, fix),
-                      experts_per_token=_whole(cfg["topk"], f"{where}.topk", 1, fix),
-                      expert_ffn_size=_whole(cfg["moe_ffn"], f"{where}.moe_ffn", 1, fix))
     try:
+        if cfg.get("experts"):
+            if "topk" not in cfg or "moe_ffn" not in cfg:
+                raise SpecError(f"{where}: experts={cfg['experts']} needs `topk` and `moe_ffn`")
+            moe = MoESpec(num_experts=_whole(cfg["experts"], f"{where}.experts", 1, fix),
+                          experts_per_token=_whole(cfg["topk"], f"{where}.topk", 1, fix),
+                          expert_ffn_size=_whole(cfg["moe_ffn"], f"{where}.moe_ffn", 1, fix))
         return ModelSpec(
             name=name, num_layers=v["layers"], hidden_size=v["hidden"], num_attention_heads=v["heads"],
             num_kv_heads=v["kv_heads"], head_dim=v["head_dim"], ffn_size=v["ffn"], vocab_size=v["vocab"],
             moe=moe, source=where,
         )
+    except ValidationError as err:  # a shape rule (GQA ratio, top-k <= experts): the rule, value and fix
+        raise SpecError(describe_validation_error(err, where)) from None
     except (ValueError, TypeError) as err:
         raise SpecError(f"{where}: {str(err).splitlines()[0]}") from None
 

@@ -184,7 +184,8 @@ def _stage_ranges(num_layers: int, pp: int) -> list[range]:
     return out
 
 
-def _kv_heads_per_card(model: ModelSpec, tp: int) -> float:
+def kv_heads_per_card(model: ModelSpec, tp: int) -> float:
+    """GQA KV heads one TP rank holds: kv_heads/tp, at least one (a head is replicated when kv_heads < tp)."""
     return max(1.0, model.num_kv_heads / tp)
 
 
@@ -203,7 +204,7 @@ def _attn_params_per_card(model: ModelSpec, tp: int) -> float:
         sharded += m.kv_lora_rank * nh * (m.qk_nope_head_dim + m.v_head_dim) + nh * m.v_head_dim * h
         return replicated + sharded / tp
     qo = 2 * h * nh * model.head_dim / tp
-    return qo + 2 * h * _kv_heads_per_card(model, tp) * model.head_dim
+    return qo + 2 * h * kv_heads_per_card(model, tp) * model.head_dim
 
 
 def _experts_params_per_card(model: ModelSpec, p: ParallelismSpec, stage_moe_layers: int) -> float:
@@ -255,7 +256,7 @@ def _activation_terms(model: ModelSpec, p: ParallelismSpec, last_stage: bool, o:
         qkv = model.num_attention_heads / p.tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
         qkv += m.kv_lora_rank + m.qk_rope_head_dim
     else:
-        qkv = (model.num_attention_heads / p.tp + 2 * _kv_heads_per_card(model, p.tp)) * model.head_dim
+        qkv = (model.num_attention_heads / p.tp + 2 * kv_heads_per_card(model, p.tp)) * model.head_dim
     ffn_width = model.ffn_size / p.tp
     terms = {"hidden": t * ACT_BYTES * 4 * h, "qkv": t * ACT_BYTES * qkv}
     if model.moe is not None:
@@ -273,7 +274,7 @@ def _kv_bytes_per_token_card(model: ModelSpec, tp: int, stage_layers: int, kv_dt
     if model.attention == "mla":
         assert model.mla is not None
         return stage_layers * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * b
-    return stage_layers * 2 * _kv_heads_per_card(model, tp) * model.head_dim * b
+    return stage_layers * 2 * kv_heads_per_card(model, tp) * model.head_dim * b
 
 
 def kv_request_tokens(model: ModelSpec, layers: range, tokens: float) -> float:
@@ -346,7 +347,7 @@ def _kv_formula(model: ModelSpec, tp: int, layers: int, kv_dtype: str) -> str:
     if model.attention == "mla":
         assert model.mla is not None
         return f"{layers} layers x ({model.mla.kv_lora_rank} latent + {model.mla.qk_rope_head_dim} rope) x {b:g} B"
-    heads = _kv_heads_per_card(model, tp)
+    heads = kv_heads_per_card(model, tp)
     note = " (replicated: kv_heads < tp)" if model.num_kv_heads < tp else ""
     return f"{layers} layers x 2 (k,v) x {heads:g} kv heads{note} x {model.head_dim} head_dim x {b:g} B"
 

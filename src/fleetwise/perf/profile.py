@@ -77,7 +77,8 @@ class Profile(Spec):
     gemm_compute_eff: float = Field(default=0.7, gt=0, le=1)
     """Fraction of dense peak FLOP/s a large GEMM reaches (cuBLAS on big shapes: 0.7-0.8)."""
     gemm_m_half_tokens: float = Field(default=96.0, gt=0)
-    """Rows (tokens) at which a dense GEMM runs at half its large-M efficiency: eff(M) = eff*M/(M+m_half)."""
+    """Padding rows of a large-M dense GEMM tile: eff(M) = eff*M/(M+min(M, m_half)) (a GEMM of fewer rows
+    runs in a smaller tile and pads at most its own rows; routed experts pay m_half rows each)."""
     grouped_tile_k: float = Field(default=GROUPED_TILE_K_PRIOR, gt=0)
     """Fixed work of one grouped (expert) GEMM output tile, in reduction steps: a tile with reduction
     length K runs at K/(K + grouped_tile_k) of a dense tile's rate (group lookup, operand-descriptor

@@ -11,7 +11,12 @@ B peak HBM bytes/s, wb weight bytes/element, ab = 2 activation bytes/element, tp
 - Dense GEMMs (QKV, O, gate/up, down, router, shared experts, MLA projections), aggregated over
   the model's W weights per GPU and A = sum of (N+K) activation widths:
       t = max(2*W*T / (P*eff_c(T)), (W*wb + T*A*ab) / (B*gemm_mem_eff)),
-      eff_c(M) = gemm_compute_eff * M / (M + gemm_m_half_tokens).
+      eff_c(M) = gemm_compute_eff * M / (M + min(M, gemm_m_half_tokens)).
+  The padding rows are tile waste: a kernel runs M rows in a tile of at most the next power of two
+  from the MMA's 16 rows (cuBLAS/CUTLASS small-M tiles, Marlin's 16-row blocks), so it never computes
+  more padding rows than real ones; a GEMV of one row pays about one row, not gemm_m_half_tokens.
+  Without the cap a weight-only int4 GEMM (bf16 tensor work, a quarter of the bytes) at batch 1 was
+  compute-bound on 109 rows and barely faster than bf16.
   LM head: the same roofline with M = S rows (logits of each sequence's last position only), its
   weights bf16 whatever the weight dtype (quantised checkpoints keep it unquantised).
 - Routed experts, per MoE layer and GPU, from what physically drives them: expected experts
@@ -69,7 +74,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fleetwise.perf.memory import KEPT_BYTES
+from fleetwise.perf.memory import KEPT_BYTES, kv_heads_per_card
 from fleetwise.perf.profile import Profile
 from fleetwise.perf.types import BatchShape, Deployment, SeqWork, StepCost
 from fleetwise.perf.uncertainty import Band, band, residuals_of
@@ -113,7 +118,7 @@ def _attn_gemms(m: ModelSpec, tp: int) -> _Dense:
         width = q_w + h + a.kv_lora_rank + a.qk_rope_head_dim + a.kv_lora_rank
         width += nh * (a.qk_nope_head_dim + a.v_head_dim) / tp + nh * a.v_head_dim / tp + h
         return _Dense(q + kv_a + kv_b + o, width)
-    qkv_n = (nh + 2 * m.num_kv_heads) * m.head_dim / tp
+    qkv_n = (nh / tp + 2 * kv_heads_per_card(m, tp)) * m.head_dim  # K/V heads replicated when kv_heads < tp
     o_k = nh * m.head_dim / tp
     return _Dense(h * qkv_n + o_k * h, h + qkv_n + o_k + h)
 
@@ -170,7 +175,7 @@ class BoundPerf:
         self.layers, self.moe_layers = m.num_layers, m.num_moe_layers
 
         dense = _dense_weights(m, tp)
-        # Dense GEMM roofline: compute = c_dense*(T + m_half), memory = w_dense + a_dense*T.
+        # Dense GEMM roofline: compute = c_dense*(T + min(T, m_half)), memory = w_dense + a_dense*T.
         self.c_dense = 2 * dense.weights / (peak * p.gemm_compute_eff)
         self.m_half = p.gemm_m_half_tokens
         self.w_dense = dense.weights * wb / (bw * p.gemm_mem_eff)
@@ -184,7 +189,7 @@ class BoundPerf:
         self._bind_experts(d, p, peak, bw, wb)
         self._bind_attention(d, p, bw, kvb)
         # Counted elementwise traffic (norms, residuals, RoPE, K/V expansion, copies) plus the KV write, per token.
-        q_w, kv_w = m.num_attention_heads * m.head_dim / tp, m.num_kv_heads * m.head_dim / tp
+        q_w, kv_w = m.num_attention_heads * m.head_dim / tp, kv_heads_per_card(m, tp) * m.head_dim
         elems = (m.num_layers * (p.elementwise_hidden_passes * h + p.elementwise_qhead_passes * q_w
                                  + p.elementwise_kvhead_passes * kv_w)
                  + m.num_dense_layers * p.elementwise_ffn_passes * m.ffn_size / tp)
@@ -233,7 +238,7 @@ class BoundPerf:
             dec_flops = 2 * heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim)
             self.units_per_seq = max(1.0, heads / MLA_HEADS_PER_UNIT)
         else:
-            kvh = max(1.0, m.num_kv_heads / tp)
+            kvh = kv_heads_per_card(m, tp)
             self.kv_layer_bytes = 2 * kvh * m.head_dim * kvb
             pre_flops = dec_flops = 4 * heads * m.head_dim
             self.units_per_seq = kvh
@@ -343,8 +348,10 @@ class BoundPerf:
         """Roofline sides of the dense GEMMs and LM head (T token rows, S sequence rows) and of
         the routed experts: (dense compute, dense memory, LM compute, LM memory, expert compute,
         expert memory, expert row traffic)."""
-        d_c, d_m = self.c_dense * (T + self.m_half), self.w_dense + self.a_dense * T
-        l_c, l_m = self.c_lm * (S + self.m_half), self.w_lm + self.a_lm * S
+        # Tile padding: no more padding rows than real rows (small-M tiles), at most m_half.
+        mh = self.m_half
+        d_c, d_m = self.c_dense * (T + (T if T < mh else mh)), self.w_dense + self.a_dense * T
+        l_c, l_m = self.c_lm * (S + (S if S < mh else mh)), self.w_lm + self.a_lm * S
         x_c = x_m = x_r = 0.0
         if self.has_moe:
             touched = self.n_exp * (1.0 - self.miss ** T) / self.ep

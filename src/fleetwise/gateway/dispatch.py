@@ -46,7 +46,7 @@ class DispatchStage(RelayStage):
     """Routing, dispatching, retrying and migrating one request."""
 
     async def _route_and_send(self, call: Call, send: Send, receive: Receive) -> None:
-        tried: set[str] = set()
+        tried: set[str] = set(self.not_serving(str(call.body.get("model"))))
         last: Retry | None = None
         reprefills = 0  # hand-offs lost after a finished prefill, bounded by failure_domains.max_reprefills
         for attempt in range(self.cfg.retries.max_retries + 1):

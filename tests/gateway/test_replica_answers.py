@@ -1,0 +1,29 @@
+"""Answers a healthy replica gives that are not the client's fault: another model after a
+restart, a 429 while it sheds load. The request goes to a replica that can serve it; only when
+none can does the client get a clear error."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gw_harness import run, running_fleet
+
+COMPLETION = {"model": "m", "prompt": "hello world", "max_tokens": 3}
+REQUESTS = 6
+"""Requests per scenario: three rounds of round-robin over two replicas."""
+
+
+def test_a_replica_back_with_another_model_gets_no_request_for_the_old_one() -> None:
+    async def scenario() -> None:
+        async with running_fleet(2, routing={"policy": "round-robin"}) as f:
+            f.responders[1].model = "m2"  # restarted serving another model
+            await f.wait_for(lambda: f.gw.discovered_models.get("b1") == frozenset({"m2"}))
+            answers = [await f.post("/v1/completions", COMPLETION) for _ in range(REQUESTS)]
+            assert [(s, h["x-fleetwise-backend"]) for s, _, h in answers] == [(200, "b0")] * REQUESTS
+            f.responders[0].model = "m3"  # now no replica serves m; m2 still is
+            await f.wait_for(lambda: f.gw.discovered_models.get("b0") == frozenset({"m3"}))
+            status, doc, _ = await f.post("/v1/completions", COMPLETION)
+            assert status == 404 and doc["error"]["param"] == "model"
+            status, _, h = await f.post("/v1/completions", {**COMPLETION, "model": "m2"})
+            assert (status, h["x-fleetwise-backend"]) == (200, "b1")
+    run(scenario)

@@ -7,7 +7,7 @@ own CPU per request stays far below any proxy put in front of it. It serves
 `/health`, and `/metrics` with vLLM's metric names (or SGLang's with `flavor="sglang"`). It
 honours vLLM's disaggregation protocol: a request with `kv_transfer_params.do_remote_decode`
 returns `kv_transfer_params` naming its blocks; a request carrying `do_remote_prefill` counts as
-a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500),
+a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500), `busy` (HTTP 429 with `Retry-After`),
 `die_after:K` (close the connection after K chunks of a stream), `metrics_fail` (500 on
 /metrics only), `health_fail` (503 on /health only), `end_after:K` (end the answer cleanly after K
 chunks, without `[DONE]`), `error_after:K` (after K chunks an SSE error event, as vLLM sends
@@ -143,6 +143,11 @@ class Responder:
         if self.fault == "oversize:error":
             w.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
                     % (len(OVERSIZE) + 13, b'{"error": "' + OVERSIZE + b'"}'))
+            return True
+        if self.fault == "busy":  # a replica (or the proxy before it) shedding load
+            err = b'{"error":{"message":"too many requests","type":"RateLimitError","code":429}}'
+            w.write(b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 3\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(err), err))
             return True
         if self.fault == "fail":
             err = b'{"error":{"message":"engine failure","type":"server_error","code":500}}'

@@ -27,3 +27,26 @@ def test_a_replica_back_with_another_model_gets_no_request_for_the_old_one() -> 
             status, _, h = await f.post("/v1/completions", {**COMPLETION, "model": "m2"})
             assert (status, h["x-fleetwise-backend"]) == (200, "b1")
     run(scenario)
+
+
+def test_a_busy_replica_429_fails_over_and_all_busy_is_one_429_with_retry_after() -> None:
+    async def scenario() -> None:
+        async with running_fleet(2, routing={"policy": "round-robin"}) as f:
+            f.responders[1].fault = "busy"
+            for stream in (False, True):
+                for _ in range(REQUESTS // 2):
+                    if stream:
+                        status, events, h = await f.stream("/v1/completions", {**COMPLETION, "stream": True})
+                        assert events[-1] == "[DONE]"
+                    else:
+                        status, _, h = await f.post("/v1/completions", COMPLETION)
+                    assert (status, h["x-fleetwise-backend"]) == (200, "b0")
+            m = await f.metrics()
+            assert m['fleetwise_gateway_retries_total{cause="busy"}'] >= REQUESTS // 2
+            assert f.gw.backends.live["b1"].breaker.consecutive == 0  # busy is not broken
+            f.responders[0].fault = "busy"
+            status, doc, h = await f.post("/v1/completions", COMPLETION)
+            assert (status, doc["error"]["code"], h["Retry-After"]) == (429, "backends_busy", "3")
+            assert "every backend tried is busy" in doc["error"]["message"]
+        await asyncio.sleep(0)
+    run(scenario)

@@ -35,7 +35,7 @@ from fleetwise.gateway.openai import (
     MAX_ERROR_BODY_BYTES,
     with_stream_options,
 )
-from fleetwise.gateway.relay import RelayStage
+from fleetwise.gateway.relay import BUSY_STATUS, RelayStage
 from fleetwise.gateway.upstream import FAULT_ERRORS
 from fleetwise.routing.base import reason_kind
 
@@ -88,7 +88,7 @@ class DispatchStage(RelayStage):
                 last = r
                 tried.add(r.backend.name)
                 # never reached the backend: release; reached it and failed: a failure on its record
-                ended = Cancelled if r.cause == "connect" else Failed
+                ended = Cancelled if r.cause in ("connect", "busy") else Failed
                 self.policy.observe(ended(self.now(), call.rid, r.backend.name, r.cause))
                 if r.cause == "handoff":  # the prefill ran and its KV is gone: another try is a re-prefill
                     if not self.cfg.failure_domains.may_reprefill(reprefills, 0):
@@ -97,6 +97,11 @@ class DispatchStage(RelayStage):
                 if attempt < self.cfg.retries.max_retries:
                     self.telemetry.retries.labels(r.cause).inc()
         detail = f"{last.cause} on {last.backend.name}: {last.detail}" if last else "no attempt"
+        if last is not None and last.cause == "busy":
+            await self._send_error(send, call.endpoint, BUSY_STATUS, f"every backend tried is busy ({detail}); "
+                                   "retry after the Retry-After seconds", "rate_limit_exceeded", None,
+                                   "backends_busy", last.retry_after_s)
+            return
         await self._send_error(send, call.endpoint, 502, f"backends failed before answering ({detail})",
                                "upstream_error", None, "upstream_failed", None)
 

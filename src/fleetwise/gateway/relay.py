@@ -44,7 +44,13 @@ from fleetwise.gateway.upstream import (
     fault_kind,
 )
 
-__all__ = ["Broken", "RelayStage"]
+__all__ = ["BUSY_STATUS", "Broken", "RelayStage", "busy"]
+
+BUSY_STATUS = 429
+"""A backend (or the proxy in front of it) shedding load: RFC 6585 s4, Too Many Requests. Not
+the client's fault and not a broken backend: the request is tried on another one."""
+BUSY_RETRY_S = 1.0
+"""Retry-After (s) when a busy backend sends none, or the HTTP-date form (RFC 9110 s10.2.3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +82,7 @@ class RelayStage(FleetLoops):
         b.breaker.attempt(self.now())
         work = b.work(call.route.prompt_tokens, call.route.max_output_tokens or 0)
         try:
-            status, data, ctype = await unless_gone(None if call.resumed else call.receive, self._post_whole(
+            status, data, ctype, retry_after = await unless_gone(None if call.resumed else call.receive, self._post_whole(
                 b.spec.url + call.path, payload, headers, bound, call.bounds.body_bytes))
         except FAULT_ERRORS as err:
             kind = fault_kind(err)
@@ -86,6 +92,8 @@ class RelayStage(FleetLoops):
             b.done(*work)
             b.in_flight -= 1
             self.backends.released(b)
+        if status == BUSY_STATUS:
+            raise busy(b, retry_after)
         if status >= 500:
             self._fault(b, "5xx")
             raise Retry(b, "5xx", f"HTTP {status}")
@@ -93,10 +101,10 @@ class RelayStage(FleetLoops):
         return status, data, ctype
 
     async def _post_whole(self, url: str, payload: bytes, headers: dict[str, str],
-                          bound: float, limit: int) -> tuple[int, bytes, str]:
+                          bound: float, limit: int) -> tuple[int, bytes, str, str | None]:
         async with self.upstream.post(url, payload, headers, read_s=bound) as r:
             data = await r.read(limit if r.status < 400 else MAX_ERROR_BODY_BYTES)
-            return r.status, data, r.headers.get("content-type", "application/json")
+            return r.status, data, r.headers.get("content-type", "application/json"), r.headers.get("retry-after")
 
     async def _relay(self, call: Call, b: Backend, payload: bytes, headers: dict[str, str], send: Send,
                      receive: Receive) -> Broken | None:
@@ -211,6 +219,8 @@ class RelayStage(FleetLoops):
         """An error status before the stream: a 5xx (or any refusal of a continuation) is retried
         elsewhere, a client's 4xx is relayed as it is."""
         data = await r.read(MAX_ERROR_BODY_BYTES)
+        if r.status == BUSY_STATUS:
+            raise busy(b, r.headers.get("retry-after"))
         if r.status >= 500:
             self._fault(b, "5xx")
             raise Retry(b, "5xx", f"HTTP {r.status}")
@@ -305,3 +315,11 @@ def stream_headers(call: Call, b: Backend) -> list[tuple[bytes, bytes]]:
     """The response headers of a relayed event stream from backend `b`."""
     return [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
             (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", b.name.encode())]
+
+
+def busy(b: Backend, retry_after: str | None) -> Retry:
+    """The `Retry` (cause `busy`) for a 429 from `b`: it answered, so its breaker counts a
+    success, and its `Retry-After` (delta-seconds) is kept for the client should every backend be busy."""
+    b.breaker.success()
+    after = float(retry_after) if retry_after is not None and retry_after.strip().isdigit() else BUSY_RETRY_S
+    return Retry(b, "busy", f"HTTP {BUSY_STATUS}", after)

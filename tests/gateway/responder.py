@@ -7,7 +7,8 @@ own CPU per request stays far below any proxy put in front of it. It serves
 `/health`, and `/metrics` with vLLM's metric names (or SGLang's with `flavor="sglang"`). It
 honours vLLM's disaggregation protocol: a request with `kv_transfer_params.do_remote_decode`
 returns `kv_transfer_params` naming its blocks; a request carrying `do_remote_prefill` counts as
-a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500), `busy` (HTTP 429 with `Retry-After`),
+a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500), `busy` (HTTP 429 with `Retry-After`), `garbage:body` (a 200 HTML
+page), `garbage:first` (a stream whose first event is that page),
 `die_after:K` (close the connection after K chunks of a stream), `metrics_fail` (500 on
 /metrics only), `health_fail` (503 on /health only), `end_after:K` (end the answer cleanly after K
 chunks, without `[DONE]`), `error_after:K` (after K chunks an SSE error event, as vLLM sends
@@ -32,6 +33,8 @@ from typing import Any
 OK_HEADERS = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
 SSE_HEADERS = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
                b"transfer-encoding: chunked\r\n\r\n")
+GARBAGE = b"<html><body>502 Bad Gateway</body></html>"
+"""What a misconfigured proxy answers with status 200 (the `garbage:` faults)."""
 OVERSIZE = b"x" * (256 << 10)
 """Bytes no legitimate answer to a short request holds in one event, body or error body."""
 DEFAULT_MAX_TOKENS = 16
@@ -143,6 +146,13 @@ class Responder:
         if self.fault == "oversize:error":
             w.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
                     % (len(OVERSIZE) + 13, b'{"error": "' + OVERSIZE + b'"}'))
+            return True
+        if self.fault == "garbage:body":  # a 200 no engine sends (an HTML error page from a proxy)
+            w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(GARBAGE), GARBAGE))
+            return True
+        if self.fault == "garbage:first":  # a stream whose first event carries no JSON
+            w.write(SSE_HEADERS + _chunk(b"data: " + GARBAGE + b"\n\n") + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
             return True
         if self.fault == "busy":  # a replica (or the proxy before it) shedding load
             err = b'{"error":{"message":"too many requests","type":"RateLimitError","code":429}}'

@@ -42,6 +42,7 @@ from fleetwise.gateway.upstream import (
     UpstreamBroken,
     UpstreamResponse,
     fault_kind,
+    not_an_answer,
 )
 
 __all__ = ["BUSY_STATUS", "Broken", "RelayStage", "busy"]
@@ -97,6 +98,8 @@ class RelayStage(FleetLoops):
         if status >= 500:
             self._fault(b, "5xx")
             raise Retry(b, "5xx", f"HTTP {status}")
+        if status < 400:
+            self._garbage(b, data, False)
         b.breaker.success()
         return status, data, ctype
 
@@ -251,7 +254,16 @@ class RelayStage(FleetLoops):
             if cause != "handoff":  # a failed hand-off is the prefill side's (see _dispatch)
                 self._fault(b, cause)
             raise Retry(b, cause, first[6:200].decode("utf-8", "replace").strip())
+        self._garbage(b, first, True)
         return first
+
+    def _garbage(self, b: Backend, answer: bytes, stream: bool) -> None:
+        """A 2xx answer (a stream's first events) no engine sends is a `protocol` fault, retried
+        before anything reaches the client (`upstream.not_an_answer`)."""
+        why = not_an_answer(answer, stream)
+        if why is not None:
+            self._fault(b, "protocol")
+            raise Retry(b, "protocol", why)
 
     async def _client_left(self, call: Call, b: Backend, delivered: int) -> None:
         """The client disconnected mid-stream: billed as cancelled with what it received (499)."""

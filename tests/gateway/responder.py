@@ -8,7 +8,8 @@ own CPU per request stays far below any proxy put in front of it. It serves
 honours vLLM's disaggregation protocol: a request with `kv_transfer_params.do_remote_decode`
 returns `kv_transfer_params` naming its blocks; a request carrying `do_remote_prefill` counts as
 a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500), `busy` (HTTP 429 with `Retry-After`), `garbage:body` (a 200 HTML
-page), `garbage:first` (a stream whose first event is that page),
+page), `garbage:first` (a stream whose first event is that page), `trickle:S` (a whole answer's
+bytes one at a time, S seconds apart),
 `die_after:K` (close the connection after K chunks of a stream), `metrics_fail` (500 on
 /metrics only), `health_fail` (503 on /health only), `end_after:K` (end the answer cleanly after K
 chunks, without `[DONE]`), `error_after:K` (after K chunks an SSE error event, as vLLM sends
@@ -179,6 +180,13 @@ class Responder:
         finally:
             self.running -= 1
 
+    async def _trickle(self, w: asyncio.StreamWriter, data: bytes, gap_s: float) -> bool:
+        w.write(OK_HEADERS + b"%d\r\n\r\n" % len(data))
+        for i in range(len(data)):
+            await asyncio.sleep(gap_s)
+            w.write(data[i:i + 1])
+        return True
+
     def _json(self, w: asyncio.StreamWriter, data: bytes) -> bool:
         w.write(OK_HEADERS + b"%d\r\n\r\n%s" % (len(data), data))
         return True
@@ -228,6 +236,8 @@ class Responder:
                 doc["padding"] = OVERSIZE.decode()
             if out_kv is not None:
                 doc["kv_transfer_params"] = out_kv
+            if self.fault.startswith("trickle:"):  # the answer's bytes one at a time, each after that many s
+                return await self._trickle(w, json.dumps(doc).encode(), float(self.fault[8:]))
             return self._json(w, json.dumps(doc).encode())
         die_after = int(self.fault.split(":")[1]) if self.fault.startswith("die_after:") else -1
         end_after = int(self.fault.split(":")[1]) if self.fault.startswith("end_after:") else -1

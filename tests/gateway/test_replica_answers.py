@@ -50,3 +50,18 @@ def test_a_busy_replica_429_fails_over_and_all_busy_is_one_429_with_retry_after(
             assert "every backend tried is busy" in doc["error"]["message"]
         await asyncio.sleep(0)
     run(scenario)
+
+
+def test_a_whole_answer_trickled_byte_by_byte_fails_over_within_its_bound() -> None:
+    async def scenario() -> None:
+        async with running_fleet(2, routing={"policy": "round-robin"}, timeouts={"first_byte_s": 1.0}) as f:
+            f.responders[1].fault = "trickle:0.05"  # about 12 s for the whole answer, 0.05 s per read
+            loop = asyncio.get_running_loop()
+            for _ in range(2):  # round-robin: the second is sent to b1 first
+                t0 = loop.time()
+                status, doc, h = await f.post("/v1/completions", COMPLETION)
+                assert (status, h["x-fleetwise-backend"], doc["choices"][0]["text"]) == (200, "b0", "t0 t1 t2 ")
+                assert loop.time() - t0 < 3.0  # the 1 s bound and the retry, not the 12 s trickle
+            m = await f.metrics()
+            assert m['fleetwise_gateway_retries_total{cause="timeout"}'] == 1
+    run(scenario)

@@ -105,7 +105,9 @@ class RelayStage(FleetLoops):
 
     async def _post_whole(self, url: str, payload: bytes, headers: dict[str, str],
                           bound: float, limit: int) -> tuple[int, bytes, str, str | None]:
-        async with self.upstream.post(url, payload, headers, read_s=bound) as r:
+        """The whole answer within `bound` seconds in all (each read's own timeout alone would let
+        a backend that trickles bytes hold the request for as long as it trickles)."""
+        async with asyncio.timeout(bound), self.upstream.post(url, payload, headers, read_s=bound) as r:
             data = await r.read(limit if r.status < 400 else MAX_ERROR_BODY_BYTES)
             return r.status, data, r.headers.get("content-type", "application/json"), r.headers.get("retry-after")
 

@@ -9,7 +9,7 @@ honours vLLM's disaggregation protocol: a request with `kv_transfer_params.do_re
 returns `kv_transfer_params` naming its blocks; a request carrying `do_remote_prefill` counts as
 a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500), `busy` (HTTP 429 with `Retry-After`), `garbage:body` (a 200 HTML
 page), `garbage:first` (a stream whose first event is that page), `trickle:S` (a whole answer's
-bytes one at a time, S seconds apart),
+bytes one at a time, S seconds apart), `trickle_mid:S` (a stream's third event so),
 `die_after:K` (close the connection after K chunks of a stream), `metrics_fail` (500 on
 /metrics only), `health_fail` (503 on /health only), `end_after:K` (end the answer cleanly after K
 chunks, without `[DONE]`), `error_after:K` (after K chunks an SSE error event, as vLLM sends
@@ -182,10 +182,21 @@ class Responder:
 
     async def _trickle(self, w: asyncio.StreamWriter, data: bytes, gap_s: float) -> bool:
         w.write(OK_HEADERS + b"%d\r\n\r\n" % len(data))
+        await self._bytes_apart(w, data, gap_s)
+        return True
+
+    async def _trickle_chunk(self, w: asyncio.StreamWriter, data: bytes, gap_s: float) -> None:
+        w.write(b"%x\r\n" % len(data))
+        await self._bytes_apart(w, data, gap_s)
+        w.write(b"\r\n")
+
+    @staticmethod
+    async def _bytes_apart(w: asyncio.StreamWriter, data: bytes, gap_s: float) -> None:
         for i in range(len(data)):
             await asyncio.sleep(gap_s)
+            if w.is_closing():
+                return
             w.write(data[i:i + 1])
-        return True
 
     def _json(self, w: asyncio.StreamWriter, data: bytes) -> bool:
         w.write(OK_HEADERS + b"%d\r\n\r\n%s" % (len(data), data))
@@ -272,7 +283,10 @@ class Responder:
                 ev = f'{head}, "choices":[{{"index":0,"text":"t{i} ","finish_reason":{fin}}}]}}'
             if counted:
                 ev = ev[:-1] + f', "usage":{{"prompt_tokens":8,"completion_tokens":{i + 1},"total_tokens":{9 + i}}}}}'
-            w.write(_chunk(b"data: " + ev.encode() + b"\n\n"))
+            if i == 2 and self.fault.startswith("trickle_mid:"):  # the third event a byte at a time
+                await self._trickle_chunk(w, b"data: " + ev.encode() + b"\n\n", float(self.fault[12:]))
+            else:
+                w.write(_chunk(b"data: " + ev.encode() + b"\n\n"))
             if self.token_delay_s and not last:
                 await asyncio.sleep(self.token_delay_s)
             elif i % 8 == 7:

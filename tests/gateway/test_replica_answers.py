@@ -65,3 +65,18 @@ def test_a_whole_answer_trickled_byte_by_byte_fails_over_within_its_bound() -> N
             m = await f.metrics()
             assert m['fleetwise_gateway_retries_total{cause="timeout"}'] == 1
     run(scenario)
+
+
+def test_a_stream_event_trickled_byte_by_byte_is_a_stall_at_the_next_token_bound() -> None:
+    async def scenario() -> None:
+        async with running_fleet(1, timeouts={"idle_s": 1.0}) as f:
+            f.responders[0].fault = "trickle_mid:0.05"  # about 7 s for the third event, 0.05 s per read
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            status, events, _ = await f.stream("/v1/completions", {**COMPLETION, "max_tokens": 5, "stream": True})
+            assert loop.time() - t0 < 4.0  # the 1 s bound (twice at most), not the 7 s trickle
+            assert status == 200 and [e["choices"][0]["text"] for e in events[:2]] == ["t0 ", "t1 "]
+            assert events[2]["error"]["code"] == 502 and events[3:] == ["[DONE]"]
+            m = await f.metrics()
+            assert m['fleetwise_gateway_upstream_errors_total{backend="b0",kind="timeout"}'] == 1
+    run(scenario)

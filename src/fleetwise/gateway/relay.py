@@ -208,8 +208,11 @@ class RelayStage(FleetLoops):
         what is held back (the final [DONE] until the usage is recorded). An error event after
         tokens is a broken stream (`ErrorEvent`): the events before it are relayed, it is not."""
         error = b""
+        partial_s: float | None = None  # when the event now arriving in pieces began to (None: none is)
         while chunk := await r.content.readany():
             out = framer.feed(chunk)
+            # a piece of an event: the whole event, not each piece, is due within the bound
+            partial_s = None if out else self._piece(partial_s, r.timeout_s)
             if b'{"error"' in out:  # tested inline: this loop runs once per chunk of every stream
                 out, error = framer.cut_error(out)
             if call.meter is not None or call.track:
@@ -219,6 +222,17 @@ class RelayStage(FleetLoops):
             if error or len(framer.buf) > framer.max_event_bytes:
                 ended_by(framer, error)
         return held
+
+    def _piece(self, since_s: float | None, bound_s: float) -> float:
+        """An event arriving in pieces since `since_s` (None: this is its first): a stall
+        (`TimeoutError`) once it has taken more than `bound_s`, so a backend that trickles bytes
+        cannot hold a stream beyond the next-token bound; returns when it began."""
+        now = self.now()
+        if since_s is None:
+            return now
+        if now - since_s > bound_s:
+            raise TimeoutError(f"an SSE event took over {bound_s:.2f} s to arrive (bytes trickled)")
+        return since_s
 
     async def _refused(self, call: Call, b: Backend, r: UpstreamResponse, send: Send) -> None:
         """An error status before the stream: a 5xx (or any refusal of a continuation) is retried

@@ -80,3 +80,18 @@ def test_a_stream_event_trickled_byte_by_byte_is_a_stall_at_the_next_token_bound
             m = await f.metrics()
             assert m['fleetwise_gateway_upstream_errors_total{backend="b0",kind="timeout"}'] == 1
     run(scenario)
+
+
+def test_a_broken_stream_never_migrates_to_a_replica_serving_another_model() -> None:
+    async def scenario() -> None:
+        async with running_fleet(2) as f:
+            for r in f.responders:
+                r.chunk_usage = True  # counted usage: the stream may migrate
+            f.responders[0].fault = "error_after:2"
+            f.responders[1].model = "m2"
+            await f.wait_for(lambda: f.gw.discovered_models.get("b1") == frozenset({"m2"}))
+            status, events, h = await f.stream("/v1/completions", {**COMPLETION, "stream": True})
+            assert (status, h["x-fleetwise-backend"]) == (200, "b0")
+            assert events[-2]["error"]["code"] == 502 and events[-1] == "[DONE]"  # nowhere to continue it
+            assert "/v1/completions" not in f.responders[1].paths
+    run(scenario)

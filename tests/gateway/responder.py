@@ -7,7 +7,9 @@ own CPU per request stays far below any proxy put in front of it. It serves
 `/health`, and `/metrics` with vLLM's metric names (or SGLang's with `flavor="sglang"`). It
 honours vLLM's disaggregation protocol: a request with `kv_transfer_params.do_remote_decode`
 returns `kv_transfer_params` naming its blocks; a request carrying `do_remote_prefill` counts as
-a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500),
+a decode hand-off. Faults for tests: `fault` = `hang` (accept, never answer), `fail` (HTTP 500), `busy` (HTTP 429 with `Retry-After`), `garbage:body` (a 200 HTML
+page), `garbage:first` (a stream whose first event is that page), `trickle:S` (a whole answer's
+bytes one at a time, S seconds apart), `trickle_mid:S` (a stream's third event so),
 `die_after:K` (close the connection after K chunks of a stream), `metrics_fail` (500 on
 /metrics only), `health_fail` (503 on /health only), `end_after:K` (end the answer cleanly after K
 chunks, without `[DONE]`), `error_after:K` (after K chunks an SSE error event, as vLLM sends
@@ -32,6 +34,8 @@ from typing import Any
 OK_HEADERS = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
 SSE_HEADERS = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
                b"transfer-encoding: chunked\r\n\r\n")
+GARBAGE = b"<html><body>502 Bad Gateway</body></html>"
+"""What a misconfigured proxy answers with status 200 (the `garbage:` faults)."""
 OVERSIZE = b"x" * (256 << 10)
 """Bytes no legitimate answer to a short request holds in one event, body or error body."""
 DEFAULT_MAX_TOKENS = 16
@@ -144,6 +148,18 @@ class Responder:
             w.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
                     % (len(OVERSIZE) + 13, b'{"error": "' + OVERSIZE + b'"}'))
             return True
+        if self.fault == "garbage:body":  # a 200 no engine sends (an HTML error page from a proxy)
+            w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(GARBAGE), GARBAGE))
+            return True
+        if self.fault == "garbage:first":  # a stream whose first event carries no JSON
+            w.write(SSE_HEADERS + _chunk(b"data: " + GARBAGE + b"\n\n") + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            return True
+        if self.fault == "busy":  # a replica (or the proxy before it) shedding load
+            err = b'{"error":{"message":"too many requests","type":"RateLimitError","code":429}}'
+            w.write(b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 3\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(err), err))
+            return True
         if self.fault == "fail":
             err = b'{"error":{"message":"engine failure","type":"server_error","code":500}}'
             w.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
@@ -163,6 +179,24 @@ class Responder:
             return await self._complete(path, req, w)
         finally:
             self.running -= 1
+
+    async def _trickle(self, w: asyncio.StreamWriter, data: bytes, gap_s: float) -> bool:
+        w.write(OK_HEADERS + b"%d\r\n\r\n" % len(data))
+        await self._bytes_apart(w, data, gap_s)
+        return True
+
+    async def _trickle_chunk(self, w: asyncio.StreamWriter, data: bytes, gap_s: float) -> None:
+        w.write(b"%x\r\n" % len(data))
+        await self._bytes_apart(w, data, gap_s)
+        w.write(b"\r\n")
+
+    @staticmethod
+    async def _bytes_apart(w: asyncio.StreamWriter, data: bytes, gap_s: float) -> None:
+        for i in range(len(data)):
+            await asyncio.sleep(gap_s)
+            if w.is_closing():
+                return
+            w.write(data[i:i + 1])
 
     def _json(self, w: asyncio.StreamWriter, data: bytes) -> bool:
         w.write(OK_HEADERS + b"%d\r\n\r\n%s" % (len(data), data))
@@ -213,6 +247,8 @@ class Responder:
                 doc["padding"] = OVERSIZE.decode()
             if out_kv is not None:
                 doc["kv_transfer_params"] = out_kv
+            if self.fault.startswith("trickle:"):  # the answer's bytes one at a time, each after that many s
+                return await self._trickle(w, json.dumps(doc).encode(), float(self.fault[8:]))
             return self._json(w, json.dumps(doc).encode())
         die_after = int(self.fault.split(":")[1]) if self.fault.startswith("die_after:") else -1
         end_after = int(self.fault.split(":")[1]) if self.fault.startswith("end_after:") else -1
@@ -247,7 +283,10 @@ class Responder:
                 ev = f'{head}, "choices":[{{"index":0,"text":"t{i} ","finish_reason":{fin}}}]}}'
             if counted:
                 ev = ev[:-1] + f', "usage":{{"prompt_tokens":8,"completion_tokens":{i + 1},"total_tokens":{9 + i}}}}}'
-            w.write(_chunk(b"data: " + ev.encode() + b"\n\n"))
+            if i == 2 and self.fault.startswith("trickle_mid:"):  # the third event a byte at a time
+                await self._trickle_chunk(w, b"data: " + ev.encode() + b"\n\n", float(self.fault[12:]))
+            else:
+                w.write(_chunk(b"data: " + ev.encode() + b"\n\n"))
             if self.token_delay_s and not last:
                 await asyncio.sleep(self.token_delay_s)
             elif i % 8 == 7:

@@ -17,6 +17,7 @@ from fleetwise.gateway.openai import (
     answer_bounds,
 )
 from fleetwise.gateway.scrape import BadSample, parse_metrics
+from fleetwise.gateway.upstream import not_an_answer
 
 COMPLETION = {"model": "m", "prompt": "hello world", "max_tokens": 5, "stream": True}
 
@@ -108,3 +109,40 @@ def test_an_oversized_event_mid_stream_ends_it_with_the_error_event() -> None:
             assert events[3:] == ["[DONE]"]
             assert f.gw.backends.live["b0"].in_flight == 0
     run(scenario)
+
+
+def test_a_200_that_is_no_completion_fails_over_before_the_first_byte() -> None:
+    retried = 'fleetwise_gateway_retries_total{cause="protocol"}'
+    faults = 'fleetwise_gateway_upstream_errors_total{backend="b1",kind="protocol"}'
+
+    async def scenario() -> None:
+        async with running_fleet(2, routing={"policy": "round-robin"}, breaker={"failures": 1000}) as f:
+            before = 0.0
+            for fault, stream in (("garbage:body", False), ("garbage:first", True)):
+                f.responders[1].fault = fault
+                for _ in range(2):  # round-robin: at least one of the two is sent to b1 first
+                    if stream:
+                        status, events, h = await f.stream("/v1/completions", COMPLETION)
+                        assert events[-1] == "[DONE]" and "error" not in events[-2]
+                    else:
+                        status, doc, h = await f.post("/v1/completions", {**COMPLETION, "stream": False})
+                        assert doc["choices"][0]["text"]
+                    assert (status, h["x-fleetwise-backend"]) == (200, "b0")
+                m = await f.metrics()
+                assert m[retried] == m[faults] > before
+                before = m[retried]
+    run(scenario)
+
+
+@pytest.mark.parametrize(("answer", "stream", "engine_like"), [
+    (b'{"id": "cmpl-1", "choices": []}', False, True),
+    (b"<html>502</html>", False, False),
+    (b'["a list"]', False, False),
+    (b'data: {"id": "cmpl-1"}\n\ndata: {"id": "cmpl-1"}\n\n', True, True),
+    (b"data: [DONE]\n\n", True, True),
+    (b": keep-alive\nevent: message\n\n", True, True),  # a comment-only event: SSE allows it
+    (b"data: <html>\n\n", True, False),
+    (b"<html>\n\n", True, False),
+])
+def test_what_counts_as_an_engines_answer(answer: bytes, stream: bool, engine_like: bool) -> None:
+    assert (not_an_answer(answer, stream) is None) == engine_like

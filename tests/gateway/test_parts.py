@@ -14,6 +14,7 @@ from fleetwise.errors import SpecError
 from fleetwise.gateway.backends import Backends, Breaker
 from fleetwise.gateway.call import usage_tokens
 from fleetwise.gateway.config import BackendSpec, BreakerSpec, TenantSpec
+from fleetwise.gateway.idempotency import IdempotencyStore
 from fleetwise.gateway.limits import TenantLimiter, TokenBucket
 from fleetwise.gateway.migration import COUNTED_USAGE
 from fleetwise.gateway.openai import (
@@ -281,3 +282,16 @@ def test_a_backend_removed_re_added_and_removed_again_stays_listed_while_it_drai
     new.in_flight = 0
     bs.released(new)
     assert bs.get("b0") is None and not bs.draining
+
+
+def test_the_byte_budget_evicts_kept_answers_never_a_key_still_in_flight() -> None:
+    store = IdempotencyStore(ttl_s=60.0, max_bytes=10)
+    assert store.begin("t", "slow", b"p", 0.0) is None  # in flight throughout
+    for key in ("a", "b", "c"):
+        assert store.begin("t", key, b"p", 1.0) is None
+        store.finish("t", key, 200, b"application/json", b"x" * 8, keep=True)
+    with pytest.raises(ClientError) as err:  # still running: the same key again waits, never runs twice
+        store.begin("t", "slow", b"p", 2.0)
+    assert err.value.status == 409
+    assert store.begin("t", "b", b"p", 2.0) is None  # evicted for "c": claimable again
+    assert store.begin("t", "c", b"p", 2.0).body == b"x" * 8  # type: ignore[union-attr]

@@ -12,7 +12,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -67,9 +67,11 @@ class ClientGone(Exception):
 class Retry(Exception):
     """A backend fault before the first byte reached the client: try another backend."""
 
-    def __init__(self, backend: Backend, cause: str, detail: str) -> None:
+    def __init__(self, backend: Backend, cause: str, detail: str, retry_after_s: float | None = None) -> None:
         super().__init__(detail)
         self.backend, self.cause, self.detail = backend, cause, detail
+        self.retry_after_s = retry_after_s
+        """A busy backend's `Retry-After` (cause `busy`)."""
 
 
 @dataclass(slots=True)
@@ -147,7 +149,10 @@ async def read_body(scope: dict[str, Any], receive: Receive, limit: int) -> byte
             return b"".join(parts) if len(parts) != 1 else parts[0]
 
 
-async def unless_gone(receive: Receive | None, work: Awaitable[tuple[int, bytes, str]]) -> tuple[int, bytes, str]:
+T = TypeVar("T")
+
+
+async def unless_gone(receive: Receive | None, work: Awaitable[T]) -> T:
     """`work`'s result, or `ClientGone` (with `work` cancelled: its upstream connection closes, so
     the engine aborts) when the client disconnects first."""
     if receive is None:

@@ -35,7 +35,7 @@ from fleetwise.gateway.openai import (
     MAX_ERROR_BODY_BYTES,
     with_stream_options,
 )
-from fleetwise.gateway.relay import RelayStage
+from fleetwise.gateway.relay import BUSY_STATUS, RelayStage
 from fleetwise.gateway.upstream import FAULT_ERRORS
 from fleetwise.routing.base import reason_kind
 
@@ -46,7 +46,7 @@ class DispatchStage(RelayStage):
     """Routing, dispatching, retrying and migrating one request."""
 
     async def _route_and_send(self, call: Call, send: Send, receive: Receive) -> None:
-        tried: set[str] = set()
+        tried: set[str] = set(self.not_serving(str(call.body.get("model"))))
         last: Retry | None = None
         reprefills = 0  # hand-offs lost after a finished prefill, bounded by failure_domains.max_reprefills
         for attempt in range(self.cfg.retries.max_retries + 1):
@@ -87,9 +87,7 @@ class DispatchStage(RelayStage):
             except Retry as r:
                 last = r
                 tried.add(r.backend.name)
-                # never reached the backend: release; reached it and failed: a failure on its record
-                ended = Cancelled if r.cause == "connect" else Failed
-                self.policy.observe(ended(self.now(), call.rid, r.backend.name, r.cause))
+                self._attempt_ended(call, r)
                 if r.cause == "handoff":  # the prefill ran and its KV is gone: another try is a re-prefill
                     if not self.cfg.failure_domains.may_reprefill(reprefills, 0):
                         break
@@ -97,8 +95,19 @@ class DispatchStage(RelayStage):
                 if attempt < self.cfg.retries.max_retries:
                     self.telemetry.retries.labels(r.cause).inc()
         detail = f"{last.cause} on {last.backend.name}: {last.detail}" if last else "no attempt"
+        if last is not None and last.cause == "busy":
+            await self._send_error(send, call.endpoint, BUSY_STATUS, f"every backend tried is busy ({detail}); "
+                                   "retry after the Retry-After seconds", "rate_limit_exceeded", None,
+                                   "backends_busy", last.retry_after_s)
+            return
         await self._send_error(send, call.endpoint, 502, f"backends failed before answering ({detail})",
                                "upstream_error", None, "upstream_failed", None)
+
+    def _attempt_ended(self, call: Call, r: Retry) -> None:
+        """Tell the policy how an attempt ended: released when the backend did no work for it (never
+        reached, or busy: a 429), a failure on the backend's record otherwise."""
+        ended = Cancelled if r.cause in ("connect", "busy") else Failed
+        self.policy.observe(ended(self.now(), call.rid, r.backend.name, r.cause))
 
     async def _dispatch(self, call: Call, d: RoutingDecision, dec: Backend, pre: Backend | None,
                         send: Send, receive: Receive, body: dict[str, Any] | None = None) -> None:
@@ -199,7 +208,7 @@ class DispatchStage(RelayStage):
         domains say `migrate` (prompt + the text delivered, the remaining budget), else (or when
         no continuation can be sent) end it with an error event (docs/failure-domains.md)."""
         self.policy.observe(Failed(self.now(), call.rid, b.name, kind))
-        tried = {b.name}
+        tried = {b.name, *self.not_serving(str(call.body.get("model")))}
         fd = self.cfg.failure_domains
         while call.track and fd.may_migrate(call.migrations):
             remaining = (call.route.max_output_tokens or 0) - call.delivered
@@ -235,8 +244,7 @@ class DispatchStage(RelayStage):
                 return
             except Retry as r:  # the continuation failed before its first token: another one
                 tried.add(r.backend.name)
-                ended = Cancelled if r.cause == "connect" else Failed
-                self.policy.observe(ended(self.now(), call.rid, r.backend.name, r.cause))
+                self._attempt_ended(call, r)
                 b, kind = r.backend, r.cause
         await self._meter_end(call, "failed", f"stream_broken_{kind}", call.delivered if call.track else events)
         await self._stream_broken(call, b, kind, send)

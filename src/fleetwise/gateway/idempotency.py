@@ -8,7 +8,8 @@
 - a first request that did not complete (failed, cancelled, refused) stores nothing, so the
   client's retry with the key runs again (the ledger then replaces the failed attempt).
 
-Answers are kept in memory for `ttl_s`, within a byte budget (oldest dropped first). A key the
+Answers are kept in memory for `ttl_s`, within a byte budget (oldest kept answer dropped first;
+a key still in flight is never dropped, so it cannot run twice at once). A key the
 ledger shows completed whose answer is no longer kept (expired, or another gateway process served
 it) is a 409 naming the fix (a new key), never a second, unbilled run.
 """
@@ -83,9 +84,9 @@ class IdempotencyStore:
             return
         e.done, e.status, e.content_type, e.body = True, status, content_type, body
         self._bytes += len(body)
-        while self._bytes > self.max_bytes and self._entries:
-            (_, old) = self._entries.popitem(last=False)
-            self._bytes -= len(old.body)
+        while self._bytes > self.max_bytes:  # oldest kept answer first; a key in flight holds no bytes, stays
+            old_key = next(k for k, kept in self._entries.items() if kept.done)
+            self._bytes -= len(self._entries.pop(old_key).body)
 
     def _expire(self, now_s: float) -> None:
         while self._entries:

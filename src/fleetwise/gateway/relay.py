@@ -42,9 +42,16 @@ from fleetwise.gateway.upstream import (
     UpstreamBroken,
     UpstreamResponse,
     fault_kind,
+    not_an_answer,
 )
 
-__all__ = ["Broken", "RelayStage"]
+__all__ = ["BUSY_STATUS", "Broken", "RelayStage", "busy"]
+
+BUSY_STATUS = 429
+"""A backend (or the proxy in front of it) shedding load: RFC 6585 s4, Too Many Requests. Not
+the client's fault and not a broken backend: the request is tried on another one."""
+BUSY_RETRY_S = 1.0
+"""Retry-After (s) when a busy backend sends none, or the HTTP-date form (RFC 9110 s10.2.3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +83,7 @@ class RelayStage(FleetLoops):
         b.breaker.attempt(self.now())
         work = b.work(call.route.prompt_tokens, call.route.max_output_tokens or 0)
         try:
-            status, data, ctype = await unless_gone(None if call.resumed else call.receive, self._post_whole(
+            status, data, ctype, retry_after = await unless_gone(None if call.resumed else call.receive, self._post_whole(
                 b.spec.url + call.path, payload, headers, bound, call.bounds.body_bytes))
         except FAULT_ERRORS as err:
             kind = fault_kind(err)
@@ -86,17 +93,23 @@ class RelayStage(FleetLoops):
             b.done(*work)
             b.in_flight -= 1
             self.backends.released(b)
+        if status == BUSY_STATUS:
+            raise busy(b, retry_after)
         if status >= 500:
             self._fault(b, "5xx")
             raise Retry(b, "5xx", f"HTTP {status}")
+        if status < 400:
+            self._garbage(b, data, False)
         b.breaker.success()
         return status, data, ctype
 
     async def _post_whole(self, url: str, payload: bytes, headers: dict[str, str],
-                          bound: float, limit: int) -> tuple[int, bytes, str]:
-        async with self.upstream.post(url, payload, headers, read_s=bound) as r:
+                          bound: float, limit: int) -> tuple[int, bytes, str, str | None]:
+        """The whole answer within `bound` seconds in all (each read's own timeout alone would let
+        a backend that trickles bytes hold the request for as long as it trickles)."""
+        async with asyncio.timeout(bound), self.upstream.post(url, payload, headers, read_s=bound) as r:
             data = await r.read(limit if r.status < 400 else MAX_ERROR_BODY_BYTES)
-            return r.status, data, r.headers.get("content-type", "application/json")
+            return r.status, data, r.headers.get("content-type", "application/json"), r.headers.get("retry-after")
 
     async def _relay(self, call: Call, b: Backend, payload: bytes, headers: dict[str, str], send: Send,
                      receive: Receive) -> Broken | None:
@@ -195,8 +208,11 @@ class RelayStage(FleetLoops):
         what is held back (the final [DONE] until the usage is recorded). An error event after
         tokens is a broken stream (`ErrorEvent`): the events before it are relayed, it is not."""
         error = b""
+        partial_s: float | None = None  # when the event now arriving in pieces began to (None: none is)
         while chunk := await r.content.readany():
             out = framer.feed(chunk)
+            # a piece of an event: the whole event, not each piece, is due within the bound
+            partial_s = None if out else self._piece(partial_s, r.timeout_s)
             if b'{"error"' in out:  # tested inline: this loop runs once per chunk of every stream
                 out, error = framer.cut_error(out)
             if call.meter is not None or call.track:
@@ -207,10 +223,23 @@ class RelayStage(FleetLoops):
                 ended_by(framer, error)
         return held
 
+    def _piece(self, since_s: float | None, bound_s: float) -> float:
+        """An event arriving in pieces since `since_s` (None: this is its first): a stall
+        (`TimeoutError`) once it has taken more than `bound_s`, so a backend that trickles bytes
+        cannot hold a stream beyond the next-token bound; returns when it began."""
+        now = self.now()
+        if since_s is None:
+            return now
+        if now - since_s > bound_s:
+            raise TimeoutError(f"an SSE event took over {bound_s:.2f} s to arrive (bytes trickled)")
+        return since_s
+
     async def _refused(self, call: Call, b: Backend, r: UpstreamResponse, send: Send) -> None:
         """An error status before the stream: a 5xx (or any refusal of a continuation) is retried
         elsewhere, a client's 4xx is relayed as it is."""
         data = await r.read(MAX_ERROR_BODY_BYTES)
+        if r.status == BUSY_STATUS:
+            raise busy(b, r.headers.get("retry-after"))
         if r.status >= 500:
             self._fault(b, "5xx")
             raise Retry(b, "5xx", f"HTTP {r.status}")
@@ -241,7 +270,16 @@ class RelayStage(FleetLoops):
             if cause != "handoff":  # a failed hand-off is the prefill side's (see _dispatch)
                 self._fault(b, cause)
             raise Retry(b, cause, first[6:200].decode("utf-8", "replace").strip())
+        self._garbage(b, first, True)
         return first
+
+    def _garbage(self, b: Backend, answer: bytes, stream: bool) -> None:
+        """A 2xx answer (a stream's first events) no engine sends is a `protocol` fault, retried
+        before anything reaches the client (`upstream.not_an_answer`)."""
+        why = not_an_answer(answer, stream)
+        if why is not None:
+            self._fault(b, "protocol")
+            raise Retry(b, "protocol", why)
 
     async def _client_left(self, call: Call, b: Backend, delivered: int) -> None:
         """The client disconnected mid-stream: billed as cancelled with what it received (499)."""
@@ -305,3 +343,11 @@ def stream_headers(call: Call, b: Backend) -> list[tuple[bytes, bytes]]:
     """The response headers of a relayed event stream from backend `b`."""
     return [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
             (b"x-request-id", call.rid.encode()), (b"x-fleetwise-backend", b.name.encode())]
+
+
+def busy(b: Backend, retry_after: str | None) -> Retry:
+    """The `Retry` (cause `busy`) for a 429 from `b`: it answered, so its breaker counts a
+    success, and its `Retry-After` (delta-seconds) is kept for the client should every backend be busy."""
+    b.breaker.success()
+    after = float(retry_after) if retry_after is not None and retry_after.strip().isdigit() else BUSY_RETRY_S
+    return Retry(b, "busy", f"HTTP {BUSY_STATUS}", after)

@@ -108,6 +108,14 @@ class GatewayState:
             out |= self.discovered_models.get(name, frozenset())
         return frozenset(out)
 
+    def not_serving(self, model: str) -> frozenset[str]:
+        """Live backends whose last /v1/models answer does not list `model` (one restarted with
+        another model or version) while another one does: a request for `model` goes to those
+        that list it. None listing it excludes none (a configured model's answer is the backends')."""
+        out = frozenset(name for name in self.backends.live
+                        if (ms := self.discovered_models.get(name)) is not None and model not in ms)
+        return out if len(out) < len(self.backends.live) else frozenset()
+
     def _fault(self, b: Backend, kind: str) -> None:
         b.faults += 1
         held = b.breaker.held

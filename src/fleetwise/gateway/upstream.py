@@ -13,6 +13,7 @@ idle) never waits for the peer's delayed ACK (the ~40 ms first-byte stall withou
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import ssl
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import httptools
 
-__all__ = ["ERROR_EVENT", "FAULT_ERRORS", "MAX_GET_BYTES", "ConnectFailed", "ErrorEvent", "HttpPool", "Oversized", "SseFramer", "Upstream", "UpstreamBroken", "UpstreamResponse",
+__all__ = ["ERROR_EVENT", "FAULT_ERRORS", "MAX_GET_BYTES", "ConnectFailed", "ErrorEvent", "HttpPool", "Oversized", "SseFramer", "Upstream", "UpstreamBroken", "UpstreamResponse", "not_an_answer",
            "fault_kind", "nodelay_socket"]
 
 
@@ -468,6 +469,34 @@ class Upstream:
 
 ERROR_EVENT = b'data: {"error"'
 """How an OpenAI-compatible server's stream error event starts (vLLM's, the gateway's own)."""
+
+
+SSE_FIELDS = (b":", b"event:", b"id:", b"retry:")
+"""Line starts an SSE event may hold besides `data:` (a comment, the other fields; WHATWG HTML s9.2.6)."""
+
+
+def not_an_answer(answer: bytes, stream: bool) -> str | None:
+    """Why a backend's 2xx answer is no OpenAI-compatible engine's (None when it may be one): a
+    whole answer that is not a JSON object, or a stream's first event whose data is neither a
+    JSON object nor [DONE], or which holds lines SSE does not know (an HTML page, say)."""
+    if stream:
+        event = answer[: answer.find(b"\n\n")]
+        lines = event.split(b"\n")
+        data = [ln[5:].removeprefix(b" ") for ln in lines if ln.startswith(b"data:")]
+        if not data:
+            ok = all(ln.startswith(SSE_FIELDS) for ln in lines)
+            return None if ok else f"the first SSE event is no event: {event[:80]!r}"
+        answer = b"\n".join(data)
+        if answer == b"[DONE]":
+            return None
+    try:
+        doc = json.loads(answer)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        return None
+    what = "the first SSE event's data" if stream else "the answer"
+    return f"{what} is not a JSON object: {answer[:80]!r}"
 
 
 class SseFramer:

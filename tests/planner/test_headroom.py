@@ -78,6 +78,19 @@ def test_each_run_covers_its_whole_event(spec_factory) -> None:
     assert runs[1].requests[-1].arrival_s < 3 * cold + 1000 <= runs[1].requests[-1].arrival_s + 5 / 0.2 * 2
 
 
+def test_the_upgrade_run_takes_the_spec_batch_out_at_once(spec_factory) -> None:
+    # upgrade_batch_replicas 2 sizes for two replicas out together: the run drains two at a time,
+    # so 5 replicas take ceil(5 / 2) = 3 cold starts (it drained one at a time, 5 cold starts).
+    spec = spec_factory(headroom={"failures_to_survive": 0, "upgrade_batch_replicas": 2, "cold_start_s": 300.0})
+    ctx = prepare(spec).ctx
+    full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 5),))
+    up = headroom_runs(ctx, full)[0]
+    cold = 300 + ctx.load_s(full.pools[0].layout)
+    assert (up.term, up.span_s) == (
+        f"a rolling upgrade of the mixed pool (5 replicas, 2 out at a time, {cold:.0f} s each)", 3 * cold + 1000)
+    assert up.faults is not None and up.faults.faults[0].batch == 2
+
+
 def test_the_burst_run_uses_the_derived_factor(spec_factory) -> None:
     spec = spec_factory(headroom={"burst_factor": None})
     ctx = prepare(spec).ctx

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fleetwise.planner.layout import Rejection
 from fleetwise.planner.simulate import SimVerdict
-from fleetwise.planner.sizing import over_limits
+from fleetwise.planner.sizing import gpus_by_accelerator, over_limits, spares
 from fleetwise.planner.state import Candidate, Search
 
 RankKey = tuple[bool, float, float, str]
@@ -51,8 +51,36 @@ def run(search: Search) -> None:
             search.rejected.append(Rejection(c.key, f"${c.cost_per_hour:.2f}/h, meets the SLO but {c.demoted}"))
     _reconcile(search)
     if not good and search.infeasible is None:
-        search.infeasible = ("no candidate met the SLO in simulation within the limits; see `rejected` for each "
-                             "candidate's reason (raise search.max_gpus, relax the SLO, or allow more hardware)")
+        search.infeasible = infeasible_reason(search)
+
+
+GENERIC_INFEASIBLE = ("no candidate met the SLO in simulation within the limits; see `rejected` for each "
+                      "candidate's reason (raise search.max_gpus, relax the SLO, or allow more hardware)")
+"""The answer when no plan passed and none was sized beyond the GPU limits: every layout missed
+the SLO in simulation (each rejection says at what load)."""
+
+
+def infeasible_reason(search: Search) -> str:
+    """Why no plan passed, naming the binding GPU limit with the count that would lift it when a
+    plan sized from the simulated goodputs (spares included) was dropped only for exceeding it."""
+    kept = {c.key for c in search.candidates}
+    needs: list[tuple[int, str, dict[str, int]]] = []
+    for c in search.sized:
+        fleet, spare = (c.fleet, spares(c.sizings)) if c.key not in kept else (
+            (c.refined.full, {}) if c.refined and c.refined.passed else (None, {}))
+        if fleet is not None and over_limits(search, fleet, spare):
+            per = gpus_by_accelerator(fleet, spare)
+            needs.append((sum(per.values()), c.key, per))
+    if not needs:
+        return GENERIC_INFEASIBLE
+    total, key, per = min(needs)
+    cap = search.spec.search.max_gpus
+    fixes = ([f"raise search.max_gpus from {cap} to {total}"] if total > cap else []) + [
+        f"raise accelerators[{acc}].max_gpus from {search.hw.max_gpus[acc]} to {n}"
+        for acc, n in per.items() if n > search.hw.max_gpus[acc] < cap]  # the card's own cap, below the search's
+    return (f"no plan meets the SLO within the GPU limits: the smallest fleet sized from the simulated goodputs, "
+            f"{key}, needs {total} GPUs with its headroom ({', '.join(f'{n} {a}' for a, n in per.items())}); "
+            f"{' and '.join(fixes)} to plan it (it is then checked in simulation), or relax the SLO")
 
 
 def _reconcile(search: Search) -> None:

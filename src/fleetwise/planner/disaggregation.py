@@ -225,7 +225,7 @@ def _equal_cost(search: Search, ctx: Context, ex: Executor, colo: Candidate) -> 
     lay, n = pool.layout, pool.replicas
     e = search.estimates[lay]
     if n < 2 or e.mu_prefill_rps <= 0 or e.mu_decode_rps <= 0:
-        search.disaggregation = {"verdict": "colocated", "reason": f"the colocated plan has {n} serving replica(s): "
+        search.disaggregation = {"verdict": "colocate", "reason": f"the colocated plan has {n} serving replica(s): "
                                  "too few to split into prefill and decode pools at equal cost"}
         return
     share = (1 / e.mu_prefill_rps) / (1 / e.mu_prefill_rps + 1 / e.mu_decode_rps)

@@ -1,6 +1,7 @@
 """Phase 7, ranking: cost per hour among plans meeting the SLO on every seed, then goodput.
 
-Owns the final order (a plan whose claims failed goes below every plan whose claims hold), the
+Owns the final order (a plan whose claims failed, or whose headroom still missed, goes below every
+plan whose claims and headroom hold), the
 reason each plan that missed the SLO is rejected, reconciling the equal-cost verdict with the
 cheapest plan, and the infeasible answer when nothing passes.
 """
@@ -16,9 +17,10 @@ RankKey = tuple[bool, float, float, str]
 
 
 def rank_key(c: Candidate) -> RankKey:
-    """A plan's place: demoted last, then $/h, then more goodput over the seeds, then its name.
-    Before its headroom and claims are checked it is a lower bound (they only add cost or demote)."""
-    return (bool(c.claims and c.claims.failed), c.cost_per_hour,
+    """A plan's place: demoted last (a failed claim, or a headroom term still missed after the
+    replicas it may add), then $/h, then more goodput over the seeds, then its name. Before its
+    headroom and claims are checked it is a lower bound (they only add cost or demote)."""
+    return (c.demoted is not None, c.cost_per_hour,
             -_mean(c.refined.seeds, "goodput_rps") if c.refined else 0.0, c.key)
 
 

@@ -78,6 +78,19 @@ def test_each_run_covers_its_whole_event(spec_factory) -> None:
     assert runs[1].requests[-1].arrival_s < 3 * cold + 1000 <= runs[1].requests[-1].arrival_s + 5 / 0.2 * 2
 
 
+def test_the_upgrade_run_takes_the_spec_batch_out_at_once(spec_factory) -> None:
+    # upgrade_batch_replicas 2 sizes for two replicas out together: the run drains two at a time,
+    # so 5 replicas take ceil(5 / 2) = 3 cold starts (it drained one at a time, 5 cold starts).
+    spec = spec_factory(headroom={"failures_to_survive": 0, "upgrade_batch_replicas": 2, "cold_start_s": 300.0})
+    ctx = prepare(spec).ctx
+    full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 5),))
+    up = headroom_runs(ctx, full)[0]
+    cold = 300 + ctx.load_s(full.pools[0].layout)
+    assert (up.term, up.span_s) == (
+        f"a rolling upgrade of the mixed pool (5 replicas, 2 out at a time, {cold:.0f} s each)", 3 * cold + 1000)
+    assert up.faults is not None and up.faults.faults[0].batch == 2
+
+
 def test_the_burst_run_uses_the_derived_factor(spec_factory) -> None:
     spec = spec_factory(headroom={"burst_factor": None})
     ctx = prepare(spec).ctx
@@ -164,3 +177,30 @@ def test_derived_burst_factor_is_the_p99_window_count_over_the_mean(spec_factory
     counts = np.bincount((t // 1.0).astype(np.int64))[:-1]
     assert burst_factor(mix, 10.0, 1.0) == pytest.approx(float(np.percentile(counts, 99) / counts.mean()))
     assert 1.5 < burst_factor(mix, 10.0, 1.0) < 2.2
+
+
+def test_a_term_still_missed_after_its_adds_demotes_the_plan(small_search) -> None:
+    # A plan whose headroom term still misses after the replicas it may add does not survive what
+    # the spec asks: it ranks below a dearer plan whose terms hold, and says which term and how far.
+    import copy
+    from dataclasses import replace
+
+    from fleetwise.planner import ranking
+    from fleetwise.planner.results import HeadroomCheck
+
+    cheap, dear = small_search.ranked[0], small_search.ranked[1]
+    assert cheap.refined is not None and cheap.cost_per_hour < dear.cost_per_hour and cheap.demoted is None
+    held = cheap.refined.headroom[0]
+    missed = HeadroomCheck(held.term, held.role, replace(held.verdict, passed=False, attainment=0.5), 2,
+                           held.requests, held.span_s, held.verdict)
+    worse = copy.copy(cheap)
+    worse.refined = replace(cheap.refined, headroom=[missed, *cheap.refined.headroom[1:]])
+    again = copy.copy(small_search)
+    again.rejected, again.disaggregation = [], {}
+    again.refined = [worse, dear]
+    ranking.run(again)
+    assert [c.key for c in again.ranked] == [dear.key, cheap.key]
+    assert worse.demoted == ("demoted: headroom still missed after adding replicas: 1 mixed replica(s) down for "
+                             "the whole run (attainment 50.0% with 2 mixed replica(s) added)")
+    assert [(r.candidate, r.reason) for r in again.rejected] == [
+        (cheap.key, f"${cheap.cost_per_hour:.2f}/h, meets the SLO but {worse.demoted}")]

@@ -60,3 +60,12 @@ def test_every_candidate_is_recorded_with_cost_goodput_and_verdict(small_search)
         assert (c["cost_per_hour"], c["gpus"], c["goodput_rps"]) == (p["cost_per_hour"], p["gpus"],
                                                                        round(p["predicted"]["goodput_rps"], 4))
     assert doc["pd_sweep"] == []  # disaggregation is off in this spec
+
+
+def test_the_verdict_is_one_of_the_documented_values_with_one_serving_replica(small_search):
+    # 0.2 req/s: one serving replica, too few to split at equal cost; the verdict is still
+    # `colocate` (docs/planner.md: "colocate|disaggregate"), not a third spelling.
+    dg = to_json(small_search)["disaggregation"]
+    assert dg["verdict"] == "colocate"
+    assert dg["reason"] == ("the colocated plan has 1 serving replica(s): too few to split into prefill and "
+                            "decode pools at equal cost")

@@ -178,23 +178,25 @@ def _fault_scenarios(ctx: Context, full: FleetShape) -> list[tuple[str, list[tup
     at = round(span / 4, 3)
     crash = FaultScenario(name="prefill crash", faults=[ReplicaCrash(
         replica="prefill-0", at_s=at, restart_after_s=ctx.spec.headroom.cold_start_s)])
-    back = min(30.0, ctx.spec.headroom.cold_start_s)
+    back, b = min(30.0, ctx.spec.headroom.cold_start_s), max(1, h.upgrade_batch_replicas)
     matched = FaultScenario(name="upgrade", faults=[RollingUpgrade(
-        pool="prefill", matched_with="decode", start_s=at, new_model_version="v2", restart_after_s=back)])
+        pool="prefill", matched_with="decode", start_s=at, new_model_version="v2", restart_after_s=back, batch=b)])
     both = FaultScenario(name="upgrade", faults=[RollingUpgrade(
-        pool=role, start_s=at, new_model_version="v2", restart_after_s=back) for role in ("prefill", "decode")])
+        pool=role, start_s=at, new_model_version="v2", restart_after_s=back, batch=b) for role in ("prefill", "decode")])
     out: list[tuple[str, list[tuple[str, FaultScenario]]]] = []
     if h.failures_to_survive > 0:
         out.append((f"a prefill replica crash at {at:g} s (restart after {h.cold_start_s:g} s)", [("restart", crash)]))
     if h.upgrade_batch_replicas > 0:
+        n = "one replica" if b == 1 else f"{b} replicas"
         out.append(("a rolling upgrade of both pools", [
-            (UPGRADE_MATCHED, matched), (UPGRADE_BOTH, both)]))
+            (UPGRADE_MATCHED.format(n=n), matched), (UPGRADE_BOTH.format(n=n), both)]))
     return out
 
 
-UPGRADE_MATCHED = "matched slices (one replica at a time, alternating pools by upgraded share)"
-"""The P/D upgrade procedure that keeps a compatible prefill/decode pair of each version up."""
-UPGRADE_BOTH = "both pools at once (one replica of each pool at a time)"
+UPGRADE_MATCHED = "matched slices ({n} at a time, alternating pools by upgraded share)"
+"""The P/D upgrade procedure that keeps a compatible prefill/decode pair of each version up
+(`{n}`: the upgrade batch, `headroom.upgrade_batch_replicas`)."""
+UPGRADE_BOTH = "both pools at once ({n} of each pool at a time)"
 """The P/D upgrade procedure that upgrades the two pools side by side."""
 
 
@@ -223,7 +225,7 @@ def _equal_cost(search: Search, ctx: Context, ex: Executor, colo: Candidate) -> 
     lay, n = pool.layout, pool.replicas
     e = search.estimates[lay]
     if n < 2 or e.mu_prefill_rps <= 0 or e.mu_decode_rps <= 0:
-        search.disaggregation = {"verdict": "colocated", "reason": f"the colocated plan has {n} serving replica(s): "
+        search.disaggregation = {"verdict": "colocate", "reason": f"the colocated plan has {n} serving replica(s): "
                                  "too few to split into prefill and decode pools at equal cost"}
         return
     share = (1 / e.mu_prefill_rps) / (1 / e.mu_prefill_rps + 1 / e.mu_decode_rps)

@@ -17,6 +17,35 @@ from typing import Any
 
 from fleetwise.core.feedback import Completed, FirstToken
 
+KEEP_UP_BACKLOG = 0.1
+"""Most growth of a run's backlog (requests arrived with no first token yet) from the middle of its
+arrivals to the last one, as a share of the arrivals in between, for the run to pass. A fleet whose
+backlog grows faster serves under 1/1.1 of its arrival rate: its TTFT grows without bound, however
+loose the TTFT target is against the run's span (at 300 s, a one-minute run of a replica offered
+twice what it serves still has every TTFT under the target: `tests/planner/test_keep_up.py`). A
+tight target already fails such a run (a tenth of half a one-minute run is 3 s of wait added by
+its end), so this judges the runs a loose TTFT target cannot; a fleet that keeps up grows its
+backlog by about nothing (1% in that test at half the load)."""
+
+
+def backlog_growth(arrival: Any, first_token: Any) -> float:
+    """Growth of the backlog (arrived, no first token yet) from the middle of the arrivals to the
+    last arrival, as a share of the arrivals after the middle (0.0 when none; arrays of seconds,
+    a request with no first token NaN or inf)."""
+    import numpy as np
+
+    arrival, first = np.asarray(arrival, dtype=float), np.asarray(first_token, dtype=float)
+    if arrival.size < 2:
+        return 0.0
+    end = float(arrival.max())
+    mid = (float(arrival.min()) + end) / 2
+    first = np.where(np.isnan(first), np.inf, first)
+    later = int((arrival > mid).sum())
+    if later == 0:
+        return 0.0
+    growth = (arrival.size - int((first <= end).sum())) - (int((arrival <= mid).sum()) - int((first <= mid).sum()))
+    return max(0.0, growth / later)
+
 
 class CertainMiss(Exception):
     """Enough requests have missed that the run's attainment cannot reach the SLO's."""
@@ -70,6 +99,11 @@ class VerdictWatch:
     and, for each watched target, `needed_for_percentile` finished requests are under it. A target
     of None is not watched.
 
+    With `arrivals` (each request's arrival, seconds), the run must also keep up with them
+    (`backlog_growth` at most `KEEP_UP_BACKLOG`, as `simulate._judge` requires): a pass is certain
+    only once every request has its first token and the backlog held, and a miss once every
+    request has one and it did not.
+
     A request still waiting past its TTFT target is not counted until its first token: the
     simulator reports a first token at the end of the engine step that produced it, stamped with
     the token's own time, so a later event does not prove the token is not already made.
@@ -80,7 +114,7 @@ class VerdictWatch:
     """
 
     def __init__(self, policy: Any, ttft_s: float | None, tpot_s: float | None, n: int, attainment: float,
-                 percentile: float, network_s: float = 0.0) -> None:
+                 percentile: float, network_s: float = 0.0, arrivals: dict[str, float] | None = None) -> None:
         self._policy = policy
         self._policy_observe = policy.observe
         self._allowed = allowed_misses(n, attainment)
@@ -96,6 +130,8 @@ class VerdictWatch:
         """The largest TTFT seen per request."""
         self._done: set[str] = set()
         self._met = self._ttft_good = self._tpot_good = 0
+        self._arrivals = arrivals
+        self._kept_up: bool | None = None if arrivals is not None else True
 
     def observe(self, fb: Any) -> None:
         self._policy_observe(fb)
@@ -127,8 +163,24 @@ class VerdictWatch:
             self._met += 1
         if (self._met >= self._met_needed
                 and (not self._ttft_watch or self._ttft_good >= self._pct_needed)
-                and (not self._tpot_watch or self._tpot_good >= self._pct_needed)):
+                and (not self._tpot_watch or self._tpot_good >= self._pct_needed)
+                and self._keeps_up()):
             raise CertainPass
+
+    def _keeps_up(self) -> bool:
+        """Whether the run kept up with its arrivals; False until every request has a first token
+        (then a backlog that grew too much is a certain miss)."""
+        if self._kept_up is None:
+            arr = self._arrivals
+            assert arr is not None
+            if len(self._first) < len(arr):
+                return False
+            ids = list(arr)
+            self._kept_up = backlog_growth([arr[i] for i in ids],
+                                           [arr[i] + self._first[i] for i in ids]) <= KEEP_UP_BACKLOG
+            if not self._kept_up:
+                raise CertainMiss
+        return self._kept_up
 
     def _miss(self, rid: str) -> None:
         if rid not in self._missed:

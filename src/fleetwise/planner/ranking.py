@@ -1,6 +1,7 @@
 """Phase 7, ranking: cost per hour among plans meeting the SLO on every seed, then goodput.
 
-Owns the final order (a plan whose claims failed goes below every plan whose claims hold), the
+Owns the final order (a plan whose claims failed, or whose headroom still missed, goes below every
+plan whose claims and headroom hold), the
 reason each plan that missed the SLO is rejected, reconciling the equal-cost verdict with the
 cheapest plan, and the infeasible answer when nothing passes.
 """
@@ -9,16 +10,17 @@ from __future__ import annotations
 
 from fleetwise.planner.layout import Rejection
 from fleetwise.planner.simulate import SimVerdict
-from fleetwise.planner.sizing import over_limits
+from fleetwise.planner.sizing import gpus_by_accelerator, over_limits, spares
 from fleetwise.planner.state import Candidate, Search
 
 RankKey = tuple[bool, float, float, str]
 
 
 def rank_key(c: Candidate) -> RankKey:
-    """A plan's place: demoted last, then $/h, then more goodput over the seeds, then its name.
-    Before its headroom and claims are checked it is a lower bound (they only add cost or demote)."""
-    return (bool(c.claims and c.claims.failed), c.cost_per_hour,
+    """A plan's place: demoted last (a failed claim, or a headroom term still missed after the
+    replicas it may add), then $/h, then more goodput over the seeds, then its name. Before its
+    headroom and claims are checked it is a lower bound (they only add cost or demote)."""
+    return (c.demoted is not None, c.cost_per_hour,
             -_mean(c.refined.seeds, "goodput_rps") if c.refined else 0.0, c.key)
 
 
@@ -51,8 +53,36 @@ def run(search: Search) -> None:
             search.rejected.append(Rejection(c.key, f"${c.cost_per_hour:.2f}/h, meets the SLO but {c.demoted}"))
     _reconcile(search)
     if not good and search.infeasible is None:
-        search.infeasible = ("no candidate met the SLO in simulation within the limits; see `rejected` for each "
-                             "candidate's reason (raise search.max_gpus, relax the SLO, or allow more hardware)")
+        search.infeasible = infeasible_reason(search)
+
+
+GENERIC_INFEASIBLE = ("no candidate met the SLO in simulation within the limits; see `rejected` for each "
+                      "candidate's reason (raise search.max_gpus, relax the SLO, or allow more hardware)")
+"""The answer when no plan passed and none was sized beyond the GPU limits: every layout missed
+the SLO in simulation (each rejection says at what load)."""
+
+
+def infeasible_reason(search: Search) -> str:
+    """Why no plan passed, naming the binding GPU limit with the count that would lift it when a
+    plan sized from the simulated goodputs (spares included) was dropped only for exceeding it."""
+    kept = {c.key for c in search.candidates}
+    needs: list[tuple[int, str, dict[str, int]]] = []
+    for c in search.sized:
+        fleet, spare = (c.fleet, spares(c.sizings)) if c.key not in kept else (
+            (c.refined.full, {}) if c.refined and c.refined.passed else (None, {}))
+        if fleet is not None and over_limits(search, fleet, spare):
+            per = gpus_by_accelerator(fleet, spare)
+            needs.append((sum(per.values()), c.key, per))
+    if not needs:
+        return GENERIC_INFEASIBLE
+    total, key, per = min(needs)
+    cap = search.spec.search.max_gpus
+    fixes = ([f"raise search.max_gpus from {cap} to {total}"] if total > cap else []) + [
+        f"raise accelerators[{acc}].max_gpus from {search.hw.max_gpus[acc]} to {n}"
+        for acc, n in per.items() if n > search.hw.max_gpus[acc] < cap]  # the card's own cap, below the search's
+    return (f"no plan meets the SLO within the GPU limits: the smallest fleet sized from the simulated goodputs, "
+            f"{key}, needs {total} GPUs with its headroom ({', '.join(f'{n} {a}' for a, n in per.items())}); "
+            f"{' and '.join(fixes)} to plan it (it is then checked in simulation), or relax the SLO")
 
 
 def _reconcile(search: Search) -> None:

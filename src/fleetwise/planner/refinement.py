@@ -11,6 +11,7 @@ simulated is the checks phase's choice (`checks`). Does not rank (ranking).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -135,8 +136,9 @@ def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
     enough for the whole event plus a standard run's span S after it:
 
     - per pool, `failures_to_survive` replicas down for the whole run (S);
-    - per pool, a rolling upgrade, one replica out at a time for a cold start each (`cold_start_s`
-      plus the layout's weights load time, `Context.cold_s`) (replicas x cold start + S);
+    - per pool, a rolling upgrade, `upgrade_batch_replicas` replicas out at a time for a cold start
+      each (`cold_start_s` plus the layout's weights load time, `Context.cold_s`)
+      (ceil(replicas / batch) x cold start + S);
     - a replica of the largest pool joining cold, with an empty cache, after a cold start
       (cold start + S);
     - a burst at the workload's burst factor for `burst_window_s`, between S/2 of the target
@@ -155,11 +157,13 @@ def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
         if n > 0 and p.replicas > n:
             over(f"failure:{p.role}", f"{n} {p.role} replica(s) down for the whole run", p.role, span, crash_scenario(full, p.role, n))
         cold = ctx.cold_s(p.layout)
-        if h.upgrade_batch_replicas > 0 and p.replicas > 1:
-            over(f"upgrade:{p.role}", f"a rolling upgrade of the {p.role} pool ({p.replicas} replicas, one out at a time, "
-                 f"{cold:.0f} s each)", p.role, p.replicas * cold + span,
+        b = h.upgrade_batch_replicas
+        if b > 0 and p.replicas > 1:
+            over(f"upgrade:{p.role}", f"a rolling upgrade of the {p.role} pool ({p.replicas} replicas, "
+                 f"{'one' if b == 1 else b} out at a time, {cold:.0f} s each)", p.role,
+                 math.ceil(p.replicas / b) * cold + span,
                  FaultScenario(name=f"{p.role} upgrade", faults=[RollingUpgrade(
-                     pool=p.role, start_s=0.0, new_model_version="v1", restart_after_s=cold)]))
+                     pool=p.role, start_s=0.0, new_model_version="v1", restart_after_s=cold, batch=b)]))
     big = max(full.pools, key=lambda p: p.gpus)
     cold, load = ctx.cold_s(big.layout), ctx.load_s(big.layout)
     if h.cold_start_s > 0 and big.replicas > 1:  # cold_start_s 0: the spec asks for no cold-join check
@@ -183,8 +187,8 @@ def headroom_run(ctx: Context, full: FleetShape, run: HeadroomRun) -> FleetRun:
 
 def check_headroom(ctx: Context, out: Refined, on_grow: Callable[[Refined], None] | None = None) -> None:
     """Simulate each headroom term against the sized plan; a miss adds a replica to its pool and
-    the term is run again as it stands for the larger pool (an upgrade of one replica more lasts
-    one `cold_start_s` longer). Later terms run against the plan with what earlier ones added.
+    the term is run again as it stands for the larger pool (an upgrade of one replica more may
+    last one batch's cold start longer). Later terms run against the plan with what earlier ones added.
     `on_grow` hears the plan each time a replica is added, before the rerun (it may raise to stop
     the check there: `checks`)."""
     def sim(run: HeadroomRun) -> SimVerdict:

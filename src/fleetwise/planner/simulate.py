@@ -28,7 +28,7 @@ from operator import attrgetter
 from typing import Any, Literal
 
 from fleetwise.core.request import Request
-from fleetwise.planner.early import CertainMiss, CertainPass, VerdictWatch
+from fleetwise.planner.early import KEEP_UP_BACKLOG, CertainMiss, CertainPass, VerdictWatch, backlog_growth
 from fleetwise.planner.layout import Layout, layout_imbalance, pool_spec
 from fleetwise.planner.workload import LengthMix, requests_at
 from fleetwise.spec.faults import FaultScenario, ReplicaCrash
@@ -113,6 +113,9 @@ class SimVerdict:
     waits: dict[str, float] = field(default_factory=dict)
     """SLO-percentile seconds of `prefill_queue` (arrival to first prefill step) and, in PD plans,
     `decode_wait` (KV landed to first token: the decode pool's admission queue)."""
+    backlog_growth: float = 0.0
+    """`early.backlog_growth` of the run: above `KEEP_UP_BACKLOG` the fleet did not keep up with its
+    arrivals and the run fails whatever its TTFT and TPOT."""
 
 
 def to_plan_spec(spec: PlanningSpec, fleet: FleetShape, prices: dict[str, float]) -> PlanSpec:
@@ -189,13 +192,15 @@ def _judge(summary: dict[str, Any], spec: PlanningSpec, check: Check, rate: floa
     kv = summary.get("kv_transfer") or {}
     good = steady_goodput(records, _sim_slo(spec, check)) if records is not None else float(summary["goodput_rps"])
     waits = _waits(records, spec.slo.percentile) if records is not None else {}
+    backlog = backlog_growth(records.arrival(), records.column("first_token_s")) if records is not None else 0.0
+    ok = ok and backlog <= KEEP_UP_BACKLOG
     return SimVerdict(
         bool(ok), rate, seed, {k: float(ttft[k]) for k in ("p50", "p90", "p99")},
         {k: float(tpot[k]) for k in ("p50", "p90", "p99")}, float(summary["slo_attainment"]),
         good, int(summary["requests_failed"]),
         {k: float(kv[k]) for k in ("p50_s", "p99_s") if k in kv},
         {role: sum(v) / len(v) for role, v in util.items() if v}, int(summary.get("requests_retried", 0)),
-        dict(summary.get("failure_reasons", {})), waits)
+        dict(summary.get("failure_reasons", {})), waits, backlog)
 
 
 _memo: OrderedDict[Hashable, SimVerdict] = OrderedDict()
@@ -376,7 +381,8 @@ def passes(spec: PlanningSpec, mix: LengthMix, fleet: FleetShape, prices: dict[s
     reqs = _arrivals(spec, mix, rate_rps, seed)
     plan = to_plan_spec(spec, fleet, prices)
     watch = VerdictWatch(make_policy(plan.routing, seed=seed), slo.ttft_max_s, slo.tpot_max_s, len(reqs),
-                         spec.slo.attainment, spec.slo.percentile, 2 * plan.regions.latency_s)
+                         spec.slo.attainment, spec.slo.percentile, 2 * plan.regions.latency_s,
+                         {r.request_id: r.arrival_s for r in reqs})
     try:
         result = simulate(plan, reqs, options=SimOptions(seed=seed, slo=slo, policy=watch,  # type: ignore[arg-type]
                                                          replica_series=False))

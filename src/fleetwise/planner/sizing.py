@@ -186,12 +186,18 @@ def _within_limits(search: Search, c: Candidate) -> str | None:
     return over_limits(search, c.fleet, spares(c.sizings))
 
 
-def over_limits(search: Search, fleet: FleetShape, spare: dict[str, int]) -> str | None:
-    """Why a fleet plus `spare` replicas per role exceeds the GPU limits (None when it does not)."""
+def gpus_by_accelerator(fleet: FleetShape, spare: dict[str, int]) -> dict[str, int]:
+    """GPUs of each accelerator in a fleet plus `spare` replicas per role."""
     per: dict[str, int] = {}
     for p in fleet.pools:
         per[p.layout.accelerator] = (per.get(p.layout.accelerator, 0)
                                      + (p.replicas + spare.get(p.role, 0)) * p.layout.gpus)
+    return per
+
+
+def over_limits(search: Search, fleet: FleetShape, spare: dict[str, int]) -> str | None:
+    """Why a fleet plus `spare` replicas per role exceeds the GPU limits (None when it does not)."""
+    per = gpus_by_accelerator(fleet, spare)
     total = sum(per.values())
     if total > search.spec.search.max_gpus:
         return f"needs {total} GPUs with headroom > search.max_gpus={search.spec.search.max_gpus}"

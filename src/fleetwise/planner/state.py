@@ -80,10 +80,17 @@ class Candidate:
 
     @property
     def demoted(self) -> str | None:
-        """Why the plan ranks below the plans whose claims hold (None when its claims hold)."""
-        if self.claims is None or not self.claims.failed:
-            return None
-        return "demoted: claim(s) failed in simulation: " + "; ".join(self.claims.failed_by)
+        """Why the plan ranks below the plans whose claims and headroom hold (None when they hold):
+        a failed claim, or a headroom term that still missed after its replicas were added."""
+        why = []
+        if self.claims is not None and self.claims.failed:
+            why.append("claim(s) failed in simulation: " + "; ".join(self.claims.failed_by))
+        missed = [h for h in (self.refined.headroom if self.refined else []) if not h.verdict.passed]
+        if missed:
+            why.append("headroom still missed after adding replicas: " + "; ".join(
+                f"{h.term} (attainment {h.verdict.attainment:.1%} with {h.added} {h.role} replica(s) added)"
+                for h in missed))
+        return "demoted: " + "; ".join(why) if why else None
 
 
 @dataclass

@@ -62,6 +62,8 @@ class FaultHost(Protocol):
     faults: list[Any]
     upgrade: dict[int, list[int]]
     """Rolling upgrade fault -> replica indices still to upgrade."""
+    upgrade_out: dict[int, int]
+    """Rolling upgrade fault -> replicas of its current batch not back yet."""
     kv_links: dict[int, dict[int, float]]
     """KV port -> {kv_link fault in force: its bandwidth factor} (overlapping faults compose)."""
 

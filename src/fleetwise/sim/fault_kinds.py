@@ -222,27 +222,34 @@ def upgrade_order(reps: list[Replica], fault: RollingUpgrade) -> list[int]:
 
 @fault_kind(RollingUpgrade)
 class RollingUpgradeKind:
-    """One replica of the pool at a time drains, goes down for `restart_after_s`, and returns
-    with the new model version; then the next (`upgrade_order`)."""
+    """`batch` replicas of the pool at a time drain, go down for `restart_after_s`, and return
+    with the new model version; once the whole batch is back, the next (`upgrade_order`)."""
 
     def schedule(self, inj: FaultHost, k: int, fault: RollingUpgrade) -> None:
-        """Push the first replica's turn."""
+        """Push the first batch's turn."""
         inj.push(fault.start_s, k, "upgrade_next")
 
     def apply(self, inj: FaultHost, now_s: float, k: int, fault: RollingUpgrade, ev: FaultEvent) -> None:
-        """Drain the next replica, or bring the upgraded one back and go on."""
+        """Drain the next batch, or bring an upgraded replica back and, with its batch back, go on."""
         if ev.phase == "upgrade_back":
             restart(inj, inj.reps[ev.target], now_s, k, fault.new_model_version)
+            inj.upgrade_out[k] -= 1
+            if inj.upgrade_out[k] > 0:
+                return
         todo = inj.upgrade.setdefault(k, upgrade_order(inj.reps, fault))
         if not todo:
             inj.note(now_s, k, "done")
             return
-        rep = inj.reps[todo.pop(0)]
-        rep.state = DRAINING
-        rep.view_cache = None
-        inj.note(now_s, k, "drain", rep.name)
-        inj.sim.feedback(WorkerDown(now_s, rep.name, "draining for upgrade"))
-        inj.on_replica_progress(rep, now_s)
+        batch = [inj.reps[i] for i in todo[:fault.batch]]
+        del todo[:fault.batch]
+        inj.upgrade_out[k] = len(batch)
+        for rep in batch:
+            rep.state = DRAINING
+            rep.view_cache = None
+            inj.note(now_s, k, "drain", rep.name)
+            inj.sim.feedback(WorkerDown(now_s, rep.name, "draining for upgrade"))
+        for rep in batch:
+            inj.on_replica_progress(rep, now_s)
 
     def drained(self, inj: FaultHost, rep: Replica, now_s: float, k: int) -> None:
         """A draining replica has nothing left: it goes down and comes back upgraded later."""

@@ -21,8 +21,9 @@ failure reason.
   health probe passes.
 - drop_streams: refused by name (see `fault_kinds`): the simulator has no client connections.
 - stale_view: the router keeps the view it had at the start of the interval.
-- rolling_upgrade: one replica of the pool at a time is drained (no new routes; in-flight work
-  finishes), goes down for `restart_after_s`, returns with the new model version; then the next.
+- rolling_upgrade: `batch` replicas of the pool at a time (default one) are drained (no new routes;
+  in-flight work finishes), go down for `restart_after_s`, return with the new model version; once
+  the whole batch is back, the next.
   With `matched_with`, a second pool's replicas take turns with the first's, the next from the
   pool with the smaller upgraded fraction (matched slices of a P/D fleet).
 
@@ -57,6 +58,8 @@ class FaultInjector:
         self._boundaries: list[float] = []  # slowdown start/end times: steps must not straddle them
         self.upgrade: dict[int, list[int]] = {}
         """Rolling upgrade fault -> replica indices still to upgrade."""
+        self.upgrade_out: dict[int, int] = {}
+        """Rolling upgrade fault -> replicas of its current batch not back yet."""
         self.kv_links: dict[int, dict[int, float]] = {}
         """KV port -> {kv_link fault in force: its bandwidth factor} (overlapping faults compose)."""
         self._check()

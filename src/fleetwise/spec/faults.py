@@ -104,9 +104,10 @@ class StaleView(IntervalFault):
 
 
 class RollingUpgrade(Spec):
-    """Replicas of `pool` leave one at a time from `start_s`: drain (no new requests, finish
-    in-flight), stay down `restart_after_s`, come back serving `new_model_version`. With
-    `matched_with`, the replicas of both pools take turns in matched slices."""
+    """Replicas of `pool` leave `batch` at a time from `start_s`: drain (no new requests, finish
+    in-flight), stay down `restart_after_s`, come back serving `new_model_version`; the next batch
+    leaves once the whole batch is back. With `matched_with`, the replicas of both pools take
+    turns in matched slices."""
 
     kind: Literal["rolling_upgrade"] = "rolling_upgrade"
     pool: str
@@ -120,6 +121,9 @@ class RollingUpgrade(Spec):
     """Model version the replicas report after the upgrade."""
     restart_after_s: float = Field(default=30.0, ge=0, le=MAX_DURATION_S)
     """Cold-start delay of each replica once drained."""
+    batch: int = Field(default=1, ge=1)
+    """Replicas out at once: the next `batch` of the upgrade order drain together (a planning
+    spec's `headroom.upgrade_batch_replicas`)."""
     EFFECT_FIELDS: ClassVar[tuple[str, ...]] = ()
 
 

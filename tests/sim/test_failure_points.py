@@ -156,6 +156,20 @@ def test_a_second_decode_loss_beyond_max_migrations_fails_cleanly(base):
     assert 0 < res.records.tokens[0] < OUT and fd["tokens"]["delivered"] == res.records.tokens[0]
 
 
+def test_a_decode_replica_restarted_before_the_hand_off_still_owns_the_request(base):
+    # decode-0 crashes and is back while request 0 still prefills on prefill-0: the KV lands on the
+    # new process, and decode-0 keeps the request, so its second crash mid-stream migrates it
+    # (before: the first crash forgot it, the second dropped it silently, `unfinished_at_end`).
+    mid = (base["first_token_s"] + base["finish_s"]) / 2
+    res, fd, t = one(pd_plan(), [{"kind": "crash", "replica": "decode-0", "at_s": base["prefill_end_s"] / 2,
+                                  "restart_after_s": base["prefill_end_s"] / 4},
+                                 {"kind": "crash", "replica": "decode-0", "at_s": mid}])
+    assert fd["requests"] == {"completed": 1, "reprefilled": 0, "migrated": 1, "failed": 0}
+    assert fd["migrations"] == {"count": 1, "by_reason": {"decode_lost": 1}}
+    assert res.records.worker[0] == 3 and res.records.tokens[0] == OUT
+    assert t["first_token_s"] == base["first_token_s"]
+
+
 def test_many_requests_under_every_failure_point_end_accounted():
     reqs = [Request(str(i), i * 0.05, 2000 + 37 * (i % 11), 64 + (i % 7) * 9) for i in range(300)]
     faults = [{"kind": "crash", "replica": "prefill-0", "at_s": 2.0, "restart_after_s": 2.0},

@@ -29,9 +29,8 @@ def pool(name: str, gpu: str, role: str = "mixed", replicas: int = 1, **kw: Any)
     return {"name": name, "role": role, "accelerator": gpu, "model": MODEL, "replicas": replicas, **kw}
 
 
-def fleet(shape: str, n: int, routing: str, lease_s: float, on_decode: str) -> PlanSpec:
-    """A small fleet of `shape`, `n` (1 or 2) replicas a pool."""
-    fd = {"kv_lease_s": lease_s, "on_decode_failure": on_decode}
+def fleet(shape: str, n: int, routing: str, fd: dict[str, Any], first_token: str = "decode") -> PlanSpec:
+    """A small fleet of `shape`, `n` (1 or 2) replicas a pool, with failure-domain decisions `fd`."""
     if shape == "colocated":
         pools = [pool("a", "h100-sxm", replicas=n), pool("b", "h200-sxm")]
         return PlanSpec(pools=pools, routing=routing, failure_domains=fd)
@@ -41,7 +40,7 @@ def fleet(shape: str, n: int, routing: str, lease_s: float, on_decode: str) -> P
     dec = "mi300x" if shape == "pd-hetero" else "h100-sxm"
     pools = [pool("p", "h200-sxm" if shape == "pd-hetero" else "h100-sxm", "prefill", n),
              pool("d", dec, "decode", n), pool("e", "h100-sxm", "decode")]
-    return PlanSpec(pools=pools, routing=routing, failure_domains=fd, kv_link={"gbps": 50})
+    return PlanSpec(pools=pools, routing=routing, failure_domains=fd, kv_link={"gbps": 50}, pd_first_token=first_token)
 
 
 @st.composite
@@ -52,7 +51,7 @@ def requests(draw: st.DrawFn) -> list[Request]:
     for i in range(n):
         t = 0.0 if burst else draw(st.floats(0, HORIZON_S, allow_nan=False))
         prompt = draw(st.sampled_from([1, 2, 17, 512, 3000, 20000, 200_000]))  # the last exceeds max_model_len
-        gen = draw(st.sampled_from([1, 2, 30, 400]))
+        gen = draw(st.sampled_from([1, 2, 30, 400, 3000]))
         out.append(Request(str(i), t, prompt, gen))
     return out
 
@@ -88,8 +87,11 @@ SIMULATED = sorted(m.model_fields["kind"].default for m, k in FAULT_KINDS.items(
 @st.composite
 def cases(draw: st.DrawFn) -> tuple[PlanSpec, list[Request], FaultScenario, int, float]:
     shape = draw(st.sampled_from(SHAPES))
-    plan = fleet(shape, draw(st.integers(1, 2)), draw(st.sampled_from(["round-robin", "fleetwise-default"])),
-                 draw(st.sampled_from([0.05, 30.0])), draw(st.sampled_from(["migrate", "fail"])))
+    fd = {"kv_lease_s": draw(st.sampled_from([0.05, 30.0])), "on_decode_failure": draw(st.sampled_from(["migrate", "fail"])),
+          "max_reprefills": draw(st.integers(0, 2)), "max_migrations": draw(st.integers(0, 2)),
+          "bill_failed": draw(st.sampled_from(["nothing", "delivered"]))}
+    plan = fleet(shape, draw(st.integers(1, 2)), draw(st.sampled_from(["round-robin", "fleetwise-default"])), fd,
+                 draw(st.sampled_from(["decode", "prefill"])))
     names = [f"{p.name}-{j}" for p in plan.pools for j in range(p.replicas)]
     pools = [p.name for p in plan.pools]
     kinds = draw(st.permutations(SIMULATED)) + draw(st.lists(st.sampled_from(SIMULATED), max_size=3))  # every kind
@@ -133,8 +135,10 @@ def check_invariants(res: Any, sim: runner.Simulation, reqs: list[Request]) -> N
     assert fd["requests"]["completed"] == done and fd["requests"]["failed"] == len(reqs) - done
     tokens = fd["tokens"]
     assert tokens["delivered"] == sum(rec.tokens)
-    assert tokens["billed_generated"] == sum(rec.tokens[i] for i in range(len(reqs)) if i not in rec.failure)
-    assert tokens["computed_prompt"] >= tokens["billed_prompt"]
+    bill_failed = sim.plan.failure_domains.bill_failed == "delivered"
+    assert tokens["billed_generated"] == sum(rec.tokens[i] for i in range(len(reqs)) if bill_failed or i not in rec.failure)
+    prompts = sum(r.prompt_tokens for i, r in enumerate(sim.reqs) if bill_failed or i not in rec.failure)
+    assert tokens["billed_prompt"] == prompts  # the original prompt, once: never a continuation's context
     for v in fd["gpu_s"].values():
         assert v >= 0 and math.isfinite(v)
     assert fd["orphaned_kv_byte_s"] >= 0
@@ -143,6 +147,8 @@ def check_invariants(res: Any, sim: runner.Simulation, reqs: list[Request]) -> N
         assert rep.engine.pool.num_used == 0, (rep.name, rep.engine.pool.num_used)
         assert not rep.engine.has_work, rep.name
     assert not sim.recovery.leases
+    if not sim.delay:  # the router heard every request end (delayed mode holds the last interval's feedback)
+        assert s["router"].get("in_flight", 0) == 0
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,

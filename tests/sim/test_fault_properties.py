@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetwise.core.request import Request
+from fleetwise.routing.registry import policy_names
 from fleetwise.sim import runner
 from fleetwise.sim.fault_api import FAULT_KINDS
 from fleetwise.sim.runner import SimOptions, simulate
@@ -52,7 +53,9 @@ def requests(draw: st.DrawFn) -> list[Request]:
         t = 0.0 if burst else draw(st.floats(0, HORIZON_S, allow_nan=False))
         prompt = draw(st.sampled_from([1, 2, 17, 512, 3000, 20000, 200_000]))  # the last exceeds max_model_len
         gen = draw(st.sampled_from([1, 2, 30, 400, 3000]))
-        out.append(Request(str(i), t, prompt, gen))
+        shared = draw(st.integers(0, 2))  # prefix blocks shared with every other request (Mooncake hash_ids)
+        hashes = [*range(shared), *range(1000 * (i + 1), 1000 * (i + 1) + prompt // 512 - shared)][:prompt // 512]
+        out.append(Request(str(i), t, prompt, gen, hashes))
     return out
 
 
@@ -90,7 +93,7 @@ def cases(draw: st.DrawFn) -> tuple[PlanSpec, list[Request], FaultScenario, int,
     fd = {"kv_lease_s": draw(st.sampled_from([0.05, 30.0])), "on_decode_failure": draw(st.sampled_from(["migrate", "fail"])),
           "max_reprefills": draw(st.integers(0, 2)), "max_migrations": draw(st.integers(0, 2)),
           "bill_failed": draw(st.sampled_from(["nothing", "delivered"]))}
-    plan = fleet(shape, draw(st.integers(1, 2)), draw(st.sampled_from(["round-robin", "fleetwise-default"])), fd,
+    plan = fleet(shape, draw(st.integers(1, 2)), draw(st.sampled_from(policy_names())), fd,
                  draw(st.sampled_from(["decode", "prefill"])))
     names = [f"{p.name}-{j}" for p in plan.pools for j in range(p.replicas)]
     pools = [p.name for p in plan.pools]

@@ -156,6 +156,44 @@ def test_a_second_decode_loss_beyond_max_migrations_fails_cleanly(base):
     assert 0 < res.records.tokens[0] < OUT and fd["tokens"]["delivered"] == res.records.tokens[0]
 
 
+def test_a_decode_replica_restarted_before_the_hand_off_still_owns_the_request(base):
+    # decode-0 crashes and is back while request 0 still prefills on prefill-0: the KV lands on the
+    # new process, and decode-0 keeps the request, so its second crash mid-stream migrates it
+    # (before: the first crash forgot it, the second dropped it silently, `unfinished_at_end`).
+    mid = (base["first_token_s"] + base["finish_s"]) / 2
+    res, fd, t = one(pd_plan(), [{"kind": "crash", "replica": "decode-0", "at_s": base["prefill_end_s"] / 2,
+                                  "restart_after_s": base["prefill_end_s"] / 4},
+                                 {"kind": "crash", "replica": "decode-0", "at_s": mid}])
+    assert fd["requests"] == {"completed": 1, "reprefilled": 0, "migrated": 1, "failed": 0}
+    assert fd["migrations"] == {"count": 1, "by_reason": {"decode_lost": 1}}
+    assert res.records.worker[0] == 3 and res.records.tokens[0] == OUT
+    assert t["first_token_s"] == base["first_token_s"]
+
+
+@pytest.mark.parametrize(("crashed", "reason"), [("p-0", "prefill_lost"), ("d-0", "decode_lost")])
+def test_a_crash_while_the_kv_lands_fails_the_transfer(crashed, reason):
+    # A cross-vendor hand-off lands latency + staging copies after its last byte leaves the port. A
+    # crash of either end in that window fails it like one mid-transfer (before: the sender's crash
+    # missed it, and its landing on the restarted sender's empty engine raised KeyError; the
+    # receiver's crash let the KV land on the new process).
+    plan = PlanSpec(kv_link={"gbps": 100, "latency_s": 1e-4}, pools=[
+        {"name": "p", "role": "prefill", "accelerator": "h200-sxm", "model": "llama-3.1-8b", "replicas": 2},
+        {"name": "d", "role": "decode", "accelerator": "mi300x", "model": "llama-3.1-8b", "replicas": 2}])
+    reqs = [Request("0", 0.0, 2048, 8)]
+    base = simulate(plan, reqs).records
+    crash_s = base.kv_end_s[0] - 5e-5  # after the last byte left (its landing takes > 1e-4 s)
+    res = simulate(plan, reqs, FaultScenario(faults=[{"kind": "crash", "replica": crashed, "at_s": crash_s,
+                                                      "restart_after_s": 0.0}]))
+    fd, rec = res.summary["failure_domains"], res.records
+    assert fd["requests"] == {"completed": 1, "reprefilled": 1, "migrated": 0, "failed": 0}
+    assert fd["reprefills"] == {"count": 1, "by_reason": {reason: 1}}
+    assert (rec.prefill_worker[0], rec.worker[0]) == (1, 3)
+    prefill_s, transfer_s = base.prefill_end_s[0], base.kv_end_s[0] - base.kv_start_s[0]
+    assert rec.first_token_s[0] == pytest.approx(crash_s + prefill_s + transfer_s
+                                                 + base.first_token_s[0] - base.kv_end_s[0], rel=1e-9)
+    assert fd["gpu_s"]["wasted"] == pytest.approx(prefill_s, rel=1e-8)
+
+
 def test_many_requests_under_every_failure_point_end_accounted():
     reqs = [Request(str(i), i * 0.05, 2000 + 37 * (i % 11), 64 + (i % 7) * 9) for i in range(300)]
     faults = [{"kind": "crash", "replica": "prefill-0", "at_s": 2.0, "restart_after_s": 2.0},

@@ -248,3 +248,20 @@ def test_overlapping_stale_views_keep_the_view_frozen_until_the_last_one_ends(mo
     simulate(mixed_plan(), make_requests(40), FaultScenario(faults=faults), SimOptions(seed=3))
     frozen = [seen for now, seen in spy.seen if 1.0 <= now < 3.0]
     assert frozen and all(seen < 1.0 for seen in frozen), "views taken before the first stall, none until the last ends"
+
+
+def test_a_recovery_after_the_last_arrival_routes_on_a_refreshed_view_in_delayed_mode():
+    # m-0 dies after the last arrival and stays down. In the exact mode its two requests migrate to
+    # m-1; the delayed mode must do the same (before: no tick came after the last arrival, the router
+    # never heard of the crash, sent one migration back to m-0 and failed it, `replica_unavailable`).
+    plan = PlanSpec(pools=[{"name": "m", "accelerator": "h100-sxm", "model": "llama-3.1-8b", "replicas": 2}])
+    reqs = [Request(str(i), 0.1 * i, 1000, 400) for i in range(4)]
+    crash = FaultScenario(faults=[{"kind": "crash", "replica": "m-0", "at_s": 1.0, "restart_after_s": None}])
+    exact = simulate(plan, reqs, crash, SimOptions(feedback_delay_s=0.0))
+    delayed = simulate(plan, reqs, crash, SimOptions(feedback_delay_s=0.05))
+    assert delayed.summary["failure_domains"]["requests"] == {"completed": 4, "reprefilled": 0, "migrated": 2,
+                                                              "failed": 0}
+    for col in ("worker", "tokens", "retries"):
+        assert list(getattr(delayed.records, col)) == list(getattr(exact.records, col)) == \
+            {"worker": [1] * 4, "tokens": [400] * 4, "retries": [1, 0, 1, 0]}[col]
+    assert list(delayed.records.finish_s) == pytest.approx(list(exact.records.finish_s), rel=1e-12)

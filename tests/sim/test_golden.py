@@ -70,7 +70,7 @@ GOLDEN = {
     "long-default": "62adea68a7e44bf6704d3e7c2112a14b598fa77ceffa451c22cd72653f7814c8",
     "long-default-exact": "46b4dc0b695f675130b1d938cc5141b7410fb5f5579f1b001b444af38898e957",
     "short-default": "5202b4aa0bbb19338881c4077c737fa9880bfd14445e6023408126b3b833d0e7",
-    "pd-faults": "47278a4db09cd7160678db913270c4d941d1fade6a5ded8fd9103dd4edb79f12",
+    "pd-faults": "3a137fe16415f8e0a47bb4f755099ba129cef626b4efbd6f250acae1daba82fd",
 }
 """SHA-256 of each case's summary and records, recorded on commit 7a11b65 and recorded again when the
 perf model's elementwise traffic became counted per width (default-profile step times moved by under 2%),
@@ -80,7 +80,10 @@ TTFT p90 11.13 -> 10.15 s, TPOT p50 27.30 -> 27.38 ms; pd-faults' summary is unc
 and for the three default-policy busy cases again when the load bound's share check came to weigh each
 recent pick by its own predicted work instead of counting decisions (seed 7: long-default TTFT p90
 10.15 -> 10.00 s, long-default-exact 0.211 -> 0.272 s, short-default 0.0786 -> 0.0775 s; over seeds 1-5
-the exact case's TTFT p99 is 0.445 -> 0.368 s)."""
+the exact case's TTFT p99 is 0.445 -> 0.368 s), and for pd-faults again when a recovery decision no
+route tick covers came to refresh the view once it was `feedback_delay_s` old (the prefill pool's
+rolling upgrade starts after the last arrival; the router had never heard of the drains and sent 15
+recoveries to downed replicas: failed 17 -> 2, `replica_unavailable` 15 -> 0; the busy cases unchanged)."""
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -232,9 +232,16 @@ class SharedPorts:
         self._reschedule(now_s, touched)
 
     def fail_port(self, now_s: float, port: int) -> None:
-        """The replica behind `port` crashed: its transfers fail, the others speed up."""
+        """The replica behind `port` crashed: its transfers fail, those whose last byte has left
+        but that have not landed too (the sender's or the receiver's copy is gone with it), and
+        the others speed up."""
         for tid in sorted(self.ports[port].active):
             tr = self.transfers[tid]
             others = self._detach(tr)
             self._done(now_s, tr, False)
             self._reschedule(now_s, others & set(self.transfers))
+        for tid in sorted(t for t, tr in self._landing.items() if port in (tr.src, tr.dst)):
+            tr = self._landing.pop(tid)
+            del self._landing_s[tid]
+            self._next_end_stale = True
+            self._done(now_s, tr, False)

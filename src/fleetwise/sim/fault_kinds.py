@@ -84,13 +84,17 @@ class Crash:
             sim.net.fail_port(now_s, rep.port)
         rep.engine.abort_all()
         reason = CRASH_REASONS.get(rep.role, "replica_crashed")
+        awaiting: set[int] = set()
         for i in sorted(rep.inflight):
             if i not in rep.inflight:
                 continue  # already failed or recovered through a failed transfer
             if rep.role == "decode" and sim.awaiting_kv(i):
-                continue  # still prefilling elsewhere: its hand-off sees this replica down
+                # Still prefilling elsewhere: it stays routed here, and its hand-off sees this
+                # replica down (recovery) or, once restarted, up (the KV lands on the new process).
+                awaiting.add(i)
+                continue
             sim.lost(i, now_s, reason, streamed.get(i, 0))
-        rep.inflight.clear()
+        rep.inflight.intersection_update(awaiting)
         sim.feedback(WorkerDown(now_s, rep.name, "crash"))
         if fault.restart_after_s is not None:
             inj.push(now_s + fault.restart_after_s, k, "restart", rep.idx)

@@ -145,6 +145,7 @@ class Simulation:
         """Scorers whose per-worker parts a decision may carry (for the records' decision column)."""
         self.cursor = 0  # next request to arrive (exact mode) or to route (delayed mode)
         self.next_tick_s = math.inf
+        self.refreshed_s = -math.inf  # delayed mode: the last `_refresh_delayed`
         self.view: tuple[Any, ...] = ()
         self.view_frozen = False
         self.stalls = 0  # `stale_view` faults in force: the view refreshes again when the last one ends
@@ -213,13 +214,19 @@ class Simulation:
         self.cursor = i + 1
         self.route_and_dispatch(i, now_s)
 
-    def _on_tick(self, now_s: float, ev: RouteTick) -> None:
+    def _refresh_delayed(self, now_s: float) -> None:
+        """Delayed mode's refresh (a tick, or a decision no tick covers: no decision routes on
+        feedback older than `feedback_delay_s`): deliver the buffered feedback, take a new view."""
         observe = self.policy.observe
         for fb in self.fb_buffer:
             observe(fb)
         self.fb_buffer.clear()
+        self.refreshed_s = now_s
         if not self.view_frozen:
             self._refresh_view(now_s)
+
+    def _on_tick(self, now_s: float, ev: RouteTick) -> None:
+        self._refresh_delayed(now_s)
         end = now_s + self.delay
         reqs, n, reps, loop = self.reqs, len(self.reqs), self.reps, self.loop  # `loop.push`: a native call
         while self.cursor < n and reqs[self.cursor].arrival_s < end:
@@ -248,8 +255,11 @@ class Simulation:
             self.fail(i, now_s, f"{MAX_MODEL_LEN_REASON}: {r.prompt_tokens:,} prompt tokens + 1 > the prefill "
                                 f"pools' max_model_len {self.fleet.max_prefill_len:,}", None)
             return None
-        if self.delay == 0 and not self.view_frozen:
-            self._refresh_view(now_s)
+        if self.delay == 0:
+            if not self.view_frozen:
+                self._refresh_view(now_s)
+        elif now_s - self.refreshed_s >= self.delay:  # no tick covers it (a recovery after the last arrival)
+            self._refresh_delayed(now_s)
         rr = RouteRequest(r.request_id, r.prompt_tokens, r.max_tokens, r.block_hashes, r.tenant,
                           r.model_version, r.region, r.arrival_s, r.hash_block_tokens)
         d = self.policy.route(rr, FleetView(now_s, self.view, self.links))

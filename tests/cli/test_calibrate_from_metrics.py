@@ -111,3 +111,46 @@ def test_a_pd_fleets_lines_show_each_pool_the_rate_it_serves(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("prefill: 1 replica(s), 300 requests: prefill 12,800 tok/s; step time x")
     assert lines[1].startswith("decode: 1 replica(s), 300 requests: decode 111.1 tok/s per request; step time x")
+
+
+def vllm_dump(requests: int, prompt: int, output: int, prefill_s: float, decode_s: float,
+              time_scale: float | None = None) -> str:
+    """A vLLM page after `requests` finished requests with these means; with `time_scale`, the
+    `fleetwise:time_scale` gauge an emulated replica adds."""
+    lab = 'engine="0",model_name="llama-3.1-8b"'
+    lines = ["# TYPE vllm:request_success counter", f"vllm:request_success_total{{{lab}}} {requests}"]
+    for name, mean in (("vllm:request_prompt_tokens", prompt), ("vllm:request_generation_tokens", output),
+                       ("vllm:request_prefill_time_seconds", prefill_s), ("vllm:time_to_first_token_seconds", prefill_s),
+                       ("vllm:request_decode_time_seconds", decode_s)):
+        lines += [f"# TYPE {name} histogram", f'{name}_bucket{{{lab},le="+Inf"}} {requests}',
+                  f"{name}_count{{{lab}}} {requests}", f"{name}_sum{{{lab}}} {mean * requests}"]
+    if time_scale is not None:
+        lines += ["# TYPE fleetwise:time_scale gauge", f"fleetwise:time_scale{{{lab}}} {time_scale}"]
+    return "\n".join([*lines, ""])
+
+
+def test_an_emulated_replicas_own_time_scale_converts_the_span(tmp_path, capsys):
+    """An emulated replica's page carries its time scale (`fleetwise:time_scale`): without
+    --time-scale the span is converted with it (forgetting --time-scale 2 read the load as half and
+    fitted x0.94 where x1.03 was measured with it), and a --time-scale that disagrees with the page
+    is one line naming the page's value and the fix."""
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps(FLEET), encoding="utf-8")
+    m = modelled_service(PlanSpec.load(fleet), {"mixed": ServiceRates(600, 1024, 128, 0.0, 0.0, 6.0)},
+                         {"mixed": 1.0}, seed=3)["mixed"]
+    args = ["calibrate", "--plan", str(fleet), "--interval", "400", "--from-metrics"]
+    pools = []
+    for scale, flags in ((0.25, []), (None, ["--time-scale", "0.25"])):
+        before, after = tmp_path / f"b{scale}.prom", tmp_path / f"a{scale}.prom"
+        before.write_text(vllm_dump(0, 1024, 128, 0.0, 0.0, scale), encoding="utf-8")
+        after.write_text(vllm_dump(600, 1024, 128, m.prefill_s, 127 * m.decode_s_per_token, scale), encoding="utf-8")
+        out = tmp_path / f"m{scale}.json"
+        assert main([*args, f"{before},{after}", "-o", str(out), *flags]) == 0
+        pools.append(json.loads(out.read_text(encoding="utf-8"))["pools"][0])
+    assert pools[0]["rate_rps_per_replica"] == pools[1]["rate_rps_per_replica"] == 6.0
+    assert pools[0]["step_time_factor"] == pools[1]["step_time_factor"]
+    capsys.readouterr()
+    assert main([*args, f"{tmp_path / 'b0.25.prom'},{tmp_path / 'a0.25.prom'}", "--time-scale", "1",
+                 "-o", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "fleetwise:time_scale 0.25" in err and "--time-scale 0.25" in err, err

@@ -65,3 +65,19 @@ def test_an_emulated_moe_replica_runs_the_pools_expert_parallel_layout():
     model, gpu = resolve_model("qwen3-30b-a3b"), resolve_gpu("h100-sxm")
     assert pool_deployment(model, gpu, cfg.pool()) == pool_deployment(model, gpu, plan.pools[0])
     assert (cfg.pool().parallelism.ep, cfg.pool().expert_imbalance) == (4, 1.3)
+
+
+def test_every_engine_knob_of_a_pool_reaches_its_emulated_replicas(fleet):
+    """A hand-edited fleet's engine settings (chunked prefill off among them) are the ones its
+    emulated replicas run, so a rehearsal, and the calibration that simulates the same pool, see
+    one engine. `max_bundle_steps` is the simulator's event batching, not an engine setting."""
+    changed = {"enable_chunked_prefill": False, "enable_prefix_caching": False, "max_num_seqs": 64,
+               "max_num_batched_tokens": 4096, "block_size": 32, "max_model_len": 8192}
+    pools = [p.model_copy(update={"engine": p.engine.model_copy(update=changed)}) for p in fleet.pools]
+    files = render(fleet.model_copy(update={"pools": pools}), "compose", DeployOptions(fleetwise_image="fw:test"))
+    parser = build_parser()
+    services = yaml.safe_load(files["compose.yaml"])["services"]
+    for pool in pools:
+        cfg = config_from_args(parser.parse_args(services[f"{pool.name}-0"]["command"][1:]))
+        assert cfg.pool().engine.model_dump(exclude={"max_bundle_steps"}) == pool.engine.model_dump(
+            exclude={"max_bundle_steps"})

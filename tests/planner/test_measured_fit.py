@@ -208,3 +208,14 @@ def test_prefill_and_decode_pools_measured_on_one_card_keep_their_own_factors(sp
     prompt, decode = BatchShape.of([SeqWork(512, 0)]), BatchShape.decode(8, 1024)
     assert pricer.step_time_s(prompt) == pytest.approx(1.5 * bound.step_time_s(prompt), rel=1e-12)
     assert pricer.step_time_s(decode) == pytest.approx(1.0 * bound.step_time_s(decode), rel=1e-12)
+
+
+def test_a_card_measured_only_on_its_prefill_pool_leaves_decode_modelled(spec_factory):
+    """A dump that misses the decode pool (only prefill replicas scraped): the prefill factor is
+    no measurement of decode steps, so re-planned decode and colocated pools on the card stay
+    modelled (they took the prefill pool's 1.5 and the report called them measured)."""
+    measured = load_measured({"schema": MEASURED_SCHEMA, "pools": PD_POOLS[:1]}, "m.json", "llama-3.1-8b")
+    assert [(m.accelerator, m.role, m.step_time_factor) for m in measured] == [("h200-sxm", "prefill", 1.5)]
+    spec = spec_factory(accelerators=[{"name": "h200-sxm"}], measured_service=[m.model_dump() for m in measured])
+    assert [spec.step_time_factor("h200-sxm", r) for r in ("prefill", "decode", "mixed")] == [1.5, 1.0, 1.0]
+    assert spec.measured_for("h200-sxm", "decode") is None

@@ -130,6 +130,8 @@ def add_engine_flags(p: Any) -> None:
     p.add_argument("--max-num-batched-tokens", type=int_flag(1, MAX_TOKENS), default=None, help=f"token budget per step (default {MAX_NUM_BATCHED_TOKENS})")
     p.add_argument("--block-size", type=int_flag(1, MAX_BLOCK_TOKENS), default=None, help="tokens per KV block (default 16)")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument("--no-chunked-prefill", action="store_true",
+                   help="disable chunked prefill: a prompt is prefilled in one step (vLLM's --no-enable-chunked-prefill)")
     p.add_argument("--kv-link-gbps", type=float_flag(positive=True), default=None,
                    help="per-GPU NIC of the KV path in Gbit/s (the KV port: a prefill replica sends, a decode replica pulls over it; default 400)")
     p.add_argument("--kv-link-latency", type=float_flag(0.0, MAX_DURATION_S), default=None, metavar="S",
@@ -173,7 +175,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,
         weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching, profile=args.profile,
+        block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
+        enable_chunked_prefill=not args.no_chunked_prefill, profile=args.profile,
         admin_token=args.admin_token, kv_link=validate(KvLinkSpec, link, "--kv-link-*"), kv_lease_s=args.kv_lease,
         step_time_factor=args.step_time_factor,
         **extra), "emulator options")

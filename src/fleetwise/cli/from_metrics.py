@@ -4,13 +4,15 @@ Each SOURCE is one replica's metrics, `NAME=` in front naming the replica (`mixe
 else the replicas of the fleet document in plan order: a /metrics URL (scraped twice,
 `--interval` seconds apart, and differenced), a saved text-format dump (totals over `--interval`
 seconds), or two dumps `BEFORE,AFTER` taken `--interval` seconds apart. `--time-scale` converts
-wall seconds to the engine's seconds for an emulated fleet. The fit is `fleetwise.planner.measured`.
+wall seconds to the engine's seconds for an emulated fleet (default: each emulated replica's own,
+from its page; a value that disagrees with the page is refused). The fit is `fleetwise.planner.measured`.
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import math
 import time
 import urllib.request
 from pathlib import Path
@@ -35,8 +37,9 @@ def add_flags(c: Any) -> None:
     c.add_argument("--interval", type=float_flag(positive=True, maximum=MAX_DURATION_S), default=None, metavar="S",
                    help="with --from-metrics: seconds between the two scrapes of a URL (default 60), or seconds "
                         "a dump (or a BEFORE,AFTER pair) covers")
-    c.add_argument("--time-scale", type=float_flag(positive=True), default=1.0, metavar="X",
-                   help="with --from-metrics: engine seconds per wall second (an emulated fleet's --time-scale)")
+    c.add_argument("--time-scale", type=float_flag(positive=True), default=None, metavar="X",
+                   help="with --from-metrics: engine seconds per wall second (an emulated fleet's --time-scale; "
+                        "default: the page's own fleetwise:time_scale, else 1)")
 
 
 def _read(src: str) -> str:
@@ -81,23 +84,36 @@ def collect(args: argparse.Namespace, plan: Any) -> dict[str, list[Any]]:
     interval = args.interval if args.interval is not None else (60.0 if urls else None)
     if interval is None:
         raise SpecError("--from-metrics with saved dumps needs --interval S: the seconds the dumps cover")
-    span = interval * args.time_scale
     first = {n: parse_page(_read(s), s) for n, s in urls}
     if urls:
         time.sleep(interval)
     by_pool: dict[str, list[Any]] = {}
     for name, src in named:
         if name in first:
-            ms = growth(parse_page(_read(src), src), first[name], span)
+            ms = parse_page(_read(src), src)
+            ms = growth(ms, first[name], _span(args.time_scale, interval, ms))
         elif "," in src:
             a, b = src.split(",", 1)
-            ms = growth(parse_page(_read(b), b), parse_page(_read(a), a), span)
+            ms = parse_page(_read(b), b)
+            ms = growth(ms, parse_page(_read(a), a), _span(args.time_scale, interval, ms))
         else:
             ms = parse_page(_read(src), src)
             for m in ms:
-                m.span_s = span
+                m.span_s = _span(args.time_scale, interval, ms)
         by_pool.setdefault(name.rpartition("-")[0], []).extend(ms)
     return by_pool
+
+
+def _span(time_scale: float | None, interval: float, page: list[Any]) -> float:
+    """Engine seconds that `interval` wall seconds are on a replica's `page`: --time-scale's, else
+    the emulated replica's own (`TIME_SCALE_METRIC`), else 1; SpecError when the two disagree."""
+    from fleetwise.spec.engine_metrics import TIME_SCALE_METRIC
+
+    own = page[0].time_scale
+    if time_scale is not None and own is not None and not math.isclose(time_scale, own, rel_tol=1e-9):
+        raise SpecError(f"{page[0].source}: the replica's {TIME_SCALE_METRIC} {own:g} is not --time-scale "
+                        f"{time_scale:g}; pass --time-scale {own:g}, or leave it out to use the page's")
+    return interval * (time_scale or own or 1.0)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,6 +25,8 @@ def emulate_args(plan: PlanSpec, pool: PoolSpec, host: str, port: int) -> list[s
            "--kv-link-gbps", repr(plan.kv_link.bytes_per_s * 8 / 1e9), "--kv-link-latency", repr(plan.kv_link.latency_s)]
     if not k.enable_prefix_caching:
         out.append("--no-prefix-caching")
+    if not k.enable_chunked_prefill:
+        out.append("--no-chunked-prefill")
     if k.max_model_len is not None:
         out += ["--max-model-len", str(k.max_model_len)]
     if pool.step_time_factor != 1.0:

@@ -63,6 +63,7 @@ class EmulatorConfig(Spec):
     max_num_batched_tokens: int | None = None
     block_size: int | None = None
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
     profile: str | None = None
     """Calibrated perf profile JSON (default: the built-in efficiencies)."""
     admin_token: str | None = None
@@ -115,7 +116,8 @@ class EmulatorConfig(Spec):
 
     def pool(self) -> PoolSpec:
         """The one-replica pool this emulator runs (engine knobs default to the project's)."""
-        engine: dict[str, object] = {"enable_prefix_caching": self.enable_prefix_caching}
+        engine: dict[str, object] = {"enable_prefix_caching": self.enable_prefix_caching,
+                                     "enable_chunked_prefill": self.enable_chunked_prefill}
         for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
             if getattr(self, k) is not None:
                 engine[k] = getattr(self, k)

@@ -21,7 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from fleetwise.spec.engine_metrics import METRIC_NAMES
+from fleetwise.spec.engine_metrics import METRIC_NAMES, TIME_SCALE_METRIC
 
 # vLLM exposes no `_created` series; neither do we (a process-wide prometheus_client setting).
 disable_created_metrics()
@@ -146,7 +146,7 @@ class ReplicaMetrics:
         self.kv_orphaned = c("fleetwise:kv_orphaned_byte_seconds",
                              "KV bytes x modelled seconds held under leases no decode replica pulled "
                              "(freed by expiry or by an explicit release).")
-        self.time_scale = g("fleetwise:time_scale", "Modelled seconds per wall second.")
+        self.time_scale = g(TIME_SCALE_METRIC, "Modelled seconds per wall second.")
         self.rejected = Counter("fleetwise:requests_rejected", "Requests refused with a 4xx/5xx status.",
                                 (*LABEL_NAMES, "status"), registry=self.registry)
 

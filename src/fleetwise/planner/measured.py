@@ -341,8 +341,9 @@ def _measured_pool(p: Any, at: str) -> tuple[str, float, float, tuple[float, flo
 
 def load_measured(doc: Any, where: str, model: str, accelerators: Sequence[str] | None = None) -> list[MeasuredService]:
     """The step-time factors of a `fleetwise-measured/1` document, one per accelerator (replicas
-    on one card pooled, weighted by requests) and one per role of its prefill and decode pools
-    (which price only their own phase); SpecError naming the field of a bad document, of
+    on one card pooled, weighted by requests; only where both phases were measured on it: a mixed
+    pool, or prefill and decode pools) and one per role of its prefill and decode pools (which
+    price only their own phase); SpecError naming the field of a bad document, of
     a measurement of another model than `model` (the factor corrects one model on one card), or
     of one on none of `accelerators` (the spec's cards: it would change nothing)."""
     if not isinstance(doc, dict) or doc.get("schema") != MEASURED_SCHEMA:
@@ -354,8 +355,11 @@ def load_measured(doc: Any, where: str, model: str, accelerators: Sequence[str] 
         raise SpecError(f"{where}: pools: empty; nothing was measured; write it with "
                         "`fleetwise calibrate --from-metrics ... --plan FLEET -o FILE`")
     acc: dict[tuple[str, str | None], list[tuple[str, float, float, tuple[float, float]]]] = {}
-    for i, p in enumerate(pools if isinstance(pools, list) else [pools]):
+    rows = pools if isinstance(pools, list) else [pools]
+    phases: dict[str, set[Any]] = {}
+    for i, p in enumerate(rows):
         gpu, n, f, ci = _measured_pool(p, f"{where}: pools.{i}")
+        phases.setdefault(gpu, set()).add(p.get("role"))
         if p["model"] != model:
             raise SpecError(f"{where}: pools.{i}.model: measured on {p['model']!r}, but the spec plans {model!r}; "
                             "measure a fleet of this model")
@@ -370,6 +374,8 @@ def load_measured(doc: Any, where: str, model: str, accelerators: Sequence[str] 
                         "them or add its card")
     out = []
     for (gpu, role), ps in acc.items():
+        if role is None and phases[gpu] in ({"prefill"}, {"decode"}):
+            continue  # one phase only: no measurement of the other phase's steps on this card
         n = sum(q[1] for q in ps)
         f = sum(q[2] * q[1] for q in ps) / n
         lo = min(q[3][0] for q in ps)
@@ -396,5 +402,5 @@ def provenance(search: Search, c: Candidate) -> list[str]:
         elif (p.role, p.layout) in search.measured:
             out.append(f"{p.role} replicas: sized from a load test ({search.measured[(p.role, p.layout)]})")
         else:
-            out.append(f"{p.role} replicas: sized from the perf model (no measurement of {p.layout.accelerator})")
+            out.append(f"{p.role} replicas: sized from the perf model (no measurement of {p.role} pools on {p.layout.accelerator})")
     return out

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwise.errors import SpecError
-from fleetwise.spec.engine_metrics import METRIC_NAMES, EngineMetrics
+from fleetwise.spec.engine_metrics import METRIC_NAMES, TIME_SCALE_METRIC, EngineMetrics
 
 PROCESS_START = "process_start_time_seconds"
 """Prometheus' process collector's start time of the serving process (vLLM's default registry exports it)."""
@@ -63,6 +63,8 @@ class ReplicaMetrics:
     """Seconds between the two scrapes whose difference this is (None: totals since start)."""
     started_s: float | None = None
     """The page's `process_start_time_seconds` (Prometheus' process collector), when it has one."""
+    time_scale: float | None = None
+    """An emulated replica's modelled seconds per wall second (its page's `TIME_SCALE_METRIC`; None elsewhere)."""
 
     def minus(self, earlier: ReplicaMetrics, span_s: float) -> ReplicaMetrics:
         """The growth since an `earlier` scrape of the same replica, `span_s` seconds before;
@@ -82,7 +84,7 @@ class ReplicaMetrics:
         return ReplicaMetrics(self.source, names, self.rank,
                               {k: v - earlier.counters.get(k, 0.0) for k, v in self.counters.items()},
                               {k: h.minus(earlier.histograms.get(k, Histo())) for k, h in self.histograms.items()},
-                              span_s, self.started_s)
+                              span_s, self.started_s, self.time_scale)
 
     def counter(self, name: str) -> float:
         """A counter's value (0 when the replica does not export it)."""
@@ -130,6 +132,7 @@ def parse_page(text: str, source: str) -> list[ReplicaMetrics]:
     by_histo = {v: k for k, v in names.histograms.items()}
     reps: dict[str, ReplicaMetrics] = {}
     started = next((s.value for f in families if f.name == PROCESS_START for s in f.samples), None)
+    scale = next((s.value for f in families if f.name == TIME_SCALE_METRIC for s in f.samples), None)
     for fam in families:
         counter = by_counter.get(fam.name) or by_counter.get(fam.name.removesuffix("_total"))
         histo = by_histo.get(fam.name)
@@ -152,7 +155,7 @@ def parse_page(text: str, source: str) -> list[ReplicaMetrics]:
     if len(shared) > 1 and len(out) == 1:
         out = [_share(out[0], f"{source} {names.shared_rank_label}={rank}", rank, len(shared)) for rank in shared]
     for m in out:
-        m.started_s = started
+        m.started_s, m.time_scale = started, scale
         _check_requests(m)
     return out
 

@@ -36,6 +36,9 @@ LIVE_FIELDS = ("running", "waiting", "kv_usage", "prefix_hit_rate", "prefix_quer
 """The live load signals an engine's page may carry (the gateway's view of a worker)."""
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "prefix_hits", "prefix_queries")
 """The counters calibration reads."""
+TIME_SCALE_METRIC = "fleetwise:time_scale"
+"""Gauge `fleetwise emulate` adds to its vLLM page: the replica's modelled seconds per wall second
+(its `--time-scale`), which `calibrate --from-metrics` converts a wall-clock span with."""
 HISTOGRAM_FIELDS = ("prefill", "decode", "queue", "ttft", "e2e", "itl", "tpot", "prompt", "output")
 """The per-request histograms calibration reads."""
 

@@ -49,3 +49,16 @@ def test_matched_slices_in_batches_keep_a_pair_of_each_version():
     drains = [(round(f["t_s"], 3), f["target"]) for f in s["faults"] if f["phase"] == "drain"]
     assert [r for _, r in drains] == ["p-0", "d-0", "p-1", "d-1"]
     assert drains[0][0] == drains[1][0] == 1.0 and drains[2][0] == drains[3][0] > 2.0
+
+
+def test_two_upgrades_of_one_pool_each_bring_back_what_they_took_out():
+    # A replica going down was credited to the pool's first rolling upgrade, whichever drained it: the
+    # second upgrade's replica came back under the first's count (KeyError when that one had none out).
+    plan = PlanSpec(pools=[{"name": "m", "replicas": 3, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}])
+    scen = FaultScenario(name="up", faults=[
+        RollingUpgrade(pool="m", start_s=20.0, new_model_version="v3", restart_after_s=2.0),
+        RollingUpgrade(pool="m", start_s=1.0, new_model_version="v2", restart_after_s=2.0)])
+    s = simulate(plan, [Request(str(i), i * 0.1, 256, 16) for i in range(400)], faults=scen).summary
+    assert s["requests_completed"] == 400 and s["requests_failed"] == 0
+    back = [(f["fault"], f["target"]) for f in s["faults"] if f["phase"] == "restart"]
+    assert back == [(1, "m-0"), (1, "m-1"), (1, "m-2"), (0, "m-0"), (0, "m-1"), (0, "m-2")]

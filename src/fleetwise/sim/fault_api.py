@@ -64,6 +64,8 @@ class FaultHost(Protocol):
     """Rolling upgrade fault -> replica indices still to upgrade."""
     upgrade_out: dict[int, int]
     """Rolling upgrade fault -> replicas of its current batch not back yet."""
+    upgrade_of: dict[int, int]
+    """Replica index -> the rolling upgrade fault that has it out (draining or down)."""
     kv_links: dict[int, dict[int, float]]
     """KV port -> {kv_link fault in force: its bandwidth factor} (overlapping faults compose)."""
 

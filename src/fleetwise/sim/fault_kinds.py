@@ -237,17 +237,22 @@ class RollingUpgradeKind:
         """Drain the next batch, or bring an upgraded replica back and, with its batch back, go on."""
         if ev.phase == "upgrade_back":
             restart(inj, inj.reps[ev.target], now_s, k, fault.new_model_version)
+            del inj.upgrade_of[ev.target]
             inj.upgrade_out[k] -= 1
             if inj.upgrade_out[k] > 0:
                 return
         todo = inj.upgrade.setdefault(k, upgrade_order(inj.reps, fault))
-        if not todo:
+        batch: list[Replica] = []
+        while todo and len(batch) < fault.batch:
+            i = todo.pop(0)
+            if i not in inj.upgrade_of:  # another upgrade of the pool has it out: that one brings it back
+                batch.append(inj.reps[i])
+        if not batch:
             inj.note(now_s, k, "done")
             return
-        batch = [inj.reps[i] for i in todo[:fault.batch]]
-        del todo[:fault.batch]
         inj.upgrade_out[k] = len(batch)
         for rep in batch:
+            inj.upgrade_of[rep.idx] = k
             rep.state = DRAINING
             rep.view_cache = None
             inj.note(now_s, k, "drain", rep.name)

@@ -60,6 +60,8 @@ class FaultInjector:
         """Rolling upgrade fault -> replica indices still to upgrade."""
         self.upgrade_out: dict[int, int] = {}
         """Rolling upgrade fault -> replicas of its current batch not back yet."""
+        self.upgrade_of: dict[int, int] = {}
+        """Replica index -> the rolling upgrade fault that has it out (draining or down)."""
         self.kv_links: dict[int, dict[int, float]] = {}
         """KV port -> {kv_link fault in force: its bandwidth factor} (overlapping faults compose)."""
         self._check()
@@ -132,7 +134,6 @@ class FaultInjector:
         """A replica finished or handed off work: a draining one with nothing left goes down."""
         if rep.state != DRAINING or rep.inflight or rep.pending:
             return
-        k = next(k for k, f in enumerate(self.faults)
-                 if isinstance(f, RollingUpgrade) and rep.pool.name in (f.pool, f.matched_with))
+        k = self.upgrade_of[rep.idx]  # only a rolling upgrade drains a replica
         self._kind(self.faults[k]).drained(self, rep, now_s, k)  # type: ignore[attr-defined]
 

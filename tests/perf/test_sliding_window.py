@@ -219,8 +219,9 @@ def test_a_window_switched_off_or_malformed() -> None:
 
 
 def test_plan_fit_line_names_the_window() -> None:
-    class Hw:  # the one field of `Hardware` the fit line reads
+    class Hw:  # the fields of `Hardware` the fit line reads
         model = get_model("gemma-3-27b")
+        gpus = {"h100-sxm": get_gpu("h100-sxm")}
 
     f = layout_fit(Hw.model, get_gpu("h100-sxm"), ParallelismSpec())
     line = fit_line(Hw(), Layout("h100-sxm", "bf16", tp=1), f, "bf16")

@@ -48,3 +48,19 @@ def test_measured_expert_load_sets_each_layouts_imbalance(spec_factory, tmp_path
     assert hw.deployment(lay, spec.kv_dtype).expert_load_imbalance == expected
     plan = to_plan_spec(spec, FleetShape((PoolShape("mixed", lay, 1),)), {"h100-sxm": 3.0})
     assert plan.pools[0].expert_imbalance == expected
+
+
+def test_fit_line_says_when_the_card_has_no_peak_for_the_weights_compute_dtype(spec_factory) -> None:
+    from fleetwise.perf.memory import FitOptions, layout_fit
+    from fleetwise.planner.fit import fit_line
+
+    spec = spec_factory(model="llama-3.1-8b", accelerators=[{"name": "a100-80g"}, {"name": "h100-sxm"}])
+    hw = resolve_hardware(spec, 4096)
+
+    def line(acc: str, dtype: str) -> str:
+        lay = Layout(acc, dtype, tp=1)
+        return fit_line(hw, lay, layout_fit(hw.model, hw.gpus[acc], lay.parallelism, dtype, "bf16", FitOptions()), "bf16")
+
+    assert ("; a100-80g lists no fp8 tensor peak: the fp8 weights are read at fp8 size and computed at its bf16 "
+            "rate (weight-only, as on cards without it)") in line("a100-80g", "fp8")
+    assert "tensor peak" not in line("h100-sxm", "fp8") + line("a100-80g", "int4") + line("a100-80g", "bf16")

@@ -18,6 +18,7 @@ from fleetwise.planner.simulate import MAX_REQUESTS_PER_RUN
 from fleetwise.planner.state import Context, Search
 from fleetwise.planner.workload import build_mix, burst_factor
 from fleetwise.spec.catalog import GPUS, resolve_gpu, resolve_model
+from fleetwise.spec.dtypes import COMPUTE_DTYPE_FOR_WEIGHTS
 from fleetwise.spec.hardware import AcceleratorSpec
 from fleetwise.spec.planning import SAMPLE_REQUESTS_MIN, AcceleratorChoice, PlanningSpec
 
@@ -158,6 +159,10 @@ def fit_line(hw: Hardware, lay: Layout, fit: LayoutFit, kv_dtype: str) -> str:
         line += (f"; sliding window: {m.num_window_layers} of {m.num_layers} layers keep at most "
                  f"{m.sliding_window:,} tokens, so a {fit.context_tokens:,}-token request needs "
                  f"{fit.request_tokens:,.0f} of them")
+    compute = COMPUTE_DTYPE_FOR_WEIGHTS.get(lay.weight_dtype, "bf16")
+    if compute not in hw.gpus[lay.accelerator].flops_per_s:
+        line += (f"; {lay.accelerator} lists no {compute} tensor peak: the {lay.weight_dtype} weights are read at "
+                 f"{lay.weight_dtype} size and computed at its bf16 rate (weight-only, as on cards without it)")
     if m.moe is not None:
         line += (f"; MoE: memory follows total params ({m.params_total / 1e9:.0f}B), compute follows active "
                  f"({m.params_active / 1e9:.1f}B, 1/{m.params_total / m.params_active:.1f})")

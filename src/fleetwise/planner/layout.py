@@ -9,7 +9,7 @@ a layout as the simulator's pool (`pool_spec`). Imports no other planner module,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fleetwise.perf.expert_load import planned_imbalance
 from fleetwise.perf.memory import FitOptions, LayoutFit
@@ -67,7 +67,6 @@ class Hardware:
     """KV the fit must hold for one request: the longest prompt+output of the workload sample."""
     fit_options: FitOptions
     imbalance: float = 1.0
-    notes: list[str] = field(default_factory=list)
     expert_load: str | None = None
     """Measured expert-load histogram (spec `moe.expert_load`): each layout's imbalance comes from it."""
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +15,7 @@ from fleetwise.core.request import Request
 from fleetwise.routing.registry import policy_names
 from fleetwise.sim import runner
 from fleetwise.sim.fault_api import FAULT_KINDS
-from fleetwise.sim.runner import SimOptions, simulate
+from fleetwise.sim.runner import SimOptions
 from fleetwise.spec.faults import CannotModel, FaultScenario
 from fleetwise.spec.plan import PlanSpec
 
@@ -105,22 +104,8 @@ def cases(draw: st.DrawFn) -> tuple[PlanSpec, list[Request], FaultScenario, int,
     return plan, draw(requests()), faults, draw(st.integers(0, 3)), draw(st.sampled_from([0.0, 0.05]))
 
 
-class Kept(runner.Simulation):
-    """A simulation that stays reachable after `simulate` returns (its fleet's end state)."""
-
-    last: runner.Simulation | None = None
-
-    def __init__(self, *a: Any) -> None:
-        super().__init__(*a)
-        Kept.last = self
-
-
 def run(plan: PlanSpec, reqs: list[Request], faults: FaultScenario, seed: int, delay: float):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "Simulation", Kept)
-        res = simulate(plan, reqs, faults, SimOptions(seed=seed, feedback_delay_s=delay))
-    assert Kept.last is not None
-    return res, Kept.last
+    return runner.simulate_kept(plan, reqs, faults, SimOptions(seed=seed, feedback_delay_s=delay))
 
 
 def check_invariants(res: Any, sim: runner.Simulation, reqs: list[Request]) -> None:

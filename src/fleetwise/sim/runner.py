@@ -539,6 +539,12 @@ def _extra_per_byte(p: Replica, d: Replica) -> float:
 def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | None = None,
              options: SimOptions | None = None) -> SimResult:
     """Replay `requests` against `plan`'s fleet (with `faults`); deterministic for fixed inputs."""
+    return simulate_kept(plan, requests, faults, options)[0]
+
+
+def simulate_kept(plan: PlanSpec, requests: list[Request], faults: FaultScenario | None = None,
+                  options: SimOptions | None = None) -> tuple[SimResult, Simulation]:
+    """`simulate`, also returning the finished `Simulation` (the fleet's end state, for checks)."""
     opts = options or SimOptions()
     wall0 = time.perf_counter()
     sim = Simulation(plan, requests, faults, opts)
@@ -573,7 +579,7 @@ def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | No
     if opts.recorder is not None:
         opts.recorder.transfers.extend(sim.net.records)
     return SimResult(summary, sim.rec, sim.fleet.names, sum(r.engine.stats.steps for r in sim.reps),
-                     sum(r.engine.stats.passes for r in sim.reps))
+                     sum(r.engine.stats.passes for r in sim.reps)), sim
 
 
 def _fail_unfinished(sim: Simulation) -> None:

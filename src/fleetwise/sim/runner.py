@@ -545,8 +545,7 @@ def simulate(plan: PlanSpec, requests: list[Request], faults: FaultScenario | No
 def simulate_kept(plan: PlanSpec, requests: list[Request], faults: FaultScenario | None = None,
                   options: SimOptions | None = None) -> tuple[SimResult, Simulation]:
     """`simulate`, also returning the finished `Simulation` (the fleet's end state, for checks)."""
-    opts = options or SimOptions()
-    wall0 = time.perf_counter()
+    opts, wall0 = options or SimOptions(), time.perf_counter()
     sim = Simulation(plan, requests, faults, opts)
     sim.start()
     thresholds = gc.get_threshold()
@@ -565,14 +564,9 @@ def simulate_kept(plan: PlanSpec, requests: list[Request], faults: FaultScenario
         r.stats.prefix_hit_rate = float(r.engine.prefix_hit_rate)
         r.stats.busy_s = r.busy_s
     itl = (np.asarray(sim.itl_gaps, dtype=np.float64), np.asarray(sim.itl_counts, dtype=np.int64))
-    extra = {
-        "plan": plan.name,
-        "disaggregated": plan.disaggregated,
-        "feedback_delay_s": opts.feedback_delay_s,
-        "faults": sim.faults.report(),
-        "events_processed": sim.loop.processed,
-    }
-    extra["failure_domains"] = sim.recovery.report()
+    extra = {"plan": plan.name, "disaggregated": plan.disaggregated, "feedback_delay_s": opts.feedback_delay_s,
+             "faults": sim.faults.report(), "events_processed": sim.loop.processed,
+             "failure_domains": sim.recovery.report()}
     summary = summarize(sim.rec, [r.stats for r in sim.reps], sim.net.records, itl, opts.slo,
                         sim.policy.report(), opts.seed, extra, opts.replica_series)
     summary["sim_wall_s"] = round(time.perf_counter() - wall0, 3)

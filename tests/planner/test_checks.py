@@ -182,3 +182,74 @@ def test_a_check_stops_where_a_term_that_missed_adds_a_replica(spec_factory, wor
     simulate._memo.clear()
     alone, _ = checks.check_plan(search.ctx, (Refined("two", full, full, seeds=[met]), None, False))
     assert c.refined == alone and search.simulations == alone.runs == 2
+
+
+class _InlineParallel(Executor):
+    """A parallel executor that runs its tasks here, costliest first, dropping what `prune` names
+    (`Executor.map_pruned` with one worker that is never ahead): deterministic look-ahead."""
+
+    def __init__(self) -> None:
+        super().__init__(workers=2)
+        self.submitted: list[list[Any]] = []
+
+    def map_pruned(self, fn, ctx, items, cost, prune):  # type: ignore[no-untyped-def]
+        out: list[Any] = [None] * len(items)
+        waiting = sorted(range(len(items)), key=lambda i: -cost(items[i]))
+        self.submitted.append([])
+        while waiting:
+            i = waiting.pop(0)
+            self.submitted[-1].append(items[i])
+            out[i] = fn(ctx, items[i])
+            dropped = set(prune(i, out[i]))
+            waiting = [j for j in waiting if j not in dropped]
+        return out
+
+
+def test_a_plan_looked_ahead_steps_from_the_memo_and_asks_only_for_what_it_lacks(spec_factory) -> None:
+    """`advance(cands, ahead=[b])` simulates b's first runs beside the checked plan's. Two H100
+    replicas at 14 req/s: one cannot carry the load alone, so b's rolling upgrade misses, and the
+    shorter terms after it in b's chain (cold join, burst) are dropped unrun. When b is checked
+    next its step starts from the memo: it stops where the upgrade adds a replica without asking
+    for anything (those dropped runs, against the plan without that replica, are not needed);
+    the next step asks exactly for the rerun chain (`_next_runs`); and b ends as checking it
+    alone does."""
+    from fleetwise.planner import simulate
+    from fleetwise.planner.fit import prepare
+    from fleetwise.planner.layout import Layout
+    from fleetwise.planner.results import Refined
+    from fleetwise.planner.simulate import FleetShape, PoolShape, SimVerdict
+    from fleetwise.planner.state import Candidate
+
+    spec = spec_factory(workload={"rate_rps": 14.0, "prompt_tokens": {"kind": "fixed", "tokens": 2048},
+                                  "output_tokens": {"kind": "fixed", "tokens": 128}},
+                        headroom={"failures_to_survive": 0, "upgrade_batch_replicas": 1, "cold_start_s": 30,
+                                  "burst_factor": 1.5, "burst_window_s": 10})
+    search = prepare(spec)
+    ctx, key = search.ctx, (lambda run: run.key(spec, search.ctx.prices))
+    met = SimVerdict(True, 14.0, 0, {}, {}, 1.0, 14.0, 0)
+    big = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 6),))
+    two = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 2),))
+    a = Candidate("a", "colocated", big, {}, [], 18.0, Refined("a", big, big, seeds=[met]))
+    b = Candidate("b", "colocated", two, {}, [], 6.0, Refined("b", two, two, seeds=[met]))
+    search.refined = [a, b]
+    simulate._memo.clear()
+    ex = _InlineParallel()
+    ch = checks._Checks(search, ex)
+    ch.advance([a], None, ahead=[b])
+    upgrade, *after = checks.runs_ahead(ctx, b)
+    ran = {key(run) for run in ex.submitted[0]}
+    assert key(upgrade) in ran and after and not ran & {key(run) for run in after}
+    assert not upgrade.verdict(spec, ctx.prices).passed
+    ex.submitted.clear()
+    ch.advance([b], None)
+    assert ex.submitted in ([], [[]]) and ch.grows == {"b": 1}
+    want = [key(run) for run in _next_runs(ctx, (ch.start["b"], None, False))]
+    assert want and not set(want) & {key(run) for run in after}
+    ex.submitted.clear()
+    while "b" not in ch.checked:
+        ch.advance([b], None)
+    asked = [key(run) for run in ex.submitted[0]]
+    assert len(asked) == len(want) and set(asked) == set(want)
+    simulate._memo.clear()
+    alone, _ = checks.check_plan(ctx, (Refined("b", two, two, seeds=[met]), None, False))
+    assert b.refined is not None and (b.refined.full, b.refined.headroom) == (alone.full, alone.headroom)

@@ -125,15 +125,19 @@ class _Checks:
         """Replicas a plan's headroom terms have added in the steps so far."""
         self.counted: dict[str, int] = {}
         """Check runs of a plan already in `search.simulations`."""
+        self.ahead: set[str] = set()
+        """Plans whose first runs (`runs_ahead`) have been simulated ahead."""
 
-    def advance(self, cands: list[Candidate], colo_tpot: float | None) -> None:
+    def advance(self, cands: list[Candidate], colo_tpot: float | None, ahead: list[Candidate] | None = None) -> None:
         """Take each plan of `cands` to its next stop: its checks complete (it is checked), or a
         headroom term misses and adds a replica (its cost, still a lower bound of its final cost,
         rises, and the caller decides again whether it may still be reported). With parallel
-        workers the runs are simulated ahead, one task per run, into this process's memo: the
-        headroom terms of a plan not started, then, round by round, what each step replayed from
-        the memo alone lacks (`_then`); else each step simulates as it goes. Either way a step
-        stops at the same place, so the answer does not depend on the workers."""
+        workers the runs are simulated ahead, one task per run, into this process's memo, all in
+        one batch: the headroom terms of each plan not started (of `cands`, and of `ahead`, plans
+        the next call is to check, so no worker waits for a long term while another has work),
+        and what each started plan's step, replayed from the memo alone, lacks (`_then`); then,
+        round by round, what the steps still lack. Else each step simulates as it goes. Either
+        way a step stops at the same place, so the answer does not depend on the workers."""
         ctx = self.search.ctx
         fresh = [c for c in cands if c.key not in self.start]
         for c in fresh:
@@ -142,8 +146,15 @@ class _Checks:
         if not self.ex.parallel:
             self.ex.map(lambda _ctx, c: self._step(c, colo_tpot), ctx, cands)
             return
-        self._simulate_ahead([[(run, True) for run in runs_ahead(ctx, c)] for c in fresh])
-        todo = list(cands)
+        # A plan whose first runs were simulated ahead by an earlier call steps from the memo at
+        # once: its runs after a term that missed there were dropped and are not needed.
+        new = [c for c in fresh if c.key not in self.ahead]
+        later = [c for c in ahead or [] if c.key not in self.start and c.key not in self.ahead]
+        self.ahead.update(c.key for c in new + later)
+        started = [(c, self._step(c, colo_tpot)) for c in cands if c not in new]
+        self._simulate_ahead([[(run, True) for run in runs_ahead(ctx, c)] for c in new + later]
+                             + [need for _, need in started if need])
+        todo = new + [c for c, need in started if need]
         while todo:
             needs = [(c, self._step(c, colo_tpot)) for c in todo]
             todo = [c for c, need in needs if need]
@@ -221,8 +232,9 @@ def run(search: Search, ex: Executor) -> None:
     """Check, step by step, the plans that may still be reported or quoted; list the rest as unchecked."""
     ch = _Checks(search, ex)
     while need := ch.colocated_undecided():
-        need += [c for c in ch.ranking_undecided() if c.kind == "colocated" and c not in need]
-        ch.advance(need, None)
+        ranking = ch.ranking_undecided()
+        need += [c for c in ranking if c.kind == "colocated" and c not in need]
+        ch.advance(need, None, ahead=[c for c in ranking if c.kind != "colocated"])
     colo = reference_colocated(search)
     colo_tpot = colo.refined.seeds[0].tpot["p99"] if colo and colo.refined else None
     while need := ch.ranking_undecided():

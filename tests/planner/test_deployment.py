@@ -64,3 +64,26 @@ def test_fit_line_says_when_the_card_has_no_peak_for_the_weights_compute_dtype(s
     assert ("; a100-80g lists no fp8 tensor peak: the fp8 weights are read at fp8 size and computed at its bf16 "
             "rate (weight-only, as on cards without it)") in line("a100-80g", "fp8")
     assert "tensor peak" not in line("h100-sxm", "fp8") + line("a100-80g", "int4") + line("a100-80g", "bf16")
+
+
+def test_moe_line_names_the_imbalance_only_where_experts_span_ranks(spec_factory) -> None:
+    """The plan's MoE line: with one EP rank per stage no GPU waits on a busier one, so no
+    imbalance (assumed or measured) is quoted and no all-to-all time; with EP=2 both are."""
+    from fleetwise.planner import latency
+    from fleetwise.planner.fit import prepare
+    from fleetwise.planner.sizing import _moe_line
+
+    spec = spec_factory(model="qwen3-30b-a3b", moe={"expert_imbalance": 1.3},
+                        search={"max_gpus": 8, "top_k": 2, "refine_top": 2, "seeds": 2, "sample_requests": 200,
+                                "disaggregation": "off", "bisect_steps": 4})
+    search = prepare(spec)
+    latency.run(search)
+    lines = {(lay.tp, lay.ep): _moe_line(search, lay) for lay in search.estimates}
+    one, split = lines[(1, 1)], lines[(2, 2)]
+    assert one is not None and split is not None
+    assert "EP=1, every expert on the one GPU, so no expert load imbalance between GPUs" in one
+    assert "with no all-to-all" in one and "1.30" not in one and "assumed" not in one
+    assert "expert load imbalance 1.30 (busiest rank over mean, assumed, not measured" in split
+    assert " ms in all-to-all of " in split
+    if (2, 1) in lines:
+        assert "every GPU holds a slice of every expert (TP=2)" in str(lines[(2, 1)])

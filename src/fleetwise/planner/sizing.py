@@ -65,12 +65,17 @@ def _moe_line(search: Search, lay: Layout) -> str | None:
     load = search.hw.expert_load
     source = f"measured from {load}" if load else ASSUMED_IMBALANCE_NOTE
     stage = lay.parallelism.ep_stage
-    where = (f"each layer's experts over the {stage} GPUs of its pipeline stage" if stage != lay.ep
-             else f"over the replica's {lay.gpus} GPUs")
+    if stage == 1:
+        where = (f"every GPU holds a slice of every expert (TP={lay.tp}), so no GPU waits on a busier one"
+                 if lay.tp > 1 else "every expert on the one GPU, so no expert load imbalance between GPUs")
+    else:
+        where = (f"each layer's experts over the {stage} GPUs of its pipeline stage" if stage != lay.ep
+                 else f"over the replica's {lay.gpus} GPUs")
+        where += f"; expert load imbalance {search.hw.imbalance_for(lay):.2f} (busiest rank over mean, {source})"
+    step = (f"spends {cost.ep_comm_s * 1e3:.2f} ms in all-to-all of {cost.total_s * 1e3:.1f} ms" if stage > 1
+            else f"takes {cost.total_s * 1e3:.1f} ms, with no all-to-all")
     return (f"MoE: {m.moe.num_experts} experts, {m.moe.experts_per_token} per token; EP={lay.ep}, {where}; "
-            f"expert load imbalance {search.hw.imbalance_for(lay):.2f} (busiest rank "
-            f"over mean, {source}); at batch {e.decode_batch} a decode step spends "
-            f"{cost.ep_comm_s * 1e3:.2f} ms in all-to-all of {cost.total_s * 1e3:.1f} ms")
+            f"at batch {e.decode_batch} a decode step {step}")
 
 
 def _band_line(search: Search, lay: Layout) -> str | None:

@@ -86,7 +86,7 @@ def build_from_file(path: Path | None, doc: dict[str, Any], progress: Progress |
 def fault_spans(faults: list[dict[str, Any]], end_s: float) -> list[tuple[float, float, str, str]]:
     """(start, end, kind, label) periods from the summary's fault log; an unclosed period ends at `end_s`."""
     opening = {"crash": "crash", "start": "start", "down": "down"}
-    closing = {"restart": ("crash", "down"), "end": ("start",)}
+    closing = {"restart": ("crash", "down"), "restart_superseded": ("crash",), "end": ("start",)}
     open_at: dict[tuple[int, str], tuple[float, str]] = {}
     spans = []
     for f in faults:

@@ -67,11 +67,16 @@ class Crash:
         """Crash, or restart, the target replica."""
         rep = inj.reps[ev.target]
         if ev.phase == "restart":
+            if rep.state != DOWN or rep.idx in inj.upgrade_of:
+                # A rolling upgrade has taken the crashed replica out since: it brings it back, upgraded.
+                inj.note(now_s, k, "restart_superseded", rep.name)
+                return
             restart(inj, rep, now_s, k, None)
             return
         sim = inj.sim
         if rep.state == DOWN:
             return
+        draining = rep.state == DRAINING
         inj.note(now_s, k, "crash", rep.name)
         # Tokens each request had streamed from this replica when it died (passes of a fused step
         # that ended before now count: a client receives every pass).
@@ -96,6 +101,13 @@ class Crash:
             sim.lost(i, now_s, reason, streamed.get(i, 0))
         rep.inflight.intersection_update(awaiting)
         sim.feedback(WorkerDown(now_s, rep.name, "crash"))
+        if draining:
+            # Drained by the crash: the upgrade that had it out restarts it with the new version (it
+            # waited for this replica to empty; the crash's own restart would bring back the old one).
+            up = inj.upgrade_of[rep.idx]
+            inj.note(now_s, k, "restart_superseded", rep.name)
+            RollingUpgradeKind.drained(inj, rep, now_s, up, inj.faults[up])
+            return
         if fault.restart_after_s is not None:
             inj.push(now_s + fault.restart_after_s, k, "restart", rep.idx)
 
@@ -260,10 +272,9 @@ class RollingUpgradeKind:
         for rep in batch:
             inj.on_replica_progress(rep, now_s)
 
-    def drained(self, inj: FaultHost, rep: Replica, now_s: float, k: int) -> None:
-        """A draining replica has nothing left: it goes down and comes back upgraded later."""
-        fault = inj.faults[k]
-        assert isinstance(fault, RollingUpgrade)
+    @staticmethod
+    def drained(inj: FaultHost, rep: Replica, now_s: float, k: int, fault: RollingUpgrade) -> None:
+        """A draining replica has nothing left (or crashed): it goes down and comes back upgraded later."""
         rep.state = DOWN
         rep.stop(now_s)
         rep.engine.abort_all()

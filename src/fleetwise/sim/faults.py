@@ -135,5 +135,5 @@ class FaultInjector:
         if rep.state != DRAINING or rep.inflight or rep.pending:
             return
         k = self.upgrade_of[rep.idx]  # only a rolling upgrade drains a replica
-        self._kind(self.faults[k]).drained(self, rep, now_s, k)  # type: ignore[attr-defined]
+        self._kind(self.faults[k]).drained(self, rep, now_s, k, self.faults[k])  # type: ignore[attr-defined]
 

@@ -15,6 +15,7 @@ from fleetwise.core.request import Request
 from fleetwise.routing.registry import policy_names
 from fleetwise.sim import runner
 from fleetwise.sim.fault_api import FAULT_KINDS
+from fleetwise.sim.fleet import DRAINING
 from fleetwise.sim.runner import SimOptions
 from fleetwise.spec.faults import CannotModel, FaultScenario
 from fleetwise.spec.plan import PlanSpec
@@ -138,6 +139,10 @@ def check_invariants(res: Any, sim: runner.Simulation, reqs: list[Request]) -> N
         assert rep.engine.pool.num_used == 0, (rep.name, rep.engine.pool.num_used)
         assert not rep.engine.has_work, rep.name
     assert not sim.recovery.leases
+    # every rolling upgrade went through its pool, and no replica is left draining for one
+    upgrades = {k for k, f in enumerate(sim.faults.faults) if f.kind == "rolling_upgrade"}
+    assert upgrades <= {f["fault"] for f in s["faults"] if f["phase"] == "done"}, s["faults"]
+    assert not [rep.name for rep in sim.reps if rep.state == DRAINING]
     if not sim.delay:  # the router heard every request end (delayed mode holds the last interval's feedback)
         assert s["router"].get("in_flight", 0) == 0
 

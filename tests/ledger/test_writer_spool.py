@@ -170,3 +170,38 @@ def test_an_impossible_count_from_a_backend_is_not_taken_and_never_blocks_the_le
     with open_ledger(str(tmp_path / "l.db"), create=False) as check:
         rows = {r.idempotency_key: (r.prompt_tokens, r.delivered_tokens) for r in check.rows()}
     assert rows == {"k1": (12, 7), "k2": (10, 5), "k3": (12, TOKEN_COUNT_LIMIT)}
+
+
+def test_a_disk_that_fills_mid_append_keeps_nothing_of_it_and_spoils_no_later_record(tmp_path, monkeypatch) -> None:
+    """A write on a filling disk takes part of the data, the next fails (ENOSPC): the append
+    raises and leaves the file as it was, so the record after it, once the disk has room, is read
+    back whole (a cut line left behind would have run into it)."""
+    import errno
+    import os
+
+    from fleetwise.ledger import spool as spool_mod
+
+    path = tmp_path / "s"
+    sp = Spool(path, MB)
+    sp.append([usage("a", "r1")])
+    kept = path.stat().st_size
+    real, calls = os.write, []
+
+    def filling(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spool_mod.os, "write", filling)
+    try:
+        sp.append([usage("b", "r2")])
+    except OSError as err:
+        assert err.errno == errno.ENOSPC
+    else:
+        raise AssertionError("the append must fail")
+    assert len(calls) == 2 and path.stat().st_size == kept and len(sp) == 1 and sp.size_bytes == kept
+    monkeypatch.setattr(spool_mod.os, "write", real)
+    sp.append([usage("c", "r3")])
+    sp.close()
+    assert [u.request_id for u in Spool(path, MB).pending()[0]] == ["r1", "r3"]

@@ -115,13 +115,21 @@ class Spool:
         return self._size
 
     def append(self, usages: Sequence[Usage]) -> None:
-        """Append records and fsync; SpoolFull (nothing written) when the size limit would be passed."""
+        """Append records and fsync; SpoolFull (nothing written) when the size limit would be passed,
+        OSError (nothing kept) when the disk refuses them."""
         data = b"".join(usage_to_json(u) + b"\n" for u in usages)
         with self._lock:
             if self._size + len(data) > self.max_bytes:
                 raise SpoolFull(f"ledger spool {self.path} is full ({self._size} of {self.max_bytes} bytes)")
-            os.write(self._fd, data)
-            os.fsync(self._fd)
+            try:
+                done = 0
+                while done < len(data):  # a write on a filling disk may take only part of the data
+                    done += os.write(self._fd, data[done:])
+                os.fsync(self._fd)
+            except OSError:
+                # Nothing of it kept: a cut line would run into the next append and spoil that record.
+                os.ftruncate(self._fd, self._size)
+                raise
             self._size += len(data)
             self._count += len(usages)
 

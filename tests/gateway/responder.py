@@ -59,6 +59,8 @@ class Responder:
         self.fault = ""
         self.running = 0
         self.served = 0
+        self.failed = 0
+        """Requests answered 500 (`fail`)."""
         self.prefills = 0
         self.decodes_from_remote = 0
         self.prefix_queries = 0
@@ -161,6 +163,7 @@ class Responder:
                     b"content-length: %d\r\n\r\n%s" % (len(err), err))
             return True
         if self.fault == "fail":
+            self.failed += 1
             err = b'{"error":{"message":"engine failure","type":"server_error","code":500}}'
             w.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
                     b"content-length: %d\r\n\r\n%s" % (len(err), err))

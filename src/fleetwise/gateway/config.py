@@ -233,6 +233,11 @@ class RetrySpec(Spec):
 
     max_retries: int = Field(default=2, ge=0, le=16)
     """Further attempts on other eligible backends after the first one fails."""
+    budget_percent: float = Field(default=20.0, ge=0.0, le=100.0)
+    """Most retries in flight at once, as a percent of the requests in flight (Envoy's
+    `retry_budget.budget_percent`, default 20): under overload, retries do not multiply the load."""
+    min_retry_concurrency: int = Field(default=3, ge=0)
+    """Retries allowed in flight whatever the percent (Envoy's `retry_budget.min_retry_concurrency`, default 3)."""
 
 
 class LimitsSpec(Spec):

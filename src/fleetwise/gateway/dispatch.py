@@ -46,10 +46,31 @@ class DispatchStage(RelayStage):
     """Routing, dispatching, retrying and migrating one request."""
 
     async def _route_and_send(self, call: Call, send: Send, receive: Receive) -> None:
+        budget = self.retry_budget
+        budget.active += 1
+        held: list[bool] = []
+        # one entry once this request holds a retry slot of the budget (from its first retry to its end)
+        try:
+            await self._attempts(call, send, receive, held)
+        finally:
+            budget.active -= 1
+            if held:
+                budget.give()
+
+    async def _attempts(self, call: Call, send: Send, receive: Receive, held: list[bool]) -> None:
+        """Route and send, retrying within `retries` and the retry budget (a slot taken is noted in `held`)."""
         tried: set[str] = set(self.not_serving(str(call.body.get("model"))))
         last: Retry | None = None
         reprefills = 0  # hand-offs lost after a finished prefill, bounded by failure_domains.max_reprefills
+        refused = ""
         for attempt in range(self.cfg.retries.max_retries + 1):
+            if last is not None and not held:
+                if not self.retry_budget.take():
+                    self.telemetry.retries_refused.inc()
+                    refused = (f"; no retry: the retry budget is spent ({self.retry_budget.retrying} retries in "
+                               f"flight, at most {self.retry_budget.limit()})")
+                    break
+                held.append(True)
             now = self.now()
             d = self.policy.route(call.route, self.fleet(now, frozenset(tried)))
             kind = d.kind or reason_kind(d.reason)
@@ -96,12 +117,13 @@ class DispatchStage(RelayStage):
                     self.telemetry.retries.labels(r.cause).inc()
         detail = f"{last.cause} on {last.backend.name}: {last.detail}" if last else "no attempt"
         if last is not None and last.cause == "busy":
-            await self._send_error(send, call.endpoint, BUSY_STATUS, f"every backend tried is busy ({detail}); "
+            await self._send_error(send, call.endpoint, BUSY_STATUS, f"every backend tried is busy ({detail}){refused}; "
                                    "retry after the Retry-After seconds", "rate_limit_exceeded", None,
                                    "backends_busy", last.retry_after_s)
             return
-        await self._send_error(send, call.endpoint, 502, f"backends failed before answering ({detail})",
+        await self._send_error(send, call.endpoint, 502, f"backends failed before answering ({detail}){refused}",
                                "upstream_error", None, "upstream_failed", None)
+        return
 
     def _attempt_ended(self, call: Call, r: Retry) -> None:
         """Tell the policy how an attempt ended: released when the backend did no work for it (never

@@ -33,6 +33,7 @@ from fleetwise.gateway.openai import (
     error_body,
 )
 from fleetwise.gateway.prompt_tokens import make_tokenizer
+from fleetwise.gateway.retry_budget import RetryBudget
 from fleetwise.gateway.telemetry import Telemetry
 from fleetwise.gateway.upstream import Upstream
 from fleetwise.routing import make_policy
@@ -67,6 +68,7 @@ class GatewayState:
                 self.tenant_of_key[k] = lim
         self.default_limiter = TenantLimiter(cfg.default_tenant)
         self.telemetry = Telemetry(self.backends, self.now, self.policy.report)
+        self.retry_budget = RetryBudget(cfg.retries.budget_percent, cfg.retries.min_retry_concurrency)
         self.upstream = Upstream(cfg.timeouts.connect_s, cfg.timeouts.first_byte_s, cfg.timeouts.idle_s)
         self.discovered_models: dict[str, frozenset[str]] = {}
         self.contexts: dict[str, dict[str, int]] = {}

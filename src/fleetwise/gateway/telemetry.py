@@ -84,6 +84,9 @@ class Telemetry:
         self.decisions = Counter("fleetwise_gateway_decisions", "Routing decisions by kind", ["kind"], registry=r)
         self.retries = Counter("fleetwise_gateway_retries", "Retries before the first byte, by cause", ["cause"],
                                registry=r)
+        self.retries_refused = Counter("fleetwise_gateway_retries_refused",
+                                       "Retries not made: the retry budget was spent (retries.budget_percent)",
+                                       registry=r)
         self.upstream_errors = Counter("fleetwise_gateway_upstream_errors",
                                        "Backend faults (connect, timeout, 5xx, mid-stream drop)", ["backend", "kind"],
                                        registry=r)

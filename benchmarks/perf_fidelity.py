@@ -318,7 +318,8 @@ def figures(doc: dict[str, Any], path: tuple[str, ...] = ()) -> dict[str, float]
 def against(before: dict[str, Any], after: dict[str, Any]) -> tuple[list[str], int]:
     """Per figure both documents hold: before, after and whether it got worse (a larger |error| %, as
     stored: 2 decimals); per evaluation (in_sample, held_out, ...) the figures worse and the sum of the
-    changes in points; then the count. Returns (lines, figures worse)."""
+    changes in points; then the count, the points the worse ones lost in all and the largest loss.
+    Returns (lines, figures worse)."""
     old, new = figures(before), figures(after)
     common = [k for k in new if k in old]
     worse = [k for k in common if new[k] > old[k]]
@@ -330,7 +331,10 @@ def against(before: dict[str, Any], after: dict[str, Any]) -> tuple[list[str], i
         lines.append(f"{section}: {sum(k in worse for k in keys)} of {len(keys)} worse, "
                      f"changes sum to {sum(new[k] - old[k] for k in keys):+.2f} points")
     only = sorted(set(new) ^ set(old))
+    by = sorted(worse, key=lambda k: old[k] - new[k])
     lines.append(f"{len(worse)} of {len(common)} comparable figures worse"
+                 + (f" by {sum(new[k] - old[k] for k in worse):.2f} points in all, the most {by[0]} "
+                    f"{new[by[0]] - old[by[0]]:+.2f}" if worse else "")
                  + (f" ({len(only)} figures in one document only, not compared)" if only else ""))
     return lines, len(worse)
 

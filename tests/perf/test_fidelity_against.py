@@ -37,16 +37,20 @@ def test_figures_and_worse_count(fidelity):
     assert worse == 2
     assert [line.endswith("WORSE") for line in lines[:4]] == [True, False, False, True]
     assert lines[4] == "in_sample: 2 of 4 worse, changes sum to -0.49 points"
-    assert lines[-1] == "2 of 4 comparable figures worse (1 figures in one document only, not compared)"
+    assert lines[-1] == ("2 of 4 comparable figures worse by 0.51 points in all, the most in_sample/median_abs_pct +0.50"
+                         " (1 figures in one document only, not compared)")
+    assert fidelity.against(before, before)[0][-1] == "0 of 5 comparable figures worse"
 
 
 def test_stored_results_against_the_baseline(fidelity):
-    """The stored figures against commit 19067bb's (the robust fit, the tile-padding cap): 28 of 84 worse, listed in
-    docs/perf-model.md with their cause."""
+    """The stored figures against commit 19067bb's (the robust fit, the tile-padding cap): 28 of 84 worse by 12.70
+    points in all, listed in docs/perf-model.md with their cause."""
     base = json.loads((RESULTS / "perf_fidelity_19067bb.json").read_text(encoding="utf-8"))
     now = json.loads((RESULTS / "perf_fidelity.json").read_text(encoding="utf-8"))
     lines, worse = fidelity.against(base, now)
-    assert worse == 28 and lines[-1].startswith("28 of 84 comparable figures worse")
+    assert worse == 28 and lines[-1].startswith(
+        "28 of 84 comparable figures worse by 12.70 points in all, the most held_out/qwen3-30b-a3b/by_kind/decode/"
+        "max_abs_pct +2.87")
     assert lines[-6:-1] == ["in_sample: 5 of 8 worse, changes sum to +1.56 points",
                             "held_out: 2 of 16 worse, changes sum to -11.42 points",
                             "held_out_kinds: 8 of 24 worse, changes sum to -7.78 points",

@@ -204,3 +204,36 @@ def test_a_term_still_missed_after_its_adds_demotes_the_plan(small_search) -> No
                              "the whole run (attainment 50.0% with 2 mixed replica(s) added)")
     assert [(r.candidate, r.reason) for r in again.rejected] == [
         (cheap.key, f"${cheap.cost_per_hour:.2f}/h, meets the SLO but {worse.demoted}")]
+
+
+@pytest.mark.parametrize("during", [False, True])
+def test_failures_during_upgrade_are_down_throughout_the_upgrade_run(spec_factory, during: bool) -> None:
+    # failures_during_upgrade sizes one failure spare beside the upgrade batch; the upgrade run then
+    # has the last replica it reaches down from the start (it was only sized for, never simulated).
+    spec = spec_factory(headroom={"failures_to_survive": 1, "upgrade_batch_replicas": 1, "cold_start_s": 60.0,
+                                  "failures_during_upgrade": during})
+    ctx = prepare(spec).ctx
+    full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 4),))
+    up = next(r for r in headroom_runs(ctx, full) if r.key == "upgrade:mixed")
+    cold = 60 + ctx.load_s(full.pools[0].layout)
+    assert up.faults is not None and up.span_s == 4 * cold + 1000
+    crashes = [(f.replica, f.at_s, f.restart_after_s) for f in up.faults.faults if f.kind == "crash"]
+    assert crashes == ([("mixed-3", 0.0, None)] if during else [])
+    assert up.term.endswith(f"{cold:.0f} s each, 1 mixed replica(s) down throughout)" if during else f"{cold:.0f} s each)")
+
+
+def test_the_upgrade_with_a_failure_runs_the_whole_pool_and_restores_the_failed_replica(spec_factory) -> None:
+    from fleetwise.planner.refinement import headroom_run
+    from fleetwise.planner.simulate import to_plan_spec
+    from fleetwise.sim.runner import simulate
+
+    spec = spec_factory(headroom={"failures_to_survive": 1, "upgrade_batch_replicas": 1, "cold_start_s": 60.0,
+                                  "failures_during_upgrade": True})
+    ctx = prepare(spec).ctx
+    full = FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 4),))
+    run = headroom_run(ctx, full, next(r for r in headroom_runs(ctx, full) if r.key == "upgrade:mixed"))
+    s = simulate(to_plan_spec(spec, full, ctx.prices), run.requests, faults=run.faults).summary
+    log = [(f["fault"], f["phase"], f["target"]) for f in s["faults"]]
+    assert log[0] == (0, "drain", "mixed-0") and (1, "crash", "mixed-3") in log
+    assert [t for k, p, t in log if (k, p) == (0, "restart")] == ["mixed-0", "mixed-1", "mixed-2", "mixed-3"]
+    assert s["requests_completed"] == len(run.requests)

@@ -138,7 +138,9 @@ def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
     - per pool, `failures_to_survive` replicas down for the whole run (S);
     - per pool, a rolling upgrade, `upgrade_batch_replicas` replicas out at a time for a cold start
       each (`cold_start_s` plus the layout's weights load time, `Context.cold_s`)
-      (ceil(replicas / batch) x cold start + S);
+      (ceil(replicas / batch) x cold start + S); with `failures_during_upgrade`, the last
+      `failures_to_survive` replicas it reaches are also down from the start (no restart: the
+      upgrade takes each down one at once and brings it back upgraded);
     - a replica of the largest pool joining cold, with an empty cache, after a cold start
       (cold start + S);
     - a burst at the workload's burst factor for `burst_window_s`, between S/2 of the target
@@ -159,11 +161,16 @@ def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
         cold = ctx.cold_s(p.layout)
         b = h.upgrade_batch_replicas
         if b > 0 and p.replicas > 1:
+            # failures_during_upgrade: the last replicas the upgrade reaches are down from the start
+            down = n if h.failures_during_upgrade and p.replicas > n + 1 else 0
+            also = f", {down} {p.role} replica(s) down throughout" if down else ""
+            crashes = [ReplicaCrash(replica=f"{p.role}-{p.replicas - 1 - i}", at_s=0.0, restart_after_s=None)
+                       for i in range(down)]
             over(f"upgrade:{p.role}", f"a rolling upgrade of the {p.role} pool ({p.replicas} replicas, "
-                 f"{'one' if b == 1 else b} out at a time, {cold:.0f} s each)", p.role,
+                 f"{'one' if b == 1 else b} out at a time, {cold:.0f} s each{also})", p.role,
                  math.ceil(p.replicas / b) * cold + span,
                  FaultScenario(name=f"{p.role} upgrade", faults=[RollingUpgrade(
-                     pool=p.role, start_s=0.0, new_model_version="v1", restart_after_s=cold, batch=b)]))
+                     pool=p.role, start_s=0.0, new_model_version="v1", restart_after_s=cold, batch=b), *crashes]))
     big = max(full.pools, key=lambda p: p.gpus)
     cold, load = ctx.cold_s(big.layout), ctx.load_s(big.layout)
     if h.cold_start_s > 0 and big.replicas > 1:  # cold_start_s 0: the spec asks for no cold-join check

@@ -64,13 +64,8 @@ class DispatchStage(RelayStage):
         reprefills = 0  # hand-offs lost after a finished prefill, bounded by failure_domains.max_reprefills
         refused = ""
         for attempt in range(self.cfg.retries.max_retries + 1):
-            if last is not None and not held:
-                if not self.retry_budget.take():
-                    self.telemetry.retries_refused.inc()
-                    refused = (f"; no retry: the retry budget is spent ({self.retry_budget.retrying} retries in "
-                               f"flight, at most {self.retry_budget.limit()})")
-                    break
-                held.append(True)
+            if last is not None and not held and (refused := self._retry_refused(held)):
+                break
             now = self.now()
             d = self.policy.route(call.route, self.fleet(now, frozenset(tried)))
             kind = d.kind or reason_kind(d.reason)
@@ -115,6 +110,19 @@ class DispatchStage(RelayStage):
                     reprefills += 1
                 if attempt < self.cfg.retries.max_retries:
                     self.telemetry.retries.labels(r.cause).inc()
+        await self._send_failed(call, send, last, refused)
+
+    def _retry_refused(self, held: list[bool]) -> str:
+        """Take a retry slot of the budget for this request (noted in `held`); when it is spent, why not."""
+        if self.retry_budget.take():
+            held.append(True)
+            return ""
+        self.telemetry.retries_refused.inc()
+        return (f"; no retry: the retry budget is spent ({self.retry_budget.retrying} retries in flight, "
+                f"at most {self.retry_budget.limit()})")
+
+    async def _send_failed(self, call: Call, send: Send, last: Retry | None, refused: str) -> None:
+        """The client's answer when no attempt got a first byte: 429 when the last backend was busy, else 502."""
         detail = f"{last.cause} on {last.backend.name}: {last.detail}" if last else "no attempt"
         if last is not None and last.cause == "busy":
             await self._send_error(send, call.endpoint, BUSY_STATUS, f"every backend tried is busy ({detail}){refused}; "
@@ -123,7 +131,6 @@ class DispatchStage(RelayStage):
             return
         await self._send_error(send, call.endpoint, 502, f"backends failed before answering ({detail}){refused}",
                                "upstream_error", None, "upstream_failed", None)
-        return
 
     def _attempt_ended(self, call: Call, r: Retry) -> None:
         """Tell the policy how an attempt ended: released when the backend did no work for it (never

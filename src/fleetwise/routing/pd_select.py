@@ -34,7 +34,7 @@ from fleetwise.routing.prefix_index import PrefixIndex
 from fleetwise.routing.signals import Columns
 from fleetwise.routing.state import InFlight
 from fleetwise.routing.vector import ScoreTable
-from fleetwise.routing.view_cache import ledger_load
+from fleetwise.routing.view_cache import mark_changed, refresh_due
 from fleetwise.spec.kv_format import kv_compat
 
 __all__ = ["LinkTable", "PairTable", "Side", "SideLoads", "pair_totals"]
@@ -240,11 +240,7 @@ class SideLoads:
             changed, self.mark = inflight.changes_since(self.mark)
             if changed is not None:
                 due = [False] * n
-                pos = self.pos
-                for name in changed:
-                    i = pos.get(name, -1)
-                    if i >= 0:
-                        due[i] = True
+                mark_changed(due, self.pos, changed)
             base, reqs0 = self.base, self.reqs0
             for i in range(n):
                 w = ws[i]
@@ -253,13 +249,7 @@ class SideLoads:
                     reqs0[i] = w.queued_requests + w.running_requests
                     due[i] = True
         self.ws = ws
-        base, reqs0, load, requests = self.base, self.reqs0, self.load, self.requests
-        for i in range(n):
-            if not due[i]:
-                continue
-            x, n_pend = ledger_load(ws[i], base[i], inflight, dw, per_req)
-            load[i] = x
-            requests[i] = reqs0[i] + n_pend
+        refresh_due(ws, due, self.base, self.reqs0, self.load, self.requests, inflight, dw, per_req)
 
 
 class Side:

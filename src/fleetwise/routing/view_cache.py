@@ -22,6 +22,26 @@ VIEW_ONLY_REQUEST = RouteRequest("", 0, None)
 """The request a view-only scorer (`vector.VIEW_ONLY_SCORERS`, which reads none) is called with."""
 
 
+def mark_changed(due: list[bool], pos: dict[str, int], changed: list[str]) -> None:
+    """Mark due the positions (`pos`: worker name -> position) of the workers named in `changed`."""
+    for name in changed:
+        i = pos.get(name, -1)
+        if i >= 0:
+            due[i] = True
+
+
+def refresh_due(ws: list[WorkerView], due: list[bool], base: list[float], reqs0: list[int], load: list[float],
+                requests: list[int], inflight: InFlight, dw: float, per_req: float) -> None:
+    """Recompute `load` and `requests` at the due positions from each view's `base` and `reqs0` and
+    the in-flight ledger (`ledger_load`)."""
+    for i in range(len(ws)):
+        if not due[i]:
+            continue
+        x, n_pend = ledger_load(ws[i], base[i], inflight, dw, per_req)
+        load[i] = x
+        requests[i] = reqs0[i] + n_pend
+
+
 def ledger_load(w: WorkerView, base: float, inflight: InFlight, dw: float, per_req: float) -> tuple[float, int]:
     """(load, requests dispatched since the view) of worker `w` in token equivalents: `base` (what
     its view reports, `plugins.view_load`) plus the work this policy sent it since the view was
@@ -181,20 +201,11 @@ class ViewColumns:
         n = len(ws)
         due = [changed is None] * n
         if changed is not None:
-            pos = self.pos
-            for name in changed:
-                i = pos.get(name, -1)
-                if i >= 0:
-                    due[i] = True
+            mark_changed(due, self.pos, changed)
             for i in self.dirty:
                 due[i] = True
         self.dirty = []
-        for i in range(n):
-            if not due[i]:
-                continue
-            x, n_pend = ledger_load(ws[i], base[i], inflight, dw, per_req)
-            load[i] = x
-            requests[i] = reqs0[i] + n_pend
+        refresh_due(ws, due, base, reqs0, load, requests, inflight, dw, per_req)
 
     def share_counts(self, names: list[str], seq: int, seen: dict[str, int]) -> tuple[list[int], int]:
         """Each worker's work (tokens) among the recent `mixed` decisions, and their sum (the load

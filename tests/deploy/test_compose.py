@@ -27,6 +27,8 @@ def test_compose_runs_every_replica_emulated_behind_the_gateway(fleet):
                 pool.model, pool.accelerator, pool.parallelism.tp, pool.parallelism.pp, pool.role)
             assert (cfg.max_num_seqs, cfg.enable_prefix_caching, cfg.port, cfg.step_time_factor) == (
                 pool.engine.max_num_seqs, pool.engine.enable_prefix_caching, 8000, pool.step_time_factor)
+            # a prefill replica keeps unread KV for the fleet's lease (the emulator's default is vLLM's 480 s)
+            assert cfg.kv_lease_s == (fleet.failure_domains.kv_lease_s if pool.role == "prefill" else 480.0)
             kv = cfg.kv_events  # each replica publishes its KV events as vLLM does, on every interface
             assert kv is not None and kv.publishes and (kv.endpoint, kv.replay_endpoint) == (
                 "tcp://*:5557", "tcp://*:5558")

@@ -6,6 +6,7 @@ the fleet document."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -86,6 +87,8 @@ def test_workloads_follow_the_pools(fleet):
             assert pod["spec"]["nodeSelector"] == {"fleetwise.dev/accelerator": pool.accelerator}
         head = pods[0]["spec"]["containers"][0]
         assert head["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+        lease = [e["value"] for e in head["env"] if e["name"] == "VLLM_NIXL_ABORT_REQUEST_TIMEOUT"]
+        assert lease == ([str(math.ceil(fleet.failure_domains.kv_lease_s))] if pool.role == "prefill" else [])
         pdb = _by(objs, "PodDisruptionBudget", pool.name)
         assert pdb["spec"]["maxUnavailable"] == pool.spare_replicas
         assert _by(objs, "Service", pool.name)["spec"]["clusterIP"] == "None"

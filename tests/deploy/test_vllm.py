@@ -5,6 +5,7 @@ fronting them validates."""
 from __future__ import annotations
 
 import json
+import math
 import shlex
 
 import pytest
@@ -43,7 +44,8 @@ def test_scripts_run_under_sh(fleet, tmp_path):
 
     stub = tmp_path / "bin" / "vllm"
     stub.parent.mkdir()
-    stub.write_text('#!/bin/sh\necho "$VLLM_NIXL_SIDE_CHANNEL_PORT|$1 $2 $3"\n', encoding="utf-8")
+    stub.write_text('#!/bin/sh\necho "$VLLM_NIXL_SIDE_CHANNEL_PORT:$VLLM_NIXL_ABORT_REQUEST_TIMEOUT|$1 $2 $3"\n',
+                    encoding="utf-8")
     stub.chmod(0o755)
     for rel, text in render(fleet, "vllm", OPTS).items():
         if rel.startswith("vllm/"):
@@ -52,8 +54,11 @@ def test_scripts_run_under_sh(fleet, tmp_path):
             env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}"}
             out = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=30)
             assert out.returncode == 0, out.stderr
-            port, _, args = out.stdout.strip().partition("|")
+            env_seen, _, args = out.stdout.strip().partition("|")
+            port, _, lease = env_seen.partition(":")
             assert args.startswith("serve ") and port == ("5600" if "prefill" in rel or "decode" in rel else "")
+            # the KV lease: how long a NIXL producer keeps a finished prefill's KV that no decode reads
+            assert lease == (str(math.ceil(fleet.failure_domains.kv_lease_s)) if "prefill" in rel else "")
 
 
 def test_record_names_its_source_and_version():

@@ -31,6 +31,8 @@ def emulate_args(plan: PlanSpec, pool: PoolSpec, host: str, port: int) -> list[s
         out += ["--max-model-len", str(k.max_model_len)]
     if pool.step_time_factor != 1.0:
         out += ["--step-time-factor", repr(pool.step_time_factor)]
+    if pool.role == "prefill":  # the fleet's KV lease (a vLLM producer's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)
+        out += ["--kv-lease", repr(plan.failure_domains.kv_lease_s)]
     return out
 
 

@@ -107,8 +107,10 @@ def _probe(path: str, port: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": port}, "periodSeconds": PROBE_PERIOD_S, "failureThreshold": failures}
 
 
-def _engine_container(pool: PoolSpec, opts: DeployOptions, gpus: int, argv: list[str] | None) -> dict[str, Any]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in engine_env(pool).items()]
+def _engine_container(plan: PlanSpec, pool: PoolSpec, opts: DeployOptions, gpus: int,
+                      argv: list[str] | None) -> dict[str, Any]:
+    env: list[dict[str, Any]] = [{"name": k, "value": v}
+                                 for k, v in engine_env(pool, plan.failure_domains.kv_lease_s).items()]
     if pool.role != "mixed":
         env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token",
@@ -145,11 +147,11 @@ def _workload(plan: PlanSpec, pool: PoolSpec, opts: DeployOptions) -> dict[str, 
                          "selector": {"matchLabels": labels},
                          "updateStrategy": {"type": "RollingUpdate",
                                             "rollingUpdate": {"maxUnavailable": max(1, pool.spare_replicas)}},
-                         "template": _pod(plan, pool, [_engine_container(pool, opts, gpus, argv)])}}
+                         "template": _pod(plan, pool, [_engine_container(plan, pool, opts, gpus, argv)])}}
     nodes = -(-gpus // per_node)
-    head = {**_engine_container(pool, opts, per_node, argv), "args": [],
+    head = {**_engine_container(plan, pool, opts, per_node, argv), "args": [],
             "command": ["sh", "-c", f"ray start --head --port={RAY_PORT} && exec {shlex.join(argv)}"]}
-    worker = {**_engine_container(pool, opts, per_node, None),
+    worker = {**_engine_container(plan, pool, opts, per_node, None),
               "command": ["ray", "start", "--block", f"--address=$(LWS_LEADER_ADDRESS):{RAY_PORT}"]}
     leader, worker = _pod(plan, pool, [head]), _pod(plan, pool, [worker])
     return {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": _meta(pool.name, ns, labels),

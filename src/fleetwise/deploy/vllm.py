@@ -10,6 +10,7 @@ the producer and consumer roles (`--kv-transfer-config`).
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from functools import cache
 from pathlib import Path
@@ -38,6 +39,9 @@ KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 """`kv_role` of each P/D half (`KVRole` in vllm/config/kv_transfer.py)."""
 NIXL_SIDE_CHANNEL_PORT = 5600
 """Port of NIXL's handshake side channel (`VLLM_NIXL_SIDE_CHANNEL_PORT`, vllm/envs.py default 5600)."""
+NIXL_ABORT_TIMEOUT_ENV = "VLLM_NIXL_ABORT_REQUEST_TIMEOUT"
+"""Whole seconds a NIXL producer keeps a finished prefill's KV blocks unread before freeing them
+(vllm/envs.py, default 480): the engine side of fleetwise's KV lease."""
 WEIGHT_QUANTIZATION = {"fp8": "fp8"}
 """`--quantization` for a weight dtype vLLM quantizes on load; bf16 needs none, and int4 is
 read from a pre-quantized (AWQ/GPTQ) checkpoint, whose config names the method."""
@@ -104,9 +108,16 @@ def serve_argv(pool: PoolSpec, opts: DeployOptions, port: int = ENGINE_PORT) -> 
     return argv
 
 
-def engine_env(pool: PoolSpec) -> dict[str, str]:
-    """Environment a pool's `vllm serve` needs beyond its flags (NIXL's side channel for P/D)."""
-    return {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(NIXL_SIDE_CHANNEL_PORT)} if pool.role != "mixed" else {}
+def engine_env(pool: PoolSpec, kv_lease_s: float) -> dict[str, str]:
+    """Environment a pool's `vllm serve` needs beyond its flags: for P/D, NIXL's side channel and,
+    on prefill replicas, the KV lease (`failure_domains.kv_lease_s`, seconds) as the time the
+    producer keeps a finished prefill's KV for a decode that never reads it."""
+    if pool.role == "mixed":
+        return {}
+    env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(NIXL_SIDE_CHANNEL_PORT)}
+    if pool.role == "prefill":
+        env[NIXL_ABORT_TIMEOUT_ENV] = str(max(1, math.ceil(kv_lease_s)))
+    return env
 
 
 def gateway_document(plan: PlanSpec, url_of: Any, extra: dict[str, Any] | None = None,
@@ -121,7 +132,7 @@ def _script(plan: PlanSpec, pool: PoolSpec, opts: DeployOptions) -> str:
     lines = ["#!/bin/sh", f"# fleet {plan.name}: pool {pool.name} ({pool.role}), {pool.replicas} replica(s) of "
              f"{pool.parallelism.gpus} x {pool.accelerator}: run this on each replica's host",
              f"# ({', '.join(replica_names(pool))}); the gateway config names them by these host names.",
-             *(f"export {k}={shlex.quote(v)}" for k, v in engine_env(pool).items())]
+             *(f"export {k}={shlex.quote(v)}" for k, v in engine_env(pool, plan.failure_domains.kv_lease_s).items())]
     nodes = -(-pool.parallelism.gpus // resolve_gpu(pool.accelerator).gpus_per_node)
     if nodes > 1:
         lines.insert(3, f"# One replica spans {nodes} nodes: start a Ray cluster over them first (`ray start --head` "

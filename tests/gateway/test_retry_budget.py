@@ -23,6 +23,9 @@ def test_budget_limit_is_the_share_of_requests_in_flight_or_the_floor() -> None:
     b.give()
     assert b.take() and b.retrying == 8
     assert RetryBudget(0.0, 0).take() is False
+    free = RetryBudget(None, 0)  # no budget: every request in flight may be on a retry
+    free.active = 5
+    assert [free.take() for _ in range(5)] == [True] * 5 and free.refused == 0
 
 
 def test_a_spent_budget_ends_the_request_with_its_error_and_says_why() -> None:
@@ -43,7 +46,7 @@ def test_a_spent_budget_ends_the_request_with_its_error_and_says_why() -> None:
 
 def test_within_the_budget_each_request_retries_up_to_max_retries_and_the_slots_come_back() -> None:
     async def scenario() -> None:
-        async with running_fleet(3, retries={"max_retries": 2}, breaker=NO_EJECTION) as f:
+        async with running_fleet(3, retries={"max_retries": 2, "budget_percent": 20}, breaker=NO_EJECTION) as f:
             for r in f.responders:
                 r.fault = "fail"
             for _ in range(3):  # one at a time: the floor of 3 retries in flight always allows one

@@ -233,9 +233,13 @@ class RetrySpec(Spec):
 
     max_retries: int = Field(default=2, ge=0, le=16)
     """Further attempts on other eligible backends after the first one fails."""
-    budget_percent: float = Field(default=20.0, ge=0.0, le=100.0)
+    budget_percent: float | None = Field(default=None, ge=0.0, le=100.0)
     """Most retries in flight at once, as a percent of the requests in flight (Envoy's
-    `retry_budget.budget_percent`, default 20): under overload, retries do not multiply the load."""
+    `retry_budget.budget_percent`, whose default is 20): where backends fail because the whole
+    fleet is overloaded, retries then do not multiply the load. null (the default): no budget. A
+    hung replica fails its requests together (their first-token bounds run out at once), so a
+    budget also refuses those failovers: with 20%, one hung replica of four failed 4 requests of a
+    closed loop (tests/gateway/test_stall.py) that the other three would have served."""
     min_retry_concurrency: int = Field(default=3, ge=0)
     """Retries allowed in flight whatever the percent (Envoy's `retry_budget.min_retry_concurrency`, default 3)."""
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 class RetryBudget:
     """Requests in flight and those on a retry now; `take` admits a retry within the budget."""
 
-    budget_percent: float
-    """Most retries in flight, as a percent of the requests in flight (Envoy's default: 20)."""
+    budget_percent: float | None
+    """Most retries in flight, as a percent of the requests in flight (Envoy's default: 20); None: no limit."""
     min_retry_concurrency: int
     """Retries always allowed in flight whatever the share (Envoy's default: 3)."""
     active: int = 0
@@ -28,7 +28,9 @@ class RetryBudget:
     """Retries refused since the start because the budget was spent."""
 
     def limit(self) -> int:
-        """Retries that may be in flight now."""
+        """Retries that may be in flight now (every request in flight when there is no budget)."""
+        if self.budget_percent is None:
+            return max(self.min_retry_concurrency, self.active)
         return max(self.min_retry_concurrency, int(self.budget_percent / 100.0 * self.active))
 
     def take(self) -> bool:

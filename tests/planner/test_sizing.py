@@ -66,3 +66,37 @@ def test_the_ramp_term_counts_the_weights_load_time_from_the_catalog():
     assert s.ramp_replicas == pytest.approx(2.5 * 0.5 * 90 / 60)
     assert s.serving == 5
     assert "over 90 s = 60 s start + 30.0 s reading the weights" in s.explain(h)
+
+
+@pytest.mark.parametrize("meets_below", [None, 0.3])
+def test_a_replica_missing_at_its_floor_is_tried_once_at_a_tenth_and_the_rejection_says_what_helps(
+        spec_factory, monkeypatch, meets_below) -> None:
+    """One replica that misses at the floor rate is run once more at a tenth of it: missing there
+    too means its latency misses, so more GPUs cannot help; meeting there means they can."""
+    from fleetwise.planner import goodput
+    from fleetwise.planner.fit import prepare
+    from fleetwise.planner.layout import Layout
+    from fleetwise.planner.simulate import FleetShape, PoolShape
+
+    rates: list[float] = []
+
+    def passes(spec, mix, fleet, prices, rate, seed, check="both"):  # type: ignore[no-untyped-def]
+        rates.append(rate)
+        return meets_below is not None and rate <= meets_below
+
+    monkeypatch.setattr(goodput, "passes", passes)
+    ctx = prepare(spec_factory()).ctx
+    task = goodput.MeasureTask("mixed|x", "mixed", FleetShape((PoolShape("mixed", Layout("h100-sxm", "bf16", 1), 1),)),
+                               4.0, floor_rps=2.0)
+    res = goodput.measure_goodput(ctx, task)
+    assert res.goodput_rps == 0.0 and rates == [4.0, 2.0, 0.2] and res.runs == 3  # the guess, the floor, a tenth
+    assert res.low_passed is (meets_below is not None)
+    text = goodput._missed_text(res, 2.0)
+    assert text.startswith("in simulation one mixed replica missed the SLO even at 2 req/s, the least each replica "
+                           "must carry for the target x burst within the GPU limit (3 runs)")
+    if meets_below is None:
+        assert text.endswith(", and at 0.2 req/s too: its latency misses the SLO, not its capacity, so more GPUs "
+                             "cannot help; relax the SLO or pick a faster layout (more TP, a faster card)")
+    else:
+        assert text.endswith("; it met the SLO at 0.2 req/s: raise search.max_gpus, relax the SLO, or pick a "
+                             "faster layout")

@@ -46,6 +46,13 @@ class MeasureResult:
     role: str
     goodput_rps: float
     runs: int
+    low_passed: bool | None = None
+    """When the replica missed at its floor rate: whether it met the SLO at `LOW_PROBE_SHARE` of it."""
+
+
+LOW_PROBE_SHARE = 0.1
+"""A replica that misses the SLO at its floor rate is tried once more at this share of it: if it
+misses there too, its latency misses, not its capacity, and more GPUs (a lower floor) cannot help."""
 
 
 def measure_goodput(ctx: Context, task: MeasureTask) -> MeasureResult:
@@ -59,7 +66,8 @@ def measure_goodput(ctx: Context, task: MeasureTask) -> MeasureResult:
         return passes(ctx.spec, ctx.mix, task.fleet, ctx.prices, rate, seed=0, check=check)  # type: ignore[arg-type]
 
     g = bisect_rate(ok, task.guess_rps, ctx.spec.search.bisect_steps, task.floor_rps)
-    return MeasureResult(task.key, task.role, g, runs)
+    low = ok(task.floor_rps * LOW_PROBE_SHARE) if g <= 0 < task.floor_rps else None
+    return MeasureResult(task.key, task.role, g, runs, low)
 
 
 STAGE_SHORTLIST = 3  # prefill and decode layouts measured per stage
@@ -213,8 +221,17 @@ def run(search: Search, ex: Executor) -> None:
         lay = by_key[res.key].fleet.pools[0 if res.role != "decode" else 1].layout
         search.goodput[(res.role, lay)] = res.goodput_rps
         if res.goodput_rps <= 0:
-            search.rejected.append(Rejection(
-                f"{res.role} {lay.label}",
-                f"in simulation one {res.role} replica missed the SLO even at {by_key[res.key].floor_rps:.3g} req/s, "
-                f"the least each replica must carry for the target x burst within the GPU limit "
-                f"({res.runs} runs): raise search.max_gpus, relax the SLO, or pick a faster layout"))
+            search.rejected.append(Rejection(f"{res.role} {lay.label}", _missed_text(res, by_key[res.key].floor_rps)))
+
+
+def _missed_text(res: MeasureResult, floor: float) -> str:
+    """Why a layout has no goodput: what one replica missed, and what could change that."""
+    low = floor * LOW_PROBE_SHARE
+    head = (f"in simulation one {res.role} replica missed the SLO even at {floor:.3g} req/s, the least each replica "
+            f"must carry for the target x burst within the GPU limit ({res.runs} runs)")
+    if res.low_passed is False:
+        return (f"{head}, and at {low:.3g} req/s too: its latency misses the SLO, not its capacity, so more "
+                "GPUs cannot help; relax the SLO or pick a faster layout (more TP, a faster card)")
+    if res.low_passed:
+        return f"{head}; it met the SLO at {low:.3g} req/s: raise search.max_gpus, relax the SLO, or pick a faster layout"
+    return f"{head}: raise search.max_gpus, relax the SLO, or pick a faster layout"

@@ -8,12 +8,11 @@ Routing modes:
 - `feedback_delay_s == 0`: every arrival is routed at its time on a fresh view, with feedback
   delivered as it happens (exact; engines fuse decode passes only up to the next arrival).
 - `feedback_delay_s > 0`: every `feedback_delay_s` the view is refreshed, the buffered feedback
-  is delivered, and all arrivals of the coming interval are routed on that view (the view's
-  `reported_at_s` is the refresh time). Engines then know their own next arrival, so they fuse
-  decode passes across other replicas' arrivals: this is the fast mode for large runs.
-A KV transfer landing on a decode replica in the middle of a fused step joins at its end.
-
-This module alone in the simulator reads the wall clock, to report `sim_wall_s`.
+  is delivered (the last interval's at the end), and all arrivals of the coming interval are
+  routed on that view (`reported_at_s` is the refresh time). Engines then know their own next
+  arrival, so they fuse decode passes across other replicas' arrivals: the fast mode for large runs.
+A KV transfer landing on a decode replica in the middle of a fused step joins at its end. This
+module alone in the simulator reads the wall clock, to report `sim_wall_s`.
 """
 
 from __future__ import annotations
@@ -70,10 +69,9 @@ RUN_GC_THRESHOLDS = (100_000, 50, 100)
 """Cyclic collector thresholds while a run's events are processed (restored after). A run makes
 small objects by the million and keeps the requests and records alive throughout; with Python's
 defaults (700, 10, 10) the collector rescans them over and over: 12-18% of the CPU of the busy
-100k-request run (benchmarks/sim_speed.py; results are the same either way). Everything alive when the events start (the requests, their records,
-the fleet) is also frozen for the run (`gc.freeze`: moved out of every generation the collector
-scans, and back after), so the collections that still run never walk it: about 8% of the CPU of
-the long-output busy run."""
+100k-request run (benchmarks/sim_speed.py; results are the same either way). Everything alive when
+the events start (the requests, their records, the fleet) is also frozen for the run (`gc.freeze`:
+out of every generation the collector scans, and back after): about 8% of the long-output row's CPU."""
 
 
 @dataclass(frozen=True)
@@ -560,6 +558,8 @@ def simulate_kept(plan: PlanSpec, requests: list[Request], faults: FaultScenario
             gc.unfreeze()
         gc.set_threshold(*thresholds)
     _fail_unfinished(sim)
+    if sim.delay > 0:  # the last interval's feedback: the router's report ends with nothing in flight
+        sim._refresh_delayed(sim.loop.time_s)
     for r in sim.reps:
         r.stats.prefix_hit_rate = float(r.engine.prefix_hit_rate)
         r.stats.busy_s = r.busy_s

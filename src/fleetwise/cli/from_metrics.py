@@ -98,8 +98,9 @@ def collect(args: argparse.Namespace, plan: Any) -> dict[str, list[Any]]:
             ms = growth(ms, parse_page(_read(a), a), _span(args.time_scale, interval, ms))
         else:
             ms = parse_page(_read(src), src)
+            span = _span(args.time_scale, interval, ms)
             for m in ms:
-                m.span_s = _span(args.time_scale, interval, ms)
+                m.span_s = span
         by_pool.setdefault(name.rpartition("-")[0], []).extend(ms)
     return by_pool
 

@@ -108,6 +108,8 @@ class Call:
     """The answer relayed was a backend's 4xx (for a P/D decode leg: the hand-off was refused)."""
     gone: bool = False
     """The client disconnected mid-stream."""
+    retry_slot: bool = False
+    """The request holds one of the retry budget's slots (from its first retry to its end)."""
     bounds: AnswerBounds = AnswerBounds(ANSWER_BASE_BYTES, ANSWER_BASE_BYTES)
     """The most bytes a legitimate answer takes (`openai.answer_bounds`, set at admission)."""
 

@@ -48,23 +48,21 @@ class DispatchStage(RelayStage):
     async def _route_and_send(self, call: Call, send: Send, receive: Receive) -> None:
         budget = self.retry_budget
         budget.active += 1
-        held: list[bool] = []
-        # one entry once this request holds a retry slot of the budget (from its first retry to its end)
         try:
-            await self._attempts(call, send, receive, held)
+            await self._attempts(call, send, receive)
         finally:
             budget.active -= 1
-            if held:
+            if call.retry_slot:
                 budget.give()
 
-    async def _attempts(self, call: Call, send: Send, receive: Receive, held: list[bool]) -> None:
-        """Route and send, retrying within `retries` and the retry budget (a slot taken is noted in `held`)."""
+    async def _attempts(self, call: Call, send: Send, receive: Receive) -> None:
+        """Route and send, retrying within `retries` and the retry budget."""
         tried: set[str] = set(self.not_serving(str(call.body.get("model"))))
         last: Retry | None = None
         reprefills = 0  # hand-offs lost after a finished prefill, bounded by failure_domains.max_reprefills
         refused = ""
         for attempt in range(self.cfg.retries.max_retries + 1):
-            if last is not None and not held and (refused := self._retry_refused(held)):
+            if last is not None and not call.retry_slot and (refused := self._retry_refused(call)):
                 break
             now = self.now()
             d = self.policy.route(call.route, self.fleet(now, frozenset(tried)))
@@ -112,10 +110,10 @@ class DispatchStage(RelayStage):
                     self.telemetry.retries.labels(r.cause).inc()
         await self._send_failed(call, send, last, refused)
 
-    def _retry_refused(self, held: list[bool]) -> str:
-        """Take a retry slot of the budget for this request (noted in `held`); when it is spent, why not."""
+    def _retry_refused(self, call: Call) -> str:
+        """Take a retry slot of the budget for `call` (`Call.retry_slot`); when it is spent, why not."""
         if self.retry_budget.take():
-            held.append(True)
+            call.retry_slot = True
             return ""
         self.telemetry.retries_refused.inc()
         return (f"; no retry: the retry budget is spent ({self.retry_budget.retrying} retries in flight, "

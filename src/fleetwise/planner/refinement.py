@@ -164,8 +164,7 @@ def headroom_runs(ctx: Context, full: FleetShape) -> list[HeadroomRun]:
             # failures_during_upgrade: the last replicas the upgrade reaches are down from the start
             down = n if h.failures_during_upgrade and p.replicas > n + 1 else 0
             also = f", {down} {p.role} replica(s) down throughout" if down else ""
-            crashes = [ReplicaCrash(replica=f"{p.role}-{p.replicas - 1 - i}", at_s=0.0, restart_after_s=None)
-                       for i in range(down)]
+            crashes = crash_scenario(full, p.role, down, last=True).faults if down else []
             over(f"upgrade:{p.role}", f"a rolling upgrade of the {p.role} pool ({p.replicas} replicas, "
                  f"{'one' if b == 1 else b} out at a time, {cold:.0f} s each{also})", p.role,
                  math.ceil(p.replicas / b) * cold + span,

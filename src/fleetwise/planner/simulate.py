@@ -439,9 +439,11 @@ def _shift_seed(mix: LengthMix, rate_rps: float, n: int, seed: int) -> list[Any]
     return requests_at(rolled, rate_rps, n)
 
 
-def crash_scenario(fleet: FleetShape, role: str, count: int) -> FaultScenario:
-    """`count` replicas of the `role` pool down from t=0 for the whole run (no restart)."""
-    crashes = [ReplicaCrash(replica=f"{role}-{i}", at_s=0.0, restart_after_s=None) for i in range(count)]
+def crash_scenario(fleet: FleetShape, role: str, count: int, last: bool = False) -> FaultScenario:
+    """`count` replicas of the `role` pool down from t=0 for the whole run (no restart): its first
+    ones in plan order, or with `last` its last ones (those a rolling upgrade reaches last)."""
+    first = fleet.pool(role).replicas - count if last else 0
+    crashes = [ReplicaCrash(replica=f"{role}-{i}", at_s=0.0, restart_after_s=None) for i in range(first, first + count)]
     return FaultScenario(name=f"{count} {role} replicas down", faults=list(crashes))
 
 

@@ -89,6 +89,10 @@ class FaultHost(Protocol):
         """A replica finished or handed off work (a draining one with nothing left goes down)."""
         ...
 
+    def upgrade_drained(self, rep: Replica, now_s: float) -> None:
+        """The rolling upgrade that has `rep` out takes it down (drained, or crashed while draining)."""
+        ...
+
 
 class FaultKind(Protocol):
     """One kind of fault: when its events happen, and what each does."""

@@ -104,9 +104,8 @@ class Crash:
         if draining:
             # Drained by the crash: the upgrade that had it out restarts it with the new version (it
             # waited for this replica to empty; the crash's own restart would bring back the old one).
-            up = inj.upgrade_of[rep.idx]
             inj.note(now_s, k, "restart_superseded", rep.name)
-            RollingUpgradeKind.drained(inj, rep, now_s, up, inj.faults[up])
+            inj.upgrade_drained(rep, now_s)
             return
         if fault.restart_after_s is not None:
             inj.push(now_s + fault.restart_after_s, k, "restart", rep.idx)
@@ -272,8 +271,7 @@ class RollingUpgradeKind:
         for rep in batch:
             inj.on_replica_progress(rep, now_s)
 
-    @staticmethod
-    def drained(inj: FaultHost, rep: Replica, now_s: float, k: int, fault: RollingUpgrade) -> None:
+    def drained(self, inj: FaultHost, rep: Replica, now_s: float, k: int, fault: RollingUpgrade) -> None:
         """A draining replica has nothing left (or crashed): it goes down and comes back upgraded later."""
         rep.state = DOWN
         rep.stop(now_s)

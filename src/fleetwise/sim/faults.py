@@ -134,6 +134,10 @@ class FaultInjector:
         """A replica finished or handed off work: a draining one with nothing left goes down."""
         if rep.state != DRAINING or rep.inflight or rep.pending:
             return
+        self.upgrade_drained(rep, now_s)
+
+    def upgrade_drained(self, rep: Replica, now_s: float) -> None:
+        """The rolling upgrade that has `rep` out takes it down (drained, or crashed while draining)."""
         k = self.upgrade_of[rep.idx]  # only a rolling upgrade drains a replica
         self._kind(self.faults[k]).drained(self, rep, now_s, k, self.faults[k])  # type: ignore[attr-defined]
 
